@@ -1,0 +1,128 @@
+"""Reading a corpus into documents: `text`, `lines` and `jsonl` files, by path, glob or list.
+
+A document is a string plus where it came from, so that every later error can name it. Files are
+read as bytes and decoded as UTF-8 (a leading byte-order mark is dropped); line ends are kept as
+they are in the file, so the bytes counted for bits per byte are the file's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+
+from ppl_jax.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One document of the corpus.
+
+    Attributes:
+      text: the document's text.
+      source: where it came from, for messages: `path`, or `path:line` for `lines` and `jsonl`.
+    """
+
+    text: str
+    source: str
+
+
+def resolve_paths(path_spec: str) -> list[str]:
+    """Expands `data.path`: a file, a glob, or a comma-separated list of either.
+
+    Returns:
+      The matching files, in the order given, each glob's matches sorted, without repeats.
+
+    Raises:
+      DataError: for an entry that matches no file, or names a directory.
+    """
+    paths: list[str] = []
+    entries = [e.strip() for e in path_spec.split(",") if e.strip()]
+    if not entries:
+        raise DataError("data.path is empty: give a file, a glob or a comma-separated list.")
+    for entry in entries:
+        entry = os.path.expanduser(entry)
+        if glob.has_magic(entry):
+            matches = sorted(p for p in glob.glob(entry, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise DataError(f"data.path: the glob {entry!r} matches no file.")
+        elif os.path.isdir(entry):
+            raise DataError(
+                f"data.path: {entry!r} is a directory; give its files, e.g. '{entry}/*.txt'."
+            )
+        elif not os.path.isfile(entry):
+            raise DataError(f"data.path: no such file {entry!r}. Check the path.")
+        else:
+            matches = [entry]
+        for m in matches:
+            if m not in paths:
+                paths.append(m)
+    return paths
+
+
+def _decode(raw: bytes, path: str, errors: str) -> str:
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8", errors="strict" if errors == "strict" else "replace")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}: not UTF-8 text at byte offset {e.start} "
+            f"(byte 0x{raw[e.start]:02x}). Convert the file to UTF-8, or set "
+            f"--config.data.errors=replace to score it with U+FFFD in place of bad bytes."
+        ) from None
+
+
+def read_documents(path_spec: str, fmt: str, errors: str = "strict",
+                   jsonl_field: str = "text") -> list[Document]:
+    """Reads every document of the corpus.
+
+    Args:
+      path_spec: `data.path` (see `resolve_paths`).
+      fmt: `text` (each file is one document), `lines` (each non-empty line is a document; its
+        line end is not part of it) or `jsonl` (each line a JSON object; the document is its
+        `jsonl_field` string).
+      errors: `strict` raises on bytes that are not UTF-8; `replace` substitutes U+FFFD.
+      jsonl_field: the field holding the text in `jsonl`.
+
+    Returns:
+      The documents, in file order. Empty documents are kept for `text` and `jsonl` (they
+      contribute no tokens) and skipped for `lines`.
+
+    Raises:
+      DataError: missing path, bad UTF-8 (file and byte offset), bad JSON (file and line), or
+        a corpus with no text at all.
+    """
+    docs: list[Document] = []
+    for path in resolve_paths(path_spec):
+        with open(path, "rb") as f:
+            text = _decode(f.read(), path, errors)
+        if fmt == "text":
+            docs.append(Document(text, path))
+        elif fmt == "lines":
+            for i, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    docs.append(Document(line, f"{path}:{i}"))
+        elif fmt == "jsonl":
+            for i, line in enumerate(text.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{i}: not valid JSON ({e.msg}).") from None
+                if not isinstance(record, dict) or not isinstance(record.get(jsonl_field), str):
+                    raise DataError(
+                        f"{path}:{i}: no string field {jsonl_field!r}; set "
+                        f"--config.data.jsonl_field to the field that holds the text."
+                    )
+                docs.append(Document(record[jsonl_field], f"{path}:{i}"))
+        else:
+            raise DataError(f"data.format={fmt!r} is not one of text, lines, jsonl.")
+    if not any(d.text for d in docs):
+        raise DataError(
+            f"data.path={path_spec!r} holds no text to score (format {fmt!r}): "
+            f"the corpus is empty."
+        )
+    return docs

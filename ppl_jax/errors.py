@@ -1,0 +1,28 @@
+"""Errors for a user's mistakes: bad input, bad settings, bad checkpoints.
+
+Every error a user can cause by what they pass in (a path, a setting, a corpus, a checkpoint) is a
+`PplJaxError`. The command line prints its message as one paragraph and exits with status 2,
+without a traceback; anything else is a bug in ppl_jax and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class PplJaxError(Exception):
+    """A user-facing error: the message names the file, document, weight or setting, and the fix."""
+
+
+class ConfigError(PplJaxError):
+    """A setting is out of range or inconsistent with the model, the mesh or the devices."""
+
+
+class DataError(PplJaxError):
+    """The corpus cannot be read or scored: missing path, empty corpus, bad UTF-8, bad token id."""
+
+
+class CheckpointError(PplJaxError):
+    """The checkpoint directory is missing, unfinished, or lacks a weight of the right shape."""
+
+
+class NumericsError(PplJaxError):
+    """The model produced a NaN or an infinity at a scored position."""

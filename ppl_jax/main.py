@@ -1,0 +1,61 @@
+"""`ppl-jax`: evaluate a checkpoint's perplexity on a corpus. Wiring only.
+
+    ppl-jax                                   # the demo checkpoint on held-out stdlib modules
+    ppl-jax --config=configs/wikitext2.py --config.eval.seq_len=512
+
+The config file (`--config`, default: the built-in `ppl_jax/config.py`, which `configs/default.py`
+re-exports) returns an `ml_collections.ConfigDict`; `--config.a.b=value` overrides a key.
+A user's mistake prints one paragraph and exits with status 2; process 0 writes the results.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py"),
+    "Python config file returning a ConfigDict from get_config().",
+    lock_config=True,
+)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from ppl_jax import distributed
+
+    distributed.initialize_from_env()
+
+    import jax
+
+    from ppl_jax import report
+    from ppl_jax.config import Settings
+    from ppl_jax.errors import PplJaxError
+    from ppl_jax.evaluate import evaluate
+
+    logging.set_verbosity(logging.ERROR)  # Orbax's informational warnings are not for users
+    is_main = jax.process_index() == 0
+    try:
+        settings = Settings.from_config(_CONFIG.value)
+        ev = evaluate(settings, report.progress_bar(settings.progress and is_main))
+    except PplJaxError as e:
+        print(f"ppl-jax: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if is_main:
+        results = report.results_dict(ev, settings, _CONFIG.value)
+        print(report.summary_table(results))
+        print(f"results: {report.write_results(results, settings.output_dir)}")
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

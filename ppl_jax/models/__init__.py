@@ -1,0 +1,1 @@
+"""Model families that ppl_jax can build from an architecture description."""

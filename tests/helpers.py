@@ -1,0 +1,127 @@
+"""Helpers shared by the tests: tiny random checkpoints, a corpus, and a NumPy reference model."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ppl_jax.models.llama import LlamaConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+WIKITEXT_TEST = os.path.join(SHARED_DATA, "wikitext-2", "test.txt")
+GPT2_TOKENIZER = os.path.join(SHARED_DATA, "tokenizers", "gpt2.json")
+
+TINY = LlamaConfig(
+    vocab_size=256,
+    embed_dim=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_positions=128,
+    tie_embeddings=False,
+)
+
+
+def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
+    """Random params of `cfg`, with norms perturbed away from 1 so that they matter."""
+    import jax
+    from flax import nnx
+
+    from ppl_jax import model as model_lib
+    from ppl_jax.models.llama import Llama
+
+    params = model_lib.params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
+    rng = np.random.default_rng(seed)
+
+    def perturb(path, x):
+        name = str(path[-1].key)
+        if name.endswith("norm"):
+            return x + 0.1 * rng.standard_normal(x.shape).astype(np.float32)
+        return x
+
+    return jax.tree_util.tree_map_with_path(perturb, params)
+
+
+def save_random_checkpoint(path: str, cfg: LlamaConfig = TINY, steps=(5,), seed: int = 0,
+                           tokenizer: dict | None = None) -> dict:
+    """Saves a training state (params + AdamW state) at each step; returns the params."""
+    import optax
+
+    from ppl_jax import checkpoint
+
+    params = random_params(cfg, seed)
+    opt_state = optax.adamw(1e-3).init(params)
+    for step in steps:
+        checkpoint.save_train_state(
+            path, step, {"step": step, "params": params, "opt_state": opt_state},
+            {"model": cfg.to_dict(), "tokenizer": tokenizer or {"type": "byte"}},
+        )
+    return params
+
+
+def corpus_files(tmp_path, texts: list[str], name: str = "doc") -> str:
+    """Writes each text to its own file; returns a comma-separated list of the paths."""
+    paths = []
+    for i, text in enumerate(texts):
+        p = tmp_path / f"{name}{i}.txt"
+        p.write_text(text, encoding="utf-8")
+        paths.append(str(p))
+    return ",".join(paths)
+
+
+# ---------------------------------------------------------------- NumPy float64 reference model
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, theta):
+    half = x.shape[-1] // 2
+    inv = 1.0 / theta ** (np.arange(half, dtype=np.float64) / half)
+    ang = pos[:, None] * inv[None, :]  # [T, half]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def reference_token_nll(params: dict, cfg: LlamaConfig, tokens: np.ndarray) -> np.ndarray:
+    """Per-token NLL (nats) of `tokens[1:]` given the prefix, in NumPy float64, for one sequence.
+
+    An independent implementation of the Llama forward pass (HF `modeling_llama` semantics).
+    """
+    p = {k: v for k, v in params.items()}
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    inputs, targets = tokens[:-1], tokens[1:]
+    t = inputs.size
+    pos = np.arange(t, dtype=np.float64)
+    x = f(p["embedding"])[inputs]
+    g = cfg.num_heads // cfg.num_kv_heads
+    causal = np.tril(np.ones((t, t), bool))
+    for i in range(cfg.num_layers):
+        lp = p["layers"][str(i)]
+        h = _rms(x, f(lp["attn_norm"]), cfg.norm_eps)
+        q = _rope(np.einsum("td,dhk->thk", h, f(lp["attn"]["q"])), pos, cfg.rope_theta)
+        k = _rope(np.einsum("td,dhk->thk", h, f(lp["attn"]["k"])), pos, cfg.rope_theta)
+        v = np.einsum("td,dhk->thk", h, f(lp["attn"]["v"]))
+        k = np.repeat(k, g, axis=1)
+        v = np.repeat(v, g, axis=1)
+        s = np.einsum("qhk,shk->hqs", q, k) / np.sqrt(cfg.head_dim)
+        s = np.where(causal[None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        a = s / s.sum(-1, keepdims=True)
+        o = np.einsum("hqs,shk->qhk", a, v)
+        x = x + np.einsum("thk,hkd->td", o, f(lp["attn"]["o"]))
+        h = _rms(x, f(lp["mlp_norm"]), cfg.norm_eps)
+        gate = h @ f(lp["mlp"]["gate"])
+        x = x + ((gate / (1 + np.exp(-gate))) * (h @ f(lp["mlp"]["up"]))) @ f(lp["mlp"]["down"])
+    x = _rms(x, f(p["final_norm"]), cfg.norm_eps)
+    w = f(p["embedding"]).T if cfg.tie_embeddings else f(p["lm_head"])
+    logits = x @ w
+    m = logits.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
+    return lse - logits[np.arange(t), targets]
