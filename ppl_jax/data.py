@@ -11,8 +11,14 @@ import dataclasses
 import glob
 import json
 import os
+import re
 
 from ppl_jax.errors import DataError
+
+_BOM = b"\xef\xbb\xbf"
+# Line ends of a file: only these. `str.splitlines` also splits at form feeds, U+2028 and others,
+# which would cut a line of Python source, or a valid JSON line, in two.
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +44,7 @@ def resolve_paths(path_spec: str) -> list[str]:
       DataError: for an entry that matches no file, or names a directory.
     """
     paths: list[str] = []
+    seen: set[str] = set()  # real paths: 'a.txt' and './a.txt' are one file
     entries = [e.strip() for e in path_spec.split(",") if e.strip()]
     if not entries:
         raise DataError("data.path is empty: give a file, a glob or a comma-separated list.")
@@ -46,7 +53,10 @@ def resolve_paths(path_spec: str) -> list[str]:
         if glob.has_magic(entry):
             matches = sorted(p for p in glob.glob(entry, recursive=True) if os.path.isfile(p))
             if not matches:
-                raise DataError(f"data.path: the glob {entry!r} matches no file.")
+                raise DataError(
+                    f"data.path: the glob {entry!r} matches no file. Check the folder and the "
+                    f"pattern (quote it, so that the shell leaves it alone)."
+                )
         elif os.path.isdir(entry):
             raise DataError(
                 f"data.path: {entry!r} is a directory; give its files, e.g. '{entry}/*.txt'."
@@ -56,20 +66,20 @@ def resolve_paths(path_spec: str) -> list[str]:
         else:
             matches = [entry]
         for m in matches:
-            if m not in paths:
+            if os.path.realpath(m) not in seen:
+                seen.add(os.path.realpath(m))
                 paths.append(m)
     return paths
 
 
 def _decode(raw: bytes, path: str, errors: str) -> str:
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
+    bom = len(_BOM) if raw.startswith(_BOM) else 0
     try:
-        return raw.decode("utf-8", errors="strict" if errors == "strict" else "replace")
+        return raw[bom:].decode("utf-8", errors="strict" if errors == "strict" else "replace")
     except UnicodeDecodeError as e:
         raise DataError(
-            f"{path}: not UTF-8 text at byte offset {e.start} "
-            f"(byte 0x{raw[e.start]:02x}). Convert the file to UTF-8, or set "
+            f"{path}: not UTF-8 text at byte offset {bom + e.start} "
+            f"(byte 0x{raw[bom + e.start]:02x}). Convert the file to UTF-8, or set "
             f"--config.data.errors=replace to score it with U+FFFD in place of bad bytes."
         ) from None
 
@@ -101,11 +111,11 @@ def read_documents(path_spec: str, fmt: str, errors: str = "strict",
         if fmt == "text":
             docs.append(Document(text, path))
         elif fmt == "lines":
-            for i, line in enumerate(text.splitlines(), start=1):
+            for i, line in enumerate(_LINE_END.split(text), start=1):
                 if line.strip():
                     docs.append(Document(line, f"{path}:{i}"))
         elif fmt == "jsonl":
-            for i, line in enumerate(text.splitlines(), start=1):
+            for i, line in enumerate(_LINE_END.split(text), start=1):
                 if not line.strip():
                     continue
                 try:
@@ -123,6 +133,6 @@ def read_documents(path_spec: str, fmt: str, errors: str = "strict",
     if not any(d.text for d in docs):
         raise DataError(
             f"data.path={path_spec!r} holds no text to score (format {fmt!r}): "
-            f"the corpus is empty."
+            f"the corpus is empty. Check data.path and data.format."
         )
     return docs

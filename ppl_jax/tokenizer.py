@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -61,18 +62,22 @@ class HFTokenizer(Tokenizer):
         self._tok = _Tok.from_str(tokenizer_json)
         self.name = name
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # Byte-level BPE (GPT-2 and kin) spells each byte as one character of a token's string.
+        self._byte_level = "ByteLevel" in json.dumps(json.loads(tokenizer_json).get("decoder"))
 
     @staticmethod
     def from_file(path: str) -> HFTokenizer:
         """Loads `path` (a `tokenizer.json`). Raises ConfigError if it is missing or unreadable."""
         if not os.path.isfile(path):
             raise ConfigError(f"data.tokenizer: no such file {path!r}; give a tokenizer.json.")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
         try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
             return HFTokenizer(text, name=os.path.basename(path))
         except Exception as e:  # the tokenizers library raises its own exception type
-            raise ConfigError(f"data.tokenizer: {path!r} is not a valid tokenizer.json ({e}).")
+            raise ConfigError(
+                f"data.tokenizer: {path!r} is not a valid tokenizer.json ({e})."
+            ) from None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         encodings = self._tok.encode_batch(texts, add_special_tokens=False)
@@ -82,7 +87,15 @@ class HFTokenizer(Tokenizer):
         enc = self._tok.encode(text, add_special_tokens=False)
         if not enc.ids:
             return 0
-        return len(text[: enc.offsets[0][1]].encode("utf-8"))
+        end = enc.offsets[0][1]
+        if len(enc.ids) > 1 and enc.offsets[1][0] < end:
+            # The first character is split over several tokens (byte-level BPE, byte fallback),
+            # and the offsets give the whole character: count the first token's own bytes.
+            if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", enc.tokens[0]):
+                return 1
+            if self._byte_level:
+                return len(enc.tokens[0])
+        return len(text[:end].encode("utf-8"))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "hf", "name": self.name, "tokenizer_json": self._json}

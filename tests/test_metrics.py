@@ -1,0 +1,73 @@
+"""Metrics: the perplexity primers' worked examples, and the formulas against NumPy float64."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ppl_jax.metrics import Sums, derive, gzip_bits_per_byte, perplexity_of_probabilities
+
+
+def test_three_token_example():
+    # P = 0.2, 0.1, 0.4: (0.2 * 0.1 * 0.4) ** (-1/3) = 0.008 ** (-1/3) = 5.
+    assert perplexity_of_probabilities([0.2, 0.1, 0.4]) == pytest.approx(5.0, rel=1e-12)
+
+
+def test_red_fox_sentence():
+    # "a red fox ." with 0.4 * 0.27 * 0.55 * 0.79 -> 2.15 (Jurafsky & Martin style example).
+    assert round(perplexity_of_probabilities([0.4, 0.27, 0.55, 0.79]), 2) == 2.15
+
+
+def test_uniform_model_over_six_words():
+    assert perplexity_of_probabilities([1 / 6] * 17) == pytest.approx(6.0, rel=1e-12)
+
+
+def test_mean_nll_1_2_nats():
+    m = derive(Sums(nll_sum=1.2 * 10, num_tokens=10))
+    assert round(m["perplexity"], 2) == 3.32
+    assert m["nll_per_token"] == pytest.approx(1.2)
+
+
+def test_one_bit_per_token_is_perplexity_two():
+    n = 1000
+    m = derive(Sums(nll_sum=n * math.log(2), num_tokens=n))
+    assert m["bits_per_token"] == pytest.approx(1.0, rel=1e-12)
+    assert m["perplexity"] == pytest.approx(2.0, rel=1e-12)
+
+
+def test_derived_metrics_against_numpy_float64():
+    rng = np.random.default_rng(0)
+    nll = rng.gamma(2.0, 1.0, size=5000)  # per-token NLL, nats
+    num_bytes, num_words = 17_123, 3_456
+    m = derive(Sums(nll_sum=float(nll.sum()), num_tokens=nll.size, num_bytes=num_bytes,
+                    num_words=num_words))
+    assert m["perplexity"] == pytest.approx(np.exp(nll.mean()), rel=1e-12)
+    assert m["bits_per_token"] == pytest.approx(nll.mean() / np.log(2), rel=1e-12)
+    # Bits per byte are weighted by bytes: total nats over total bytes, not a mean of ratios.
+    assert m["bits_per_byte"] == pytest.approx(nll.sum() / num_bytes / np.log(2), rel=1e-12)
+    assert m["byte_perplexity"] == pytest.approx(2 ** m["bits_per_byte"], rel=1e-12)
+    assert m["word_perplexity"] == pytest.approx(np.exp(nll.sum() / num_words), rel=1e-12)
+
+
+def test_merge_is_exact_and_not_a_mean_of_means():
+    a = Sums(nll_sum=10.0, num_tokens=2, num_bytes=5, num_words=1, num_documents=1, num_windows=1)
+    b = Sums(nll_sum=1.0, num_tokens=8, num_bytes=9, num_words=3, num_documents=2, num_windows=4)
+    total = Sums.merge([a, b])
+    assert total == Sums(11.0, 10, 14, 4, 3, 5)
+    # Token-weighted: exp(11 / 10), not exp(mean(10/2, 1/8)).
+    assert derive(total)["perplexity"] == pytest.approx(math.exp(1.1), rel=1e-12)
+    assert derive(total)["perplexity"] != pytest.approx(math.exp((5 + 0.125) / 2))
+
+
+def test_zero_denominators_give_nan_not_a_number():
+    m = derive(Sums(nll_sum=3.0, num_tokens=3))
+    assert math.isnan(m["bits_per_byte"]) and math.isnan(m["word_perplexity"])
+
+
+def test_gzip_baseline_matches_the_gzip_module():
+    import gzip
+
+    raw = b"def f(x):\n    return x + 1\n" * 200
+    expected = 8 * len(gzip.compress(raw, compresslevel=9)) / len(raw)
+    assert gzip_bits_per_byte(raw) == pytest.approx(expected, abs=8 * 8 / len(raw))
+    assert gzip_bits_per_byte(raw) < 1.0  # repetitive text compresses well
