@@ -16,12 +16,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py"),
-    "Python config file returning a ConfigDict from get_config().",
-    lock_config=True,
-)
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py")
+_CONFIG = None  # the --config flag, defined by run()
 
 
 def main(argv: list[str]) -> None:
@@ -41,20 +37,52 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.ERROR)  # Orbax's informational warnings are not for users
     is_main = jax.process_index() == 0
     try:
-        settings = Settings.from_config(_CONFIG.value)
+        config = _CONFIG.value
+        config.checkpoint  # noqa: B018  (raises the deferred error of a config file that failed)
+    except (OSError, AttributeError, KeyError) as e:
+        _bad_flags(e)
+    try:
+        settings = Settings.from_config(config)
         ev = evaluate(settings, report.progress_bar(settings.progress and is_main))
     except PplJaxError as e:
         print(f"ppl-jax: error: {e}", file=sys.stderr)
         sys.exit(2)
     if is_main:
-        results = report.results_dict(ev, settings, _CONFIG.value)
+        results = report.results_dict(ev, settings, config)
         print(report.summary_table(results))
         print(f"results: {report.write_results(results, settings.output_dir)}")
 
 
+def _bad_flags(e: Exception) -> None:
+    what = f"unknown config key {e}" if isinstance(e, (KeyError, AttributeError)) else str(e).replace("\n", " ")
+    print(
+        f"ppl-jax: error: bad flag, config file or config override: {what}. The config keys are "
+        f"listed in README.md; --helpfull lists the flags.",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a one-paragraph error (no traceback) for a bad flag."""
+    try:
+        return flags.FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+        _bad_flags(e)
+
+
 def run() -> None:
     """Console-script entry point."""
-    app.run(main)
+    global _CONFIG
+    if _CONFIG is None:
+        try:  # config_flags reads the file and the overrides as soon as the flag is defined
+            _CONFIG = config_flags.DEFINE_config_file(
+                "config", DEFAULT_CONFIG,
+                "Python config file returning a ConfigDict from get_config().", lock_config=True,
+            )
+        except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+            _bad_flags(e)
+    app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,10 @@ def build_stream(docs: list[Document], tokenizer: Tokenizer, separator: str,
         )
     text = separator.join(texts) if separator else "".join(texts)
     raw = text.encode("utf-8")
-    first = tokenizer.first_token_bytes(text)
+    # The stream's first token is the first token of its first non-empty piece (documents and
+    # separators are tokenized apart, so it cannot merge across a boundary).
+    pieces_text = [t for i, d in enumerate(texts) for t in ((separator, d) if i else (d,))]
+    first = tokenizer.first_token_bytes(next(t for t in pieces_text if t))
     scored = raw[first:].decode("utf-8", errors="ignore")
     return Stream(
         tokens=tokens.astype(np.int32),

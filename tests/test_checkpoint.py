@@ -47,7 +47,8 @@ def targets(dtype):
 def save_state(path, params, step: int = 1) -> None:
     """A training state (params + AdamW state) whose metadata describes TINY."""
     checkpoint.save_train_state(
-        str(path), step,
+        str(path),
+        step,
         {"step": step, "params": params, "opt_state": optax.adamw(1e-3).init(params)},
         {"model": TINY.to_dict(), "tokenizer": {"type": "byte"}},
     )
@@ -64,7 +65,7 @@ def test_restore_params_onto_another_mesh(tiny_checkpoint, dtype):
 
     got, want = flat(params), flat(target)
     assert sorted(got) == sorted(want) == sorted(saved)
-    assert len(got) == 2 + 2 * 6 + 1  # embedding, final_norm, lm_head; 6 weights per layer
+    assert len(got) == 3 + 2 * 9  # embedding, final_norm, lm_head; 9 weights per layer
     for name, leaf in got.items():
         assert isinstance(leaf, jax.Array), name
         assert leaf.dtype == dtype, name
@@ -183,8 +184,8 @@ def test_misshapen_weight_is_named(tmp_path):
     save_state(tmp_path, params)
     with pytest.raises(CheckpointError) as e:
         checkpoint.restore_params(str(tmp_path), 1, targets(jnp.float32))
-    assert (
-        "'layers/1/attn/q' has shape (32, 4, 4), the architecture says (32, 4, 8)" in str(e.value)
+    assert "'layers/1/attn/q' has shape (32, 4, 4), the architecture says (32, 4, 8)" in str(
+        e.value
     )
 
 

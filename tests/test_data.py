@@ -343,8 +343,11 @@ def test_token_id_outside_the_vocabulary_names_document_and_source():
 
 @needs_shared_data
 def test_gpt2_ids_beyond_a_byte_vocabulary(gpt2):
-    with pytest.raises(DataError, match=r"document 0 \(c.txt\): token id 15496 is outside the "
-                       r"model's vocabulary of 256. The tokenizer \(gpt2.json, 50257 ids\)"):
+    with pytest.raises(
+        DataError,
+        match=r"document 0 \(c.txt\): token id 15496 is outside the "
+        r"model's vocabulary of 256. The tokenizer \(gpt2.json, 50257 ids\)",
+    ):
         build_stream([Document("Hello world", "c.txt")], gpt2, "\n\n", vocab_size=256)
 
 
@@ -369,7 +372,11 @@ def test_fewer_than_two_tokens(texts):
 CORPORA = [
     ["Hello world"],
     ["  leading spaces, then words.", "second doc\twith\ttabs"],
-    ["\U0001f917 hugging face", "caf\u00e9 na\u00efve \u00fcber", "\u65e5\u672c\u8a9e \u30c6\u30b9\u30c8"],
+    [
+        "\U0001f917 hugging face",
+        "caf\u00e9 na\u00efve \u00fcber",
+        "\u65e5\u672c\u8a9e \u30c6\u30b9\u30c8",
+    ],
     ["\n\nstarts with blank lines\r\nand CRLF", "", "x"],
     ["\u20ac5 costs", "end"],
 ]
@@ -378,7 +385,7 @@ CORPORA = [
 def expected_counts(texts: list[str], separator: str, first_token: bytes) -> tuple[int, int]:
     raw = separator.join(texts).encode("utf-8")
     assert raw.startswith(first_token)
-    rest = raw[len(first_token):]
+    rest = raw[len(first_token) :]
     return len(rest), len(rest.decode("utf-8", errors="ignore").split())
 
 
@@ -413,4 +420,13 @@ def test_gpt2_counts_on_a_real_text(gpt2):
     assert text.startswith("First Citizen:")
     assert s.tokens[0] == gpt2.encode(["First"])[0][0]
     assert s.num_bytes == len(text.encode("utf-8")) - len("First")
-    assert s.num_words == len(text[len("First"):].split())
+    assert s.num_words == len(text[len("First") :].split())
+
+
+def test_first_token_is_the_streams_own_not_the_joined_texts(gpt2):
+    # Tokenized apart, "Hel" + "lo there" starts with the token "Hel" (3 bytes), although the
+    # joined text "Hello there" would start with "Hello".
+    docs = [Document("Hel", "a"), Document("lo there", "b")]
+    stream = build_stream(docs, gpt2, "", gpt2.vocab_size)
+    assert stream.num_bytes == len("lo there")
+    assert stream.num_words == 2

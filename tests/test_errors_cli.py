@@ -1,0 +1,201 @@
+"""The command line on bad input, end to end: one paragraph on stderr, status 2, no traceback,
+no results written. Each case runs `python -m ppl_jax` in a subprocess on 8 fake CPU devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import optax
+import pytest
+from helpers import GPT2_TOKENIZER, SHARED_DATA, TINY, random_params
+
+from ppl_jax import checkpoint
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp-1700000000"  # an interrupted Orbax save (local filesystem)
+CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n"
+
+
+def run_cli(args: list[str], cwd) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    return subprocess.run(
+        [sys.executable, "-m", "ppl_jax", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("corpus") / "good.py"
+    path.write_text(CORPUS, encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_without_a_weight(tmp_path_factory) -> str:
+    """TINY's metadata, but a params tree that lacks `layers/0/mlp/up`."""
+    path = str(tmp_path_factory.mktemp("ckpt") / "partial")
+    params = random_params(TINY)
+    del params["layers"]["0"]["mlp"]["up"]
+    checkpoint.save_train_state(
+        path,
+        7,
+        {"step": 7, "params": params, "opt_state": optax.adamw(1e-3).init(params)},
+        {"model": TINY.to_dict(), "tokenizer": {"type": "byte"}},
+    )
+    return path
+
+
+def base_args(ckpt: str, data: str, out: str) -> dict[str, str]:
+    return {
+        "checkpoint.dir": ckpt,
+        "data.path": data,
+        "output.dir": out,
+        "output.progress": "False",
+        "output.gzip_baseline": "False",
+        "eval.seq_len": "16",
+        "eval.batch_size": "8",
+    }
+
+
+def as_flags(settings: dict[str, str]) -> list[str]:
+    return [f"--config.{k}={v}" for k, v in settings.items()]
+
+
+def test_good_input_succeeds(tiny_checkpoint, corpus, tmp_path):
+    """The control: the base arguments of the error cases below do work."""
+    out = tmp_path / "out"
+    r = run_cli(as_flags(base_args(tiny_checkpoint, corpus, str(out))), tmp_path)
+    assert r.returncode == 0, r.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["checkpoint"]["step"] == 5
+    assert results["num_tokens"] == len(CORPUS.encode()) - 1
+    assert results["num_bytes"] == len(CORPUS.encode()) - 1
+    assert results["mesh"] == {"data": 8, "model": 1}
+
+
+def bad_files(tmp_path) -> dict[str, str]:
+    files = {
+        "empty": tmp_path / "empty.txt",
+        "latin1": tmp_path / "latin1.txt",
+        "missing": tmp_path / "missing.txt",
+    }
+    files["empty"].write_bytes(b"")
+    files["latin1"].write_bytes("ok\nna\u00efve\n".encode("latin-1"))
+    return {k: str(v) for k, v in files.items()}
+
+
+# (overrides of base_args, what the error line must contain), each a function of
+# (checkpoints and corpus, bad files).
+CASES = [
+    pytest.param(
+        lambda c, f: {"data.path": f["missing"]},
+        lambda c, f: [f"data.path: no such file '{f['missing']}'"],
+        id="missing_data_path",
+    ),
+    pytest.param(
+        lambda c, f: {"data.path": f["empty"]},
+        lambda c, f: [f"data.path='{f['empty']}' holds no text to score", "corpus is empty"],
+        id="empty_corpus",
+    ),
+    pytest.param(
+        lambda c, f: {"data.path": f["latin1"]},
+        lambda c, f: [
+            f"{f['latin1']}: not UTF-8 text at byte offset 5 (byte 0xef)",
+            "--config.data.errors=replace",
+        ],
+        id="not_utf8",
+    ),
+    pytest.param(
+        lambda c, f: {"data.tokenizer": GPT2_TOKENIZER},
+        lambda c, f: [
+            f"document 0 ({c['corpus']})",
+            "outside the model's vocabulary of 256",
+            "gpt2.json, 50257 ids",
+        ],
+        id="token_id_beyond_vocabulary",
+        marks=pytest.mark.skipif(
+            not os.path.isdir(SHARED_DATA), reason=f"the shared data folder {SHARED_DATA} is absent"
+        ),
+    ),
+    pytest.param(
+        lambda c, f: {"checkpoint.dir": c["unfinalized"]},
+        lambda c, f: [f"checkpoint.dir '{c['unfinalized']}' holds no finalized checkpoint step"],
+        id="no_finalized_step",
+    ),
+    pytest.param(
+        lambda c, f: {"checkpoint.step": "4"},
+        lambda c, f: [
+            f"checkpoint.step=4 is not in '{c['tiny']}'",
+            "its finalized steps are [3, 5]",
+        ],
+        id="missing_step",
+    ),
+    pytest.param(
+        lambda c, f: {"checkpoint.dir": c["partial"]},
+        lambda c, f: ["'layers/0/mlp/up' is missing", f"step 7 of '{c['partial']}'"],
+        id="missing_weight",
+    ),
+    pytest.param(
+        lambda c, f: {"eval.seq_len": "129"},
+        lambda c, f: [
+            "eval.seq_len=129 is beyond the model's 128 positions",
+            "--config.eval.seq_len=128",
+        ],
+        id="seq_len_beyond_positions",
+    ),
+    pytest.param(
+        lambda c, f: {"eval.stride": "0"},
+        lambda c, f: ["eval.stride=0 is outside 1..eval.seq_len (16)"],
+        id="stride_zero",
+    ),
+    pytest.param(
+        lambda c, f: {"eval.stride": "17"},
+        lambda c, f: ["eval.stride=17 is outside 1..eval.seq_len (16)"],
+        id="stride_beyond_seq_len",
+    ),
+    pytest.param(
+        lambda c, f: {"mesh.data": "16"},
+        lambda c, f: ["the mesh data=16 x model=1 needs 16 devices, but only 8 are present"],
+        id="mesh_beyond_devices",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "named"), CASES)
+def test_bad_input_is_one_clear_error(
+    overrides, named, tiny_checkpoint, corpus, checkpoint_without_a_weight, tmp_path
+):
+    unfinalized = tmp_path / "interrupted"
+    unfinalized.mkdir()
+    shutil.copytree(os.path.join(tiny_checkpoint, "5"), unfinalized / f"5{TMP_SUFFIX}")
+    ckpts = {
+        "tiny": tiny_checkpoint,
+        "partial": checkpoint_without_a_weight,
+        "unfinalized": str(unfinalized),
+        "corpus": corpus,
+    }
+    files = bad_files(tmp_path)
+    out = tmp_path / "out"
+    settings = base_args(tiny_checkpoint, corpus, str(out)) | overrides(ckpts, files)
+
+    r = run_cli(as_flags(settings), tmp_path)
+
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    error_lines = [line for line in r.stderr.splitlines() if line.startswith("ppl-jax: error: ")]
+    assert len(error_lines) == 1, r.stderr[-2000:]
+    for part in named(ckpts, files):
+        assert part in error_lines[0], (part, error_lines[0])
+    assert r.stdout == ""
+    assert not (out / "results.json").exists()
+    assert not list(tmp_path.rglob("results.json"))
