@@ -18,10 +18,22 @@ from ppl_jax.errors import ConfigError
 
 
 class Tokenizer(abc.ABC):
-    """Text to token ids, with no special tokens added."""
+    """Text to token ids, with no special tokens added.
+
+    Attributes:
+      name: for reports.
+      vocab_size: number of ids, special tokens included.
+      bos_id: the beginning-of-sequence token id, or None if the tokenizer has none.
+      eos_id: the end-of-sequence token id, or None.
+      add_bos_default: whether the tokenizer's own configuration prepends BOS (what
+        `eval.add_bos=auto` follows).
+    """
 
     name: str
     vocab_size: int
+    bos_id: int | None = None
+    eos_id: int | None = None
+    add_bos_default: bool = False
 
     @abc.abstractmethod
     def encode(self, texts: list[str]) -> list[np.ndarray]:
