@@ -41,8 +41,9 @@ DEFAULT_RULES = (
     ("mlp", "model"),
 )
 
-PROTOCOLS = ("sliding",)
-FORMATS = ("text", "lines", "jsonl")
+PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
+FORMATS = ("text", "lines", "jsonl", "wikitext")
+CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -63,6 +64,7 @@ def get_config() -> config_dict.ConfigDict:
     c.checkpoint = config_dict.ConfigDict()
     c.checkpoint.dir = demo_checkpoint_dir()
     c.checkpoint.step = "latest"  # "latest" or an integer step
+    c.checkpoint.format = "auto"  # "auto", "orbax", or "hf" (a Hugging Face directory)
 
     c.data = config_dict.ConfigDict()
     c.data.name = "cpython-stdlib-held-out"
@@ -78,6 +80,7 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.seq_len = 256
     c.eval.stride = config_dict.placeholder(int)  # None: equal to seq_len
     c.eval.batch_size = 8  # global, over all processes
+    c.eval.add_bos = "auto"  # "auto" (the tokenizer's own policy), "true", "false"
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
@@ -91,6 +94,7 @@ def get_config() -> config_dict.ConfigDict:
     c.output.dir = "results"
     c.output.progress = True
     c.output.gzip_baseline = True
+    c.output.per_document = False  # documents.jsonl, for document-level protocols
     return c
 
 
@@ -111,6 +115,7 @@ class EvalSettings:
     seq_len: int
     stride: int
     batch_size: int
+    add_bos: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +131,7 @@ class Settings:
 
     checkpoint_dir: str
     checkpoint_step: int | None  # None: the latest finalized step
+    checkpoint_format: str
     data: DataSettings
     eval: EvalSettings
     dtype: str
@@ -133,6 +139,7 @@ class Settings:
     output_dir: str
     progress: bool
     gzip_baseline: bool
+    per_document: bool
 
     @staticmethod
     def from_config(c: config_dict.ConfigDict) -> Settings:
@@ -155,6 +162,9 @@ class Settings:
         _choice("data.errors", c.data.errors, ("strict", "replace"))
         _choice("eval.protocol", c.eval.protocol, PROTOCOLS)
         _choice("model.dtype", c.model.dtype, DTYPES)
+        _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
+        add_bos = str(c.eval.add_bos).lower()
+        _choice("eval.add_bos", add_bos, ("auto", "true", "false"))
         seq_len = int(c.eval.seq_len)
         if seq_len < 1:
             raise ConfigError(f"eval.seq_len={seq_len} must be at least 1.")
@@ -171,6 +181,7 @@ class Settings:
         return Settings(
             checkpoint_dir=os.path.expanduser(str(c.checkpoint.dir)),
             checkpoint_step=step,
+            checkpoint_format=str(c.checkpoint.format),
             data=DataSettings(
                 name=str(c.data.name),
                 path=str(c.data.path),
@@ -185,12 +196,14 @@ class Settings:
                 seq_len=seq_len,
                 stride=stride,
                 batch_size=batch_size,
+                add_bos=add_bos,
             ),
             dtype=str(c.model.dtype),
             mesh=MeshSettings(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
             output_dir=os.path.expanduser(str(c.output.dir)),
             progress=bool(c.output.progress),
             gzip_baseline=bool(c.output.gzip_baseline),
+            per_document=bool(c.output.per_document),
         )
 
 

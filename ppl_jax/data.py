@@ -84,6 +84,34 @@ def _decode(raw: bytes, path: str, errors: str) -> str:
         ) from None
 
 
+# A WikiText level-1 heading: " = Title = ", with a single "=" on each side (" = = Section = = "
+# is a heading inside an article).
+_WIKITEXT_TITLE = re.compile(r"^ = [^=](?:.*[^=])? = $")
+
+
+def _wikitext_articles(text: str, path: str) -> list[Document]:
+    """Splits a WikiText file into articles, each from its level-1 heading line to the next.
+
+    The text keeps its line ends, so the articles' bytes add up to the file's; text before the
+    first heading (a blank line in the WikiText files) belongs to the first article.
+    """
+    docs: list[Document] = []
+    current: list[str] = []
+    has_text = False
+    start_line = 1
+    for i, line in enumerate(text.splitlines(keepends=True), start=1):
+        if has_text and _WIKITEXT_TITLE.match(line.rstrip("\r\n")):
+            docs.append(Document("".join(current), f"{path}:{start_line}"))
+            current, has_text = [], False
+        if not has_text:
+            start_line = i
+        current.append(line)
+        has_text = has_text or bool(line.strip())
+    if has_text:
+        docs.append(Document("".join(current), f"{path}:{start_line}"))
+    return docs
+
+
 def read_documents(path_spec: str, fmt: str, errors: str = "strict",
                    jsonl_field: str = "text") -> list[Document]:
     """Reads every document of the corpus.
@@ -91,8 +119,9 @@ def read_documents(path_spec: str, fmt: str, errors: str = "strict",
     Args:
       path_spec: `data.path` (see `resolve_paths`).
       fmt: `text` (each file is one document), `lines` (each non-empty line is a document; its
-        line end is not part of it) or `jsonl` (each line a JSON object; the document is its
-        `jsonl_field` string).
+        line end is not part of it), `jsonl` (each line a JSON object; the document is its
+        `jsonl_field` string) or `wikitext` (a WikiText file split into articles, see
+        `_wikitext_articles`).
       errors: `strict` raises on bytes that are not UTF-8; `replace` substitutes U+FFFD.
       jsonl_field: the field holding the text in `jsonl`.
 
@@ -128,8 +157,10 @@ def read_documents(path_spec: str, fmt: str, errors: str = "strict",
                         f"--config.data.jsonl_field to the field that holds the text."
                     )
                 docs.append(Document(record[jsonl_field], f"{path}:{i}"))
+        elif fmt == "wikitext":
+            docs.extend(_wikitext_articles(text, path))
         else:
-            raise DataError(f"data.format={fmt!r} is not one of text, lines, jsonl.")
+            raise DataError(f"data.format={fmt!r} is not one of text, lines, jsonl, wikitext.")
     if not any(d.text for d in docs):
         raise DataError(
             f"data.path={path_spec!r} holds no text to score (format {fmt!r}): "

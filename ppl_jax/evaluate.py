@@ -1,29 +1,31 @@
 """The main job as a library call: checkpoint + corpus + settings -> metrics.
 
-`evaluate(settings)` wires the stages together (data -> tokenizer -> windows -> scoring step ->
-sums -> metrics); `score_stream` is the entry for a training loop that already holds a model and
-its params on a mesh.
+`evaluate(settings)` wires the stages together (data -> tokenizer -> protocol windows -> scoring
+step -> sums -> metrics); `score_plan` is the entry for a training loop that already holds a model
+and its params on a mesh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax import checkpoint, data, metrics, tokenizer
+from ppl_jax import checkpoint, data, metrics, protocols, tokenizer
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import Settings
 from ppl_jax.errors import ConfigError
 from ppl_jax.model import LanguageModel
+from ppl_jax.protocols import Plan
 from ppl_jax.scoring import Scorer, ScoreTotals
-from ppl_jax.windows import SlidingWindows, Stream, build_stream
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -34,10 +36,11 @@ class Evaluation:
 
     Attributes:
       sums: the merged sufficient statistics.
-      metrics: `metrics.derive(sums)`.
-      totals: timings and counts from the scoring loop.
-      step: the checkpoint step scored.
-      stream: the token stream scored.
+      metrics: `metrics.derive(sums)`, plus the protocol's own aggregates where it has them.
+      totals: per-window sums and timings from the scoring loop.
+      plan: what the protocol scored.
+      step: the checkpoint step scored (None for a Hugging Face directory).
+      documents: per-document records (document protocols), else None.
       mesh_shape: `{"data": ..., "model": ...}`.
       gzip_bits_per_byte: gzip -9 on the same text, or None if not asked for.
       wall_seconds: the whole run, from reading the checkpoint to the last sum.
@@ -46,11 +49,13 @@ class Evaluation:
     sums: metrics.Sums
     metrics: dict[str, float]
     totals: ScoreTotals
-    step: int
-    stream: Stream
+    plan: Plan
+    step: int | None
+    documents: list[dict[str, Any]] | None
     mesh_shape: dict[str, int]
     model_description: dict[str, Any]
     tokenizer_name: str
+    checkpoint_format: str
     gzip_bits_per_byte: float | None
     wall_seconds: float
 
@@ -64,53 +69,119 @@ def check_window(seq_len: int, model: LanguageModel) -> None:
         )
 
 
-def score_stream(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: Any,
-                 stream: Stream, seq_len: int, stride: int, batch_size: int,
-                 progress: Callable[[int, int], None] | None = None,
-                 scorer: Scorer | None = None) -> tuple[metrics.Sums, ScoreTotals]:
-    """Scores a token stream under the `sliding` protocol.
+def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: Any, plan: Plan,
+               batch_size: int, progress: Callable[[int, int], None] | None = None,
+               scorer: Scorer | None = None) -> tuple[metrics.Sums, ScoreTotals]:
+    """Scores a protocol's windows.
 
     Args:
       model: the model interface; params must already be placed with `param_shardings`.
-      stream: from `windows.build_stream`.
-      seq_len, stride: window length and stride, in tokens (see `ppl_jax.windows`).
+      plan: from `protocols.plan`.
       batch_size: global windows per step, divisible by the mesh's `data` size.
       scorer: a `Scorer` to reuse (its compiled steps are cached), or None for a new one.
 
     Returns:
-      (the sufficient statistics, the loop's totals and timings).
+      (the sufficient statistics, the per-window sums and timings).
 
     Raises:
-      ConfigError: bad seq_len, stride or batch size. NumericsError: NaN or infinity scored.
+      ConfigError: bad seq_len or batch size. NumericsError: NaN or infinity scored.
     """
-    check_window(seq_len, model)
+    check_window(plan.windows.seq_len, model)
     data_size = mesh.shape["data"]
     if batch_size % data_size:
         raise ConfigError(
             f"eval.batch_size={batch_size} is not divisible by the mesh's data axis "
             f"({data_size}); use a multiple of {data_size}."
         )
-    windows = SlidingWindows(stream.tokens, seq_len, stride)
     scorer = scorer or Scorer(model, mesh, param_shardings)
-    totals = scorer.score(
-        params, windows, batch_size, progress=progress,
-        describe_window=lambda k: f"window {k}, "
-        + stream.describe_offset(windows.window_start(k)),
-    )
+    totals = scorer.score(params, plan.windows, batch_size, progress=progress,
+                          describe_window=plan.describe_window)
+    if not np.array_equal(totals.window_tokens, plan.windows.num_scored()):
+        raise AssertionError("the device scored other tokens than the windows' masks hold")
     sums = metrics.Sums(
         nll_sum=totals.nll_sum,
         num_tokens=totals.num_tokens,
-        num_bytes=stream.num_bytes,
-        num_words=stream.num_words,
-        num_documents=stream.num_documents,
+        num_bytes=plan.num_bytes,
+        num_words=plan.num_words,
+        num_documents=plan.num_documents,
         num_windows=totals.num_windows,
     )
     return sums, totals
 
 
+def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:
+    """One record per document: `index`, `loglikelihood` (nats, summed over its scored tokens),
+    `num_tokens`, `num_bytes`, `num_words`. Needs a document-level protocol."""
+    doc = plan.windows.document
+    n = plan.num_documents
+    ll = -np.bincount(doc, weights=totals.window_nll, minlength=n)
+    tokens = np.bincount(doc, weights=totals.window_tokens, minlength=n).astype(np.int64)
+    return [
+        {"index": i, "source": plan.sources[i], "loglikelihood": float(ll[i]),
+         "num_tokens": int(tokens[i]), "num_bytes": int(plan.doc_bytes[i]),
+         "num_words": int(plan.doc_words[i])}
+        for i in range(n)
+    ]
+
+
+def _checkpoint_format(settings: Settings) -> str:
+    fmt = settings.checkpoint_format
+    if fmt != "auto":
+        return fmt
+    path = settings.checkpoint_dir
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return "hf"
+    return "orbax"
+
+
+def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str]:
+    """Reads the architecture (no weights) of `checkpoint.dir`.
+
+    Returns:
+      (model, the checkpoint's tokenizer: a `Tokenizer` for a Hugging Face directory, a stored
+      description for Orbax, the step (None for Hugging Face), the checkpoint format).
+    """
+    fmt = _checkpoint_format(settings)
+    if fmt == "hf":
+        from ppl_jax import hf
+
+        description = hf.read_description(settings.checkpoint_dir)
+        step, tok = None, hf.load_tokenizer(settings.checkpoint_dir)
+    else:
+        step, meta = checkpoint.read_metadata(settings.checkpoint_dir, settings.checkpoint_step)
+        description, tok = meta["model"], meta.get("tokenizer")
+    model = model_lib.build(description, DTYPES[settings.dtype])
+    check_window(settings.eval.seq_len, model)
+    return model, tok, step, fmt
+
+
+def restore(settings: Settings, model: LanguageModel, mesh: Mesh, fmt: str,
+            step: int | None) -> tuple[Any, Any]:
+    """Restores the params of `checkpoint.dir` straight into their shardings on `mesh`.
+
+    Returns:
+      (params, their shardings).
+    """
+    dtype = DTYPES[settings.dtype]
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, settings.mesh.rules
+    )
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype, sharding=s),
+        model.abstract_params, shardings,
+    )
+    if fmt == "hf":
+        from ppl_jax import hf
+
+        return hf.load_params(settings.checkpoint_dir, target), shardings
+    return checkpoint.restore_params(settings.checkpoint_dir, step, target), shardings
+
+
 def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None = None
              ) -> Evaluation:
-    """Runs the main job: restore, read, tokenize, score, reduce.
+    """Runs the main job: read, tokenize, plan the windows, restore, score, reduce.
+
+    Cheap checks (settings, data, architecture, token ids) all come before the weights are read.
 
     Args:
       settings: the checked config.
@@ -121,42 +192,45 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
     """
     t0 = time.perf_counter()
     mesh = mesh_lib.make_mesh(settings.mesh.data, settings.mesh.model)
-    step, meta = checkpoint.read_metadata(settings.checkpoint_dir, settings.checkpoint_step)
-    dtype = DTYPES[settings.dtype]
-    model = model_lib.build(meta["model"], dtype)
-    check_window(settings.eval.seq_len, model)
-    tok = tokenizer.load(settings.data.tokenizer, meta.get("tokenizer"))
+    if settings.per_document and settings.eval.protocol != "lm_eval_rolling":
+        raise ConfigError(
+            f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
+            f"windows of {settings.eval.protocol} span documents."
+        )
     docs = data.read_documents(
         settings.data.path, settings.data.format, settings.data.errors, settings.data.jsonl_field
     )
-    stream = build_stream(docs, tok, settings.data.separator, model.vocab_size)
-    shardings = mesh_lib.param_shardings(
-        model.abstract_params, model.logical_axes, mesh, settings.mesh.rules
+    model, own_tok, step, fmt = read_model(settings)
+    if isinstance(own_tok, tokenizer.Tokenizer):
+        tok = own_tok if settings.data.tokenizer == "auto" else tokenizer.load(
+            settings.data.tokenizer, None)
+    else:
+        tok = tokenizer.load(settings.data.tokenizer, own_tok)
+    plan = protocols.plan(
+        settings.eval.protocol, docs, tok, model.vocab_size, settings.eval.seq_len,
+        settings.eval.stride, protocols.resolve_add_bos(settings.eval.add_bos, tok),
+        separator=settings.data.separator,
     )
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype, sharding=s),
-        model.abstract_params, shardings,
-    )
-    params = checkpoint.restore_params(settings.checkpoint_dir, step, target)
-    windows = SlidingWindows(stream.tokens, settings.eval.seq_len, settings.eval.stride)
-    progress = progress_factory(windows.num_windows) if progress_factory else None
-    sums, totals = score_stream(
-        model, params, mesh, shardings, stream, settings.eval.seq_len, settings.eval.stride,
-        settings.eval.batch_size, progress=progress,
-    )
+    params, shardings = restore(settings, model, mesh, fmt, step)
+    progress = progress_factory(plan.windows.num_windows) if progress_factory else None
+    sums, totals = score_plan(model, params, mesh, shardings, plan, settings.eval.batch_size,
+                              progress=progress)
+    documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb = None
     if settings.gzip_baseline:
-        text = settings.data.separator.join(d.text for d in docs).encode("utf-8")
-        gzip_bpb = metrics.gzip_bits_per_byte(text)
+        joined = settings.data.separator if settings.eval.protocol == "sliding" else protocols.JOIN
+        gzip_bpb = metrics.gzip_bits_per_byte(joined.join(d.text for d in docs).encode("utf-8"))
     return Evaluation(
         sums=sums,
         metrics=metrics.derive(sums),
         totals=totals,
+        plan=plan,
         step=step,
-        stream=stream,
+        documents=documents,
         mesh_shape=dict(mesh.shape),
         model_description=model.description,
         tokenizer_name=tok.name,
+        checkpoint_format=fmt,
         gzip_bits_per_byte=gzip_bpb,
         wall_seconds=time.perf_counter() - t0,
     )

@@ -51,6 +51,8 @@ def main(argv: list[str]) -> None:
         results = report.results_dict(ev, settings, config)
         print(report.summary_table(results))
         print(f"results: {report.write_results(results, settings.output_dir)}")
+        if ev.documents is not None:
+            print(f"documents: {report.write_documents(ev.documents, settings.output_dir)}")
 
 
 def _bad_flags(e: Exception) -> None:

@@ -31,21 +31,15 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "word_perplexity": m["word_perplexity"],
         "num_documents": s.num_documents,
         "num_windows": s.num_windows,
-        "protocol": {
-            "name": settings.eval.protocol,
-            "seq_len": settings.eval.seq_len,
-            "stride": settings.eval.stride,
-            "add_bos": False,
-            "unscored_tokens": int(ev.stream.tokens.size) - s.num_tokens,
-            "separator": settings.data.separator,
-        },
-        "stream_tokens": int(ev.stream.tokens.size),
+        "protocol": protocol_dict(ev, settings),
+        "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
         "tokens_per_second": s.num_tokens / max(ev.totals.scoring_seconds, 1e-9),
         "scoring_seconds": ev.totals.scoring_seconds,
         "compile_seconds": ev.totals.compile_seconds,
         "wall_seconds": ev.wall_seconds,
-        "checkpoint": {"path": os.path.abspath(settings.checkpoint_dir), "step": ev.step},
+        "checkpoint": {"path": os.path.abspath(settings.checkpoint_dir), "step": ev.step,
+                       "format": ev.checkpoint_format},
         "model": ev.model_description,
         "tokenizer": ev.tokenizer_name,
         "data": {"name": settings.data.name, "path": settings.data.path,
@@ -53,6 +47,32 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),
         "config": json.loads(config.to_json_best_effort()),
+    }
+
+
+PROTOCOL_NOTES = {
+    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
+    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
+    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
+    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
+}
+
+
+def protocol_dict(ev: Evaluation, settings: Settings) -> dict[str, Any]:
+    """The convention, named, with every count a reader needs to match a published number."""
+    plan = ev.plan
+    return {
+        "name": plan.protocol,
+        "reference": PROTOCOL_NOTES[plan.protocol],
+        "seq_len": settings.eval.seq_len,
+        "stride": settings.eval.stride if plan.protocol in ("sliding", "hf_strided") else None,
+        "add_bos": plan.add_bos,
+        "add_bos_setting": settings.eval.add_bos,
+        "prefix_token_id": plan.prefix_id,
+        "separator": settings.data.separator if plan.protocol == "sliding" else "\n\n",
+        "text_tokens": plan.text_tokens,
+        "scored_tokens": ev.sums.num_tokens,
+        "unscored_tokens": plan.unscored_tokens,
     }
 
 
@@ -68,16 +88,21 @@ def summary_table(results: dict[str, Any]) -> str:
     arch = (f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
             f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}")
     proto = results["protocol"]
+    stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
+    bos = (f", prefix token {proto['prefix_token_id']}" if proto["prefix_token_id"] is not None
+           else f", BOS {'on' if proto['add_bos'] else 'off'}")
     gzip_bpb = results["gzip_bits_per_byte"]
     rows = [
         ("model", f"{arch} ({results['tokenizer']})"),
         ("checkpoint", f"{results['checkpoint']['path']} @ step {results['checkpoint']['step']}"),
         ("data", f"{results['data']['name']} ({results['num_documents']} documents, "
                  f"{results['num_bytes']:,} bytes)"),
-        ("protocol", f"{proto['name']} seq_len={proto['seq_len']} stride={proto['stride']}"),
+        ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
         ("mesh", f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
                  f"{results['num_processes']} process(es)"),
-        ("tokens", f"{results['num_tokens']:,} scored in {results['num_windows']:,} windows"),
+        ("tokens", f"{results['num_tokens']:,} scored in {results['num_windows']:,} windows"
+                   + (f"; {proto['unscored_tokens']:,} of the text's {proto['text_tokens']:,} "
+                      f"left unscored by the convention" if proto["unscored_tokens"] else "")),
         ("perplexity", f"{results['perplexity']:.4f}"),
         ("bits per token", f"{results['bits_per_token']:.4f}"),
         ("bits per byte", f"{results['bits_per_byte']:.4f}"
@@ -101,6 +126,17 @@ def write_results(results: dict[str, Any], output_dir: str) -> str:
         json.dump(results, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+    return path
+
+
+def write_documents(documents: list[dict[str, Any]], output_dir: str) -> str:
+    """Writes `documents.jsonl` (one JSON object per document) into `output_dir`."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "documents.jsonl")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        for record in documents:
+            f.write(json.dumps(record) + "\n")
+    os.replace(path + ".tmp", path)
     return path
 
 

@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from ppl_jax import mesh as mesh_lib
 from ppl_jax.errors import NumericsError
 from ppl_jax.model import HiddenStates, LanguageModel, Logits
-from ppl_jax.windows import SlidingWindows
+from ppl_jax.windows import Windows
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
 
@@ -88,17 +88,31 @@ def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Arra
 
 @dataclasses.dataclass
 class ScoreTotals:
-    """What the loop accumulates on the host.
+    """What the loop gathers on the host.
 
-    nll_sum: float64 nats; num_tokens: scored targets; num_windows: real (unpadded) windows;
-    scoring_seconds: wall time of the loop after compilation; compile_seconds: compilation.
+    Attributes:
+      window_nll: `[W] float64`, nats, each window's NLL sum.
+      window_tokens: `[W] int64`, each window's scored targets.
+      scoring_seconds: wall time of the loop after compilation; compile_seconds: compilation.
     """
 
-    nll_sum: float = 0.0
-    num_tokens: int = 0
-    num_windows: int = 0
+    window_nll: np.ndarray
+    window_tokens: np.ndarray
     scoring_seconds: float = 0.0
     compile_seconds: float = 0.0
+
+    @property
+    def nll_sum(self) -> float:
+        """float64 nats over all windows."""
+        return float(np.sum(self.window_nll))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(np.sum(self.window_tokens))
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.window_nll.size)
 
 
 class Scorer:
@@ -143,7 +157,7 @@ class Scorer:
             self._compiled[key] = self._jitted.lower(abstract_params, abstract_batch).compile()
         return self._compiled[key]
 
-    def score(self, params: Any, windows: SlidingWindows, batch_size: int,
+    def score(self, params: Any, windows: Windows, batch_size: int,
               progress: Callable[[int, int], None] | None = None,
               describe_window: Callable[[int], str] | None = None) -> ScoreTotals:
         """Scores every window; every process runs the same number of steps.
@@ -159,12 +173,12 @@ class Scorer:
           NumericsError: a NaN or infinity at a scored position (naming the window).
         """
         width = windows.seq_len + 1
-        totals = ScoreTotals()
+        num_windows = windows.num_windows
+        totals = ScoreTotals(np.zeros(num_windows, np.float64), np.zeros(num_windows, np.int64))
         t0 = time.perf_counter()
         step = self.compiled(batch_size, width)
         totals.compile_seconds = time.perf_counter() - t0
         rows = mesh_lib.local_rows(self.batch_sharding, (batch_size, width))
-        num_windows = windows.num_windows
 
         def fetch(first_window: int, sums: StepSums) -> None:
             host = StepSums(*(np.asarray(x.addressable_data(0)) for x in sums))
@@ -178,12 +192,13 @@ class Scorer:
                     f"reported. Check the checkpoint's weights and model.dtype."
                 )
             real = min(batch_size, num_windows - first_window)
-            totals.nll_sum += float(np.sum(host.nll_sum.astype(np.float64)))
-            tokens = int(np.sum(host.num_tokens.astype(np.int64)))
-            totals.num_tokens += tokens
-            totals.num_windows += real
+            span = slice(first_window, first_window + real)
+            totals.window_nll[span] = host.nll_sum[:real]
+            totals.window_tokens[span] = host.num_tokens[:real]
+            if host.num_tokens[real:].any():
+                raise AssertionError("a padding row scored tokens")
             if progress is not None:
-                progress(tokens, real)
+                progress(int(host.num_tokens.sum()), real)
 
         t1 = time.perf_counter()
         pending: tuple[int, StepSums] | None = None

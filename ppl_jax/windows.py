@@ -1,18 +1,10 @@
-"""The token stream and the `sliding` window protocol, batched in fixed shapes.
+"""Windows: the rows a protocol scores, batched in fixed shapes with explicit masks.
 
-Protocol `sliding` (ppl_jax's native default): the documents, joined by `data.separator`, form one
-token stream `t[0..N-1]`. Window `k` feeds the model the tokens `t[k*S : k*S + L]` (at most `L =
-eval.seq_len` tokens, `S = eval.stride`) and predicts each next token, so it covers the targets
-`t[k*S + 1 : k*S + L + 1]`. Of these it scores only the targets no earlier window scored: window 0
-scores targets 1..L, window k > 0 scores targets `(k-1)*S + L + 1 .. k*S + L`. Hence
-
-- every token after the first is scored exactly once (the first has no context);
-- a scored token sees at least `L - S + 1` tokens of context, or every token before it;
-- the last window may be partial: it is padded and masked, never dropped.
-
-There are `1 + ceil(max(0, N - 1 - L) / S)` windows. With `S = L` this is the disjoint-window
-convention; with `S < L` it is the strided evaluation of the Hugging Face guide "Perplexity of
-fixed-length models", without its unscored window boundaries.
+A window is a slice of a token array, optionally after one prefix token, with the row position of
+its first scored target. A row holds at most `seq_len + 1` tokens: the model reads positions
+`0..seq_len-1`, and position `j + 1` is the target of position `j` (the scorer makes the shift).
+Every protocol (`ppl_jax.protocols`) is a way of choosing these slices; batching, padding and
+masking are the same for all, and windows of different documents share batches.
 """
 
 from __future__ import annotations
@@ -22,119 +14,48 @@ import math
 
 import numpy as np
 
-from ppl_jax.data import Document
-from ppl_jax.errors import DataError
-from ppl_jax.tokenizer import Tokenizer
+NO_PREFIX = -1
 
 
 @dataclasses.dataclass(frozen=True)
-class Stream:
-    """The corpus as one token stream, with the size of the text it scores.
+class Windows:
+    """The windows of a protocol over `tokens`.
 
     Attributes:
-      tokens: `[N] int32` token ids.
-      text_bytes: UTF-8 bytes of the whole stream text (documents plus separators).
-      num_bytes: UTF-8 bytes of the scored text (the stream text after the first token).
-      num_words: whitespace-separated words of the scored text.
-      num_documents: documents in the corpus.
-      doc_starts: `[num_documents] int64`, the stream offset of each document's first token.
-      sources: where each document came from (see `Document.source`).
+      tokens: `[N] int32`, the token ids the windows slice.
+      starts: `[W] int64`, offset in `tokens` of each window's first sliced token.
+      lengths: `[W] int64`, tokens sliced (plus the prefix, at most `seq_len + 1`).
+      prefix: `[W] int32`, a token id placed before the slice, or `NO_PREFIX`.
+      first_scored: `[W] int64`, row position of the first scored target (>= 1); every later
+        position of the row is scored.
+      document: `[W] int64`, the document a window lies in, or -1 if it spans documents.
+      seq_len: model inputs per row.
     """
 
     tokens: np.ndarray
-    text_bytes: int
-    num_bytes: int
-    num_words: int
-    num_documents: int
-    doc_starts: np.ndarray
-    sources: tuple[str, ...]
-
-    def describe_offset(self, offset: int) -> str:
-        """Names the document holding stream token `offset`, for messages."""
-        i = max(0, int(np.searchsorted(self.doc_starts, offset, side="right")) - 1)
-        return f"document {i} ({self.sources[i]}), token {offset - int(self.doc_starts[i])}"
-
-
-def build_stream(docs: list[Document], tokenizer: Tokenizer, separator: str,
-                 vocab_size: int) -> Stream:
-    """Tokenizes each document and joins them with the separator's tokens.
-
-    Documents are tokenized one by one, so no token spans two documents; the separator is
-    tokenized once on its own.
-
-    Raises:
-      DataError: a token id outside `[0, vocab_size)` (naming the document, the id and the
-        model's vocabulary), or fewer than two tokens in all (nothing to predict).
-    """
-    texts = [d.text for d in docs]
-    ids = tokenizer.encode(texts)
-    sep_ids = tokenizer.encode([separator])[0] if separator and len(docs) > 1 else None
-    pieces: list[np.ndarray] = []
-    doc_starts: list[int] = []
-    offset = 0
-    for i, (doc, doc_ids) in enumerate(zip(docs, ids, strict=True)):
-        if doc_ids.size and (doc_ids.min() < 0 or doc_ids.max() >= vocab_size):
-            bad = int(doc_ids[(doc_ids < 0) | (doc_ids >= vocab_size)][0])
-            raise DataError(
-                f"document {i} ({doc.source}): token id {bad} is outside the model's vocabulary "
-                f"of {vocab_size}. The tokenizer ({tokenizer.name}, {tokenizer.vocab_size} ids) "
-                f"does not match the model; use the checkpoint's own (data.tokenizer=auto)."
-            )
-        if i and sep_ids is not None:
-            pieces.append(sep_ids)
-            offset += sep_ids.size
-        doc_starts.append(offset)
-        pieces.append(doc_ids)
-        offset += doc_ids.size
-    tokens = np.concatenate(pieces) if pieces else np.zeros((0,), np.int32)
-    if sep_ids is not None and sep_ids.size and sep_ids.max() >= vocab_size:
-        raise DataError(f"data.separator {separator!r} tokenizes to ids beyond the vocabulary.")
-    if tokens.size < 2:
-        raise DataError(
-            f"the corpus ({len(docs)} documents) tokenizes to {tokens.size} token(s); at least "
-            f"two are needed to score one. Check data.path and data.format."
-        )
-    text = separator.join(texts) if separator else "".join(texts)
-    raw = text.encode("utf-8")
-    # The stream's first token is the first token of its first non-empty piece (documents and
-    # separators are tokenized apart, so it cannot merge across a boundary).
-    pieces_text = [t for i, d in enumerate(texts) for t in ((separator, d) if i else (d,))]
-    first = tokenizer.first_token_bytes(next(t for t in pieces_text if t))
-    scored = raw[first:].decode("utf-8", errors="ignore")
-    return Stream(
-        tokens=tokens.astype(np.int32),
-        text_bytes=len(raw),
-        num_bytes=len(raw) - first,
-        num_words=len(scored.split()),
-        num_documents=len(docs),
-        doc_starts=np.asarray(doc_starts, np.int64),
-        sources=tuple(d.source for d in docs),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class SlidingWindows:
-    """Windows of the `sliding` protocol over a stream (see the module docstring).
-
-    Rows of a batch hold `seq_len + 1` tokens: the model reads positions `0..seq_len-1` and
-    position `j + 1` is the target of position `j`; the scorer makes that shift.
-    """
-
-    tokens: np.ndarray  # [N] int32
+    starts: np.ndarray
+    lengths: np.ndarray
+    prefix: np.ndarray
+    first_scored: np.ndarray
+    document: np.ndarray
     seq_len: int
-    stride: int
 
-    def window_start(self, k: int) -> int:
-        """Stream offset of window `k`'s first input token."""
-        return k * self.stride
+    def __post_init__(self):
+        row = self.lengths + (self.prefix != NO_PREFIX)
+        if self.num_windows and (row.max() > self.seq_len + 1 or (self.first_scored < 1).any()
+                                 or (self.first_scored >= row).any()):
+            raise ValueError("a window is longer than seq_len + 1 or scores nothing")
 
     @property
     def num_windows(self) -> int:
-        n = self.tokens.size
-        return 1 + math.ceil(max(0, n - 1 - self.seq_len) / self.stride)
+        return int(self.starts.size)
 
     def num_batches(self, batch_size: int) -> int:
         return math.ceil(self.num_windows / batch_size)
+
+    def num_scored(self) -> np.ndarray:
+        """`[W] int64`: scored targets per window."""
+        return self.lengths + (self.prefix != NO_PREFIX) - self.first_scored
 
     def rows(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
         """The batch rows for the given windows; an id at or past `num_windows` is padding.
@@ -144,25 +65,71 @@ class SlidingWindows:
           token is a scored target (never at position 0); `segment_ids: [R, seq_len + 1] int32`,
           1 for real tokens and 0 for padding; `positions: [R, seq_len + 1] int32`.
         """
-        L, S = self.seq_len, self.stride
+        width = self.seq_len + 1
         r = len(window_ids)
-        tokens = np.zeros((r, L + 1), np.int32)
-        target_mask = np.zeros((r, L + 1), bool)
-        segment_ids = np.zeros((r, L + 1), np.int32)
-        num_windows = self.num_windows
+        tokens = np.zeros((r, width), np.int32)
+        target_mask = np.zeros((r, width), bool)
+        segment_ids = np.zeros((r, width), np.int32)
         for row, k in enumerate(window_ids):
-            if k >= num_windows:
+            if k >= self.num_windows:
                 continue
-            start = int(k) * S
-            chunk = self.tokens[start : start + L + 1]
-            tokens[row, : chunk.size] = chunk
-            segment_ids[row, : chunk.size] = 1
-            first_scored = 1 if k == 0 else L - S + 1
-            target_mask[row, first_scored : chunk.size] = True
-        positions = np.broadcast_to(np.arange(L + 1, dtype=np.int32), (r, L + 1)).copy()
+            at = 0
+            if self.prefix[k] != NO_PREFIX:
+                tokens[row, 0] = self.prefix[k]
+                at = 1
+            start = int(self.starts[k])
+            chunk = self.tokens[start : start + int(self.lengths[k])]
+            tokens[row, at : at + chunk.size] = chunk
+            end = at + chunk.size
+            segment_ids[row, :end] = 1
+            target_mask[row, int(self.first_scored[k]) : end] = True
+        positions = np.broadcast_to(np.arange(width, dtype=np.int32), (r, width)).copy()
         return {
             "tokens": tokens,
             "target_mask": target_mask,
             "segment_ids": segment_ids,
             "positions": positions,
         }
+
+    def scored_token_mask(self) -> np.ndarray:
+        """`[N] bool`: which of `tokens` some window scores (prefix tokens are never targets)."""
+        mask = np.zeros(self.tokens.size, bool)
+        offset = (self.prefix != NO_PREFIX).astype(np.int64)
+        for k in range(self.num_windows):
+            lo = int(self.starts[k] + self.first_scored[k] - offset[k])
+            mask[lo : int(self.starts[k] + self.lengths[k])] = True
+        return mask
+
+
+def make(tokens: np.ndarray, starts, lengths, first_scored, seq_len: int, prefix=None,
+         document=None) -> Windows:
+    """Builds `Windows` from per-window lists (prefix and document default to none / -1)."""
+    w = len(starts)
+    as64 = lambda x: np.asarray(x, np.int64).reshape(w)  # noqa: E731
+    return Windows(
+        tokens=tokens,
+        starts=as64(starts),
+        lengths=as64(lengths),
+        prefix=np.full(w, NO_PREFIX, np.int32) if prefix is None else np.asarray(prefix, np.int32),
+        first_scored=as64(first_scored),
+        document=np.full(w, -1, np.int64) if document is None else as64(document),
+        seq_len=seq_len,
+    )
+
+
+def sliding(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:
+    """The `sliding` protocol's windows over one stream `t[0..N-1]` (ppl_jax's native default).
+
+    Window `k` reads `t[k*S : k*S + L]` (`L = seq_len`, `S = stride`) and covers the targets
+    `t[k*S + 1 : k*S + L + 1]`, of which it scores those no earlier window scored: window 0 scores
+    targets 1..L, window k > 0 scores `(k-1)*S + L + 1 .. k*S + L`. Hence every token after the
+    first is scored exactly once; a scored token sees at least `L - S + 1` tokens of context (or
+    all before it); the last window may be partial and is padded, never dropped. There are
+    `1 + ceil(max(0, N - 1 - L) / S)` windows; `S = L` gives disjoint windows.
+    """
+    n = tokens.size
+    count = 1 + math.ceil(max(0, n - 1 - seq_len) / stride)
+    starts = np.arange(count, dtype=np.int64) * stride
+    lengths = np.minimum(seq_len + 1, n - starts)
+    first = np.where(np.arange(count) == 0, 1, seq_len - stride + 1)
+    return make(tokens, starts, lengths, first, seq_len)

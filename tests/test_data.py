@@ -12,7 +12,7 @@ from helpers import GPT2_TOKENIZER, SHARED_DATA
 from ppl_jax.data import Document, read_documents, resolve_paths
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, from_description
-from ppl_jax.windows import build_stream
+from ppl_jax.protocols import plan
 
 needs_shared_data = pytest.mark.skipif(
     not os.path.isdir(SHARED_DATA), reason=f"the shared data folder {SHARED_DATA} is absent"
@@ -297,28 +297,43 @@ def test_tokenizer_file_errors(tmp_path):
 # ------------------------------------------------------------------------------------- streams
 
 
+
+def stream(docs, tokenizer, separator, vocab_size):
+    """The `sliding` protocol's stream of `docs` (one-token windows, so window k starts at k)."""
+    from types import SimpleNamespace
+
+    p = plan("sliding", docs, tokenizer, vocab_size, seq_len=1, stride=1, add_bos=False,
+             separator=separator)
+    joined = separator.join(d.text for d in docs) if len(docs) > 1 else docs[0].text
+    return SimpleNamespace(
+        tokens=p.windows.tokens, doc_starts=p.doc_starts, num_documents=p.num_documents,
+        sources=p.sources, text_bytes=len(joined.encode("utf-8")), num_bytes=p.num_bytes,
+        num_words=p.num_words, plan=p,
+    )
+
 def test_stream_places_separators_between_documents():
     docs = [Document("ab", "x:1"), Document("", "x:2"), Document("cde", "x:3")]
-    s = build_stream(docs, ByteTokenizer(), "\n\n", vocab_size=256)
+    s = stream(docs, ByteTokenizer(), "\n\n", vocab_size=256)
     assert s.tokens.tolist() == [97, 98, 10, 10, 10, 10, 99, 100, 101]
     assert s.tokens.dtype == np.int32
     assert s.doc_starts.tolist() == [0, 4, 6]
     assert s.num_documents == 3
     assert s.sources == ("x:1", "x:2", "x:3")
     assert s.text_bytes == 9
-    assert s.describe_offset(7) == "document 2 (x:3), token 1"
-    assert s.describe_offset(4) == "document 1 (x:2), token 0"  # empty doc shares its offset
+    assert s.plan.describe_window(7) == "window 7, document 2 (x:3), token 1"
+    # The empty document shares its offset with the next separator.
+    assert s.plan.describe_window(4) == "window 4, document 1 (x:2), token 0"
 
 
 def test_stream_without_separator():
     docs = [Document("ab", "a"), Document("c", "b")]
-    s = build_stream(docs, ByteTokenizer(), "", vocab_size=256)
+    s = stream(docs, ByteTokenizer(), "", vocab_size=256)
     assert s.tokens.tolist() == [97, 98, 99]
     assert s.doc_starts.tolist() == [0, 2]
 
 
 def test_single_document_gets_no_separator():
-    s = build_stream([Document("abc", "a")], ByteTokenizer(), "\n\n", vocab_size=256)
+    s = stream([Document("abc", "a")], ByteTokenizer(), "\n\n", vocab_size=256)
     assert s.tokens.tolist() == [97, 98, 99]
     assert (s.text_bytes, s.num_bytes, s.num_words) == (3, 2, 1)
 
@@ -326,7 +341,7 @@ def test_single_document_gets_no_separator():
 @needs_shared_data
 def test_gpt2_stream_separators_and_offsets(gpt2):
     docs = [Document("Hello world", "a"), Document("Hello world", "b")]
-    s = build_stream(docs, gpt2, "\n", vocab_size=gpt2.vocab_size)
+    s = stream(docs, gpt2, "\n", vocab_size=gpt2.vocab_size)
     assert s.tokens.tolist() == [15496, 995, 198, 15496, 995]
     assert s.doc_starts.tolist() == [0, 3]
 
@@ -334,7 +349,7 @@ def test_gpt2_stream_separators_and_offsets(gpt2):
 def test_token_id_outside_the_vocabulary_names_document_and_source():
     docs = [Document("abc", "f.txt:1"), Document("xyz", "f.txt:2")]
     with pytest.raises(DataError) as e:
-        build_stream(docs, ByteTokenizer(), "\n", vocab_size=100)
+        stream(docs, ByteTokenizer(), "\n", vocab_size=100)
     assert str(e.value).startswith(
         "document 1 (f.txt:2): token id 120 is outside the model's vocabulary of 100. "
         "The tokenizer (byte, 256 ids) does not match the model"
@@ -348,20 +363,20 @@ def test_gpt2_ids_beyond_a_byte_vocabulary(gpt2):
         match=r"document 0 \(c.txt\): token id 15496 is outside the "
         r"model's vocabulary of 256. The tokenizer \(gpt2.json, 50257 ids\)",
     ):
-        build_stream([Document("Hello world", "c.txt")], gpt2, "\n\n", vocab_size=256)
+        stream([Document("Hello world", "c.txt")], gpt2, "\n\n", vocab_size=256)
 
 
 def test_separator_beyond_the_vocabulary():
     docs = [Document("ab", "a"), Document("cd", "b")]
-    with pytest.raises(DataError, match="data.separator '~' tokenizes to ids beyond the vocab"):
-        build_stream(docs, ByteTokenizer(), "~", vocab_size=120)
+    with pytest.raises(DataError, match="data.separator '~': token id 126 is outside the model's"):
+        stream(docs, ByteTokenizer(), "~", vocab_size=120)
 
 
 @pytest.mark.parametrize("texts", [["a"], [""], ["", ""]])
 def test_fewer_than_two_tokens(texts):
     docs = [Document(t, f"d{i}") for i, t in enumerate(texts)]
     with pytest.raises(DataError) as e:
-        build_stream(docs, ByteTokenizer(), "", vocab_size=256)
+        stream(docs, ByteTokenizer(), "", vocab_size=256)
     n = len("".join(texts))
     assert str(e.value) == (
         f"the corpus ({len(texts)} documents) tokenizes to {n} token(s); at least two are needed "
@@ -392,7 +407,7 @@ def expected_counts(texts: list[str], separator: str, first_token: bytes) -> tup
 @pytest.mark.parametrize("texts", CORPORA)
 def test_byte_stream_counts_bytes_and_words_after_the_first_token(texts):
     docs = [Document(t, f"d{i}") for i, t in enumerate(texts)]
-    s = build_stream(docs, ByteTokenizer(), "\n\n", vocab_size=256)
+    s = stream(docs, ByteTokenizer(), "\n\n", vocab_size=256)
     raw = "\n\n".join(texts).encode("utf-8")
     assert s.tokens.tolist() == list(raw)
     assert s.text_bytes == len(raw)
@@ -403,7 +418,7 @@ def test_byte_stream_counts_bytes_and_words_after_the_first_token(texts):
 @pytest.mark.parametrize("texts", CORPORA)
 def test_gpt2_stream_counts_bytes_and_words_after_the_first_token(texts, gpt2):
     docs = [Document(t, f"d{i}") for i, t in enumerate(texts)]
-    s = build_stream(docs, gpt2, "\n\n", vocab_size=gpt2.vocab_size)
+    s = stream(docs, gpt2, "\n\n", vocab_size=gpt2.vocab_size)
     first = gpt2_token_bytes(gpt2._tok.id_to_token(int(s.tokens[0])))
     assert s.text_bytes == len("\n\n".join(texts).encode("utf-8"))
     assert (s.num_bytes, s.num_words) == expected_counts(texts, "\n\n", first)
@@ -416,7 +431,7 @@ def test_gpt2_stream_counts_bytes_and_words_after_the_first_token(texts, gpt2):
 def test_gpt2_counts_on_a_real_text(gpt2):
     with open(os.path.join(SHARED_DATA, "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
         text = f.read(3000)
-    s = build_stream([Document(text, "shakespeare")], gpt2, "\n\n", vocab_size=gpt2.vocab_size)
+    s = stream([Document(text, "shakespeare")], gpt2, "\n\n", vocab_size=gpt2.vocab_size)
     assert text.startswith("First Citizen:")
     assert s.tokens[0] == gpt2.encode(["First"])[0][0]
     assert s.num_bytes == len(text.encode("utf-8")) - len("First")
@@ -427,6 +442,6 @@ def test_first_token_is_the_streams_own_not_the_joined_texts(gpt2):
     # Tokenized apart, "Hel" + "lo there" starts with the token "Hel" (3 bytes), although the
     # joined text "Hello there" would start with "Hello".
     docs = [Document("Hel", "a"), Document("lo there", "b")]
-    stream = build_stream(docs, gpt2, "", gpt2.vocab_size)
-    assert stream.num_bytes == len("lo there")
-    assert stream.num_words == 2
+    s = stream(docs, gpt2, "", gpt2.vocab_size)
+    assert s.num_bytes == len("lo there")
+    assert s.num_words == 2

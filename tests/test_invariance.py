@@ -71,7 +71,7 @@ def test_batch_size_and_mesh_do_not_change_the_result(tiny_checkpoint, corpus, r
 
 def test_counts_are_those_of_the_stream(reference):
     ev = reference
-    n = ev.stream.tokens.size
+    n = ev.plan.windows.tokens.size
     assert ev.sums.num_tokens == n - 1  # every token after the first, tail included
     assert ev.sums.num_windows == 1 + -(-(n - 1 - 64) // 48)
 

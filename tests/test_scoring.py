@@ -12,7 +12,7 @@ from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import DEFAULT_RULES
 from ppl_jax.scoring import Scorer, score_step, token_nll
-from ppl_jax.windows import SlidingWindows, Stream
+from ppl_jax.windows import sliding
 
 
 def _row(tokens):
@@ -85,9 +85,13 @@ def test_nonfinite_log_probabilities_are_counted():
     assert np.isfinite(float(sums.nll_sum[0]))
 
 
-def _stream(tokens):
-    return Stream(tokens=tokens, text_bytes=tokens.size, num_bytes=tokens.size - 1, num_words=1,
-                  num_documents=1, doc_starts=np.zeros(1, np.int64), sources=("x",))
+def _plan(tokens, seq_len):
+    from ppl_jax.data import Document
+    from ppl_jax.protocols import plan
+    from ppl_jax.tokenizer import ByteTokenizer
+
+    return plan("sliding", [Document(bytes(tokens.tolist()).decode("latin-1"), "x")],
+                ByteTokenizer(), 256, seq_len, seq_len, add_bos=False)
 
 
 def test_step_traced_once_per_shape():
@@ -101,16 +105,16 @@ def test_step_traced_once_per_shape():
     rng = np.random.default_rng(0)
     for n in (300, 500, 77):  # different corpora, same batch shape
         tokens = rng.integers(0, 256, size=n).astype(np.int32)
-        totals = scorer.score(params, SlidingWindows(tokens, 32, 32), batch_size=8)
+        totals = scorer.score(params, sliding(tokens, 32, 32), batch_size=8)
         assert totals.num_tokens == n - 1
     assert scorer.traces == 1
-    scorer.score(params, SlidingWindows(tokens, 16, 16), batch_size=8)
+    scorer.score(params, sliding(tokens, 16, 16), batch_size=8)
     assert scorer.traces == 2
 
 
 def test_nonfinite_is_an_error_naming_the_window():
     from ppl_jax.errors import NumericsError
-    from ppl_jax.evaluate import score_stream
+    from ppl_jax.evaluate import score_plan
 
     cfg = helpers.TINY
     model = model_lib.build(cfg.to_dict(), jnp.float32)
@@ -121,7 +125,6 @@ def test_nonfinite_is_an_error_naming_the_window():
     params["layers"]["1"]["mlp"]["down"] = params["layers"]["1"]["mlp"]["down"].at[0, 0].set(
         jnp.inf)
     params = jax.device_put(params, shardings)
-    tokens = np.zeros(100, np.int32)
-    tokens[70] = 0
-    with pytest.raises(NumericsError, match=r"window 0, document 0 \(x\)"):
-        score_stream(model, params, mesh, shardings, _stream(tokens), 32, 32, 8)
+    tokens = np.full(100, 65, np.int32)
+    with pytest.raises(NumericsError, match=r"first in window 0, document 0 \(x\), token 0"):
+        score_plan(model, params, mesh, shardings, _plan(tokens, 32), 8)

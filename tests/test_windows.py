@@ -5,15 +5,15 @@ import itertools
 import numpy as np
 import pytest
 
-from ppl_jax.windows import SlidingWindows
+from ppl_jax.windows import Windows, sliding
 
 
-def scored_positions(win: SlidingWindows):
+def scored_positions(win: Windows):
     """(global target position, context length) for every scored target, from the batch rows."""
     out = []
     rows = win.rows(np.arange(win.num_windows))
     for k in range(win.num_windows):
-        start = win.window_start(k)
+        start = int(win.starts[k])
         for j in np.flatnonzero(rows["target_mask"][k]):
             assert rows["segment_ids"][k, j] == 1
             assert rows["tokens"][k, j] == win.tokens[start + j]
@@ -28,7 +28,7 @@ def scored_positions(win: SlidingWindows):
 )
 def test_every_token_after_the_first_is_scored_once(n, seq_len, stride):
     tokens = np.arange(n, dtype=np.int32) % 251
-    win = SlidingWindows(tokens, seq_len, stride)
+    win = sliding(tokens, seq_len, stride)
     scored = scored_positions(win)
     positions = sorted(p for p, _ in scored)
     assert positions == list(range(1, n))  # once each, the tail included, the first never
@@ -41,7 +41,7 @@ def test_every_token_after_the_first_is_scored_once(n, seq_len, stride):
 
 
 def test_window_count_formula_and_tail():
-    win = SlidingWindows(np.arange(1001, dtype=np.int32), seq_len=256, stride=256)
+    win = sliding(np.arange(1001, dtype=np.int32), seq_len=256, stride=256)
     # targets 1..1000: windows cover 256 each; the fourth holds the tail of 232.
     assert win.num_windows == 4
     rows = win.rows(np.arange(4))
@@ -50,14 +50,14 @@ def test_window_count_formula_and_tail():
 
 
 def test_padding_rows_are_fully_masked():
-    win = SlidingWindows(np.arange(50, dtype=np.int32), seq_len=16, stride=8)
+    win = sliding(np.arange(50, dtype=np.int32), seq_len=16, stride=8)
     rows = win.rows(np.array([win.num_windows, win.num_windows + 3]))
     assert not rows["target_mask"].any()
     assert not rows["segment_ids"].any()
 
 
 def test_strided_context():
-    win = SlidingWindows(np.arange(200, dtype=np.int32), seq_len=64, stride=16)
+    win = sliding(np.arange(200, dtype=np.int32), seq_len=64, stride=16)
     rows = win.rows(np.arange(win.num_windows))
     # Windows after the first score only their last `stride` targets.
     assert rows["target_mask"][0].sum() == 64
