@@ -138,7 +138,9 @@ def plan(protocol: str, docs: list[Document], tokenizer: Tokenizer, vocab_size: 
         prefix token are placed by the protocol).
       vocab_size: the model's vocabulary; every token id is checked against it.
       seq_len: the model inputs per window; stride: for `sliding` and `hf_strided`.
-      add_bos: BOS before the stream (`sliding`, `hf_strided`, `gptq_chunks`).
+      add_bos: BOS before the stream (`sliding`, `hf_strided`, `gptq_chunks`), or before each
+        document's tokens (`lm_eval_rolling`, as the harness's `tok_encode` does when the
+        tokenizer adds BOS; the prefix token comes before that).
       separator: the text between documents for `sliding` (the others use "\\n\\n").
 
     Raises:
@@ -148,7 +150,7 @@ def plan(protocol: str, docs: list[Document], tokenizer: Tokenizer, vocab_size: 
     if protocol not in PROTOCOLS:
         raise ConfigError(f"eval.protocol={protocol!r} is not one of {', '.join(PROTOCOLS)}.")
     if protocol == "lm_eval_rolling":
-        return _lm_eval_rolling(docs, tokenizer, vocab_size, seq_len)
+        return _lm_eval_rolling(docs, tokenizer, vocab_size, seq_len, add_bos)
     texts = [d.text for d in docs]
     bos = [tokenizer.bos_id] if add_bos else []
     if protocol == "sliding":
@@ -242,7 +244,7 @@ def _hf_strided(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:
 
 
 def _lm_eval_rolling(docs: list[Document], tokenizer: Tokenizer, vocab_size: int,
-                     seq_len: int) -> Plan:
+                     seq_len: int, add_bos: bool) -> Plan:
     prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     if prefix is None:
         raise ConfigError(
@@ -251,6 +253,8 @@ def _lm_eval_rolling(docs: list[Document], tokenizer: Tokenizer, vocab_size: int
         )
     _check_ids(np.asarray([prefix]), vocab_size, "the prefix (BOS/EOS) token", tokenizer)
     encoded = tokenizer.encode([d.text for d in docs])
+    if add_bos:  # the harness encodes with the tokenizer's own special tokens (HFLM.tok_encode)
+        encoded = [np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32) for ids in encoded]
     offsets = np.cumsum([0] + [ids.size for ids in encoded])
     tokens = np.concatenate(encoded).astype(np.int32) if encoded else np.zeros(0, np.int32)
     starts, lengths, first, pre, document = [], [], [], [], []
@@ -292,7 +296,7 @@ def _lm_eval_rolling(docs: list[Document], tokenizer: Tokenizer, vocab_size: int
         num_documents=len(docs),
         text_tokens=int(tokens.size),
         unscored_tokens=0,
-        add_bos=False,
+        add_bos=add_bos,
         prefix_id=int(prefix),
         doc_bytes=doc_bytes,
         doc_words=doc_words,
