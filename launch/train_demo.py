@@ -28,7 +28,7 @@ from ppl_jax import checkpoint
 from ppl_jax import model as model_lib
 from ppl_jax.config import HELD_OUT_MODULES, demo_checkpoint_dir
 from ppl_jax.models.llama import Llama, LlamaConfig
-from ppl_jax.scoring import token_nll
+from ppl_jax.nll import token_nll
 from ppl_jax.tokenizer import ByteTokenizer
 
 FLAGS = flags.DEFINE

@@ -105,6 +105,8 @@ def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: A
         num_words=plan.num_words,
         num_documents=plan.num_documents,
         num_windows=totals.num_windows,
+        entropy_sum=float(np.sum(totals.window_entropy)),
+        num_correct=int(np.sum(totals.window_correct)),
     )
     return sums, totals
 

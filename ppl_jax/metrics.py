@@ -38,6 +38,8 @@ class Sums:
       num_words: whitespace-separated words of the scored text (`str.split()`).
       num_documents: documents in the corpus.
       num_windows: model windows scored.
+      entropy_sum: the model's predictive entropy summed over scored positions, nats.
+      num_correct: scored tokens that were the model's top-1 prediction.
     """
 
     nll_sum: float = 0.0
@@ -46,6 +48,8 @@ class Sums:
     num_words: int = 0
     num_documents: int = 0
     num_windows: int = 0
+    entropy_sum: float = 0.0
+    num_correct: int = 0
 
     def __add__(self, other: Sums) -> Sums:
         return Sums(**{
@@ -70,7 +74,10 @@ def derive(sums: Sums) -> dict[str, float]:
 
     Returns:
       A dict with `perplexity`, `bits_per_token`, `bits_per_byte`, `byte_perplexity`,
-      `word_perplexity`, `nll_per_token` (nats). A metric whose denominator is zero is NaN.
+      `word_perplexity`, `nll_per_token` (nats), `entropy_per_token` (nats, the model's mean
+      predictive entropy), `predictive_perplexity` (exp of it: the model's own uncertainty,
+      distinct from the data perplexity) and `top1_accuracy`. A metric whose denominator is
+      zero is NaN.
     """
     nll = float(sums.nll_sum)
     nll_per_token = _ratio(nll, sums.num_tokens)
@@ -83,6 +90,9 @@ def derive(sums: Sums) -> dict[str, float]:
         "bits_per_byte": nll_per_byte / LN2,
         "byte_perplexity": math.exp(nll_per_byte),
         "word_perplexity": math.exp(nll_per_word),
+        "entropy_per_token": _ratio(float(sums.entropy_sum), sums.num_tokens),
+        "predictive_perplexity": math.exp(_ratio(float(sums.entropy_sum), sums.num_tokens)),
+        "top1_accuracy": _ratio(float(sums.num_correct), sums.num_tokens),
     }
 
 

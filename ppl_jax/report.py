@@ -29,6 +29,9 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "byte_perplexity": m["byte_perplexity"],
         "num_words": s.num_words,
         "word_perplexity": m["word_perplexity"],
+        "entropy_per_token": m["entropy_per_token"],
+        "predictive_perplexity": m["predictive_perplexity"],
+        "top1_accuracy": m["top1_accuracy"],
         "num_documents": s.num_documents,
         "num_windows": s.num_windows,
         "protocol": protocol_dict(ev, settings),
@@ -109,6 +112,8 @@ def summary_table(results: dict[str, Any]) -> str:
          + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else "")),
         ("byte perplexity", f"{results['byte_perplexity']:.4f}"),
         ("word perplexity", f"{results['word_perplexity']:.4f}"),
+        ("top-1 accuracy", f"{results['top1_accuracy']:.4f}   (predictive perplexity exp(H) "
+                           f"{results['predictive_perplexity']:.4f})"),
         ("tokens/s", f"{results['tokens_per_second']:,.0f}"
                      f" (compile {results['compile_seconds']:.1f} s apart)"),
         ("wall time", f"{results['wall_seconds']:.1f} s"),

@@ -22,7 +22,8 @@ from jax.sharding import Mesh
 
 from ppl_jax import mesh as mesh_lib
 from ppl_jax.errors import NumericsError
-from ppl_jax.model import HiddenStates, LanguageModel, Logits
+from ppl_jax.model import LanguageModel
+from ppl_jax.nll import token_nll, token_stats  # noqa: F401  (token_nll: re-exported)
 from ppl_jax.windows import Windows
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
@@ -32,32 +33,17 @@ class StepSums(NamedTuple):
     """Per-window sums from one step; each `[batch]`, replicated on every device.
 
     nll_sum: float32, nats, over the window's scored targets.
+    entropy_sum: float32, nats, the predictive entropy summed over the same targets.
+    num_correct: int32, scored targets that are the model's top-1 prediction.
     num_tokens: int32, scored targets.
     num_nonfinite: int32, scored targets whose log-probability is NaN or infinite.
     """
 
     nll_sum: jax.Array
+    entropy_sum: jax.Array
+    num_correct: jax.Array
     num_tokens: jax.Array
     num_nonfinite: jax.Array
-
-
-def logits_of(output: HiddenStates | Logits) -> jax.Array:
-    """`[batch, seq, vocab] float32` logits from a model output (matmul outputs in float32)."""
-    if isinstance(output, Logits):
-        return output.logits.astype(jnp.float32)
-    return jnp.einsum(
-        "btd,dv->btv", output.hidden, output.unembedding, preferred_element_type=jnp.float32
-    )
-
-
-def token_nll(output: HiddenStates | Logits, targets: jax.Array) -> jax.Array:
-    """Negative log-likelihood of each target: `[batch, seq] float32`, nats.
-
-    `-log_softmax(logits)[target]`, with the log-softmax in float32 and the target picked by
-    `take_along_axis` (no one-hot over the vocabulary).
-    """
-    log_probs = jax.nn.log_softmax(logits_of(output), axis=-1)
-    return -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
 
 
 def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Array]) -> StepSums:
@@ -71,16 +57,20 @@ def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Arra
         made here); `target_mask[:, 0]` is ignored.
 
     Returns:
-      `StepSums` per window.
+      `StepSums` per window. The `[batch, seq, vocab]` logits are never materialised for a
+      model that returns `HiddenStates` (see `ppl_jax.nll`).
     """
     tokens = batch["tokens"]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # the next-token shift
     mask = batch["target_mask"][:, 1:]
     output = apply(params, inputs, batch["positions"][:, :-1], batch["segment_ids"][:, :-1])
-    nll_BxT = token_nll(output, targets)
-    finite_BxT = jnp.isfinite(nll_BxT)
+    stats = token_stats(output, targets)
+    finite_BxT = jnp.isfinite(stats.nll) & jnp.isfinite(stats.entropy)
+    ok_BxT = mask & finite_BxT
     return StepSums(
-        nll_sum=jnp.sum(jnp.where(mask & finite_BxT, nll_BxT, 0.0), axis=1),
+        nll_sum=jnp.sum(jnp.where(ok_BxT, stats.nll, 0.0), axis=1),
+        entropy_sum=jnp.sum(jnp.where(ok_BxT, stats.entropy, 0.0), axis=1),
+        num_correct=jnp.sum(ok_BxT & stats.correct, axis=1, dtype=jnp.int32),
         num_tokens=jnp.sum(mask, axis=1, dtype=jnp.int32),
         num_nonfinite=jnp.sum(mask & ~finite_BxT, axis=1, dtype=jnp.int32),
     )
@@ -93,11 +83,15 @@ class ScoreTotals:
     Attributes:
       window_nll: `[W] float64`, nats, each window's NLL sum.
       window_tokens: `[W] int64`, each window's scored targets.
+      window_entropy: `[W] float64`, nats, each window's predictive-entropy sum.
+      window_correct: `[W] int64`, each window's top-1 correct targets.
       scoring_seconds: wall time of the loop after compilation; compile_seconds: compilation.
     """
 
     window_nll: np.ndarray
     window_tokens: np.ndarray
+    window_entropy: np.ndarray
+    window_correct: np.ndarray
     scoring_seconds: float = 0.0
     compile_seconds: float = 0.0
 
@@ -174,7 +168,12 @@ class Scorer:
         """
         width = windows.seq_len + 1
         num_windows = windows.num_windows
-        totals = ScoreTotals(np.zeros(num_windows, np.float64), np.zeros(num_windows, np.int64))
+        totals = ScoreTotals(
+            window_nll=np.zeros(num_windows, np.float64),
+            window_tokens=np.zeros(num_windows, np.int64),
+            window_entropy=np.zeros(num_windows, np.float64),
+            window_correct=np.zeros(num_windows, np.int64),
+        )
         t0 = time.perf_counter()
         step = self.compiled(batch_size, width)
         totals.compile_seconds = time.perf_counter() - t0
@@ -195,6 +194,8 @@ class Scorer:
             span = slice(first_window, first_window + real)
             totals.window_nll[span] = host.nll_sum[:real]
             totals.window_tokens[span] = host.num_tokens[:real]
+            totals.window_entropy[span] = host.entropy_sum[:real]
+            totals.window_correct[span] = host.num_correct[:real]
             if host.num_tokens[real:].any():
                 raise AssertionError("a padding row scored tokens")
             if progress is not None:

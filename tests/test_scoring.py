@@ -11,7 +11,8 @@ import helpers
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import DEFAULT_RULES
-from ppl_jax.scoring import Scorer, score_step, token_nll
+from ppl_jax.nll import token_nll
+from ppl_jax.scoring import Scorer, score_step
 from ppl_jax.windows import sliding
 
 
