@@ -81,6 +81,8 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.stride = config_dict.placeholder(int)  # None: equal to seq_len
     c.eval.batch_size = 8  # global, over all processes
     c.eval.add_bos = "auto"  # "auto" (the tokenizer's own policy), "true", "false"
+    c.eval.packing = True  # several short windows per row (segments), where they fit
+    c.eval.length_buckets = 1  # row widths a run may compile (1: every row is seq_len + 1)
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
@@ -116,6 +118,8 @@ class EvalSettings:
     stride: int
     batch_size: int
     add_bos: str
+    packing: bool
+    length_buckets: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +181,9 @@ class Settings:
         batch_size = int(c.eval.batch_size)
         if batch_size < 1:
             raise ConfigError(f"eval.batch_size={batch_size} must be at least 1.")
+        buckets = int(c.eval.length_buckets)
+        if not 1 <= buckets <= 8:
+            raise ConfigError(f"eval.length_buckets={buckets} must be between 1 and 8.")
         rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
         return Settings(
             checkpoint_dir=os.path.expanduser(str(c.checkpoint.dir)),
@@ -197,6 +204,8 @@ class Settings:
                 stride=stride,
                 batch_size=batch_size,
                 add_bos=add_bos,
+                packing=bool(c.eval.packing),
+                length_buckets=buckets,
             ),
             dtype=str(c.model.dtype),
             mesh=MeshSettings(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),

@@ -23,6 +23,7 @@ from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import Settings
 from ppl_jax.errors import ConfigError
+from ppl_jax.layout import Layout, plan_layout
 from ppl_jax.model import LanguageModel
 from ppl_jax.protocols import Plan
 from ppl_jax.scoring import Scorer, ScoreTotals
@@ -56,6 +57,7 @@ class Evaluation:
     model_description: dict[str, Any]
     tokenizer_name: str
     checkpoint_format: str
+    layout: Layout
     gzip_bits_per_byte: float | None
     wall_seconds: float
 
@@ -71,7 +73,8 @@ def check_window(seq_len: int, model: LanguageModel) -> None:
 
 def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: Any, plan: Plan,
                batch_size: int, progress: Callable[[int, int], None] | None = None,
-               scorer: Scorer | None = None) -> tuple[metrics.Sums, ScoreTotals]:
+               scorer: Scorer | None = None, pack: bool = True, num_buckets: int = 1
+               ) -> tuple[metrics.Sums, ScoreTotals, Layout]:
     """Scores a protocol's windows.
 
     Args:
@@ -79,9 +82,10 @@ def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: A
       plan: from `protocols.plan`.
       batch_size: global windows per step, divisible by the mesh's `data` size.
       scorer: a `Scorer` to reuse (its compiled steps are cached), or None for a new one.
+      pack, num_buckets: see `ppl_jax.layout.plan_layout`.
 
     Returns:
-      (the sufficient statistics, the per-window sums and timings).
+      (the sufficient statistics, the per-window sums and timings, the batch layout).
 
     Raises:
       ConfigError: bad seq_len or batch size. NumericsError: NaN or infinity scored.
@@ -94,7 +98,8 @@ def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: A
             f"({data_size}); use a multiple of {data_size}."
         )
     scorer = scorer or Scorer(model, mesh, param_shardings)
-    totals = scorer.score(params, plan.windows, batch_size, progress=progress,
+    layout = plan_layout(plan.windows, batch_size, pack=pack, num_buckets=num_buckets)
+    totals = scorer.score(params, plan.windows, layout, progress=progress,
                           describe_window=plan.describe_window)
     if not np.array_equal(totals.window_tokens, plan.windows.num_scored()):
         raise AssertionError("the device scored other tokens than the windows' masks hold")
@@ -108,7 +113,7 @@ def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: A
         entropy_sum=float(np.sum(totals.window_entropy)),
         num_correct=int(np.sum(totals.window_correct)),
     )
-    return sums, totals
+    return sums, totals, layout
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:
@@ -215,8 +220,10 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
     )
     params, shardings = restore(settings, model, mesh, fmt, step)
     progress = progress_factory(plan.windows.num_windows) if progress_factory else None
-    sums, totals = score_plan(model, params, mesh, shardings, plan, settings.eval.batch_size,
-                              progress=progress)
+    sums, totals, layout = score_plan(
+        model, params, mesh, shardings, plan, settings.eval.batch_size, progress=progress,
+        pack=settings.eval.packing, num_buckets=settings.eval.length_buckets,
+    )
     documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb = None
     if settings.gzip_baseline:
@@ -233,6 +240,7 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
         model_description=model.description,
         tokenizer_name=tok.name,
         checkpoint_format=fmt,
+        layout=layout,
         gzip_bits_per_byte=gzip_bpb,
         wall_seconds=time.perf_counter() - t0,
     )

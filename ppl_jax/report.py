@@ -69,6 +69,9 @@ def protocol_dict(ev: Evaluation, settings: Settings) -> dict[str, Any]:
         "reference": PROTOCOL_NOTES[plan.protocol],
         "seq_len": settings.eval.seq_len,
         "stride": settings.eval.stride if plan.protocol in ("sliding", "hf_strided") else None,
+        "packing": settings.eval.packing,
+        "padding_fraction": ev.layout.padding_fraction,
+        "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,
         "add_bos_setting": settings.eval.add_bos,
         "prefix_token_id": plan.prefix_id,
@@ -114,6 +117,8 @@ def summary_table(results: dict[str, Any]) -> str:
         ("word perplexity", f"{results['word_perplexity']:.4f}"),
         ("top-1 accuracy", f"{results['top1_accuracy']:.4f}   (predictive perplexity exp(H) "
                            f"{results['predictive_perplexity']:.4f})"),
+        ("batches", f"{len(results['protocol']['row_widths'])} compiled shape(s), "
+                    f"padding {100 * results['protocol']['padding_fraction']:.1f}%"),
         ("tokens/s", f"{results['tokens_per_second']:,.0f}"
                      f" (compile {results['compile_seconds']:.1f} s apart)"),
         ("wall time", f"{results['wall_seconds']:.1f} s"),

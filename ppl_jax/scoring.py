@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -24,13 +23,14 @@ from ppl_jax import mesh as mesh_lib
 from ppl_jax.errors import NumericsError
 from ppl_jax.model import LanguageModel
 from ppl_jax.nll import token_nll, token_stats  # noqa: F401  (token_nll: re-exported)
+from ppl_jax.layout import Layout
 from ppl_jax.windows import Windows
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
 
 
 class StepSums(NamedTuple):
-    """Per-window sums from one step; each `[batch]`, replicated on every device.
+    """Per-window sums from one step; each `[batch, slots]`, replicated on every device.
 
     nll_sum: float32, nats, over the window's scored targets.
     entropy_sum: float32, nats, the predictive entropy summed over the same targets.
@@ -46,19 +46,22 @@ class StepSums(NamedTuple):
     num_nonfinite: jax.Array
 
 
-def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Array]) -> StepSums:
-    """Scores one batch of windows.
+def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Array],
+               num_slots: int = 1) -> StepSums:
+    """Scores one batch of rows, each holding up to `num_slots` windows (segments).
 
     Args:
       apply: `LanguageModel.apply`.
       params: the model's params.
-      batch: `tokens`, `target_mask` (bool), `segment_ids`, `positions`, each
-        `[batch, seq_len + 1]`. Position `j + 1` is the target of position `j` (the shift is
-        made here); `target_mask[:, 0]` is ignored.
+      batch: `tokens`, `target_mask` (bool), `segment_ids` (0 = padding, `s + 1` = the row's
+        `s`-th window), `positions` (restarting in each segment), each `[batch, width]`.
+        Position `j + 1` is the target of position `j` (the shift is made here); a target is
+        counted only where `target_mask` holds, which is never a segment's first position.
+      num_slots: segment slots per row.
 
     Returns:
-      `StepSums` per window. The `[batch, seq, vocab]` logits are never materialised for a
-      model that returns `HiddenStates` (see `ppl_jax.nll`).
+      `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
+      never materialised for a model that returns `HiddenStates` (see `ppl_jax.nll`).
     """
     tokens = batch["tokens"]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # the next-token shift
@@ -66,13 +69,22 @@ def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Arra
     output = apply(params, inputs, batch["positions"][:, :-1], batch["segment_ids"][:, :-1])
     stats = token_stats(output, targets)
     finite_BxT = jnp.isfinite(stats.nll) & jnp.isfinite(stats.entropy)
-    ok_BxT = mask & finite_BxT
+    # slot_BxTxS: which slot each target belongs to (none for padding).
+    slot_BxTxS = batch["segment_ids"][:, 1:, None] == jnp.arange(1, num_slots + 1)
+    ok_BxTxS = slot_BxTxS & (mask & finite_BxT)[..., None]
+
+    def per_slot(values_BxT):
+        return jnp.sum(jnp.where(ok_BxTxS, values_BxT[..., None], 0.0), axis=1)
+
+    def count(flags_BxTxS):
+        return jnp.sum(flags_BxTxS, axis=1, dtype=jnp.int32)
+
     return StepSums(
-        nll_sum=jnp.sum(jnp.where(ok_BxT, stats.nll, 0.0), axis=1),
-        entropy_sum=jnp.sum(jnp.where(ok_BxT, stats.entropy, 0.0), axis=1),
-        num_correct=jnp.sum(ok_BxT & stats.correct, axis=1, dtype=jnp.int32),
-        num_tokens=jnp.sum(mask, axis=1, dtype=jnp.int32),
-        num_nonfinite=jnp.sum(mask & ~finite_BxT, axis=1, dtype=jnp.int32),
+        nll_sum=per_slot(stats.nll),
+        entropy_sum=per_slot(stats.entropy),
+        num_correct=count(ok_BxTxS & stats.correct[..., None]),
+        num_tokens=count(slot_BxTxS & mask[..., None]),
+        num_nonfinite=count(slot_BxTxS & (mask & ~finite_BxT)[..., None]),
     )
 
 
@@ -110,10 +122,10 @@ class ScoreTotals:
 
 
 class Scorer:
-    """Compiles the step for a model on a mesh, and runs it over windows.
+    """Compiles the step for a model on a mesh, and runs it over a layout of windows.
 
     Attributes:
-      traces: how many times the step was traced (one per batch shape).
+      traces: how many times the step was traced (once per batch shape).
     """
 
     def __init__(self, model: LanguageModel, mesh: Mesh, param_shardings: Any):
@@ -122,22 +134,24 @@ class Scorer:
         self.param_shardings = param_shardings
         self.batch_sharding = mesh_lib.batch_sharding(mesh)
         self.traces = 0
-        self._compiled: dict[tuple[int, int], Any] = {}
+        self._compiled: dict[tuple[int, int, int], Any] = {}
 
-        def step(params, batch):
-            self.traces += 1  # runs at trace time only
-            return score_step(model.apply, params, batch)
-
-        self._jitted = jax.jit(
-            step,
-            in_shardings=(param_shardings, {k: self.batch_sharding for k in BATCH_KEYS}),
-            out_shardings=mesh_lib.replicated(mesh),
-        )
-
-    def compiled(self, batch_size: int, width: int) -> Any:
-        """The step compiled for `[batch_size, width]` batches (cached per shape)."""
-        key = (batch_size, width)
+    def compiled(self, batch_size: int, width: int, num_slots: int = 1) -> Any:
+        """The step compiled for `[batch_size, width]` batches of `num_slots` segment slots
+        (cached per shape)."""
+        key = (batch_size, width, num_slots)
         if key not in self._compiled:
+
+            def step(params, batch):
+                self.traces += 1  # runs at trace time only
+                return score_step(self.model.apply, params, batch, num_slots)
+
+            jitted = jax.jit(
+                step,
+                in_shardings=(self.param_shardings,
+                              {k: self.batch_sharding for k in BATCH_KEYS}),
+                out_shardings=mesh_lib.replicated(self.mesh),
+            )
             abstract_params = jax.tree.map(
                 lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                 self.model.abstract_params, self.param_shardings,
@@ -148,25 +162,25 @@ class Scorer:
                 k: jax.ShapeDtypeStruct((batch_size, width), dtypes[k], sharding=self.batch_sharding)
                 for k in BATCH_KEYS
             }
-            self._compiled[key] = self._jitted.lower(abstract_params, abstract_batch).compile()
+            self._compiled[key] = jitted.lower(abstract_params, abstract_batch).compile()
         return self._compiled[key]
 
-    def score(self, params: Any, windows: Windows, batch_size: int,
+    def score(self, params: Any, windows: Windows, layout: Layout,
               progress: Callable[[int, int], None] | None = None,
               describe_window: Callable[[int], str] | None = None) -> ScoreTotals:
-        """Scores every window; every process runs the same number of steps.
+        """Scores every window; every process runs the same steps.
 
         Args:
           params: the model's params, placed with `param_shardings`.
           windows: the windows (the same on every process).
-          batch_size: global rows per step; must be divisible by the mesh's `data` axis.
-          progress: called after each fetched batch with (batch tokens, windows so far).
+          layout: their placement in batches (`ppl_jax.layout.plan_layout`); its batch size must
+            be divisible by the mesh's `data` axis.
+          progress: called after each fetched batch with (batch tokens, windows in it).
           describe_window: names a window's place in the corpus, for error messages.
 
         Raises:
           NumericsError: a NaN or infinity at a scored position (naming the window).
         """
-        width = windows.seq_len + 1
         num_windows = windows.num_windows
         totals = ScoreTotals(
             window_nll=np.zeros(num_windows, np.float64),
@@ -174,54 +188,53 @@ class Scorer:
             window_entropy=np.zeros(num_windows, np.float64),
             window_correct=np.zeros(num_windows, np.int64),
         )
+        b, slots = layout.batch_size, layout.max_segments
         t0 = time.perf_counter()
-        step = self.compiled(batch_size, width)
+        steps = {w: self.compiled(b, w, slots) for w in sorted(set(layout.widths))}
         totals.compile_seconds = time.perf_counter() - t0
-        rows = mesh_lib.local_rows(self.batch_sharding, (batch_size, width))
+        local = mesh_lib.local_rows(self.batch_sharding, (b, layout.widths[0]))
 
-        def fetch(first_window: int, sums: StepSums) -> None:
+        def fetch(rows: list[tuple[int, ...]], sums: StepSums) -> None:
             host = StepSums(*(np.asarray(x.addressable_data(0)) for x in sums))
-            bad = np.flatnonzero(host.num_nonfinite)
+            # (row, slot) -> window id; -1 for empty slots.
+            ids = np.full((b, slots), -1, np.int64)
+            for r, row in enumerate(rows):
+                ids[r, : len(row)] = row
+            if (host.num_tokens[ids < 0]).any():
+                raise AssertionError("an empty slot scored tokens")
+            bad = np.flatnonzero(host.num_nonfinite.ravel())
             if bad.size:
-                k = first_window + int(bad[0])
+                k = int(ids.ravel()[bad[0]])
                 where = describe_window(k) if describe_window else f"window {k}"
                 raise NumericsError(
                     f"the model gave {int(host.num_nonfinite.sum())} NaN or infinite "
                     f"log-probabilities at scored positions, first in {where}; no result is "
                     f"reported. Check the checkpoint's weights and model.dtype."
                 )
-            real = min(batch_size, num_windows - first_window)
-            span = slice(first_window, first_window + real)
-            totals.window_nll[span] = host.nll_sum[:real]
-            totals.window_tokens[span] = host.num_tokens[:real]
-            totals.window_entropy[span] = host.entropy_sum[:real]
-            totals.window_correct[span] = host.num_correct[:real]
-            if host.num_tokens[real:].any():
-                raise AssertionError("a padding row scored tokens")
+            real = ids >= 0
+            k = ids[real]
+            totals.window_nll[k] = host.nll_sum[real]
+            totals.window_tokens[k] = host.num_tokens[real]
+            totals.window_entropy[k] = host.entropy_sum[real]
+            totals.window_correct[k] = host.num_correct[real]
             if progress is not None:
-                progress(int(host.num_tokens.sum()), real)
+                progress(int(host.num_tokens.sum()), int(real.sum()))
 
         t1 = time.perf_counter()
-        pending: tuple[int, StepSums] | None = None
-        for i in range(windows.num_batches(batch_size)):
-            first = i * batch_size
-            local = windows.rows(first + rows)
+        pending = None
+        for i, width in enumerate(layout.widths):
+            rows = layout.batch_rows(i)
+            arrays = windows.fill([rows[r] for r in local], width)
             batch = {
-                k: jax.make_array_from_process_local_data(
-                    self.batch_sharding, local[k], (batch_size, width)
-                )
+                k: jax.make_array_from_process_local_data(self.batch_sharding, arrays[k],
+                                                          (b, width))
                 for k in BATCH_KEYS
             }
-            sums = step(params, batch)
+            sums = steps[width](params, batch)
             if pending is not None:
                 fetch(*pending)
-            pending = (first, sums)
+            pending = (rows, sums)
         if pending is not None:
             fetch(*pending)
         totals.scoring_seconds = time.perf_counter() - t1
         return totals
-
-
-def place_params(params: Any, shardings: Any) -> Any:
-    """Puts host or device params onto the mesh with the given shardings."""
-    return jax.tree.map(partial(jax.device_put), params, shardings)

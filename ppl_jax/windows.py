@@ -57,39 +57,54 @@ class Windows:
         """`[W] int64`: scored targets per window."""
         return self.lengths + (self.prefix != NO_PREFIX) - self.first_scored
 
-    def rows(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
-        """The batch rows for the given windows; an id at or past `num_windows` is padding.
+    def row_lengths(self) -> np.ndarray:
+        """`[W] int64`: positions each window occupies in a row (its tokens plus any prefix)."""
+        return self.lengths + (self.prefix != NO_PREFIX)
+
+    def fill(self, row_windows: list[tuple[int, ...]], width: int) -> dict[str, np.ndarray]:
+        """Batch rows holding the given windows, one after another in each row (packing).
+
+        Args:
+          row_windows: per row, the ids of the windows it holds (an empty tuple is a padding row).
+          width: positions per row (at least each row's total length).
 
         Returns:
-          `tokens: [R, seq_len + 1] int32`; `target_mask: [R, seq_len + 1] bool`, true where the
-          token is a scored target (never at position 0); `segment_ids: [R, seq_len + 1] int32`,
-          1 for real tokens and 0 for padding; `positions: [R, seq_len + 1] int32`.
+          `tokens: [R, width] int32`; `target_mask: [R, width] bool`, true where the token is a
+          scored target (never a segment's first position); `segment_ids: [R, width] int32`,
+          `s + 1` for the row's `s`-th window and 0 for padding; `positions: [R, width] int32`,
+          restarting at 0 in each segment.
         """
-        width = self.seq_len + 1
-        r = len(window_ids)
+        r = len(row_windows)
         tokens = np.zeros((r, width), np.int32)
         target_mask = np.zeros((r, width), bool)
         segment_ids = np.zeros((r, width), np.int32)
-        for row, k in enumerate(window_ids):
-            if k >= self.num_windows:
-                continue
+        positions = np.zeros((r, width), np.int32)
+        for row, ids in enumerate(row_windows):
             at = 0
-            if self.prefix[k] != NO_PREFIX:
-                tokens[row, 0] = self.prefix[k]
-                at = 1
-            start = int(self.starts[k])
-            chunk = self.tokens[start : start + int(self.lengths[k])]
-            tokens[row, at : at + chunk.size] = chunk
-            end = at + chunk.size
-            segment_ids[row, :end] = 1
-            target_mask[row, int(self.first_scored[k]) : end] = True
-        positions = np.broadcast_to(np.arange(width, dtype=np.int32), (r, width)).copy()
+            for slot, k in enumerate(ids):
+                begin = at
+                if self.prefix[k] != NO_PREFIX:
+                    tokens[row, at] = self.prefix[k]
+                    at += 1
+                start = int(self.starts[k])
+                chunk = self.tokens[start : start + int(self.lengths[k])]
+                tokens[row, at : at + chunk.size] = chunk
+                at += chunk.size
+                segment_ids[row, begin:at] = slot + 1
+                positions[row, begin:at] = np.arange(at - begin)
+                target_mask[row, begin + int(self.first_scored[k]) : at] = True
         return {
             "tokens": tokens,
             "target_mask": target_mask,
             "segment_ids": segment_ids,
             "positions": positions,
         }
+
+    def rows(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """One row of width `seq_len + 1` per window (see `fill`); an id at or past
+        `num_windows` is a padding row."""
+        return self.fill([(int(k),) if k < self.num_windows else () for k in window_ids],
+                         self.seq_len + 1)
 
     def scored_token_mask(self) -> np.ndarray:
         """`[N] bool`: which of `tokens` some window scores (prefix tokens are never targets)."""

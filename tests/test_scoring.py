@@ -12,6 +12,7 @@ from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import DEFAULT_RULES
 from ppl_jax.nll import token_nll
+from ppl_jax.layout import plan_layout
 from ppl_jax.scoring import Scorer, score_step
 from ppl_jax.windows import sliding
 
@@ -47,8 +48,8 @@ def test_per_token_nll_matches_numpy_float64(cfg):
     np.testing.assert_allclose(nll, ref, rtol=1e-5, atol=1e-5)
     # The step's sum is the reference's sum over the scored positions.
     sums = jax.jit(lambda p, b: score_step(model.apply, p, b))(params, b)
-    assert float(sums.nll_sum[0]) == pytest.approx(ref.sum(), rel=1e-5)
-    assert int(sums.num_tokens[0]) == tokens.size - 1
+    assert float(sums.nll_sum[0, 0]) == pytest.approx(ref.sum(), rel=1e-5)
+    assert int(sums.num_tokens[0, 0]) == tokens.size - 1
 
 
 def test_padding_and_context_never_count():
@@ -65,8 +66,8 @@ def test_padding_and_context_never_count():
     b["target_mask"][:, 25:] = False
     b["target_mask"][:, :11] = False  # targets 1..10 are context only
     sums = step(params, b)
-    assert int(sums.num_tokens[0]) == 14
-    assert float(sums.nll_sum[0]) == pytest.approx(ref[10:].sum(), rel=1e-5)
+    assert int(sums.num_tokens[0, 0]) == 14
+    assert float(sums.nll_sum[0, 0]) == pytest.approx(ref[10:].sum(), rel=1e-5)
 
     # Changing padding tokens changes nothing; real tokens attend to no padding.
     b2 = {k: v.copy() for k, v in b.items()}
@@ -82,8 +83,8 @@ def test_nonfinite_log_probabilities_are_counted():
     b = _row(np.arange(10) + 3)
     b["target_mask"][:, :4] = False
     sums = jax.jit(lambda p, b: score_step(model.apply, p, b))(params, b)
-    assert int(sums.num_nonfinite[0]) == 6  # every scored position, none of the context
-    assert np.isfinite(float(sums.nll_sum[0]))
+    assert int(sums.num_nonfinite[0, 0]) == 6  # every scored position, none of the context
+    assert np.isfinite(float(sums.nll_sum[0, 0]))
 
 
 def _plan(tokens, seq_len):
@@ -106,10 +107,12 @@ def test_step_traced_once_per_shape():
     rng = np.random.default_rng(0)
     for n in (300, 500, 77):  # different corpora, same batch shape
         tokens = rng.integers(0, 256, size=n).astype(np.int32)
-        totals = scorer.score(params, sliding(tokens, 32, 32), batch_size=8)
+        windows = sliding(tokens, 32, 32)
+        totals = scorer.score(params, windows, plan_layout(windows, 8))
         assert totals.num_tokens == n - 1
     assert scorer.traces == 1
-    scorer.score(params, sliding(tokens, 16, 16), batch_size=8)
+    windows = sliding(tokens, 16, 16)
+    scorer.score(params, windows, plan_layout(windows, 8))
     assert scorer.traces == 2
 
 
