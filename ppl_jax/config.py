@@ -92,6 +92,9 @@ def get_config() -> config_dict.ConfigDict:
     c.mesh.model = 1
     c.mesh.rules = DEFAULT_RULES
 
+    c.runtime = config_dict.ConfigDict()
+    c.runtime.compilation_cache_dir = ""  # JAX's persistent compilation cache ("" = off)
+
     c.output = config_dict.ConfigDict()
     c.output.dir = "results"
     c.output.progress = True
@@ -144,6 +147,7 @@ class Settings:
     progress: bool
     gzip_baseline: bool
     per_document: bool
+    compilation_cache_dir: str
 
     @staticmethod
     def from_config(c: config_dict.ConfigDict) -> Settings:
@@ -213,6 +217,7 @@ class Settings:
             progress=bool(c.output.progress),
             gzip_baseline=bool(c.output.gzip_baseline),
             per_document=bool(c.output.per_document),
+            compilation_cache_dir=os.path.expanduser(str(c.runtime.compilation_cache_dir)),
         )
 
 

@@ -198,6 +198,9 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
       PplJaxError subclasses for every user mistake (see `ppl_jax.errors`).
     """
     t0 = time.perf_counter()
+    if settings.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", settings.compilation_cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     mesh = mesh_lib.make_mesh(settings.mesh.data, settings.mesh.model)
     if settings.per_document and settings.eval.protocol != "lm_eval_rolling":
         raise ConfigError(
