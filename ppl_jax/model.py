@@ -117,17 +117,32 @@ def params_of_nnx(module: nnx.Module) -> dict[str, Any]:
 
 
 def build(description: dict[str, Any], dtype: Any) -> LanguageModel:
-    """The `LanguageModel` for a stored architecture description (currently the Llama family).
+    """The `LanguageModel` for a stored architecture description.
+
+    `description["family"]` picks the module: `llama` (`ppl_jax.models.llama`, which also covers
+    Hugging Face Mistral and Qwen2) or `gpt2` (`ppl_jax.models.gpt2`); the rest of the dict is that
+    family's config (`LlamaConfig.to_dict()`, `GPT2Config.to_dict()`, or `ppl_jax.hf.read_description`).
+
+    Args:
+      description: the JSON-able architecture.
+      dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
 
     Raises:
-      CheckpointError: for a description of an unknown family.
+      CheckpointError: for a description of an unknown family or with unknown keys.
     """
     from ppl_jax.errors import CheckpointError
+    from ppl_jax.models.gpt2 import GPT2, GPT2Config
     from ppl_jax.models.llama import Llama, LlamaConfig
 
     family = description.get("family")
-    if family != "llama":
-        raise CheckpointError(f"unknown model family {family!r} in the checkpoint (supported: llama).")
-    cfg = LlamaConfig.from_dict(description)
-    return from_nnx(lambda: Llama(cfg, nnx.Rngs(0), dtype), cfg.vocab_size, cfg.max_positions,
-                    cfg.to_dict())
+    if family == "llama":
+        cfg = LlamaConfig.from_dict(description)
+        module_fn = lambda: Llama(cfg, nnx.Rngs(0), dtype)  # noqa: E731
+    elif family == "gpt2":
+        cfg = GPT2Config.from_dict(description)
+        module_fn = lambda: GPT2(cfg, nnx.Rngs(0), dtype)  # noqa: E731
+    else:
+        raise CheckpointError(
+            f"unknown model family {family!r} in the checkpoint (supported: llama, gpt2)."
+        )
+    return from_nnx(module_fn, cfg.vocab_size, cfg.max_positions, cfg.to_dict())
