@@ -153,7 +153,14 @@ def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str]
         from ppl_jax import hf
 
         description = hf.read_description(settings.checkpoint_dir)
-        step, tok = None, hf.load_tokenizer(settings.checkpoint_dir)
+        step, tok = None, None
+        if settings.data.tokenizer == "auto":
+            if not hf.has_tokenizer(settings.checkpoint_dir):
+                raise ConfigError(
+                    f"data.tokenizer=auto, but {settings.checkpoint_dir!r} holds no tokenizer "
+                    f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."
+                )
+            tok = hf.load_tokenizer(settings.checkpoint_dir)
     else:
         step, meta = checkpoint.read_metadata(settings.checkpoint_dir, settings.checkpoint_step)
         description, tok = meta["model"], meta.get("tokenizer")
@@ -211,9 +218,8 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
         settings.data.path, settings.data.format, settings.data.errors, settings.data.jsonl_field
     )
     model, own_tok, step, fmt = read_model(settings)
-    if isinstance(own_tok, tokenizer.Tokenizer):
-        tok = own_tok if settings.data.tokenizer == "auto" else tokenizer.load(
-            settings.data.tokenizer, None)
+    if isinstance(own_tok, tokenizer.Tokenizer):  # a Hugging Face directory's own tokenizer
+        tok = own_tok
     else:
         tok = tokenizer.load(settings.data.tokenizer, own_tok)
     plan = protocols.plan(
