@@ -86,6 +86,7 @@ def get_config() -> config_dict.ConfigDict:
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
+    c.model.attention = "auto"  # "auto", "xla", "cudnn" (GPU, 16-bit), "splash" (TPU)
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.data = -1  # -1: the devices left over
@@ -142,6 +143,7 @@ class Settings:
     data: DataSettings
     eval: EvalSettings
     dtype: str
+    attention: str
     mesh: MeshSettings
     output_dir: str
     progress: bool
@@ -171,6 +173,7 @@ class Settings:
         _choice("eval.protocol", c.eval.protocol, PROTOCOLS)
         _choice("model.dtype", c.model.dtype, DTYPES)
         _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
+        _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
         add_bos = str(c.eval.add_bos).lower()
         _choice("eval.add_bos", add_bos, ("auto", "true", "false"))
         seq_len = int(c.eval.seq_len)
@@ -212,6 +215,7 @@ class Settings:
                 length_buckets=buckets,
             ),
             dtype=str(c.model.dtype),
+            attention=str(c.model.attention),
             mesh=MeshSettings(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
             output_dir=os.path.expanduser(str(c.output.dir)),
             progress=bool(c.output.progress),

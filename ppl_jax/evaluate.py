@@ -25,6 +25,7 @@ from ppl_jax.config import Settings
 from ppl_jax.errors import ConfigError
 from ppl_jax.layout import Layout, plan_layout
 from ppl_jax.model import LanguageModel
+from ppl_jax.models import attention as attention_lib
 from ppl_jax.protocols import Plan
 from ppl_jax.scoring import Scorer, ScoreTotals
 
@@ -58,6 +59,7 @@ class Evaluation:
     tokenizer_name: str
     checkpoint_format: str
     layout: Layout
+    attention: str
     gzip_bits_per_byte: float | None
     wall_seconds: float
 
@@ -141,12 +143,13 @@ def _checkpoint_format(settings: Settings) -> str:
     return "orbax"
 
 
-def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str]:
+def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str, str]:
     """Reads the architecture (no weights) of `checkpoint.dir`.
 
     Returns:
       (model, the checkpoint's tokenizer: a `Tokenizer` for a Hugging Face directory, a stored
-      description for Orbax, the step (None for Hugging Face), the checkpoint format).
+      description for Orbax, the step (None for Hugging Face), the checkpoint format, the
+      attention implementation that will run).
     """
     fmt = _checkpoint_format(settings)
     if fmt == "hf":
@@ -164,9 +167,11 @@ def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str]
     else:
         step, meta = checkpoint.read_metadata(settings.checkpoint_dir, settings.checkpoint_step)
         description, tok = meta["model"], meta.get("tokenizer")
-    model = model_lib.build(description, DTYPES[settings.dtype])
+    head_dim = description.get("head_dim") or description["embed_dim"] // description["num_heads"]
+    attention = attention_lib.resolve(settings.attention, DTYPES[settings.dtype], head_dim)
+    model = model_lib.build(description, DTYPES[settings.dtype], attention)
     check_window(settings.eval.seq_len, model)
-    return model, tok, step, fmt
+    return model, tok, step, fmt, attention
 
 
 def restore(settings: Settings, model: LanguageModel, mesh: Mesh, fmt: str,
@@ -217,7 +222,7 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
     docs = data.read_documents(
         settings.data.path, settings.data.format, settings.data.errors, settings.data.jsonl_field
     )
-    model, own_tok, step, fmt = read_model(settings)
+    model, own_tok, step, fmt, attention = read_model(settings)
     if isinstance(own_tok, tokenizer.Tokenizer):  # a Hugging Face directory's own tokenizer
         tok = own_tok
     else:
@@ -231,7 +236,9 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
     progress = progress_factory(plan.windows.num_windows) if progress_factory else None
     sums, totals, layout = score_plan(
         model, params, mesh, shardings, plan, settings.eval.batch_size, progress=progress,
-        pack=settings.eval.packing, num_buckets=settings.eval.length_buckets,
+        # cuDNN takes per-row sequence lengths, not segments: one window per row.
+        pack=settings.eval.packing and attention != "cudnn",
+        num_buckets=settings.eval.length_buckets,
     )
     documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb = None
@@ -250,6 +257,7 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
         tokenizer_name=tok.name,
         checkpoint_format=fmt,
         layout=layout,
+        attention=attention,
         gzip_bits_per_byte=gzip_bpb,
         wall_seconds=time.perf_counter() - t0,
     )

@@ -56,13 +56,13 @@ class Layout:
 
 
 def bucket_widths(seq_len: int, num_buckets: int) -> list[int]:
-    """`num_buckets` row widths up to `seq_len + 1`, halving, rounded up to multiples of 8."""
-    full = seq_len + 1
-    widths = {full}
+    """Up to `num_buckets` row widths: `seq_len + 1`, then rows whose model inputs (`width - 1`)
+    halve, rounded up to a multiple of 8 (attention kernels tile the sequence)."""
+    widths = {seq_len + 1}
     for k in range(1, num_buckets):
-        w = int(math.ceil(full / 2**k / 8) * 8)
-        if w < full:
-            widths.add(w)
+        inputs = int(math.ceil(seq_len / 2**k / 8) * 8)
+        if inputs < seq_len:
+            widths.add(inputs + 1)
     return sorted(widths)
 
 

@@ -116,7 +116,7 @@ def params_of_nnx(module: nnx.Module) -> dict[str, Any]:
     return _str_keys(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
 
 
-def build(description: dict[str, Any], dtype: Any) -> LanguageModel:
+def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> LanguageModel:
     """The `LanguageModel` for a stored architecture description.
 
     `description["family"]` picks the module: `llama` (`ppl_jax.models.llama`, which also covers
@@ -126,6 +126,8 @@ def build(description: dict[str, Any], dtype: Any) -> LanguageModel:
     Args:
       description: the JSON-able architecture.
       dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
+      attention: the attention implementation, `xla`, `cudnn` or `splash`
+        (`ppl_jax.models.attention`).
 
     Raises:
       CheckpointError: for a description of an unknown family or with unknown keys.
@@ -137,10 +139,10 @@ def build(description: dict[str, Any], dtype: Any) -> LanguageModel:
     family = description.get("family")
     if family == "llama":
         cfg = LlamaConfig.from_dict(description)
-        module_fn = lambda: Llama(cfg, nnx.Rngs(0), dtype)  # noqa: E731
+        module_fn = lambda: Llama(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
     elif family == "gpt2":
         cfg = GPT2Config.from_dict(description)
-        module_fn = lambda: GPT2(cfg, nnx.Rngs(0), dtype)  # noqa: E731
+        module_fn = lambda: GPT2(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
     else:
         raise CheckpointError(
             f"unknown model family {family!r} in the checkpoint (supported: llama, gpt2)."

@@ -44,6 +44,8 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "checkpoint": {"path": os.path.abspath(settings.checkpoint_dir), "step": ev.step,
                        "format": ev.checkpoint_format},
         "model": ev.model_description,
+        "attention": ev.attention,
+        "dtype": settings.dtype,
         "tokenizer": ev.tokenizer_name,
         "data": {"name": settings.data.name, "path": settings.data.path,
                  "format": settings.data.format},
@@ -99,7 +101,8 @@ def summary_table(results: dict[str, Any]) -> str:
            else f", BOS {'on' if proto['add_bos'] else 'off'}")
     gzip_bpb = results["gzip_bits_per_byte"]
     rows = [
-        ("model", f"{arch} ({results['tokenizer']})"),
+        ("model", f"{arch} ({results['tokenizer']}), {results['dtype']}, "
+                  f"{results['attention']} attention"),
         ("checkpoint", f"{results['checkpoint']['path']} @ step {results['checkpoint']['step']}"),
         ("data", f"{results['data']['name']} ({results['num_documents']} documents, "
                  f"{results['num_bytes']:,} bytes)"),

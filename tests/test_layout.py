@@ -56,9 +56,9 @@ def test_pack_places_every_window_once_within_the_width(setup):
 
 
 def test_bucket_widths():
-    assert bucket_widths(1023, 1) == [1024]
-    assert bucket_widths(1023, 3) == [256, 512, 1024]
-    assert bucket_widths(31, 4) == [8, 16, 32]
+    assert bucket_widths(1024, 1) == [1025]
+    assert bucket_widths(1024, 3) == [257, 513, 1025]
+    assert bucket_widths(31, 4) == [9, 17, 32]
 
 
 @pytest.mark.parametrize("pack,buckets", [(True, 1), (False, 3), (True, 3)])

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.llama import attention_mask, normal_param, ones_param, zeros_param
+from ppl_jax.models.attention import attend
+from ppl_jax.models.llama import normal_param, ones_param, zeros_param
 
 # Hugging Face `ACT2FN` names -> functions. `gelu_new`, `gelu_fast` and `gelu_pytorch_tanh` are
 # the tanh approximation of GELU (Hendrycks & Gimpel 2016), `gelu` the exact erf form.
@@ -129,8 +130,10 @@ def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> 
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):
+    def __init__(self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype,
+                 attention: str = "xla"):
         d, h, hd = cfg.embed_dim, cfg.num_heads, cfg.head_dim
+        self.attention = attention
         self.scale = (hd**-0.5 if cfg.scale_attn_weights else 1.0) / (
             layer + 1 if cfg.scale_attn_by_inverse_layer_idx else 1
         )
@@ -148,15 +151,8 @@ class Attention(nnx.Module):
         q = jnp.einsum("btd,dhk->bthk", x, self.q[...]) + self.q_bias[...]
         k = jnp.einsum("btd,dhk->bthk", x, self.k[...]) + self.k_bias[...]
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...]) + self.v_bias[...]
-        out = jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            scale=self.scale,
-            mask=attention_mask(segment_ids, positions, None),
-            is_causal=True,
-            implementation="xla",
-        )
+        out = attend(q, k, v, segment_ids=segment_ids, positions=positions, scale=self.scale,
+                     implementation=self.attention)
         return jnp.einsum("bthk,hkd->btd", out, self.o[...]) + self.o_bias[...]
 
 
@@ -175,12 +171,13 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):
+    def __init__(self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype,
+                 attention: str = "xla"):
         d = cfg.embed_dim
         self.eps = cfg.norm_eps
         self.attn_norm = ones_param((d,), ("embed",), dtype)
         self.attn_norm_bias = zeros_param((d,), ("embed",), dtype)
-        self.attn = Attention(cfg, layer, rngs, dtype)
+        self.attn = Attention(cfg, layer, rngs, dtype, attention)
         self.mlp_norm = ones_param((d,), ("embed",), dtype)
         self.mlp_norm_bias = zeros_param((d,), ("embed",), dtype)
         self.mlp = MLP(cfg, rngs, dtype)
@@ -195,14 +192,17 @@ class Block(nnx.Module):
 class GPT2(nnx.Module):
     """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
 
-    def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+    def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32,
+                 attention: str = "xla"):
         d = cfg.embed_dim
         self.cfg = cfg
         self.embedding = normal_param(rngs, (cfg.vocab_size, d), ("vocab", "embed"), 0.02, dtype)
         self.position_embedding = normal_param(
             rngs, (cfg.max_positions, d), ("positions", "embed"), 0.01, dtype
         )
-        self.layers = nnx.List([Block(cfg, i, rngs, dtype) for i in range(cfg.num_layers)])
+        self.layers = nnx.List(
+            [Block(cfg, i, rngs, dtype, attention) for i in range(cfg.num_layers)]
+        )
         self.final_norm = ones_param((d,), ("embed",), dtype)
         self.final_norm_bias = zeros_param((d,), ("embed",), dtype)
         if not cfg.tie_embeddings:

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models.attention import attend
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -247,24 +248,13 @@ def rotary(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Arra
     return out.astype(x.dtype)
 
 
-def attention_mask(segment_ids: jax.Array, positions: jax.Array,
-                   window: int | None) -> jax.Array:
-    """`[batch, 1, seq_q, seq_k] bool`: same segment and, with a window, `q_pos - k_pos < window`.
-
-    Combine with a causal mask (`is_causal=True`). Padding (segment 0) only sees padding.
-    """
-    mask = segment_ids[:, :, None] == segment_ids[:, None, :]
-    if window is not None:
-        mask &= positions[:, :, None] - positions[:, None, :] < window
-    return mask[:, None, :, :]
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype,
-                 window: int | None = None):
+                 window: int | None = None, attention: str = "xla"):
         d, h, kv, hd = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.window = window
+        self.attention = attention
         self.q = normal_param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), d**-0.5, dtype)
         self.k = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
         self.v = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
@@ -286,10 +276,8 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg)
         q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
         # Causal attention within a segment (and within the window, where there is one).
-        out = jax.nn.dot_product_attention(
-            q, k, v, mask=attention_mask(segment_ids, positions, self.window), is_causal=True,
-            implementation="xla",
-        )
+        out = attend(q, k, v, segment_ids=segment_ids, positions=positions, window=self.window,
+                     implementation=self.attention)
         out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
         return out + self.o_bias[...] if cfg.o_bias else out
 
@@ -316,10 +304,10 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype,
-                 window: int | None = None):
+                 window: int | None = None, attention: str = "xla"):
         self.eps = cfg.norm_eps
         self.attn_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
-        self.attn = Attention(cfg, rngs, dtype, window)
+        self.attn = Attention(cfg, rngs, dtype, window, attention)
         self.mlp_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
         self.mlp = MLP(cfg, rngs, dtype)
 
@@ -331,12 +319,14 @@ class Block(nnx.Module):
 class Llama(nnx.Module):
     """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
 
-    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32,
+                 attention: str = "xla"):
         self.cfg = cfg
         self.embedding = normal_param(rngs, (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"), cfg.embed_dim**-0.5,
                                 dtype)
         self.layers = nnx.List([
-            Block(cfg, rngs, dtype, cfg.sliding_window if i in cfg.sliding_layers else None)
+            Block(cfg, rngs, dtype, cfg.sliding_window if i in cfg.sliding_layers else None,
+                  attention)
             for i in range(cfg.num_layers)
         ])
         self.final_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)

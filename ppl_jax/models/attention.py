@@ -1,0 +1,127 @@
+"""Causal self-attention within segments, by one of three implementations.
+
+- `xla`: `jax.nn.dot_product_attention(implementation="xla")` with a dense segment (and window)
+  mask; runs everywhere, and the only one that handles packed rows on GPU.
+- `cudnn`: cuDNN flash attention through `jax.nn.dot_product_attention(implementation="cudnn")`,
+  for bfloat16/float16 on NVIDIA GPUs, with causal masking and per-row sequence lengths (no dense
+  mask), so each row must hold one segment followed by padding (no packing).
+- `splash`: the Pallas splash-attention kernel of TPUs
+  (`jax.experimental.pallas.ops.tpu.splash_attention`), with segment ids, causal (or local)
+  masks, and grouped-query heads as multi-query kernels per key/value head.
+
+`resolve` picks one for `model.attention=auto`: `splash` on TPU, `cudnn` on GPU for 16-bit
+params when the shape allows, `xla` otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
+
+
+def resolve(setting: str, dtype, head_dim: int, platform: str | None = None) -> str:
+    """The implementation that `model.attention=setting` runs on this platform."""
+    if setting != "auto":
+        return setting
+    platform = platform or jax.default_backend()
+    if platform == "tpu":
+        return "splash"
+    if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and (
+        head_dim % 8 == 0 and head_dim <= 128
+    ):
+        return "cudnn"
+    return "xla"
+
+
+def dense_mask(segment_ids: jax.Array, positions: jax.Array, window: int | None) -> jax.Array:
+    """`[batch, 1, seq_q, seq_k] bool`: same segment and, with a window, `q_pos - k_pos < window`.
+
+    Combine with a causal mask. Padding (segment 0) only sees padding.
+    """
+    mask = segment_ids[:, :, None] == segment_ids[:, None, :]
+    if window is not None:
+        mask &= positions[:, :, None] - positions[:, None, :] < window
+    return mask[:, None, :, :]
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array,
+           positions: jax.Array, window: int | None = None, scale: float | None = None,
+           implementation: str = "xla") -> jax.Array:
+    """Causal attention of each token to the earlier tokens of its own segment.
+
+    Args:
+      q: `[batch, seq, heads, head_dim]`; k, v: `[batch, seq, kv_heads, head_dim]`, with
+        `heads` a multiple of `kv_heads` (grouped-query attention).
+      segment_ids: `[batch, seq] int32`, 0 for padding.
+      positions: `[batch, seq] int32`, within each segment.
+      window: attend only to the last `window` positions (Mistral's sliding window), or None.
+      scale: the logits' scale (default `head_dim ** -0.5`).
+      implementation: `xla`, `cudnn` or `splash` (see the module docstring).
+
+    Returns:
+      `[batch, seq, heads, head_dim]`, in `q.dtype`.
+    """
+    if implementation == "xla":
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, mask=dense_mask(segment_ids, positions, window),
+            is_causal=True, implementation="xla",
+        )
+    if implementation == "cudnn":
+        lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=True, query_seq_lengths=lengths,
+            key_value_seq_lengths=lengths,
+            local_window_size=None if window is None else (window - 1, 0),
+            implementation="cudnn",
+        )
+    if implementation == "splash":
+        return _splash(q, k, v, segment_ids, window, scale)
+    raise ValueError(f"unknown attention implementation {implementation!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def _splash_kernel(group: int, seq: int, window: int | None, interpret: bool):
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as kernel,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as mask_lib,
+    )
+
+    if window is None:
+        head_mask = mask_lib.CausalMask(shape=(seq, seq))
+    else:
+        head_mask = mask_lib.LocalMask(shape=(seq, seq), window_size=(window - 1, 0), offset=0)
+    block = next(b for b in (512, 256, 128, seq) if seq % b == 0)
+    sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    return kernel.make_splash_mqa_single_device(
+        mask=mask_lib.MultiHeadMask([head_mask] * group), block_sizes=sizes, interpret=interpret
+    )
+
+
+def _splash(q, k, v, segment_ids, window, scale):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    group = h // kv
+    interpret = jax.default_backend() != "tpu"  # CPU tests run the kernel interpreted
+    kern = _splash_kernel(group, t, window, interpret)
+    scale = d**-0.5 if scale is None else scale
+    # [B, T, KV*G, D] -> [B, KV, G, T, D]; one multi-query kernel call per (example, KV head).
+    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)
+    k = k.transpose(0, 2, 1, 3)  # [B, KV, T, D]
+    v = v.transpose(0, 2, 1, 3)
+
+    def one(q_g, k_1, v_1, seg):
+        ids = splash_attention_kernel.SegmentIds(q=seg, kv=seg)
+        return kern(q_g, k_1, v_1, segment_ids=ids)
+
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, None))
+    out = jax.vmap(per_head, in_axes=(0, 0, 0, 0))(q, k, v, segment_ids)  # [B, KV, G, T, D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(np.dtype(q.dtype))
