@@ -78,7 +78,10 @@ def main(argv: list[str]) -> None:
     lm = model_lib.build(CONFIG.to_dict(), jnp.float32)
     params = model_lib.params_of_nnx(Llama(CONFIG, nnx.Rngs(_SEED.value)))
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, _LR.value, warmup_steps=min(100, _STEPS.value // 10), decay_steps=_STEPS.value,
+        0.0,
+        _LR.value,
+        warmup_steps=min(100, _STEPS.value // 10),
+        decay_steps=_STEPS.value,
         end_value=_LR.value * 0.05,
     )
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.1))
@@ -105,8 +108,11 @@ def main(argv: list[str]) -> None:
         params, opt_state, loss = train_step(params, opt_state, jnp.asarray(batch))
         if step % 100 == 0 or step == 1:
             bpb = float(loss) / np.log(2)
-            print(f"step {step:5d}  loss {float(loss):.4f} nats  {bpb:.3f} bits/byte  "
-                  f"{time.perf_counter() - start:.0f} s", flush=True)
+            print(
+                f"step {step:5d}  loss {float(loss):.4f} nats  {bpb:.3f} bits/byte  "
+                f"{time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
 
     shutil.rmtree(_OUT.value, ignore_errors=True)
     checkpoint.save_train_state(

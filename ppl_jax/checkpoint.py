@@ -27,8 +27,13 @@ STATE = "state"
 METADATA = "metadata"
 
 
-def save_train_state(directory: str, step: int, state: dict[str, Any],
-                     metadata: dict[str, Any], max_to_keep: int | None = None) -> None:
+def save_train_state(
+    directory: str,
+    step: int,
+    state: dict[str, Any],
+    metadata: dict[str, Any],
+    max_to_keep: int | None = None,
+) -> None:
     """Saves a training state `{"step", "params", "opt_state"}` and its metadata as `step`.
 
     Args:
@@ -42,10 +47,12 @@ def save_train_state(directory: str, step: int, state: dict[str, Any],
     with ocp.CheckpointManager(os.path.abspath(directory), options=options) as manager:
         manager.save(
             step,
-            args=ocp.args.Composite(**{
-                STATE: ocp.args.StandardSave(state),
-                METADATA: ocp.args.JsonSave(metadata),
-            }),
+            args=ocp.args.Composite(
+                **{
+                    STATE: ocp.args.StandardSave(state),
+                    METADATA: ocp.args.JsonSave(metadata),
+                }
+            ),
         )
         manager.wait_until_finished()
 
@@ -99,9 +106,9 @@ def read_metadata(directory: str, step: int | None) -> tuple[int, dict[str, Any]
                 f"architecture and tokenizer); save checkpoints with "
                 f"ppl_jax.checkpoint.save_train_state."
             )
-        restored = manager.restore(chosen, args=ocp.args.Composite(**{
-            METADATA: ocp.args.JsonRestore()
-        }))
+        restored = manager.restore(
+            chosen, args=ocp.args.Composite(**{METADATA: ocp.args.JsonRestore()})
+        )
         return chosen, dict(restored[METADATA])
 
 
@@ -150,13 +157,18 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
                 + ". The checkpoint is partial or belongs to another model."
             )
         abstract = {"params": target}
-        restored = manager.restore(step, args=ocp.args.Composite(**{
-            STATE: ocp.args.PyTreeRestore(
-                item=abstract,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-                partial_restore=True,
-            )
-        }))
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    STATE: ocp.args.PyTreeRestore(
+                        item=abstract,
+                        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                        partial_restore=True,
+                    )
+                }
+            ),
+        )
     params = restored[STATE]["params"]
     got = _paths(params)
     for name, want in expected.items():

@@ -112,8 +112,9 @@ def _wikitext_articles(text: str, path: str) -> list[Document]:
     return docs
 
 
-def read_documents(path_spec: str, fmt: str, errors: str = "strict",
-                   jsonl_field: str = "text") -> list[Document]:
+def read_documents(
+    path_spec: str, fmt: str, errors: str = "strict", jsonl_field: str = "text"
+) -> list[Document]:
     """Reads every document of the corpus.
 
     Args:

@@ -73,10 +73,18 @@ def check_window(seq_len: int, model: LanguageModel) -> None:
         )
 
 
-def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: Any, plan: Plan,
-               batch_size: int, progress: Callable[[int, int], None] | None = None,
-               scorer: Scorer | None = None, pack: bool = True, num_buckets: int = 1
-               ) -> tuple[metrics.Sums, ScoreTotals, Layout]:
+def score_plan(
+    model: LanguageModel,
+    params: Any,
+    mesh: Mesh,
+    param_shardings: Any,
+    plan: Plan,
+    batch_size: int,
+    progress: Callable[[int, int], None] | None = None,
+    scorer: Scorer | None = None,
+    pack: bool = True,
+    num_buckets: int = 1,
+) -> tuple[metrics.Sums, ScoreTotals, Layout]:
     """Scores a protocol's windows.
 
     Args:
@@ -101,8 +109,9 @@ def score_plan(model: LanguageModel, params: Any, mesh: Mesh, param_shardings: A
         )
     scorer = scorer or Scorer(model, mesh, param_shardings)
     layout = plan_layout(plan.windows, batch_size, pack=pack, num_buckets=num_buckets)
-    totals = scorer.score(params, plan.windows, layout, progress=progress,
-                          describe_window=plan.describe_window)
+    totals = scorer.score(
+        params, plan.windows, layout, progress=progress, describe_window=plan.describe_window
+    )
     if not np.array_equal(totals.window_tokens, plan.windows.num_scored()):
         raise AssertionError("the device scored other tokens than the windows' masks hold")
     sums = metrics.Sums(
@@ -126,9 +135,14 @@ def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:
     ll = -np.bincount(doc, weights=totals.window_nll, minlength=n)
     tokens = np.bincount(doc, weights=totals.window_tokens, minlength=n).astype(np.int64)
     return [
-        {"index": i, "source": plan.sources[i], "loglikelihood": float(ll[i]),
-         "num_tokens": int(tokens[i]), "num_bytes": int(plan.doc_bytes[i]),
-         "num_words": int(plan.doc_words[i])}
+        {
+            "index": i,
+            "source": plan.sources[i],
+            "loglikelihood": float(ll[i]),
+            "num_tokens": int(tokens[i]),
+            "num_bytes": int(plan.doc_bytes[i]),
+            "num_words": int(plan.doc_words[i]),
+        }
         for i in range(n)
     ]
 
@@ -174,8 +188,9 @@ def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str,
     return model, tok, step, fmt, attention
 
 
-def restore(settings: Settings, model: LanguageModel, mesh: Mesh, fmt: str,
-            step: int | None) -> tuple[Any, Any]:
+def restore(
+    settings: Settings, model: LanguageModel, mesh: Mesh, fmt: str, step: int | None
+) -> tuple[Any, Any]:
     """Restores the params of `checkpoint.dir` straight into their shardings on `mesh`.
 
     Returns:
@@ -187,7 +202,8 @@ def restore(settings: Settings, model: LanguageModel, mesh: Mesh, fmt: str,
     )
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype, sharding=s),
-        model.abstract_params, shardings,
+        model.abstract_params,
+        shardings,
     )
     if fmt == "hf":
         from ppl_jax import hf
@@ -196,8 +212,9 @@ def restore(settings: Settings, model: LanguageModel, mesh: Mesh, fmt: str,
     return checkpoint.restore_params(settings.checkpoint_dir, step, target), shardings
 
 
-def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None = None
-             ) -> Evaluation:
+def evaluate(
+    settings: Settings, progress_factory: Callable[[int], Any] | None = None
+) -> Evaluation:
     """Runs the main job: read, tokenize, plan the windows, restore, score, reduce.
 
     Cheap checks (settings, data, architecture, token ids) all come before the weights are read.
@@ -228,14 +245,25 @@ def evaluate(settings: Settings, progress_factory: Callable[[int], Any] | None =
     else:
         tok = tokenizer.load(settings.data.tokenizer, own_tok)
     plan = protocols.plan(
-        settings.eval.protocol, docs, tok, model.vocab_size, settings.eval.seq_len,
-        settings.eval.stride, protocols.resolve_add_bos(settings.eval.add_bos, tok),
+        settings.eval.protocol,
+        docs,
+        tok,
+        model.vocab_size,
+        settings.eval.seq_len,
+        settings.eval.stride,
+        protocols.resolve_add_bos(settings.eval.add_bos, tok),
         separator=settings.data.separator,
     )
     params, shardings = restore(settings, model, mesh, fmt, step)
     progress = progress_factory(plan.windows.num_windows) if progress_factory else None
     sums, totals, layout = score_plan(
-        model, params, mesh, shardings, plan, settings.eval.batch_size, progress=progress,
+        model,
+        params,
+        mesh,
+        shardings,
+        plan,
+        settings.eval.batch_size,
+        progress=progress,
         # cuDNN takes per-row sequence lengths, not segments: one window per row.
         pack=settings.eval.packing and attention != "cudnn",
         num_buckets=settings.eval.length_buckets,

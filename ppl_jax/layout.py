@@ -86,8 +86,9 @@ def _pack(lengths: np.ndarray, width: int) -> list[tuple[int, ...]]:
     return [tuple(sorted(r)) for r in rows]
 
 
-def plan_layout(windows: Windows, batch_size: int, pack: bool = False,
-                num_buckets: int = 1) -> Layout:
+def plan_layout(
+    windows: Windows, batch_size: int, pack: bool = False, num_buckets: int = 1
+) -> Layout:
     """Places `windows` into batches of `batch_size` rows.
 
     Args:

@@ -56,7 +56,11 @@ def main(argv: list[str]) -> None:
 
 
 def _bad_flags(e: Exception) -> None:
-    what = f"unknown config key {e}" if isinstance(e, (KeyError, AttributeError)) else str(e).replace("\n", " ")
+    what = (
+        f"unknown config key {e}"
+        if isinstance(e, (KeyError, AttributeError))
+        else str(e).replace("\n", " ")
+    )
     print(
         f"ppl-jax: error: bad flag, config file or config override: {what}. The config keys are "
         f"listed in README.md; --helpfull lists the flags.",
@@ -79,8 +83,10 @@ def run() -> None:
     if _CONFIG is None:
         try:  # config_flags reads the file and the overrides as soon as the flag is defined
             _CONFIG = config_flags.DEFINE_config_file(
-                "config", DEFAULT_CONFIG,
-                "Python config file returning a ConfigDict from get_config().", lock_config=True,
+                "config",
+                DEFAULT_CONFIG,
+                "Python config file returning a ConfigDict from get_config().",
+                lock_config=True,
             )
         except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
             _bad_flags(e)

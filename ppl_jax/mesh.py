@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.experimental import mesh_utils
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ppl_jax.errors import ConfigError
@@ -58,8 +58,12 @@ def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None
     return Mesh(mesh_devices, AXES, axis_types=(AxisType.Auto,) * 2)
 
 
-def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: Sequence[tuple[str, str | None]]) -> PartitionSpec:
+def logical_to_spec(
+    logical: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Sequence[tuple[str, str | None]],
+) -> PartitionSpec:
     """The `PartitionSpec` of an array whose dims carry these logical names.
 
     A logical name absent from the rules is replicated. A dim that the mesh axis does not divide
@@ -85,8 +89,9 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: M
     return PartitionSpec(*spec)
 
 
-def param_shardings(abstract_params: Any, logical_axes: Any, mesh: Mesh,
-                    rules: Sequence[tuple[str, str | None]]) -> Any:
+def param_shardings(
+    abstract_params: Any, logical_axes: Any, mesh: Mesh, rules: Sequence[tuple[str, str | None]]
+) -> Any:
     """A tree of `NamedSharding`, one per weight, from the weights' logical axis names."""
     return jax.tree.map(
         lambda a, names: NamedSharding(mesh, logical_to_spec(names, a.shape, mesh, rules)),

@@ -52,9 +52,12 @@ class Sums:
     num_correct: int = 0
 
     def __add__(self, other: Sums) -> Sums:
-        return Sums(**{
-            f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)
-        })
+        return Sums(
+            **{
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
 
     @staticmethod
     def merge(parts: Iterable[Sums]) -> Sums:

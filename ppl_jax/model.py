@@ -63,8 +63,12 @@ def _str_keys(tree: Any) -> Any:
     return tree
 
 
-def from_nnx(module_fn: Callable[[], nnx.Module], vocab_size: int, max_positions: int,
-             description: dict[str, Any]) -> LanguageModel:
+def from_nnx(
+    module_fn: Callable[[], nnx.Module],
+    vocab_size: int,
+    max_positions: int,
+    description: dict[str, Any],
+) -> LanguageModel:
     """Adapts an NNX module whose `__call__(tokens, positions, segment_ids)` returns hidden states
     and whose `unembedding()` returns `[embed, vocab]`.
 

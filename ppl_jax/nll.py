@@ -39,21 +39,25 @@ def _from_logits(logits: jax.Array, targets: jax.Array) -> TokenStats:
     logits = logits.astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(log_probs) * jnp.where(jnp.isneginf(log_probs), 0.0, log_probs),
-                       axis=-1)
+    entropy = -jnp.sum(
+        jnp.exp(log_probs) * jnp.where(jnp.isneginf(log_probs), 0.0, log_probs), axis=-1
+    )
     correct = jnp.argmax(logits, axis=-1) == targets
     return TokenStats(nll, entropy, correct)
 
 
-def _blocked(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array,
-             block: int) -> TokenStats:
+def _blocked(
+    hidden: jax.Array, unembedding: jax.Array, targets: jax.Array, block: int
+) -> TokenStats:
     v = unembedding.shape[1]
     block = min(block, v)
     num_blocks = -(-v // block)
     # Block k covers columns [k*block, (k+1)*block); the last block starts at v - block instead
     # (no padded copy of W) and ignores the columns an earlier block already covered.
     target_logit = jnp.einsum(
-        "btd,dbt->bt", hidden, jnp.take(unembedding, targets, axis=1),
+        "btd,dbt->bt",
+        hidden,
+        jnp.take(unembedding, targets, axis=1),
         preferred_element_type=jnp.float32,
     )
     shape = targets.shape
@@ -89,8 +93,9 @@ def _blocked(hidden: jax.Array, unembedding: jax.Array, targets: jax.Array,
     return TokenStats(m + log_s - target_logit, log_s - t / s, best == targets)
 
 
-def token_stats(output: HiddenStates | Logits, targets: jax.Array,
-                block: int = VOCAB_BLOCK) -> TokenStats:
+def token_stats(
+    output: HiddenStates | Logits, targets: jax.Array, block: int = VOCAB_BLOCK
+) -> TokenStats:
     """NLL, predictive entropy and top-1 correctness of each target.
 
     Args:

@@ -127,8 +127,16 @@ def _span_words(raw: bytes, byte_ends: np.ndarray, scored: np.ndarray) -> int:
     return len(raw[lo:hi].decode("utf-8", errors="ignore").split())
 
 
-def plan(protocol: str, docs: list[Document], tokenizer: Tokenizer, vocab_size: int,
-         seq_len: int, stride: int, add_bos: bool, separator: str = JOIN) -> Plan:
+def plan(
+    protocol: str,
+    docs: list[Document],
+    tokenizer: Tokenizer,
+    vocab_size: int,
+    seq_len: int,
+    stride: int,
+    add_bos: bool,
+    separator: str = JOIN,
+) -> Plan:
     """Builds the windows and counts of `protocol` for `docs`.
 
     Args:
@@ -174,8 +182,9 @@ def plan(protocol: str, docs: list[Document], tokenizer: Tokenizer, vocab_size: 
     else:
         text = JOIN.join(texts)
         ids, nbytes = tokenizer.encode_with_bytes([text])[0]
-        _check_ids(ids, vocab_size, f"the corpus joined with '\\n\\n' ({len(docs)} documents)",
-                   tokenizer)
+        _check_ids(
+            ids, vocab_size, f"the corpus joined with '\\n\\n' ({len(docs)} documents)", tokenizer
+        )
         ids_parts, byte_parts = [ids], [nbytes]
         starts_chars = np.cumsum([0] + [len(t.encode()) + 2 for t in texts[:-1]])
         doc_starts = list(np.searchsorted(np.cumsum(nbytes), starts_chars, side="right"))
@@ -202,8 +211,9 @@ def plan(protocol: str, docs: list[Document], tokenizer: Tokenizer, vocab_size: 
                 f"eval.seq_len={seq_len}; use a shorter seq_len or more text."
             )
         count = n // seq_len
-        windows = windows_lib.make(tokens, np.arange(count) * seq_len, np.full(count, seq_len),
-                                   np.ones(count), seq_len)
+        windows = windows_lib.make(
+            tokens, np.arange(count) * seq_len, np.full(count, seq_len), np.ones(count), seq_len
+        )
     scored = windows.scored_token_mask()
     raw = text.encode("utf-8")
     return Plan(
@@ -213,7 +223,7 @@ def plan(protocol: str, docs: list[Document], tokenizer: Tokenizer, vocab_size: 
         num_words=_span_words(raw, np.cumsum(byte_lens), scored),
         num_documents=len(docs),
         text_tokens=int(text_ids.size),
-        unscored_tokens=int(text_ids.size - scored[len(bos):].sum()),
+        unscored_tokens=int(text_ids.size - scored[len(bos) :].sum()),
         add_bos=bool(bos),
         prefix_id=None,
         doc_bytes=None,
@@ -243,8 +253,9 @@ def _hf_strided(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:
     return windows_lib.make(tokens, starts, lengths, first, seq_len)
 
 
-def _lm_eval_rolling(docs: list[Document], tokenizer: Tokenizer, vocab_size: int,
-                     seq_len: int, add_bos: bool) -> Plan:
+def _lm_eval_rolling(
+    docs: list[Document], tokenizer: Tokenizer, vocab_size: int, seq_len: int, add_bos: bool
+) -> Plan:
     prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     if prefix is None:
         raise ConfigError(
@@ -282,8 +293,9 @@ def _lm_eval_rolling(docs: list[Document], tokenizer: Tokenizer, vocab_size: int
             pre.append(windows_lib.NO_PREFIX)
             document.append(d)
             predicted = end
-    windows = windows_lib.make(tokens, starts, lengths, first, seq_len, prefix=pre,
-                               document=document)
+    windows = windows_lib.make(
+        tokens, starts, lengths, first, seq_len, prefix=pre, document=document
+    )
     doc_bytes = np.asarray([len(d.text.encode("utf-8")) for d in docs], np.int64)
     doc_words = np.asarray([len(re.split(r"\s+", d.text)) for d in docs], np.int64)
     if not windows.num_windows:

@@ -41,14 +41,20 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "scoring_seconds": ev.totals.scoring_seconds,
         "compile_seconds": ev.totals.compile_seconds,
         "wall_seconds": ev.wall_seconds,
-        "checkpoint": {"path": os.path.abspath(settings.checkpoint_dir), "step": ev.step,
-                       "format": ev.checkpoint_format},
+        "checkpoint": {
+            "path": os.path.abspath(settings.checkpoint_dir),
+            "step": ev.step,
+            "format": ev.checkpoint_format,
+        },
         "model": ev.model_description,
         "attention": ev.attention,
         "dtype": settings.dtype,
         "tokenizer": ev.tokenizer_name,
-        "data": {"name": settings.data.name, "path": settings.data.path,
-                 "format": settings.data.format},
+        "data": {
+            "name": settings.data.name,
+            "path": settings.data.path,
+            "format": settings.data.format,
+        },
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),
         "config": json.loads(config.to_json_best_effort()),
@@ -93,37 +99,70 @@ def _process_count() -> int:
 def summary_table(results: dict[str, Any]) -> str:
     """A two-column text table of the run, for the terminal."""
     model = results["model"]
-    arch = (f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
-            f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}")
+    arch = (
+        f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
+        f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}"
+    )
     proto = results["protocol"]
     stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
-    bos = (f", prefix token {proto['prefix_token_id']}" if proto["prefix_token_id"] is not None
-           else f", BOS {'on' if proto['add_bos'] else 'off'}")
+    bos = (
+        f", prefix token {proto['prefix_token_id']}"
+        if proto["prefix_token_id"] is not None
+        else f", BOS {'on' if proto['add_bos'] else 'off'}"
+    )
     gzip_bpb = results["gzip_bits_per_byte"]
     rows = [
-        ("model", f"{arch} ({results['tokenizer']}), {results['dtype']}, "
-                  f"{results['attention']} attention"),
+        (
+            "model",
+            f"{arch} ({results['tokenizer']}), {results['dtype']}, "
+            f"{results['attention']} attention",
+        ),
         ("checkpoint", f"{results['checkpoint']['path']} @ step {results['checkpoint']['step']}"),
-        ("data", f"{results['data']['name']} ({results['num_documents']} documents, "
-                 f"{results['num_bytes']:,} bytes)"),
+        (
+            "data",
+            f"{results['data']['name']} ({results['num_documents']} documents, "
+            f"{results['num_bytes']:,} bytes)",
+        ),
         ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
-        ("mesh", f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
-                 f"{results['num_processes']} process(es)"),
-        ("tokens", f"{results['num_tokens']:,} scored in {results['num_windows']:,} windows"
-                   + (f"; {proto['unscored_tokens']:,} of the text's {proto['text_tokens']:,} "
-                      f"left unscored by the convention" if proto["unscored_tokens"] else "")),
+        (
+            "mesh",
+            f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
+            f"{results['num_processes']} process(es)",
+        ),
+        (
+            "tokens",
+            f"{results['num_tokens']:,} scored in {results['num_windows']:,} windows"
+            + (
+                f"; {proto['unscored_tokens']:,} of the text's {proto['text_tokens']:,} "
+                f"left unscored by the convention"
+                if proto["unscored_tokens"]
+                else ""
+            ),
+        ),
         ("perplexity", f"{results['perplexity']:.4f}"),
         ("bits per token", f"{results['bits_per_token']:.4f}"),
-        ("bits per byte", f"{results['bits_per_byte']:.4f}"
-         + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else "")),
+        (
+            "bits per byte",
+            f"{results['bits_per_byte']:.4f}"
+            + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else ""),
+        ),
         ("byte perplexity", f"{results['byte_perplexity']:.4f}"),
         ("word perplexity", f"{results['word_perplexity']:.4f}"),
-        ("top-1 accuracy", f"{results['top1_accuracy']:.4f}   (predictive perplexity exp(H) "
-                           f"{results['predictive_perplexity']:.4f})"),
-        ("batches", f"{len(results['protocol']['row_widths'])} compiled shape(s), "
-                    f"padding {100 * results['protocol']['padding_fraction']:.1f}%"),
-        ("tokens/s", f"{results['tokens_per_second']:,.0f}"
-                     f" (compile {results['compile_seconds']:.1f} s apart)"),
+        (
+            "top-1 accuracy",
+            f"{results['top1_accuracy']:.4f}   (predictive perplexity exp(H) "
+            f"{results['predictive_perplexity']:.4f})",
+        ),
+        (
+            "batches",
+            f"{len(results['protocol']['row_widths'])} compiled shape(s), "
+            f"padding {100 * results['protocol']['padding_fraction']:.1f}%",
+        ),
+        (
+            "tokens/s",
+            f"{results['tokens_per_second']:,.0f}"
+            f" (compile {results['compile_seconds']:.1f} s apart)",
+        ),
         ("wall time", f"{results['wall_seconds']:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)
@@ -161,8 +200,14 @@ def progress_bar(enabled: bool):
             return None
         from tqdm import tqdm
 
-        bar = tqdm(total=num_windows, unit="window", file=sys.stderr, dynamic_ncols=True,
-                   mininterval=0.5, leave=False)
+        bar = tqdm(
+            total=num_windows,
+            unit="window",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            leave=False,
+        )
         start = time.perf_counter()
         seen = [0]
 

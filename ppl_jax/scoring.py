@@ -21,9 +21,9 @@ from jax.sharding import Mesh
 
 from ppl_jax import mesh as mesh_lib
 from ppl_jax.errors import NumericsError
+from ppl_jax.layout import Layout
 from ppl_jax.model import LanguageModel
 from ppl_jax.nll import token_nll, token_stats  # noqa: F401  (token_nll: re-exported)
-from ppl_jax.layout import Layout
 from ppl_jax.windows import Windows
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
@@ -46,8 +46,9 @@ class StepSums(NamedTuple):
     num_nonfinite: jax.Array
 
 
-def score_step(apply: Callable[..., Any], params: Any, batch: dict[str, jax.Array],
-               num_slots: int = 1) -> StepSums:
+def score_step(
+    apply: Callable[..., Any], params: Any, batch: dict[str, jax.Array], num_slots: int = 1
+) -> StepSums:
     """Scores one batch of rows, each holding up to `num_slots` windows (segments).
 
     Args:
@@ -148,26 +149,37 @@ class Scorer:
 
             jitted = jax.jit(
                 step,
-                in_shardings=(self.param_shardings,
-                              {k: self.batch_sharding for k in BATCH_KEYS}),
+                in_shardings=(self.param_shardings, {k: self.batch_sharding for k in BATCH_KEYS}),
                 out_shardings=mesh_lib.replicated(self.mesh),
             )
             abstract_params = jax.tree.map(
                 lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                self.model.abstract_params, self.param_shardings,
+                self.model.abstract_params,
+                self.param_shardings,
             )
-            dtypes = {"tokens": jnp.int32, "target_mask": jnp.bool_, "segment_ids": jnp.int32,
-                      "positions": jnp.int32}
+            dtypes = {
+                "tokens": jnp.int32,
+                "target_mask": jnp.bool_,
+                "segment_ids": jnp.int32,
+                "positions": jnp.int32,
+            }
             abstract_batch = {
-                k: jax.ShapeDtypeStruct((batch_size, width), dtypes[k], sharding=self.batch_sharding)
+                k: jax.ShapeDtypeStruct(
+                    (batch_size, width), dtypes[k], sharding=self.batch_sharding
+                )
                 for k in BATCH_KEYS
             }
             self._compiled[key] = jitted.lower(abstract_params, abstract_batch).compile()
         return self._compiled[key]
 
-    def score(self, params: Any, windows: Windows, layout: Layout,
-              progress: Callable[[int, int], None] | None = None,
-              describe_window: Callable[[int], str] | None = None) -> ScoreTotals:
+    def score(
+        self,
+        params: Any,
+        windows: Windows,
+        layout: Layout,
+        progress: Callable[[int, int], None] | None = None,
+        describe_window: Callable[[int], str] | None = None,
+    ) -> ScoreTotals:
         """Scores every window; every process runs the same steps.
 
         Args:
@@ -226,8 +238,9 @@ class Scorer:
             rows = layout.batch_rows(i)
             arrays = windows.fill([rows[r] for r in local], width)
             batch = {
-                k: jax.make_array_from_process_local_data(self.batch_sharding, arrays[k],
-                                                          (b, width))
+                k: jax.make_array_from_process_local_data(
+                    self.batch_sharding, arrays[k], (b, width)
+                )
                 for k in BATCH_KEYS
             }
             sums = steps[width](params, batch)

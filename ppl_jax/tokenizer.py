@@ -136,8 +136,9 @@ class HFTokenizer(Tokenizer):
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         out = []
-        for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False),
-                             strict=True):
+        for text, enc in zip(
+            texts, self._tok.encode_batch(texts, add_special_tokens=False), strict=True
+        ):
             ids = np.asarray(enc.ids, dtype=np.int32)
             if self._byte_level:
                 # Each character of a byte-level token's string is one byte of the text; an added
@@ -199,7 +200,9 @@ class SentencePieceTokenizer(Tokenizer):
     def from_file(path: str, name: str | None = None) -> SentencePieceTokenizer:
         """Loads a `.model` file. Raises ConfigError if it is missing or not a SentencePiece model."""
         if not os.path.isfile(path):
-            raise ConfigError(f"data.tokenizer: no such file {path!r}; give a SentencePiece .model.")
+            raise ConfigError(
+                f"data.tokenizer: no such file {path!r}; give a SentencePiece .model."
+            )
         with open(path, "rb") as f:
             proto = f.read()
         try:
@@ -250,8 +253,12 @@ class SentencePieceTokenizer(Tokenizer):
         return int(pieces[0].end)
 
     def describe(self) -> dict[str, Any]:
-        return {"type": "sentencepiece", "name": self.name,
-                "model_base64": base64.b64encode(self._proto).decode("ascii"), **_specials(self)}
+        return {
+            "type": "sentencepiece",
+            "name": self.name,
+            "model_base64": base64.b64encode(self._proto).decode("ascii"),
+            **_specials(self),
+        }
 
 
 def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any], where: str) -> None:
@@ -271,7 +278,9 @@ def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any], where: str) -
             token = token.get("content") if isinstance(token, dict) else token
             token_id = None if token is None else tok.token_id(token)
             if token is not None and token_id is None:
-                raise CheckpointError(f"{where!r} names {field} {token!r}, which the tokenizer lacks.")
+                raise CheckpointError(
+                    f"{where!r} names {field} {token!r}, which the tokenizer lacks."
+                )
             setattr(tok, attr, token_id)
     if "add_bos_token" in config:
         tok.add_bos_default = bool(config["add_bos_token"])
@@ -290,10 +299,13 @@ def from_description(desc: dict[str, Any]) -> Tokenizer:
     if kind == "byte":
         return ByteTokenizer()
     if kind == "hf":
-        tok: Tokenizer = HFTokenizer(desc["tokenizer_json"], name=desc.get("name", "tokenizer.json"))
+        tok: Tokenizer = HFTokenizer(
+            desc["tokenizer_json"], name=desc.get("name", "tokenizer.json")
+        )
     elif kind == "sentencepiece":
-        tok = SentencePieceTokenizer(base64.b64decode(desc["model_base64"]),
-                                     name=desc.get("name", "tokenizer.model"))
+        tok = SentencePieceTokenizer(
+            base64.b64decode(desc["model_base64"]), name=desc.get("name", "tokenizer.model")
+        )
     else:
         raise ConfigError(
             f"unknown tokenizer description type {kind!r} (expected 'byte', 'hf' or "
@@ -329,5 +341,3 @@ def load(spec: str, checkpoint_description: dict[str, Any] | None) -> Tokenizer:
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path)
     return HFTokenizer.from_file(path)
-
-

@@ -42,8 +42,11 @@ class Windows:
 
     def __post_init__(self):
         row = self.lengths + (self.prefix != NO_PREFIX)
-        if self.num_windows and (row.max() > self.seq_len + 1 or (self.first_scored < 1).any()
-                                 or (self.first_scored >= row).any()):
+        if self.num_windows and (
+            row.max() > self.seq_len + 1
+            or (self.first_scored < 1).any()
+            or (self.first_scored >= row).any()
+        ):
             raise ValueError("a window is longer than seq_len + 1 or scores nothing")
 
     @property
@@ -103,8 +106,9 @@ class Windows:
     def rows(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
         """One row of width `seq_len + 1` per window (see `fill`); an id at or past
         `num_windows` is a padding row."""
-        return self.fill([(int(k),) if k < self.num_windows else () for k in window_ids],
-                         self.seq_len + 1)
+        return self.fill(
+            [(int(k),) if k < self.num_windows else () for k in window_ids], self.seq_len + 1
+        )
 
     def scored_token_mask(self) -> np.ndarray:
         """`[N] bool`: which of `tokens` some window scores (prefix tokens are never targets)."""
@@ -116,8 +120,9 @@ class Windows:
         return mask
 
 
-def make(tokens: np.ndarray, starts, lengths, first_scored, seq_len: int, prefix=None,
-         document=None) -> Windows:
+def make(
+    tokens: np.ndarray, starts, lengths, first_scored, seq_len: int, prefix=None, document=None
+) -> Windows:
     """Builds `Windows` from per-window lists (prefix and document default to none / -1)."""
     w = len(starts)
     as64 = lambda x: np.asarray(x, np.int64).reshape(w)  # noqa: E731

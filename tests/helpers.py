@@ -46,8 +46,9 @@ def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
     return jax.tree_util.tree_map_with_path(perturb, params)
 
 
-def save_random_checkpoint(path: str, cfg: LlamaConfig = TINY, steps=(5,), seed: int = 0,
-                           tokenizer: dict | None = None) -> dict:
+def save_random_checkpoint(
+    path: str, cfg: LlamaConfig = TINY, steps=(5,), seed: int = 0, tokenizer: dict | None = None
+) -> dict:
     """Saves a training state (params + AdamW state) at each step; returns the params."""
     import optax
 
@@ -57,7 +58,9 @@ def save_random_checkpoint(path: str, cfg: LlamaConfig = TINY, steps=(5,), seed:
     opt_state = optax.adamw(1e-3).init(params)
     for step in steps:
         checkpoint.save_train_state(
-            path, step, {"step": step, "params": params, "opt_state": opt_state},
+            path,
+            step,
+            {"step": step, "params": params, "opt_state": opt_state},
             {"model": cfg.to_dict(), "tokenizer": tokenizer or {"type": "byte"}},
         )
     return params

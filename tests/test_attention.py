@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import helpers
 from ppl_jax import model as model_lib
 from ppl_jax.models.attention import attend, resolve
 from ppl_jax.nll import token_nll
+
+import helpers
 
 
 def packed_inputs(b=2, t=128, seed=0):
@@ -34,8 +35,7 @@ def test_splash_equals_xla_on_packed_rows(heads, kv_heads, window):
     k = jnp.asarray(rng.standard_normal((2, 128, kv_heads, 16)), jnp.float32)
     v = jnp.asarray(rng.standard_normal((2, 128, kv_heads, 16)), jnp.float32)
     xla = attend(q, k, v, segment_ids=seg, positions=pos, window=window, implementation="xla")
-    splash = attend(q, k, v, segment_ids=seg, positions=pos, window=window,
-                    implementation="splash")
+    splash = attend(q, k, v, segment_ids=seg, positions=pos, window=window, implementation="splash")
     real = np.asarray(seg) != 0
     np.testing.assert_allclose(np.asarray(splash)[real], np.asarray(xla)[real], atol=1e-5)
 
@@ -61,8 +61,9 @@ def test_model_with_splash_attention_scores_like_xla():
     nll = {}
     for impl in ("xla", "splash"):
         model = model_lib.build(cfg.to_dict(), jnp.float32, impl)
-        nll[impl] = np.asarray(token_nll(model.apply(params, tokens[:, :-1], pos, seg),
-                                         tokens[:, 1:]))
+        nll[impl] = np.asarray(
+            token_nll(model.apply(params, tokens[:, :-1], pos, seg), tokens[:, 1:])
+        )
     np.testing.assert_allclose(nll["splash"], nll["xla"], rtol=1e-5, atol=1e-5)
 
 

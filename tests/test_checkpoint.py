@@ -10,13 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import TINY, random_params, save_random_checkpoint
 
 from ppl_jax import checkpoint
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
+
+from helpers import TINY, random_params, save_random_checkpoint
 
 # On a local filesystem Orbax finalizes a step by renaming `<step>.orbax-checkpoint-tmp-<time>`
 # to `<step>` (its `commit_success.txt` marker is only consulted on object stores such as GCS).

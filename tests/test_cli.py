@@ -11,28 +11,48 @@ import pytest
 import helpers
 
 REQUIRED_KEYS = {
-    "nll_sum", "num_tokens", "perplexity", "bits_per_token", "num_bytes", "bits_per_byte",
-    "byte_perplexity", "num_words", "word_perplexity", "num_documents", "num_windows",
-    "tokens_per_second", "checkpoint", "config",
+    "nll_sum",
+    "num_tokens",
+    "perplexity",
+    "bits_per_token",
+    "num_bytes",
+    "bits_per_byte",
+    "byte_perplexity",
+    "num_words",
+    "word_perplexity",
+    "num_documents",
+    "num_windows",
+    "tokens_per_second",
+    "checkpoint",
+    "config",
 }
 
 
 def run_cli(*flags, tmp_path, config=None):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "ppl_jax", f"--config.output.dir={out}",
-           "--config.output.progress=false", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ppl_jax",
+        f"--config.output.dir={out}",
+        "--config.output.progress=false",
+        *flags,
+    ]
     if config:
         cmd.insert(3, f"--config={config}")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
-                          cwd=helpers.REPO)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=600, cwd=helpers.REPO
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.skipif(not os.path.exists(helpers.WIKITEXT_TEST),
-                    reason=f"shared data folder absent ({helpers.WIKITEXT_TEST})")
+@pytest.mark.skipif(
+    not os.path.exists(helpers.WIKITEXT_TEST),
+    reason=f"shared data folder absent ({helpers.WIKITEXT_TEST})",
+)
 def test_demo_checkpoint_on_wikitext2_test(tmp_path, demo_checkpoint):
     proc, r = run_cli(
         f"--config.checkpoint.dir={demo_checkpoint}",

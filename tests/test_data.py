@@ -7,12 +7,13 @@ import os
 
 import numpy as np
 import pytest
-from helpers import GPT2_TOKENIZER, SHARED_DATA
 
 from ppl_jax.data import Document, read_documents, resolve_paths
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, from_description
 from ppl_jax.protocols import plan
+from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, from_description
+
+from helpers import GPT2_TOKENIZER, SHARED_DATA
 
 needs_shared_data = pytest.mark.skipif(
     not os.path.isdir(SHARED_DATA), reason=f"the shared data folder {SHARED_DATA} is absent"
@@ -297,19 +298,32 @@ def test_tokenizer_file_errors(tmp_path):
 # ------------------------------------------------------------------------------------- streams
 
 
-
 def stream(docs, tokenizer, separator, vocab_size):
     """The `sliding` protocol's stream of `docs` (one-token windows, so window k starts at k)."""
     from types import SimpleNamespace
 
-    p = plan("sliding", docs, tokenizer, vocab_size, seq_len=1, stride=1, add_bos=False,
-             separator=separator)
+    p = plan(
+        "sliding",
+        docs,
+        tokenizer,
+        vocab_size,
+        seq_len=1,
+        stride=1,
+        add_bos=False,
+        separator=separator,
+    )
     joined = separator.join(d.text for d in docs) if len(docs) > 1 else docs[0].text
     return SimpleNamespace(
-        tokens=p.windows.tokens, doc_starts=p.doc_starts, num_documents=p.num_documents,
-        sources=p.sources, text_bytes=len(joined.encode("utf-8")), num_bytes=p.num_bytes,
-        num_words=p.num_words, plan=p,
+        tokens=p.windows.tokens,
+        doc_starts=p.doc_starts,
+        num_documents=p.num_documents,
+        sources=p.sources,
+        text_bytes=len(joined.encode("utf-8")),
+        num_bytes=p.num_bytes,
+        num_words=p.num_words,
+        plan=p,
     )
+
 
 def test_stream_places_separators_between_documents():
     docs = [Document("ab", "x:1"), Document("", "x:2"), Document("cde", "x:3")]

@@ -11,9 +11,10 @@ import sys
 
 import optax
 import pytest
-from helpers import GPT2_TOKENIZER, SHARED_DATA, TINY, random_params
 
 from ppl_jax import checkpoint
+
+from helpers import GPT2_TOKENIZER, SHARED_DATA, TINY, random_params
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp-1700000000"  # an interrupted Orbax save (local filesystem)
 CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n"

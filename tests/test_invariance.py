@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-import helpers
 from ppl_jax.config import Settings, get_config
 from ppl_jax.evaluate import evaluate
+
+import helpers
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +58,9 @@ def reference(tiny_checkpoint, corpus):
     ],
     ids=["batch16", "batch24-8x1", "batch8-2x4", "batch2-2x4", "batch4-1x8"],
 )
-def test_batch_size_and_mesh_do_not_change_the_result(tiny_checkpoint, corpus, reference,
-                                                      overrides):
+def test_batch_size_and_mesh_do_not_change_the_result(
+    tiny_checkpoint, corpus, reference, overrides
+):
     ev = evaluate(settings(tiny_checkpoint, corpus, **overrides))
     assert ev.sums.num_tokens == reference.sums.num_tokens
     assert ev.sums.num_windows == reference.sums.num_windows
@@ -66,7 +68,9 @@ def test_batch_size_and_mesh_do_not_change_the_result(tiny_checkpoint, corpus, r
     assert ev.sums.nll_sum == pytest.approx(reference.sums.nll_sum, rel=1e-6)
     mesh = ev.mesh_shape
     assert (mesh["data"], mesh["model"]) == (
-        overrides.get("mesh__data", 8), overrides.get("mesh__model", 1))
+        overrides.get("mesh__data", 8),
+        overrides.get("mesh__model", 1),
+    )
 
 
 def test_counts_are_those_of_the_stream(reference):
@@ -78,17 +82,26 @@ def test_counts_are_those_of_the_stream(reference):
 
 def test_two_real_processes_match_one(tiny_checkpoint, corpus, reference, tmp_path):
     env = dict(os.environ)
-    env.update({
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-        "JAX_PLATFORMS": "cpu",
-        "PYTHON": sys.executable,
-    })
+    env.update(
+        {
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "JAX_PLATFORMS": "cpu",
+            "PYTHON": sys.executable,
+        }
+    )
     out = tmp_path / "out"
     cmd = [
-        "bash", os.path.join(helpers.REPO, "launch", "local.sh"), "2",
-        f"--config.checkpoint.dir={tiny_checkpoint}", f"--config.data.path={corpus}",
-        "--config.data.format=lines", "--config.eval.seq_len=64", "--config.eval.stride=48",
-        "--config.eval.batch_size=8", "--config.mesh.model=2", "--config.output.progress=false",
+        "bash",
+        os.path.join(helpers.REPO, "launch", "local.sh"),
+        "2",
+        f"--config.checkpoint.dir={tiny_checkpoint}",
+        f"--config.data.path={corpus}",
+        "--config.data.format=lines",
+        "--config.eval.seq_len=64",
+        "--config.eval.stride=48",
+        "--config.eval.batch_size=8",
+        "--config.mesh.model=2",
+        "--config.output.progress=false",
         f"--config.output.dir={out}",
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import helpers
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import DEFAULT_RULES
@@ -16,6 +15,8 @@ from ppl_jax.layout import bucket_widths, plan_layout
 from ppl_jax.protocols import plan
 from ppl_jax.scoring import Scorer
 from ppl_jax.tokenizer import ByteTokenizer
+
+import helpers
 
 
 class BosTokenizer(ByteTokenizer):
@@ -31,13 +32,16 @@ CFG = dataclasses.replace(helpers.TINY, vocab_size=260, max_positions=64)
 def setup():
     model = model_lib.build(CFG.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(4, 2)
-    shardings = mesh_lib.param_shardings(model.abstract_params, model.logical_axes, mesh,
-                                         DEFAULT_RULES)
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
     params = jax.device_put(helpers.random_params(CFG, seed=4), shardings)
     rng = np.random.default_rng(0)
     lengths = [1, 2, 3, 5, 8, 13, 21, 31, 32, 33, 70, 100, 4, 6, 9]
-    docs = [Document("".join(chr(c) for c in rng.integers(97, 123, n)), f"d{i}")
-            for i, n in enumerate(lengths)]
+    docs = [
+        Document("".join(chr(c) for c in rng.integers(97, 123, n)), f"d{i}")
+        for i, n in enumerate(lengths)
+    ]
     p = plan("lm_eval_rolling", docs, BosTokenizer(), CFG.vocab_size, 32, 32, add_bos=False)
     return model, mesh, shardings, params, p
 
@@ -81,7 +85,8 @@ def test_packed_windows_match_the_numpy_reference(setup):
     """Segments see nothing of their row-mates: each equals its own sequence, scored alone."""
     model, mesh, shardings, params, p = setup
     totals = Scorer(model, mesh, shardings).score(
-        params, p.windows, plan_layout(p.windows, 4, pack=True, num_buckets=2))
+        params, p.windows, plan_layout(p.windows, 4, pack=True, num_buckets=2)
+    )
     host = jax.device_get(params)
     rows = p.windows.rows(np.arange(p.windows.num_windows))
     for k in range(0, p.windows.num_windows, 3):

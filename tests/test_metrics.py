@@ -39,8 +39,11 @@ def test_derived_metrics_against_numpy_float64():
     rng = np.random.default_rng(0)
     nll = rng.gamma(2.0, 1.0, size=5000)  # per-token NLL, nats
     num_bytes, num_words = 17_123, 3_456
-    m = derive(Sums(nll_sum=float(nll.sum()), num_tokens=nll.size, num_bytes=num_bytes,
-                    num_words=num_words))
+    m = derive(
+        Sums(
+            nll_sum=float(nll.sum()), num_tokens=nll.size, num_bytes=num_bytes, num_words=num_words
+        )
+    )
     assert m["perplexity"] == pytest.approx(np.exp(nll.mean()), rel=1e-12)
     assert m["bits_per_token"] == pytest.approx(nll.mean() / np.log(2), rel=1e-12)
     # Bits per byte are weighted by bytes: total nats over total bytes, not a mean of ratios.

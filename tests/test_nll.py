@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import helpers
 from ppl_jax import model as model_lib
 from ppl_jax.model import HiddenStates, Logits
 from ppl_jax.nll import token_stats
 from ppl_jax.scoring import score_step
+
+import helpers
 
 
 def reference(hidden, unembedding, targets):
@@ -27,16 +28,18 @@ def reference(hidden, unembedding, targets):
     return nll, entropy, logits.argmax(-1) == np.asarray(targets)
 
 
-@pytest.mark.parametrize("vocab,block", [(1000, 128), (1000, 1000), (1000, 4096), (257, 1),
-                                         (50257, 8192)])
+@pytest.mark.parametrize(
+    "vocab,block", [(1000, 128), (1000, 1000), (1000, 4096), (257, 1), (50257, 8192)]
+)
 def test_blocked_equals_full_computation(vocab, block):
     rng = np.random.default_rng(vocab + block)
     hidden = jnp.asarray(rng.standard_normal((2, 7, 24)) * 2, jnp.float32)
     unembedding = jnp.asarray(rng.standard_normal((24, vocab)), jnp.float32)
     targets = jnp.asarray(rng.integers(0, vocab, (2, 7)), jnp.int32)
     targets = targets.at[0, 0].set(vocab - 1)  # the last (padded) block's edge
-    stats = jax.jit(token_stats, static_argnums=2)(HiddenStates(hidden, unembedding), targets,
-                                                   block)
+    stats = jax.jit(token_stats, static_argnums=2)(
+        HiddenStates(hidden, unembedding), targets, block
+    )
     nll, entropy, correct = reference(hidden, unembedding, targets)
     np.testing.assert_allclose(stats.nll, nll, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(stats.entropy, entropy, rtol=1e-5, atol=1e-5)
@@ -73,15 +76,23 @@ def test_compiled_step_holds_no_batch_seq_vocab_buffer():
         "segment_ids": jax.ShapeDtypeStruct((b, t + 1), jnp.int32),
         "positions": jax.ShapeDtypeStruct((b, t + 1), jnp.int32),
     }
-    compiled = jax.jit(lambda p, x: score_step(model.apply, p, x)).lower(
-        model.abstract_params, abstract_batch).compile()
+    compiled = (
+        jax.jit(lambda p, x: score_step(model.apply, p, x))
+        .lower(model.abstract_params, abstract_batch)
+        .compile()
+    )
     full = b * t * cfg.vocab_size
     assert _largest_buffer_elements(compiled.as_text()) < full // 2
     memory = compiled.memory_analysis()
     if memory is not None:
         assert memory.temp_size_in_bytes < full * 4 // 2
     # The check itself can fail: the unbounded computation does hold such a buffer.
-    unbounded = jax.jit(lambda h, w: jax.nn.log_softmax(h @ w)).lower(
-        jax.ShapeDtypeStruct((b, t, cfg.embed_dim), jnp.float32),
-        jax.ShapeDtypeStruct((cfg.embed_dim, cfg.vocab_size), jnp.float32)).compile()
+    unbounded = (
+        jax.jit(lambda h, w: jax.nn.log_softmax(h @ w))
+        .lower(
+            jax.ShapeDtypeStruct((b, t, cfg.embed_dim), jnp.float32),
+            jax.ShapeDtypeStruct((cfg.embed_dim, cfg.vocab_size), jnp.float32),
+        )
+        .compile()
+    )
     assert _largest_buffer_elements(unbounded.as_text()) >= full

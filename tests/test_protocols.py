@@ -40,8 +40,10 @@ DOC_LENGTHS = [1, 5, 15, 16, 17, 40, 55]
 
 def docs_of(lengths, seed=0):
     rng = np.random.default_rng(seed)
-    return [Document("".join(chr(c) for c in rng.integers(97, 123, size=n)), f"d{i}")
-            for i, n in enumerate(lengths)]
+    return [
+        Document("".join(chr(c) for c in rng.integers(97, 123, size=n)), f"d{i}")
+        for i, n in enumerate(lengths)
+    ]
 
 
 @pytest.mark.parametrize("seq_len", [1, 4, 16])
@@ -130,8 +132,10 @@ def test_gptq_chunks_match_the_recipe(seq_len):
     p = plan("gptq_chunks", docs, FakeTokenizer(), 258, seq_len, seq_len, add_bos=False)
     ids = list("\n\n".join(d.text for d in docs).encode())
     nsamples = len(ids) // seq_len
-    expected = [(ids[i * seq_len:(i + 1) * seq_len], ids[i * seq_len + 1:(i + 1) * seq_len])
-                for i in range(nsamples)]
+    expected = [
+        (ids[i * seq_len : (i + 1) * seq_len], ids[i * seq_len + 1 : (i + 1) * seq_len])
+        for i in range(nsamples)
+    ]
     assert rows_as_lists(p.windows) == expected
     assert p.unscored_tokens == len(ids) - nsamples * (seq_len - 1)
     assert (p.windows.prefix == NO_PREFIX).all()

@@ -7,14 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import helpers
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import DEFAULT_RULES
-from ppl_jax.nll import token_nll
 from ppl_jax.layout import plan_layout
+from ppl_jax.nll import token_nll
 from ppl_jax.scoring import Scorer, score_step
 from ppl_jax.windows import sliding
+
+import helpers
 
 
 def _row(tokens):
@@ -92,16 +93,24 @@ def _plan(tokens, seq_len):
     from ppl_jax.protocols import plan
     from ppl_jax.tokenizer import ByteTokenizer
 
-    return plan("sliding", [Document(bytes(tokens.tolist()).decode("latin-1"), "x")],
-                ByteTokenizer(), 256, seq_len, seq_len, add_bos=False)
+    return plan(
+        "sliding",
+        [Document(bytes(tokens.tolist()).decode("latin-1"), "x")],
+        ByteTokenizer(),
+        256,
+        seq_len,
+        seq_len,
+        add_bos=False,
+    )
 
 
 def test_step_traced_once_per_shape():
     cfg = helpers.TINY
     model = model_lib.build(cfg.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(-1, 1)
-    shardings = mesh_lib.param_shardings(model.abstract_params, model.logical_axes, mesh,
-                                         DEFAULT_RULES)
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
     params = jax.device_put(helpers.random_params(cfg), shardings)
     scorer = Scorer(model, mesh, shardings)
     rng = np.random.default_rng(0)
@@ -123,11 +132,13 @@ def test_nonfinite_is_an_error_naming_the_window():
     cfg = helpers.TINY
     model = model_lib.build(cfg.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(-1, 1)
-    shardings = mesh_lib.param_shardings(model.abstract_params, model.logical_axes, mesh,
-                                         DEFAULT_RULES)
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
     params = helpers.random_params(cfg)
-    params["layers"]["1"]["mlp"]["down"] = params["layers"]["1"]["mlp"]["down"].at[0, 0].set(
-        jnp.inf)
+    params["layers"]["1"]["mlp"]["down"] = (
+        params["layers"]["1"]["mlp"]["down"].at[0, 0].set(jnp.inf)
+    )
     params = jax.device_put(params, shardings)
     tokens = np.full(100, 65, np.int32)
     with pytest.raises(NumericsError, match=r"first in window 0, document 0 \(x\), token 0"):

@@ -5,13 +5,14 @@ import json
 import os
 import shutil
 
-import helpers
 import numpy as np
 import pytest
 
 from ppl_jax import hf
 from ppl_jax.errors import CheckpointError
 from ppl_jax.tokenizer import HFTokenizer, SentencePieceTokenizer, from_description, load
+
+import helpers
 
 SP_MODEL = os.path.join(helpers.SHARED_DATA, "tokenizers", "sentencepiece_test.model")
 needs_shared_data = pytest.mark.skipif(

@@ -23,8 +23,11 @@ def scored_positions(win: Windows):
 
 @pytest.mark.parametrize(
     "n,seq_len,stride",
-    [(n, L, S) for n, L in itertools.product([2, 3, 7, 16, 17, 100], [1, 4, 16])
-     for S in sorted({1, max(1, L // 2), max(1, L - 1), L})],
+    [
+        (n, L, S)
+        for n, L in itertools.product([2, 3, 7, 16, 17, 100], [1, 4, 16])
+        for S in sorted({1, max(1, L // 2), max(1, L - 1), L})
+    ],
 )
 def test_every_token_after_the_first_is_scored_once(n, seq_len, stride):
     tokens = np.arange(n, dtype=np.int32) % 251

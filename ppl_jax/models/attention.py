@@ -31,8 +31,10 @@ def resolve(setting: str, dtype, head_dim: int, platform: str | None = None) -> 
     platform = platform or jax.default_backend()
     if platform == "tpu":
         return "splash"
-    if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and (
-        head_dim % 8 == 0 and head_dim <= 128
+    if (
+        platform == "gpu"
+        and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+        and (head_dim % 8 == 0 and head_dim <= 128)
     ):
         return "cudnn"
     return "xla"
@@ -49,9 +51,17 @@ def dense_mask(segment_ids: jax.Array, positions: jax.Array, window: int | None)
     return mask[:, None, :, :]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array,
-           positions: jax.Array, window: int | None = None, scale: float | None = None,
-           implementation: str = "xla") -> jax.Array:
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    segment_ids: jax.Array,
+    positions: jax.Array,
+    window: int | None = None,
+    scale: float | None = None,
+    implementation: str = "xla",
+) -> jax.Array:
     """Causal attention of each token to the earlier tokens of its own segment.
 
     Args:
@@ -68,13 +78,23 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array,
     """
     if implementation == "xla":
         return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, mask=dense_mask(segment_ids, positions, window),
-            is_causal=True, implementation="xla",
+            q,
+            k,
+            v,
+            scale=scale,
+            mask=dense_mask(segment_ids, positions, window),
+            is_causal=True,
+            implementation="xla",
         )
     if implementation == "cudnn":
         lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
         return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=True, query_seq_lengths=lengths,
+            q,
+            k,
+            v,
+            scale=scale,
+            is_causal=True,
+            query_seq_lengths=lengths,
             key_value_seq_lengths=lengths,
             local_window_size=None if window is None else (window - 1, 0),
             implementation="cudnn",

@@ -130,8 +130,9 @@ def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> 
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype,
-                 attention: str = "xla"):
+    def __init__(
+        self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str = "xla"
+    ):
         d, h, hd = cfg.embed_dim, cfg.num_heads, cfg.head_dim
         self.attention = attention
         self.scale = (hd**-0.5 if cfg.scale_attn_weights else 1.0) / (
@@ -151,8 +152,15 @@ class Attention(nnx.Module):
         q = jnp.einsum("btd,dhk->bthk", x, self.q[...]) + self.q_bias[...]
         k = jnp.einsum("btd,dhk->bthk", x, self.k[...]) + self.k_bias[...]
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...]) + self.v_bias[...]
-        out = attend(q, k, v, segment_ids=segment_ids, positions=positions, scale=self.scale,
-                     implementation=self.attention)
+        out = attend(
+            q,
+            k,
+            v,
+            segment_ids=segment_ids,
+            positions=positions,
+            scale=self.scale,
+            implementation=self.attention,
+        )
         return jnp.einsum("bthk,hkd->btd", out, self.o[...]) + self.o_bias[...]
 
 
@@ -171,8 +179,9 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype,
-                 attention: str = "xla"):
+    def __init__(
+        self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str = "xla"
+    ):
         d = cfg.embed_dim
         self.eps = cfg.norm_eps
         self.attn_norm = ones_param((d,), ("embed",), dtype)
@@ -192,8 +201,13 @@ class Block(nnx.Module):
 class GPT2(nnx.Module):
     """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
 
-    def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32,
-                 attention: str = "xla"):
+    def __init__(
+        self,
+        cfg: GPT2Config,
+        rngs: nnx.Rngs,
+        dtype: jnp.dtype = jnp.float32,
+        attention: str = "xla",
+    ):
         d = cfg.embed_dim
         self.cfg = cfg
         self.embedding = normal_param(rngs, (cfg.vocab_size, d), ("vocab", "embed"), 0.02, dtype)

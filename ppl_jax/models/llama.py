@@ -121,15 +121,21 @@ class LlamaConfig:
         heads, layers = int(c["num_attention_heads"]), int(c["num_hidden_layers"])
         attention_bias = model_type == "llama" and bool(c.get("attention_bias", False))
         return LlamaConfig(
-            vocab_size=int(c["vocab_size"]), embed_dim=int(c["hidden_size"]), num_layers=layers,
-            num_heads=heads, num_kv_heads=int(c.get("num_key_value_heads") or heads),
+            vocab_size=int(c["vocab_size"]),
+            embed_dim=int(c["hidden_size"]),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
-            mlp_dim=int(c["intermediate_size"]), max_positions=int(c["max_position_embeddings"]),
+            mlp_dim=int(c["intermediate_size"]),
+            max_positions=int(c["max_position_embeddings"]),
             norm_eps=float(c.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2", o_bias=attention_bias,
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias,
             mlp_bias=model_type == "llama" and bool(c.get("mlp_bias", False)),
-            **_hf_rope(c), **_hf_sliding(c, model_type, layers),
+            **_hf_rope(c),
+            **_hf_sliding(c, model_type, layers),
         )
 
 
@@ -144,8 +150,10 @@ def _hf_rope(c: dict[str, Any]) -> dict[str, Any]:
         raise CheckpointError(
             f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})."
         )
-    out = {"rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-           "rope_type": rope_type}
+    out = {
+        "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+        "rope_type": rope_type,
+    }
     try:
         if rope_type != "default":
             out["rope_factor"] = float(rope["factor"])
@@ -183,8 +191,9 @@ def _hf_sliding(c: dict[str, Any], model_type: str, num_layers: int) -> dict[str
     return {"sliding_window": int(window), "sliding_layers": layers} if layers else {}
 
 
-def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], scale: float,
-           dtype: jnp.dtype) -> nnx.Param:
+def normal_param(
+    rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], scale: float, dtype: jnp.dtype
+) -> nnx.Param:
     """A `shape` param drawn from N(0, scale^2), with `logical_axes=axes` metadata."""
     value = scale * jax.random.normal(rngs.params(), shape, jnp.float32)
     return nnx.Param(value.astype(dtype), logical_axes=axes)
@@ -249,8 +258,14 @@ def rotary(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Arra
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype,
-                 window: int | None = None, attention: str = "xla"):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        rngs: nnx.Rngs,
+        dtype: jnp.dtype,
+        window: int | None = None,
+        attention: str = "xla",
+    ):
         d, h, kv, hd = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.window = window
@@ -258,7 +273,9 @@ class Attention(nnx.Module):
         self.q = normal_param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), d**-0.5, dtype)
         self.k = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
         self.v = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
-        self.o = normal_param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), (h * hd) ** -0.5, dtype)
+        self.o = normal_param(
+            rngs, (h, hd, d), ("heads", "head_dim", "embed"), (h * hd) ** -0.5, dtype
+        )
         if cfg.qkv_bias:
             self.q_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
             self.k_bias = zeros_param((kv, hd), ("kv_heads", "head_dim"), dtype)
@@ -276,8 +293,15 @@ class Attention(nnx.Module):
         inv_freq = rope_inv_freq(cfg)
         q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
         # Causal attention within a segment (and within the window, where there is one).
-        out = attend(q, k, v, segment_ids=segment_ids, positions=positions, window=self.window,
-                     implementation=self.attention)
+        out = attend(
+            q,
+            k,
+            v,
+            segment_ids=segment_ids,
+            positions=positions,
+            window=self.window,
+            implementation=self.attention,
+        )
         out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
         return out + self.o_bias[...] if cfg.o_bias else out
 
@@ -303,8 +327,14 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype,
-                 window: int | None = None, attention: str = "xla"):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        rngs: nnx.Rngs,
+        dtype: jnp.dtype,
+        window: int | None = None,
+        attention: str = "xla",
+    ):
         self.eps = cfg.norm_eps
         self.attn_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
         self.attn = Attention(cfg, rngs, dtype, window, attention)
@@ -319,23 +349,42 @@ class Block(nnx.Module):
 class Llama(nnx.Module):
     """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
 
-    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32,
-                 attention: str = "xla"):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        rngs: nnx.Rngs,
+        dtype: jnp.dtype = jnp.float32,
+        attention: str = "xla",
+    ):
         self.cfg = cfg
-        self.embedding = normal_param(rngs, (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"), cfg.embed_dim**-0.5,
-                                dtype)
-        self.layers = nnx.List([
-            Block(cfg, rngs, dtype, cfg.sliding_window if i in cfg.sliding_layers else None,
-                  attention)
-            for i in range(cfg.num_layers)
-        ])
+        self.embedding = normal_param(
+            rngs, (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"), cfg.embed_dim**-0.5, dtype
+        )
+        self.layers = nnx.List(
+            [
+                Block(
+                    cfg,
+                    rngs,
+                    dtype,
+                    cfg.sliding_window if i in cfg.sliding_layers else None,
+                    attention,
+                )
+                for i in range(cfg.num_layers)
+            ]
+        )
         self.final_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = normal_param(rngs, (cfg.embed_dim, cfg.vocab_size), ("embed", "vocab"),
-                                  cfg.embed_dim**-0.5, dtype)
+            self.lm_head = normal_param(
+                rngs,
+                (cfg.embed_dim, cfg.vocab_size),
+                ("embed", "vocab"),
+                cfg.embed_dim**-0.5,
+                dtype,
+            )
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 segment_ids: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array
+    ) -> jax.Array:
         """Final hidden states.
 
         Args:
