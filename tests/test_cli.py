@@ -59,6 +59,7 @@ def test_demo_checkpoint_on_wikitext2_test(tmp_path, demo_checkpoint):
         f"--config.data.path={helpers.WIKITEXT_TEST}",
         "--config.data.name=wikitext-2-test",
         "--config.eval.batch_size=16",
+        "--config.eval.stride=256",
         tmp_path=tmp_path,
     )
     assert REQUIRED_KEYS <= set(r)

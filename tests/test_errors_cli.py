@@ -64,6 +64,7 @@ def base_args(ckpt: str, data: str, out: str) -> dict[str, str]:
         "output.progress": "False",
         "output.gzip_baseline": "False",
         "eval.seq_len": "16",
+        "eval.stride": "16",
         "eval.batch_size": "8",
     }
 
