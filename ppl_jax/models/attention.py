@@ -1,7 +1,10 @@
 """Causal self-attention within segments, by one of three implementations.
 
-- `xla`: `jax.nn.dot_product_attention(implementation="xla")` with a dense segment (and window)
-  mask; runs everywhere, and the only one that handles packed rows on GPU.
+- `xla`: plain XLA ops, in query blocks: the queries of block `i` meet only the keys up to the
+  block's end (and, with a window, from `window - 1` before its start), so the causal upper
+  triangle is mostly skipped (about 60% of the full score matrix at 4 blocks); segment and
+  window masks are applied within the block; scores and softmax in float32. Runs everywhere, and
+  is the one that handles packed rows on GPU.
 - `cudnn`: cuDNN flash attention through `jax.nn.dot_product_attention(implementation="cudnn")`,
   for bfloat16/float16 on NVIDIA GPUs, with causal masking and per-row sequence lengths (no dense
   mask), so each row must hold one segment followed by padding (no packing).
@@ -102,6 +105,37 @@ def attend(
     if implementation == "splash":
         return _splash(q, k, v, segment_ids, window, scale)
     raise ValueError(f"unknown attention implementation {implementation!r}")
+
+
+QUERY_BLOCK = 128
+
+
+def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=QUERY_BLOCK):
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    group = h // kv
+    scale = d**-0.5 if scale is None else scale
+    # Heads first ([B, KV, G, T, D] and [B, KV, T, D]) so each block is a plain batched matmul.
+    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)
+    k = k.transpose(0, 2, 1, 3)
+    v = v.transpose(0, 2, 1, 3)
+    out = []
+    for q0 in range(0, t, block):
+        q1 = min(t, q0 + block)
+        k0 = 0 if window is None else max(0, q0 - window + 1)
+        s = jnp.einsum("bkgqd,bksd->bkgqs", q[:, :, :, q0:q1], k[:, :, k0:q1],
+                       preferred_element_type=jnp.float32)
+        causal = jnp.arange(q0, q1)[:, None] >= jnp.arange(k0, q1)[None, :]
+        mask = causal & (segment_ids[:, q0:q1, None] == segment_ids[:, None, k0:q1])
+        if window is not None:
+            mask &= positions[:, q0:q1, None] - positions[:, None, k0:q1] < window
+        s = jnp.where(mask[:, None, None], s, jnp.finfo(jnp.float32).min)
+        e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))  # unnormalised; divide after PV
+        o = jnp.einsum("bkgqs,bksd->bkgqd", e.astype(v.dtype), v[:, :, k0:q1],
+                       preferred_element_type=jnp.float32)
+        out.append((o / jnp.sum(e, axis=-1)[..., None]).astype(v.dtype))
+    o = jnp.concatenate(out, axis=3)  # [B, KV, G, T, D]
+    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 @functools.lru_cache(maxsize=16)
