@@ -260,6 +260,13 @@ class _Weights:
         return self._handle(self.file_of[name]).get_slice(name)
 
 
+@contextlib.contextmanager
+def _open_slice(file: str, name: str):
+    """The stored tensor `name` of `file`, lazily, through a handle closed on exit."""
+    with safe_open(file, "np") as f:
+        yield f.get_slice(name)
+
+
 def _read_block(
     sl: Any, src: _Source, index: tuple[slice, ...], shape: tuple[int, ...]
 ) -> np.ndarray:
@@ -339,7 +346,7 @@ def load_params(path: str, target: Any) -> Any:
                     f"'{name}' is {sl.get_dtype()}, not a float type (quantized "
                     f"checkpoints are not supported)"
                 )
-            resolved[key] = (sl, src)
+            resolved[key] = (name, src)
         unused = sorted(
             n
             for n in set(weights.file_of) - used
@@ -356,18 +363,24 @@ def load_params(path: str, target: Any) -> Any:
                 + "; ".join(problems)
                 + ". Re-download the checkpoint, or fix config.json to describe these weights."
             )
-        out = {}
-        for key, leaf in leaves:
-            sl, src = resolved[key]
-            cache: dict[tuple, np.ndarray] = {}
+    # The headers were read above; each weight's data is read below with its own short-lived
+    # handle, so the file pages it touched leave this process's memory once it is placed.
+    out = {}
+    for key, leaf in leaves:
+        name, src = resolved[key]
+        file = os.path.join(path, weights.file_of[name])
+        cache: dict[tuple, np.ndarray] = {}
 
-            def block(index, sl=sl, src=src, leaf=leaf, cache=cache):
-                k = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
-                if k not in cache:  # devices holding the same block share one read
-                    cache[k] = _read_block(sl, src, index, leaf.shape).astype(leaf.dtype)
-                return cache[k]
+        def block(index, name=name, file=file, src=src, leaf=leaf, cache=cache):
+            k = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
+            if k not in cache:  # devices holding the same block share one read
+                with _open_slice(file, name) as sl:
+                    data = _read_block(sl, src, index, leaf.shape)
+                cache[k] = data.astype(leaf.dtype, copy=False)
+            return cache[k]
 
-            out[key] = jax.make_array_from_callback(leaf.shape, leaf.sharding, block)
+        out[key] = jax.make_array_from_callback(leaf.shape, leaf.sharding, block)
+        cache.clear()
     params: dict[str, Any] = {}
     for key, value in out.items():
         node = params

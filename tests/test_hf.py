@@ -1,6 +1,7 @@
 """Hugging Face checkpoints: tiny random transformers models, loaded by ppl_jax and scored against
 PyTorch's own log-probabilities; bad directories; conversion to Orbax."""
 
+import contextlib
 import json
 import os
 import pickle
@@ -181,10 +182,14 @@ def test_each_block_is_read_once_and_alone(hf_dirs, monkeypatch, family):
     """On a 2x4 mesh every stored element is read exactly once: replicated weights once for all
     devices, split weights as disjoint per-device blocks (GPT-2's fused c_attn included)."""
     reads = []
-    real = hf._Weights.slice
-    monkeypatch.setattr(
-        hf._Weights, "slice", lambda self, name: _CountingSlice(real(self, name), name, reads)
-    )
+    real = hf._open_slice
+
+    @contextlib.contextmanager
+    def counting(file, name):
+        with real(file, name) as sl:
+            yield _CountingSlice(sl, name, reads)
+
+    monkeypatch.setattr(hf, "_open_slice", counting)
     _, params, _ = _load(hf_dirs[family][0], mesh_lib.make_mesh(2, 4))
     assert sum(size for _, size in reads) == sum(leaf.size for leaf in jax.tree.leaves(params))
     name = (

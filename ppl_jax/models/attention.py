@@ -123,16 +123,24 @@ def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=QUERY_BLO
     for q0 in range(0, t, block):
         q1 = min(t, q0 + block)
         k0 = 0 if window is None else max(0, q0 - window + 1)
-        s = jnp.einsum("bkgqd,bksd->bkgqs", q[:, :, :, q0:q1], k[:, :, k0:q1],
-                       preferred_element_type=jnp.float32)
+        s = jnp.einsum(
+            "bkgqd,bksd->bkgqs",
+            q[:, :, :, q0:q1],
+            k[:, :, k0:q1],
+            preferred_element_type=jnp.float32,
+        )
         causal = jnp.arange(q0, q1)[:, None] >= jnp.arange(k0, q1)[None, :]
         mask = causal & (segment_ids[:, q0:q1, None] == segment_ids[:, None, k0:q1])
         if window is not None:
             mask &= positions[:, q0:q1, None] - positions[:, None, k0:q1] < window
         s = jnp.where(mask[:, None, None], s, jnp.finfo(jnp.float32).min)
         e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))  # unnormalised; divide after PV
-        o = jnp.einsum("bkgqs,bksd->bkgqd", e.astype(v.dtype), v[:, :, k0:q1],
-                       preferred_element_type=jnp.float32)
+        o = jnp.einsum(
+            "bkgqs,bksd->bkgqd",
+            e.astype(v.dtype),
+            v[:, :, k0:q1],
+            preferred_element_type=jnp.float32,
+        )
         out.append((o / jnp.sum(e, axis=-1)[..., None]).astype(v.dtype))
     o = jnp.concatenate(out, axis=3)  # [B, KV, G, T, D]
     return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
