@@ -307,13 +307,23 @@ def compare() -> dict:
     vocab = hf_config(name).vocab_size
     tokens = make_tokens(vocab, seq_len, _NUM.value)
     jax_r = _side("jax", model_dir, tokens, _DTYPE.value, [f"--batch_size={_BATCH.value}"])
-    hf_r = _side(
+    # The peer's batch size is chosen in a first process; a second, at that batch size only,
+    # is the one measured (so the search's larger batches do not count in its peak memory).
+    search = _side(
         "hf",
         model_dir,
         tokens,
         _DTYPE.value,
         [f"--peer_batch_sizes={','.join(_PEER_BATCHES.value)}"],
     )
+    hf_r = _side(
+        "hf", model_dir, tokens, _DTYPE.value, [f"--peer_batch_sizes={search['batch_size']}"]
+    )
+    hf_r["batch_size_search"] = {
+        "tried": _PEER_BATCHES.value,
+        "chosen": search["batch_size"],
+        "tokens_per_second_in_search_run": search["tokens_per_second"],
+    }
     result = {
         "model": name,
         "seq_len": seq_len,
