@@ -154,13 +154,8 @@ def run_jax(model_dir: str, tokens_path: str, dtype: str, batch_size: int) -> di
     jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
     model = model_lib.build(hf.read_description(model_dir), jdtype)
     mesh = mesh_lib.make_mesh(-1, 1)
-    shardings = mesh_lib.param_shardings(
-        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
-    )
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, jdtype, sharding=s),
-        model.abstract_params,
-        shardings,
+    target, shardings = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jdtype
     )
     params = hf.load_params(model_dir, target)
     # The chunks as windows of seq_len - 1 model inputs, scored from their second token.

@@ -47,7 +47,6 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
         any error of `hf.read_description` / `hf.load_params` / `hf.load_tokenizer`.
       ConfigError: an unknown dtype.
     """
-    import jax
     import jax.numpy as jnp
 
     from ppl_jax import checkpoint, hf
@@ -71,13 +70,8 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
     model = model_lib.build(hf.read_description(hf_dir), dtypes[dtype])
     tok = hf.load_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
     mesh = mesh_lib.make_mesh(-1, 1)
-    shardings = mesh_lib.param_shardings(
+    target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
-    )
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        model.abstract_params,
-        shardings,
     )
     params = hf.load_params(hf_dir, target)
     metadata = {

@@ -196,14 +196,12 @@ def restore(
     Returns:
       (params, their shardings).
     """
-    dtype = DTYPES[settings.dtype]
-    shardings = mesh_lib.param_shardings(
-        model.abstract_params, model.logical_axes, mesh, settings.mesh.rules
-    )
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype, sharding=s),
+    target, shardings = mesh_lib.param_targets(
         model.abstract_params,
-        shardings,
+        model.logical_axes,
+        mesh,
+        settings.mesh.rules,
+        DTYPES[settings.dtype],
     )
     if fmt == "hf":
         from ppl_jax import hf

@@ -101,6 +101,28 @@ def param_shardings(
     )
 
 
+def param_targets(
+    abstract_params: Any,
+    logical_axes: Any,
+    mesh: Mesh,
+    rules: Sequence[tuple[str, str | None]],
+    dtype: Any = None,
+) -> tuple[Any, Any]:
+    """Restore targets for a model's params on `mesh`.
+
+    Returns:
+      (a tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, the tree of shardings), with
+      `dtype` replacing each param's own dtype when given.
+    """
+    shardings = param_shardings(abstract_params, logical_axes, mesh, rules)
+    targets = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype or a.dtype, sharding=s),
+        abstract_params,
+        shardings,
+    )
+    return targets, shardings
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Rows split over `data`, the sequence dim whole: `PartitionSpec('data', None)`."""
     return NamedSharding(mesh, PartitionSpec("data", None))
