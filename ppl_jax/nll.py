@@ -8,10 +8,11 @@ float32 with float32 matmul outputs. Then
 
 - NLL = logsumexp(l) - l[target], with logsumexp = m + log s;
 - predictive entropy H = log s - t / s (nats), centred on `m` to avoid cancellation;
-- correct = (argmax l == target), the first maximum winning ties.
+- correct = (l[target] is the largest logit), ties counting as correct.
 
-The target's logit is a dot product with its own column of `W` (a gather, no one-hot). The
-largest temporary is `[B, T, block]`, independent of the vocabulary size.
+The target's logit is picked from the block that holds it (`take_along_axis`, no one-hot), so it
+is the very number the maximum was taken over. The largest temporary is `[B, T, block]`,
+independent of the vocabulary size.
 """
 
 from __future__ import annotations
@@ -51,46 +52,52 @@ def _blocked(
 ) -> TokenStats:
     v = unembedding.shape[1]
     block = min(block, v)
-    num_blocks = -(-v // block)
-    # Block k covers columns [k*block, (k+1)*block); the last block starts at v - block instead
-    # (no padded copy of W) and ignores the columns an earlier block already covered.
-    target_logit = jnp.einsum(
-        "btd,dbt->bt",
-        hidden,
-        jnp.take(unembedding, targets, axis=1),
-        preferred_element_type=jnp.float32,
-    )
-    shape = targets.shape
-    init = (
-        jnp.full(shape, -jnp.inf, jnp.float32),  # running max
-        jnp.zeros(shape, jnp.float32),  # sum exp(l - m)
-        jnp.zeros(shape, jnp.float32),  # sum exp(l - m) * (l - m)
-        jnp.zeros(shape, jnp.int32),  # argmax so far
-    )
+    num_full, rest = divmod(v, block)
 
-    def body(carry, k):
-        m, s, t, best = carry
-        nominal = k * block
-        first = jnp.minimum(nominal, v - block)
-        w_blk = jax.lax.dynamic_slice_in_dim(unembedding, first, block, axis=1)
-        logits = jnp.einsum("btd,dv->btv", hidden, w_blk, preferred_element_type=jnp.float32)
-        valid = first + jnp.arange(block) >= nominal
-        logits = jnp.where(valid, logits, -jnp.inf)
-        blk_max = jnp.max(logits, axis=-1)
-        blk_arg = jnp.argmax(logits, axis=-1).astype(jnp.int32) + first
-        m_new = jnp.maximum(m, blk_max)
-        shift = jnp.where(jnp.isfinite(m), m - m_new, 0.0)  # <= 0; 0 before the first block
+    def logits_of(first: int | jax.Array, width: int) -> jax.Array:
+        w = jax.lax.dynamic_slice_in_dim(unembedding, first, width, axis=1)
+        return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+
+    def target_logit(logits, first, previous):
+        index = targets - first
+        inside = (index >= 0) & (index < logits.shape[-1])
+        safe = jnp.clip(index, 0, logits.shape[-1] - 1)[..., None]
+        return jnp.where(inside, jnp.take_along_axis(logits, safe, axis=-1)[..., 0], previous)
+
+    def update(carry, logits, first):
+        m, s, t, tl = carry
+        m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
+        shift = m - m_new  # <= 0
         scale = jnp.exp(shift)
-        centred = jnp.where(valid, logits - m_new[..., None], 0.0)
-        e = jnp.where(valid, jnp.exp(centred), 0.0)
+        centred = logits - m_new[..., None]
+        e = jnp.exp(centred)
         t = scale * (t + s * shift) + jnp.sum(e * centred, axis=-1)
         s = s * scale + jnp.sum(e, axis=-1)
-        best = jnp.where(blk_max > m, blk_arg, best)  # strictly greater: first maximum wins
-        return (m_new, s, t, best), None
+        return m_new, s, t, target_logit(logits, first, tl)
 
-    (m, s, t, best), _ = jax.lax.scan(body, init, jnp.arange(num_blocks, dtype=jnp.int32))
+    # The first block starts the running sums; full blocks follow in a scan, then the remainder
+    # (its own shape), so no block needs a validity mask.
+    logits = logits_of(0, block)
+    m = jnp.max(logits, axis=-1)
+    centred = logits - m[..., None]
+    e = jnp.exp(centred)
+    carry = (
+        m,
+        jnp.sum(e, axis=-1),
+        jnp.sum(e * centred, axis=-1),
+        target_logit(logits, 0, jnp.zeros(targets.shape, jnp.float32)),
+    )
+    if num_full > 1:
+        carry, _ = jax.lax.scan(
+            lambda c, k: (update(c, logits_of(k * block, block), k * block), None),
+            carry,
+            jnp.arange(1, num_full, dtype=jnp.int32),
+        )
+    if rest:
+        carry = update(carry, logits_of(num_full * block, rest), num_full * block)
+    m, s, t, tl = carry
     log_s = jnp.log(s)
-    return TokenStats(m + log_s - target_logit, log_s - t / s, best == targets)
+    return TokenStats(m + log_s - tl, log_s - t / s, tl >= m)
 
 
 def token_stats(
