@@ -80,15 +80,7 @@ def attend(
       `[batch, seq, heads, head_dim]`, in `q.dtype`.
     """
     if implementation == "xla":
-        return jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            scale=scale,
-            mask=dense_mask(segment_ids, positions, window),
-            is_causal=True,
-            implementation="xla",
-        )
+        return _blocked_xla(q, k, v, segment_ids, positions, window, scale)
     if implementation == "cudnn":
         lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
         return jax.nn.dot_product_attention(
