@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from ppl_jax.model import HiddenStates, Logits
 
-VOCAB_BLOCK = 8192
+VOCAB_BLOCK = 4096
 
 
 class TokenStats(NamedTuple):
