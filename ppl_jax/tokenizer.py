@@ -56,13 +56,39 @@ class Tokenizer(abc.ABC):
         """The id of a token's string (special tokens included), or None if it has none."""
         return None
 
-    @abc.abstractmethod
     def first_token_bytes(self, text: str) -> int:
-        """UTF-8 bytes of `text` covered by its first token (the context-only token of a stream)."""
+        """UTF-8 bytes of `text` covered by its first token (the context-only token of a stream),
+        as `encode_with_bytes` counts them."""
+        lengths = self.encode_with_bytes([text])[0][1]
+        return int(lengths[0]) if lengths.size else 0
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """A JSON-able description from which `from_description` rebuilds this tokenizer."""
+
+
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _span_lengths(ends: list[int], is_byte: list[bool], total: int) -> np.ndarray:
+    """`[n] int64` bytes per token from each token's end offset (bytes into the text).
+
+    A token covers the bytes from where the previous one stopped to its own end, so text that
+    normalization drops (runs of whitespace) counts with the next token and trailing text with
+    the last. Byte-fallback tokens (`<0xNN>`) of one character share that character's span;
+    each counts its own single byte, and the last of them whatever the span has left.
+    """
+    lengths = np.zeros(len(ends), np.int64)
+    done = 0
+    for i, (end, byte) in enumerate(zip(ends, is_byte, strict=True)):
+        stop = max(done, end)
+        if byte and i + 1 < len(ends) and is_byte[i + 1] and ends[i + 1] <= stop:
+            stop = min(stop, done + 1)  # one byte; the rest of the character comes next
+        lengths[i] = stop - done
+        done = stop
+    if len(ends):
+        lengths[-1] += max(0, total - done)
+    return lengths
 
 
 class ByteTokenizer(Tokenizer):
@@ -76,9 +102,6 @@ class ByteTokenizer(Tokenizer):
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(ids, np.ones(ids.size, np.int64)) for ids in self.encode(texts)]
-
-    def first_token_bytes(self, text: str) -> int:
-        return 1 if text else 0
 
     def describe(self) -> dict[str, Any]:
         return {"type": "byte"}
@@ -146,31 +169,14 @@ class HFTokenizer(Tokenizer):
                 added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
                 lengths = [len(t.encode("utf-8")) if t in added else len(t) for t in enc.tokens]
             else:
-                # Character offsets to byte offsets; a character split over several tokens
-                # counts for the first of them.
                 char_to_byte = np.concatenate(
                     [[0], np.cumsum([len(c.encode("utf-8")) for c in text])]
-                )
-                ends = np.maximum.accumulate(
-                    char_to_byte[[end for _, end in enc.offsets]] if enc.offsets else np.zeros(0)
-                )
-                lengths = np.diff(np.concatenate([[0], ends]))
+                ).astype(np.int64)
+                ends = [int(char_to_byte[end]) for _, end in enc.offsets]
+                is_byte = [bool(_BYTE_PIECE.fullmatch(t)) for t in enc.tokens]
+                lengths = _span_lengths(ends, is_byte, len(text.encode("utf-8")))
             out.append((ids, np.asarray(lengths, np.int64)))
         return out
-
-    def first_token_bytes(self, text: str) -> int:
-        enc = self._tok.encode(text, add_special_tokens=False)
-        if not enc.ids:
-            return 0
-        end = enc.offsets[0][1]
-        if len(enc.ids) > 1 and enc.offsets[1][0] < end:
-            # The first character is split over several tokens (byte-level BPE, byte fallback),
-            # and the offsets give the whole character: count the first token's own bytes.
-            if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", enc.tokens[0]):
-                return 1
-            if self._byte_level:
-                return len(enc.tokens[0])
-        return len(text[:end].encode("utf-8"))
 
     def describe(self) -> dict[str, Any]:
         return {"type": "hf", "name": self.name, "tokenizer_json": self._json, **_specials(self)}
@@ -228,29 +234,17 @@ class SentencePieceTokenizer(Tokenizer):
             return self._sp.encode(text, out_type="immutable_proto").pieces
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        # A piece covers the bytes from the previous piece's end to its own (byte offsets into
-        # the original text): text that normalization drops (runs of whitespace) counts with the
-        # next piece, trailing text with the last; byte-fallback pieces of one character share
-        # its span, so the first of them counts the whole character.
         out = []
         for text in texts:
             pieces = self._pieces(text)
             ids = np.asarray([p.id for p in pieces], dtype=np.int32)
-            ends = np.maximum.accumulate(np.asarray([p.end for p in pieces], dtype=np.int64))
-            if ends.size:
-                ends[-1] = len(text.encode("utf-8"))
-            out.append((ids, np.diff(np.concatenate([[0], ends])).astype(np.int64)))
+            lengths = _span_lengths(
+                [int(p.end) for p in pieces],
+                [bool(self._sp.is_byte(p.id)) for p in pieces],
+                len(text.encode("utf-8")),
+            )
+            out.append((ids, lengths))
         return out
-
-    def first_token_bytes(self, text: str) -> int:
-        # Whitespace dropped by normalization before the first piece's end counts with it.
-        # Byte-fallback pieces of one character share its span: the first is one byte.
-        pieces = self._pieces(text)
-        if not pieces:
-            return 0
-        if len(pieces) > 1 and pieces[1].begin < pieces[0].end and self._sp.is_byte(pieces[0].id):
-            return 1
-        return int(pieces[0].end)
 
     def describe(self) -> dict[str, Any]:
         return {

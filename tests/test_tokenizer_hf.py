@@ -179,3 +179,13 @@ def test_no_tokenizer(tmp_path):
     assert not hf.has_tokenizer(str(tmp_path))
     with pytest.raises(CheckpointError, match="has no tokenizer.json or tokenizer.model"):
         hf.load_tokenizer(str(tmp_path))
+
+
+def test_span_lengths_counts_each_fallback_byte_once():
+    from ppl_jax.tokenizer import _span_lengths
+
+    # "€" (3 bytes) as three <0xNN> pieces sharing its span, then "ab", then a trailing space.
+    assert _span_lengths([3, 3, 3, 5], [True, True, True, False], 6).tolist() == [1, 1, 1, 3]
+    # Whitespace a normalizer dropped counts with the next piece.
+    assert _span_lengths([4, 7], [False, False], 7).tolist() == [4, 3]
+    assert _span_lengths([], [], 0).tolist() == []
