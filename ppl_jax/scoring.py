@@ -23,7 +23,7 @@ from ppl_jax import mesh as mesh_lib
 from ppl_jax.errors import NumericsError
 from ppl_jax.layout import Layout
 from ppl_jax.model import LanguageModel
-from ppl_jax.nll import token_nll, token_stats  # noqa: F401  (token_nll: re-exported)
+from ppl_jax.nll import token_stats
 from ppl_jax.windows import Windows
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")

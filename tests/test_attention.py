@@ -14,6 +14,14 @@ from ppl_jax.nll import token_nll
 import helpers
 
 
+def dense_mask(segment_ids, positions, window):
+    """The reference mask: same segment and, with a window, `q_pos - k_pos < window`."""
+    mask = segment_ids[:, :, None] == segment_ids[:, None, :]
+    if window is not None:
+        mask &= positions[:, :, None] - positions[:, None, :] < window
+    return mask[:, None, :, :]
+
+
 def packed_inputs(b=2, t=128, seed=0):
     rng = np.random.default_rng(seed)
     seg = np.ones((b, t), np.int32)
@@ -82,7 +90,7 @@ def test_auto_resolution():
 @pytest.mark.parametrize("t,window,block", [(300, None, 256), (300, 40, 64), (77, None, 16)])
 def test_blocked_xla_equals_dense_reference(t, window, block):
     """Query blocks that skip the causal upper triangle give the dense computation."""
-    from ppl_jax.models.attention import _blocked_xla, dense_mask
+    from ppl_jax.models.attention import _blocked_xla
 
     rng = np.random.default_rng(t)
     seg = np.ones((2, t), np.int32)

@@ -43,17 +43,6 @@ def resolve(setting: str, dtype, head_dim: int, platform: str | None = None) -> 
     return "xla"
 
 
-def dense_mask(segment_ids: jax.Array, positions: jax.Array, window: int | None) -> jax.Array:
-    """`[batch, 1, seq_q, seq_k] bool`: same segment and, with a window, `q_pos - k_pos < window`.
-
-    Combine with a causal mask. Padding (segment 0) only sees padding.
-    """
-    mask = segment_ids[:, :, None] == segment_ids[:, None, :]
-    if window is not None:
-        mask &= positions[:, :, None] - positions[:, None, :] < window
-    return mask[:, None, :, :]
-
-
 def attend(
     q: jax.Array,
     k: jax.Array,
