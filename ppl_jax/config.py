@@ -74,6 +74,7 @@ def get_config() -> config_dict.ConfigDict:
     c.data.errors = "strict"  # "strict" or "replace" for text that is not UTF-8
     c.data.separator = "\n\n"  # text joining documents into one stream
     c.data.jsonl_field = "text"
+    c.data.allow_tokenizer_mismatch = False
 
     c.eval = config_dict.ConfigDict()
     c.eval.protocol = "sliding"
@@ -103,6 +104,8 @@ def get_config() -> config_dict.ConfigDict:
     c.output.progress = True
     c.output.gzip_baseline = True
     c.output.per_document = False  # documents.jsonl, for document-level protocols
+    c.output.journal_every = 50
+    c.output.resume = True
     return c
 
 
@@ -115,6 +118,7 @@ class DataSettings:
     errors: str
     separator: str
     jsonl_field: str
+    allow_tokenizer_mismatch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +156,8 @@ class Settings:
     gzip_baseline: bool
     per_document: bool
     compilation_cache_dir: str
+    journal_every: int = 50
+    resume: bool = True
 
     @staticmethod
     def from_config(c: config_dict.ConfigDict) -> Settings:
@@ -206,6 +212,7 @@ class Settings:
                 errors=str(c.data.errors),
                 separator=str(c.data.separator),
                 jsonl_field=str(c.data.jsonl_field),
+                allow_tokenizer_mismatch=bool(c.data.allow_tokenizer_mismatch),
             ),
             eval=EvalSettings(
                 protocol=str(c.eval.protocol),
@@ -224,6 +231,8 @@ class Settings:
             gzip_baseline=bool(c.output.gzip_baseline),
             per_document=bool(c.output.per_document),
             compilation_cache_dir=os.path.expanduser(str(c.runtime.compilation_cache_dir)),
+            journal_every=int(c.output.journal_every),
+            resume=bool(c.output.resume),
         )
 
 

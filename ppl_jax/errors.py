@@ -26,3 +26,12 @@ class CheckpointError(PplJaxError):
 
 class NumericsError(PplJaxError):
     """The model produced a NaN or an infinity at a scored position."""
+
+
+class Interrupted(PplJaxError):
+    """The run stopped on a signal (SIGTERM, SIGINT) after saving its journal; the message says
+    where it stopped and how to resume. `exit_code` is 128 + the signal number."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

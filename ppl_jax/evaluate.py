@@ -18,12 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax import checkpoint, data, metrics, protocols, tokenizer
+from ppl_jax import checkpoint, data, journal, metrics, preemption, protocols, tokenizer
+from ppl_jax import fingerprint as fingerprint_lib
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
 from ppl_jax.config import Settings
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.layout import Layout, plan_layout
+from ppl_jax.outputs import OutputDir
 from ppl_jax.model import LanguageModel
 from ppl_jax.models import attention as attention_lib
 from ppl_jax.protocols import Plan
@@ -46,6 +48,11 @@ class Evaluation:
       mesh_shape: `{"data": ..., "model": ...}`.
       gzip_bits_per_byte: gzip -9 on the same text, or None if not asked for.
       wall_seconds: the whole run, from reading the checkpoint to the last sum.
+      fingerprint: what decides the numbers (`ppl_jax.fingerprint`).
+      tokenizer_note: why a tokenizer that does not fit the model was allowed, or None.
+      tokenizer_is_checkpoints: whether the tokenizer is the checkpoint's own.
+      resumed_batches: batches taken from a journal rather than scored in this process.
+      recorder: the run's journal (`discard()` it once the results are written).
     """
 
     sums: metrics.Sums
@@ -62,6 +69,11 @@ class Evaluation:
     attention: str
     gzip_bits_per_byte: float | None
     wall_seconds: float
+    fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer_note: str | None = None
+    tokenizer_is_checkpoints: bool = True
+    resumed_batches: int = 0
+    recorder: journal.Recorder | None = None
 
 
 def check_window(seq_len: int, model: LanguageModel) -> None:
@@ -84,6 +96,9 @@ def score_plan(
     scorer: Scorer | None = None,
     pack: bool = True,
     num_buckets: int = 1,
+    layout: Layout | None = None,
+    recorder: journal.Recorder | None = None,
+    stop: preemption.StopRequest | None = None,
 ) -> tuple[metrics.Sums, ScoreTotals, Layout]:
     """Scores a protocol's windows.
 
@@ -93,26 +108,41 @@ def score_plan(
       batch_size: global windows per step, divisible by the mesh's `data` size.
       scorer: a `Scorer` to reuse (its compiled steps are cached), or None for a new one.
       pack, num_buckets: see `ppl_jax.layout.plan_layout`.
+      layout: the layout already planned with these settings, or None to plan it here.
+      recorder: a journal to fill (its finished batches are skipped), or None.
+      stop: asked before each batch whether to stop (signals), or None.
 
     Returns:
-      (the sufficient statistics, the per-window sums and timings, the batch layout).
+      (the sufficient statistics, the per-window sums and timings, the batch layout). If `stop`
+      ended the loop, `totals.stopped_at` is set and the sums cover the batches done so far.
 
     Raises:
       ConfigError: bad seq_len or batch size. NumericsError: NaN or infinity scored.
     """
     check_window(plan.windows.seq_len, model)
-    data_size = mesh.shape["data"]
-    if batch_size % data_size:
-        raise ConfigError(
-            f"eval.batch_size={batch_size} is not divisible by the mesh's data axis "
-            f"({data_size}); use a multiple of {data_size}."
-        )
+    check_batch_size(batch_size, mesh)
     scorer = scorer or Scorer(model, mesh, param_shardings)
-    layout = plan_layout(plan.windows, batch_size, pack=pack, num_buckets=num_buckets)
+    if layout is None:
+        layout = plan_layout(plan.windows, batch_size, pack=pack, num_buckets=num_buckets)
+    state = recorder.state if recorder is not None else None
     totals = scorer.score(
-        params, plan.windows, layout, progress=progress, describe_window=plan.describe_window
+        params,
+        plan.windows,
+        layout,
+        progress=progress,
+        describe_window=plan.describe_window,
+        totals=None
+        if state is None
+        else ScoreTotals(
+            state.window_nll, state.window_tokens, state.window_entropy, state.window_correct
+        ),
+        skip=None if state is None else state.batch_done.copy(),
+        on_fetched=None if recorder is None else recorder.on_fetched,
+        should_stop=None if stop is None else stop.requested,
     )
-    if not np.array_equal(totals.window_tokens, plan.windows.num_scored()):
+    if totals.stopped_at is None and not np.array_equal(
+        totals.window_tokens, plan.windows.num_scored()
+    ):
         raise AssertionError("the device scored other tokens than the windows' masks hold")
     sums = metrics.Sums(
         nll_sum=totals.nll_sum,
@@ -125,6 +155,16 @@ def score_plan(
         num_correct=int(np.sum(totals.window_correct)),
     )
     return sums, totals, layout
+
+
+def check_batch_size(batch_size: int, mesh: Mesh) -> None:
+    """Raises ConfigError if `batch_size` is not a multiple of the mesh's `data` axis."""
+    data_size = mesh.shape["data"]
+    if batch_size % data_size:
+        raise ConfigError(
+            f"eval.batch_size={batch_size} is not divisible by the mesh's data axis "
+            f"({data_size}); use a multiple of {data_size}."
+        )
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:
@@ -211,24 +251,33 @@ def restore(
 
 
 def evaluate(
-    settings: Settings, progress_factory: Callable[[int], Any] | None = None
+    settings: Settings,
+    progress_factory: Callable[[int], Any] | None = None,
+    out: OutputDir | None = None,
 ) -> Evaluation:
     """Runs the main job: read, tokenize, plan the windows, restore, score, reduce.
 
-    Cheap checks (settings, data, architecture, token ids) all come before the weights are read.
+    Every check that needs no weights (settings, mesh, batch size, data, architecture,
+    tokenizer, token ids, the journal) comes before the weights are read. With `out` (process 0
+    of a command-line run), the run keeps a journal there (`ppl_jax.journal`): a journal of the
+    same fingerprint is resumed, and SIGTERM or SIGINT stop the run at a batch every process
+    agrees on, with the journal saved. The other processes pass None and write nothing.
 
     Args:
       settings: the checked config.
       progress_factory: given the number of windows, returns a `(tokens, windows)` callback.
+      out: the locked output folder, or None.
 
     Raises:
-      PplJaxError subclasses for every user mistake (see `ppl_jax.errors`).
+      PplJaxError subclasses for every user mistake (see `ppl_jax.errors`); `Interrupted` when
+      a signal stopped the run (the journal is saved; the same command resumes it).
     """
     t0 = time.perf_counter()
     if settings.compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", settings.compilation_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     mesh = mesh_lib.make_mesh(settings.mesh.data, settings.mesh.model)
+    check_batch_size(settings.eval.batch_size, mesh)
     if settings.per_document and settings.eval.protocol != "lm_eval_rolling":
         raise ConfigError(
             f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
@@ -242,6 +291,9 @@ def evaluate(
         tok = own_tok
     else:
         tok = tokenizer.load(settings.data.tokenizer, own_tok)
+    tokenizer_note = tokenizer.check_vocabulary(
+        tok, model.vocab_size, allow_mismatch=settings.data.allow_tokenizer_mismatch
+    )
     plan = protocols.plan(
         settings.eval.protocol,
         docs,
@@ -252,20 +304,46 @@ def evaluate(
         protocols.resolve_add_bos(settings.eval.add_bos, tok),
         separator=settings.data.separator,
     )
-    params, shardings = restore(settings, model, mesh, fmt, step)
-    progress = progress_factory(plan.windows.num_windows) if progress_factory else None
-    sums, totals, layout = score_plan(
-        model,
-        params,
-        mesh,
-        shardings,
-        plan,
+    # cuDNN takes per-row sequence lengths, not segments: one window per row.
+    layout = plan_layout(
+        plan.windows,
         settings.eval.batch_size,
-        progress=progress,
-        # cuDNN takes per-row sequence lengths, not segments: one window per row.
         pack=settings.eval.packing and attention != "cudnn",
         num_buckets=settings.eval.length_buckets,
     )
+    parts = run_fingerprint(settings, model, tok, plan, layout, mesh, fmt, step, attention)
+    num_windows, num_batches = plan.windows.num_windows, layout.num_batches
+    state = None
+    if out is not None and settings.resume:
+        state = journal.load(out, parts, num_windows, num_batches)
+    state = journal.broadcast(state, num_windows, num_batches)
+    recorder = journal.Recorder(
+        out, parts, state or journal.State.empty(num_windows, num_batches), settings.journal_every
+    )
+    params, shardings = restore(settings, model, mesh, fmt, step)
+    progress = progress_factory(plan.windows.num_windows) if progress_factory else None
+    with preemption.StopRequest() as stop:
+        sums, totals, layout = score_plan(
+            model,
+            params,
+            mesh,
+            shardings,
+            plan,
+            settings.eval.batch_size,
+            progress=progress,
+            layout=layout,
+            recorder=recorder,
+            stop=stop,
+        )
+    if totals.stopped_at is not None:
+        path = recorder.save()
+        done = int(recorder.state.batch_done.sum())
+        raise Interrupted(
+            f"stopped by {signal_name(stop.signal)} with {done} of {num_batches} batches scored; "
+            f"the journal is saved in {path or 'process 0 output.dir'}. Run the same command "
+            f"again to resume.",
+            preemption.EXIT_CODE.get(stop.signal, 1),
+        )
     documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb = None
     if settings.gzip_baseline:
@@ -286,4 +364,58 @@ def evaluate(
         attention=attention,
         gzip_bits_per_byte=gzip_bpb,
         wall_seconds=time.perf_counter() - t0,
+        fingerprint=parts,
+        tokenizer_note=tokenizer_note,
+        tokenizer_is_checkpoints=settings.data.tokenizer == "auto",
+        resumed_batches=recorder.resumed_batches,
+        recorder=recorder,
+    )
+
+
+def signal_name(sig: int | None) -> str:
+    import signal
+
+    return signal.Signals(sig).name if sig is not None else "a signal"
+
+
+def run_fingerprint(
+    settings: Settings,
+    model: LanguageModel,
+    tok: tokenizer.Tokenizer,
+    plan: Plan,
+    layout: Layout,
+    mesh: Mesh,
+    fmt: str,
+    step: int | None,
+    attention: str,
+) -> dict[str, Any]:
+    """The fingerprint (`ppl_jax.fingerprint`) of everything that decides this run's numbers."""
+    ckpt_dir = os.path.abspath(settings.checkpoint_dir)
+    return fingerprint_lib.of_run(
+        checkpoint={"path": ckpt_dir, "format": fmt, "step": step},
+        checkpoint_files=ckpt_dir if step is None else os.path.join(ckpt_dir, str(step)),
+        model={"description": model.description, "dtype": settings.dtype, "attention": attention},
+        data={
+            "format": settings.data.format,
+            "jsonl_field": settings.data.jsonl_field,
+            "errors": settings.data.errors,
+            "separator": settings.data.separator,
+        },
+        data_paths=data.resolve_paths(settings.data.path),
+        tokenizer=tok.describe(),
+        protocol={
+            "name": plan.protocol,
+            "seq_len": settings.eval.seq_len,
+            "stride": settings.eval.stride,
+            "add_bos": plan.add_bos,
+            "prefix_id": plan.prefix_id,
+            "num_windows": plan.windows.num_windows,
+        },
+        layout={
+            "batch_size": settings.eval.batch_size,
+            "packing": settings.eval.packing,
+            "length_buckets": settings.eval.length_buckets,
+            "num_batches": layout.num_batches,
+        },
+        mesh={**{k: int(v) for k, v in mesh.shape.items()}, "processes": jax.process_count()},
     )

@@ -31,8 +31,9 @@ def main(argv: list[str]) -> None:
 
     from ppl_jax import report
     from ppl_jax.config import Settings
-    from ppl_jax.errors import PplJaxError
+    from ppl_jax.errors import Interrupted, PplJaxError
     from ppl_jax.evaluate import evaluate
+    from ppl_jax.outputs import OutputDir
 
     logging.set_verbosity(logging.ERROR)  # Orbax's informational warnings are not for users
     is_main = jax.process_index() == 0
@@ -41,18 +42,32 @@ def main(argv: list[str]) -> None:
         config.checkpoint  # noqa: B018  (raises the deferred error of a config file that failed)
     except (OSError, AttributeError, KeyError) as e:
         _bad_flags(e)
+    out = None
     try:
         settings = Settings.from_config(config)
-        ev = evaluate(settings, report.progress_bar(settings.progress and is_main))
+        # The output folder first: a run that cannot keep its result does not start.
+        out = OutputDir.open(settings.output_dir) if is_main else None
+        ev = evaluate(settings, report.progress_bar(settings.progress and is_main), out)
+        if out is not None:
+            results = report.results_dict(ev, settings, config)
+            print(report.summary_table(results))
+            print(f"results: {out.write_json('results.json', results)}")
+            if ev.documents is not None:
+                print(f"documents: {out.write_jsonl('documents.jsonl', ev.documents)}")
+            ev.recorder.discard()
+    except Interrupted as e:
+        if is_main:
+            print(f"ppl-jax: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except PplJaxError as e:
         print(f"ppl-jax: error: {e}", file=sys.stderr)
         sys.exit(2)
-    if is_main:
-        results = report.results_dict(ev, settings, config)
-        print(report.summary_table(results))
-        print(f"results: {report.write_results(results, settings.output_dir)}")
-        if ev.documents is not None:
-            print(f"documents: {report.write_documents(ev.documents, settings.output_dir)}")
+    except KeyboardInterrupt:  # before scoring began (during scoring, the journal is kept)
+        print("ppl-jax: interrupted before scoring began; nothing to resume.", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        if out is not None:
+            out.close()
 
 
 def _bad_flags(e: Exception) -> None:

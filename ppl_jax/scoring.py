@@ -99,6 +99,7 @@ class ScoreTotals:
       window_entropy: `[W] float64`, nats, each window's predictive-entropy sum.
       window_correct: `[W] int64`, each window's top-1 correct targets.
       scoring_seconds: wall time of the loop after compilation; compile_seconds: compilation.
+      stopped_at: the batch before which a stop request ended the loop, or None if it ran out.
     """
 
     window_nll: np.ndarray
@@ -107,6 +108,7 @@ class ScoreTotals:
     window_correct: np.ndarray
     scoring_seconds: float = 0.0
     compile_seconds: float = 0.0
+    stopped_at: int | None = None
 
     @property
     def nll_sum(self) -> float:
@@ -179,6 +181,10 @@ class Scorer:
         layout: Layout,
         progress: Callable[[int, int], None] | None = None,
         describe_window: Callable[[int], str] | None = None,
+        totals: ScoreTotals | None = None,
+        skip: np.ndarray | None = None,
+        on_fetched: Callable[[int], None] | None = None,
+        should_stop: Callable[[int], bool] | None = None,
     ) -> ScoreTotals:
         """Scores every window; every process runs the same steps.
 
@@ -189,24 +195,31 @@ class Scorer:
             be divisible by the mesh's `data` axis.
           progress: called after each fetched batch with (batch tokens, windows in it).
           describe_window: names a window's place in the corpus, for error messages.
+          totals: per-window sums to fill in place (a resumed run's), or None for new zeros.
+          skip: `[num_batches] bool`, batches whose sums `totals` already holds (not run).
+          on_fetched: called with a batch's index once its sums are in `totals`.
+          should_stop: called with a batch's index before it is dispatched, identically on
+            every process; True stops the loop there (the batches in flight are fetched first)
+            and sets `totals.stopped_at` to that index.
 
         Raises:
           NumericsError: a NaN or infinity at a scored position (naming the window).
         """
         num_windows = windows.num_windows
-        totals = ScoreTotals(
-            window_nll=np.zeros(num_windows, np.float64),
-            window_tokens=np.zeros(num_windows, np.int64),
-            window_entropy=np.zeros(num_windows, np.float64),
-            window_correct=np.zeros(num_windows, np.int64),
-        )
+        if totals is None:
+            totals = ScoreTotals(
+                window_nll=np.zeros(num_windows, np.float64),
+                window_tokens=np.zeros(num_windows, np.int64),
+                window_entropy=np.zeros(num_windows, np.float64),
+                window_correct=np.zeros(num_windows, np.int64),
+            )
         b, slots = layout.batch_size, layout.max_segments
         t0 = time.perf_counter()
         steps = {w: self.compiled(b, w, slots) for w in sorted(set(layout.widths))}
         totals.compile_seconds = time.perf_counter() - t0
         local = mesh_lib.local_rows(self.batch_sharding, (b, layout.widths[0]))
 
-        def fetch(rows: list[tuple[int, ...]], sums: StepSums) -> None:
+        def fetch(i: int, rows: list[tuple[int, ...]], sums: StepSums) -> None:
             host = StepSums(*(np.asarray(x.addressable_data(0)) for x in sums))
             # (row, slot) -> window id; -1 for empty slots.
             ids = np.full((b, slots), -1, np.int64)
@@ -229,12 +242,19 @@ class Scorer:
             totals.window_tokens[k] = host.num_tokens[real]
             totals.window_entropy[k] = host.entropy_sum[real]
             totals.window_correct[k] = host.num_correct[real]
+            if on_fetched is not None:
+                on_fetched(i)
             if progress is not None:
                 progress(int(host.num_tokens.sum()), int(real.sum()))
 
         t1 = time.perf_counter()
         pending = None
         for i, width in enumerate(layout.widths):
+            if skip is not None and skip[i]:
+                continue
+            if should_stop is not None and should_stop(i):
+                totals.stopped_at = i
+                break
             rows = layout.batch_rows(i)
             arrays = windows.fill([rows[r] for r in local], width)
             batch = {
@@ -246,7 +266,7 @@ class Scorer:
             sums = steps[width](params, batch)
             if pending is not None:
                 fetch(*pending)
-            pending = (rows, sums)
+            pending = (i, rows, sums)
         if pending is not None:
             fetch(*pending)
         totals.scoring_seconds = time.perf_counter() - t1

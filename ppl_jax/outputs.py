@@ -1,0 +1,185 @@
+"""The output folder of a run: proven usable before any work, held by one run, written atomically.
+
+`OutputDir.open` runs first, before the corpus or the checkpoint is read: it creates `output.dir`,
+proves that a file can be written there (a probe file, removed at once), checks that the names a
+run writes are not taken by folders, and takes an advisory lock (`fcntl.flock` on `.lock`) so
+that a second run on the same folder stops at once with a message naming the holder. The lock is
+released when the process exits, however it exits (the kernel drops `flock` locks of a dead
+process), so a crashed run never leaves the folder locked.
+
+Every file is written through a temporary file of its own in the same folder
+(`tempfile.mkstemp`), flushed to disk and renamed over the target with `os.replace`: a reader (or
+a crash) sees the old file or the new one, never a mix, and two writers never share a temporary
+name. Only process 0 opens the output folder; the other processes of a run write nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import io
+import json
+import os
+import socket
+import sys
+import tempfile
+from typing import Any
+
+from ppl_jax.errors import ConfigError
+
+LOCK = ".lock"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+# Files a run may write; each must be a file (or absent) for the run to start.
+NAMES = ("results.json", "documents.jsonl", "journal.npz")
+
+
+class OutputDir:
+    """A locked, writable output folder. Use `OutputDir.open`; `close` releases the lock.
+
+    Attributes:
+      path: the folder.
+    """
+
+    def __init__(self, path: str, lock_fd: int | None):
+        self.path = path
+        self._lock_fd = lock_fd
+
+    @staticmethod
+    def open(path: str, lock: bool = True) -> OutputDir:
+        """Creates `path` if needed, proves it writable and takes its lock.
+
+        Args:
+          path: `output.dir`.
+          lock: take the advisory lock (one run per folder).
+
+        Raises:
+          ConfigError: the folder cannot be created or written (a file in the way, no
+            permission), a name the run writes is a folder, or another run holds the lock
+            (naming its process, host and command).
+        """
+        where = f"output.dir={path!r}"
+        try:
+            os.makedirs(path, exist_ok=True)
+        except FileExistsError:
+            raise ConfigError(
+                f"{where} is a file, not a folder; remove it or choose another output.dir."
+            ) from None
+        except OSError as e:
+            raise ConfigError(
+                f"{where} cannot be created ({e.strerror}); choose a folder you can write to."
+            ) from None
+        if not os.path.isdir(path):
+            raise ConfigError(f"{where} is not a folder; choose another output.dir.")
+        for name in NAMES:
+            if os.path.isdir(os.path.join(path, name)):
+                raise ConfigError(
+                    f"{os.path.join(path, name)!r} is a folder, but the run writes a file of "
+                    f"that name there; move it away or choose another output.dir."
+                )
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"{where} is not writable ({e.strerror}); choose a folder you can write to."
+            ) from None
+        return OutputDir(path, _lock(path) if lock else None)
+
+    def close(self) -> None:
+        """Releases the lock (the lock file stays; an unlocked file is free)."""
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> OutputDir:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def file(self, name: str) -> str:
+        """The path of `name` inside the folder."""
+        return os.path.join(self.path, name)
+
+    def write_bytes(self, name: str, data: bytes) -> str:
+        """Writes `data` to `name` atomically (own temporary file, fsync, `os.replace`)."""
+        target = self.file(name)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp gives 0600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        return target
+
+    def write_json(self, name: str, value: Any) -> str:
+        """Writes `value` as strict JSON (no NaN or infinity: `allow_nan=False`), atomically."""
+        text = json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        return self.write_bytes(name, text.encode("utf-8"))
+
+    def write_jsonl(self, name: str, records: list[dict[str, Any]]) -> str:
+        """Writes one strict JSON object per line, atomically."""
+        buf = io.StringIO()
+        for record in records:
+            buf.write(json.dumps(record, allow_nan=False) + "\n")
+        return self.write_bytes(name, buf.getvalue().encode("utf-8"))
+
+    def remove(self, name: str) -> None:
+        """Removes `name` if it exists."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.file(name))
+
+
+def _lock(path: str) -> int:
+    lock_path = os.path.join(path, LOCK)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(
+            f"output.dir={path!r}: its lock file cannot be opened ({e.strerror}); choose a "
+            f"folder you can write to."
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = _read_holder(fd)
+        os.close(fd)
+        if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise ConfigError(
+                f"output.dir={path!r} cannot be locked ({e.strerror}); choose a local folder."
+            ) from None
+        raise ConfigError(
+            f"output.dir={path!r} is in use by another run ({holder}); wait for it to finish, "
+            f"or choose another output.dir."
+        ) from None
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
+    return fd
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 65536, 0).decode("utf-8"))
+        return (
+            f"process {holder['pid']} on {holder['host']} since {holder['since']}: "
+            f"{holder['command']}"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its process is not recorded"

@@ -1,0 +1,75 @@
+"""Stopping a run cleanly on SIGTERM (a preemption notice) or SIGINT (Ctrl-C), at one batch that
+every process agrees on.
+
+On one process, the signal handlers only note the signal; the scoring loop asks `requested(i)`
+before each batch, stops, and the run saves its journal. On several processes, JAX's preemption
+service (`jax.distributed`, on by default) already catches SIGTERM and tells every process;
+`multihost_utils.reached_preemption_sync_point(i)` turns True on all of them at the same batch.
+SIGINT is passed on to it as a SIGTERM, so that Ctrl-C stops every process together too. A second
+signal ends the process at once (the journal keeps what its last flush held).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+EXIT_CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class StopRequest:
+    """The signal handlers of one run, installed by `with StopRequest() as stop:`.
+
+    Attributes:
+      signal: the first signal received (`signal.SIGINT` or `signal.SIGTERM`), or None.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._multi = False
+
+    def __enter__(self) -> StopRequest:
+        import jax
+
+        self._multi = jax.process_count() > 1
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set from the main thread
+        handled = (signal.SIGINT,) if self._multi else (signal.SIGINT, signal.SIGTERM)
+        for sig in handled:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, sig: int, frame: Any) -> None:
+        if self.signal is not None:
+            print(
+                f"ppl-jax: {signal.Signals(sig).name} again: stopped at once; the journal keeps "
+                f"the batches of its last flush.",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_CODE.get(sig, 1))
+        self.signal = sig
+        if self._multi:  # JAX's preemption notifier handles SIGTERM for every process
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def requested(self, step: int) -> bool:
+        """Whether to stop before batch `step`; call it with every batch index, in order, on
+        every process."""
+        if not self._multi:
+            return self.signal is not None
+        from jax.experimental import multihost_utils
+
+        if multihost_utils.reached_preemption_sync_point(step):
+            if self.signal is None:
+                self.signal = signal.SIGTERM
+            return True
+        return False
