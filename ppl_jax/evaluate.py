@@ -25,9 +25,9 @@ from ppl_jax import model as model_lib
 from ppl_jax.config import Settings
 from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.layout import Layout, plan_layout
-from ppl_jax.outputs import OutputDir
 from ppl_jax.model import LanguageModel
 from ppl_jax.models import attention as attention_lib
+from ppl_jax.outputs import OutputDir
 from ppl_jax.protocols import Plan
 from ppl_jax.scoring import Scorer, ScoreTotals
 
