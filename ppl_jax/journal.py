@@ -121,7 +121,7 @@ def broadcast(state: State | None, num_windows: int, num_batches: int) -> State 
         for name, a in local.arrays().items()
     }
     got = {
-        k: np.asarray(v, np.int32) for k, v in multihost_utils.broadcast_one_to_all(arrays).items()
+        k: np.array(v, np.int32) for k, v in multihost_utils.broadcast_one_to_all(arrays).items()
     }
     template = State.empty(num_windows, num_batches).arrays()
     return State(

@@ -1,0 +1,147 @@
+"""Real command-line runs killed halfway (SIGTERM, SIGINT, SIGKILL; one and two processes) and run
+again with the same command end with the results of an uninterrupted run, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ppl_jax import journal
+from ppl_jax.config import held_out_paths
+
+import helpers
+
+# What may differ between two runs of the same command: clocks, and the command's own words.
+TIMING_KEYS = {
+    "tokens_per_second",
+    "scoring_seconds",
+    "compile_seconds",
+    "wall_seconds",
+    "time",
+    "command_line",
+    "resumed_batches",
+}
+
+
+def flags(out) -> list[str]:
+    corpus = ",".join(held_out_paths().split(",")[:2])  # two held-out modules, ~40 batches
+    return [
+        f"--config.output.dir={out}",
+        "--config.output.progress=false",
+        "--config.output.journal_every=1",
+        f"--config.data.path={corpus}",
+    ]
+
+
+def start(out, process_id: int = 0, num_processes: int = 1, port: int = 0) -> subprocess.Popen:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
+    if num_processes > 1:
+        env.update(
+            PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
+            PPL_JAX_NUM_PROCESSES=str(num_processes),
+            PPL_JAX_PROCESS_ID=str(process_id),
+        )
+    return subprocess.Popen(
+        [sys.executable, "-m", "ppl_jax", *flags(out)],
+        env=env,
+        cwd=helpers.REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(out, num_processes: int = 1) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    procs = [start(out, i, num_processes, port) for i in range(num_processes)]
+    return [finish(p) for p in procs]
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def wait_for_batches(out, at_least: int, procs, timeout: float = 120) -> None:
+    """Waits until the journal holds `at_least` finished batches."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "the run ended before it was interrupted"
+        try:
+            with np.load(out / journal.NAME) as z:
+                if z["batch_done"].sum() >= at_least:
+                    return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("no journal appeared")
+
+
+def results(out) -> dict:
+    r = json.loads((out / "results.json").read_text())
+    del r["config"]["output"]["dir"]  # the tests' runs write to different folders
+    return {k: v for k, v in r.items() if k not in TIMING_KEYS}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted results on one and on two processes."""
+    found = {}
+    for n in (1, 2):
+        out = tmp_path_factory.mktemp(f"whole{n}")
+        done = run(out, n)
+        assert all(p.returncode == 0 for p in done), done[0].stderr[-2000:]
+        assert not (out / journal.NAME).exists()  # removed once the results are written
+        found[n] = results(out)
+    return found
+
+
+CASES = [
+    (signal.SIGTERM, 1),
+    (signal.SIGINT, 1),
+    (signal.SIGKILL, 1),
+    (signal.SIGTERM, 2),  # a preemption notice reaching one host of two
+    (signal.SIGKILL, 2),  # one host of two lost
+]
+
+
+@pytest.mark.parametrize(("sig", "num_processes"), CASES, ids=[f"{s.name}-{n}p" for s, n in CASES])
+def test_killed_halfway_then_the_same_command_resumes(tmp_path, uninterrupted, sig, num_processes):
+    out = tmp_path / "out"
+    port = free_port()
+    procs = [start(out, i, num_processes, port) for i in range(num_processes)]
+    wait_for_batches(out, 5, procs)
+    procs[-1].send_signal(sig)  # on two processes: only the last one gets the signal
+    ended = [finish(p, timeout=60) for p in procs]
+    with np.load(out / journal.NAME) as z:
+        done = z["batch_done"]
+    assert 5 <= done.sum() < done.size
+    if sig != signal.SIGKILL:
+        # Every process stops at the same batch, with the signal's exit status; process 0 says
+        # where and how to resume, in one line and without a traceback.
+        assert [p.returncode for p in ended] == [128 + sig] * num_processes
+        message = ended[0].stderr.strip().splitlines()
+        assert "Traceback" not in ended[0].stderr
+        assert message[-1].startswith(f"ppl-jax: stopped by {signal.Signals(sig).name} with ")
+        assert message[-1].endswith("Run the same command again to resume.")
+    assert not (out / "results.json").exists()
+
+    again = run(out, num_processes)
+    assert all(p.returncode == 0 for p in again), again[0].stderr[-2000:]
+    assert results(out) == uninterrupted[num_processes]
+    assert not (out / journal.NAME).exists()
