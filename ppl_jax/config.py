@@ -171,7 +171,7 @@ _DEFAULT_LABELS = {
 
 
 def flat_keys(c: config_dict.ConfigDict, prefix: str = "") -> dict[str, Any]:
-    """Every leaf of `c` as `{"section.key": value}`, in definition order."""
+    """Every leaf of `c` as `{"section.key": value}`, in ConfigDict order (sorted by name)."""
     out: dict[str, Any] = {}
     for name, value in c.items():
         if isinstance(value, config_dict.ConfigDict):
