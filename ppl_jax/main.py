@@ -78,9 +78,11 @@ def help_text() -> str:
     """The `--help` page: usage, examples, every config key (default, meaning), the protocols."""
     from ppl_jax.config import PROTOCOL_NOTES, describe_keys
 
-    wrap = lambda text, indent: textwrap.fill(  # noqa: E731
-        text, 100, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
-    )
+    def wrap(text: str, indent: str) -> str:
+        return textwrap.fill(
+            text, 100, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
+
     lines = [
         "ppl-jax: the perplexity of a language-model checkpoint on a corpus (exact, sharded JAX).",
         "",
@@ -110,22 +112,34 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
-def _print_help(full: bool) -> None:
-    print(help_text())
-    if full:
-        print("\nall flags:\n" + flags.FLAGS.get_help())
-    sys.exit(0)
+def _help_if_asked(argv: list[str]) -> None:
+    """Prints `help_text()` (and absl's flags for --helpfull) and exits 0 if argv asks for it."""
+    if any(arg in HELP_FLAGS for arg in argv[1:]):
+        try:
+            print(help_text())
+            if "--helpfull" in argv[1:]:
+                print("\nall flags:\n" + flags.FLAGS.get_help())
+            sys.stdout.flush()
+        except BrokenPipeError:  # `ppl-jax --help | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
+def _innermost(e: BaseException) -> str:
+    """The message of `e`, unwrapped (ml_collections raises AttributeError(KeyError(msg)))."""
+    text: object = e
+    while isinstance(text, BaseException) and text.args:
+        text = text.args[0]
+    return str(text)
 
 
 def _bad_flags(e: Exception) -> None:
     """Prints one line for a bad flag, config file or override, and exits with status 2."""
+    _help_if_asked(sys.argv)  # --help wins over a mistake beside it
     what = _unknown_key(e) if isinstance(e, (KeyError, AttributeError, TypeError)) else None
     if what is None:
-        text = e
-        while isinstance(text, BaseException) and text.args:  # AttributeError(KeyError(msg))
-            text = text.args[0]
         what = (
-            f"bad flag, config file or config override: {' '.join(str(text).split())}. "
+            f"bad flag, config file or config override: {' '.join(_innermost(e).split())}. "
             f"ppl-jax --help lists the config keys; --helpfull all flags."
         )
     print(f"ppl-jax: error: {what}", file=sys.stderr)
@@ -139,10 +153,7 @@ def _unknown_key(e: Exception) -> str | None:
     """
     from ppl_jax.config import flat_keys, get_config
 
-    text = e
-    while isinstance(text, BaseException) and text.args:
-        text = text.args[0]
-    rejected = str(text).split("\n")[0].strip("'\" ")  # ml_collections: "'protocl'\nDid you..."
+    rejected = _innermost(e).split("\n")[0].strip("'\" ")  # ml_collections: "'protocl'\nDid..."
     known = list(flat_keys(get_config()))
     unknown = [
         arg[len("--config.") :].split("=", 1)[0]
@@ -161,8 +172,7 @@ def _unknown_key(e: Exception) -> str | None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with a one-line error (no traceback) for a bad flag, and our help."""
-    if any(arg in HELP_FLAGS for arg in argv[1:]):
-        _print_help(full="--helpfull" in argv[1:])
+    _help_if_asked(argv)
     try:
         return flags.FLAGS(argv)
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
