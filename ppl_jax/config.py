@@ -9,8 +9,11 @@ nothing under `jax.jit`) sees a ConfigDict.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
 import os
 import sysconfig
+from typing import Any
 
 from ml_collections import config_dict
 
@@ -42,6 +45,15 @@ DEFAULT_RULES = (
 )
 
 PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
+STRIDED_PROTOCOLS = ("sliding", "hf_strided")  # the protocols that use eval.stride
+# One line per protocol: the convention each reproduces (`--help`, and results.json's reference).
+PROTOCOL_NOTES = {
+    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
+    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
+    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
+    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
+}
+DEMO_CORPUS_NAME = "cpython-stdlib-held-out"  # data.name of the default data.path
 FORMATS = ("text", "lines", "jsonl", "wikitext")
 CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
 DTYPES = ("float32", "bfloat16")
@@ -59,54 +71,161 @@ def held_out_paths() -> str:
 
 
 def get_config() -> config_dict.ConfigDict:
-    """The built-in default: the demo checkpoint on the held-out standard-library modules."""
+    """The built-in default: the demo checkpoint on the held-out standard-library modules.
+
+    Each key's meaning is in `KEY_MEANINGS` (shown by `ppl-jax --help`).
+    """
     c = config_dict.ConfigDict()
     c.checkpoint = config_dict.ConfigDict()
     c.checkpoint.dir = demo_checkpoint_dir()
-    c.checkpoint.step = "latest"  # "latest" or an integer step
-    c.checkpoint.format = "auto"  # "auto", "orbax", or "hf" (a Hugging Face directory)
+    c.checkpoint.step = "latest"
+    c.checkpoint.format = "auto"
 
     c.data = config_dict.ConfigDict()
-    c.data.name = "cpython-stdlib-held-out"
+    c.data.name = ""  # derived from data.path (see `corpus_name`)
     c.data.path = held_out_paths()
     c.data.format = "text"
-    c.data.tokenizer = "auto"  # "auto" (the checkpoint's), "byte", or a tokenizer.json path
-    c.data.errors = "strict"  # "strict" or "replace" for text that is not UTF-8
-    c.data.separator = "\n\n"  # text joining documents into one stream
+    c.data.tokenizer = "auto"
+    c.data.errors = "strict"
+    c.data.separator = "\n\n"
     c.data.jsonl_field = "text"
     c.data.allow_tokenizer_mismatch = False
 
     c.eval = config_dict.ConfigDict()
     c.eval.protocol = "sliding"
     c.eval.seq_len = 256
-    # None: equal to seq_len (disjoint windows). The demo scores with half-overlapping windows.
-    c.eval.stride = config_dict.placeholder(int)
-    c.eval.stride = 128
-    c.eval.batch_size = 8  # global, over all processes
-    c.eval.add_bos = "auto"  # "auto" (the tokenizer's own policy), "true", "false"
-    c.eval.packing = True  # several short windows per row (segments), where they fit
-    c.eval.length_buckets = 1  # row widths a run may compile (1: every row is seq_len + 1)
+    c.eval.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
+    c.eval.batch_size = 8
+    c.eval.add_bos = "auto"
+    c.eval.packing = True
+    c.eval.length_buckets = 1
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
-    c.model.attention = "auto"  # "auto", "xla", "cudnn" (GPU, 16-bit), "splash" (TPU)
+    c.model.attention = "auto"
 
     c.mesh = config_dict.ConfigDict()
-    c.mesh.data = -1  # -1: the devices left over
+    c.mesh.data = -1
     c.mesh.model = 1
     c.mesh.rules = DEFAULT_RULES
 
     c.runtime = config_dict.ConfigDict()
-    c.runtime.compilation_cache_dir = ""  # JAX's persistent compilation cache ("" = off)
+    c.runtime.compilation_cache_dir = ""
 
     c.output = config_dict.ConfigDict()
     c.output.dir = "results"
     c.output.progress = True
     c.output.gzip_baseline = True
-    c.output.per_document = False  # documents.jsonl, for document-level protocols
+    c.output.per_document = False
     c.output.journal_every = 50
     c.output.resume = True
     return c
+
+
+# One line per key of `get_config()` (a test checks that the two name the same keys); `--help`
+# prints them with the defaults.
+KEY_MEANINGS = {
+    "checkpoint.dir": "an Orbax CheckpointManager directory of numbered steps, or a Hugging Face "
+    "directory",
+    "checkpoint.step": "'latest' (the newest finalized step) or a step number",
+    "checkpoint.format": "'orbax', 'hf' (a Hugging Face directory), or 'auto' (by config.json)",
+    "data.name": "the corpus's name in the results; empty: derived from data.path",
+    "data.path": "a file, a glob, or a comma-separated list of either",
+    "data.format": "'text' (a file is a document), 'lines' (each non-empty line), 'jsonl', "
+    "'wikitext' (articles at ' = Title = ' headings)",
+    "data.tokenizer": "'auto' (the checkpoint's own), 'byte', a tokenizer.json, a SentencePiece "
+    ".model, or an HF directory",
+    "data.errors": "'strict' fails on bytes that are not UTF-8 (file and offset); 'replace'",
+    "data.separator": "text placed between documents in the stream (sliding)",
+    "data.jsonl_field": "the field of a jsonl record that holds the text",
+    "data.allow_tokenizer_mismatch": "score with a tokenizer whose vocabulary does not fit the "
+    "model's (refused when false)",
+    "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
+    "eval.seq_len": "tokens the model reads per window (at most its positions)",
+    "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided; unset: "
+    "seq_len // 2; ignored by the other protocols",
+    "eval.batch_size": "windows per step, global over all processes; a multiple of mesh.data",
+    "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
+    "eval.packing": "several short windows per row (segments, no attention across them)",
+    "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
+    "model.dtype": "parameter dtype, 'float32' or 'bfloat16' (log-softmax is always float32)",
+    "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
+    "mesh.data": "devices along the data axis; -1: the devices left over",
+    "mesh.model": "devices along the model axis (weights sharded)",
+    "mesh.rules": "logical axis name -> mesh axis, for sharding weights",
+    "runtime.compilation_cache_dir": "JAX's persistent compilation cache ('': off)",
+    "output.dir": "where process 0 writes results.json",
+    "output.progress": "a progress bar on stderr",
+    "output.gzip_baseline": "also report the bits per byte of gzip -9 on the same text",
+    "output.per_document": "also write documents.jsonl (document-level protocols)",
+    "output.journal_every": "batches between journal flushes (the journal lets an interrupted "
+    "run resume)",
+    "output.resume": "resume from a matching journal in output.dir",
+}
+
+# Defaults too long to print whole in `--help`.
+_DEFAULT_LABELS = {
+    "checkpoint.dir": "the demo checkpoint",
+    "data.path": "the held-out stdlib modules",
+}
+
+
+def flat_keys(c: config_dict.ConfigDict, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of `c` as `{"section.key": value}`, in ConfigDict order (sorted by name)."""
+    out: dict[str, Any] = {}
+    for name, value in c.items():
+        if isinstance(value, config_dict.ConfigDict):
+            out.update(flat_keys(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def describe_keys() -> list[tuple[str, str, str]]:
+    """`(key, default as text, meaning)` for every key of `get_config()`, in its order."""
+    rows = []
+    for key, value in flat_keys(get_config()).items():
+        if key in _DEFAULT_LABELS:
+            shown = _DEFAULT_LABELS[key]
+        elif value is None:
+            shown = "unset"
+        elif isinstance(value, bool):
+            shown = str(value).lower()
+        elif key == "mesh.rules":
+            shown = " ".join(f"{k}:{v or '-'}" for k, v in value)
+        elif isinstance(value, str):
+            shown = json.dumps(value)
+        else:
+            shown = str(value)
+        rows.append((key, shown, KEY_MEANINGS.get(key, "")))
+    return rows
+
+
+def corpus_name(path: str) -> str:
+    """The corpus's name derived from `data.path` (a file, a glob, or a comma-separated list).
+
+    The default path is the demo corpus, `DEMO_CORPUS_NAME`; one file is its name without the
+    extension (`/data/wiki.test.raw` -> `wiki.test`); one glob is its folder's name and the
+    pattern (`/data/val/*.jsonl` -> `val/*.jsonl`); several entries are their common folder's
+    name (`/data/c4/a.json,/data/c4/b.json` -> `c4`), or the files' names joined by `+` where
+    they share no folder but the root.
+    """
+    if path == held_out_paths():
+        return DEMO_CORPUS_NAME
+    entries = [os.path.expanduser(e.strip()) for e in path.split(",") if e.strip()]
+    if not entries:
+        return ""
+    if len(entries) == 1:
+        entry = entries[0].rstrip(os.sep)
+        if not glob.has_magic(entry):
+            return os.path.splitext(os.path.basename(entry))[0]
+        folder = os.path.basename(os.path.dirname(os.path.abspath(entry)))
+        return f"{folder}/{os.path.basename(entry)}" if folder else os.path.basename(entry)
+    folders = [os.path.dirname(os.path.abspath(e)) for e in entries]
+    common = os.path.basename(os.path.commonpath(folders))
+    if common:
+        return common
+    return "+".join(os.path.splitext(os.path.basename(e))[0] for e in entries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,14 +237,14 @@ class DataSettings:
     errors: str
     separator: str
     jsonl_field: str
-    allow_tokenizer_mismatch: bool = False
+    allow_tokenizer_mismatch: bool  # score with a tokenizer whose ids exceed the vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     protocol: str
     seq_len: int
-    stride: int
+    stride: int | None  # None for the protocols that use no stride (lm_eval_rolling, gptq_chunks)
     batch_size: int
     add_bos: str
     packing: bool
@@ -156,8 +275,8 @@ class Settings:
     gzip_baseline: bool
     per_document: bool
     compilation_cache_dir: str
-    journal_every: int = 50
-    resume: bool = True
+    journal_every: int  # batches between journal flushes
+    resume: bool  # resume from a matching journal in output_dir
 
     @staticmethod
     def from_config(c: config_dict.ConfigDict) -> Settings:
@@ -187,32 +306,35 @@ class Settings:
         seq_len = int(c.eval.seq_len)
         if seq_len < 1:
             raise ConfigError(f"eval.seq_len={seq_len} must be at least 1.")
-        stride = seq_len if c.eval.stride is None else int(c.eval.stride)
-        if not 1 <= stride <= seq_len:
-            raise ConfigError(
-                f"eval.stride={stride} is outside 1..eval.seq_len ({seq_len}); a stride of "
-                f"seq_len scores disjoint windows, a smaller one gives each token more context."
-            )
+        stride = _stride(c.eval.stride, seq_len, str(c.eval.protocol))
         batch_size = int(c.eval.batch_size)
         if batch_size < 1:
             raise ConfigError(f"eval.batch_size={batch_size} must be at least 1.")
         buckets = int(c.eval.length_buckets)
         if not 1 <= buckets <= 8:
             raise ConfigError(f"eval.length_buckets={buckets} must be between 1 and 8.")
+        journal_every = int(c.output.journal_every)
+        if journal_every < 1:
+            raise ConfigError(
+                f"output.journal_every={journal_every} must be at least 1 (batches between "
+                f"journal flushes)."
+            )
         rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
         return Settings(
             checkpoint_dir=os.path.expanduser(str(c.checkpoint.dir)),
             checkpoint_step=step,
             checkpoint_format=str(c.checkpoint.format),
             data=DataSettings(
-                name=str(c.data.name),
+                name=str(c.data.name or "") or corpus_name(str(c.data.path)),
                 path=str(c.data.path),
                 format=str(c.data.format),
                 tokenizer=str(c.data.tokenizer),
                 errors=str(c.data.errors),
                 separator=str(c.data.separator),
                 jsonl_field=str(c.data.jsonl_field),
-                allow_tokenizer_mismatch=bool(c.data.allow_tokenizer_mismatch),
+                allow_tokenizer_mismatch=_bool(
+                    "data.allow_tokenizer_mismatch", c.data.allow_tokenizer_mismatch
+                ),
             ),
             eval=EvalSettings(
                 protocol=str(c.eval.protocol),
@@ -231,11 +353,35 @@ class Settings:
             gzip_baseline=bool(c.output.gzip_baseline),
             per_document=bool(c.output.per_document),
             compilation_cache_dir=os.path.expanduser(str(c.runtime.compilation_cache_dir)),
-            journal_every=int(c.output.journal_every),
-            resume=bool(c.output.resume),
+            journal_every=journal_every,
+            resume=_bool("output.resume", c.output.resume),
         )
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}.")
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is neither true nor false.")
+    return value
+
+
+def _stride(value: int | None, seq_len: int, protocol: str) -> int | None:
+    """eval.stride as used: unset is seq_len // 2 (at least 1); None where `protocol` has none.
+
+    Only a stride that a protocol uses is checked; a stride never set never fails a run.
+    """
+    if protocol not in STRIDED_PROTOCOLS:
+        return None
+    if value is None:
+        return max(seq_len // 2, 1)
+    stride = int(value)
+    if not 1 <= stride <= seq_len:
+        raise ConfigError(
+            f"eval.stride={stride} is outside 1..eval.seq_len ({seq_len}); a stride of "
+            f"seq_len scores disjoint windows, a smaller one gives each token more context."
+        )
+    return stride

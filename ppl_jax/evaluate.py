@@ -56,7 +56,7 @@ class Evaluation:
     """
 
     sums: metrics.Sums
-    metrics: dict[str, float]
+    metrics: metrics.Metrics
     totals: ScoreTotals
     plan: Plan
     step: int | None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -68,45 +68,106 @@ class Sums:
         return total
 
 
-def _ratio(numerator: float, denominator: int) -> float:
-    return numerator / denominator if denominator > 0 else math.nan
+# (metric, numerator field, denominator field, form): `ratio` is numerator / denominator,
+# `bits` the same over ln 2, `exp` exp of the ratio.
+_FORMULAS = (
+    ("nll_per_token", "nll_sum", "num_tokens", "ratio"),
+    ("perplexity", "nll_sum", "num_tokens", "exp"),
+    ("bits_per_token", "nll_sum", "num_tokens", "bits"),
+    ("bits_per_byte", "nll_sum", "num_bytes", "bits"),
+    ("byte_perplexity", "nll_sum", "num_bytes", "exp"),
+    ("word_perplexity", "nll_sum", "num_words", "exp"),
+    ("entropy_per_token", "entropy_sum", "num_tokens", "ratio"),
+    ("predictive_perplexity", "entropy_sum", "num_tokens", "exp"),
+    ("top1_accuracy", "num_correct", "num_tokens", "ratio"),
+)
+_NONE_OF = {"num_tokens": "no scored tokens", "num_bytes": "no bytes", "num_words": "no words"}
+_OVERFLOW_HINTS = {
+    "num_words": "; the text has few whitespace-separated words for its tokens",
+    "num_bytes": "; the model assigns the text almost no probability",
+    "num_tokens": "; the model assigns the text almost no probability",
+}
 
 
-def derive(sums: Sums) -> dict[str, float]:
+class Metrics(Mapping):
+    """The derived metrics: a read-only mapping from metric name to value, plus `notes`.
+
+    A value is a finite float; `math.inf` where an exponential overflows float64 (e.g. word
+    perplexity of text with few whitespace-separated words: Chinese, base64, minified code); or
+    None where it is undefined (a zero denominator, or a non-finite sum). Every inf and None
+    has an entry in `notes`, a readable phrase such as `inf (overflow: exp(nll_sum / num_words) =
+    exp(4950) exceeds float64; ...)` or `undefined (no words)`; finite values have none.
+
+    Attributes:
+      notes: metric name -> the reason its value is inf or None.
+    """
+
+    def __init__(self, values: dict[str, float | None], notes: dict[str, str]):
+        self._values = dict(values)
+        self.notes = dict(notes)
+
+    def __getitem__(self, name: str) -> float | None:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Metrics({self._values!r}, notes={self.notes!r})"
+
+
+def derive(sums: Sums) -> Metrics:
     """Derives the reported metrics from `sums` (see the module docstring for the formulas).
 
+    Never raises: an overflowing exponential is `math.inf`, an undefined value None, each with
+    a note (see `Metrics`).
+
     Returns:
-      A dict with `perplexity`, `bits_per_token`, `bits_per_byte`, `byte_perplexity`,
+      `Metrics` with `perplexity`, `bits_per_token`, `bits_per_byte`, `byte_perplexity`,
       `word_perplexity`, `nll_per_token` (nats), `entropy_per_token` (nats, the model's mean
       predictive entropy), `predictive_perplexity` (exp of it: the model's own uncertainty,
-      distinct from the data perplexity) and `top1_accuracy`. A metric whose denominator is
-      zero is NaN.
+      distinct from the data perplexity) and `top1_accuracy`.
     """
-    nll = float(sums.nll_sum)
-    nll_per_token = _ratio(nll, sums.num_tokens)
-    nll_per_byte = _ratio(nll, sums.num_bytes)
-    nll_per_word = _ratio(nll, sums.num_words)
-    return {
-        "nll_per_token": nll_per_token,
-        "perplexity": math.exp(nll_per_token),
-        "bits_per_token": nll_per_token / LN2,
-        "bits_per_byte": nll_per_byte / LN2,
-        "byte_perplexity": math.exp(nll_per_byte),
-        "word_perplexity": math.exp(nll_per_word),
-        "entropy_per_token": _ratio(float(sums.entropy_sum), sums.num_tokens),
-        "predictive_perplexity": math.exp(_ratio(float(sums.entropy_sum), sums.num_tokens)),
-        "top1_accuracy": _ratio(float(sums.num_correct), sums.num_tokens),
-    }
+    values: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    for name, numerator_field, denominator_field, form in _FORMULAS:
+        numerator = float(getattr(sums, numerator_field))
+        denominator = int(getattr(sums, denominator_field))
+        if denominator <= 0:
+            values[name], notes[name] = None, f"undefined ({_NONE_OF[denominator_field]})"
+            continue
+        if not math.isfinite(numerator):
+            values[name], notes[name] = None, f"undefined ({numerator_field} is {numerator})"
+            continue
+        ratio = numerator / denominator
+        if form == "ratio":
+            values[name] = ratio
+        elif form == "bits":
+            values[name] = ratio / LN2
+        else:
+            try:
+                values[name] = math.exp(ratio)
+            except OverflowError:
+                values[name] = math.inf
+                hint = _OVERFLOW_HINTS[denominator_field] if numerator_field == "nll_sum" else ""
+                notes[name] = (
+                    f"inf (overflow: exp({numerator_field} / {denominator_field}) = "
+                    f"exp({ratio:.6g}) exceeds float64{hint})"
+                )
+    return Metrics(values, notes)
 
 
-def perplexity_of_probabilities(probabilities: Sequence[float]) -> float:
+def perplexity_of_probabilities(probabilities: Sequence[float]) -> float | None:
     """Perplexity of a sequence given the model's probability of each token.
 
     Args:
       probabilities: P(token_i | context), each in (0, 1].
 
     Returns:
-      exp(-mean(log p)), the geometric-mean inverse probability.
+      exp(-mean(log p)), the geometric-mean inverse probability; None for no probabilities.
     """
     p = np.asarray(probabilities, dtype=np.float64)
     nll = -np.log(p)

@@ -133,7 +133,7 @@ def plan(
     tokenizer: Tokenizer,
     vocab_size: int,
     seq_len: int,
-    stride: int,
+    stride: int | None,
     add_bos: bool,
     separator: str = JOIN,
 ) -> Plan:
@@ -145,7 +145,7 @@ def plan(
       tokenizer: the model's tokenizer (special tokens are never added by encoding; BOS and the
         prefix token are placed by the protocol).
       vocab_size: the model's vocabulary; every token id is checked against it.
-      seq_len: the model inputs per window; stride: for `sliding` and `hf_strided`.
+      seq_len: the model inputs per window; stride: for `sliding` and `hf_strided` (None for the others).
       add_bos: BOS before the stream (`sliding`, `hf_strided`, `gptq_chunks`), or before each
         document's tokens (`lm_eval_rolling`, as the harness's `tok_encode` does when the
         tokenizer adds BOS; the prefix token comes before that).

@@ -2,36 +2,55 @@
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
+import math
 import os
+import platform
 import sys
 import time
 from typing import Any
 
+import numpy as np
 from ml_collections import config_dict
 
+from ppl_jax import config as config_lib
 from ppl_jax.config import Settings
 from ppl_jax.evaluate import Evaluation
 
+METRIC_KEYS = (
+    "perplexity",
+    "nll_per_token",
+    "bits_per_token",
+    "bits_per_byte",
+    "byte_perplexity",
+    "word_perplexity",
+    "entropy_per_token",
+    "predictive_perplexity",
+    "top1_accuracy",
+)
+VERSIONED_PACKAGES = ("ppl_jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
+
 
 def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigDict) -> dict:
-    """Everything `results.json` holds: metrics, counts, timings, checkpoint and config."""
+    """Everything `results.json` holds: metrics, counts, timings, checkpoint, config, and `run`.
+
+    The dict is strict JSON (`json.dumps(results, allow_nan=False)` works): a metric that is
+    undefined (a zero denominator) or infinite (an overflowing exp) is null, and `notes` maps
+    its key to the reason, e.g. `{"word_perplexity": "inf (overflow: ...)"}` (see
+    `metrics.Metrics`). `run` says what ran: UTC start and end times (ISO 8601), the command
+    line, package versions, platform, device kind and count, process count.
+    """
     s = ev.sums
     m = ev.metrics
-    return {
+    notes: dict[str, str] = dict(getattr(m, "notes", {}))
+    results = {
         "nll_sum": s.nll_sum,
         "num_tokens": s.num_tokens,
-        "perplexity": m["perplexity"],
-        "nll_per_token": m["nll_per_token"],
-        "bits_per_token": m["bits_per_token"],
         "num_bytes": s.num_bytes,
-        "bits_per_byte": m["bits_per_byte"],
-        "byte_perplexity": m["byte_perplexity"],
         "num_words": s.num_words,
-        "word_perplexity": m["word_perplexity"],
-        "entropy_per_token": m["entropy_per_token"],
-        "predictive_perplexity": m["predictive_perplexity"],
-        "top1_accuracy": m["top1_accuracy"],
+        **{key: m[key] for key in METRIC_KEYS},
         "num_documents": s.num_documents,
         "num_windows": s.num_windows,
         "protocol": protocol_dict(ev, settings),
@@ -57,16 +76,66 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         },
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),
+        "run": run_dict(ev.wall_seconds),
         "config": json.loads(config.to_json_best_effort()),
+    }
+    results = _strict_json(results, "", notes)
+    results["notes"] = notes
+    return results
+
+
+def run_dict(wall_seconds: float) -> dict[str, Any]:
+    """What ran, where and when: for a reader of `results.json` months later.
+
+    Returns:
+      `started_utc`/`finished_utc` (ISO 8601, seconds; the end is now, the start `wall_seconds`
+      before), `command` (sys.argv), `versions` (package -> version from
+      `importlib.metadata`, None where not installed), `python`, `platform` (JAX's backend:
+      cpu, gpu, tpu), `device_kind` (e.g. `NVIDIA H100 80GB HBM3`; kinds joined by `, ` on a
+      mixed cluster), `device_count` (global), `process_count`, `host` (`platform.platform()`).
+    """
+    import jax
+
+    finished = datetime.datetime.now(datetime.timezone.utc)
+    started = finished - datetime.timedelta(seconds=wall_seconds)
+    versions = {}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    devices = jax.devices()
+    return {
+        "started_utc": started.isoformat(timespec="seconds"),
+        "finished_utc": finished.isoformat(timespec="seconds"),
+        "command": list(sys.argv),
+        "versions": versions,
+        "python": platform.python_version(),
+        "platform": jax.default_backend(),
+        "device_kind": ", ".join(sorted({d.device_kind for d in devices})),
+        "device_count": len(devices),
+        "process_count": jax.process_count(),
+        "host": platform.platform(),
     }
 
 
-PROTOCOL_NOTES = {
-    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
-    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
-    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
-    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
-}
+def _strict_json(value: Any, path: str, notes: dict[str, str]) -> Any:
+    """`value` with NumPy scalars made Python and non-finite floats made None (noted by path)."""
+    if isinstance(value, dict):
+        return {
+            k: _strict_json(v, f"{path}.{k}" if path else str(k), notes) for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v, f"{path}[{i}]", notes) for i, v in enumerate(value)]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        notes.setdefault(path, "undefined (not a number)" if math.isnan(value) else f"{value}")
+        return None
+    return value
+
+
+PROTOCOL_NOTES = config_lib.PROTOCOL_NOTES  # one line per protocol, kept in ppl_jax.config
 
 
 def protocol_dict(ev: Evaluation, settings: Settings) -> dict[str, Any]:
@@ -76,7 +145,7 @@ def protocol_dict(ev: Evaluation, settings: Settings) -> dict[str, Any]:
         "name": plan.protocol,
         "reference": PROTOCOL_NOTES[plan.protocol],
         "seq_len": settings.eval.seq_len,
-        "stride": settings.eval.stride if plan.protocol in ("sliding", "hf_strided") else None,
+        "stride": settings.eval.stride if plan.protocol in config_lib.STRIDED_PROTOCOLS else None,
         "packing": settings.eval.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
@@ -96,6 +165,19 @@ def _process_count() -> int:
     return jax.process_count()
 
 
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """`1 document`, `2 documents`, `1,024 windows`; `plural_form` for irregular nouns."""
+    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
+
+
+def _metric(results: dict[str, Any], key: str) -> str:
+    """A metric to 4 decimals, or its note (`inf (overflow: ...)`, `undefined (no words)`)."""
+    value = results.get(key)
+    if value is None or not math.isfinite(value):
+        return results.get("notes", {}).get(key, "undefined")
+    return f"{value:.4f}"
+
+
 def summary_table(results: dict[str, Any]) -> str:
     """A two-column text table of the run, for the terminal."""
     model = results["model"]
@@ -110,6 +192,12 @@ def summary_table(results: dict[str, Any]) -> str:
         if proto["prefix_token_id"] is not None
         else f", BOS {'on' if proto['add_bos'] else 'off'}"
     )
+    ckpt = results["checkpoint"]
+    where = (
+        "HF directory"
+        if ckpt.get("format") == "hf" or ckpt["step"] is None
+        else f"step {ckpt['step']}"
+    )
     gzip_bpb = results["gzip_bits_per_byte"]
     rows = [
         (
@@ -117,21 +205,21 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{arch} ({results['tokenizer']}), {results['dtype']}, "
             f"{results['attention']} attention",
         ),
-        ("checkpoint", f"{results['checkpoint']['path']} @ step {results['checkpoint']['step']}"),
+        ("checkpoint", f"{ckpt['path']} @ {where}"),
         (
             "data",
-            f"{results['data']['name']} ({results['num_documents']} documents, "
-            f"{results['num_bytes']:,} bytes)",
+            f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "
+            f"{plural(results['num_bytes'], 'byte')})",
         ),
         ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
         (
             "mesh",
             f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
-            f"{results['num_processes']} process(es)",
+            f"{plural(results['num_processes'], 'process', 'processes')}",
         ),
         (
             "tokens",
-            f"{results['num_tokens']:,} scored in {results['num_windows']:,} windows"
+            f"{results['num_tokens']:,} scored in {plural(results['num_windows'], 'window')}"
             + (
                 f"; {proto['unscored_tokens']:,} of the text's {proto['text_tokens']:,} "
                 f"left unscored by the convention"
@@ -139,24 +227,24 @@ def summary_table(results: dict[str, Any]) -> str:
                 else ""
             ),
         ),
-        ("perplexity", f"{results['perplexity']:.4f}"),
-        ("bits per token", f"{results['bits_per_token']:.4f}"),
+        ("perplexity", _metric(results, "perplexity")),
+        ("bits per token", _metric(results, "bits_per_token")),
         (
             "bits per byte",
-            f"{results['bits_per_byte']:.4f}"
+            _metric(results, "bits_per_byte")
             + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else ""),
         ),
-        ("byte perplexity", f"{results['byte_perplexity']:.4f}"),
-        ("word perplexity", f"{results['word_perplexity']:.4f}"),
+        ("byte perplexity", _metric(results, "byte_perplexity")),
+        ("word perplexity", _metric(results, "word_perplexity")),
         (
             "top-1 accuracy",
-            f"{results['top1_accuracy']:.4f}   (predictive perplexity exp(H) "
-            f"{results['predictive_perplexity']:.4f})",
+            f"{_metric(results, 'top1_accuracy')}   (predictive perplexity exp(H) "
+            f"{_metric(results, 'predictive_perplexity')})",
         ),
         (
             "batches",
-            f"{len(results['protocol']['row_widths'])} compiled shape(s), "
-            f"padding {100 * results['protocol']['padding_fraction']:.1f}%",
+            f"{plural(len(proto['row_widths']), 'compiled shape')}, "
+            f"padding {100 * proto['padding_fraction']:.1f}%",
         ),
         (
             "tokens/s",

@@ -62,9 +62,60 @@ def test_merge_is_exact_and_not_a_mean_of_means():
     assert derive(total)["perplexity"] != pytest.approx(math.exp((5 + 0.125) / 2))
 
 
-def test_zero_denominators_give_nan_not_a_number():
+def test_zero_denominators_are_none_with_a_reason():
     m = derive(Sums(nll_sum=3.0, num_tokens=3))
-    assert math.isnan(m["bits_per_byte"]) and math.isnan(m["word_perplexity"])
+    assert m["perplexity"] == pytest.approx(math.e, rel=1e-12)
+    assert m["bits_per_byte"] is None and m["byte_perplexity"] is None
+    assert m["word_perplexity"] is None
+    assert m.notes == {
+        "bits_per_byte": "undefined (no bytes)",
+        "byte_perplexity": "undefined (no bytes)",
+        "word_perplexity": "undefined (no words)",
+    }
+
+
+def test_overflowing_word_perplexity_is_inf_with_a_note():
+    # Chinese, base64 or minified code: thousands of tokens, a handful of words. exp(5000 / 1)
+    # is beyond float64 (max ~1.8e308 = exp(709.8)); the other metrics stay exact.
+    sums = Sums(nll_sum=5000.0, num_tokens=1000, num_bytes=2500, num_words=1)
+    m = derive(sums)
+    assert m["word_perplexity"] == math.inf
+    assert m.notes["word_perplexity"].startswith("inf (overflow: exp(nll_sum / num_words) = exp(5")
+    assert "few whitespace-separated words" in m.notes["word_perplexity"]
+    assert m["perplexity"] == pytest.approx(np.exp(5.0), rel=1e-12)
+    assert m["byte_perplexity"] == pytest.approx(np.exp(2.0), rel=1e-12)
+    assert set(m.notes) == {"word_perplexity"}
+    # The boundary: exp(709) is finite, exp(710) is not.
+    assert math.isfinite(derive(Sums(nll_sum=709.0, num_tokens=1))["perplexity"])
+    assert derive(Sums(nll_sum=710.0, num_tokens=1))["perplexity"] == math.inf
+
+
+@pytest.mark.parametrize(
+    "sums",
+    [
+        Sums(),
+        Sums(nll_sum=math.nan, num_tokens=4, num_bytes=4, num_words=1),
+        Sums(nll_sum=math.inf, num_tokens=4, num_bytes=4, num_words=1),
+        Sums(nll_sum=1e308, num_tokens=1, num_bytes=1, num_words=1, entropy_sum=1e308),
+    ],
+    ids=["empty", "nan", "inf", "huge"],
+)
+def test_derive_never_raises_and_every_non_finite_value_has_a_note(sums):
+    m = derive(sums)
+    assert list(m) == [
+        "nll_per_token",
+        "perplexity",
+        "bits_per_token",
+        "bits_per_byte",
+        "byte_perplexity",
+        "word_perplexity",
+        "entropy_per_token",
+        "predictive_perplexity",
+        "top1_accuracy",
+    ]
+    for name, value in m.items():
+        assert (value is None or math.isinf(value)) == (name in m.notes), name
+        assert value is None or not math.isnan(value), name
 
 
 def test_gzip_baseline_matches_the_gzip_module():

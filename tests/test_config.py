@@ -1,0 +1,111 @@
+"""The config: every key explained, the stride rule, the corpus name, the journal keys."""
+
+import pytest
+
+from ppl_jax.config import (
+    DEMO_CORPUS_NAME,
+    KEY_MEANINGS,
+    PROTOCOL_NOTES,
+    PROTOCOLS,
+    Settings,
+    describe_keys,
+    flat_keys,
+    get_config,
+    held_out_paths,
+)
+from ppl_jax.errors import ConfigError
+
+
+def settings(**overrides) -> Settings:
+    c = get_config()
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        setattr(getattr(c, section), name, value)
+    return Settings.from_config(c)
+
+
+def test_every_key_has_a_meaning_and_every_meaning_a_key():
+    keys = list(flat_keys(get_config()))
+    assert len(keys) == len(set(keys)) > 25
+    assert set(keys) == set(KEY_MEANINGS)
+    assert all(KEY_MEANINGS[k].strip() and "\n" not in KEY_MEANINGS[k] for k in keys)
+    assert set(PROTOCOL_NOTES) == set(PROTOCOLS)
+
+
+def test_described_defaults_are_the_config_values():
+    rows = {key: shown for key, shown, _ in describe_keys()}
+    assert list(rows) == list(flat_keys(get_config()))
+    assert rows["eval.seq_len"] == "256"
+    assert rows["eval.stride"] == "unset"
+    assert rows["data.separator"] == '"\\n\\n"'
+    assert rows["output.resume"] == "true"
+    assert rows["data.allow_tokenizer_mismatch"] == "false"
+    assert rows["output.journal_every"] == "50"
+    assert rows["mesh.rules"].startswith("batch:data vocab:model embed:-")
+    assert rows["data.path"] == "the held-out stdlib modules"
+
+
+@pytest.mark.parametrize(
+    ("protocol", "seq_len", "stride", "expected"),
+    [
+        ("sliding", 256, None, 128),  # the demo: half-overlapping windows, as before
+        ("sliding", 64, None, 32),
+        ("hf_strided", 1, None, 1),  # at least 1
+        ("hf_strided", 7, None, 3),
+        ("sliding", 64, 64, 64),
+        ("hf_strided", 64, 1, 1),
+        ("lm_eval_rolling", 64, None, None),  # issue 7: failed with "stride=128 outside 1..64"
+        ("gptq_chunks", 64, None, None),
+        ("lm_eval_rolling", 64, 500, None),  # ignored, even when set
+        ("gptq_chunks", 16, 0, None),
+    ],
+)
+def test_stride_is_derived_and_used_only_where_a_protocol_has_one(
+    protocol, seq_len, stride, expected
+):
+    s = settings(eval__protocol=protocol, eval__seq_len=seq_len, eval__stride=stride)
+    assert s.eval.stride == expected
+
+
+@pytest.mark.parametrize("stride", [0, 65, -1])
+@pytest.mark.parametrize("protocol", ["sliding", "hf_strided"])
+def test_a_stride_that_is_set_is_checked(protocol, stride):
+    with pytest.raises(ConfigError, match=f"eval.stride={stride} is outside 1..eval.seq_len"):
+        settings(eval__protocol=protocol, eval__seq_len=64, eval__stride=stride)
+
+
+def test_default_stride_is_unset():
+    assert get_config().eval.stride is None
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/data/wikitext/wiki.test.raw", "wiki.test"),
+        ("~/corpora/novel.txt", "novel"),
+        ("/data/c4/val/*.jsonl", "val/*.jsonl"),
+        ("/data/c4/a.json, /data/c4/b.json", "c4"),
+        ("/data/c4/x/a.json,/data/c4/y/b.json", "c4"),
+        ("/a.txt,/b.txt", "a+b"),
+    ],
+)
+def test_corpus_name_is_derived_from_the_files(path, name):
+    assert settings(data__path=path).data.name == name
+
+
+def test_demo_corpus_name_only_for_the_demo_path():
+    assert get_config().data.name == ""
+    assert settings().data.name == DEMO_CORPUS_NAME
+    assert settings(data__path=held_out_paths().split(",")[0]).data.name == "textwrap"
+    assert settings(data__path="/x/a.txt", data__name="my-corpus").data.name == "my-corpus"
+
+
+def test_journal_and_tokenizer_keys():
+    s = settings()
+    assert (s.journal_every, s.resume, s.data.allow_tokenizer_mismatch) == (50, True, False)
+    s = settings(output__journal_every=1, output__resume=False, data__allow_tokenizer_mismatch=True)
+    assert (s.journal_every, s.resume, s.data.allow_tokenizer_mismatch) == (1, False, True)
+    with pytest.raises(ConfigError, match="output.journal_every=0 must be at least 1"):
+        settings(output__journal_every=0)
+    with pytest.raises(ConfigError, match="output.resume=None is neither true nor false"):
+        settings(output__resume=None)

@@ -1,0 +1,75 @@
+"""`ppl-jax --help` lists every config key, and a mistyped key is one clean line (subprocesses)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ppl_jax.config import KEY_MEANINGS, PROTOCOL_NOTES, describe_keys
+
+import helpers
+
+
+def ppl_jax(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "ppl_jax", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=helpers.REPO,
+    )
+
+
+@pytest.mark.parametrize("flag", ["--help", "--helpfull", "-h"])
+def test_help_lists_every_key_with_default_and_meaning(flag):
+    r = ppl_jax(flag)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for key, default, meaning in describe_keys():
+        line = f"  {key} = {default}\n"
+        assert line in out, key
+        # The meaning follows its key (wrapped, so compare words).
+        after = re.split(r"\n(?=  \S|\n)", out[out.index(line) + len(line) :], maxsplit=1)[0]
+        assert after.split() == meaning.split(), key
+    assert len(describe_keys()) == len(KEY_MEANINGS)
+    for name, note in PROTOCOL_NOTES.items():
+        assert f"  {name}" in out and note in out
+    examples = out.split("examples:\n", 1)[1].split("\n\n", 1)[0]
+    assert sum(line.startswith("  ppl-jax") for line in examples.splitlines()) == 3
+    assert ("--undefok" in out) == (flag == "--helpfull")  # absl's own flags: --helpfull only
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "--config.eval.protocl=x",
+            "unknown config key eval.protocl; did you mean eval.protocol? "
+            "ppl-jax --help lists the keys.",
+        ),
+        (
+            "--config.evl.seq_len=3",
+            "unknown config key evl.seq_len; did you mean eval.seq_len? "
+            "ppl-jax --help lists the keys.",
+        ),
+        ("--config.zzz=3", "unknown config key zzz. ppl-jax --help lists the keys."),
+    ],
+)
+def test_a_mistyped_key_is_one_clean_line(override, message):
+    r = ppl_jax("--config.output.progress=false", override)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr == f"ppl-jax: error: {message}\n"
+
+
+def test_a_mistyped_key_after_a_config_file_is_named_too():
+    r = ppl_jax("--config=configs/wikitext2.py", "--config.eval.sq_len=3")
+    assert r.returncode == 2
+    assert r.stderr == (
+        "ppl-jax: error: unknown config key eval.sq_len; did you mean eval.seq_len? "
+        "ppl-jax --help lists the keys.\n"
+    )
