@@ -132,7 +132,7 @@ def read_documents(
 
     Raises:
       DataError: missing path, bad UTF-8 (file and byte offset), bad JSON (file and line), or
-        a corpus with no text at all.
+        a corpus with no text but whitespace.
     """
     docs: list[Document] = []
     for path in resolve_paths(path_spec):
@@ -162,9 +162,10 @@ def read_documents(
             docs.extend(_wikitext_articles(text, path))
         else:
             raise DataError(f"data.format={fmt!r} is not one of text, lines, jsonl, wikitext.")
-    if not any(d.text for d in docs):
+    if not any(d.text.strip() for d in docs):
+        what = "is empty" if not any(d.text for d in docs) else "holds only whitespace"
         raise DataError(
-            f"data.path={path_spec!r} holds no text to score (format {fmt!r}): "
-            f"the corpus is empty. Check data.path and data.format."
+            f"data.path={path_spec!r} holds no text to score (format {fmt!r}): the corpus "
+            f"{what}. Check data.path and data.format."
         )
     return docs

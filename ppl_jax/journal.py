@@ -146,6 +146,7 @@ class Recorder:
     def __init__(self, out: OutputDir | None, parts: dict[str, Any], state: State, every: int):
         self.out, self.parts, self.state, self.every = out, parts, state, max(1, int(every))
         self.resumed_batches = int(state.batch_done.sum())
+        self.resumed_tokens = int(state.window_tokens.sum())
         self._since_flush = 0
 
     def on_fetched(self, batch: int) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from ppl_jax import config as config_lib
+from ppl_jax import fingerprint as fingerprint_lib
 from ppl_jax.config import Settings
 from ppl_jax.evaluate import Evaluation
 
@@ -56,7 +57,9 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "protocol": protocol_dict(ev, settings),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
-        "tokens_per_second": s.num_tokens / max(ev.totals.scoring_seconds, 1e-9),
+        # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
+        "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
+        / max(ev.totals.scoring_seconds, 1e-9),
         "scoring_seconds": ev.totals.scoring_seconds,
         "compile_seconds": ev.totals.compile_seconds,
         "wall_seconds": ev.wall_seconds,
@@ -69,6 +72,11 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "attention": ev.attention,
         "dtype": settings.dtype,
         "tokenizer": ev.tokenizer_name,
+        "tokenizer_source": "checkpoint"
+        if ev.tokenizer_is_checkpoints
+        else f"data.tokenizer={settings.data.tokenizer}",
+        "fingerprint": fingerprint_lib.digest(ev.fingerprint),
+        "resumed_batches": ev.resumed_batches,
         "data": {
             "name": settings.data.name,
             "path": settings.data.path,
@@ -79,9 +87,15 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "run": run_dict(ev.wall_seconds),
         "config": json.loads(config.to_json_best_effort()),
     }
+    if ev.tokenizer_note:
+        notes["tokenizer"] = ev.tokenizer_note
     results = _strict_json(results, "", notes)
     results["notes"] = notes
     return results
+
+
+def _resumed_tokens(ev: Evaluation) -> int:
+    return ev.recorder.resumed_tokens if ev.recorder is not None else 0
 
 
 def run_dict(wall_seconds: float) -> dict[str, Any]:
@@ -205,6 +219,16 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{arch} ({results['tokenizer']}), {results['dtype']}, "
             f"{results['attention']} attention",
         ),
+        *(
+            [("tokenizer", f"{results['tokenizer_source']}, not the checkpoint's own")]
+            if results.get("tokenizer_source", "checkpoint") != "checkpoint"
+            else []
+        ),
+        *(
+            [("tokenizer note", results["notes"]["tokenizer"])]
+            if "tokenizer" in results.get("notes", {})
+            else []
+        ),
         ("checkpoint", f"{ckpt['path']} @ {where}"),
         (
             "data",
@@ -252,32 +276,19 @@ def summary_table(results: dict[str, Any]) -> str:
             f" (compile {results['compile_seconds']:.1f} s apart)",
         ),
         ("wall time", f"{results['wall_seconds']:.1f} s"),
+        *(
+            [
+                (
+                    "resumed",
+                    f"{plural(results['resumed_batches'], 'batch', 'batches')} from the journal",
+                )
+            ]
+            if results.get("resumed_batches")
+            else []
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def write_results(results: dict[str, Any], output_dir: str) -> str:
-    """Writes `results.json` into `output_dir` (created if needed) atomically; returns its path."""
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "results.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
-
-
-def write_documents(documents: list[dict[str, Any]], output_dir: str) -> str:
-    """Writes `documents.jsonl` (one JSON object per document) into `output_dir`."""
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "documents.jsonl")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        for record in documents:
-            f.write(json.dumps(record) + "\n")
-    os.replace(path + ".tmp", path)
-    return path
 
 
 def progress_bar(enabled: bool):
