@@ -508,6 +508,39 @@ def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any], where: str) -
         raise CheckpointError(f"{where!r} asks for a BOS token but names none.")
 
 
+def check_vocabulary(tok: Tokenizer, model_vocab_size: int, *, allow_mismatch: bool) -> str | None:
+    """Checks that `tok` is plausibly the model's own tokenizer, by vocabulary size.
+
+    The model's vocabulary may be the tokenizer's (special tokens included) exactly, rounded up
+    to a multiple of 64 or 128 (padding for matmul efficiency, as GPT-NeoX and Megatron do), or at
+    most 1% larger (a few spare rows). Anything else, or a model vocabulary smaller than the
+    tokenizer's, is a mismatch: a foreign tokenizer whose ids happen to fit the embedding table
+    would be scored silently with a meaningless perplexity.
+
+    Returns:
+      None when the sizes fit; with `allow_mismatch`, a one-sentence note for the results instead
+      of raising.
+
+    Raises:
+      ConfigError: a mismatch without `allow_mismatch` (naming both sizes, the tokenizer, and
+        `data.allow_tokenizer_mismatch=true`).
+    """
+    n, m = int(tok.vocab_size), int(model_vocab_size)
+    padded = {n, -(-n // 64) * 64, -(-n // 128) * 128}
+    if m in padded or n < m <= n * 1.01:
+        return None
+    what = (
+        f"the tokenizer {tok.name!r} has {n} ids but the model's vocabulary has {m}"
+        f"{' (smaller)' if m < n else ''}, more than padding apart"
+    )
+    if allow_mismatch:
+        return f"{what}; scored anyway because data.allow_tokenizer_mismatch=true."
+    raise ConfigError(
+        f"{what}: it is probably not the checkpoint's tokenizer; use data.tokenizer=auto (the "
+        f"checkpoint's own) or set data.allow_tokenizer_mismatch=true to score anyway."
+    )
+
+
 def _specials(tok: Tokenizer) -> dict[str, Any]:
     return {"bos_id": tok.bos_id, "eos_id": tok.eos_id, "add_bos_default": tok.add_bos_default}
 

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizers")
@@ -117,10 +116,103 @@ def train(out: str = HERE) -> None:
         )
 
 
+TEXTS = [
+    "Hello world.",
+    "the perplexity of a window, with a stride",
+    "café naïve résumé 😀 日本語 Ελλάδα",
+    "x+y=z (x) [y] {z} 3.14 -42 don't",
+    "",
+]
+# Whitespace runs, tabs and newlines: transformers 5 converts a SentencePiece-only directory
+# into a `tokenizers` BPE that splits runs of spaces differently from the sentencepiece library,
+# so these are compared for tokenizer.json directories only.
+TEXTS_WHITESPACE = ["  two leading,  two inner\tand\nnewlines\n\n ", " a  b   c    d "]
+
+GPT2_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}
+LLAMA_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+LLAMA_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+
+
+def cases() -> list[dict]:
+    """Directory layouts: (tokenizer kind) x (tokenizer_config add_bos_token true/false/absent)."""
+    out = []
+    kinds = [
+        # The reported case: a Llama-architecture directory with a GPT-2 style tokenizer.json.
+        ("bytelevel_json", {"tokenizer.json": "bytelevel_bpe.json"}, GPT2_SPECIALS, True),
+        (
+            "llama_json",
+            {"tokenizer.json": "llama_bpe.json"},
+            {"tokenizer_class": "LlamaTokenizer", **LLAMA_SPECIALS},
+            True,
+        ),
+        (
+            "sentencepiece_only",
+            {"tokenizer.model": "sp_bpe.model"},
+            {"tokenizer_class": "LlamaTokenizer", **LLAMA_SPECIALS},
+            False,
+        ),
+    ]
+    for kind, files, specials, has_json in kinds:
+        for add_bos in (True, False, None):
+            config = dict(specials)
+            if add_bos is not None:
+                config["add_bos_token"] = add_bos
+            out.append(
+                {
+                    "name": f"{kind}-add_bos_token_{'absent' if add_bos is None else add_bos}",
+                    "files": files,
+                    "tokenizer_config": config,
+                    "config": LLAMA_CONFIG,
+                    "texts": TEXTS + (TEXTS_WHITESPACE if has_json else []),
+                }
+            )
+    return out
+
+
+def write_directory(case: dict, path: str, fixtures: str = HERE) -> None:
+    """Lays out `case` (fixture files, tokenizer_config.json, config.json) in directory `path`."""
+    for dst, src in case["files"].items():
+        shutil.copy(os.path.join(fixtures, src), os.path.join(path, dst))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(case["tokenizer_config"], f)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(case["config"], f)
+
+
+def transformers_ids(case: dict) -> dict:
+    """What transformers' AutoTokenizer gives for `case`: ids with the tokenizer's own special
+    tokens, and its BOS/EOS ids."""
+    import transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_directory(case, tmp)
+        tok = transformers.AutoTokenizer.from_pretrained(tmp)
+        return {
+            "tokenizer_class": type(tok).__name__,
+            "input_ids": [tok(t)["input_ids"] for t in case["texts"]],
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+        }
+
+
+def main() -> None:
+    import transformers
+
+    records = [{**case, "transformers": transformers_ids(case)} for case in cases()]
+    with open(os.path.join(HERE, "golden_ids.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {"transformers_version": transformers.__version__, "cases": records},
+            f,
+            ensure_ascii=False,
+            indent=1,
+        )
+        f.write("\n")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", action="store_true", help="retrain the fixture tokenizers")
     args = parser.parse_args()
     if args.train:
         train()
-    sys.exit(0)
+    main()
