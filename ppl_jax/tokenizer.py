@@ -69,20 +69,19 @@ class Tokenizer(abc.ABC):
         for k in range(len(bounds) - 1):
             piece = text[bounds[k] : bounds[k + 1]]
             ids, ends, is_byte = self._encode_piece(piece, first=k == 0, with_bytes=with_bytes)
-            ids_parts.append(ids)
+            ids_parts.append(_compact(ids))
             if with_bytes:
                 lengths, done = _spans(ends + byte_start, is_byte, done)
-                len_parts.append(lengths)
+                len_parts.append(_compact(lengths))
             byte_start += len(piece.encode("utf-8"))
             del piece, ids, ends, is_byte
-        ids = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
-        del ids_parts
+        ids = _join(ids_parts)
         if not with_bytes:
-            return ids.astype(np.int32, copy=False), np.zeros(0, np.int32)
-        lengths = np.concatenate(len_parts) if len(len_parts) > 1 else len_parts[0]
+            return ids, np.zeros(0, np.int32)
+        lengths = _join(len_parts)
         if lengths.size:
             lengths[-1] += byte_start - done  # trailing text no token ends in counts with the last
-        return ids.astype(np.int32, copy=False), lengths.astype(np.int32, copy=False)
+        return ids, lengths
 
     def _safe_cuts(self, text: str) -> list[int]:
         """Character offsets at which `text` may be cut into pieces that tokenize, one by one, to
@@ -113,6 +112,23 @@ class Tokenizer(abc.ABC):
 
 
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _compact(x: np.ndarray) -> np.ndarray:
+    """`x` (non-negative integers) in the smallest unsigned dtype that holds them, to keep the
+    pieces of a long document small until they are joined."""
+    return x.astype(np.min_scalar_type(int(x.max()))) if x.size else x
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """`[sum n_i] int32`: the parts in order, each freed once copied (no second full copy)."""
+    out = np.empty(sum(p.size for p in parts), np.int32)
+    at = 0
+    while parts:
+        part = parts.pop(0)
+        out[at : at + part.size] = part
+        at += part.size
+    return out
 
 
 def _spans(ends: np.ndarray, is_byte: np.ndarray, done: int) -> tuple[np.ndarray, int]:
