@@ -407,8 +407,12 @@ def load_tokenizer(path: str) -> tokenizer_lib.Tokenizer:
     """The tokenizer of a Hugging Face directory, with its BOS/EOS ids and BOS policy.
 
     `tokenizer.json` (the `tokenizers` library) is preferred to `tokenizer.model`
-    (SentencePiece). `bos_token`, `eos_token` and `add_bos_token` of `tokenizer_config.json` win
-    where present; otherwise they come from the tokenizer itself (see `ppl_jax.tokenizer`).
+    (SentencePiece), as transformers does. The BOS policy (`eval.add_bos=auto`) is that of
+    transformers >= 5 `AutoTokenizer.from_pretrained(path)`: with a `tokenizer.json`, BOS exactly
+    when its post-processor adds one (`add_bos_token` of `tokenizer_config.json` is ignored, as
+    transformers 5 drops it); with a `tokenizer.model` only, BOS when `add_bos_token` is true.
+    `bos_token` and `eos_token` of `tokenizer_config.json` win where present; otherwise they come
+    from the tokenizer itself (see `ppl_jax.tokenizer.apply_tokenizer_config`).
 
     Raises:
       CheckpointError: no tokenizer file, an unreadable one, or a `tokenizer_config.json` that

@@ -5,6 +5,11 @@ A tokenizer is described by a small JSON-able dict (`describe()`), stored beside
 that evaluation needs only the checkpoint directory, and rebuilt with `from_description`. The
 description keeps the BOS/EOS ids and the BOS policy, which `ppl_jax.hf.load_tokenizer` may have
 taken from a `tokenizer_config.json`.
+
+Long documents are tokenized in pieces of about `Tokenizer.piece_chars` characters, cut only where
+the tokenizer provably gives the same tokens for the pieces as for the whole (`_safe_cuts`), so
+that host memory stays a few times the text instead of the ~70x that one `tokenizers` encoding
+of a long text holds; a tokenizer with no such rule encodes the whole document at once.
 """
 
 from __future__ import annotations
@@ -38,18 +43,57 @@ class Tokenizer(abc.ABC):
     bos_id: int | None = None
     eos_id: int | None = None
     add_bos_default: bool = False
+    # Characters per piece of a long document (see the module docstring); tests make it small.
+    piece_chars: int = 1 << 18
 
-    @abc.abstractmethod
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """Encodes each text. Returns `[num_tokens_i] int32` arrays, one per text."""
+        return [self._encode_document(t, with_bytes=False)[0] for t in texts]
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Encodes each text, with the UTF-8 bytes of the text each token covers.
 
         Returns:
-          Per text, `(ids [n] int32, byte_lengths [n] int64)`; the lengths add up to the text's
+          Per text, `(ids [n] int32, byte_lengths [n] int32)`; the lengths add up to the text's
           UTF-8 length for a tokenizer that keeps every byte (bits per byte count these).
         """
+        return [self._encode_document(t, with_bytes=True) for t in texts]
+
+    def _encode_document(self, text: str, with_bytes: bool) -> tuple[np.ndarray, np.ndarray]:
+        """`(ids [n] int32, byte_lengths [n] int32)` of one document (lengths empty unless
+        `with_bytes`), encoded piece by piece between the cuts of `_safe_cuts`."""
+        cuts = self._safe_cuts(text) if len(text) > self.piece_chars else []
+        bounds = [0, *cuts, len(text)]
+        ids_parts, len_parts = [], []
+        byte_start, done = 0, 0  # bytes of text before the piece; bytes counted so far
+        for k in range(len(bounds) - 1):
+            piece = text[bounds[k] : bounds[k + 1]]
+            ids, ends, is_byte = self._encode_piece(piece, first=k == 0, with_bytes=with_bytes)
+            ids_parts.append(_compact(ids))
+            if with_bytes:
+                lengths, done = _spans(ends + byte_start, is_byte, done)
+                len_parts.append(_compact(lengths))
+            byte_start += len(piece.encode("utf-8"))
+            del piece, ids, ends, is_byte
+        ids = _join(ids_parts)
+        if not with_bytes:
+            return ids, np.zeros(0, np.int32)
+        lengths = _join(len_parts)
+        if lengths.size:
+            lengths[-1] += byte_start - done  # trailing text no token ends in counts with the last
+        return ids, lengths
+
+    def _safe_cuts(self, text: str) -> list[int]:
+        """Character offsets at which `text` may be cut into pieces that tokenize, one by one, to
+        exactly the tokens of the whole; empty where the tokenizer has no such rule."""
+        return []
+
+    def _encode_piece(
+        self, piece: str, first: bool, with_bytes: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(ids [n] int32, ends [n] int64, is_byte [n] bool)` of one piece (`first`: it starts
+        the document): each token's end in UTF-8 bytes from the piece's start, and whether it is
+        a byte-fallback token (see `_spans`). `ends`/`is_byte` may be empty without bytes."""
         raise NotImplementedError(f"{type(self).__name__} does not report token byte lengths")
 
     def token_id(self, token: str) -> int | None:
@@ -70,41 +114,163 @@ class Tokenizer(abc.ABC):
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def _span_lengths(ends: list[int], is_byte: list[bool], total: int) -> np.ndarray:
-    """`[n] int64` bytes per token from each token's end offset (bytes into the text).
+def _compact(x: np.ndarray) -> np.ndarray:
+    """`x` (non-negative integers) in the smallest unsigned dtype that holds them, to keep the
+    pieces of a long document small until they are joined."""
+    return x.astype(np.min_scalar_type(int(x.max()))) if x.size else x
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """`[sum n_i] int32`: the parts in order, each freed once copied (no second full copy)."""
+    out = np.empty(sum(p.size for p in parts), np.int32)
+    at = 0
+    while parts:
+        part = parts.pop(0)
+        out[at : at + part.size] = part
+        at += part.size
+    return out
+
+
+def _spans(ends: np.ndarray, is_byte: np.ndarray, done: int) -> tuple[np.ndarray, int]:
+    """`([n] int32 bytes per token, bytes counted)` from each token's end (bytes into the text),
+    continuing a document of which `done` bytes are already counted.
 
     A token covers the bytes from where the previous one stopped to its own end, so text that
-    normalization drops (runs of whitespace) counts with the next token and trailing text with
-    the last. Byte-fallback tokens (`<0xNN>`) of one character share that character's span;
-    each counts its own single byte, and the last of them whatever the span has left.
+    normalization drops (runs of whitespace) counts with the next token. Byte-fallback tokens
+    (`<0xNN>`) of one character share that character's span; each counts its own single byte,
+    and the last of them whatever the span has left. Text after the last end is left uncounted.
     """
-    lengths = np.zeros(len(ends), np.int64)
-    done = 0
-    for i, (end, byte) in enumerate(zip(ends, is_byte, strict=True)):
-        stop = max(done, end)
-        if byte and i + 1 < len(ends) and is_byte[i + 1] and ends[i + 1] <= stop:
-            stop = min(stop, done + 1)  # one byte; the rest of the character comes next
-        lengths[i] = stop - done
-        done = stop
-    if len(ends):
+    start = done
+    if not ends.size:
+        return np.zeros(0, np.int32), done
+    if not (is_byte[:-1] & is_byte[1:]).any():
+        stops = np.maximum.accumulate(np.maximum(ends, done))
+    else:  # bytes of characters the vocabulary lacks: the sequential rule
+        stops = np.empty(ends.size, np.int64)
+        for i in range(ends.size):
+            stop = max(done, int(ends[i]))
+            if is_byte[i] and i + 1 < ends.size and is_byte[i + 1] and ends[i + 1] <= stop:
+                stop = min(stop, done + 1)  # one byte; the rest of the character comes next
+            stops[i] = done = stop
+    lengths = np.diff(stops, prepend=start).astype(np.int32)
+    return lengths, int(stops[-1])
+
+
+def _span_lengths(ends: list[int], is_byte: list[bool], total: int) -> np.ndarray:
+    """`[n] int32` bytes per token of a whole text (`_spans`), trailing text with the last."""
+    lengths, done = _spans(np.asarray(ends, np.int64), np.asarray(is_byte, bool), 0)
+    if lengths.size:
         lengths[-1] += max(0, total - done)
     return lengths
 
 
+# A cut: a single space between two non-whitespace characters (Python's whitespace, a superset of
+# Unicode White_Space, which the tokenizers' regexes and SentencePiece use).
+_CUT = re.compile(r"(?<=\S) (?=\S)")
+META = "\u2581"  # "▁", SentencePiece's and Metaspace's spelling of a space
+
+
+def _space_cuts(text: str, size: int) -> list[int]:
+    """Offsets of `_CUT` spaces in `text`, about `size` characters apart (none in a text without
+    one: it is then encoded whole)."""
+    cuts: list[int] = []
+    pos = size
+    while pos < len(text):
+        m = _CUT.search(text, pos)
+        if m is None:
+            break
+        cuts.append(m.start())
+        pos = m.start() + size
+    return cuts
+
+
+def _no_token_spans_a_space(pieces: Any) -> bool:
+    """Whether no vocabulary entry holds "▁" after another character than "▁": then no token can
+    cover both sides of a space that follows a non-space (models spell that space "▁")."""
+    return not any(re.search(f"[^{META}]{META}", p) for p in pieces)
+
+
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes as tokens: ids 0..255, one token per byte."""
+    """UTF-8 bytes as tokens: ids 0..255, one token per byte (`[n] int32` ids and `[n] int32`
+    ones: 8 bytes of host memory per byte of text)."""
 
     name = "byte"
     vocab_size = 256
 
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
-
-    def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return [(ids, np.ones(ids.size, np.int64)) for ids in self.encode(texts)]
+    def _encode_document(self, text: str, with_bytes: bool) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+        return ids, np.ones(ids.size if with_bytes else 0, np.int32)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "byte"}
+
+
+# Split regexes (tokenizers `Split` before a `ByteLevel` without its own regex) whose matches never
+# hold a non-whitespace character followed by a space and which match every character: GPT-2's
+# and tiktoken cl100k's (Llama 3), and Qwen2's (cl100k with single digits).
+_KNOWN_SPLITS = (
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+# Unicode normalizations: a space (a starter that composes with nothing) is a boundary of each.
+_UNICODE_NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def _hf_cut_rule(spec: dict[str, Any], vocab: Any) -> str | None:
+    """How a `tokenizer.json` may be cut at `_CUT` spaces: "keep" (pieces keep their leading
+    space), "drop" (a piece after the first drops it, as the tokenizer prepends "▁" to a text:
+    Llama 2 style), or None (no proven rule: encode documents whole).
+
+    Proofs. Byte-level BPE with GPT-2's regex (or a known `Split` regex): no pre-token holds a
+    non-space followed by a space, so the pre-tokens of the pieces are those of the whole, and BPE
+    runs within a pre-token; a Unicode normalizer has a boundary at a space; `add_prefix_space`
+    adds nothing to a piece that starts with a space. Metaspace / Prepend+Replace BPE or Unigram:
+    the whole text is spelled "...x▁y..." and a piece after the first, without its space, "▁y..."
+    (the tokenizer prepends "▁"); no vocabulary entry holds "x▁", so no merge (BPE) or lattice
+    edge (Unigram) crosses the cut. Added tokens must not hold spaces nor strip them.
+    """
+    model = spec.get("model") or {}
+    if model.get("type") not in ("BPE", "Unigram") or model.get("dropout"):
+        return None
+    for t in spec.get("added_tokens") or []:
+        content = t.get("content", "")
+        if t.get("lstrip") or t.get("rstrip") or any(c.isspace() or c == META for c in content):
+            return None
+    norm, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
+    norms = (norm or {}).get("normalizers", [norm] if norm else [])
+    pres = pre.get("pretokenizers", [pre] if pre else [])
+    types = [p.get("type") for p in pres]
+    if model.get("type") == "BPE" and types and types[-1] == "ByteLevel":
+        if any(n.get("type") not in _UNICODE_NORMALIZERS for n in norms):
+            return None
+        if types == ["ByteLevel"] and pres[0].get("use_regex", True):
+            return "keep"
+        if (
+            types == ["Split", "ByteLevel"]
+            and not pres[1].get("use_regex", True)
+            and (pres[0].get("pattern") or {}).get("Regex") in _KNOWN_SPLITS
+            and pres[0].get("behavior") == "Isolated"
+            and not pres[0].get("invert")
+        ):
+            return "keep"
+        return None
+    if META not in vocab or not _no_token_spans_a_space(vocab):
+        return None
+    norm_types = [n.get("type") for n in norms]
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": META}
+    if norm_types in (["Prepend", "Replace"], ["Replace"]) and not types:
+        if norms[-1] != replace or (norm_types[0] == "Prepend" and norms[0]["prepend"] != META):
+            return None
+        return "drop" if norm_types[0] == "Prepend" else "keep"
+    if not norms and types == ["Metaspace"] and pres[0].get("replacement") == META:
+        scheme = pres[0].get("prepend_scheme")
+        if scheme is None:  # tokenizers before 0.19: add_prefix_space
+            scheme = "always" if pres[0].get("add_prefix_space", True) else "never"
+        return "drop" if scheme in ("first", "always") else "keep"
+    return None
 
 
 class HFTokenizer(Tokenizer):
@@ -117,16 +283,21 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tokenizer_json: str, name: str = "tokenizer.json"):
         """Builds the tokenizer and finds its specials from the tokenizer itself: a BOS id and
-        `add_bos_default` from what encoding with special tokens prepends, otherwise BOS and EOS
-        by the usual token names (`BOS_NAMES`, `EOS_NAMES`); set the attributes to override."""
+        `add_bos_default` from what encoding with special tokens prepends (its post-processor),
+        otherwise BOS and EOS by the usual token names (`BOS_NAMES`, `EOS_NAMES`); set the
+        attributes to override."""
         from tokenizers import Tokenizer as _Tok
 
         self._json = tokenizer_json
         self._tok = _Tok.from_str(tokenizer_json)
         self.name = name
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        spec = json.loads(tokenizer_json)
         # Byte-level BPE (GPT-2 and kin) spells each byte as one character of a token's string.
-        self._byte_level = "ByteLevel" in json.dumps(json.loads(tokenizer_json).get("decoder"))
+        self._byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
+        self._added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
+        self._cut_rule = _hf_cut_rule(spec, self._tok.get_vocab(with_added_tokens=True))
+        del spec
         probe = self._tok.encode("a", add_special_tokens=True)
         self.add_bos_default = bool(probe.special_tokens_mask and probe.special_tokens_mask[0])
         self.bos_id = probe.ids[0] if self.add_bos_default else self._first_of(self.BOS_NAMES)
@@ -154,29 +325,70 @@ class HFTokenizer(Tokenizer):
             ) from None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        return [ids for ids, _ in self._encode_all(texts, with_bytes=False)]
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        out = []
-        for text, enc in zip(
-            texts, self._tok.encode_batch(texts, add_special_tokens=False), strict=True
-        ):
-            ids = np.asarray(enc.ids, dtype=np.int32)
-            if self._byte_level:
-                # Each character of a byte-level token's string is one byte of the text; an added
-                # token (e.g. "<|endoftext|>" written in the text) is its own UTF-8 spelling.
-                added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
-                lengths = [len(t.encode("utf-8")) if t in added else len(t) for t in enc.tokens]
-            else:
-                char_to_byte = np.concatenate(
-                    [[0], np.cumsum([len(c.encode("utf-8")) for c in text])]
-                ).astype(np.int64)
-                ends = [int(char_to_byte[end]) for _, end in enc.offsets]
-                is_byte = [bool(_BYTE_PIECE.fullmatch(t)) for t in enc.tokens]
-                lengths = _span_lengths(ends, is_byte, len(text.encode("utf-8")))
-            out.append((ids, np.asarray(lengths, np.int64)))
+        return self._encode_all(texts, with_bytes=True)
+
+    def _encode_all(self, texts: list[str], with_bytes: bool) -> list[tuple[np.ndarray, ...]]:
+        """Short texts in batches of at most `piece_chars` characters (`encode_batch`), long ones
+        piece by piece."""
+        out: list[Any] = [None] * len(texts)
+        batch: list[int] = []
+
+        def flush() -> None:
+            encs = self._tok.encode_batch([texts[i] for i in batch], add_special_tokens=False)
+            for i, enc in zip(batch, encs, strict=True):
+                ids, ends, is_byte = self._from_encoding(enc, texts[i], 0, with_bytes)
+                total = len(texts[i].encode("utf-8")) if with_bytes else 0
+                out[i] = (ids, _span_lengths(ends, is_byte, total) if with_bytes else None)
+            batch.clear()
+
+        chars = 0
+        for i, text in enumerate(texts):
+            if len(text) > self.piece_chars:
+                out[i] = self._encode_document(text, with_bytes)
+                continue
+            if chars + len(text) > self.piece_chars and batch:
+                flush()
+                chars = 0
+            batch.append(i)
+            chars += len(text)
+        if batch:
+            flush()
         return out
+
+    def _safe_cuts(self, text: str) -> list[int]:
+        return _space_cuts(text, self.piece_chars) if self._cut_rule else []
+
+    def _encode_piece(
+        self, piece: str, first: bool, with_bytes: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        skip = int(not first and self._cut_rule == "drop")  # the piece's leading space
+        enc = self._tok.encode(piece[skip:], add_special_tokens=False)
+        ids, ends, is_byte = self._from_encoding(enc, piece[skip:], skip, with_bytes)
+        if skip and with_bytes and ids.size and enc.tokens[0] == META:
+            ends[0] = skip  # a lone prepended "▁" stands for the dropped space (the library
+            # aligns it with the next character instead)
+        return ids, ends, is_byte
+
+    def _from_encoding(
+        self, enc: Any, text: str, shift: int, with_bytes: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ids, token ends in bytes (plus `shift`) and byte-fallback flags of an encoding."""
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        if not with_bytes:
+            return ids, np.zeros(0, np.int64), np.zeros(0, bool)
+        if self._byte_level:
+            # Each character of a byte-level token's string is one byte of the text; an added
+            # token (e.g. "<|endoftext|>" written in the text) is its own UTF-8 spelling.
+            lengths = [len(t.encode("utf-8")) if t in self._added else len(t) for t in enc.tokens]
+            ends = np.cumsum(np.asarray(lengths, np.int64)) + shift
+            return ids, ends, np.zeros(ids.size, bool)
+        char_to_byte = np.cumsum([0] + [len(c.encode("utf-8")) for c in text], dtype=np.int64)
+        ends = char_to_byte[np.asarray([end for _, end in enc.offsets], np.int64)] + shift
+        is_byte = np.asarray([bool(_BYTE_PIECE.fullmatch(t)) for t in enc.tokens], bool)
+        return ids, ends.reshape(-1), is_byte
 
     def describe(self) -> dict[str, Any]:
         return {"type": "hf", "name": self.name, "tokenizer_json": self._json, **_specials(self)}
@@ -189,6 +401,14 @@ class SentencePieceTokenizer(Tokenizer):
     (`bos_id()`, `eos_id()`; None where it has none) and `add_bos_default` is False, the
     library's default, unless set (from a `tokenizer_config.json`, e.g. Llama 2's
     `add_bos_token: true`).
+
+    Long documents are cut at `_CUT` spaces when the model's normalization allows it: with the
+    dummy prefix a piece after the first drops its leading space (the model prepends "▁" as the
+    space would have been spelled; with extra whitespace removal that space would have been
+    stripped anyway); without the dummy prefix only when whitespace is kept as is. No piece of the
+    vocabulary may hold "x▁" (checked), and "▁" must be one, so that neither BPE merges nor the
+    unigram lattice cross the cut. (Unigram: Viterbi scores after the cut are the piece's plus a
+    constant; float rounding could in principle break a near-tie differently.)
     """
 
     def __init__(self, model_proto: bytes, name: str = "tokenizer.model"):
@@ -201,6 +421,23 @@ class SentencePieceTokenizer(Tokenizer):
         self.bos_id = self._sp.bos_id() if self._sp.bos_id() >= 0 else None
         self.eos_id = self._sp.eos_id() if self._sp.eos_id() >= 0 else None
         self.add_bos_default = False
+        self._cut_rule = self._find_cut_rule()
+
+    def _find_cut_rule(self) -> str | None:
+        try:
+            one, two = self._sp.normalize("x x"), self._sp.normalize("x  x")
+        except (AttributeError, TypeError):  # sentencepiece without normalize()
+            return None
+        if self.token_id(META) is None:
+            return None
+        pieces = (self._sp.id_to_piece(i) for i in range(self.vocab_size))
+        if not _no_token_spans_a_space(pieces):
+            return None
+        if one == f"{META}x{META}x":  # dummy prefix (not a suffix)
+            return "drop"
+        if one == f"x{META}x" and two == f"x{META}{META}x":  # no prefix, whitespace kept
+            return "keep"
+        return None
 
     @staticmethod
     def from_file(path: str, name: str | None = None) -> SentencePieceTokenizer:
@@ -223,8 +460,21 @@ class SentencePieceTokenizer(Tokenizer):
         i = self._sp.piece_to_id(token)
         return i if self._sp.id_to_piece(i) == token else None
 
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(ids, dtype=np.int32) for ids in self._sp.encode(texts, out_type=int)]
+    def _safe_cuts(self, text: str) -> list[int]:
+        return _space_cuts(text, self.piece_chars) if self._cut_rule else []
+
+    def _encode_piece(
+        self, piece: str, first: bool, with_bytes: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        skip = int(not first and self._cut_rule == "drop")
+        if not with_bytes:
+            ids = np.asarray(self._sp.encode(piece[skip:], out_type=int), np.int32)
+            return ids, np.zeros(0, np.int64), np.zeros(0, bool)
+        pieces = self._pieces(piece[skip:])
+        ids = np.asarray([p.id for p in pieces], dtype=np.int32)
+        ends = np.asarray([p.end for p in pieces], np.int64) + skip
+        is_byte = np.asarray([self._sp.is_byte(p.id) for p in pieces], bool)
+        return ids, ends, is_byte
 
     def _pieces(self, text: str) -> Any:
         """The pieces of `text`, each with `id` and `begin`/`end` byte offsets into `text`."""
@@ -232,19 +482,6 @@ class SentencePieceTokenizer(Tokenizer):
             return self._sp.encode(text, out_type="proto").pieces
         except ValueError:  # sentencepiece before "proto" named it "immutable_proto"
             return self._sp.encode(text, out_type="immutable_proto").pieces
-
-    def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        out = []
-        for text in texts:
-            pieces = self._pieces(text)
-            ids = np.asarray([p.id for p in pieces], dtype=np.int32)
-            lengths = _span_lengths(
-                [int(p.end) for p in pieces],
-                [bool(self._sp.is_byte(p.id)) for p in pieces],
-                len(text.encode("utf-8")),
-            )
-            out.append((ids, lengths))
-        return out
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -256,10 +493,15 @@ class SentencePieceTokenizer(Tokenizer):
 
 
 def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any], where: str) -> None:
-    """Sets `bos_id`, `eos_id` and `add_bos_default` from a Hugging Face `tokenizer_config.json`.
+    """Sets `bos_id`, `eos_id` and `add_bos_default` from a Hugging Face `tokenizer_config.json`,
+    as transformers >= 5 `AutoTokenizer.from_pretrained` does.
 
     Its `bos_token` / `eos_token` (a string, an AddedToken `{"content": ...}`, or null for none)
-    and `add_bos_token` win where present; absent keys leave the tokenizer's own values.
+    win where present; absent keys leave the tokenizer's own values. `add_bos_token` counts only
+    for a SentencePiece model: with a `tokenizer.json` transformers 5 drops it (and
+    `add_eos_token`) and adds what the tokenizer.json post-processor adds
+    (`PreTrainedTokenizerBase._from_pretrained`); a SentencePiece-only directory adds BOS when it
+    is true (absent counts as false).
 
     Raises:
       CheckpointError: a named token that the vocabulary lacks, or BOS asked for but none named.
@@ -276,10 +518,43 @@ def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any], where: str) -
                     f"{where!r} names {field} {token!r}, which the tokenizer lacks."
                 )
             setattr(tok, attr, token_id)
-    if "add_bos_token" in config:
-        tok.add_bos_default = bool(config["add_bos_token"])
+    if isinstance(tok, SentencePieceTokenizer):
+        tok.add_bos_default = bool(config.get("add_bos_token", False))
     if tok.add_bos_default and tok.bos_id is None:
         raise CheckpointError(f"{where!r} asks for a BOS token but names none.")
+
+
+def check_vocabulary(tok: Tokenizer, model_vocab_size: int, *, allow_mismatch: bool) -> str | None:
+    """Checks that `tok` is plausibly the model's own tokenizer, by vocabulary size.
+
+    The model's vocabulary may be the tokenizer's (special tokens included) exactly, rounded up
+    to a multiple of 64 or 128 (padding for matmul efficiency, as GPT-NeoX and Megatron do), or at
+    most 1% larger (a few spare rows). Anything else, or a model vocabulary smaller than the
+    tokenizer's, is a mismatch: a foreign tokenizer whose ids happen to fit the embedding table
+    would be scored silently with a meaningless perplexity.
+
+    Returns:
+      None when the sizes fit; with `allow_mismatch`, a one-sentence note for the results instead
+      of raising.
+
+    Raises:
+      ConfigError: a mismatch without `allow_mismatch` (naming both sizes, the tokenizer, and
+        `data.allow_tokenizer_mismatch=true`).
+    """
+    n, m = int(tok.vocab_size), int(model_vocab_size)
+    padded = {n, -(-n // 64) * 64, -(-n // 128) * 128}
+    if m in padded or n < m <= n * 1.01:
+        return None
+    what = (
+        f"the tokenizer {tok.name!r} has {n} ids but the model's vocabulary has {m}"
+        f"{' (smaller)' if m < n else ''}, more than padding apart"
+    )
+    if allow_mismatch:
+        return f"{what}; scored anyway because data.allow_tokenizer_mismatch=true."
+    raise ConfigError(
+        f"{what}: it is probably not the checkpoint's tokenizer; use data.tokenizer=auto (the "
+        f"checkpoint's own) or set data.allow_tokenizer_mismatch=true to score anyway."
+    )
 
 
 def _specials(tok: Tokenizer) -> dict[str, Any]:
