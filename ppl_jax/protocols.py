@@ -187,11 +187,14 @@ def plan(
         )
         ids_parts, byte_parts = [ids], [nbytes]
         starts_chars = np.cumsum([0] + [len(t.encode()) + 2 for t in texts[:-1]])
-        doc_starts = list(np.searchsorted(np.cumsum(nbytes), starts_chars, side="right"))
-    text_ids = np.concatenate(ids_parts).astype(np.int32) if ids_parts else np.zeros(0, np.int32)
-    token_bytes = np.concatenate(byte_parts).astype(np.int64) if byte_parts else np.zeros(0)
-    tokens = np.concatenate([np.asarray(bos, np.int32), text_ids])
-    byte_lens = np.concatenate([np.zeros(len(bos), np.int64), token_bytes])
+        doc_starts = list(
+            np.searchsorted(np.cumsum(nbytes, dtype=np.int64), starts_chars, side="right")
+        )
+    # Bounded memory for long corpora: int32 arrays, and no copy where one part suffices.
+    text_ids = _join([np.zeros(0, np.int32), *ids_parts])
+    token_bytes = _join([np.zeros(0, np.int32), *byte_parts])
+    tokens = _join([np.asarray(bos, np.int32), text_ids])
+    byte_lens = _join([np.zeros(len(bos), np.int32), token_bytes])
     n = tokens.size
     if protocol == "sliding":
         if n < 2:
@@ -220,7 +223,7 @@ def plan(
         protocol=protocol,
         windows=windows,
         num_bytes=int(byte_lens[scored].sum()),
-        num_words=_span_words(raw, np.cumsum(byte_lens), scored),
+        num_words=_span_words(raw, np.cumsum(byte_lens, dtype=np.int64), scored),
         num_documents=len(docs),
         text_tokens=int(text_ids.size),
         unscored_tokens=int(text_ids.size - scored[len(bos) :].sum()),
@@ -231,6 +234,14 @@ def plan(
         sources=tuple(d.source for d in docs),
         doc_starts=np.asarray(doc_starts, np.int64) + len(bos),
     )
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """The int32 concatenation of `parts`, without a copy when only one is not empty."""
+    full = [p for p in parts if p.size]
+    if len(full) == 1:
+        return full[0].astype(np.int32, copy=False)
+    return np.concatenate(parts).astype(np.int32, copy=False)
 
 
 def _hf_strided(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:

@@ -610,8 +610,3 @@ def load(spec: str, checkpoint_description: dict[str, Any] | None) -> Tokenizer:
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path)
     return HFTokenizer.from_file(path)
-
-
-def check_vocabulary(tok: Tokenizer, model_vocab_size: int, *, allow_mismatch: bool) -> str | None:
-    """TEMPORARY stand-in until the tokenizer branch lands."""
-    return None
