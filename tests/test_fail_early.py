@@ -96,3 +96,42 @@ def test_batch_size_and_mesh_are_checked_before_the_weights(tiny_checkpoint, tmp
         evaluate(settings(tiny_checkpoint, str(corpus), eval__batch_size=6))
     with pytest.raises(ConfigError, match="mesh"):
         evaluate(settings(tiny_checkpoint, str(corpus), mesh__data=3))
+
+
+SP_MODEL = os.path.join(helpers.REPO, "tests", "golden", "tokenizers", "sp_bpe.model")
+
+
+def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch):
+    """A 400-id SentencePiece model on a 1,024-id model: its ids fit the embedding table, but it is
+    not the model's tokenizer. Refused before the weights; allowed, it is recorded."""
+    import dataclasses
+
+    from ppl_jax import report
+    from ppl_jax.tokenizer import SentencePieceTokenizer
+
+    assert SentencePieceTokenizer.from_file(SP_MODEL).vocab_size == 400
+    ckpt = str(tmp_path / "ckpt")
+    helpers.save_random_checkpoint(ckpt, dataclasses.replace(helpers.TINY, vocab_size=1024))
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog " * 20, encoding="utf-8")
+    restore = evaluate_lib.restore
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights were read before a check that needs none")
+
+    monkeypatch.setattr(evaluate_lib, "restore", no_weights)
+    with pytest.raises(ConfigError) as info:
+        evaluate(settings(ckpt, str(corpus), data__tokenizer=SP_MODEL))
+    assert "has 400 ids but the model's vocabulary has 1024" in str(info.value)
+    assert "data.allow_tokenizer_mismatch=true" in str(info.value)
+
+    monkeypatch.setattr(evaluate_lib, "restore", restore)
+    c = get_config()
+    c.checkpoint.dir, c.data.path, c.data.tokenizer = ckpt, str(corpus), SP_MODEL
+    c.data.allow_tokenizer_mismatch, c.eval.seq_len, c.output.progress = True, 32, False
+    s = Settings.from_config(c)
+    results = report.results_dict(evaluate(s), s, c)
+    assert results["tokenizer_source"] == f"data.tokenizer={SP_MODEL}"
+    assert "scored anyway" in results["notes"]["tokenizer"]
+    summary = report.summary_table(results)
+    assert "not the checkpoint's own" in summary and "scored anyway" in summary
