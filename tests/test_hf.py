@@ -402,8 +402,9 @@ def test_conversion_to_orbax_restores_the_same_params(hf_dirs, tmp_path, dtype):
 
 
 def _write_word_tokenizer(path):
-    """A word-level tokenizer.json and a Llama-style tokenizer_config.json (BOS added)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level tokenizer.json whose post-processor prepends BOS `<s>`, as Llama's does, and a
+    Llama-style tokenizer_config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     tok = Tokenizer(
         models.WordLevel(
@@ -412,6 +413,9 @@ def _write_word_tokenizer(path):
     )
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
     tok.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": True}, f)
