@@ -1,5 +1,17 @@
-"""Test setup: 8 fake CPU devices, set before JAX is imported, and shared fixtures."""
+"""Test setup: 8 fake CPU devices, set before JAX is imported; which optional folders are collected;
+and shared fixtures.
 
+- `tests/reference/`: the live references (PyTorch, transformers, lm-evaluation-harness), collected
+  only when those packages (and accelerate, which lm-eval's HFLM needs) are importable
+  (`pip install '.[reference]'`). Without them the default suite compares with the numbers they
+  produced, committed in `tests/golden/`.
+- `tests/shared_data/`: tests on data the project may not ship (WikiText-2, the GPT-2 tokenizer),
+  collected only when the environment variable PPL_JAX_TEST_DATA names an existing folder.
+
+A folder that is not collected adds no skipped tests; the pytest header says what ran.
+"""
+
+import importlib.util
 import os
 
 os.environ["XLA_FLAGS"] = (
@@ -10,6 +22,45 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest  # noqa: E402
 
 import helpers  # noqa: E402
+
+REFERENCE_PACKAGES = ("torch", "transformers", "lm_eval", "accelerate")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _missing_reference_packages() -> list[str]:
+    return [name for name in REFERENCE_PACKAGES if importlib.util.find_spec(name) is None]
+
+
+def _test_data_dir() -> str | None:
+    """The folder PPL_JAX_TEST_DATA names, if it exists."""
+    path = os.environ.get(helpers.TEST_DATA_ENV, "")
+    return os.path.abspath(path) if path and os.path.isdir(path) else None
+
+
+def pytest_ignore_collect(collection_path, config):
+    path = os.path.abspath(str(collection_path))
+    if path == os.path.join(HERE, "reference"):
+        return True if _missing_reference_packages() else None
+    if path == os.path.join(HERE, "shared_data"):
+        return True if _test_data_dir() is None else None
+    return None
+
+
+def pytest_report_header(config) -> list[str]:
+    missing = _missing_reference_packages()
+    refs = (
+        "live references: ran (tests/reference: torch, transformers, lm_eval, accelerate)"
+        if not missing
+        else f"live references: not run, golden files only ({', '.join(missing)} not installed; "
+        "pip install '.[reference]')"
+    )
+    data = _test_data_dir()
+    shared = (
+        f"shared data tests: ran (tests/shared_data, {helpers.TEST_DATA_ENV}={data})"
+        if data
+        else f"shared data tests: not run ({helpers.TEST_DATA_ENV} names no folder)"
+    )
+    return [f"ppl_jax: {refs}; {shared}"]
 
 
 @pytest.fixture(scope="session")
@@ -27,4 +78,20 @@ def demo_checkpoint() -> str:
     path = demo_checkpoint_dir()
     if not os.path.isdir(path):
         pytest.fail(f"the demo checkpoint is missing at {path}; run launch/train_demo.py")
+    return path
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tmp_path_factory) -> str:
+    """Path of a byte-level BPE tokenizer.json (512 ids, `<|endoftext|>` = 0) trained at test time
+    on standard-library source (`helpers.train_bpe`)."""
+    return helpers.bpe_file(str(tmp_path_factory.mktemp("bpe") / "bpe.json"))
+
+
+@pytest.fixture(scope="session")
+def test_data() -> str:
+    """The folder of data the project may not ship (PPL_JAX_TEST_DATA); only tests/shared_data/
+    uses it, and that folder is collected only when it exists."""
+    path = _test_data_dir()
+    assert path is not None
     return path

@@ -1,17 +1,25 @@
-"""Helpers shared by the tests: tiny random checkpoints, a corpus, and a NumPy reference model."""
+"""Helpers shared by the tests: tiny random checkpoints, text from the Python installation, a
+byte-level BPE trained at test time, and a NumPy reference model."""
 
 from __future__ import annotations
 
 import os
+import sysconfig
 
 import numpy as np
 
 from ppl_jax.models.llama import LlamaConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
-WIKITEXT_TEST = os.path.join(SHARED_DATA, "wikitext-2", "test.txt")
-GPT2_TOKENIZER = os.path.join(SHARED_DATA, "tokenizers", "gpt2.json")
+GOLDEN = os.path.join(REPO, "tests", "golden")
+# Data the project may not ship (WikiText-2, the GPT-2 tokenizer): only tests/shared_data/ reads
+# it, from the folder this environment variable names (.ci/run sets it).
+TEST_DATA_ENV = "PPL_JAX_TEST_DATA"
+
+# Standard-library modules whose source serves as real text (English prose in docstrings and
+# comments, code). Not ppl_jax.config.HELD_OUT_MODULES, which the demo model is scored on.
+TEXT_MODULES = ("argparse.py", "difflib.py", "pprint.py", "calendar.py", "string.py")
+EOT = "<|endoftext|>"
 
 TINY = LlamaConfig(
     vocab_size=256,
@@ -74,6 +82,47 @@ def corpus_files(tmp_path, texts: list[str], name: str = "doc") -> str:
         p.write_text(text, encoding="utf-8")
         paths.append(str(p))
     return ",".join(paths)
+
+
+def stdlib_text(num_chars: int, modules: tuple[str, ...] = TEXT_MODULES) -> str:
+    """The first `num_chars` characters of the named standard-library sources, joined by blank
+    lines: real, varied text present on every Python installation."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    parts, total = [], 0
+    for name in modules:
+        with open(os.path.join(stdlib, name), encoding="utf-8") as f:
+            parts.append(f.read())
+        total += len(parts[-1])
+        if total >= num_chars:
+            break
+    text = "\n\n".join(parts)[:num_chars]
+    assert len(text) == num_chars, f"the modules {modules} hold fewer than {num_chars} characters"
+    return text
+
+
+def train_bpe(texts: list[str], vocab_size: int = 512, specials: tuple[str, ...] = (EOT,)):
+    """A GPT-2-style byte-level BPE (`tokenizers.Tokenizer`) trained on `texts`: all 256 bytes in
+    its alphabet, so that any text encodes; `specials` take the first ids (EOT is 0)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def bpe_file(path: str, vocab_size: int = 512) -> str:
+    """Trains `train_bpe` on stdlib text and saves it as a tokenizer.json at `path`."""
+    train_bpe([stdlib_text(200_000)], vocab_size).save(path)
+    return path
 
 
 # ---------------------------------------------------------------- NumPy float64 reference model

@@ -1,7 +1,8 @@
-"""The command line end to end: the demo checkpoint on real text, and the built-in default."""
+"""The command line end to end: the built-in default (the demo checkpoint on held-out stdlib
+modules), and the WikiText-2 config file without its data. The demo checkpoint on WikiText-2
+itself is in tests/shared_data/."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -49,38 +50,6 @@ def run_cli(*flags, tmp_path, config=None):
     return proc, json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.skipif(
-    not os.path.exists(helpers.WIKITEXT_TEST),
-    reason=f"shared data folder absent ({helpers.WIKITEXT_TEST})",
-)
-def test_demo_checkpoint_on_wikitext2_test(tmp_path, demo_checkpoint):
-    proc, r = run_cli(
-        f"--config.checkpoint.dir={demo_checkpoint}",
-        f"--config.data.path={helpers.WIKITEXT_TEST}",
-        "--config.data.name=wikitext-2-test",
-        "--config.eval.batch_size=16",
-        "--config.eval.stride=256",
-        tmp_path=tmp_path,
-    )
-    assert REQUIRED_KEYS <= set(r)
-    raw = open(helpers.WIKITEXT_TEST, "rb").read()
-    # Byte tokens: every byte after the first is scored, the tail included.
-    assert r["num_tokens"] == len(raw) - 1
-    assert r["num_bytes"] == len(raw) - 1
-    assert r["num_words"] == len(raw[1:].decode("utf-8").split())
-    assert r["num_documents"] == 1
-    assert r["num_windows"] == 1 + math.ceil((len(raw) - 1 - 256) / 256)
-    assert r["perplexity"] == pytest.approx(math.exp(r["nll_sum"] / r["num_tokens"]), rel=1e-12)
-    assert r["bits_per_byte"] == pytest.approx(r["nll_sum"] / r["num_bytes"] / math.log(2))
-    assert r["word_perplexity"] == pytest.approx(math.exp(r["nll_sum"] / r["num_words"]))
-    # A trained model: far below the 8 bits of a uniform byte model.
-    assert r["bits_per_byte"] < 4.0
-    assert r["checkpoint"]["path"] == os.path.abspath(demo_checkpoint)
-    assert r["config"]["data"]["path"] == helpers.WIKITEXT_TEST
-    for label in ("perplexity", "bits per byte", "gzip -9", "word perplexity", "tokens/s"):
-        assert label in proc.stdout
-
-
 def test_default_run_scores_held_out_stdlib_modules(tmp_path):
     from ppl_jax.config import HELD_OUT_MODULES, held_out_paths
 
@@ -93,3 +62,45 @@ def test_default_run_scores_held_out_stdlib_modules(tmp_path):
     assert r["bits_per_byte"] < r["gzip_bits_per_byte"] + 1.0
     assert r["bits_per_byte"] < 4.0
     assert "gzip -9" in proc.stdout
+
+
+def test_wikitext2_config_takes_its_path_from_the_command_line(tmp_path, demo_checkpoint):
+    text = tmp_path / "wiki.test.tokens"
+    text.write_text(helpers.stdlib_text(4000), encoding="utf-8")
+    _, r = run_cli(
+        f"--config.checkpoint.dir={demo_checkpoint}",
+        tmp_path=tmp_path,
+        config=f"configs/wikitext2.py:{text}",
+    )
+    assert r["config"]["data"]["path"] == str(text)
+    assert (r["config"]["data"]["name"], r["config"]["data"]["format"]) == (
+        "wikitext-2-test",
+        "text",
+    )
+    assert r["num_documents"] == 1 and r["num_tokens"] == len(text.read_bytes()) - 1
+
+
+def test_wikitext2_config_without_its_data_says_where_it_comes_from(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "wikitext2", os.path.join(helpers.REPO, "configs", "wikitext2.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(FileNotFoundError, match="no WikiText-2 test file given; WikiText-2 "):
+        module.get_config()
+    missing = str(tmp_path / "wiki.test.tokens")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppl_jax", f"--config=configs/wikitext2.py:{missing}"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=300,
+        cwd=helpers.REPO,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("ppl-jax: error: ") and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1  # one paragraph
+    assert f"configs/wikitext2.py: no such file '{missing}'" in proc.stderr
+    assert "Salesforce/wikitext" in proc.stderr

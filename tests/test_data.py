@@ -1,9 +1,11 @@
-"""Reading a corpus (`ppl_jax.data`), tokenizers, and the token stream (`windows.build_stream`)."""
+"""Reading a corpus (`ppl_jax.data`), tokenizers, and the token stream (`windows.build_stream`).
+
+The byte-level BPE is trained at test time (`bpe_tokenizer` in conftest.py); the same tests on the
+GPT-2 tokenizer itself are in tests/shared_data/."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -13,11 +15,7 @@ from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.protocols import plan
 from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, from_description
 
-from helpers import GPT2_TOKENIZER, SHARED_DATA
-
-needs_shared_data = pytest.mark.skipif(
-    not os.path.isdir(SHARED_DATA), reason=f"the shared data folder {SHARED_DATA} is absent"
-)
+import helpers
 
 
 def write(path, data: bytes | str) -> str:
@@ -28,13 +26,16 @@ def write(path, data: bytes | str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gpt2() -> HFTokenizer:
-    if not os.path.isdir(SHARED_DATA):
-        pytest.skip(f"the shared data folder {SHARED_DATA} is absent")
-    return HFTokenizer.from_file(GPT2_TOKENIZER)
+def bpe(bpe_tokenizer) -> HFTokenizer:
+    return HFTokenizer.from_file(bpe_tokenizer)
 
 
-def gpt2_token_bytes(token: str) -> bytes:
+def token_bytes(tok: HFTokenizer, token_id: int) -> bytes:
+    """The bytes a byte-level BPE token stands for."""
+    return byte_level_token_bytes(tok._tok.id_to_token(int(token_id)))
+
+
+def byte_level_token_bytes(token: str) -> bytes:
     """The bytes a GPT-2 byte-level token string stands for (the inverse of GPT-2's
     `bytes_to_unicode`, written out here independently of `ppl_jax.tokenizer`)."""
     printable = (
@@ -271,20 +272,23 @@ def test_byte_tokenizer():
     assert isinstance(from_description(tok.describe()), ByteTokenizer)
 
 
-@needs_shared_data
-def test_gpt2_tokenizer(gpt2):
-    assert gpt2.vocab_size == 50257
-    assert gpt2.name == "gpt2.json"
-    ids = gpt2.encode(["Hello world", ""])
-    assert ids[0].tolist() == [15496, 995]
+def test_bpe_tokenizer(bpe, bpe_tokenizer):
+    from tokenizers import Tokenizer
+
+    lib = Tokenizer.from_file(bpe_tokenizer)
+    assert bpe.vocab_size == 512
+    assert bpe.name == "bpe.json"
+    ids = bpe.encode(["Hello world", ""])
+    assert ids[0].tolist() == lib.encode("Hello world").ids
+    assert len(ids[0]) < len("Hello world")  # merges are used
     assert ids[0].dtype == np.int32
     assert ids[1].tolist() == []
-    assert gpt2.first_token_bytes("Hello world") == 5
-    assert gpt2.first_token_bytes(" Hello") == 6
-    # A character split over several byte-level tokens: the first token is 2 of its 4 bytes.
-    assert gpt2.first_token_bytes("\U0001f917 hi") == 2
-    again = from_description(gpt2.describe())
-    assert again.encode(["Hello world"])[0].tolist() == [15496, 995]
+    for text in ("Hello world", " Hello", "\U0001f917 hi", "caf\u00e9"):
+        assert bpe.first_token_bytes(text) == len(token_bytes(bpe, lib.encode(text).ids[0]))
+    # A character split over several byte-level tokens: the first token is 1 of its 4 bytes.
+    assert bpe.first_token_bytes("\U0001f917 hi") == 1
+    again = from_description(bpe.describe())
+    assert again.encode(["Hello world"])[0].tolist() == ids[0].tolist()
 
 
 def test_tokenizer_file_errors(tmp_path):
@@ -352,12 +356,12 @@ def test_single_document_gets_no_separator():
     assert (s.text_bytes, s.num_bytes, s.num_words) == (3, 2, 1)
 
 
-@needs_shared_data
-def test_gpt2_stream_separators_and_offsets(gpt2):
+def test_bpe_stream_separators_and_offsets(bpe):
     docs = [Document("Hello world", "a"), Document("Hello world", "b")]
-    s = stream(docs, gpt2, "\n", vocab_size=gpt2.vocab_size)
-    assert s.tokens.tolist() == [15496, 995, 198, 15496, 995]
-    assert s.doc_starts.tolist() == [0, 3]
+    s = stream(docs, bpe, "\n", vocab_size=bpe.vocab_size)
+    hello, newline = bpe.encode(["Hello world", "\n"])
+    assert s.tokens.tolist() == [*hello, *newline, *hello]
+    assert s.doc_starts.tolist() == [0, len(hello) + len(newline)]
 
 
 def test_token_id_outside_the_vocabulary_names_document_and_source():
@@ -370,14 +374,14 @@ def test_token_id_outside_the_vocabulary_names_document_and_source():
     )
 
 
-@needs_shared_data
-def test_gpt2_ids_beyond_a_byte_vocabulary(gpt2):
+def test_bpe_ids_beyond_a_byte_vocabulary(bpe):
+    first_merge = next(int(i) for i in bpe.encode(["Hello world"])[0] if i >= 256)
     with pytest.raises(
         DataError,
-        match=r"document 0 \(c.txt\): token id 15496 is outside the "
-        r"model's vocabulary of 256. The tokenizer \(gpt2.json, 50257 ids\)",
+        match=rf"document 0 \(c.txt\): token id {first_merge} is outside the "
+        r"model's vocabulary of 256. The tokenizer \(bpe.json, 512 ids\)",
     ):
-        stream([Document("Hello world", "c.txt")], gpt2, "\n\n", vocab_size=256)
+        stream([Document("Hello world", "c.txt")], bpe, "\n\n", vocab_size=256)
 
 
 def test_separator_beyond_the_vocabulary():
@@ -428,34 +432,41 @@ def test_byte_stream_counts_bytes_and_words_after_the_first_token(texts):
     assert (s.num_bytes, s.num_words) == expected_counts(texts, "\n\n", raw[:1])
 
 
-@needs_shared_data
 @pytest.mark.parametrize("texts", CORPORA)
-def test_gpt2_stream_counts_bytes_and_words_after_the_first_token(texts, gpt2):
+def test_bpe_stream_counts_bytes_and_words_after_the_first_token(texts, bpe):
     docs = [Document(t, f"d{i}") for i, t in enumerate(texts)]
-    s = stream(docs, gpt2, "\n\n", vocab_size=gpt2.vocab_size)
-    first = gpt2_token_bytes(gpt2._tok.id_to_token(int(s.tokens[0])))
+    s = stream(docs, bpe, "\n\n", vocab_size=bpe.vocab_size)
+    first = token_bytes(bpe, s.tokens[0])
     assert s.text_bytes == len("\n\n".join(texts).encode("utf-8"))
     assert (s.num_bytes, s.num_words) == expected_counts(texts, "\n\n", first)
     # The stream's tokens, decoded byte by byte, are the joined text.
-    decoded = b"".join(gpt2_token_bytes(gpt2._tok.id_to_token(int(i))) for i in s.tokens)
+    decoded = b"".join(token_bytes(bpe, i) for i in s.tokens)
     assert decoded == "\n\n".join(texts).encode("utf-8")
 
 
-@needs_shared_data
-def test_gpt2_counts_on_a_real_text(gpt2):
-    with open(os.path.join(SHARED_DATA, "tinyshakespeare", "input.txt"), encoding="utf-8") as f:
-        text = f.read(3000)
-    s = stream([Document(text, "shakespeare")], gpt2, "\n\n", vocab_size=gpt2.vocab_size)
-    assert text.startswith("First Citizen:")
-    assert s.tokens[0] == gpt2.encode(["First"])[0][0]
-    assert s.num_bytes == len(text.encode("utf-8")) - len("First")
-    assert s.num_words == len(text[len("First") :].split())
+def test_bpe_counts_on_a_real_text(bpe):
+    text = helpers.stdlib_text(3000)
+    s = stream([Document(text, "stdlib")], bpe, "\n\n", vocab_size=bpe.vocab_size)
+    first = token_bytes(bpe, s.tokens[0])
+    assert s.tokens[0] == bpe.encode([text])[0][0]
+    assert s.num_bytes == len(text.encode("utf-8")) - len(first)
+    assert s.num_words == len(text.encode("utf-8")[len(first) :].decode("utf-8").split())
 
 
-def test_first_token_is_the_streams_own_not_the_joined_texts(gpt2):
-    # Tokenized apart, "Hel" + "lo there" starts with the token "Hel" (3 bytes), although the
-    # joined text "Hello there" would start with "Hello".
-    docs = [Document("Hel", "a"), Document("lo there", "b")]
-    s = stream(docs, gpt2, "", gpt2.vocab_size)
-    assert s.num_bytes == len("lo there")
+def test_first_token_is_the_streams_own_not_the_joined_texts(bpe):
+    # Tokenized apart, the first document is one token `head`, although the joined text starts
+    # with a longer token (`word`, of which `head` is a prefix).
+    vocab = [bpe._tok.id_to_token(i) for i in range(256, bpe.vocab_size)]
+    head, word = next(
+        (w[:k], w)
+        for w in vocab
+        if w.isalpha() and len(w) >= 4
+        for k in range(2, len(w))
+        if len(bpe.encode([w[:k]])[0]) == 1
+        and len(bpe.encode([w + " there"])[0]) >= 2
+        and token_bytes(bpe, bpe.encode([w + " there"])[0][0]) == w.encode()
+    )
+    docs = [Document(head, "a"), Document(word[len(head) :] + " there", "b")]
+    s = stream(docs, bpe, "", bpe.vocab_size)
+    assert s.num_bytes == len(word) - len(head) + len(" there")
     assert s.num_words == 2

@@ -14,7 +14,7 @@ import pytest
 
 from ppl_jax import checkpoint
 
-from helpers import GPT2_TOKENIZER, SHARED_DATA, TINY, random_params
+from helpers import TINY, random_params
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp-1700000000"  # an interrupted Orbax save (local filesystem)
 CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n"
@@ -118,16 +118,13 @@ CASES = [
         id="not_utf8",
     ),
     pytest.param(
-        lambda c, f: {"data.tokenizer": GPT2_TOKENIZER},
+        lambda c, f: {"data.tokenizer": f["bpe"]},
         lambda c, f: [
             f"document 0 ({c['corpus']})",
             "outside the model's vocabulary of 256",
-            "gpt2.json, 50257 ids",
+            "bpe.json, 512 ids",
         ],
         id="token_id_beyond_vocabulary",
-        marks=pytest.mark.skipif(
-            not os.path.isdir(SHARED_DATA), reason=f"the shared data folder {SHARED_DATA} is absent"
-        ),
     ),
     pytest.param(
         lambda c, f: {"checkpoint.dir": c["unfinalized"]},
@@ -175,7 +172,7 @@ CASES = [
 
 @pytest.mark.parametrize(("overrides", "named"), CASES)
 def test_bad_input_is_one_clear_error(
-    overrides, named, tiny_checkpoint, corpus, checkpoint_without_a_weight, tmp_path
+    overrides, named, tiny_checkpoint, corpus, checkpoint_without_a_weight, bpe_tokenizer, tmp_path
 ):
     unfinalized = tmp_path / "interrupted"
     unfinalized.mkdir()
@@ -186,7 +183,7 @@ def test_bad_input_is_one_clear_error(
         "unfinalized": str(unfinalized),
         "corpus": corpus,
     }
-    files = bad_files(tmp_path)
+    files = bad_files(tmp_path) | {"bpe": bpe_tokenizer}  # a byte-level BPE of 512 ids
     out = tmp_path / "out"
     settings = base_args(tiny_checkpoint, corpus, str(out)) | overrides(ckpts, files)
 

@@ -1,5 +1,7 @@
-"""Hugging Face checkpoints: tiny random transformers models, loaded by ppl_jax and scored against
-PyTorch's own log-probabilities; bad directories; conversion to Orbax."""
+"""Hugging Face checkpoints: tiny random transformers models (committed in tests/golden/hf), loaded by
+ppl_jax and scored against PyTorch's own log-probabilities (stored beside them by
+tests/golden/make_golden.py; tests/reference/test_hf_live.py runs PyTorch live); bad directories;
+conversion to Orbax."""
 
 import contextlib
 import json
@@ -22,21 +24,12 @@ from ppl_jax.config import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.nll import token_nll
 
-torch = pytest.importorskip("torch", reason="the reference models need PyTorch")
-tf = pytest.importorskip("transformers", reason="the reference models need transformers")
+import helpers
 
-SEQ = 40
-COMMON = dict(
-    vocab_size=300,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    initializer_range=0.2,
-    rms_norm_eps=1e-5,
-)
+GOLDEN_HF = os.path.join(helpers.GOLDEN, "hf")
+with open(os.path.join(GOLDEN_HF, "log_probs.json"), encoding="utf-8") as _f:
+    GOLDEN = json.load(_f)
+FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 5000.0,
@@ -47,70 +40,14 @@ LLAMA3_ROPE = {
 }  # head_dim 8: all three frequency bands
 
 
-def _llama():
-    return tf.LlamaForCausalLM(tf.LlamaConfig(**COMMON, rope_parameters=LLAMA3_ROPE))
-
-
-def _mistral():
-    return tf.MistralForCausalLM(tf.MistralConfig(**COMMON, sliding_window=8))
-
-
-def _qwen2():
-    return tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, tie_word_embeddings=True))
-
-
-def _gpt2():
-    return tf.GPT2LMHeadModel(
-        tf.GPT2Config(
-            vocab_size=300,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            n_positions=64,
-            initializer_range=0.2,
-            scale_attn_by_inverse_layer_idx=True,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    )
-
-
-FAMILIES = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gpt2": _gpt2}
-
-
-def _save(make, path, **kwargs):
-    """A random model with its vectors (norm scales, biases; transformers starts them at 1 and 0)
-    perturbed so that a wrongly loaded one shows; saved with `save_pretrained`."""
-    torch.manual_seed(0)
-    model = make().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    model.save_pretrained(path, **kwargs)
-    return model
-
-
 @pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory):
-    """family -> (directory, the PyTorch model). Llama is saved in sharded safetensors."""
-    root = tmp_path_factory.mktemp("hf")
-    out = {}
-    for name, make in FAMILIES.items():
-        kwargs = {"max_shard_size": "20KB"} if name == "llama" else {}
-        out[name] = (str(root / name), _save(make, str(root / name), **kwargs))
-    return out
+def hf_dirs() -> dict[str, str]:
+    """family -> its committed directory (tests/golden/hf; Llama in sharded safetensors)."""
+    return {name: os.path.join(GOLDEN_HF, name) for name in FAMILIES}
 
 
-def _tokens(vocab=300, seed=0):
-    return np.random.default_rng(seed).integers(0, vocab, size=SEQ + 1)
-
-
-def _torch_log_probs(model, tokens):
-    with torch.no_grad():
-        logits = model(torch.tensor(tokens[None, :-1])).logits
-    log_probs = torch.log_softmax(logits.float(), dim=-1)[0]
-    return log_probs[torch.arange(SEQ), torch.tensor(tokens[1:])].numpy()
+def golden_tokens() -> np.ndarray:
+    return np.asarray(GOLDEN["tokens"])
 
 
 def _load(path, mesh, dtype=jnp.float32, description=None):
@@ -127,26 +64,26 @@ def _load(path, mesh, dtype=jnp.float32, description=None):
 
 
 def _log_probs(model, params, tokens):
+    """`[len(tokens) - 1]` float32 log-probabilities (nats) of `tokens[1:]` under ppl_jax."""
     x = jnp.asarray(tokens[None, :-1], jnp.int32)
-    positions = jnp.arange(SEQ, dtype=jnp.int32)[None]
+    positions = jnp.arange(len(tokens) - 1, dtype=jnp.int32)[None]
     out = jax.jit(model.apply)(params, x, positions, jnp.ones_like(x))
     return -np.asarray(token_nll(out, jnp.asarray(tokens[None, 1:], jnp.int32)))[0]
 
 
-@pytest.mark.parametrize(
-    "family,mesh_shape",
-    [
-        ("llama", (8, 1)),
-        ("llama", (2, 4)),
-        ("mistral", (8, 1)),
-        ("qwen2", (8, 1)),
-        ("gpt2", (8, 1)),
-        ("gpt2", (2, 4)),
-    ],
-)
-def test_log_probs_match_pytorch(hf_dirs, family, mesh_shape):
-    path, torch_model = hf_dirs[family]
-    tokens = _tokens()
+MESH_CASES = [
+    ("llama", (8, 1)),
+    ("llama", (2, 4)),
+    ("mistral", (8, 1)),
+    ("qwen2", (8, 1)),
+    ("gpt2", (8, 1)),
+    ("gpt2", (2, 4)),
+]
+
+
+def check_log_probs(path: str, tokens: np.ndarray, ref: np.ndarray, mesh_shape) -> None:
+    """ppl_jax loads `path` onto a mesh of `mesh_shape` with the planned shardings, and its
+    log-probabilities of `tokens[1:]` are within 1e-4 of the reference's `ref`."""
     mesh = mesh_lib.make_mesh(*mesh_shape)
     model, params, shardings = _load(path, mesh)
     for leaf, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
@@ -154,9 +91,16 @@ def test_log_probs_match_pytorch(hf_dirs, family, mesh_shape):
     if mesh_shape == (2, 4):  # heads, vocab and mlp are really split over the model axis
         q = params["layers"]["0"]["attn"]["q"]
         assert q.addressable_shards[0].data.shape[1] == q.shape[1] // 4
-    ref = _torch_log_probs(torch_model, tokens)
     ours = _log_probs(model, params, tokens)
+    assert ours.shape == ref.shape == (len(tokens) - 1,)
     assert np.abs(ours - ref).max() < 1e-4
+
+
+@pytest.mark.parametrize("family,mesh_shape", MESH_CASES)
+def test_log_probs_match_pytorch(hf_dirs, family, mesh_shape):
+    """Against PyTorch's log-probabilities stored by tests/golden/make_golden.py."""
+    ref = np.asarray(GOLDEN["log_probs"][family], np.float32)
+    check_log_probs(hf_dirs[family], golden_tokens(), ref, mesh_shape)
 
 
 class _CountingSlice:
@@ -190,7 +134,7 @@ def test_each_block_is_read_once_and_alone(hf_dirs, monkeypatch, family):
             yield _CountingSlice(sl, name, reads)
 
     monkeypatch.setattr(hf, "_open_slice", counting)
-    _, params, _ = _load(hf_dirs[family][0], mesh_lib.make_mesh(2, 4))
+    _, params, _ = _load(hf_dirs[family], mesh_lib.make_mesh(2, 4))
     assert sum(size for _, size in reads) == sum(leaf.size for leaf in jax.tree.leaves(params))
     name = (
         "transformer.h.0.attn.c_attn.weight"
@@ -200,20 +144,21 @@ def test_each_block_is_read_once_and_alone(hf_dirs, monkeypatch, family):
     assert {size for n, size in reads if n == name} == {32 * 8}  # one head of 8 at a time
 
 
-def test_descriptions(hf_dirs):
-    llama = hf.read_description(hf_dirs["llama"][0])
+def check_descriptions(hf_dirs: dict[str, str]) -> None:
+    """What ppl_jax reads from the config.json of each family as transformers saves it."""
+    llama = hf.read_description(hf_dirs["llama"])
     assert (llama["rope_type"], llama["rope_theta"], llama["rope_original_max_positions"]) == (
         "llama3",
         5000.0,
         64,
     )
     assert (llama["num_kv_heads"], llama["tie_embeddings"], llama["qkv_bias"]) == (2, False, False)
-    mistral = hf.read_description(hf_dirs["mistral"][0])
+    mistral = hf.read_description(hf_dirs["mistral"])
     assert (mistral["sliding_window"], mistral["sliding_layers"]) == (8, [0, 1])
-    qwen2 = hf.read_description(hf_dirs["qwen2"][0])
+    qwen2 = hf.read_description(hf_dirs["qwen2"])
     assert (qwen2["qkv_bias"], qwen2["o_bias"], qwen2["tie_embeddings"]) == (True, False, True)
     assert qwen2["sliding_window"] is None
-    gpt2 = hf.read_description(hf_dirs["gpt2"][0])
+    gpt2 = hf.read_description(hf_dirs["gpt2"])
     assert gpt2 == {
         "family": "gpt2",
         "vocab_size": 300,
@@ -230,24 +175,28 @@ def test_descriptions(hf_dirs):
     }
 
 
-@pytest.mark.parametrize(
-    "family,change",
-    [
-        ("llama", {"rope_type": "default"}),
-        ("mistral", {"sliding_window": None, "sliding_layers": []}),
-    ],
-)
-def test_the_comparison_sees_rope_scaling_and_sliding_window(hf_dirs, family, change):
+def test_descriptions(hf_dirs):
+    check_descriptions(hf_dirs)
+
+
+CHANGES = [
+    ("llama", {"rope_type": "default"}),
+    ("mistral", {"sliding_window": None, "sliding_layers": []}),
+]
+
+
+def check_sees_change(path: str, tokens: np.ndarray, ref: np.ndarray, change: dict) -> None:
     """Without the llama3 scaling or the window, the log-probabilities move well beyond 1e-4."""
-    path, torch_model = hf_dirs[family]
-    tokens = _tokens()
     model, params, _ = _load(
         path, mesh_lib.make_mesh(-1, 1), description={**hf.read_description(path), **change}
     )
-    assert (
-        np.abs(_log_probs(model, params, tokens) - _torch_log_probs(torch_model, tokens)).max()
-        > 1e-2
-    )
+    assert np.abs(_log_probs(model, params, tokens) - ref).max() > 1e-2
+
+
+@pytest.mark.parametrize("family,change", CHANGES)
+def test_the_comparison_sees_rope_scaling_and_sliding_window(hf_dirs, family, change):
+    ref = np.asarray(GOLDEN["log_probs"][family], np.float32)
+    check_sees_change(hf_dirs[family], golden_tokens(), ref, change)
 
 
 BASE_CONFIG = {
@@ -353,7 +302,7 @@ class _Marker:
 def test_pickled_weights_are_refused_unread(hf_dirs, tmp_path):
     d = tmp_path / "pickled"
     d.mkdir()
-    (d / "config.json").write_text(open(os.path.join(hf_dirs["llama"][0], "config.json")).read())
+    (d / "config.json").write_text(open(os.path.join(hf_dirs["llama"], "config.json")).read())
     marker = tmp_path / "unpickled"
     (d / "pytorch_model.bin").write_bytes(pickle.dumps(_Marker(str(marker))))
     assert hf.is_hf_checkpoint(str(d))
@@ -371,7 +320,7 @@ def test_pickled_weights_are_refused_unread(hf_dirs, tmp_path):
 def test_missing_and_misshapen_weights_are_named(hf_dirs, tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    src = hf_dirs["qwen2"][0]
+    src = hf_dirs["qwen2"]
     d = tmp_path / "broken"
     d.mkdir()
     weights = load_file(os.path.join(src, "model.safetensors"))
@@ -388,22 +337,37 @@ def test_missing_and_misshapen_weights_are_named(hf_dirs, tmp_path):
     )
 
 
-def test_bfloat16(hf_dirs, tmp_path):
-    """Float32 weights load as bfloat16 (rounded as `astype` rounds), and stored bfloat16 weights
-    load exactly."""
-    path, torch_model = hf_dirs["gpt2"]
+def check_bfloat16(path: str, bf16_path: str) -> None:
+    """Float32 weights load as bfloat16 (rounded as `astype` rounds), and the same weights stored
+    in bfloat16 (`bf16_path`) load exactly, into float32."""
     mesh = mesh_lib.make_mesh(-1, 1)
     _, p32, _ = _load(path, mesh)
     _, p16, _ = _load(path, mesh, jnp.bfloat16)
     for a, b in zip(jax.tree.leaves(p32), jax.tree.leaves(p16), strict=True):
         assert b.dtype == jnp.bfloat16
         np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16)), np.asarray(b))
-    torch_model.to(torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
-    torch_model.to(torch.float32)
-    _, from_bf16, _ = _load(str(tmp_path / "bf16"), mesh)
+    _, from_bf16, _ = _load(bf16_path, mesh)
     for a, b in zip(jax.tree.leaves(p16), jax.tree.leaves(from_bf16), strict=True):
         assert b.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b))
+
+
+def test_bfloat16(hf_dirs, tmp_path):
+    """The bfloat16 copy is written by safetensors' own Flax writer (tests/reference/ has
+    PyTorch's `save_pretrained` write it)."""
+    from safetensors.flax import save_file
+    from safetensors.numpy import load_file
+
+    path, bf16 = hf_dirs["gpt2"], tmp_path / "bf16"
+    bf16.mkdir()
+    shutil.copy(os.path.join(path, "config.json"), bf16)
+    weights = load_file(os.path.join(path, "model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {np.dtype(np.float32)}
+    save_file(
+        {k: jnp.asarray(w, jnp.bfloat16) for k, w in weights.items()},
+        str(bf16 / "model.safetensors"),
+    )
+    check_bfloat16(path, str(bf16))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -411,7 +375,7 @@ def test_conversion_to_orbax_restores_the_same_params(hf_dirs, tmp_path, dtype):
     from ppl_jax.convert import convert
 
     path = str(tmp_path / "llama")
-    shutil.copytree(hf_dirs["llama"][0], path)
+    shutil.copytree(hf_dirs["llama"], path)
     _write_word_tokenizer(path)
     out = str(tmp_path / "orbax")
     convert(path, out, dtype)
@@ -438,8 +402,8 @@ def test_conversion_to_orbax_restores_the_same_params(hf_dirs, tmp_path, dtype):
 
 
 def _write_word_tokenizer(path):
-    """A word-level tokenizer.json whose post-processor adds BOS, as Llama's does (transformers 5
-    ignores `add_bos_token` beside a tokenizer.json), and a Llama-style tokenizer_config.json."""
+    """A word-level tokenizer.json whose post-processor prepends BOS `<s>`, as Llama's does, and a
+    Llama-style tokenizer_config.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     tok = Tokenizer(

@@ -15,15 +15,10 @@ import helpers
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
-    """A few thousand lines of real text (WikiText-2 test), as `lines` documents."""
-    tmp = tmp_path_factory.mktemp("corpus")
-    if os.path.exists(helpers.WIKITEXT_TEST):
-        with open(helpers.WIKITEXT_TEST, encoding="utf-8") as f:
-            text = f.read()[:60_000]
-    else:  # the shared data folder is absent: synthesize varied text instead
-        text = "\n".join(f"line {i} " + "abc def ghi " * (i % 13) for i in range(2000))
-    path = tmp / "wiki.txt"
-    path.write_text(text, encoding="utf-8")
+    """60,000 characters of real text (standard-library source: prose and code), as `lines`
+    documents."""
+    path = tmp_path_factory.mktemp("corpus") / "stdlib.txt"
+    path.write_text(helpers.stdlib_text(60_000), encoding="utf-8")
     return str(path)
 
 

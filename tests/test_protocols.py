@@ -1,5 +1,8 @@
 """Each protocol's windows against its reference recipe, token for token (no model needed)."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -8,6 +11,8 @@ from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.protocols import plan, resolve_add_bos
 from ppl_jax.tokenizer import ByteTokenizer
 from ppl_jax.windows import NO_PREFIX
+
+import helpers
 
 
 class FakeTokenizer(ByteTokenizer):
@@ -46,23 +51,22 @@ def docs_of(lengths, seed=0):
     ]
 
 
-@pytest.mark.parametrize("seq_len", [1, 4, 16])
+SEQ_LENS = [1, 4, 16]
+
+
+@pytest.mark.parametrize("seq_len", SEQ_LENS)
 @pytest.mark.parametrize("add_bos", [False, True])
 def test_lm_eval_rolling_matches_the_harness_windows(seq_len, add_bos):
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
+    """Against lm-evaluation-harness's `get_rolling_token_windows` + `make_disjoint_window`,
+    stored by tests/golden/make_golden.py (tests/reference/ runs the harness live)."""
+    with open(os.path.join(helpers.GOLDEN, "lm_eval_windows.json"), encoding="utf-8") as f:
+        golden = json.load(f)
     tok = FakeTokenizer(add_bos_default=add_bos)
     docs = docs_of(DOC_LENGTHS)
+    assert [d.text for d in docs] == golden["documents"]
     p = plan("lm_eval_rolling", docs, tok, 258, seq_len, seq_len, add_bos=add_bos)
-    expected = []
-    for d in docs:
-        token_list = ([256] if add_bos else []) + list(d.text.encode())
-        for context, continuation in map(
-            make_disjoint_window,
-            get_rolling_token_windows(token_list, 256, max_seq_len=seq_len, context_len=1),
-        ):
-            # HFLM scores the last len(continuation) logits of (context + continuation)[:-1].
-            expected.append((context + continuation, continuation))
+    # HFLM scores the last len(continuation) logits of (context + continuation)[:-1].
+    expected = [tuple(w) for doc in golden["windows"][f"{seq_len}-{add_bos}"] for w in doc]
     assert rows_as_lists(p.windows) == expected
     assert p.prefix_id == 256
     assert p.windows.num_scored().sum() == sum(DOC_LENGTHS) + add_bos * len(DOC_LENGTHS)

@@ -1,0 +1,37 @@
+"""The command line on WikiText-2 test from the PPL_JAX_TEST_DATA folder, through the shipped
+config file `configs/wikitext2.py:<path>` (collected only when that variable names a folder)."""
+
+import math
+import os
+
+import pytest
+from test_cli import REQUIRED_KEYS, run_cli
+
+
+def test_demo_checkpoint_on_wikitext2_test(tmp_path, demo_checkpoint, test_data):
+    wikitext = os.path.join(test_data, "wikitext-2", "test.txt")
+    proc, r = run_cli(
+        f"--config.checkpoint.dir={demo_checkpoint}",
+        "--config.eval.batch_size=16",
+        "--config.eval.stride=256",
+        tmp_path=tmp_path,
+        config=f"configs/wikitext2.py:{wikitext}",
+    )
+    assert REQUIRED_KEYS <= set(r)
+    raw = open(wikitext, "rb").read()
+    # Byte tokens: every byte after the first is scored, the tail included.
+    assert r["num_tokens"] == len(raw) - 1
+    assert r["num_bytes"] == len(raw) - 1
+    assert r["num_words"] == len(raw[1:].decode("utf-8").split())
+    assert r["num_documents"] == 1
+    assert r["num_windows"] == 1 + math.ceil((len(raw) - 1 - 256) / 256)
+    assert r["perplexity"] == pytest.approx(math.exp(r["nll_sum"] / r["num_tokens"]), rel=1e-12)
+    assert r["bits_per_byte"] == pytest.approx(r["nll_sum"] / r["num_bytes"] / math.log(2))
+    assert r["word_perplexity"] == pytest.approx(math.exp(r["nll_sum"] / r["num_words"]))
+    # A trained model: far below the 8 bits of a uniform byte model.
+    assert r["bits_per_byte"] < 4.0
+    assert r["checkpoint"]["path"] == os.path.abspath(demo_checkpoint)
+    assert r["config"]["data"]["path"] == wikitext
+    assert r["config"]["data"]["name"] == "wikitext-2-test"
+    for label in ("perplexity", "bits per byte", "gzip -9", "word perplexity", "tokens/s"):
+        assert label in proc.stdout
