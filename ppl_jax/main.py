@@ -1,7 +1,7 @@
 """`ppl-jax`: evaluate a checkpoint's perplexity on a corpus. Wiring only.
 
     ppl-jax                                   # the demo checkpoint on held-out stdlib modules
-    ppl-jax --config=configs/wikitext2.py --config.eval.seq_len=512
+    ppl-jax --config=configs/wikitext2.py:/data/wiki.test.tokens --config.eval.seq_len=512
 
 The config file (`--config`, default: the built-in `ppl_jax/config.py`, which `configs/default.py`
 re-exports) returns an `ml_collections.ConfigDict`; `--config.a.b=value` overrides a key.
@@ -81,7 +81,8 @@ EXAMPLES = (
         "a Hugging Face directory on a text file: windows of 1024 tokens every 512",
     ),
     (
-        "ppl-jax --config=configs/wikitext2.py --config.eval.protocol=lm_eval_rolling "
+        "ppl-jax --config.checkpoint.dir=/models/gpt2 --config.data.path=wiki.test.raw "
+        "--config.data.format=wikitext --config.eval.protocol=lm_eval_rolling "
         "--config.eval.seq_len=1024 --config.output.per_document=true",
         "WikiText-2 scored as lm-evaluation-harness does, with per-document results",
     ),

@@ -67,7 +67,7 @@ def test_a_mistyped_key_is_one_clean_line(override, message):
 
 
 def test_a_mistyped_key_after_a_config_file_is_named_too():
-    r = ppl_jax("--config=configs/wikitext2.py", "--config.eval.sq_len=3")
+    r = ppl_jax("--config=configs/default.py", "--config.eval.sq_len=3")
     assert r.returncode == 2
     assert r.stderr == (
         "ppl-jax: error: unknown config key eval.sq_len; did you mean eval.seq_len? "

@@ -30,6 +30,7 @@ import pytest
 from ppl_jax import report
 from ppl_jax.config import Settings, get_config
 from ppl_jax.evaluate import evaluate
+from ppl_jax.outputs import OutputDir
 
 import helpers
 
@@ -216,7 +217,7 @@ def check_lm_eval_rolling(path, docs_path, texts, ref: dict, bos: list[int], eot
     ev, results = run(path, "lm_eval_rolling", docs_path, output__per_document=True)
     assert results["protocol"]["prefix_token_id"] == prefix
     # documents.jsonl, as the command line writes it
-    written = report.write_documents(ev.documents, str(tmp_path))
+    written = OutputDir(str(tmp_path), lock_fd=None).write_jsonl("documents.jsonl", ev.documents)
     docs = [json.loads(line) for line in open(written, encoding="utf-8")]
     ll = np.asarray([d["loglikelihood"] for d in docs])
     assert [d["num_tokens"] for d in docs] == ref["num_tokens"]
