@@ -153,13 +153,13 @@ def count_harness_words(text: str) -> int:
     return sum(1 for _ in re.finditer(r"\s+", text)) + 1
 
 
-def _span_words(raw: bytes, byte_ends: np.ndarray, scored: np.ndarray) -> int:
-    """Words of the text from the first to the last scored token (byte_ends: [N] cumulative)."""
+def _span_words(raw: bytes, byte_lens: np.ndarray, scored: np.ndarray) -> int:
+    """Words of the text from the first to the last scored token (byte_lens: `[N]` per token)."""
     idx = np.flatnonzero(scored)
     if not idx.size:
         return 0
-    lo = int(byte_ends[idx[0] - 1]) if idx[0] > 0 else 0
-    hi = int(byte_ends[idx[-1]])
+    lo = int(byte_lens[: idx[0]].sum(dtype=np.int64))
+    hi = lo + int(byte_lens[idx[0] : idx[-1] + 1].sum(dtype=np.int64))
     return count_words(raw, lo, hi)
 
 
@@ -259,7 +259,7 @@ def plan(
         protocol=protocol,
         windows=windows,
         num_bytes=int(byte_lens[scored].sum()),
-        num_words=_span_words(raw, np.cumsum(byte_lens, dtype=np.int64), scored),
+        num_words=_span_words(raw, byte_lens, scored),
         num_documents=len(docs),
         text_tokens=int(text_ids.size),
         unscored_tokens=int(text_ids.size - scored[len(bos) :].sum()),
