@@ -34,6 +34,17 @@ TINY = LlamaConfig(
 )
 
 
+# The llama3 rope scaling of the tiny Llama references (transformers `rope_parameters`).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 5000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # head_dim 8: all three frequency bands
+
+
 def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
     """Random params of `cfg`, with norms perturbed away from 1 so that they matter."""
     import jax

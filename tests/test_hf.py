@@ -30,14 +30,7 @@ GOLDEN_HF = os.path.join(helpers.GOLDEN, "hf")
 with open(os.path.join(GOLDEN_HF, "log_probs.json"), encoding="utf-8") as _f:
     GOLDEN = json.load(_f)
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 5000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}  # head_dim 8: all three frequency bands
+LLAMA3_ROPE = helpers.LLAMA3_ROPE
 
 
 @pytest.fixture(scope="module")

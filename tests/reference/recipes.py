@@ -28,14 +28,7 @@ COMMON = dict(
     initializer_range=0.2,
     rms_norm_eps=1e-5,
 )
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 5000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}  # head_dim 8: all three frequency bands
+LLAMA3_ROPE = helpers.LLAMA3_ROPE
 
 
 def _llama():
