@@ -14,12 +14,19 @@ not raise for a leaf missing from the checkpoint when partial restore is on; we 
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import glob
+import json
+import logging
 import os
+import sys
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 
 from ppl_jax.errors import CheckpointError
 
@@ -117,6 +124,125 @@ def _paths(tree: Any) -> dict[str, Any]:
     return {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in flat}
 
 
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, leaf in flat.items():
+        node = tree
+        *parents, last = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = leaf
+    return tree
+
+
+def _reason(e: BaseException, directory: str) -> str:
+    """The innermost cause of an Orbax/TensorStore error, in one short line."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(e).split())
+    text = text.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole spec
+    text = text.replace(os.path.abspath(directory) + os.sep, "")  # paths relative to the dir
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _damaged(
+    directory: str, step: int, what: str, e: BaseException | None = None
+) -> CheckpointError:
+    why = f" ({_reason(e, directory)})" if e is not None else ""
+    return CheckpointError(
+        f"step {step} of {directory!r} is damaged: {what}{why}. Restore the step's files from a "
+        f"copy, or evaluate another step (checkpoint.step)."
+    )
+
+
+def _check_tree_metadata(directory: str, step: int) -> None:
+    """The step's `state/_METADATA` (Orbax's JSON tree of stored arrays) is there and parses."""
+    state = os.path.join(directory, str(step), STATE)
+    if os.path.isfile(os.path.join(state, "checkpoint")):
+        return  # an older Orbax checkpoint, with msgpack tree metadata
+    try:
+        with open(os.path.join(state, "_METADATA"), encoding="utf-8") as f:
+            json.load(f)
+    except FileNotFoundError:
+        raise _damaged(directory, step, "its tree metadata 'state/_METADATA' is missing") from None
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _damaged(
+            directory, step, f"its tree metadata 'state/_METADATA' is not valid JSON ({e})"
+        ) from None
+
+
+def _check_ocdbt_index(directory: str, step: int) -> None:
+    """Reads the OCDBT manifest and B+tree of the step's `state` (they carry CRC-32C checksums).
+
+    Orbax stores the arrays of a step in one OCDBT key-value database: `state/manifest.ocdbt`
+    points at B+tree nodes under `state/d/` and `state/ocdbt.process_*/d/`, which point at the
+    array chunks. A lost or damaged manifest or node makes every weight unreadable; listing the
+    database reads them all, so such damage is reported here in one sentence, before Orbax opens
+    any array (it would print one asyncio traceback per array).
+    """
+    state = os.path.join(os.path.abspath(directory), str(step), STATE)
+    if not os.path.isfile(os.path.join(state, "manifest.ocdbt")):
+        if glob.glob(os.path.join(state, "ocdbt.process_*")):
+            raise _damaged(directory, step, "its OCDBT manifest 'state/manifest.ocdbt' is missing")
+        return  # not an OCDBT checkpoint: Orbax reads one directory per array
+    try:
+        kvstore = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{state}/"}).result()
+        kvstore.list().result()
+    except Exception as e:  # TensorStore raises ValueError with a status code in the text
+        raise _damaged(directory, step, "the OCDBT index of its arrays cannot be read", e) from None
+
+
+@contextlib.contextmanager
+def _quiet_failed_reads():
+    """Keeps the leftovers of failed Orbax reads off stderr while the failure is diagnosed.
+
+    When one shard of a restore fails, Orbax's other pending reads end as never-retrieved asyncio
+    task exceptions and unawaited coroutines, which Python prints (tracebacks of hundreds of lines)
+    when they are garbage collected. The failure itself is raised as a `CheckpointError`; these
+    leftovers are collected here, silently.
+    """
+    log = logging.getLogger("asyncio")
+    level, hook = log.level, sys.unraisablehook
+    log.setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        gc.collect()
+        log.setLevel(level)
+        sys.unraisablehook = hook
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, params: dict[str, Any]) -> Any:
+    abstract = {"params": params}
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            **{
+                STATE: ocp.args.PyTreeRestore(
+                    item=abstract,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                    partial_restore=True,
+                )
+            }
+        ),
+    )
+    return restored[STATE]["params"]
+
+
+def _unreadable_weights(
+    manager: ocp.CheckpointManager, directory: str, step: int, expected: dict[str, Any]
+) -> dict[str, str]:
+    """Restores each weight on its own (only after a failed restore): which ones fail, and why."""
+    failed = {}
+    for name, leaf in expected.items():
+        try:
+            jax.block_until_ready(_restore(manager, step, _nest({name: leaf})))
+        except Exception as e:  # Orbax re-raises TensorStore's errors as bare Exceptions
+            failed[name] = _reason(e, directory)
+    return failed
+
+
 def restore_params(directory: str, step: int, target: Any) -> Any:
     """Restores only `params` of the training state at `step`, into the given shardings.
 
@@ -130,10 +256,21 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
       The params tree of `jax.Array`s, each with its target sharding.
 
     Raises:
-      CheckpointError: naming every weight that is missing or of another shape.
+      CheckpointError: naming every weight that is missing or of another shape; or, when the
+        step's files are damaged (a lost, truncated or corrupt array file, OCDBT manifest or
+        B+tree node, unreadable array metadata), naming the directory, the step and every weight
+        that cannot be read. Orbax stores no checksum of array data (zarr chunks compressed with
+        zstd, without zstd's content checksum), so flipped bits inside a chunk can go unnoticed.
     """
+    _check_tree_metadata(directory, step)
+    _check_ocdbt_index(directory, step)
     with _manager(directory) as manager:
-        stored = manager.item_metadata(step)[STATE]
+        try:
+            stored = manager.item_metadata(step)[STATE]
+        except Exception as e:  # a corrupt `state/_METADATA`, in Orbax's own errors
+            raise _damaged(
+                directory, step, "the tree metadata of its training state cannot be read", e
+            ) from None
         stored_tree = getattr(stored, "tree", stored)
         if not isinstance(stored_tree, dict) or "params" not in stored_tree:
             raise CheckpointError(
@@ -156,20 +293,25 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
                 + "; ".join(problems)
                 + ". The checkpoint is partial or belongs to another model."
             )
-        abstract = {"params": target}
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE: ocp.args.PyTreeRestore(
-                        item=abstract,
-                        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-                        partial_restore=True,
-                    )
-                }
-            ),
-        )
-    params = restored[STATE]["params"]
+        try:
+            params = _restore(manager, step, target)
+        except Exception as e:  # Orbax re-raises TensorStore's errors as bare Exceptions
+            # Only strings leave this block, so the failed reads can be collected quietly.
+            with _quiet_failed_reads():
+                reason = _reason(e, directory)
+                del e
+                failed = _unreadable_weights(manager, directory, step, expected)
+            if not failed:
+                what = f"its params cannot be read ({reason})"
+            elif len(failed) == len(expected):
+                what = f"none of its weights can be read ({reason})"
+            else:
+                names = ", ".join(f"'{n}'" for n in list(failed)[:5])
+                if len(failed) > 5:
+                    names += f" and {len(failed) - 5} more"
+                plural = "s" if len(failed) > 1 else ""
+                what = f"weight{plural} {names} cannot be read ({next(iter(failed.values()))})"
+            raise _damaged(directory, step, what) from None
     got = _paths(params)
     for name, want in expected.items():
         leaf = got.get(name)
