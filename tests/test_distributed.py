@@ -119,13 +119,15 @@ FAKE_PYTHON = textwrap.dedent(
     """\
     #!/usr/bin/env bash
     # Stands in for the interpreter: `-c CODE` is real Python (local.sh's port search); `-m
-    # ppl_jax ...` does what FAKE_<process id> says: fail:N (exit N after 0.5 s), sleep, ok.
+    # ppl_jax ...` does what FAKE_<process id> says: fail:N (exit N after 0.5 s), kill (SIGKILL
+    # itself after 0.5 s), sleep, ok.
     if [[ "$1" == "-c" ]]; then exec "$REAL_PYTHON" "$@"; fi
     what_var="FAKE_${PPL_JAX_PROCESS_ID}"
     what=${!what_var:-ok}
     echo "start $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"
     case "$what" in
       fail:*) sleep 0.5; exit "${what#fail:}" ;;
+      kill) sleep 0.5; kill -KILL $$ ;;
       sleep)
         sleep 1000 &
         trap 'kill $!; echo "term $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"; exit 143' TERM
@@ -157,7 +159,9 @@ def _local_sh(tmp_path, launched, n: int, **fake: str) -> tuple[subprocess.Popen
     env = dict(os.environ, PYTHON=str(python), REAL_PYTHON=sys.executable, FAKE_LOG=log)
     env.update({f"FAKE_{k[1:]}": v for k, v in fake.items()})  # p0="sleep" -> FAKE_0
     cmd = ["bash", os.path.join(helpers.REPO, "launch", "local.sh"), str(n)]
-    launched.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+    launched.append(
+        subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    )
     return launched[-1], log
 
 
@@ -172,6 +176,17 @@ def test_local_sh_stops_the_others_when_one_fails(tmp_path, launched):
     assert proc.wait(timeout=20) == 3  # the failed process's status
     assert time.monotonic() - start < 5  # not the 1000 s the others would sleep
     assert _log(log) == ["start 0", "start 1", "start 2", "term 0", "term 2"]
+
+
+def test_local_sh_names_a_killed_process(tmp_path, launched):
+    proc, log = _local_sh(tmp_path, launched, 2, p0="sleep", p1="kill")
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert err == (
+        "ppl-jax: error: process 1 of 2 was killed by SIGKILL; the run is stopped. Run the same "
+        "command again to resume.\n"
+    )
+    assert _log(log) == ["start 0", "start 1", "term 0"]
 
 
 def test_local_sh_succeeds_when_all_succeed(tmp_path, launched):
