@@ -19,11 +19,13 @@ import gc
 import glob
 import json
 import logging
+import math
 import os
 import sys
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
@@ -32,6 +34,9 @@ from ppl_jax.errors import CheckpointError
 
 STATE = "state"
 METADATA = "metadata"
+CHECKSUMS = "checksums"
+CHECKSUM_ALGORITHM = "ppl_jax.weighted_byte_sums.v1"
+CAST_GROUP_BYTES = 1 << 30  # stored-dtype bytes restored at a time when weights are cast
 
 
 def save_train_state(
@@ -49,7 +54,14 @@ def save_train_state(
       state: the training state; `params` is a string-keyed dict of arrays.
       metadata: `{"model": architecture dict, "tokenizer": tokenizer description}`.
       max_to_keep: how many steps to keep (None keeps all).
+
+    A third item, `checksums`, holds a fingerprint of each weight of `params` (see
+    `fingerprint`): Orbax stores no checksum of array data, and `restore_params` checks these.
     """
+    checksums = {
+        "algorithm": CHECKSUM_ALGORITHM,
+        "params": {name: fingerprint(x) for name, x in _paths(state["params"]).items()},
+    }
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
     with ocp.CheckpointManager(os.path.abspath(directory), options=options) as manager:
         manager.save(
@@ -58,6 +70,7 @@ def save_train_state(
                 **{
                     STATE: ocp.args.StandardSave(state),
                     METADATA: ocp.args.JsonSave(metadata),
+                    CHECKSUMS: ocp.args.JsonSave(checksums),
                 }
             ),
         )
@@ -72,7 +85,11 @@ def _manager(directory: str) -> ocp.CheckpointManager:
         )
     return ocp.CheckpointManager(
         os.path.abspath(directory),
-        item_handlers={STATE: ocp.PyTreeCheckpointHandler(), METADATA: ocp.JsonCheckpointHandler()},
+        item_handlers={
+            STATE: ocp.PyTreeCheckpointHandler(),
+            METADATA: ocp.JsonCheckpointHandler(),
+            CHECKSUMS: ocp.JsonCheckpointHandler(),
+        },
         options=ocp.CheckpointManagerOptions(read_only=True),
     )
 
@@ -117,6 +134,46 @@ def read_metadata(directory: str, step: int | None) -> tuple[int, dict[str, Any]
             chosen, args=ocp.args.Composite(**{METADATA: ocp.args.JsonRestore()})
         )
         return chosen, dict(restored[METADATA])
+
+
+@jax.jit
+def _byte_sums(bytes_: jax.Array) -> jax.Array:
+    """Two wrapping uint32 sums of `bytes_` (uint8, any shape) times odd positional weights."""
+    bytes_ = bytes_.astype(jnp.uint32)
+    index = jnp.zeros(bytes_.shape, jnp.uint32)  # the row-major position of each byte
+    for axis in range(bytes_.ndim):
+        stride = np.uint32(math.prod(bytes_.shape[axis + 1 :]) % (1 << 32))
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, bytes_.shape, axis) * stride
+    odd_1 = index * np.uint32(0x9E3779B1) + np.uint32(0x7F4A7C15) | np.uint32(1)
+    odd_2 = (index ^ (index >> 15)) * np.uint32(0x2C1B3C6D) + np.uint32(0x297A2D39) | np.uint32(1)
+    return jnp.stack([jnp.sum(bytes_ * odd_1), jnp.sum(bytes_ * odd_2)])
+
+
+_as_bytes = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint8))
+
+
+def fingerprint(x: Any) -> str:
+    """A 64-bit fingerprint of an array's bytes and dtype, the same for any sharding.
+
+    Two sums modulo 2**32 of every byte times an odd weight drawn from its row-major position
+    (bytes in little-endian order): a change of one byte changes both (an odd multiple of a
+    nonzero change below 2**8 is not 0 mod 2**32), a swap of bytes changes them too, and other
+    corruption passes with probability about 2**-64. Integer sums do not depend on the order of
+    addition, so neither the sharding nor the process count matters.
+
+    Args:
+      x: an array (NumPy, or a `jax.Array` sharded in any way) of any shape and dtype.
+
+    Returns:
+      `"<dtype>:<16 hex digits>"`.
+    """
+    if isinstance(x, jax.Array):
+        bytes_ = _as_bytes(x)
+    else:
+        x = np.ascontiguousarray(x)
+        bytes_ = x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
+    first, second = (int(v) for v in np.asarray(_byte_sums(bytes_)))
+    return f"{np.dtype(x.dtype).name}:{first:08x}{second:08x}"
 
 
 def _paths(tree: Any) -> dict[str, Any]:
@@ -230,6 +287,79 @@ def _restore(manager: ocp.CheckpointManager, step: int, params: dict[str, Any]) 
     return restored[STATE]["params"]
 
 
+def _read_checksums(manager: ocp.CheckpointManager, directory: str, step: int) -> dict | None:
+    """The weight fingerprints saved with the step, or None (saved without them, or by a newer
+    ppl_jax with another algorithm)."""
+    if not os.path.isdir(os.path.join(directory, str(step), CHECKSUMS)):
+        return None
+    try:
+        saved = manager.restore(
+            step, args=ocp.args.Composite(**{CHECKSUMS: ocp.args.JsonRestore()})
+        )
+    except Exception as e:  # Orbax's own errors for a missing or corrupt JSON file
+        raise _damaged(directory, step, "its checksums item cannot be read", e) from None
+    saved = saved[CHECKSUMS]
+    if not isinstance(saved, dict) or saved.get("algorithm") != CHECKSUM_ALGORITHM:
+        return None
+    return dict(saved.get("params") or {})
+
+
+def _restore_verified(
+    manager: ocp.CheckpointManager,
+    directory: str,
+    step: int,
+    target: dict[str, Any],
+    stored_dtypes: dict[str, Any],
+    checksums: dict[str, str],
+) -> Any:
+    """Restores in the stored dtypes, checks each weight's fingerprint, then casts to the target.
+
+    When weights are cast, they are restored in groups of about `CAST_GROUP_BYTES`, so that a
+    model stored in float32 and evaluated in bfloat16 never sits whole in float32 on the devices.
+    """
+    expected = _paths(target)
+    stored = {
+        name: jax.ShapeDtypeStruct(
+            leaf.shape, stored_dtypes.get(name, leaf.dtype), sharding=leaf.sharding
+        )
+        for name, leaf in expected.items()
+    }
+    casts = any(stored[n].dtype != leaf.dtype for n, leaf in expected.items())
+    limit = CAST_GROUP_BYTES if casts else math.inf
+    groups: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, leaf in stored.items():
+        nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
+        if groups[-1] and size + nbytes > limit:
+            groups.append({})
+            size = 0
+        groups[-1][name] = leaf
+        size += nbytes
+    out, changed = {}, []
+    for group in groups:
+        for name, array in _paths(_restore(manager, step, _nest(group))).items():
+            if name in checksums and fingerprint(array) != checksums[name]:
+                changed.append(name)
+            want = expected[name]
+            if array.dtype != want.dtype:
+                cast = jax.jit(lambda a, d=want.dtype: a.astype(d), out_shardings=want.sharding)
+                array, stored_array = cast(array), array
+                stored_array.delete()
+            out[name] = array
+    if changed:
+        names = ", ".join(f"'{n}'" for n in changed[:5])
+        if len(changed) > 5:
+            names += f" and {len(changed) - 5} more"
+        plural = "s" if len(changed) > 1 else ""
+        raise _damaged(
+            directory,
+            step,
+            f"the stored bytes of weight{plural} {names} changed after the save (they do not "
+            f"match the checksums saved with them)",
+        )
+    return _nest(out)
+
+
 def _unreadable_weights(
     manager: ocp.CheckpointManager, directory: str, step: int, expected: dict[str, Any]
 ) -> dict[str, str]:
@@ -259,8 +389,11 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
       CheckpointError: naming every weight that is missing or of another shape; or, when the
         step's files are damaged (a lost, truncated or corrupt array file, OCDBT manifest or
         B+tree node, unreadable array metadata), naming the directory, the step and every weight
-        that cannot be read. Orbax stores no checksum of array data (zarr chunks compressed with
-        zstd, without zstd's content checksum), so flipped bits inside a chunk can go unnoticed.
+        that cannot be read; or naming every weight whose bytes no longer match the fingerprint
+        saved with it. Orbax stores no checksum of array data (zarr chunks compressed with zstd,
+        without zstd's content checksum: a flipped bit in a chunk decodes to a wrong value), so
+        only steps written by `save_train_state` (with their `checksums` item) are checked
+        bit for bit; flipped bits in other checkpoints' array data go unnoticed.
     """
     _check_tree_metadata(directory, step)
     _check_ocdbt_index(directory, step)
@@ -293,8 +426,21 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
                 + "; ".join(problems)
                 + ". The checkpoint is partial or belongs to another model."
             )
+        checksums = _read_checksums(manager, directory, step)
         try:
-            params = _restore(manager, step, target)
+            if checksums is None:
+                params = _restore(manager, step, target)
+            else:
+                stored_dtypes = {
+                    name: np.dtype(v.dtype)
+                    for name, v in _paths(stored_tree["params"]).items()
+                    if getattr(v, "dtype", None) is not None
+                }
+                params = _restore_verified(
+                    manager, directory, step, target, stored_dtypes, checksums
+                )
+        except CheckpointError:
+            raise
         except Exception as e:  # Orbax re-raises TensorStore's errors as bare Exceptions
             # Only strings leave this block, so the failed reads can be collected quietly.
             with _quiet_failed_reads():

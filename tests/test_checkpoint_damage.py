@@ -162,6 +162,73 @@ def test_missing_or_truncated_tree_metadata(copy):
     assert "its tree metadata 'state/_METADATA' is missing." in _damaged(copy)
 
 
+def test_flipped_bits_in_array_data_are_caught_by_the_checksums(copy):
+    (data,) = _data_files(copy)
+    _flip(data, os.path.getsize(data) // 2)
+    msg = _damaged(copy)
+    assert "the stored bytes of weight 'big' changed after the save (they do not match the " in msg
+
+
+def test_without_checksums_flipped_bits_go_unnoticed(copy):
+    # What the checksums are for: Orbax's zstd chunks carry no checksum, so the same flip as
+    # above restores silently, with a different value.
+    shutil.rmtree(os.path.join(copy, "1", checkpoint.CHECKSUMS))
+    (data,) = _data_files(copy)
+    _flip(data, os.path.getsize(data) // 2)
+    got = _restore(copy)
+    assert not np.array_equal(np.asarray(got["big"]), _params()["big"])
+    np.testing.assert_array_equal(np.asarray(got["small"]), _params()["small"])
+
+
+def test_checked_weights_are_cast_in_groups(copy, monkeypatch):
+    # float32 stored, bfloat16 wanted: restored in float32 a group at a time, checked, cast.
+    monkeypatch.setattr(checkpoint, "CAST_GROUP_BYTES", 1024)
+    restores = []
+    real_restore = checkpoint._restore
+    monkeypatch.setattr(
+        checkpoint, "_restore", lambda m, s, p: restores.append(sorted(p)) or real_restore(m, s, p)
+    )
+    target = {
+        k: jax.ShapeDtypeStruct(v.shape, jnp.bfloat16, sharding=v.sharding)
+        for k, v in _target().items()
+    }
+    got = checkpoint.restore_params(copy, 1, target)
+    assert restores == [["big"], ["small"]]
+    for name, want in _params().items():
+        assert got[name].dtype == jnp.bfloat16
+        assert got[name].sharding == target[name].sharding
+        np.testing.assert_array_equal(
+            np.asarray(got[name]), np.asarray(jnp.asarray(want, jnp.bfloat16))
+        )
+    (data,) = _data_files(copy)
+    _flip(data, os.path.getsize(data) // 2)
+    with pytest.raises(CheckpointError, match="the stored bytes of weight 'big' changed"):
+        checkpoint.restore_params(copy, 1, target)
+
+
+def test_fingerprint_against_numpy_and_over_shardings():
+    x = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+    # The formula, in NumPy uint64 arithmetic: byte b at row-major position i, weights odd.
+    b = x.reshape(-1).view(np.uint8).astype(np.uint64)
+    i = np.arange(b.size, dtype=np.uint64)
+    m = np.uint64(2**32 - 1)
+    w1 = ((i * np.uint64(0x9E3779B1) + np.uint64(0x7F4A7C15)) & m) | np.uint64(1)
+    w2 = (((i ^ (i >> np.uint64(15))) * np.uint64(0x2C1B3C6D) + np.uint64(0x297A2D39)) & m) | 1
+    want = f"float32:{int((b * w1).sum() & m):08x}{int((b * w2).sum() & m):08x}"
+    assert checkpoint.fingerprint(x) == want
+    mesh = mesh_lib.make_mesh(2, 4)
+    for spec in [("data", "model"), ("model", None), ()]:
+        sharded = jax.device_put(
+            x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+        )
+        assert checkpoint.fingerprint(sharded) == want, spec
+    for at in (0, 1, b.size // 2, b.size - 1):  # any one flipped bit changes it
+        y = x.copy()
+        y.reshape(-1).view(np.uint8)[at] ^= 0x80
+        assert checkpoint.fingerprint(y) != want, at
+    assert checkpoint.fingerprint(x.astype(jnp.bfloat16)).startswith("bfloat16:")
+
+
 # --------------------------------------------------------------- Hugging Face: shards outside
 
 D, F, V, H, KV, HD = 16, 32, 64, 2, 1, 8
