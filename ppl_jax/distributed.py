@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from absl import app as absl_app
+
 HEARTBEAT_TIMEOUT_S = 10  # a process silent this long is dead (JAX's default is 100)
 SHUTDOWN_TIMEOUT_S = 60  # how long a finished process waits at exit for the others
 INITIALIZATION_TIMEOUT_S = 300  # how long processes wait for each other at start
@@ -82,6 +84,7 @@ def initialize_from_env() -> bool:
         jax.distributed.initialize(**timeouts)
     _guard_stderr(jax.process_count(), timeouts["heartbeat_timeout_seconds"])
     sys.excepthook = _make_excepthook(sys.excepthook, timeouts["heartbeat_timeout_seconds"])
+    absl_app.install_exception_handler(_FailFast(timeouts["heartbeat_timeout_seconds"]))
     return True
 
 
@@ -199,24 +202,60 @@ def _is_lost_peer(e: BaseException) -> bool:
     )
 
 
-def _make_excepthook(previous, heartbeat_timeout: int):
-    """A collective that fails because a peer vanished waits for the coordination service.
+def _fail_fast(value: BaseException, heartbeat_timeout: int, show) -> None:
+    """Ends this process now, without JAX's shutdown barrier at exit.
 
-    The service names the lost process within `heartbeat_timeout` seconds and aborts this one
-    (the guard prints the line); if it does not, one line says that a collective failed.
+    At exit JAX waits (up to the shutdown timeout) for every process to reach a barrier; the
+    others, blocked in a collective with this one, never do. Exiting at once lets them see the
+    loss within the heartbeat timeout. A collective that failed because a peer vanished waits
+    instead for the coordination service, which names the lost process within
+    `heartbeat_timeout` seconds and aborts this one (the guard prints the line); if it does not,
+    one line says that a collective failed.
     """
-
-    def hook(kind, value, tb):
-        if not _is_lost_peer(value):
-            previous(kind, value, tb)
-            return
+    if _is_lost_peer(value):
+        sys.stderr.flush()
         time.sleep(heartbeat_timeout + 5)
         reason = " ".join(str(value).split())[:300]
         print(
             f"ppl-jax: error: a collective with another process failed ({reason}); {RESUME}",
             file=sys.stderr,
-            flush=True,
         )
-        os._exit(1)
+        status = 1
+    else:
+        show()
+        status = 1
+    exit_now(status)
+
+
+def exit_now(status: int) -> None:
+    """Ends the process with `status` at once: flushes stdout and stderr, skips exit handlers.
+
+    In a multi-process run, call this instead of `sys.exit` after a failure: `sys.exit` runs
+    JAX's shutdown barrier, which waits for processes that are blocked in a collective with this
+    one, until the shutdown timeout. Single-process runs may call it too.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _make_excepthook(previous, heartbeat_timeout: int):
+    """An uncaught exception ends the process at once (see `_fail_fast`)."""
+
+    def hook(kind, value, tb):
+        _fail_fast(value, heartbeat_timeout, lambda: previous(kind, value, tb))
 
     return hook
+
+
+class _FailFast(absl_app.ExceptionHandler):
+    """absl's exception handler (`app.install_exception_handler`): `app.run` calls it for an
+    `Exception` that ends `main` (not for `SystemExit`: see `exit_now`)."""
+
+    def __init__(self, heartbeat_timeout: int):
+        self.heartbeat_timeout = heartbeat_timeout
+
+    def handle(self, exc: BaseException) -> None:
+        import traceback
+
+        _fail_fast(exc, self.heartbeat_timeout, lambda: traceback.print_exception(exc))

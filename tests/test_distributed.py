@@ -20,18 +20,26 @@ import helpers
 
 WORKER = textwrap.dedent(
     """
-    import time
-    from ppl_jax import distributed
-    assert distributed.initialize_from_env()
-    import jax.numpy as jnp
-    from jax.experimental import multihost_utils
-    step = 0
-    while True:  # a collective every 50 ms, as a scoring loop would
-        multihost_utils.process_allgather(jnp.full(4, step))
-        if step == 3:
-            print("ready", flush=True)
-        step += 1
-        time.sleep(0.05)
+    import os, time
+    from absl import app
+
+    def main(argv):
+        from ppl_jax import distributed
+        assert distributed.initialize_from_env()
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
+        step = 0
+        while True:  # a collective every 50 ms, as a scoring loop would
+            multihost_utils.process_allgather(jnp.full(4, step))
+            if step == 3:
+                print("ready", flush=True)
+            if step == 20 and os.environ.get("RAISE") == str(jax.process_index()):
+                raise RuntimeError("a deliberate bug")
+            step += 1
+            time.sleep(0.05)
+
+    app.run(main)
     """
 )
 LIMIT_S = 30  # every surviving process ends within this after the loss
@@ -43,7 +51,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_pair(tmp_path) -> list[subprocess.Popen]:
+def _start_pair(tmp_path, **extra: str) -> list[subprocess.Popen]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = _free_port()
@@ -57,6 +65,7 @@ def _start_pair(tmp_path) -> list[subprocess.Popen]:
             XLA_FLAGS="--xla_force_host_platform_device_count=2",
             JAX_PLATFORMS="cpu",
             PYTHONPATH=helpers.REPO,
+            **extra,
         )
         procs.append(
             subprocess.Popen(
@@ -111,6 +120,32 @@ def test_a_lost_process_ends_the_other_with_one_line(tmp_path, victim, lost):
     assert lines[0].startswith(f"ppl-jax: error: {lost}"), lines[0]
     assert lines[0].endswith("; the run is stopped. Run the same command again to resume.")
     assert took < LIMIT_S
+
+
+def test_a_failing_process_ends_at_once_and_the_other_soon(tmp_path):
+    # An exception in one process: it prints its traceback and exits at once, without JAX's
+    # shutdown barrier (which would wait for the other until the shutdown timeout, 60 s); the
+    # other, blocked in a collective with it, is told within the heartbeat timeout.
+    procs = _start_pair(tmp_path, RAISE="1")
+    try:
+        start = time.monotonic()
+        procs[1].wait(timeout=LIMIT_S)
+        failed = time.monotonic() - start
+        procs[0].wait(timeout=LIMIT_S)
+        other = time.monotonic() - start
+        errs = [p.communicate(timeout=10)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    print(f"failing process ended after {failed:.1f} s, the other after {other:.1f} s")
+    assert procs[1].returncode == 1
+    assert "RuntimeError: a deliberate bug" in errs[1]
+    assert failed < 5
+    assert procs[0].returncode != 0
+    assert "ppl-jax: error: process 1 of 2 stopped answering (no heartbeat for 10 s); " in errs[0]
+    assert "Traceback" not in errs[0]
 
 
 # ------------------------------------------------------------------------------ launch/local.sh
