@@ -6,7 +6,10 @@ directory of numbered steps; each step holds two items:
 - `state`: the training state `{"step", "params", "opt_state"}` (optax state included);
 - `metadata`: JSON `{"model": <architecture>, "tokenizer": <tokenizer description>}`,
 
-so that evaluation needs only the directory. Restoring reads the `metadata`, then only the
+so that evaluation needs only the directory; steps written by `save_train_state` also hold
+`checksums` (a fingerprint of each weight, checked on restore: Orbax checks none of the array
+data it reads). A damaged step (lost, truncated or corrupt files) raises `CheckpointError` naming
+the directory, the step and the weights concerned. Restoring reads the `metadata`, then only the
 `params` subtree of `state` (the optimizer state is never read), straight into the target
 shardings, and then checks every weight (MaxText's `_raise_on_weight_mismatch` habit: Orbax does
 not raise for a leaf missing from the checkpoint when partial restore is on; we do).
