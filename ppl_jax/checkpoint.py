@@ -246,7 +246,8 @@ def _check_ocdbt_index(directory: str, step: int) -> None:
             raise _damaged(directory, step, "its OCDBT manifest 'state/manifest.ocdbt' is missing")
         return  # not an OCDBT checkpoint: Orbax reads one directory per array
     try:
-        kvstore = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{state}/"}).result()
+        base = {"driver": "file", "path": state + os.sep}  # no URL: any character in paths
+        kvstore = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
         kvstore.list().result()
     except Exception as e:  # TensorStore raises ValueError with a status code in the text
         raise _damaged(directory, step, "the OCDBT index of its arrays cannot be read", e) from None
