@@ -215,6 +215,44 @@ def _gpt2_sources(c: dict[str, Any]) -> dict[str, _Source]:
     return out
 
 
+def _allowed_roots(path: str) -> list[str]:
+    """Where the weight files of `path` may really lie: the directory itself, and for a snapshot of
+    the Hugging Face hub cache (`models--org--name/snapshots/<revision>`, whose files are symlinks
+    into `models--org--name/blobs`), that repository's blobs."""
+    real = os.path.realpath(path)
+    roots = [real]
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(parent), "blobs"))
+    return roots
+
+
+def _check_inside(path: str, index: str | None, file: Any, name: str = "") -> None:
+    """Refuses a weight file named outside the checkpoint directory, before anything is read.
+
+    An index entry must be a relative path without `..` components, and the file it names must
+    resolve (symlinks followed) to a place inside the directory (or, in the hub cache, inside the
+    repository's `blobs`): an index could otherwise make ppl_jax read any file on the machine.
+    """
+    if not isinstance(file, str) or not file:
+        raise CheckpointError(
+            f"{index!r} maps the weight {name!r} to {file!r}, not a file name; fix its weight_map."
+        )
+    real = os.path.realpath(os.path.join(path, file))
+    inside = any(os.path.commonpath([real, root]) == root for root in _allowed_roots(path))
+    if os.path.isabs(file) or ".." in file.replace("\\", "/").split("/") or not inside:
+        where = (
+            f"{index!r} names the shard {file!r} (for {name!r})"
+            if index
+            else f"{os.path.join(path, file)!r} is a link"
+        )
+        raise CheckpointError(
+            f"{where}, which lies outside the checkpoint directory {path!r} (at {real!r}); "
+            f"weights are read only from files inside it. Put the shards in the directory and "
+            f"name them by their file names in the index."
+        )
+
+
 class _Weights:
     """The stored tensors of a directory: name -> file, opened lazily with `safe_open`."""
 
@@ -223,6 +261,8 @@ class _Weights:
         if os.path.isfile(os.path.join(path, INDEX)):
             index = _read_json(os.path.join(path, INDEX), "")
             self.file_of = dict(index.get("weight_map") or {})
+            for name, file in self.file_of.items():
+                _check_inside(path, os.path.join(path, INDEX), file, name)
             for file in sorted(set(self.file_of.values())):
                 if not os.path.isfile(os.path.join(path, file)):
                     raise CheckpointError(
@@ -230,6 +270,7 @@ class _Weights:
                         f"every shard of the checkpoint."
                     )
         elif os.path.isfile(os.path.join(path, SINGLE)):
+            _check_inside(path, None, SINGLE)
             self.file_of = {name: SINGLE for name in self._handle(SINGLE).keys()}
         elif _pickle_files(path):
             raise CheckpointError(
