@@ -64,6 +64,8 @@ def main(argv: list[str]) -> None:
         sys.exit(e.exit_code)
     except PplJaxError as e:
         print(f"ppl-jax: error: {e}", file=sys.stderr)
+        if jax.process_count() > 1:  # the others may wait in a collective: no exit barrier
+            distributed.exit_now(2)
         sys.exit(2)
     except KeyboardInterrupt:  # before scoring began (during scoring, the journal is kept)
         print("ppl-jax: interrupted before scoring began; nothing to resume.", file=sys.stderr)

@@ -201,13 +201,16 @@ def test_byte_tokenizer_lengths():
 # ------------------------------------------------------------------------- measurement (script)
 
 
-def _peak_rss(tokenizer_path: str, mb: int, whole: bool) -> dict:
-    """Peak RSS (MiB, `ru_maxrss`) of a fresh process encoding one `mb` MB line with bytes."""
+def _peak_rss(tokenizer_path: str, mb: int, whole: bool, plan: bool = False) -> dict:
+    """Peak RSS (MiB, `ru_maxrss`) of a fresh process encoding one `mb` MB line with bytes; with
+    `plan`, of reading it from a file and planning `sliding` 1024/512 windows (the whole data
+    preparation of a run)."""
     import subprocess
     import sys
 
     code = f"""
 import resource, random, sys, time
+import numpy as np
 from ppl_jax.tokenizer import HFTokenizer
 tok = HFTokenizer.from_file({tokenizer_path!r})
 rng = random.Random(0)
@@ -215,9 +218,20 @@ words = [w for w in open({os.path.abspath(__file__)!r}).read().split() if w.isas
 text = " ".join(rng.choice(words) for _ in range({mb} * 1_000_000 // 6))[: {mb} * 1_000_000]
 if {whole}:
     tok.piece_chars = 1 << 40
+if {plan}:
+    import tempfile
+    from ppl_jax import data, protocols
+    path = tempfile.mkstemp(suffix=".txt")[1]
+    open(path, "w").write(text)
+    del text
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-ids, lengths = tok.encode_with_bytes([text])[0]
+if {plan}:
+    text = data.read_documents(path, "text")[0].text
+    p = protocols.plan("sliding", [data.Document(text, path)], tok, tok.vocab_size, 1024, 512, False)
+    ids, lengths = p.windows.tokens, np.zeros(0, np.int32)
+else:
+    ids, lengths = tok.encode_with_bytes([text])[0]
 print(before / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, ids.size,
       ids.nbytes + lengths.nbytes, time.perf_counter() - t, len(text))
 """
@@ -243,5 +257,6 @@ if __name__ == "__main__":
     parser.add_argument("--tokenizer", default=os.path.join(FIXTURES, "bytelevel_bpe.json"))
     parser.add_argument("--mb", type=int, default=50)
     parser.add_argument("--whole", action="store_true", help="no pieces (the old behaviour)")
+    parser.add_argument("--plan", action="store_true", help="read the file and plan the windows")
     args = parser.parse_args()
-    print(json.dumps(_peak_rss(args.tokenizer, args.mb, args.whole)))
+    print(json.dumps(_peak_rss(args.tokenizer, args.mb, args.whole, args.plan)))
