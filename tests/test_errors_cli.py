@@ -120,6 +120,14 @@ CASES = [
     pytest.param(
         lambda c, f: {"data.tokenizer": f["bpe"]},
         lambda c, f: [
+            "the tokenizer 'bpe.json' has 512 ids but the model's vocabulary has 256 (smaller)",
+            "data.allow_tokenizer_mismatch=true",
+        ],
+        id="tokenizer_vocabulary_mismatch",
+    ),
+    pytest.param(
+        lambda c, f: {"data.tokenizer": f["bpe"], "data.allow_tokenizer_mismatch": "true"},
+        lambda c, f: [
             f"document 0 ({c['corpus']})",
             "outside the model's vocabulary of 256",
             "bpe.json, 512 ids",

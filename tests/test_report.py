@@ -41,7 +41,9 @@ def chinese(tiny_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="module")
 def blank(tiny_checkpoint, tmp_path_factory):
     path = tmp_path_factory.mktemp("blank") / "spaces.txt"
-    path.write_text(" \n\t \n   \n", encoding="utf-8")
+    # The first byte is context only (sliding scores every token after the first): the scored
+    # text is whitespace, without a word. (A corpus of whitespace alone is refused.)
+    path.write_text("x \n\t \n   \n", encoding="utf-8")
     return run(tiny_checkpoint, str(path))
 
 
