@@ -322,6 +322,9 @@ def evaluate(
     )
     params, shardings = restore(settings, model, mesh, fmt, step)
     progress = progress_factory(plan.windows.num_windows) if progress_factory else None
+    if progress is not None and recorder.resumed_batches:  # the bar starts where the run stopped
+        done = np.flatnonzero(recorder.state.batch_done)
+        progress(0, sum(len(row) for i in done for row in layout.batch_rows(int(i))))
     with preemption.StopRequest() as stop:
         sums, totals, layout = score_plan(
             model,

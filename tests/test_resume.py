@@ -90,9 +90,15 @@ def test_signal_stops_and_the_same_run_resumes_bit_for_bit(
     # The batch in flight when the signal came is fetched too.
     assert 5 <= done.sum() <= 6 < done.size
 
+    counted = []
+
+    def count_windows(num_windows):
+        return lambda tokens, windows: counted.append(windows)
+
     with OutputDir.open(s.output_dir) as out:
-        resumed = evaluate(s, out=out)
+        resumed = evaluate(s, count_windows, out=out)
     assert resumed.resumed_batches == done.sum()
+    assert sum(counted) == resumed.plan.windows.num_windows  # the bar starts where it stopped
     assert resumed.sums == uninterrupted.sums  # float64 NLL sum equal bit for bit
     assert resumed.metrics == uninterrupted.metrics
     for name in ("window_nll", "window_tokens", "window_entropy", "window_correct"):
