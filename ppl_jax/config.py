@@ -57,6 +57,7 @@ DEMO_CORPUS_NAME = "cpython-stdlib-held-out"  # data.name of the default data.pa
 FORMATS = ("text", "lines", "jsonl", "wikitext")
 CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
 DTYPES = ("float32", "bfloat16")
+MIN_BOOTSTRAP_SAMPLES = 100  # fewer leave a 95% interval's 2.5% tails a sample or two
 
 
 def demo_checkpoint_dir() -> str:
@@ -109,6 +110,10 @@ def get_config() -> config_dict.ConfigDict:
     c.mesh.model = 1
     c.mesh.rules = DEFAULT_RULES
 
+    c.metrics = config_dict.ConfigDict()
+    c.metrics.bootstrap_samples = 1000
+    c.metrics.seed = 0
+
     c.runtime = config_dict.ConfigDict()
     c.runtime.compilation_cache_dir = ""
 
@@ -153,6 +158,9 @@ KEY_MEANINGS = {
     "mesh.data": "devices along the data axis; -1: the devices left over",
     "mesh.model": "devices along the model axis (weights sharded)",
     "mesh.rules": "logical axis name -> mesh axis, for sharding weights",
+    "metrics.bootstrap_samples": "resamples of the 95% bootstrap intervals of perplexity and "
+    "bits per byte (0: no intervals; else at least 100)",
+    "metrics.seed": "seed of the bootstrap's resampling (the intervals are reproducible)",
     "runtime.compilation_cache_dir": "JAX's persistent compilation cache ('': off)",
     "output.dir": "where process 0 writes results.json",
     "output.progress": "a progress bar on stderr",
@@ -277,6 +285,8 @@ class Settings:
     compilation_cache_dir: str
     journal_every: int  # batches between journal flushes
     resume: bool  # resume from a matching journal in output_dir
+    bootstrap_samples: int = 1000  # resamples of the bootstrap intervals (0: none)
+    seed: int = 0  # seed of the bootstrap's resampling
 
     @staticmethod
     def from_config(c: config_dict.ConfigDict) -> Settings:
@@ -320,6 +330,12 @@ class Settings:
                 f"journal flushes)."
             )
         rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
+        samples = int(c.metrics.bootstrap_samples)
+        if samples != 0 and samples < MIN_BOOTSTRAP_SAMPLES:
+            raise ConfigError(
+                f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
+                f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
+            )
         return Settings(
             checkpoint_dir=os.path.expanduser(str(c.checkpoint.dir)),
             checkpoint_step=step,
@@ -355,6 +371,8 @@ class Settings:
             compilation_cache_dir=os.path.expanduser(str(c.runtime.compilation_cache_dir)),
             journal_every=journal_every,
             resume=_bool("output.resume", c.output.resume),
+            bootstrap_samples=samples,
+            seed=int(c.metrics.seed),
         )
 
 

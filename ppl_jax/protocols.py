@@ -56,6 +56,9 @@ class Plan:
       prefix_id: lm_eval_rolling's prefix token, else None.
       doc_bytes, doc_words: `[num_documents] int64` per-document counts (document protocols).
       describe_window: names a window's place in the corpus, for messages.
+      window_bytes: `[W] int64`, UTF-8 bytes of each window's scored tokens (the stream
+        protocols, whose windows score disjoint tokens: they add up to `num_bytes`); None for
+        `lm_eval_rolling`, whose bytes are per document (`doc_bytes`).
     """
 
     protocol: str
@@ -71,6 +74,7 @@ class Plan:
     doc_words: np.ndarray | None
     sources: tuple[str, ...]
     doc_starts: np.ndarray  # `[num_documents]` offset of each document's first token
+    window_bytes: np.ndarray | None = None
 
     @property
     def per_document(self) -> bool:
@@ -269,7 +273,28 @@ def plan(
         doc_words=None,
         sources=tuple(d.source for d in docs),
         doc_starts=np.asarray(doc_starts, np.int64) + len(bos),
+        window_bytes=window_spans(
+            byte_lens, windows.starts + windows.first_scored, windows.starts + windows.lengths
+        ),
     )
+
+
+def window_spans(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """`[W] int64`: `values[lo[k]:hi[k]].sum()` per window, for the ascending, disjoint,
+    non-empty token ranges `[lo, hi)` of the stream protocols' scored targets (no prefix token,
+    so row position `j` is token `starts + j`). Without a cumulative copy of `values`.
+
+    Raises:
+      ValueError: ranges that are empty, overlap or go backwards.
+    """
+    if not lo.size:
+        return np.zeros(0, np.int64)
+    if (hi <= lo).any() or (lo[1:] < hi[:-1]).any() or lo[0] < 0 or hi[-1] > values.size:
+        raise ValueError("window spans must be ascending, disjoint and non-empty")
+    cuts = np.stack([lo, hi], axis=1).ravel()
+    if cuts[-1] == values.size:  # reduceat sums the last cut to the end of the array
+        cuts = cuts[:-1]
+    return np.add.reduceat(values, cuts, dtype=np.int64)[0::2]
 
 
 def _join(parts: list[np.ndarray]) -> np.ndarray:
