@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
 
     import jax
 
-    from ppl_jax import report
+    from ppl_jax import report, uncertainty
     from ppl_jax.config import Settings
     from ppl_jax.errors import Interrupted, PplJaxError
     from ppl_jax.evaluate import evaluate
@@ -57,6 +57,7 @@ def main(argv: list[str]) -> None:
             print(f"results: {out.write_json('results.json', results)}")
             if ev.documents is not None:
                 print(f"documents: {out.write_jsonl('documents.jsonl', ev.documents)}")
+            out.write_bytes("units.npz", uncertainty.units_npz(ev))  # for ppl_jax.compare
             ev.recorder.discard()
     except Interrupted as e:
         if is_main:

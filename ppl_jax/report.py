@@ -17,6 +17,7 @@ from ml_collections import config_dict
 
 from ppl_jax import config as config_lib
 from ppl_jax import fingerprint as fingerprint_lib
+from ppl_jax import uncertainty
 from ppl_jax.config import Settings
 from ppl_jax.evaluate import Evaluation
 
@@ -41,7 +42,8 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
     undefined (a zero denominator) or infinite (an overflowing exp) is null, and `notes` maps
     its key to the reason, e.g. `{"word_perplexity": "inf (overflow: ...)"}` (see
     `metrics.Metrics`). `run` says what ran: UTC start and end times (ISO 8601), the command
-    line, package versions, platform, device kind and count, process count.
+    line, package versions, platform, device kind and count, process count. `intervals` holds
+    the 95% bootstrap intervals of perplexity and bits per byte (`intervals_dict`), or null.
     """
     s = ev.sums
     m = ev.metrics
@@ -57,6 +59,7 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "protocol": protocol_dict(ev, settings),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
+        "intervals": intervals_dict(ev, settings, notes),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),
@@ -92,6 +95,38 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
     results = _strict_json(results, "", notes)
     results["notes"] = notes
     return results
+
+
+def intervals_dict(ev: Evaluation, settings: Settings, notes: dict[str, str]) -> dict | None:
+    """The run's 95% bootstrap intervals (`uncertainty.intervals`), or None when
+    `metrics.bootstrap_samples` is 0 or the run has fewer than two units (noted in `notes`)."""
+    if settings.bootstrap_samples == 0:
+        return None
+    units = uncertainty.units_of(ev.plan, ev.totals)
+    if units.count < 2:
+        notes["intervals"] = f"undefined (one {units.kind}: nothing to resample)"
+        return None
+    return uncertainty.intervals(units, settings.bootstrap_samples, settings.seed)
+
+
+def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's line of the 95% intervals, if the run has them."""
+    iv = results.get("intervals")
+    if not iv:
+        return []
+
+    def pair(key: str) -> str:
+        lo, hi = iv[key]
+        return "undefined" if lo is None or hi is None else f"[{lo:.4f}, {hi:.4f}]"
+
+    return [
+        (
+            "95% interval",
+            f"perplexity {pair('perplexity')}, bits per byte {pair('bits_per_byte')}   "
+            f"({iv['method'].split(' (')[0]}, {plural(iv['units'], iv['unit'])}, "
+            f"{iv['samples']:,} samples)",
+        )
+    ]
 
 
 def _resumed_tokens(ev: Evaluation) -> int:
@@ -258,6 +293,7 @@ def summary_table(results: dict[str, Any]) -> str:
             _metric(results, "bits_per_byte")
             + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else ""),
         ),
+        *_interval_row(results),
         ("byte perplexity", _metric(results, "byte_perplexity")),
         ("word perplexity", _metric(results, "word_perplexity")),
         (
