@@ -59,7 +59,7 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "protocol": protocol_dict(ev, settings),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
-        "intervals": intervals_dict(ev, settings, notes),
+        "intervals": intervals_dict(ev, settings),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),
@@ -97,15 +97,23 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
     return results
 
 
-def intervals_dict(ev: Evaluation, settings: Settings, notes: dict[str, str]) -> dict | None:
-    """The run's 95% bootstrap intervals (`uncertainty.intervals`), or None when
-    `metrics.bootstrap_samples` is 0 or the run has fewer than two units (noted in `notes`)."""
+def intervals_dict(ev: Evaluation, settings: Settings) -> dict | None:
+    """The run's 95% bootstrap intervals (`uncertainty.intervals`); None when
+    `metrics.bootstrap_samples` is 0; intervals of None, with a `note`, for a run of one unit."""
     if settings.bootstrap_samples == 0:
         return None
     units = uncertainty.units_of(ev.plan, ev.totals)
-    if units.count < 2:
-        notes["intervals"] = f"undefined (one {units.kind}: nothing to resample)"
-        return None
+    if units.count < 2:  # said inside the object (`notes` is for the metrics)
+        return {
+            "method": units.method,
+            "samples": settings.bootstrap_samples,
+            "seed": settings.seed,
+            "unit": units.kind,
+            "units": units.count,
+            "perplexity": None,
+            "bits_per_byte": None,
+            "note": f"undefined (one {units.kind}: nothing to resample)",
+        }
     return uncertainty.intervals(units, settings.bootstrap_samples, settings.seed)
 
 
@@ -116,8 +124,9 @@ def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
         return []
 
     def pair(key: str) -> str:
-        lo, hi = iv[key]
-        return "undefined" if lo is None or hi is None else f"[{lo:.4f}, {hi:.4f}]"
+        if iv[key] is None or None in iv[key]:
+            return "undefined"
+        return f"[{iv[key][0]:.4f}, {iv[key][1]:.4f}]"
 
     return [
         (

@@ -115,7 +115,7 @@ def test_one_unit_cannot_be_resampled():
 def test_window_spans_sum_each_range():
     values = np.arange(1, 21, dtype=np.int32)
     lo, hi = np.array([0, 3, 7, 15]), np.array([3, 7, 9, 20])
-    expected = [values[a:b].sum() for a, b in zip(lo, hi)]
+    expected = [values[a:b].sum() for a, b in zip(lo, hi, strict=True)]
     assert window_spans(values, lo, hi).tolist() == expected
     assert window_spans(values, lo[:3], hi[:3]).tolist() == expected[:3]  # not to the end
     with pytest.raises(ValueError):
