@@ -6,6 +6,7 @@ indexes that name files outside their directory.
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -30,6 +31,17 @@ from ppl_jax.errors import CheckpointError
 # `small` and `step` are stored inline in the B+tree. So damage to that data file is damage to
 # `big`, and to nothing else.
 BIG, SMALL = (64, 64), (8,)
+
+
+# Orbax's reads of a damaged step leave coroutines and closed event loops to the collector;
+# collect them inside each test, where their "exception ignored" reports are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(autouse=True)
+def _collect_orbax_leftovers():
+    yield
+    gc.collect()
 
 
 def _params(seed: int = 0) -> dict:
