@@ -36,7 +36,7 @@ usage() {
 # holds a single quote and nothing that double quotes would expand; bash's $'...' when it holds
 # a newline or another control character).
 quote() {
-  local s=$1 sq="'"
+  local s=$1 sq="'" esc="'\\''"
   if [[ -n "$s" && "$s" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
     printf '%s' "$s"
   elif [[ "$s" == *[[:cntrl:]]* ]]; then
@@ -46,7 +46,7 @@ quote() {
   elif [[ "$s" != *[\"\$\`\\!]* ]]; then
     printf '"%s"' "$s"
   else
-    printf "'%s'" "${s//$sq/$sq\\$sq$sq}"
+    printf "'%s'" "${s//"$sq"/"$esc"}"
   fi
 }
 
