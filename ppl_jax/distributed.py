@@ -2,7 +2,9 @@
 
 `launch/local.sh` sets `PPL_JAX_COORDINATOR` (host:port), `PPL_JAX_NUM_PROCESSES` and
 `PPL_JAX_PROCESS_ID` for each local process. On a TPU pod or a SLURM/Open MPI GPU cluster, set
-`PPL_JAX_DISTRIBUTED=1` instead and JAX discovers the cluster itself.
+`PPL_JAX_DISTRIBUTED=1` instead and JAX discovers the cluster itself (`launch/tpu_pod.sh`,
+`launch/slurm.sh`); `PPL_JAX_ALL_LOCAL_DEVICES=1` (set by `launch/slurm.sh`) lets each process
+use every GPU it can see, where JAX's SLURM detection would give it only GPU `SLURM_LOCALID`.
 
 A lost process ends the run quickly, with one line. Every process sends heartbeats to JAX's
 coordination service (hosted by process 0); `PPL_JAX_HEARTBEAT_TIMEOUT` seconds (default 10)
@@ -82,6 +84,15 @@ def initialize_from_env() -> bool:
         )
     else:
         jax.distributed.initialize(**timeouts)
+        if os.environ.get("PPL_JAX_ALL_LOCAL_DEVICES") == "1" and not os.environ.get(
+            "JAX_LOCAL_DEVICE_IDS"
+        ):
+            # JAX's SLURM detection restricts each process to the GPU numbered SLURM_LOCALID
+            # (one process per GPU, each seeing all of its node's GPUs). `launch/slurm.sh` runs
+            # one process per node, or one per GPU that sees only its own GPU: either way a
+            # process drives every GPU it can see. Applies before the backend starts.
+            jax.config.update("jax_cuda_visible_devices", "all")
+            jax.config.update("jax_rocm_visible_devices", "all")
     _guard_stderr(jax.process_count(), timeouts["heartbeat_timeout_seconds"])
     sys.excepthook = _make_excepthook(sys.excepthook, timeouts["heartbeat_timeout_seconds"])
     absl_app.install_exception_handler(_FailFast(timeouts["heartbeat_timeout_seconds"]))

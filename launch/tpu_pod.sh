@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Runs ppl-jax on every worker of a Cloud TPU VM pod slice, one process per worker.
+#
+#   launch/tpu_pod.sh [--dry-run] NAME ZONE [ppl-jax flags...]
+#   launch/tpu_pod.sh [--dry-run] NAME ZONE --install PIP_ARGS...   # pip install on every worker
+#
+# Runs `gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all --command=...`; on each worker
+# the command is `env PPL_JAX_DISTRIBUTED=1 python3 -m ppl_jax FLAGS`, and ppl_jax's
+# `jax.distributed.initialize()` finds the other workers itself (from the TPU VM's metadata).
+# Every flag is quoted for the worker's shell, so spaces, quotes and globs arrive unchanged.
+# Process 0 (worker 0) prints the summary and writes output.dir; the others print only errors.
+# The checkpoint and the data must be on a filesystem mounted at the same path on every worker
+# (gcsfuse, NFS, Filestore); gs:// paths are not read yet.
+#
+# Environment: PROJECT (gcloud --project), PYTHON (the interpreter on the workers, default
+# python3), WORKDIR (the workers `cd` there first), DRY_RUN=1 (same as --dry-run: print the
+# command, one line, and run nothing).
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 [--dry-run] NAME ZONE [ppl-jax flags...]" >&2
+  echo "       $0 [--dry-run] NAME ZONE --install PIP_ARGS..." >&2
+  exit 2
+}
+
+# One word for the shell: unchanged if plainly safe, else single-quoted (double-quoted when it
+# holds a single quote and nothing that double quotes would expand; bash's $'...' when it holds
+# a newline or another control character).
+quote() {
+  local s=$1 sq="'" esc="'\\''"
+  if [[ -n "$s" && "$s" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
+    printf '%s' "$s"
+  elif [[ "$s" == *[[:cntrl:]]* ]]; then
+    printf '%q' "$s" # $'...', so that the command stays on one line (bash)
+  elif [[ "$s" != *"'"* ]]; then
+    printf "'%s'" "$s"
+  elif [[ "$s" != *[\"\$\`\\!]* ]]; then
+    printf '"%s"' "$s"
+  else
+    printf "'%s'" "${s//"$sq"/"$esc"}"
+  fi
+}
+
+# The words, quoted and joined by spaces.
+join_quoted() {
+  local out=() w
+  for w in "$@"; do
+    out+=("$(quote "$w")")
+  done
+  printf '%s' "${out[*]}"
+}
+
+dry_run=${DRY_RUN:-0}
+if [[ "${1:-}" == "--dry-run" ]]; then
+  dry_run=1
+  shift
+fi
+if [[ $# -lt 2 || -z "$1" || -z "$2" || "$1" == -* || "$2" == -* ]]; then
+  usage
+fi
+name=$1
+zone=$2
+shift 2
+python=${PYTHON:-python3}
+
+if [[ "${1:-}" == "--install" ]]; then
+  shift
+  [[ $# -ge 1 ]] || usage
+  remote=$(join_quoted "$python" -m pip install "$@")
+else
+  remote=$(join_quoted env PPL_JAX_DISTRIBUTED=1 "$python" -m ppl_jax "$@")
+fi
+if [[ -n "${WORKDIR:-}" ]]; then
+  remote="cd $(quote "$WORKDIR") && $remote"
+fi
+
+cmd=(gcloud compute tpus tpu-vm ssh "$name" "--zone=$zone")
+if [[ -n "${PROJECT:-}" ]]; then
+  cmd+=("--project=$PROJECT")
+fi
+cmd+=(--worker=all "--command=$remote")
+
+if [[ "$dry_run" == 1 ]]; then
+  join_quoted "${cmd[@]}"
+  echo
+  exit 0
+fi
+exec "${cmd[@]}"
