@@ -54,10 +54,11 @@ def main(argv: list[str]) -> None:
         if out is not None:
             results = report.results_dict(ev, settings, config)
             print(report.summary_table(results))
-            print(f"results: {out.write_json('results.json', results)}")
             if ev.documents is not None:
                 print(f"documents: {out.write_jsonl('documents.jsonl', ev.documents)}")
             out.write_bytes("units.npz", uncertainty.units_npz(ev))  # for ppl_jax.compare
+            # results.json last: once it is there, the run's files are all there.
+            print(f"results: {out.write_json('results.json', results)}")
             ev.recorder.discard()
     except Interrupted as e:
         if is_main:
