@@ -313,10 +313,9 @@ def evaluate(
     )
     parts = run_fingerprint(settings, model, tok, plan, layout, mesh, fmt, step, attention)
     num_windows, num_batches = plan.windows.num_windows, layout.num_batches
-    state = None
-    if out is not None and settings.resume:
-        state = journal.load(out, parts, num_windows, num_batches)
-    state = journal.broadcast(state, num_windows, num_batches)
+    state = journal.load_everywhere(
+        out if settings.resume else None, parts, num_windows, num_batches
+    )
     recorder = journal.Recorder(
         out, parts, state or journal.State.empty(num_windows, num_batches), settings.journal_every
     )

@@ -100,19 +100,49 @@ def save(out: OutputDir, parts: dict[str, Any], state: State) -> str:
     return out.write_bytes(NAME, buf.getvalue())
 
 
-def broadcast(state: State | None, num_windows: int, num_batches: int) -> State | None:
+def load_everywhere(
+    out: OutputDir | None, parts: dict[str, Any], num_windows: int, num_batches: int
+) -> State | None:
+    """Process 0's journal (`load` from `out`) on every process; every process calls this.
+
+    Raises:
+      ConfigError: on every process when process 0 refuses its journal (process 0 raises the
+        reason; the others say that process 0 refused it), so that no process waits for another.
+    """
+    state, error = None, None
+    if out is not None:
+        try:
+            state = load(out, parts, num_windows, num_batches)
+        except ConfigError as e:
+            error = e
+    return broadcast(state, num_windows, num_batches, error)
+
+
+def broadcast(
+    state: State | None, num_windows: int, num_batches: int, error: ConfigError | None = None
+) -> State | None:
     """Process 0's journal on every process (a no-op on one process).
 
-    Every process calls this with the same sizes; only process 0's `state` is read.
+    Every process calls this with the same sizes; only process 0's `state` and `error` are read.
+
+    Raises:
+      ConfigError: process 0's `error`, on every process.
     """
     import jax
     from jax.experimental import multihost_utils
 
     if jax.process_count() == 1:
+        if error is not None:
+            raise error
         return state
-    have = state is not None
-    flag = multihost_utils.broadcast_one_to_all(np.asarray(have, np.int32))
-    if not int(flag):
+    code = 2 if error is not None else int(state is not None)
+    flag = int(multihost_utils.broadcast_one_to_all(np.asarray(code, np.int32)))
+    if flag == 2:
+        raise error or ConfigError(
+            "process 0 refused the journal in its output.dir (its message says what changed); "
+            "the run is stopped."
+        )
+    if not flag:
         return None
     local = state if state is not None else State.empty(num_windows, num_batches)
     # Exact through the broadcast (JAX runs in 32 bits): 64-bit values travel as int32 pairs.

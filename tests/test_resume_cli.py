@@ -39,7 +39,9 @@ def flags(out) -> list[str]:
     ]
 
 
-def start(out, process_id: int = 0, num_processes: int = 1, port: int = 0) -> subprocess.Popen:
+def start(
+    out, process_id: int = 0, num_processes: int = 1, port: int = 0, extra: tuple = ()
+) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
     if num_processes > 1:
@@ -49,7 +51,7 @@ def start(out, process_id: int = 0, num_processes: int = 1, port: int = 0) -> su
             PPL_JAX_PROCESS_ID=str(process_id),
         )
     return subprocess.Popen(
-        [sys.executable, "-m", "ppl_jax", *flags(out)],
+        [sys.executable, "-m", "ppl_jax", *flags(out), *extra],
         env=env,
         cwd=helpers.REPO,
         stdout=subprocess.PIPE,
@@ -64,9 +66,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(out, num_processes: int = 1) -> list[subprocess.CompletedProcess]:
+def run(out, num_processes: int = 1, extra: tuple = ()) -> list[subprocess.CompletedProcess]:
     port = free_port()
-    procs = [start(out, i, num_processes, port) for i in range(num_processes)]
+    procs = [start(out, i, num_processes, port, extra) for i in range(num_processes)]
     return [finish(p) for p in procs]
 
 
@@ -140,6 +142,16 @@ def test_killed_halfway_then_the_same_command_resumes(tmp_path, uninterrupted, s
         assert message[-1].startswith(f"ppl-jax: stopped by {signal.Signals(sig).name} with ")
         assert message[-1].endswith("Run the same command again to resume.")
     assert not (out / "results.json").exists()
+
+    if sig == signal.SIGTERM:
+        # Another setting: the journal is refused, on every process at once, with the reason.
+        t0 = time.monotonic()
+        refused = run(out, num_processes, extra=("--config.eval.seq_len=128",))
+        assert time.monotonic() - t0 < 60
+        assert [p.returncode for p in refused] == [2] * num_processes
+        assert "protocol.seq_len: 256 -> 128" in refused[0].stderr
+        if num_processes == 2:
+            assert "process 0 refused the journal" in refused[1].stderr
 
     again = run(out, num_processes)
     assert all(p.returncode == 0 for p in again), again[0].stderr[-2000:]
