@@ -32,12 +32,12 @@ import re
 import numpy as np
 
 from ppl_jax import windows as windows_lib
+from ppl_jax.config import PROTOCOLS
 from ppl_jax.data import Document
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.tokenizer import Tokenizer
 from ppl_jax.windows import Windows
 
-PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
 JOIN = "\n\n"  # how hf_strided and gptq_chunks join documents (their reference recipes' choice)
 
 
