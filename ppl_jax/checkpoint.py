@@ -34,6 +34,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 
 from ppl_jax.errors import CheckpointError
+from ppl_jax.model import nest_weights, weight_paths
 
 STATE = "state"
 METADATA = "metadata"
@@ -63,7 +64,7 @@ def save_train_state(
     """
     checksums = {
         "algorithm": CHECKSUM_ALGORITHM,
-        "params": {name: fingerprint(x) for name, x in _paths(state["params"]).items()},
+        "params": {name: fingerprint(x) for name, x in weight_paths(state["params"]).items()},
     }
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
     with ocp.CheckpointManager(os.path.abspath(directory), options=options) as manager:
@@ -177,22 +178,6 @@ def fingerprint(x: Any) -> str:
         bytes_ = x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
     first, second = (int(v) for v in np.asarray(_byte_sums(bytes_)))
     return f"{np.dtype(x.dtype).name}:{first:08x}{second:08x}"
-
-
-def _paths(tree: Any) -> dict[str, Any]:
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in flat}
-
-
-def _nest(flat: dict[str, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for name, leaf in flat.items():
-        node = tree
-        *parents, last = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = leaf
-    return tree
 
 
 def _reason(e: BaseException, directory: str) -> str:
@@ -321,7 +306,7 @@ def _restore_verified(
     When weights are cast, they are restored in groups of about `CAST_GROUP_BYTES`, so that a
     model stored in float32 and evaluated in bfloat16 never sits whole in float32 on the devices.
     """
-    expected = _paths(target)
+    expected = weight_paths(target)
     stored = {
         name: jax.ShapeDtypeStruct(
             leaf.shape, stored_dtypes.get(name, leaf.dtype), sharding=leaf.sharding
@@ -341,7 +326,7 @@ def _restore_verified(
         size += nbytes
     out, changed = {}, []
     for group in groups:
-        for name, array in _paths(_restore(manager, step, _nest(group))).items():
+        for name, array in weight_paths(_restore(manager, step, nest_weights(group))).items():
             if name in checksums and fingerprint(array) != checksums[name]:
                 changed.append(name)
             want = expected[name]
@@ -361,7 +346,7 @@ def _restore_verified(
             f"the stored bytes of weight{plural} {names} changed after the save (they do not "
             f"match the checksums saved with them)",
         )
-    return _nest(out)
+    return nest_weights(out)
 
 
 def _unreadable_weights(
@@ -371,7 +356,7 @@ def _unreadable_weights(
     failed = {}
     for name, leaf in expected.items():
         try:
-            jax.block_until_ready(_restore(manager, step, _nest({name: leaf})))
+            jax.block_until_ready(_restore(manager, step, nest_weights({name: leaf})))
         except Exception as e:  # Orbax re-raises TensorStore's errors as bare Exceptions
             failed[name] = _reason(e, directory)
     return failed
@@ -413,8 +398,8 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
             raise CheckpointError(
                 f"step {step} of {directory!r} holds no training state with 'params'."
             )
-        stored_shapes = {k: tuple(v.shape) for k, v in _paths(stored_tree["params"]).items()}
-        expected = _paths(target)
+        stored_shapes = {k: tuple(v.shape) for k, v in weight_paths(stored_tree["params"]).items()}
+        expected = weight_paths(target)
         problems = []
         for name, want in expected.items():
             if name not in stored_shapes:
@@ -437,7 +422,7 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
             else:
                 stored_dtypes = {
                     name: np.dtype(v.dtype)
-                    for name, v in _paths(stored_tree["params"]).items()
+                    for name, v in weight_paths(stored_tree["params"]).items()
                     if getattr(v, "dtype", None) is not None
                 }
                 params = _restore_verified(
@@ -462,7 +447,7 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
                 plural = "s" if len(failed) > 1 else ""
                 what = f"weight{plural} {names} cannot be read ({next(iter(failed.values()))})"
             raise _damaged(directory, step, what) from None
-    got = _paths(params)
+    got = weight_paths(params)
     for name, want in expected.items():
         leaf = got.get(name)
         if not isinstance(leaf, jax.Array) or leaf.shape != want.shape or leaf.dtype != want.dtype:

@@ -35,6 +35,7 @@ from safetensors import safe_open
 
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.errors import CheckpointError
+from ppl_jax.model import nest_weights, weight_paths
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 INDEX = "model.safetensors.index.json"
@@ -337,11 +338,6 @@ def _read_block(
     return np.transpose(block, src.perm)
 
 
-def _paths(tree: Any) -> list[tuple[str, Any]]:
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [("/".join(str(getattr(k, "key", k)) for k in path), leaf) for path, leaf in flat]
-
-
 def load_params(path: str, target: Any) -> Any:
     """Reads the weights of a Hugging Face directory into the target shardings and dtype.
 
@@ -361,7 +357,7 @@ def load_params(path: str, target: Any) -> Any:
     """
     desc = read_description(path)
     sources = _gpt2_sources(desc) if desc["family"] == "gpt2" else _llama_sources(desc)
-    leaves = _paths(target)
+    leaves = list(weight_paths(target).items())
     with contextlib.ExitStack() as stack:
         weights = _Weights(path, stack)
         resolved, problems, used = {}, [], set()
@@ -422,14 +418,7 @@ def load_params(path: str, target: Any) -> Any:
 
         out[key] = jax.make_array_from_callback(leaf.shape, leaf.sharding, block)
         cache.clear()
-    params: dict[str, Any] = {}
-    for key, value in out.items():
-        node = params
-        *parents, last = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return params
+    return nest_weights(out)
 
 
 # ---------------------------------------------------------------------------------- tokenizer

@@ -120,6 +120,24 @@ def params_of_nnx(module: nnx.Module) -> dict[str, Any]:
     return _str_keys(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
 
 
+def weight_paths(params: Any) -> dict[str, Any]:
+    """The leaves of a params tree by their `/`-joined names (`layers/0/attn/q`), in tree order."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in flat}
+
+
+def nest_weights(flat: dict[str, Any]) -> dict[str, Any]:
+    """The params tree of `/`-joined names (the inverse of `weight_paths`)."""
+    tree: dict[str, Any] = {}
+    for name, leaf in flat.items():
+        node = tree
+        *parents, last = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = leaf
+    return tree
+
+
 def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> LanguageModel:
     """The `LanguageModel` for a stored architecture description.
 
