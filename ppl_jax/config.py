@@ -100,6 +100,8 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.add_bos = "auto"
     c.eval.packing = True
     c.eval.length_buckets = 1
+    c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
+    c.eval.context_targets = 0  # targets per window of the sweep; 0: the smallest length // 2
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
@@ -114,6 +116,13 @@ def get_config() -> config_dict.ConfigDict:
     c.metrics.bootstrap_samples = 1000
     c.metrics.seed = 0
 
+    c.reference = config_dict.ConfigDict()
+    c.reference.checkpoint = config_dict.ConfigDict()
+    c.reference.checkpoint.dir = ""  # empty: no reference model
+    c.reference.checkpoint.step = "latest"
+    c.reference.checkpoint.format = "auto"
+    c.reference.dtype = "float32"
+
     c.runtime = config_dict.ConfigDict()
     c.runtime.compilation_cache_dir = ""
 
@@ -124,6 +133,9 @@ def get_config() -> config_dict.ConfigDict:
     c.output.per_document = False
     c.output.journal_every = 50
     c.output.resume = True
+    c.output.tokens = False
+    c.output.top_k = 0
+    c.output.position_curve = False
     return c
 
 
@@ -153,6 +165,10 @@ KEY_MEANINGS = {
     "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
     "eval.packing": "several short windows per row (segments, no attention across them)",
     "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
+    "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "
+    "e.g. '64,128,256' (empty: no sweep)",
+    "eval.context_targets": "targets per window of the context-length sweep (0: the smallest "
+    "length // 2)",
     "model.dtype": "parameter dtype, 'float32' or 'bfloat16' (log-softmax is always float32)",
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
@@ -161,6 +177,11 @@ KEY_MEANINGS = {
     "metrics.bootstrap_samples": "resamples of the 95% bootstrap intervals of perplexity and "
     "bits per byte (0: no intervals; else at least 100)",
     "metrics.seed": "seed of the bootstrap's resampling (the intervals are reproducible)",
+    "reference.checkpoint.dir": "a reference model (same tokenizer) scored beside the model "
+    "for KL(reference || model); empty: none",
+    "reference.checkpoint.step": "the reference's step: 'latest' or a step number",
+    "reference.checkpoint.format": "the reference's format: 'orbax', 'hf', or 'auto'",
+    "reference.dtype": "the reference's parameter dtype, 'float32' or 'bfloat16'",
     "runtime.compilation_cache_dir": "JAX's persistent compilation cache ('': off)",
     "output.dir": "where process 0 writes results.json",
     "output.progress": "a progress bar on stderr",
@@ -169,6 +190,10 @@ KEY_MEANINGS = {
     "output.journal_every": "batches between journal flushes (the journal lets an interrupted "
     "run resume)",
     "output.resume": "resume from a matching journal in output.dir",
+    "output.tokens": "also write tokens.parquet: every scored token's NLL, surprisal, entropy",
+    "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
+    "output.position_curve": "also write position_curve.json and .png: perplexity by position "
+    "in the window",
 }
 
 # Defaults too long to print whole in `--help`.
@@ -267,6 +292,36 @@ class MeshSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReferenceSettings:
+    """The reference model of `reference.*` (KL(reference || model), `ppl_jax.divergence`)."""
+
+    checkpoint_dir: str
+    checkpoint_step: int | None  # None: the latest finalized step
+    checkpoint_format: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticsSettings:
+    """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
+
+    tokens: bool = False  # tokens.parquet
+    top_k: int = 0  # alternatives per token in tokens.parquet
+    position_curve: bool = False  # position_curve.json / .png
+    context_lengths: tuple[int, ...] = ()  # the context-length sweep
+    context_targets: int = 0  # targets per window of the sweep
+    reference: ReferenceSettings | None = None
+
+    @property
+    def any_beyond_sums(self) -> bool:
+        """Whether the run gathers more than the per-window sums a journal keeps."""
+        return self.tokens or self.position_curve or self.reference is not None
+
+
+MAX_TOP_K = 20
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """The whole run, checked and frozen. Built by `Settings.from_config`."""
 
@@ -287,6 +342,7 @@ class Settings:
     resume: bool  # resume from a matching journal in output_dir
     bootstrap_samples: int = 1000  # resamples of the bootstrap intervals (0: none)
     seed: int = 0  # seed of the bootstrap's resampling
+    diagnostics: DiagnosticsSettings = DiagnosticsSettings()
 
     @staticmethod
     def from_config(c: config_dict.ConfigDict) -> Settings:
@@ -295,16 +351,7 @@ class Settings:
         Raises:
           ConfigError: naming the setting, for a value out of range or of the wrong kind.
         """
-        step = c.checkpoint.step
-        if isinstance(step, str) and step.strip().lower() == "latest":
-            step = None
-        else:
-            try:
-                step = int(step)
-            except (TypeError, ValueError):
-                raise ConfigError(
-                    f"checkpoint.step={step!r} is neither 'latest' nor an integer step number."
-                ) from None
+        step = _step("checkpoint.step", c.checkpoint.step)
         _choice("data.format", c.data.format, FORMATS)
         _choice("data.errors", c.data.errors, ("strict", "replace"))
         _choice("eval.protocol", c.eval.protocol, PROTOCOLS)
@@ -373,7 +420,68 @@ class Settings:
             resume=_bool("output.resume", c.output.resume),
             bootstrap_samples=samples,
             seed=int(c.metrics.seed),
+            diagnostics=_diagnostics(c, seq_len),
         )
+
+
+def _step(name: str, step: Any) -> int | None:
+    """A checkpoint step setting: None for 'latest', else the step number."""
+    if isinstance(step, str) and step.strip().lower() == "latest":
+        return None
+    try:
+        return int(step)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{name}={step!r} is neither 'latest' nor an integer step number."
+        ) from None
+
+
+def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSettings:
+    top_k = int(c.output.top_k)
+    if not 0 <= top_k <= MAX_TOP_K:
+        raise ConfigError(f"output.top_k={top_k} is outside 0..{MAX_TOP_K}.")
+    tokens = _bool("output.tokens", c.output.tokens)
+    if top_k and not tokens:
+        raise ConfigError(
+            f"output.top_k={top_k} lists alternatives in tokens.parquet; set "
+            f"--config.output.tokens=true too."
+        )
+    lengths = _int_list("eval.context_lengths", c.eval.context_lengths)
+    targets = int(c.eval.context_targets)
+    if targets < 0:
+        raise ConfigError(f"eval.context_targets={targets} must be 0 (auto) or more.")
+    reference = None
+    if str(c.reference.checkpoint.dir):
+        _choice("reference.checkpoint.format", c.reference.checkpoint.format, CHECKPOINT_FORMATS)
+        _choice("reference.dtype", c.reference.dtype, DTYPES)
+        reference = ReferenceSettings(
+            checkpoint_dir=os.path.expanduser(str(c.reference.checkpoint.dir)),
+            checkpoint_step=_step("reference.checkpoint.step", c.reference.checkpoint.step),
+            checkpoint_format=str(c.reference.checkpoint.format),
+            dtype=str(c.reference.dtype),
+        )
+    return DiagnosticsSettings(
+        tokens=tokens,
+        top_k=top_k,
+        position_curve=_bool("output.position_curve", c.output.position_curve),
+        context_lengths=lengths,
+        context_targets=targets or (max(min(lengths) // 2, 1) if lengths else 0),
+        reference=reference,
+    )
+
+
+def _int_list(name: str, value: Any) -> tuple[int, ...]:
+    """A list of distinct positive integers, given as '64,128' or a sequence; sorted."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    try:
+        numbers = sorted({int(str(v).strip()) for v in items if str(v).strip()})
+    except ValueError:
+        raise ConfigError(
+            f"{name}={value!r} is not a comma-separated list of integers, e.g. '64,128,256'."
+        ) from None
+    if numbers and numbers[0] < 1:
+        raise ConfigError(f"{name}={value!r} holds a length below 1.")
+    return tuple(numbers)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -18,7 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax import checkpoint, data, journal, metrics, preemption, protocols, tokenizer
+from ppl_jax import (
+    checkpoint,
+    data,
+    diagnostics,
+    journal,
+    metrics,
+    preemption,
+    protocols,
+    tokenizer,
+)
 from ppl_jax import fingerprint as fingerprint_lib
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
@@ -53,6 +62,7 @@ class Evaluation:
       tokenizer_is_checkpoints: whether the tokenizer is the checkpoint's own.
       resumed_batches: batches taken from a journal rather than scored in this process.
       recorder: the run's journal (`discard()` it once the results are written).
+      diagnostics: what `ppl_jax.diagnostics.collect` found (curves, divergence, token file).
     """
 
     sums: metrics.Sums
@@ -74,6 +84,7 @@ class Evaluation:
     tokenizer_is_checkpoints: bool = True
     resumed_batches: int = 0
     recorder: journal.Recorder | None = None
+    diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def check_window(seq_len: int, model: LanguageModel) -> None:
@@ -99,6 +110,7 @@ def score_plan(
     layout: Layout | None = None,
     recorder: journal.Recorder | None = None,
     stop: preemption.StopRequest | None = None,
+    on_tokens: Callable[[list[tuple[int, ...]], dict[str, np.ndarray]], None] | None = None,
 ) -> tuple[metrics.Sums, ScoreTotals, Layout]:
     """Scores a protocol's windows.
 
@@ -111,6 +123,7 @@ def score_plan(
       layout: the layout already planned with these settings, or None to plan it here.
       recorder: a journal to fill (its finished batches are skipped), or None.
       stop: asked before each batch whether to stop (signals), or None.
+      on_tokens: the per-token sink of a scorer built with per-token arrays (`Scorer.score`).
 
     Returns:
       (the sufficient statistics, the per-window sums and timings, the batch layout). If `stop`
@@ -134,11 +147,16 @@ def score_plan(
         totals=None
         if state is None
         else ScoreTotals(
-            state.window_nll, state.window_tokens, state.window_entropy, state.window_correct
+            state.window_nll,
+            state.window_tokens,
+            state.window_entropy,
+            state.window_correct,
+            **_position_sums(scorer.options.positions),
         ),
         skip=None if state is None else state.batch_done.copy(),
         on_fetched=None if recorder is None else recorder.on_fetched,
         should_stop=None if stop is None else stop.requested,
+        on_tokens=on_tokens,
     )
     if totals.stopped_at is None and not np.array_equal(
         totals.window_tokens, plan.windows.num_scored()
@@ -155,6 +173,14 @@ def score_plan(
         num_correct=int(np.sum(totals.window_correct)),
     )
     return sums, totals, layout
+
+
+def _position_sums(positions: int) -> dict[str, np.ndarray | None]:
+    empty = ScoreTotals.zeros(0, positions)
+    return {
+        "nll_by_position": empty.nll_by_position,
+        "tokens_by_position": empty.tokens_by_position,
+    }
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:
@@ -226,6 +252,39 @@ def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str,
     model = model_lib.build(description, DTYPES[settings.dtype], attention)
     check_window(settings.eval.seq_len, model)
     return model, tok, step, fmt, attention
+
+
+def reference_settings(settings: Settings) -> Settings:
+    """The settings that read `reference.*` as the checkpoint (its tokenizer is the model's)."""
+    ref = settings.diagnostics.reference
+    return dataclasses.replace(
+        settings,
+        checkpoint_dir=ref.checkpoint_dir,
+        checkpoint_step=ref.checkpoint_step,
+        checkpoint_format=ref.checkpoint_format,
+        dtype=ref.dtype,
+        data=dataclasses.replace(settings.data, tokenizer="the model's"),
+    )
+
+
+def read_reference(settings: Settings, model: LanguageModel) -> tuple[LanguageModel, str, Any]:
+    """Reads the reference model's architecture (no weights) and checks it against the model.
+
+    Returns:
+      (the reference model, its format, its step).
+
+    Raises:
+      ConfigError: the reference scores another vocabulary, or reads shorter windows.
+      CheckpointError: as for `checkpoint.dir`.
+    """
+    ref = reference_settings(settings)
+    ref_model, _, step, fmt, _ = read_model(ref)
+    if ref_model.vocab_size != model.vocab_size:
+        raise ConfigError(
+            f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "
+            f"ids and the model {model.vocab_size}; KL needs the same tokenizer and vocabulary."
+        )
+    return ref_model, fmt, step
 
 
 def restore(
@@ -311,41 +370,66 @@ def evaluate(
         pack=settings.eval.packing and attention != "cudnn",
         num_buckets=settings.eval.length_buckets,
     )
+    diagnostics.check(settings, plan, model)
+    reference = read_reference(settings, model) if settings.diagnostics.reference else None
     parts = run_fingerprint(settings, model, tok, plan, layout, mesh, fmt, step, attention)
     num_windows, num_batches = plan.windows.num_windows, layout.num_batches
+    # A run with diagnostics keeps no journal: its per-token rows and curves are not in one.
+    journal_out = None if settings.diagnostics.any_beyond_sums else out
     state = journal.load_everywhere(
-        out if settings.resume else None, parts, num_windows, num_batches
+        journal_out if settings.resume else None, parts, num_windows, num_batches
     )
     recorder = journal.Recorder(
-        out, parts, state or journal.State.empty(num_windows, num_batches), settings.journal_every
+        journal_out,
+        parts,
+        state or journal.State.empty(num_windows, num_batches),
+        settings.journal_every,
     )
     params, shardings = restore(settings, model, mesh, fmt, step)
+    sinks = diagnostics.sinks(settings, plan, tok, out)
+    scorer = Scorer(model, mesh, shardings, sinks.options)
+    if reference is not None:
+        ref_model, ref_fmt, ref_step = reference
+        ref_params, ref_shardings = restore(
+            reference_settings(settings), ref_model, mesh, ref_fmt, ref_step
+        )
+        scorer = Scorer(model, mesh, shardings, sinks.options, (ref_model, ref_shardings))
+        params_in = (params, ref_params)
+    else:
+        params_in = params
     progress = progress_factory(plan.windows.num_windows) if progress_factory else None
     if progress is not None and recorder.resumed_batches:  # the bar starts where the run stopped
         done = np.flatnonzero(recorder.state.batch_done)
         progress(0, sum(len(row) for i in done for row in layout.batch_rows(int(i))))
-    with preemption.StopRequest() as stop:
-        sums, totals, layout = score_plan(
-            model,
-            params,
-            mesh,
-            shardings,
-            plan,
-            settings.eval.batch_size,
-            progress=progress,
-            layout=layout,
-            recorder=recorder,
-            stop=stop,
-        )
-    if totals.stopped_at is not None:
-        path = recorder.save()
-        done = int(recorder.state.batch_done.sum())
-        raise Interrupted(
-            f"stopped by {signal_name(stop.signal)} with {done} of {num_batches} batches scored; "
-            f"the journal is saved in {path or 'process 0 output.dir'}. Run the same command "
-            f"again to resume.",
-            preemption.EXIT_CODE.get(stop.signal, 1),
-        )
+    try:
+        with preemption.StopRequest() as stop:
+            sums, totals, layout = score_plan(
+                model,
+                params_in,
+                mesh,
+                shardings,
+                plan,
+                settings.eval.batch_size,
+                progress=progress,
+                scorer=scorer,
+                layout=layout,
+                recorder=recorder,
+                stop=stop,
+                on_tokens=sinks.on_tokens,
+            )
+            sweep = None
+            if totals.stopped_at is None and settings.diagnostics.context_lengths:
+                sweep = diagnostics.context_sweep(
+                    model, params, mesh, shardings, plan, settings, stop.requested
+                )
+                if sweep is None:
+                    totals.stopped_at = num_batches
+        if totals.stopped_at is not None:
+            raise _interrupted(recorder, stop, num_batches, journal_out is None)
+        found = diagnostics.collect(settings, totals, sinks, sweep)
+    except BaseException:
+        sinks.abort()
+        raise
     documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb = None
     if settings.gzip_baseline:
@@ -371,6 +455,28 @@ def evaluate(
         tokenizer_is_checkpoints=settings.data.tokenizer == "auto",
         resumed_batches=recorder.resumed_batches,
         recorder=recorder,
+        diagnostics=found,
+    )
+
+
+def _interrupted(
+    recorder: journal.Recorder, stop: preemption.StopRequest, num_batches: int, no_journal: bool
+) -> Interrupted:
+    code = preemption.EXIT_CODE.get(stop.signal, 1)
+    if no_journal:
+        return Interrupted(
+            f"stopped by {signal_name(stop.signal)}; a run with diagnostics (output.tokens, "
+            f"output.position_curve, eval.context_lengths, reference.*) keeps no journal, so the "
+            f"same command starts it again from the first batch.",
+            code,
+        )
+    path = recorder.save()
+    done = int(recorder.state.batch_done.sum())
+    return Interrupted(
+        f"stopped by {signal_name(stop.signal)} with {done} of {num_batches} batches scored; "
+        f"the journal is saved in {path or 'process 0 output.dir'}. Run the same command "
+        f"again to resume.",
+        code,
     )
 
 

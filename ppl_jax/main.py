@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
 
     import jax
 
-    from ppl_jax import report, uncertainty
+    from ppl_jax import diagnostics, report, uncertainty
     from ppl_jax.config import Settings
     from ppl_jax.errors import Interrupted, PplJaxError
     from ppl_jax.evaluate import evaluate
@@ -57,6 +57,8 @@ def main(argv: list[str]) -> None:
             if ev.documents is not None:
                 print(f"documents: {out.write_jsonl('documents.jsonl', ev.documents)}")
             out.write_bytes("units.npz", uncertainty.units_npz(ev))  # for ppl_jax.compare
+            for line in diagnostics.write(out, ev.diagnostics, settings.data.name):
+                print(line)
             # results.json last: once it is there, the run's files are all there.
             print(f"results: {out.write_json('results.json', results)}")
             ev.recorder.discard()

@@ -33,7 +33,17 @@ LOCK = ".lock"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 # Files a run may write; each must be a file (or absent) for the run to start.
-NAMES = ("results.json", "documents.jsonl", "journal.npz", "units.npz")
+NAMES = (
+    "results.json",
+    "documents.jsonl",
+    "journal.npz",
+    "units.npz",
+    "tokens.parquet",
+    "position_curve.json",
+    "position_curve.png",
+    "context_curve.json",
+    "context_curve.png",
+)
 
 
 class OutputDir:

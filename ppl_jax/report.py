@@ -16,8 +16,8 @@ import numpy as np
 from ml_collections import config_dict
 
 from ppl_jax import config as config_lib
+from ppl_jax import divergence, uncertainty
 from ppl_jax import fingerprint as fingerprint_lib
-from ppl_jax import uncertainty
 from ppl_jax.config import Settings
 from ppl_jax.evaluate import Evaluation
 
@@ -60,6 +60,8 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
         "intervals": intervals_dict(ev, settings),
+        "divergence": _divergence_dict(ev, settings),
+        "context_curve": ev.diagnostics.get("context_curve"),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),
@@ -95,6 +97,22 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
     results = _strict_json(results, "", notes)
     results["notes"] = notes
     return results
+
+
+def _divergence_dict(ev: Evaluation, settings: Settings) -> dict | None:
+    """The divergence from the reference model (`ppl_jax.divergence`), with the reference."""
+    found = ev.diagnostics.get("divergence")
+    ref = settings.diagnostics.reference
+    if found is None or ref is None:
+        return None
+    return {
+        "reference": {
+            "path": os.path.abspath(ref.checkpoint_dir),
+            "step": ref.checkpoint_step,
+            "dtype": ref.dtype,
+        },
+        **found,
+    }
 
 
 def intervals_dict(ev: Evaluation, settings: Settings) -> dict | None:
@@ -333,7 +351,12 @@ def summary_table(results: dict[str, Any]) -> str:
         ),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if results.get("divergence"):
+        lines += divergence.summary_lines(
+            results["divergence"], results["divergence"]["reference"]["path"]
+        )
+    return "\n".join(lines)
 
 
 def progress_bar(enabled: bool):

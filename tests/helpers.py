@@ -157,9 +157,17 @@ def reference_token_nll(params: dict, cfg: LlamaConfig, tokens: np.ndarray) -> n
 
     An independent implementation of the Llama forward pass (HF `modeling_llama` semantics).
     """
+    logits = reference_logits(params, cfg, tokens[:-1])
+    m = logits.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
+    return lse - logits[np.arange(logits.shape[0]), tokens[1:]]
+
+
+def reference_logits(params: dict, cfg: LlamaConfig, inputs: np.ndarray) -> np.ndarray:
+    """`[T, vocab]` float64 logits of the Llama forward pass over `inputs` (one sequence), in
+    NumPy (HF `modeling_llama` semantics)."""
     p = {k: v for k, v in params.items()}
     f = lambda a: np.asarray(a, np.float64)  # noqa: E731
-    inputs, targets = tokens[:-1], tokens[1:]
     t = inputs.size
     pos = np.arange(t, dtype=np.float64)
     x = f(p["embedding"])[inputs]
@@ -184,7 +192,4 @@ def reference_token_nll(params: dict, cfg: LlamaConfig, tokens: np.ndarray) -> n
         x = x + ((gate / (1 + np.exp(-gate))) * (h @ f(lp["mlp"]["up"]))) @ f(lp["mlp"]["down"])
     x = _rms(x, f(p["final_norm"]), cfg.norm_eps)
     w = f(p["embedding"]).T if cfg.tie_embeddings else f(p["lm_head"])
-    logits = x @ w
-    m = logits.max(-1, keepdims=True)
-    lse = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[:, 0]
-    return lse - logits[np.arange(t), targets]
+    return x @ w
