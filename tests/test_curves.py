@@ -3,6 +3,7 @@
 import io
 import json
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +13,8 @@ from ppl_jax import curves
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.layout import plan_layout
 from ppl_jax.windows import context_windows
+
+import helpers
 
 LN2 = math.log(2.0)
 
@@ -324,3 +327,8 @@ def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):
     curve = curves.position_curve(np.array([0.0, 1.0]), np.array([0, 1]))
     with pytest.raises(ConfigError, match=r"pip install 'ppl_jax\[diagnostics\]'"):
         curves.plot_position_curve(curve, "x")
+
+
+def test_importing_curves_does_not_import_matplotlib():
+    code = "import sys, ppl_jax.curves; assert 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=helpers.REPO)
