@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from ppl_jax.errors import ConfigError, DataError
+
 NO_PREFIX = -1
 
 
@@ -153,3 +155,56 @@ def sliding(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:
     lengths = np.minimum(seq_len + 1, n - starts)
     first = np.where(np.arange(count) == 0, 1, seq_len - stride + 1)
     return make(tokens, starts, lengths, first, seq_len)
+
+
+def context_windows(
+    tokens: np.ndarray, context_length: int, targets_per_window: int, first_target: int
+) -> Windows:
+    """Windows over one stream `t[0..N-1]` that score the targets `t[F:]` with context length `L`.
+
+    A context-length sweep (`eval.context_lengths`) calls this once per length `L` with the same
+    `F = first_target` (the sweep's longest length) and the same `S = targets_per_window`, so
+    every length scores exactly the same targets, `t[F], ..., t[N-1]` (N - F of them, each
+    once), and only the context differs. The targets are cut into blocks of `S`: the block of
+    targets `t[a : a + S]` (`a = F, F + S, F + 2S, ...`, the last block clipped at N) is scored by
+    the window that reads `t[a - L : a + S]`, whose row position `L` is the target `t[a]`
+    (`first_scored = L`). The target `t[a + i]` therefore sees exactly `L + i` tokens of context,
+    `t[a - L : a + i]`: between `L` and `L + S - 1` (at most `L + min(S, N - a) - 1` in the last
+    block); its position in the window (the index of `nll_by_position`) is `L + i`. No prefix;
+    `seq_len = L + S - 1`; there are `ceil((N - F) / S)` windows, which the model runs over
+    `L + S` positions each (the last one fewer), so the sweep costs about `(N - F) * (L + S) / S`
+    positions per length: `S = L` doubles the work of scoring each target once, a smaller `S`
+    narrows the context range at a higher cost. Tokens before `F` are only context.
+
+    Args:
+      tokens: `[N] int32`, the stream (any BOS token already in it counts as context).
+      context_length: `L >= 1`, tokens of context of a block's first target.
+      targets_per_window: `S >= 1`, targets each window scores.
+      first_target: `F >= L`, index in `tokens` of the first scored target.
+
+    Raises:
+      ConfigError: `L < 1`, `S < 1` or `F < L`.
+      DataError: the stream has no target (`N <= F`): the message names N, F and the length.
+    """
+    n, length, block, first = (
+        int(tokens.size),
+        int(context_length),
+        int(targets_per_window),
+        int(first_target),
+    )
+    if length < 1 or block < 1 or first < length:
+        raise ConfigError(
+            f"A context-length sweep needs a context length >= 1, targets per window >= 1 and "
+            f"the first target at or after the context length; got {length}, {block} and "
+            f"{first}: check eval.context_lengths."
+        )
+    if n <= first:
+        raise DataError(
+            f"The token stream holds {n:,} tokens, but a context-length sweep up to {first:,} "
+            f"tokens scores only the tokens after the first {first:,}, so nothing is left to "
+            f"score; use a longer corpus or shorter eval.context_lengths."
+        )
+    targets = np.arange(first, n, block, dtype=np.int64)
+    starts = targets - length
+    lengths = np.minimum(length + block, n - starts)
+    return make(tokens, starts, lengths, np.full(targets.size, length), length + block - 1)
