@@ -101,7 +101,7 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.packing = True
     c.eval.length_buckets = 1
     c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
-    c.eval.context_targets = 0  # targets per window of the sweep; 0: the smallest length // 2
+    c.eval.context_targets = 0  # targets per window of the sweep; 0: min(L, positions - L + 1)
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
@@ -167,8 +167,8 @@ KEY_MEANINGS = {
     "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
     "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "
     "e.g. '64,128,256' (empty: no sweep)",
-    "eval.context_targets": "targets per window of the context-length sweep (0: the smallest "
-    "length // 2)",
+    "eval.context_targets": "targets per window of the context-length sweep (0: L at length L, "
+    "so each target sees L..2L-1 tokens)",
     "model.dtype": "parameter dtype, 'float32' or 'bfloat16' (log-softmax is always float32)",
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
@@ -309,7 +309,7 @@ class DiagnosticsSettings:
     top_k: int = 0  # alternatives per token in tokens.parquet
     position_curve: bool = False  # position_curve.json / .png
     context_lengths: tuple[int, ...] = ()  # the context-length sweep
-    context_targets: int = 0  # targets per window of the sweep
+    context_targets: int = 0  # targets per window of the sweep; 0: by length (diagnostics)
     reference: ReferenceSettings | None = None
 
     @property
@@ -447,6 +447,11 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSettings
             f"--config.output.tokens=true too."
         )
     lengths = _int_list("eval.context_lengths", c.eval.context_lengths)
+    if lengths and c.eval.protocol == "lm_eval_rolling":
+        raise ConfigError(
+            "eval.context_lengths needs a stream protocol (sliding, hf_strided, gptq_chunks); "
+            "lm_eval_rolling scores documents one by one."
+        )
     targets = int(c.eval.context_targets)
     if targets < 0:
         raise ConfigError(f"eval.context_targets={targets} must be 0 (auto) or more.")
@@ -465,7 +470,7 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSettings
         top_k=top_k,
         position_curve=_bool("output.position_curve", c.output.position_curve),
         context_lengths=lengths,
-        context_targets=targets or (max(min(lengths) // 2, 1) if lengths else 0),
+        context_targets=targets,
         reference=reference,
     )
 

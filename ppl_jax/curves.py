@@ -231,6 +231,11 @@ def context_table(curve: Mapping[str, Any]) -> str:
     return "\n".join(text)
 
 
+def check_available() -> None:
+    """Raises ConfigError (before any work) if matplotlib, which the plots need, is missing."""
+    _figure()
+
+
 def _figure():
     """A bare matplotlib Figure (Agg renders it on save; pyplot and displays are never used)."""
     try:

@@ -74,19 +74,22 @@ def check(settings: Settings, plan: Plan, model: LanguageModel) -> None:
         tokens.check_available()
     if d.position_curve or d.context_lengths:
         curves.check_available()
-    if d.context_lengths:
-        if plan.per_document:
-            raise ConfigError(
-                f"eval.context_lengths needs a stream protocol (sliding, hf_strided, "
-                f"gptq_chunks); {plan.protocol} scores documents one by one."
-            )
-        longest = d.context_lengths[-1] + d.context_targets - 1
-        if longest > model.max_positions:
-            raise ConfigError(
-                f"eval.context_lengths up to {d.context_lengths[-1]} with "
-                f"eval.context_targets={d.context_targets} need windows of {longest} tokens, "
-                f"beyond the model's {model.max_positions} positions; use shorter lengths."
-            )
+    if d.context_lengths:  # a stream protocol (`config.Settings` checks)
+        for length in d.context_lengths:
+            longest = length + context_targets(d, length, model) - 1
+            if longest > model.max_positions:
+                raise ConfigError(
+                    f"eval.context_lengths holds {length}, which with eval.context_targets="
+                    f"{d.context_targets} needs windows of {longest} tokens, beyond the model's "
+                    f"{model.max_positions} positions; use shorter lengths."
+                )
+
+
+def context_targets(d: DiagnosticsSettings, length: int, model: LanguageModel) -> int:
+    """Targets per window of the sweep at context `length`: `eval.context_targets`, or by default
+    `min(L, max_positions - L + 1)` (each target then sees L..2L-1 tokens; about 2 model
+    positions per target), at least 1."""
+    return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
 def step_options(settings: Settings) -> StepOptions:
@@ -127,13 +130,13 @@ def context_sweep(
     plan: Plan,
     settings: Settings,
     should_stop: Any = None,
-) -> list[tuple[int, float, int]] | None:
+) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
 
     The targets are every token of the stream from position `max(context_lengths)` on, in
-    windows of `eval.context_targets` targets; with context length L each target sees between L
-    and L + context_targets - 1 tokens. Returns `(L, NLL sum in nats, targets)` per length, or
-    None if `should_stop` ended it.
+    windows of S targets (`context_targets`); with context length L each target sees between L
+    and L + S - 1 tokens. Returns the context curve (`curves.context_curve`), or None if
+    `should_stop` ended it.
 
     Raises:
       DataError: the stream is not longer than the longest context length.
@@ -141,19 +144,20 @@ def context_sweep(
     d: DiagnosticsSettings = settings.diagnostics
     scorer = Scorer(model, mesh, shardings)
     first = d.context_lengths[-1]
-    results = []
+    results, targets = [], {}
     for length in d.context_lengths:
-        w = windows.context_windows(plan.windows.tokens, length, d.context_targets, first)
+        targets[length] = context_targets(d, length, model)
+        w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
         layout = plan_layout(w, settings.eval.batch_size, pack=False)
         totals = scorer.score(params, w, layout, should_stop=should_stop)
         if totals.stopped_at is not None:
             return None
         results.append((length, totals.nll_sum, totals.num_tokens))
-    return results
+    return curves.context_curve(results, targets_per_window=targets)
 
 
 def collect(
-    settings: Settings, totals: Any, sinks_: Sinks, sweep: list[tuple[int, float, int]] | None
+    settings: Settings, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
     `tokens_file` (the path of tokens.parquet), each present only when asked for."""
@@ -163,7 +167,7 @@ def collect(
             totals.nll_by_position, totals.tokens_by_position
         )
     if sweep:
-        out[CONTEXT_CURVE] = curves.context_curve(sweep)
+        out[CONTEXT_CURVE] = sweep
     if sinks_.divergence is not None:
         out["divergence"] = sinks_.divergence.summary()
     if sinks_.token_writer is not None:

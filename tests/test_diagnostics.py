@@ -8,16 +8,16 @@ import json
 
 import jax
 import numpy as np
+import pyarrow.parquet as pq  # noqa: E402  (the `test` extra installs it)
 import pytest
 
-import helpers
 from ppl_jax import checkpoint
 from ppl_jax.config import Settings, get_config
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
 
-pq = pytest.importorskip("pyarrow.parquet")  # the `test` extra installs it
+import helpers
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def settings(checkpoint_dir: str, corpus: str, out, **overrides) -> Settings:
     c.data.path = corpus
     c.eval.seq_len = 48
     c.eval.stride = 20
-    c.eval.batch_size = 4
+    c.eval.batch_size = 8
     c.output.dir = str(out)
     c.output.progress = False
     c.output.gzip_baseline = False
@@ -69,7 +69,7 @@ def host_params(path: str) -> dict:
 
     s = settings(path, "unused", "unused")
     model, _, step, fmt, _ = read_model(s)
-    params, _ = restore(s, model, make_mesh(1, 1), fmt, step)
+    params, _ = restore(s, model, make_mesh(-1, 1), fmt, step)
     return jax.device_get(params)
 
 
@@ -151,7 +151,9 @@ def test_divergence_equals_numpy_from_both_models_logits(
 
 
 def test_a_model_against_itself_has_no_divergence(tiny_checkpoint, corpus, tmp_path):
-    ev = run(settings(tiny_checkpoint, corpus, tmp_path, reference__checkpoint__dir=tiny_checkpoint))
+    ev = run(
+        settings(tiny_checkpoint, corpus, tmp_path, reference__checkpoint__dir=tiny_checkpoint)
+    )
     d = ev.diagnostics["divergence"]
     assert d["num_tokens"] == ev.sums.num_tokens
     assert abs(d["kl_max"]) <= 1e-6 and abs(d["kl_mean"]) <= 1e-6
@@ -189,7 +191,7 @@ def test_position_curve_adds_up_and_context_sweep_scores_the_same_targets(
     assert sum(b["num_tokens"] for b in curve["buckets"]) == ev.sums.num_tokens
     # The sweep: the same targets (the stream from token 40 on) at every context length.
     sweep = ev.diagnostics["context_curve"]
-    rows = sweep["lengths"]
+    rows = sweep["context_lengths"]
     assert [r["context_length"] for r in rows] == [4, 16, 40]
     assert {r["num_tokens"] for r in rows} == {w.tokens.size - 40}
     # Against NumPy: the sweep's NLL at context 4 from the full logits.
@@ -202,9 +204,7 @@ def test_position_curve_adds_up_and_context_sweep_scores_the_same_targets(
     assert np.isclose(rows[0]["nll_sum"], nll, rtol=1e-5)
 
 
-def test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little(
-    demo_checkpoint, tmp_path
-):
+def test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little(demo_checkpoint, tmp_path):
     """The command line with every diagnostic on, the demo checkpoint against itself in
     bfloat16: the files are written, the curve falls, and the KL is small but positive."""
     from test_cli import run_cli
@@ -232,7 +232,7 @@ def test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little(
     assert early and late
     mean = lambda bs: sum(b["nll_sum"] for b in bs) / sum(b["num_tokens"] for b in bs)  # noqa: E731
     assert mean(late) < mean(early)
-    ppl = [row["perplexity"] for row in r["context_curve"]["lengths"]]
+    ppl = [row["perplexity"] for row in r["context_curve"]["context_lengths"]]
     assert ppl[0] > ppl[1] > ppl[2]
     d = r["divergence"]
     assert 0 < d["kl_mean"] < 0.05 and d["same_top1"] > 0.9
@@ -246,13 +246,16 @@ def test_settings_refused_before_any_work(tiny_checkpoint, corpus, tmp_path):
         settings(tiny_checkpoint, corpus, tmp_path, output__tokens=True, output__top_k=21)
     with pytest.raises(ConfigError, match="eval.context_lengths"):
         settings(tiny_checkpoint, corpus, tmp_path, eval__context_lengths="64,x")
-    s = settings(
-        tiny_checkpoint, corpus, tmp_path, eval__protocol="lm_eval_rolling", eval__context_lengths="8"
-    )
     with pytest.raises(ConfigError, match="stream protocol"):
-        run(s)
+        settings(
+            tiny_checkpoint,
+            corpus,
+            tmp_path,
+            eval__protocol="lm_eval_rolling",
+            eval__context_lengths="8",
+        )
     with pytest.raises(ConfigError, match="positions"):
-        run(settings(tiny_checkpoint, corpus, tmp_path, eval__context_lengths="120"))
+        run(settings(tiny_checkpoint, corpus, tmp_path, eval__context_lengths="129"))
 
 
 def test_a_reference_with_another_vocabulary_is_refused_before_weights(
