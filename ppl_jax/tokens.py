@@ -136,6 +136,9 @@ class TokenWriter:
         self._schema = schema(self._top_k, self._reference)
         self._pending: list[dict[str, np.ndarray]] = []
         self._pending_rows = 0
+        self._decoded: np.ndarray | None = None  # `_texts`: ids whose text is in the table
+        self._vocab: list[str] = []
+        self._vocab_texts: Any = None
         w = plan.windows
         self._has_prefix = (w.prefix != NO_PREFIX).astype(np.int64)
         self._row_lengths = w.row_lengths()
@@ -145,7 +148,8 @@ class TokenWriter:
         self._file = os.fdopen(fd, "wb")
         try:
             os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp gives 0600)
-            dictionary = ["dataset", "token"] + (["top_tokens"] if top_k else [])
+            # Parquet names a list's strings by their path (pyarrow ignores "top_tokens").
+            dictionary = ["dataset", "token"] + (["top_tokens.list.element"] if top_k else [])
             self._writer = pq.ParquetWriter(
                 self._file, self._schema, compression="zstd", use_dictionary=dictionary
             )
@@ -315,14 +319,24 @@ class TokenWriter:
         self._pending_rows = n - done
 
     def _texts(self, ids: np.ndarray) -> Any:
-        """`pyarrow` string array of the token texts of `ids` (`[n]`), decoding each id once."""
+        """`pyarrow` string array of the token texts of `ids` (`[n]`), each id decoded once per
+        writer: a table of the vocabulary's texts (plus "" for ids outside it) grows as ids
+        appear, and rows take from it (no sort per row group)."""
         import pyarrow as pa
 
-        unique, inverse = np.unique(ids, return_inverse=True)
-        texts = pa.array(self._tokenizer.token_texts(unique), pa.string())
-        return pa.DictionaryArray.from_arrays(
-            pa.array(inverse.reshape(-1).astype(np.int32)), texts
-        ).dictionary_decode()
+        size = self._tokenizer.vocab_size
+        flat = ids.reshape(-1).astype(np.int64)
+        flat = np.where((flat >= 0) & (flat < size), flat, size)  # outside the vocabulary: ""
+        if self._decoded is None:
+            self._decoded, self._vocab = np.zeros(size + 1, bool), [""] * (size + 1)
+        fresh = ~self._decoded[flat]
+        if fresh.any() or self._vocab_texts is None:
+            new = np.unique(flat[fresh])
+            for i, text in zip(new.tolist(), self._tokenizer.token_texts(new), strict=True):
+                self._vocab[i] = text
+            self._decoded[new] = True
+            self._vocab_texts = pa.array(self._vocab, pa.string())
+        return self._vocab_texts.take(pa.array(flat))
 
     def _table(self, cols: dict[str, np.ndarray]) -> Any:
         import pyarrow as pa

@@ -214,8 +214,12 @@ def test_columns_and_metadata(tmp_path, top_k, reference):
         "reference": reference,
         "tokenizer": "bytes+specials",
     }
-    col = f.metadata.row_group(0).column(names.index("token"))
-    assert col.compression == "ZSTD" and "RLE_DICTIONARY" in col.encodings
+    group = f.metadata.row_group(0)
+    chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    dictionary = {"dataset", "token"} | ({"top_tokens.list.element"} if top_k else set())
+    for leaf, chunk in chunks.items():
+        assert chunk.compression == "ZSTD"
+        assert ("RLE_DICTIONARY" in chunk.encodings) == (leaf in dictionary), leaf
     if top_k:
         lengths = [len(x) for x in tokens_lib.read_tokens(path, ["top_ids"])["top_ids"].to_pylist()]
         assert set(lengths) == {top_k}
