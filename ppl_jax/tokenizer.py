@@ -106,6 +106,35 @@ class Tokenizer(abc.ABC):
         lengths = self.encode_with_bytes([text])[0][1]
         return int(lengths[0]) if lengths.size else 0
 
+    def token_texts(self, ids: np.ndarray) -> list[str]:
+        """The text of each token alone, for per-token outputs (`ppl_jax.tokens`).
+
+        Each id is decoded on its own, as the tokenizer decodes a one-token sequence (special
+        tokens spelled out, e.g. "<s>"), except that a token spelled with a leading "▁" keeps
+        that space: SentencePiece and Metaspace decoders drop the space of a text's first
+        token, which would glue the words of a row of token texts together. A token that is
+        not valid UTF-8 alone (one byte of a character split across byte-level or byte-fallback
+        tokens) comes out with U+FFFD replacement characters. An id outside the tokenizer's
+        vocabulary (a model's padding rows) gives "". Texts are cached per id.
+
+        Args:
+          ids: token ids, any shape and integer dtype.
+
+        Returns:
+          One string per id, in `ids.ravel()` order.
+        """
+        cache: dict[int, str] = self.__dict__.setdefault("_token_text_cache", {})
+        flat = np.asarray(ids).reshape(-1)
+        missing = [i for i in np.unique(flat).tolist() if i not in cache]
+        known = [i for i in missing if 0 <= i < self.vocab_size]
+        cache.update(zip(known, self._token_texts(known), strict=True))
+        cache.update((i, "") for i in missing if not 0 <= i < self.vocab_size)
+        return [cache[i] for i in flat.tolist()]
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        """`token_texts` of ids inside the vocabulary, uncached."""
+        raise NotImplementedError(f"{type(self).__name__} does not decode single tokens")
+
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """A JSON-able description from which `from_description` rebuilds this tokenizer."""
@@ -184,6 +213,13 @@ def _space_cuts(text: str, size: int) -> list[int]:
     return cuts
 
 
+def _keep_space(piece: str, text: str) -> str:
+    """`text` (a token decoded alone) with the spaces that the leading "▁"s of its `piece`
+    spell, of which decoders drop one at the start of a text."""
+    missing = (len(piece) - len(piece.lstrip(META))) - (len(text) - len(text.lstrip(" ")))
+    return " " * missing + text if missing > 0 else text
+
+
 def _no_token_spans_a_space(pieces: Any) -> bool:
     """Whether no vocabulary entry holds "▁" after another character than "▁": then no token can
     cover both sides of a space that follows a non-space (models spell that space "▁")."""
@@ -200,6 +236,11 @@ class ByteTokenizer(Tokenizer):
     def _encode_document(self, text: str, with_bytes: bool) -> tuple[np.ndarray, np.ndarray]:
         ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
         return ids, np.ones(ids.size if with_bytes else 0, np.int32)
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        # A byte of a multi-byte character is not UTF-8 alone: U+FFFD. Ids past 255 (a
+        # subclass's special tokens) have no text.
+        return [bytes([i]).decode("utf-8", errors="replace") if i < 256 else "" for i in ids]
 
     def describe(self) -> dict[str, Any]:
         return {"type": "byte"}
@@ -390,6 +431,11 @@ class HFTokenizer(Tokenizer):
         is_byte = np.asarray([bool(_BYTE_PIECE.fullmatch(t)) for t in enc.tokens], bool)
         return ids, ends.reshape(-1), is_byte
 
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        texts = self._tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        pieces = [self._tok.id_to_token(i) or "" for i in ids]
+        return [_keep_space(p, t) for p, t in zip(pieces, texts, strict=True)]
+
     def describe(self) -> dict[str, Any]:
         return {"type": "hf", "name": self.name, "tokenizer_json": self._json, **_specials(self)}
 
@@ -482,6 +528,16 @@ class SentencePieceTokenizer(Tokenizer):
             return self._sp.encode(text, out_type="proto").pieces
         except ValueError:  # sentencepiece before "proto" named it "immutable_proto"
             return self._sp.encode(text, out_type="immutable_proto").pieces
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        sp = self._sp
+        # The library decodes a control token (<s>) to "" and <unk> to " ⁇ ": spell them out.
+        return [
+            sp.id_to_piece(i)
+            if sp.is_control(i) or sp.is_unknown(i)
+            else _keep_space(sp.id_to_piece(i), sp.decode([i]))
+            for i in ids
+        ]
 
     def describe(self) -> dict[str, Any]:
         return {
