@@ -161,10 +161,19 @@ def _top_k_update(carry, logits, first, k):
     return values, jnp.take_along_axis(ids, where, axis=-1)
 
 
+def _lowest_argmax(logits):
+    """`[B, T] int32`: the lowest column holding the row's largest logit. (A minimum over
+    column numbers where the logit equals the maximum, which XLA computes faster than the
+    value-and-index reduction of `jnp.argmax`, ties resolved alike.)"""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.min(jnp.where(logits == top, column, logits.shape[-1] - 1), axis=-1)
+
+
 def _argmax_update(old_id, old_max, logits, first):
     """The running argmax id: a later block takes over only with a strictly larger logit."""
     better = jnp.max(logits, axis=-1) > old_max
-    return jnp.where(better, jnp.argmax(logits, axis=-1).astype(jnp.int32) + first, old_id)
+    return jnp.where(better, _lowest_argmax(logits) + first, old_id)
 
 
 def _reference_start(ref, logits, targets):
@@ -175,8 +184,8 @@ def _reference_start(ref, logits, targets):
         jnp.sum(e, axis=-1),
         jnp.sum(e * (ref - logits), axis=-1),
         _target_logit(ref, targets, 0, jnp.zeros(targets.shape, jnp.float32)),
-        jnp.argmax(ref, axis=-1).astype(jnp.int32),
-        jnp.argmax(logits, axis=-1).astype(jnp.int32),
+        _lowest_argmax(ref),
+        _lowest_argmax(logits),
     )
 
 
