@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ppl_jax.model import HiddenStates, Logits
 
@@ -176,13 +177,19 @@ def _argmax_update(old_id, old_max, logits, first):
     return jnp.where(better, _lowest_argmax(logits) + first, old_id)
 
 
+def _weighted_gap(e, ref, logits):
+    """`sum e (r - l)` over the block, a column the reference rules out (`e = 0`, `r = -inf`)
+    adding 0 rather than NaN."""
+    return jnp.sum(jnp.where(e > 0, e * (ref - logits), 0.0), axis=-1)
+
+
 def _reference_start(ref, logits, targets):
     m_r = jnp.max(ref, axis=-1)
     e = jnp.exp(ref - m_r[..., None])
     return (
         m_r,
         jnp.sum(e, axis=-1),
-        jnp.sum(e * (ref - logits), axis=-1),
+        _weighted_gap(e, ref, logits),
         _target_logit(ref, targets, 0, jnp.zeros(targets.shape, jnp.float32)),
         _lowest_argmax(ref),
         _lowest_argmax(logits),
@@ -198,7 +205,7 @@ def _reference_update(carry, ref, logits, targets, first, model_max):
     return (
         m_new,
         s_r * scale + jnp.sum(e, axis=-1),
-        u * scale + jnp.sum(e * (ref - logits), axis=-1),
+        u * scale + _weighted_gap(e, ref, logits),
         _target_logit(ref, targets, first, tl_r),
         _argmax_update(arg_r, m_r, ref, first),
         _argmax_update(arg_m, model_max, logits, first),
@@ -288,7 +295,8 @@ def _blocked(
 
 def _check(output, targets, top_k, reference) -> None:
     vocab = _vocab_size(output)
-    if not isinstance(top_k, int) or not 0 <= top_k <= min(MAX_TOP_K, vocab):
+    integer = isinstance(top_k, int | np.integer) and not isinstance(top_k, bool)
+    if not (integer and 0 <= top_k <= min(MAX_TOP_K, vocab)):
         raise ValueError(
             f"top_k={top_k!r} is out of range: give an integer from 0 to "
             f"{min(MAX_TOP_K, vocab)} (at most {MAX_TOP_K} and at most the vocabulary, {vocab})."
@@ -340,6 +348,7 @@ def token_stats(
         batch and sequence shape.
     """
     _check(output, targets, top_k, reference)
+    top_k = int(top_k)
     if isinstance(output, Logits):
         ref_logits = None if reference is None else _full_logits(reference)
         return _from_logits(output.logits, targets, top_k, ref_logits)

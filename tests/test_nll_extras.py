@@ -26,7 +26,8 @@ def numpy_stats(logits, ref_logits, targets, k):
     return {
         "top_ids": ids,
         "top_logprobs": np.take_along_axis(logp, ids, -1),
-        "kl": (np.exp(ref_logp) * (ref_logp - logp)).sum(-1),
+        # 0 log 0 = 0: an id the reference rules out adds nothing.
+        "kl": (np.exp(ref_logp) * np.where(np.isneginf(ref_logp), 0, ref_logp - logp)).sum(-1),
         "reference_nll": -np.take_along_axis(ref_logp, targets[..., None], -1)[..., 0],
         "same_top1": logits.argmax(-1) == ref_logits.argmax(-1),
     }
@@ -183,7 +184,29 @@ def test_jit_traces_once_per_option_set():
     check(first, numpy_stats(full(model), full(near), targets, 4), 4)
 
 
-@pytest.mark.parametrize("top_k", [-1, 21, 11])
+def test_a_reference_that_rules_out_ids_adds_nothing_for_them():
+    """Reference logits of -inf (masked ids): p_ref = 0 there, so KL stays finite."""
+    model, near, _, targets = models(50, seed=4)
+    ref_logits = full(near)
+    ref_logits[..., 30:] = -np.inf  # ids 30..49, spanning blocks
+    ref_logits[..., 3] = -np.inf
+    targets = jnp.minimum(targets, 29).at[0, 0].set(7)
+    expected = numpy_stats(full(model), ref_logits, targets, 3)
+    assert np.isfinite(expected["kl"]).all() and expected["kl"].min() > 0
+    for output in (model, Logits(jnp.asarray(full(model), jnp.float32))):
+        stats = token_stats(output, targets, block=16, top_k=3, reference=Logits(ref_logits))
+        check(stats, expected, 3)
+
+
+def test_top_k_may_be_a_numpy_integer():
+    model, _, _, targets = models(10, seed=1)
+    stats = token_stats(model, targets, top_k=np.int64(3))
+    np.testing.assert_array_equal(
+        stats.top_ids, numpy_stats(full(model), full(model), targets, 3)["top_ids"]
+    )
+
+
+@pytest.mark.parametrize("top_k", [-1, 21, 11, True, 2.0])
 def test_top_k_out_of_range_is_refused(top_k):
     model, _, _, targets = models(10, seed=1)  # a vocabulary of 10 < 11
     with pytest.raises(ValueError, match="top_k"):
