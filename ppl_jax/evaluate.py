@@ -387,7 +387,6 @@ def evaluate(
     )
     params, shardings = restore(settings, model, mesh, fmt, step)
     sinks = diagnostics.sinks(settings, plan, tok, out)
-    scorer = Scorer(model, mesh, shardings, sinks.options)
     if reference is not None:
         ref_model, ref_fmt, ref_step = reference
         ref_params, ref_shardings = restore(
@@ -396,6 +395,7 @@ def evaluate(
         scorer = Scorer(model, mesh, shardings, sinks.options, (ref_model, ref_shardings))
         params_in = (params, ref_params)
     else:
+        scorer = Scorer(model, mesh, shardings, sinks.options)
         params_in = params
     progress = progress_factory(plan.windows.num_windows) if progress_factory else None
     if progress is not None and recorder.resumed_batches:  # the bar starts where the run stopped
