@@ -164,21 +164,22 @@ def first_difference(a: Run, b: Run) -> str | None:
     if a.dataset() != b.dataset():
         return f"the dataset is {a.dataset()!r} in A and {b.dataset()!r} in B"
     n = min(len(a.document), len(b.document))
-    for what, x, y in (
-        ("document", a.document, b.document),
-        ("offset", a.offset, b.offset),
-        ("token id", a.token_id, b.token_id),
-    ):
-        differ = np.flatnonzero(x[:n] != y[:n])
-        if len(differ):
-            i = int(differ[0])
-            where = a._where(i) if what == "token id" else f"scored token {i:,}"
-            return f"at {where} the {what} is {int(x[i])} in A and {int(y[i])} in B"
+    moved = np.flatnonzero((a.document[:n] != b.document[:n]) | (a.offset[:n] != b.offset[:n]))
+    if len(moved):
+        i = int(moved[0])
+        return f"the scored token {i:,} is {a._where(i)} in A and {b._where(i)} in B"
     if len(a.document) != len(b.document):
         longer, label = (a, "A") if len(a.document) > n else (b, "B")
         return (
-            f"A scored {len(a.document):,} tokens and B {len(b.document):,}; only {label} has "
+            f"A scored {len(a.document):,} tokens and B {len(b.document):,}; only {label} scored "
             f"{longer._where(n)}"
+        )
+    other = np.flatnonzero(a.token_id != b.token_id)
+    if len(other):
+        i = int(other[0])
+        return (
+            f"at {a._where(i)} the token id is {int(a.token_id[i])} in A and "
+            f"{int(b.token_id[i])} in B"
         )
     return None
 
@@ -236,7 +237,8 @@ class _Rows:
     offset); `take(d, k)` gives document d's first k tokens' values for the page."""
 
     def __init__(self, run: Run, documents: list[int]):
-        self.table = _parquet().read_table(run.path, filters=[("document", "in", documents)])
+        table = _parquet().read_table(run.path, filters=[("document", "in", documents)])
+        self.table = table.combine_chunks()  # one chunk per column: `take` and numpy are fast
         names = self.table.column_names
         self.np = {
             c: self.table[c].to_numpy(zero_copy_only=False) for c in REQUIRED if c != "token"
@@ -369,28 +371,34 @@ def _describe(r: Run, label: str) -> dict[str, Any]:
     }
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def left_out(sel: dict[str, Any]) -> str:
     """One paragraph saying what the page holds and what it left out."""
     s = sel
     text = (
-        f"Shown: {s['shown_documents']:,} of {s['documents']:,} documents with scored tokens "
-        f"({s['shown_tokens']:,} tokens), {s['rule']} first, at most {s['max_documents']:,} "
-        f"documents and {s['max_tokens']:,} tokens (--max_documents, --max_tokens)."
+        f"Shown: {s['shown_documents']:,} of {_n(s['documents'], 'document')} with scored tokens "
+        f"({_n(s['shown_tokens'], 'token')}), {s['rule']} first, at most "
+        f"{_n(s['max_documents'], 'document')} and {_n(s['max_tokens'], 'token')} "
+        f"(--max_documents, --max_tokens)."
     )
     if s["left_out_documents"]:
         text += (
-            f" Left out: {s['left_out_documents']:,} documents ({s['left_out_tokens']:,} tokens)."
+            f" Left out: {_n(s['left_out_documents'], 'document')} "
+            f"({_n(s['left_out_tokens'], 'token')})."
         )
     if s["cut_documents"]:
         text += (
-            f" {s['cut_documents']:,} document(s) shown only from their first scored token up to "
-            f"the token budget ({s['cut_tokens']:,} tokens not shown)."
+            f" Cut: {_n(s['cut_documents'], 'document')} shown from its first scored token up to "
+            f"the token budget ({_n(s['cut_tokens'], 'token')} not shown)."
         )
     if not s["left_out_documents"] and not s["cut_documents"]:
         text += " Nothing was left out."
     unscored = s["corpus_documents"] - s["documents"]
     if unscored > 0:
-        text += f" {unscored:,} documents of the corpus have no scored token."
+        text += f" {_n(unscored, 'document')} of the corpus had no scored token."
     return text
 
 
@@ -539,12 +547,13 @@ _TEMPLATE = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>@TITLE@</title>
 <style>
-body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#111;background:#fff}
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#111;background:#fff;
+ height:100vh;display:flex;flex-direction:column}
 header{padding:8px 16px;border-bottom:1px solid #ccc}
 header p{margin:2px 0}
 .note{color:#444}
-main{display:flex;height:calc(100vh - 120px);min-height:300px}
-#list{width:34%;overflow:auto;border-right:1px solid #ccc}
+main{display:flex;flex:1;min-height:300px}
+#list{flex:0 0 auto;max-width:48%;overflow:auto;border-right:1px solid #ccc}
 #list table{border-collapse:collapse;width:100%}
 #list th,#list td{padding:2px 6px;text-align:right;white-space:nowrap}
 #list th{position:sticky;top:0;background:#eee;cursor:pointer}
@@ -552,15 +561,19 @@ main{display:flex;height:calc(100vh - 120px);min-height:300px}
 #list tr.sel{outline:2px solid #333}
 #list tbody tr:hover{background:#f3f3f3;cursor:pointer}
 #doc{flex:1;overflow:auto;padding:8px 16px}
-#tokens{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}
+#tokens{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all;
+ tab-size:4}
 #tokens span{border-right:1px solid rgba(0,0,0,.15)}
 #tokens span.miss{text-decoration:underline dotted}
 .legend span{display:inline-block;padding:0 6px;font-size:12px}
-#tip{position:fixed;display:none;max-width:28em;background:#fff;border:1px solid #888;
+#tip{position:fixed;display:none;width:max-content;max-width:calc(100vw - 16px);background:#fff;border:1px solid #888;
  padding:6px 8px;font-size:12px;box-shadow:2px 2px 6px rgba(0,0,0,.2);pointer-events:none}
 #tip table{border-collapse:collapse}
 #tip td{padding:0 4px}
 #tip .tt{font-family:ui-monospace,monospace;white-space:pre}
+#tip .sides{display:flex;gap:12px}
+#tip .side{margin-top:4px}
+#tip tr.target{font-weight:bold}
 @BINS@
 </style>
 </head>
@@ -592,10 +605,10 @@ _SCRIPT = r"""
     return e;
   }
   function bin(edges, x) { let i = 0; while (i < edges.length && x >= edges[i]) i++; return i; }
-  function f(x, d) { return x === null || x === undefined ? "n/a" : x.toFixed(d === undefined ? 4 : d); }
+  function f(x) { return x === null || x === undefined ? "n/a" : x.toFixed(4); }
   function sg(x) { return x === null ? "n/a" : (x > 0 ? "+" : "") + x.toFixed(4); }
   function pr(p) { return p >= 0.001 ? p.toFixed(4) : p.toExponential(3); }
-  function shown(t) {
+  function shown(t) {  // whitespace made visible: a mark, then the line break or tab itself
     if (t === "") return "\u2205";
     return t.replace(/\r/g, "\u240d").replace(/\t/g, "\u21e5\t").replace(/\n/g, "\u21b5\n");
   }
@@ -607,12 +620,14 @@ _SCRIPT = r"""
     const p = colour === "delta" ? "d" : "s";
     box.appendChild(el("span", colour === "delta"
       ? "surprisal B \u2212 A, bits (blue: B less surprised, red: more):"
-      : "surprisal, bits:"));
+      : "surprisal" + (two ? " " + colour.toUpperCase() : "") + ", bits:"));
     for (let i = 0; i <= s.edges.length; i++) {
       const lo = i ? s.edges[i - 1] : null, hi = i < s.edges.length ? s.edges[i] : null;
       const label = lo === null ? "< " + hi : hi === null ? "\u2265 " + lo : lo + " to " + hi;
       box.appendChild(el("span", label, p + i));
     }
+    box.appendChild(el("span", "dotted underline: not the model's first choice" +
+      (two ? " (" + (colour === "b" ? "B" : "A") + ")" : "")));
     return box;
   }
 
@@ -621,36 +636,47 @@ _SCRIPT = r"""
     c.textContent = "";
     if (two) {
       const sel = el("select");
-      for (const [v, t] of [["delta", "change B \u2212 A"], ["a", "surprisal A"], ["b", "surprisal B"]]) {
-        const o = el("option", t); o.value = v; o.selected = v === colour; sel.appendChild(o);
+      const options = [["delta", "change B \u2212 A"], ["a", "surprisal A"], ["b", "surprisal B"]];
+      for (const [v, t] of options) {
+        const o = el("option", t);
+        o.value = v;
+        o.selected = v === colour;
+        sel.appendChild(o);
       }
       sel.onchange = () => { colour = sel.value; controls(); if (current) show(current); };
-      c.appendChild(el("span", "colour by: ")); c.appendChild(sel);
+      c.appendChild(el("span", "colour by: "));
+      c.appendChild(sel);
     }
     c.appendChild(legend());
   }
 
   function list() {
-    const cols = [["#", null], ["document", null], ["tokens", null], ["bits/token" + (two ? " A" : ""), "a"]];
+    const cols = [["#", null], ["document", null], ["tokens", null]];
+    cols.push(["bits/token" + (two ? " A" : ""), "a"]);
     if (two) cols.push(["bits/token B", "b"], ["B \u2212 A", "diff"]);
     const t = el("table"), h = el("tr");
     for (const [name, key] of cols) {
       const th = el("th", name + (key && key === sortBy ? " \u25be" : ""));
+      if (key) th.title = key === "diff" ? "sort: largest change |B \u2212 A| first" : "sort";
       if (key) th.onclick = () => { sortBy = key; list(); };
       h.appendChild(th);
     }
     t.appendChild(el("thead")).appendChild(h);
     const body = t.appendChild(el("tbody"));
     const docs = D.documents.slice();
-    const key = (d) => sortBy === "a" ? -d.mean[0] : sortBy === "b" ? -d.mean[1] : -Math.abs(d.diff);
+    const key = (d) =>
+      sortBy === "a" ? -d.mean[0] : sortBy === "b" ? -d.mean[1] : -Math.abs(d.diff);
     docs.sort((x, y) => key(x) - key(y) || x.document - y.document);
     for (const d of docs) {
       const r = el("tr");
       r.appendChild(el("td", String(d.document)));
-      const src = r.appendChild(el("td", d.source, "src")); src.title = d.source;
+      r.appendChild(el("td", d.source, "src")).title = d.source;
       r.appendChild(el("td", d.shown < d.tokens ? d.shown + " of " + d.tokens : String(d.tokens)));
       r.appendChild(el("td", f(d.mean[0])));
-      if (two) { r.appendChild(el("td", f(d.mean[1]))); r.appendChild(el("td", sg(d.diff))); }
+      if (two) {
+        r.appendChild(el("td", f(d.mean[1])));
+        r.appendChild(el("td", sg(d.diff)));
+      }
       if (d === current) r.className = "sel";
       r.onclick = () => { current = d; list(); show(d); };
       body.appendChild(r);
@@ -662,16 +688,17 @@ _SCRIPT = r"""
   function show(d) {
     const head = $("dochead");
     head.textContent = "";
-    let line = "document " + d.document + ": " + d.source + ", " + d.tokens + " scored tokens, mean " +
-      f(d.mean[0]) + " bits/token" + (two ? " (A), " + f(d.mean[1]) + " (B), B \u2212 A " + sg(d.diff) : "");
+    let line = "document " + d.document + ": " + d.source + ", " + d.tokens +
+      " scored tokens, mean " + f(d.mean[0]) + " bits/token";
+    if (two) line += " (A), " + f(d.mean[1]) + " (B), B \u2212 A " + sg(d.diff);
     if (d.shown < d.tokens) line += "; only its first " + d.shown + " tokens are in this page";
     head.appendChild(el("p", line));
     const box = $("tokens"), frag = document.createDocumentFragment();
-    const s = D.scale, side = colour === "b" ? 1 : 0;
+    const s = D.scale, v = d.sides[colour === "b" ? 1 : 0];
     for (let i = 0; i < d.id.length; i++) {
       const cls = colour === "delta" ? "d" + bin(s.diff.edges, d.delta[i])
-        : "s" + bin(s.surprisal.edges, d.sides[side].surprisal[i]);
-      const sp = el("span", shown(d.text[i]), cls + (d.sides[side].correct[i] ? "" : " miss"));
+        : "s" + bin(s.surprisal.edges, v.surprisal[i]);
+      const sp = el("span", shown(d.text[i]), cls + (v.correct[i] ? "" : " miss"));
       sp.dataset.i = i;
       frag.appendChild(sp);
     }
@@ -679,35 +706,48 @@ _SCRIPT = r"""
     box.appendChild(frag);
   }
 
+  function side(d, i, v, who) {
+    const box = el("div", undefined, "side");
+    if (who) box.appendChild(el("b", who));
+    const s = v.surprisal[i];
+    box.appendChild(el("div", "probability " + pr(Math.pow(2, -s))));
+    box.appendChild(el("div", "surprisal " + f(s) + " bits"));
+    box.appendChild(el("div", "entropy " + f(v.entropy[i]) + " nats (" +
+      f(v.entropy[i] / Math.LN2) + " bits)"));
+    box.appendChild(el("div", v.correct[i] ? "the model's first choice" : "not its first choice"));
+    if (v.kl) {
+      box.appendChild(el("div", "KL(reference \u2016 model) " + f(v.kl[i]) + " nats"));
+      box.appendChild(el("div", "\u0394 log p (model \u2212 reference) " +
+        sg(v.delta_logprob[i]) + " nats"));
+      box.appendChild(el("div", "same first choice as the reference: " +
+        (v.same_top1[i] ? "yes" : "no")));
+    }
+    if (v.top) {
+      box.appendChild(el("div", "top " + v.top[i].length + ":"));
+      const t = el("table");
+      v.top[i].forEach((id, j) => {
+        const r = el("tr");
+        const text = D.vocab[id] !== undefined ? JSON.stringify(D.vocab[id]) : "id " + id;
+        r.appendChild(el("td", j + 1 + "."));
+        r.appendChild(el("td", text, "tt"));
+        r.appendChild(el("td", pr(v.top_p[i][j])));
+        if (id === d.id[i]) r.className = "target";
+        t.appendChild(r);
+      });
+      box.appendChild(t);
+    }
+    return box;
+  }
+
   function details(d, i) {
     const tip = el("div");
     tip.appendChild(el("div", JSON.stringify(d.text[i]), "tt"));
-    tip.appendChild(el("div", "document " + d.document + ", offset " + d.offset[i] + ", context " +
-      d.position[i] + " tokens, token id " + d.id[i]));
+    tip.appendChild(el("div", "document " + d.document + ", offset " + d.offset[i] +
+      ", context " + d.position[i] + " tokens, token id " + d.id[i]));
     if (two) tip.appendChild(el("div", "surprisal B \u2212 A: " + sg(d.delta[i]) + " bits"));
-    d.sides.forEach((v, k) => {
-      const who = two ? "ABCD"[k] + ": " : "";
-      const s = v.surprisal[i];
-      tip.appendChild(el("div", who + "probability " + pr(Math.pow(2, -s)) + ", surprisal " + f(s) +
-        " bits, entropy " + f(v.entropy[i]) + " nats (" + f(v.entropy[i] / Math.LN2) + " bits), " +
-        (v.correct[i] ? "the model's first choice" : "not the first choice")));
-      if (v.kl) tip.appendChild(el("div", who + "KL(reference \u2016 model) " + f(v.kl[i]) +
-        " nats, \u0394 log p " + sg(v.delta_logprob[i]) + " nats, same first choice as the reference: " +
-        (v.same_top1[i] ? "yes" : "no")));
-      if (v.top) {
-        const t = el("table");
-        v.top[i].forEach((id, j) => {
-          const r = el("tr");
-          const text = D.vocab[id] !== undefined ? JSON.stringify(D.vocab[id]) : "id " + id;
-          r.appendChild(el("td", (j + 1) + ".")); r.appendChild(el("td", text, "tt"));
-          r.appendChild(el("td", pr(v.top_p[i][j])));
-          if (id === d.id[i]) r.style.fontWeight = "bold";
-          t.appendChild(r);
-        });
-        tip.appendChild(el("div", who + "top " + v.top[i].length + ":"));
-        tip.appendChild(t);
-      }
-    });
+    const row = el("div", undefined, "sides");
+    d.sides.forEach((v, k) => row.appendChild(side(d, i, v, two ? "AB"[k] : "")));
+    tip.appendChild(row);
     return tip;
   }
 
@@ -718,15 +758,18 @@ _SCRIPT = r"""
     tip.textContent = "";
     tip.appendChild(details(current, +sp.dataset.i));
     tip.style.display = "block";
+    const below = e.clientY + 16 + tip.offsetHeight <= window.innerHeight;
     const x = Math.min(e.clientX + 14, window.innerWidth - tip.offsetWidth - 4);
-    const y = e.clientY + 16 + tip.offsetHeight > window.innerHeight ? e.clientY - tip.offsetHeight - 8 : e.clientY + 16;
-    tip.style.left = Math.max(0, x) + "px"; tip.style.top = Math.max(0, y) + "px";
+    const y = below ? e.clientY + 16 : e.clientY - tip.offsetHeight - 8;
+    tip.style.left = Math.max(0, x) + "px";
+    tip.style.top = Math.max(0, y) + "px";
   });
   $("tokens").addEventListener("mouseleave", () => { tip.style.display = "none"; });
 
   controls();
-  if (D.documents.length) current = D.documents.slice().sort((x, y) =>
-    (two ? Math.abs(y.diff) - Math.abs(x.diff) : y.mean[0] - x.mean[0]) || x.document - y.document)[0];
+  current = D.documents.slice().sort((x, y) =>
+    (two ? Math.abs(y.diff) - Math.abs(x.diff) : y.mean[0] - x.mean[0]) ||
+    x.document - y.document)[0] || null;
   list();
   if (current) show(current);
 })();

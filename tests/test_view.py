@@ -183,7 +183,7 @@ def test_page_holds_the_documents_and_tokens_of_the_file(tmp_path, top_k, refere
     sel = data["selection"]
     assert (sel["documents"], sel["corpus_documents"], sel["left_out_documents"]) == (4, 5, 0)
     assert "Nothing was left out." in " ".join(page.text)
-    assert "1 documents of the corpus have no scored token" in " ".join(page.text)
+    assert "1 document of the corpus had no scored token" in " ".join(page.text)
     assert data["runs"][0]["mean"] == pytest.approx(
         float(np.sum(np.asarray(cols["nll"], np.float64))) / len(cols["nll"]) / math.log(2)
     )
@@ -300,11 +300,19 @@ def test_mistakes_exit_2_with_one_line(tmp_path, capsys):
     c = write(tmp_path / "c", cols, types, num_docs, dataset="other")
     assert view.main([a, "--compare", c]) == 2
     assert "the dataset is 'toy' in A and 'other' in B" in capsys.readouterr().err
-    fewer = {k: v[:-1] for k, v in cols.items()}
-    e = write(tmp_path / "e", fewer, types, num_docs)
-    assert view.main([a, "--compare", e]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "did not score the same tokens" in err
+    # One token fewer: in the middle of the corpus, or at its end.
+    order = np.lexsort((cols["offset"], cols["document"]))
+    for k, words in (
+        (order[5], "the scored token 5 is document"),
+        (order[-1], f"only A scored {view.Run(a)._where(len(order) - 1)}"),
+    ):
+        keep = np.arange(len(order)) != k
+        fewer = {c: [v[j] for j in np.flatnonzero(keep)] for c, v in cols.items()}
+        e = write(tmp_path / f"e{k}", fewer, types, num_docs)
+        assert view.main([e, "--compare", a] if "only A" not in words else [a, "--compare", e]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "did not score the same tokens" in err
+        assert words in err, err
     # Not a Parquet file; a flag out of range; an output folder that does not exist.
     bad = tmp_path / "bad"
     bad.mkdir()
