@@ -224,7 +224,11 @@ def test_compare_colours_the_change_b_minus_a(tmp_path):
     cols_a, types, num_docs = corpus(3, reference=True)
     cols_b = dict(cols_a)
     rng = np.random.default_rng(9)
-    nll_b = (cols_a["nll"] * rng.uniform(0.5, 1.5, len(cols_a["nll"]))).astype(np.float32)
+    nll_b = cols_a["nll"] * rng.uniform(0.5, 1.5, len(cols_a["nll"]))
+    # B is much more surprised on the two documents A finds easiest: they change most.
+    docs_a = by_document(cols_a)
+    easiest = sorted(docs_a, key=lambda d: np.mean(docs_a[d]["nll"]))[:2]
+    nll_b = (nll_b + 8.0 * np.isin(cols_a["document"], easiest)).astype(np.float32)
     cols_b["nll"] = nll_b
     cols_b["surprisal"] = (nll_b / np.float32(math.log(2))).astype(np.float32)
     a = write(tmp_path / "a", cols_a, types, num_docs, reference=True)
@@ -235,6 +239,7 @@ def test_compare_colours_the_change_b_minus_a(tmp_path):
     data = page.data()
     da, db = by_document(cols_a), by_document(cols_b)
     assert len(data["documents"]) == len(da) and [r["label"] for r in data["runs"]] == ["A", "B"]
+    order_a = [e["document"] for e in data["documents"]]
     for e in data["documents"]:
         d = e["document"]
         sa = np.asarray(da[d]["surprisal"], np.float64)
@@ -247,6 +252,14 @@ def test_compare_colours_the_change_b_minus_a(tmp_path):
         assert e["mean"] == [pytest.approx(mean_a, abs=1e-12), pytest.approx(mean_b, abs=1e-12)]
         np.testing.assert_allclose(e["sides"][1]["surprisal"], sb, rtol=0, atol=5.01e-5)
     assert not os.path.exists(os.path.join(a, "view.html"))
+    # Bounded, a comparison keeps the documents that changed most (|mean B - A|), still listed
+    # by mean surprisal of A.
+    change = {e["document"]: abs(e["diff"]) for e in data["documents"]}
+    kept = sorted(change, key=lambda d: -change[d])[:2]
+    _, small = view.view(a, compare=b, out=out, max_documents=2)
+    got = [e["document"] for e in small["documents"]]
+    assert sorted(got) == sorted(kept) == sorted(easiest)
+    assert got == [e for e in order_a if e in kept]
 
 
 def test_the_page_is_bounded_and_says_what_it_left_out(tmp_path):
