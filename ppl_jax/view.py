@@ -29,6 +29,7 @@ A user's mistake prints one line, `ppl-jax view: error: ...`, and exits with sta
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import math
@@ -49,6 +50,7 @@ DECIMALS = 4  # bits and nats in the page
 PROB_DIGITS = 4  # significant digits of the top-k probabilities
 REQUIRED = ("dataset", "document", "offset", "position", "token_id", "token", "nll")
 REQUIRED += ("surprisal", "entropy", "correct")
+NUMERIC = ("document", "offset", "position", "token_id", "surprisal", "entropy", "correct")
 TOP = ("top_ids", "top_probs")
 REFERENCE = ("kl", "delta_logprob", "same_top1")
 # Colour scales: bin i holds values in [edges[i-1], edges[i]). Surprisal in bits (ColorBrewer
@@ -99,13 +101,16 @@ class Run:
             )
         try:
             schema = pq.read_schema(path)
+            self.columns = list(schema.names)
+            missing = [c for c in REQUIRED if c not in self.columns]
+            if missing:
+                raise DataError(
+                    f"{path} lacks the column(s) {', '.join(missing)}; it is not a tokens.parquet "
+                    f"of ppl_jax (write it again with output.tokens=true)."
+                )
             table = pq.read_table(path, columns=["document", "offset", "token_id", "nll"])
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise DataError(f"{path} is not a readable tokens.parquet ({e}).") from None
-        self.columns = list(schema.names)
-        missing = [c for c in REQUIRED if c not in self.columns]
-        if missing:
-            raise DataError(f"{path} lacks the column(s) {', '.join(missing)}; rewrite it.")
         kv = schema.metadata or {}
         self.meta = _json_meta(kv, b"ppl_jax", dict, path)
         self.names = [str(n) for n in _json_meta(kv, b"documents", list, path)]
@@ -120,16 +125,23 @@ class Run:
             (self.document[1:] == self.document[:-1]) & (self.offset[1:] == self.offset[:-1])
         )
         if len(twice):
-            raise DataError(f"{path} holds {self._where(int(twice[0]))} twice; rewrite it.")
+            raise DataError(
+                f"{path} holds {self._where(int(twice[0]))} twice, not one row per scored token; "
+                f"view each run's own tokens.parquet."
+            )
         bad = np.flatnonzero(~np.isfinite(self.nll))
         if len(bad):
-            raise DataError(f"{path} has a non-finite NLL at {self._where(int(bad[0]))}.")
+            raise DataError(
+                f"{path} has a non-finite NLL at {self._where(int(bad[0]))}; score the run again "
+                f"(ppl-jax stops on a NaN or an infinity)."
+            )
 
     def _where(self, i: int) -> str:
         d = int(self.document[i])
         name = f" ({self.names[d]})" if 0 <= d < len(self.names) else ""
         return f"document {d}{name} offset {int(self.offset[i])}"
 
+    @functools.cached_property
     def dataset(self) -> str:
         """The dataset name: metadata `dataset`, else the `dataset` column's first value."""
         if self.meta.get("dataset") is not None:
@@ -152,17 +164,22 @@ def _json_meta(kv: dict, key: bytes, kind: type, path: str) -> Any:
     try:
         value = json.loads(kv[key])
     except ValueError:
-        raise DataError(f"{path}: its metadata {key.decode()!r} is not JSON; rewrite it.") from None
+        raise DataError(
+            f"{path}: its metadata {key.decode()!r} is not JSON; write the file again with ppl-jax."
+        ) from None
     if not isinstance(value, kind):
-        raise DataError(f"{path}: its metadata {key.decode()!r} is not a {kind.__name__}.")
+        raise DataError(
+            f"{path}: its metadata {key.decode()!r} is not a JSON {kind.__name__}; write the "
+            f"file again with ppl-jax."
+        )
     return value
 
 
 def first_difference(a: Run, b: Run) -> str | None:
     """What first differs between the scored tokens of two runs, or None when they are the same
     (the same dataset, and the same documents, offsets and token ids)."""
-    if a.dataset() != b.dataset():
-        return f"the dataset is {a.dataset()!r} in A and {b.dataset()!r} in B"
+    if a.dataset != b.dataset:
+        return f"the dataset is {a.dataset!r} in A and {b.dataset!r} in B"
     n = min(len(a.document), len(b.document))
     moved = np.flatnonzero((a.document[:n] != b.document[:n]) | (a.offset[:n] != b.offset[:n]))
     if len(moved):
@@ -185,42 +202,37 @@ def first_difference(a: Run, b: Run) -> str | None:
 
 
 def select(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str, Any]:
-    """Which documents, and how many of their tokens, the page holds.
+    """Which documents, and how many of their tokens, the page holds (the rule is in the module
+    docstring).
 
     Returns:
       `order`: the chosen document ids in the page's order (mean surprisal of run A, highest
-      first; ties by id); `shown`: id -> tokens shown; `means`: per run, id -> mean surprisal in
-      bits (float64, over all its scored tokens); `counts`: id -> scored tokens; `left_out`:
-      documents left out and their tokens; `cut`: ids shown in part.
+      first; ties by id); `shown`: id -> tokens shown (its first ones by offset); `tokens`: id ->
+      scored tokens; `means`: per run, id -> mean surprisal in bits (float64, over all its scored
+      tokens); `documents`: documents with a scored token; `left_out`: the documents and tokens
+      left out; `cut`: documents shown in part and their tokens not shown.
     """
     ids, first, counts = runs[0].documents()
-    means = []
-    for r in runs:
-        sums = np.add.reduceat(r.nll, first) if len(first) else np.zeros(0)
-        means.append(sums / counts / math.log(2))
+    means = [np.add.reduceat(r.nll, first) / counts / math.log(2) for r in runs]
     key = np.abs(means[1] - means[0]) if len(runs) == 2 else means[0]
-    ranked = np.lexsort((ids, -key))[:max_documents]
     shown, budget = {}, max_tokens
-    for i in ranked:
+    for i in np.lexsort((ids, -key))[:max_documents]:
         if budget <= 0:
             break
-        shown[int(ids[i])] = k = int(min(counts[i], budget))
+        shown[int(i)] = k = int(min(counts[i], budget))
         budget -= k
-    chosen = [i for i in range(len(ids)) if int(ids[i]) in shown]
-    order = [int(ids[i]) for i in sorted(chosen, key=lambda i: (-means[0][i], int(ids[i])))]
-    count = {int(d): int(c) for d, c in zip(ids, counts, strict=True)}
+    page = sorted(shown, key=lambda i: (-means[0][i], ids[i]))
     return {
-        "order": order,
-        "shown": shown,
-        "means": [{int(d): float(m[i]) for i, d in enumerate(ids)} for m in means],
-        "counts": count,
-        "left_out": {
-            "documents": len(ids) - len(shown),
-            "tokens": int(sum(c for d, c in count.items() if d not in shown)),
-            "cut": sum(count[d] - k for d, k in shown.items()),
-        },
-        "cut": [d for d, k in shown.items() if k < count[d]],
+        "order": [int(ids[i]) for i in page],
+        "shown": {int(ids[i]): shown[i] for i in page},
+        "tokens": {int(ids[i]): int(counts[i]) for i in page},
+        "means": [{int(ids[i]): float(m[i]) for i in page} for m in means],
         "documents": len(ids),
+        "left_out": (len(ids) - len(page), int(np.sum(counts)) - int(np.sum(counts[page]))),
+        "cut": (
+            sum(int(shown[i] < counts[i]) for i in page),
+            int(np.sum(counts[page])) - sum(shown.values()),
+        ),
     }
 
 
@@ -234,15 +246,13 @@ def _floats(x: Any, decimals: int = DECIMALS) -> list:
 
 class _Rows:
     """The rows of the chosen documents in one run's file, read once, sorted by (document,
-    offset); `take(d, k)` gives document d's first k tokens' values for the page."""
+    offset); `rows(d, k)` picks document d's first k tokens, `side` their values for the page."""
 
     def __init__(self, run: Run, documents: list[int]):
         table = _parquet().read_table(run.path, filters=[("document", "in", documents)])
         self.table = table.combine_chunks()  # one chunk per column: `take` and numpy are fast
         names = self.table.column_names
-        self.np = {
-            c: self.table[c].to_numpy(zero_copy_only=False) for c in REQUIRED if c != "token"
-        }
+        self.np = {c: self.table[c].to_numpy(zero_copy_only=False) for c in NUMERIC}
         self.np.update((c, self.table[c].to_numpy()) for c in REFERENCE if c in names)
         self.order = np.lexsort((self.np["offset"], self.np["document"]))
         self.sorted_documents = self.np["document"][self.order]
@@ -313,7 +323,7 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
         entry = {
             "document": d,
             "source": runs[0].name(d),
-            "tokens": sel["counts"][d],
+            "tokens": sel["tokens"][d],
             "shown": sel["shown"][d],
             "mean": [m[d] for m in sel["means"]],
             "diff": sel["means"][1][d] - sel["means"][0][d] if len(runs) == 2 else None,
@@ -343,10 +353,10 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
             "corpus_documents": len(runs[0].names),
             "shown_documents": len(documents),
             "shown_tokens": sum(e["shown"] for e in documents),
-            "left_out_documents": sel["left_out"]["documents"],
-            "left_out_tokens": sel["left_out"]["tokens"],
-            "cut_documents": len(sel["cut"]),
-            "cut_tokens": sel["left_out"]["cut"],
+            "left_out_documents": sel["left_out"][0],
+            "left_out_tokens": sel["left_out"][1],
+            "cut_documents": sel["cut"][0],
+            "cut_tokens": sel["cut"][1],
         },
         "scale": {
             "surprisal": {"edges": list(SURPRISAL_EDGES), "colors": SURPRISAL_COLORS.split()},
@@ -361,7 +371,7 @@ def _describe(r: Run, label: str) -> dict[str, Any]:
     return {
         "label": label,
         "path": r.path,
-        "dataset": r.dataset(),
+        "dataset": r.dataset,
         "protocol": r.meta.get("protocol"),
         "tokenizer": r.meta.get("tokenizer"),
         "top_k": int(r.meta.get("top_k") or 0),

@@ -326,6 +326,16 @@ def test_mistakes_exit_2_with_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "did not score the same tokens" in err
         assert words in err, err
+    # A column missing; a token twice (two runs' files pasted together).
+    lacking = {k: v for k, v in cols.items() if k != "entropy"}
+    f = write(tmp_path / "f", lacking, types, num_docs)
+    assert view.main([f]) == 2
+    assert "lacks the column(s) entropy" in capsys.readouterr().err
+    twice = {k: np.concatenate([v, v[:1]]) for k, v in cols.items()}
+    g = write(tmp_path / "g", twice, types, num_docs)
+    assert view.main([g]) == 2
+    d, o = int(cols["document"][0]), int(cols["offset"][0])
+    assert f"holds document {d} (toy.txt:{d + 1}) offset {o} twice" in capsys.readouterr().err
     # Not a Parquet file; a flag out of range; an output folder that does not exist.
     bad = tmp_path / "bad"
     bad.mkdir()
