@@ -11,6 +11,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -357,3 +359,27 @@ def exit_code(argv: list[str]) -> int:
         return view.main(argv)
     except SystemExit as e:
         return e.code
+
+
+def test_without_pyarrow_the_error_says_what_to_install(tmp_path, monkeypatch, capsys):
+    cols, types, num_docs = corpus(6)
+    folder = write(tmp_path / "run", cols, types, num_docs)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails
+    assert view.main([folder]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'ppl_jax[diagnostics]'" in err
+
+
+def test_the_command_line_entry_point(tmp_path):
+    cols, types, num_docs = corpus(7)
+    folder = write(tmp_path / "run", cols, types, num_docs)
+    cmd = [sys.executable, "-m", "ppl_jax.view"]
+    ok = subprocess.run([*cmd, folder, "--max_documents", "2"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    docs = by_document(cols)
+    top2 = sorted(docs, key=lambda d: -np.mean(np.asarray(docs[d]["nll"], np.float64)))[:2]
+    tokens = sum(len(docs[d]["nll"]) for d in top2)
+    assert ok.stdout.strip() == f"view: {folder}/view.html (2 of 4 documents, {tokens} tokens)"
+    bad = subprocess.run([*cmd, str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("ppl-jax view: error:")
