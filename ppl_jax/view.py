@@ -4,7 +4,8 @@
     python -m ppl_jax.view results/base --compare results/bf16 --out diff.html
 
 Reads `RESULTS_DIR/tokens.parquet` (written with `output.tokens=true`; the schema is in
-`ppl_jax.tokens`) and writes one self-contained HTML file: no script, style sheet, font or image is
+`ppl_jax.tokens`) and writes one self-contained HTML file (default `RESULTS_DIR/view.html`, or
+`view_compare.html` with `--compare`; written atomically): no script, style sheet, font or image is
 loaded from anywhere (a Content-Security-Policy of `default-src 'none'` makes the browser refuse
 any), and the data travels inside the page as JSON. The page lists the documents by mean
 surprisal (bits per token, -log2 p, from the NLL in float64) and shows a document's tokens in
@@ -427,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("results", help="the run's output.dir (or its tokens.parquet)")
     parser.add_argument("--compare", help="a second run on the same data: colours B - A")
-    parser.add_argument("--out", help="the page (default: RESULTS_DIR/view.html)")
+    parser.add_argument(
+        "--out",
+        help="the page (default: RESULTS_DIR/view.html, or view_compare.html with --compare)",
+    )
     parser.add_argument(
         "--max_documents",
         type=int,
