@@ -426,20 +426,29 @@ def main(argv: list[str] | None = None) -> int:
         description="One offline HTML page of a run's per-token surprisal (from tokens.parquet, "
         "written with output.tokens=true), or of the change between two runs on the same data.",
     )
-    parser.add_argument("results", help="the run's output.dir (or its tokens.parquet)")
-    parser.add_argument("--compare", help="a second run on the same data: colours B - A")
+    parser.add_argument(
+        "results", metavar="RESULTS_DIR", help="the run's output.dir (or its tokens.parquet)"
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="OTHER_RESULTS_DIR",
+        help="a second run on the same data: colours B - A",
+    )
     parser.add_argument(
         "--out",
+        metavar="PATH",
         help="the page (default: RESULTS_DIR/view.html, or view_compare.html with --compare)",
     )
     parser.add_argument(
         "--max_documents",
+        metavar="N",
         type=int,
         default=DEFAULT_MAX_DOCUMENTS,
         help="documents in the page, the most surprising first (default %(default)s)",
     )
     parser.add_argument(
         "--max_tokens",
+        metavar="N",
         type=int,
         default=DEFAULT_MAX_TOKENS,
         help="tokens in the page, over all its documents (default %(default)s)",
