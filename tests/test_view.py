@@ -15,10 +15,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa  # noqa: E402  (the `test` extra installs it)
+import pyarrow.parquet as pq  # noqa: E402
 import pytest
-
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 
 from ppl_jax import view  # noqa: E402
 
