@@ -14,8 +14,8 @@ reports what llama.cpp's `perplexity --kl-divergence` reports (llama.cpp, tools/
   `delta_logprob_mean`: the mean of log p_model(target) - log p_reference(target) (nats);
   `exp(-delta_logprob_mean)` is the perplexity ratio.
 
-Host memory: 9 bytes per scored token (KL, the two NLLs as float32 are summed on the fly; the
-KL values are kept for the quantiles, with a window id and a position to name the maximum).
+Host memory: 16 bytes per scored token (the KL values, float32, are kept for the quantiles, with
+a window id and a row position to name the maximum; the NLLs are summed on the fly in float64).
 """
 
 from __future__ import annotations

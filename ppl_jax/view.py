@@ -105,7 +105,8 @@ class Run:
             table = pq.read_table(path, columns=["document", "offset", "token_id", "nll"])
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             raise DataError(f"{path} is not a readable tokens.parquet ({e}).") from None
-        kv = schema.metadata or {}
+        # The writer adds its key-value metadata to the file's footer when it closes the file.
+        kv = {**(schema.metadata or {}), **(pq.read_metadata(path).metadata or {})}
         self.meta = _json_meta(kv, b"ppl_jax", dict, path)
         self.names = [str(n) for n in _json_meta(kv, b"documents", list, path)]
         order = np.lexsort((table["offset"].to_numpy(), table["document"].to_numpy()))

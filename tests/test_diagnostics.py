@@ -237,6 +237,18 @@ def test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little(demo_ch
     d = r["divergence"]
     assert 0 < d["kl_mean"] < 0.05 and d["same_top1"] > 0.9
     assert "divergence from" in proc.stdout and "context" in proc.stdout
+    # The token view of the file the run wrote: its metadata names the protocol and documents.
+    from ppl_jax import view
+
+    _, page = view.view(str(out))
+    assert page["runs"][0]["protocol"] == "sliding"
+    assert page["documents"][0]["source"] == corpus
+    shown = page["documents"][0]
+    table = pq.read_table(out / "tokens.parquet").to_pydict()
+    first = {o: i for i, o in enumerate(table["offset"])}
+    i = first[shown["offset"][0]]
+    assert shown["id"][0] == table["token_id"][i]
+    assert abs(shown["sides"][0]["surprisal"][0] - table["surprisal"][i]) < 1e-3
 
 
 def test_settings_refused_before_any_work(tiny_checkpoint, corpus, tmp_path):
