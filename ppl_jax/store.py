@@ -1,4 +1,4 @@
-"""The results store of `output.dir`: `results.jsonl`, one record per (step, dataset), plus averages.
+"""The results store of `output.dir`: `results.jsonl`, a record per (step, dataset), and averages.
 
 Each line is one strict JSON object (no NaN, no infinity):
 
