@@ -180,8 +180,10 @@ def average_records(
 ) -> list[dict[str, Any]]:
     """The averages of one step's dataset records: micro, macro, and macro per tag value.
 
-    Micro sums the datasets' sums and derives every metric from the total; macro is the
-    unweighted mean over datasets of each metric in `MACRO_METRICS` (all of `metrics.derive`'s);
+    Micro sums the datasets' sums and derives every metric from the total (null where a dataset's
+    value is undefined, as bits per byte of a dataset without bytes: its NLL would enter the sum
+    without its bytes); macro is the unweighted mean over datasets of each metric in
+    `MACRO_METRICS` (all of `metrics.derive`'s);
     `macro/<key>=<value>` is that mean over the datasets tagged `key=value`, for each key in
     `tags` (default: every key any dataset carries), in sorted order. A mean over datasets is null
     when a dataset's value is null (a dataset without bytes has no bits per byte, and a mean that
@@ -222,6 +224,11 @@ def average_records(
     }
     total = metrics_lib.Sums.merge(sums_of(r) for r in records)
     values, notes = _metrics(total)
+    for metric in values:  # a dataset without bytes adds NLL but no bytes: no pooled ratio
+        undefined = [r["dataset"] for r in records if _undefined(r, metric)]
+        if undefined:
+            values[metric] = None
+            notes[metric] = f"undefined ({metric} is undefined for {', '.join(undefined)})"
     out = [
         {
             **base,
@@ -240,6 +247,13 @@ def average_records(
             group = [r for r in records if r["tags"].get(key) == value]
             out.append(_average(f"macro/{key}={value}", group, {key: value}, base))
     return out
+
+
+def _undefined(record: Mapping[str, Any], metric: str) -> bool:
+    """True if the record's metric is undefined (a zero denominator), not merely overflowing."""
+    return record["metrics"].get(metric) is None and not record.get("notes", {}).get(
+        metric, "undefined"
+    ).startswith("inf")
 
 
 def _key(record: Mapping[str, Any]) -> tuple[str, int | None, str]:
