@@ -28,6 +28,7 @@ a crash sees the old file or the new one, never half a line.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import json
@@ -264,7 +265,9 @@ class ResultsStore:
     """`results.jsonl`: the records of every (step, dataset) evaluated into one `output.dir`.
 
     Only one process writes it (process 0, holding the output folder's lock); every write
-    replaces the whole file atomically.
+    replaces the whole file atomically. The parsed records are kept in memory while the file's
+    inode, size and times stay the same, so `done` for every dataset of a long sweep does not
+    parse the file again each time.
 
     Attributes:
       path: the file.
@@ -272,19 +275,28 @@ class ResultsStore:
 
     def __init__(self, path: str):
         self.path = path
+        self._cache: tuple[tuple[int, ...], list[dict[str, Any]]] | None = None
 
     @classmethod
     def in_dir(cls, folder: str) -> ResultsStore:
         """The store `folder/results.jsonl`."""
         return cls(os.path.join(folder, FILENAME))
 
-    def records(self) -> list[dict[str, Any]]:
-        """Every record, in file order; [] for a missing or empty file.
+    def _signature(self) -> tuple[int, ...]:
+        st = os.stat(self.path)
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
-        Raises:
-          DataError: a line is not a strict JSON object with `kind`, `step` and `dataset`
-            (naming the file and the line).
-        """
+    def _load(self) -> list[dict[str, Any]]:
+        """The parsed records (shared with the cache: not to be changed)."""
+        try:
+            signature = self._signature()  # before reading: a file replaced meanwhile re-reads
+        except FileNotFoundError:
+            return []
+        if self._cache is None or self._cache[0] != signature:
+            self._cache = signature, self._parse()
+        return self._cache[1]
+
+    def _parse(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, encoding="utf-8") as f:
                 lines = f.read().splitlines()
@@ -315,27 +327,47 @@ class ResultsStore:
             out.append(record)
         return out
 
+    def records(self) -> list[dict[str, Any]]:
+        """Every record (a copy), in file order; [] for a missing or empty file.
+
+        Raises:
+          DataError: a line is not a strict JSON object with `kind`, `step` and `dataset`
+            (naming the file and the line).
+        """
+        return copy.deepcopy(self._load())
+
     def dataset_records(
         self, step: int | None, names: Iterable[str] | None = None
     ) -> list[dict[str, Any]]:
-        """The dataset records of `step` (of the datasets `names`, if given), in file order."""
+        """The dataset records (copies) of `step`, of the datasets `names` if given, in file
+        order: what `average_records` takes, including datasets stored by an earlier run.
+
+        Raises:
+          DataError: the file is malformed (see `records`).
+        """
         wanted = None if names is None else set(names)
-        return [
-            r
-            for r in self.records()
-            if r["kind"] == "dataset"
-            and r["step"] == step
-            and (wanted is None or r["dataset"] in wanted)
-        ]
+        return copy.deepcopy(
+            [
+                r
+                for r in self._load()
+                if r["kind"] == "dataset"
+                and r["step"] == step
+                and (wanted is None or r["dataset"] in wanted)
+            ]
+        )
 
     def done(self, step: int | None, dataset: str, fingerprint: str) -> bool:
-        """True if a dataset record with this step, dataset and fingerprint is stored."""
+        """True if a dataset record with this step, dataset and fingerprint is stored.
+
+        Raises:
+          DataError: the file is malformed (see `records`).
+        """
         return any(
             r["kind"] == "dataset"
             and r["step"] == step
             and r["dataset"] == dataset
             and r.get("fingerprint") == fingerprint
-            for r in self.records()
+            for r in self._load()
         )
 
     def append(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -354,12 +386,14 @@ class ResultsStore:
         keys = [_key(r) for r in records]
         if len(set(keys)) != len(keys):
             raise ValueError(f"append: records with the same (kind, step, dataset) in {keys}")
+        # As they will read back (and NaN or infinity refused before anything is written).
+        added = [json.loads(json.dumps(r, allow_nan=False)) for r in records]
         new = set(keys)
-        kept = [r for r in self.records() if _key(r) not in new]
+        after = [r for r in self._load() if _key(r) not in new] + added
         folder = os.path.dirname(os.path.abspath(self.path))
-        OutputDir(folder, None).write_jsonl(
-            os.path.basename(self.path), kept + [dict(r) for r in records]
-        )
+        self._cache = None
+        OutputDir(folder, None).write_jsonl(os.path.basename(self.path), after)
+        self._cache = self._signature(), after
 
 
 def _reject_constant(name: str) -> None:

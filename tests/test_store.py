@@ -273,3 +273,26 @@ def test_parse_tags():
         with pytest.raises(ConfigError, match="suite.1..tags") as info:
             store.parse_tags(text, "suite[1].tags")
         assert words in str(info.value)
+
+
+def test_the_parsed_records_are_kept_until_the_file_changes(tmp_path, monkeypatch):
+    results = store.ResultsStore.in_dir(str(tmp_path))
+    records = records_of(synthetic(11))
+    results.append(records)
+    parses = []
+    parse = store.ResultsStore._parse
+    monkeypatch.setattr(store.ResultsStore, "_parse", lambda self: parses.append(1) or parse(self))
+    assert all(results.done(1000, name, f"fp-{name}") for name in TAGS)
+    assert parses == []  # what append wrote is known without reading it back
+    # A copy: changing it changes nothing stored.
+    results.records()[0]["metrics"]["perplexity"] = -1.0
+    results.dataset_records(1000)[0]["dataset"] = "changed"
+    assert results.records() == json.loads(json.dumps(records))
+    # Another writer (a hand edit, a copy from elsewhere): read again.
+    other = store.ResultsStore(results.path)
+    other.append([dict(records[0], fingerprint="other")])
+    assert results.done(1000, "web", "other") and not results.done(1000, "web", "fp-web")
+    assert parses == [1, 1]  # once by the other writer, once here (then known again)
+    assert results.done(1000, "web", "other") and parses == [1, 1]
+    os.remove(results.path)
+    assert results.records() == [] and not results.done(1000, "web", "other")
