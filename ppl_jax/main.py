@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
 
     import jax
 
-    from ppl_jax import diagnostics, report, uncertainty
+    from ppl_jax import diagnostics, summary, uncertainty
     from ppl_jax.config import Settings
     from ppl_jax.errors import Interrupted, PplJaxError
     from ppl_jax.evaluate import evaluate
@@ -50,10 +50,10 @@ def main(argv: list[str]) -> None:
         settings = Settings.from_config(config)
         # The output folder first: a run that cannot keep its result does not start.
         out = OutputDir.open(settings.output_dir) if is_main else None
-        ev = evaluate(settings, report.progress_bar(settings.progress and is_main), out)
+        ev = evaluate(settings, summary.progress_bar(settings.progress and is_main), out)
         if out is not None:
-            results = report.results_dict(ev, settings, config)
-            print(report.summary_table(results))
+            results = summary.results_dict(ev, settings, config)
+            print(summary.summary_table(results))
             if ev.documents is not None:
                 print(f"documents: {out.write_jsonl('documents.jsonl', ev.documents)}")
             out.write_bytes("units.npz", uncertainty.units_npz(ev))  # for ppl_jax.compare

@@ -1,391 +1,282 @@
-"""Reporting: the summary table, `results.json`, and the progress bar."""
+"""`python -m ppl_jax.report RESULTS_DIR`: a run's results store as a table, a CSV and a plot.
+
+    python -m ppl_jax.report results/sweep                       # bits per byte by step
+    python -m ppl_jax.report results/sweep --metric perplexity --png ppl.png
+
+Reads `RESULTS_DIR/results.jsonl` (`ppl_jax.store`: one record per checkpoint step and dataset,
+plus the micro and macro averages of each step) and
+
+- prints a table of one metric (default bits per byte): a row per step, a column per dataset,
+  then the averages (micro, macro, macro/<key>=<value>); `null` where the metric is undefined
+  (no bytes, overflow), `-` where that dataset was not evaluated at that step;
+- writes a CSV of every metric in long form, `step,dataset,kind,metric,value` (default
+  `RESULTS_DIR/report.csv`; a null step or value is an empty cell; values as Python's shortest
+  repr of the stored float64, so they read back exactly);
+- writes a PNG of the metric against the step (default `RESULTS_DIR/report.png`): a line per
+  dataset, the averages dashed; a null step (a checkpoint without one) is drawn at step 0, as
+  in TensorBoard; a log y axis for a perplexity spanning more than a factor of 10.
+
+Files are written atomically (temporary file, fsync, rename). The plot needs matplotlib (`pip
+install 'ppl_jax[diagnostics]'`), drawn on a bare Figure by Agg. A user's mistake prints one line,
+`ppl-jax report: error: ...`, and exits with status 2.
+"""
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
-import json
-import math
+import argparse
+import csv
+import io
 import os
-import platform
 import sys
-import time
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
-import numpy as np
-from ml_collections import config_dict
+from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.outputs import OutputDir
+from ppl_jax.store import FILENAME, ResultsStore
 
-from ppl_jax import config as config_lib
-from ppl_jax import divergence, uncertainty
-from ppl_jax import fingerprint as fingerprint_lib
-from ppl_jax.config import Settings
-from ppl_jax.evaluate import Evaluation
+PROG = "ppl-jax report"
+DEFAULT_METRIC = "bits_per_byte"
+CSV_NAME, PNG_NAME = "report.csv", "report.png"
+HEADER = ("step", "dataset", "kind", "metric", "value")
 
-METRIC_KEYS = (
-    "perplexity",
-    "nll_per_token",
-    "bits_per_token",
-    "bits_per_byte",
-    "byte_perplexity",
-    "word_perplexity",
-    "entropy_per_token",
-    "predictive_perplexity",
-    "top1_accuracy",
-)
-VERSIONED_PACKAGES = ("ppl_jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
+Column = tuple[str, str]  # (kind, dataset)
 
 
-def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigDict) -> dict:
-    """Everything `results.json` holds: metrics, counts, timings, checkpoint, config, and `run`.
+def load(path: str) -> tuple[str, list[dict[str, Any]]]:
+    """The results store at `path` (a results folder or its results.jsonl) and its records.
 
-    The dict is strict JSON (`json.dumps(results, allow_nan=False)` works): a metric that is
-    undefined (a zero denominator) or infinite (an overflowing exp) is null, and `notes` maps
-    its key to the reason, e.g. `{"word_perplexity": "inf (overflow: ...)"}` (see
-    `metrics.Metrics`). `run` says what ran: UTC start and end times (ISO 8601), the command
-    line, package versions, platform, device kind and count, process count. `intervals` holds
-    the 95% bootstrap intervals of perplexity and bits per byte (`intervals_dict`), or null.
+    Raises:
+      DataError: the folder or file does not exist, is malformed, or holds no record.
     """
-    s = ev.sums
-    m = ev.metrics
-    notes: dict[str, str] = dict(getattr(m, "notes", {}))
-    results = {
-        "nll_sum": s.nll_sum,
-        "num_tokens": s.num_tokens,
-        "num_bytes": s.num_bytes,
-        "num_words": s.num_words,
-        **{key: m[key] for key in METRIC_KEYS},
-        "num_documents": s.num_documents,
-        "num_windows": s.num_windows,
-        "protocol": protocol_dict(ev, settings),
-        "text_tokens": ev.plan.text_tokens,
-        "gzip_bits_per_byte": ev.gzip_bits_per_byte,
-        "intervals": intervals_dict(ev, settings),
-        "divergence": _divergence_dict(ev, settings),
-        "context_curve": ev.diagnostics.get("context_curve"),
-        # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
-        "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
-        / max(ev.totals.scoring_seconds, 1e-9),
-        "scoring_seconds": ev.totals.scoring_seconds,
-        "compile_seconds": ev.totals.compile_seconds,
-        "wall_seconds": ev.wall_seconds,
-        "checkpoint": {
-            "path": os.path.abspath(settings.checkpoint_dir),
-            "step": ev.step,
-            "format": ev.checkpoint_format,
-        },
-        "model": ev.model_description,
-        "attention": ev.attention,
-        "dtype": settings.dtype,
-        "tokenizer": ev.tokenizer_name,
-        "tokenizer_source": "checkpoint"
-        if ev.tokenizer_is_checkpoints
-        else f"data.tokenizer={settings.data.tokenizer}",
-        "fingerprint": fingerprint_lib.digest(ev.fingerprint),
-        "resumed_batches": ev.resumed_batches,
-        "data": {
-            "name": settings.data.name,
-            "path": settings.data.path,
-            "format": settings.data.format,
-        },
-        "mesh": ev.mesh_shape,
-        "num_processes": _process_count(),
-        "run": run_dict(ev.wall_seconds),
-        "config": json.loads(config.to_json_best_effort()),
-    }
-    if ev.tokenizer_note:
-        notes["tokenizer"] = ev.tokenizer_note
-    results = _strict_json(results, "", notes)
-    results["notes"] = notes
-    return results
-
-
-def _divergence_dict(ev: Evaluation, settings: Settings) -> dict | None:
-    """The divergence from the reference model (`ppl_jax.divergence`), with the reference."""
-    found = ev.diagnostics.get("divergence")
-    ref = settings.diagnostics.reference
-    if found is None or ref is None:
-        return None
-    return {
-        "reference": {
-            "path": os.path.abspath(ref.checkpoint_dir),
-            "step": ref.checkpoint_step,
-            "dtype": ref.dtype,
-        },
-        **found,
-    }
-
-
-def intervals_dict(ev: Evaluation, settings: Settings) -> dict | None:
-    """The run's 95% bootstrap intervals (`uncertainty.intervals`); None when
-    `metrics.bootstrap_samples` is 0; intervals of None, with a `note`, for a run of one unit."""
-    if settings.bootstrap_samples == 0:
-        return None
-    units = uncertainty.units_of(ev.plan, ev.totals)
-    if units.count < 2:  # said inside the object (`notes` is for the metrics)
-        return {
-            "method": units.method,
-            "samples": settings.bootstrap_samples,
-            "seed": settings.seed,
-            "unit": units.kind,
-            "units": units.count,
-            "perplexity": None,
-            "bits_per_byte": None,
-            "note": f"undefined (one {units.kind}: nothing to resample)",
-        }
-    return uncertainty.intervals(units, settings.bootstrap_samples, settings.seed)
-
-
-def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary's line of the 95% intervals, if the run has them."""
-    iv = results.get("intervals")
-    if not iv:
-        return []
-
-    def pair(key: str) -> str:
-        if iv[key] is None or None in iv[key]:
-            return "undefined"
-        return f"[{iv[key][0]:.4f}, {iv[key][1]:.4f}]"
-
-    return [
-        (
-            "95% interval",
-            f"perplexity {pair('perplexity')}, bits per byte {pair('bits_per_byte')}   "
-            f"({iv['method'].split(' (')[0]}, {plural(iv['units'], iv['unit'])}, "
-            f"{iv['samples']:,} samples)",
+    if not os.path.exists(path):
+        raise DataError(f"{path} does not exist; give a run's output.dir or its {FILENAME}.")
+    store = ResultsStore.in_dir(path) if os.path.isdir(path) else ResultsStore(path)
+    if not os.path.exists(store.path):
+        raise DataError(
+            f"{store.path} does not exist; a run writes it into its output.dir, one record per "
+            f"checkpoint step and dataset."
         )
+    records = store.records()
+    if not records:
+        raise DataError(f"{store.path} holds no record; nothing to report.")
+    return store.path, records
+
+
+def _step_order(step: int | None) -> tuple[int, int]:
+    return (0, 0) if step is None else (1, step)
+
+
+def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
+    """The datasets in order of first appearance, then micro, macro and the tag averages."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in records if r["kind"] == "dataset"))
+    averages = {r["dataset"] for r in records if r["kind"] == "average"}
+    first = [a for a in ("micro", "macro") if a in averages]
+    rest = sorted(averages - set(first))
+    return [("dataset", d) for d in datasets] + [("average", a) for a in first + rest]
+
+
+def metric_names(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every metric any record holds, in order of first appearance."""
+    return list(dict.fromkeys(m for r in records for m in r["metrics"]))
+
+
+def _by_cell(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int | None, Column], Mapping]:
+    # The store keeps one record per (kind, step, dataset); if a file holds more, the last wins.
+    return {(r["step"], (r["kind"], r["dataset"])): r for r in records}
+
+
+def _format(value: float | None) -> str:
+    if value is None:
+        return "null"
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4e}"
+
+
+def table(records: Sequence[Mapping[str, Any]], metric: str) -> str:
+    """The metric as text: a row per step (a null step first, as `none`), a column per dataset,
+    then `|` and the averages; 4 decimals, `null` for a null value, `-` for no record."""
+    cols = columns(records)
+    cells = _by_cell(records)
+    steps = sorted({r["step"] for r in records}, key=_step_order)
+    header = ["step"] + [name for _, name in cols]
+    rows = []
+    for step in steps:
+        row = ["none" if step is None else str(step)]
+        for col in cols:
+            record = cells.get((step, col))
+            row.append("-" if record is None else _format(record["metrics"].get(metric)))
+        rows.append(row)
+    split = 1 + sum(kind == "dataset" for kind, _ in cols)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        parts = [c.rjust(w) for c, w in zip(cells, widths, strict=True)]
+        if split < len(parts):
+            parts.insert(split, "|")
+        return "  ".join(parts)
+
+    title = f"{metric} by checkpoint step (rows) and dataset (columns; averages after |)"
+    return "\n".join([title, line(header), *(line(r) for r in rows)])
+
+
+def long_rows(records: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """`(step, dataset, kind, metric, value)` for every metric of every record, ordered by step
+    and then as the table's columns; value None for a null metric."""
+    order = {col: i for i, col in enumerate(columns(records))}
+    ordered = sorted(
+        _by_cell(records).values(),
+        key=lambda r: (_step_order(r["step"]), order[(r["kind"], r["dataset"])]),
+    )
+    return [
+        (r["step"], r["dataset"], r["kind"], metric, value)
+        for r in ordered
+        for metric, value in r["metrics"].items()
     ]
 
 
-def _resumed_tokens(ev: Evaluation) -> int:
-    return ev.recorder.resumed_tokens if ev.recorder is not None else 0
+def csv_bytes(records: Sequence[Mapping[str, Any]]) -> bytes:
+    """The long-form CSV (`HEADER`, then `long_rows`); None is an empty cell."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(HEADER)
+    for row in long_rows(records):
+        writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in row])
+    return buf.getvalue().encode("utf-8")
 
 
-def run_dict(wall_seconds: float) -> dict[str, Any]:
-    """What ran, where and when: for a reader of `results.json` months later.
+def _figure() -> Any:
+    """A bare matplotlib Figure (Agg renders it on save; pyplot and displays are never used)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError(
+            "Plotting the report needs matplotlib, which is not installed; run pip install "
+            "'ppl_jax[diagnostics]' (or pass --png none)."
+        ) from None
+    return Figure(figsize=(8.0, 5.0), dpi=100, layout="constrained")
+
+
+def plot(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> bytes:
+    """PNG of `metric` against the step: a line per dataset, the averages dashed; a null step
+    at 0; null values not drawn.
+
+    Raises:
+      ConfigError: matplotlib is not installed.
+    """
+    fig = _figure()
+    ax = fig.add_subplot()
+    cells = _by_cell(records)
+    drawn: list[float] = []
+    for kind, name in columns(records):
+        points = sorted(
+            (0 if step is None else step, r["metrics"].get(metric))
+            for (step, col), r in cells.items()
+            if col == (kind, name) and r["metrics"].get(metric) is not None
+        )
+        if not points:
+            continue
+        x, y = zip(*points, strict=True)
+        drawn += y
+        style = {"linestyle": "--", "linewidth": 1.5} if kind == "average" else {"linewidth": 1}
+        label = name if kind == "dataset" else f"{name} (average)"
+        ax.plot(x, y, marker="o", markersize=3, label=label, **style)
+    if "perplexity" in metric and drawn and min(drawn) > 0 and max(drawn) > 10 * min(drawn):
+        ax.set_yscale("log")
+    ax.set_xlabel("checkpoint step")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    if drawn:
+        ax.legend(fontsize="small")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _write(path: str, data: bytes, flag: str) -> str:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag}={path}: the folder {folder} does not exist; create it first.")
+    try:
+        return OutputDir(folder, None).write_bytes(os.path.basename(path), data)
+    except OSError as e:
+        raise ConfigError(
+            f"{flag}={path} cannot be written ({e.strerror}); choose another path."
+        ) from None
+
+
+def report(
+    path: str, metric: str = DEFAULT_METRIC, csv_path: str | None = None, png: str | None = None
+) -> tuple[str, str, str | None]:
+    """Reads the results store at `path` and writes its CSV and PNG (see the module docstring).
+
+    Args:
+      path: a results folder (`output.dir`) or its results.jsonl.
+      metric: the metric of the table and the plot.
+      csv_path: the CSV (default `report.csv` beside results.jsonl).
+      png: the PNG (default `report.png` beside it); "none" for no plot.
 
     Returns:
-      `started_utc`/`finished_utc` (ISO 8601, seconds; the end is now, the start `wall_seconds`
-      before), `command` (sys.argv), `versions` (package -> version from
-      `importlib.metadata`, None where not installed), `python`, `platform` (JAX's backend:
-      cpu, gpu, tpu), `device_kind` (e.g. `NVIDIA H100 80GB HBM3`; kinds joined by `, ` on a
-      mixed cluster), `device_count` (global), `process_count`, `host` (`platform.platform()`).
+      `(the table, the CSV's path, the PNG's path or None)`.
+
+    Raises:
+      DataError: the store is missing, empty or malformed.
+      ConfigError: an unknown metric, matplotlib missing, or an output that cannot be written.
     """
-    import jax
-
-    finished = datetime.datetime.now(datetime.timezone.utc)
-    started = finished - datetime.timedelta(seconds=wall_seconds)
-    versions = {}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    devices = jax.devices()
-    return {
-        "started_utc": started.isoformat(timespec="seconds"),
-        "finished_utc": finished.isoformat(timespec="seconds"),
-        "command": list(sys.argv),
-        "versions": versions,
-        "python": platform.python_version(),
-        "platform": jax.default_backend(),
-        "device_kind": ", ".join(sorted({d.device_kind for d in devices})),
-        "device_count": len(devices),
-        "process_count": jax.process_count(),
-        "host": platform.platform(),
-    }
+    store_path, records = load(path)
+    known = metric_names(records)
+    if metric not in known:
+        raise ConfigError(f"--metric={metric} is not in {store_path}; choose one of {known}.")
+    folder = os.path.dirname(os.path.abspath(store_path))
+    want_png = png is None or png.lower() != "none"
+    if want_png:
+        _figure()  # matplotlib missing: stop before writing anything
+    text = table(records, metric)
+    csv_out = _write(csv_path or os.path.join(folder, CSV_NAME), csv_bytes(records), "--csv")
+    png_out = None
+    if want_png:
+        image = plot(records, metric, f"{metric}: {os.path.basename(folder) or folder}")
+        png_out = _write(png or os.path.join(folder, PNG_NAME), image, "--png")
+    return text, csv_out, png_out
 
 
-def _strict_json(value: Any, path: str, notes: dict[str, str]) -> Any:
-    """`value` with NumPy scalars made Python and non-finite floats made None (noted by path)."""
-    if isinstance(value, dict):
-        return {
-            k: _strict_json(v, f"{path}.{k}" if path else str(k), notes) for k, v in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v, f"{path}[{i}]", notes) for i, v in enumerate(value)]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        notes.setdefault(path, "undefined (not a number)" if math.isnan(value) else f"{value}")
-        return None
-    return value
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as for every other mistake
+        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
 
 
-PROTOCOL_NOTES = config_lib.PROTOCOL_NOTES  # one line per protocol, kept in ppl_jax.config
-
-
-def protocol_dict(ev: Evaluation, settings: Settings) -> dict[str, Any]:
-    """The convention, named, with every count a reader needs to match a published number."""
-    plan = ev.plan
-    return {
-        "name": plan.protocol,
-        "reference": PROTOCOL_NOTES[plan.protocol],
-        "seq_len": settings.eval.seq_len,
-        "stride": settings.eval.stride if plan.protocol in config_lib.STRIDED_PROTOCOLS else None,
-        "packing": settings.eval.packing,
-        "padding_fraction": ev.layout.padding_fraction,
-        "row_widths": sorted(set(ev.layout.widths)),
-        "add_bos": plan.add_bos,
-        "add_bos_setting": settings.eval.add_bos,
-        "prefix_token_id": plan.prefix_id,
-        "separator": settings.data.separator if plan.protocol == "sliding" else "\n\n",
-        "text_tokens": plan.text_tokens,
-        "scored_tokens": ev.sums.num_tokens,
-        "unscored_tokens": plan.unscored_tokens,
-    }
-
-
-def _process_count() -> int:
-    import jax
-
-    return jax.process_count()
-
-
-def plural(count: int, noun: str, plural_form: str | None = None) -> str:
-    """`1 document`, `2 documents`, `1,024 windows`; `plural_form` for irregular nouns."""
-    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
-
-
-def _metric(results: dict[str, Any], key: str) -> str:
-    """A metric to 4 decimals, or its note (`inf (overflow: ...)`, `undefined (no words)`)."""
-    value = results.get(key)
-    if value is None or not math.isfinite(value):
-        return results.get("notes", {}).get(key, "undefined")
-    return f"{value:.4f}"
-
-
-def summary_table(results: dict[str, Any]) -> str:
-    """A two-column text table of the run, for the terminal."""
-    model = results["model"]
-    arch = (
-        f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
-        f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}"
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(
+        prog="python -m ppl_jax.report",
+        description="A run's results store (results.jsonl: every checkpoint step and dataset, "
+        "and their averages) as a table of one metric, a CSV of all metrics and a plot.",
     )
-    proto = results["protocol"]
-    stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
-    bos = (
-        f", prefix token {proto['prefix_token_id']}"
-        if proto["prefix_token_id"] is not None
-        else f", BOS {'on' if proto['add_bos'] else 'off'}"
+    parser.add_argument(
+        "results", metavar="RESULTS_DIR", help="the run's output.dir (or its results.jsonl)"
     )
-    ckpt = results["checkpoint"]
-    where = (
-        "HF directory"
-        if ckpt.get("format") == "hf" or ckpt["step"] is None
-        else f"step {ckpt['step']}"
+    parser.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        help="the metric of the table and the plot (default %(default)s)",
     )
-    gzip_bpb = results["gzip_bits_per_byte"]
-    rows = [
-        (
-            "model",
-            f"{arch} ({results['tokenizer']}), {results['dtype']}, "
-            f"{results['attention']} attention",
-        ),
-        *(
-            [("tokenizer", f"{results['tokenizer_source']}, not the checkpoint's own")]
-            if results.get("tokenizer_source", "checkpoint") != "checkpoint"
-            else []
-        ),
-        *(
-            [("tokenizer note", results["notes"]["tokenizer"])]
-            if "tokenizer" in results.get("notes", {})
-            else []
-        ),
-        ("checkpoint", f"{ckpt['path']} @ {where}"),
-        (
-            "data",
-            f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "
-            f"{plural(results['num_bytes'], 'byte')})",
-        ),
-        ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
-        (
-            "mesh",
-            f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
-            f"{plural(results['num_processes'], 'process', 'processes')}",
-        ),
-        (
-            "tokens",
-            f"{results['num_tokens']:,} scored in {plural(results['num_windows'], 'window')}"
-            + (
-                f"; {proto['unscored_tokens']:,} of the text's {proto['text_tokens']:,} "
-                f"left unscored by the convention"
-                if proto["unscored_tokens"]
-                else ""
-            ),
-        ),
-        ("perplexity", _metric(results, "perplexity")),
-        ("bits per token", _metric(results, "bits_per_token")),
-        (
-            "bits per byte",
-            _metric(results, "bits_per_byte")
-            + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else ""),
-        ),
-        *_interval_row(results),
-        ("byte perplexity", _metric(results, "byte_perplexity")),
-        ("word perplexity", _metric(results, "word_perplexity")),
-        (
-            "top-1 accuracy",
-            f"{_metric(results, 'top1_accuracy')}   (predictive perplexity exp(H) "
-            f"{_metric(results, 'predictive_perplexity')})",
-        ),
-        (
-            "batches",
-            f"{plural(len(proto['row_widths']), 'compiled shape')}, "
-            f"padding {100 * proto['padding_fraction']:.1f}%",
-        ),
-        (
-            "tokens/s",
-            f"{results['tokens_per_second']:,.0f}"
-            f" (compile {results['compile_seconds']:.1f} s apart)",
-        ),
-        ("wall time", f"{results['wall_seconds']:.1f} s"),
-        *(
-            [
-                (
-                    "resumed",
-                    f"{plural(results['resumed_batches'], 'batch', 'batches')} from the journal",
-                )
-            ]
-            if results.get("resumed_batches")
-            else []
-        ),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    if results.get("divergence"):
-        lines += divergence.summary_lines(
-            results["divergence"], results["divergence"]["reference"]["path"]
-        )
-    return "\n".join(lines)
+    parser.add_argument(
+        "--csv", metavar="PATH", help=f"every metric in long form (default RESULTS_DIR/{CSV_NAME})"
+    )
+    parser.add_argument(
+        "--png",
+        metavar="PATH",
+        help=f"the metric against the step (default RESULTS_DIR/{PNG_NAME}; 'none': no plot)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        text, csv_out, png_out = report(args.results, args.metric, args.csv, args.png)
+    except PplJaxError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"report: {csv_out}" + (f", {png_out}" if png_out else ""))
+    return 0
 
 
-def progress_bar(enabled: bool):
-    """A factory for `evaluate`'s progress callback: a tqdm bar of windows with tokens/s."""
-
-    def factory(num_windows: int):
-        if not enabled:
-            return None
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=num_windows,
-            unit="window",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            mininterval=0.5,
-            leave=False,
-        )
-        start = time.perf_counter()
-        seen = [0]
-
-        def update(tokens: int, windows: int) -> None:
-            seen[0] += tokens
-            bar.update(windows)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{seen[0] / elapsed:,.0f} tok/s", refresh=False)
-            if bar.n >= num_windows:
-                bar.close()
-
-        return update
-
-    return factory
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from ppl_jax import compare, report, uncertainty
+from ppl_jax import compare, summary, uncertainty
 from ppl_jax.config import Settings, get_config
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
@@ -57,7 +57,7 @@ def run(checkpoint, corpus, out, tokenizer, protocol="sliding", seq_len=32):
     settings = Settings.from_config(c)
     with OutputDir.open(out) as o:
         ev = evaluate(settings, out=o)
-        results = report.results_dict(ev, settings, c)
+        results = summary.results_dict(ev, settings, c)
         o.write_json("results.json", results)
         o.write_bytes("units.npz", uncertainty.units_npz(ev))
         ev.recorder.discard()
@@ -103,7 +103,7 @@ def test_results_hold_intervals_around_the_point_estimate(runs, name):
     for key in ("perplexity", "bits_per_byte"):
         lo, hi = iv[key]
         assert lo <= r[key] <= hi and lo < hi
-    assert "95% interval" in report.summary_table(r)
+    assert "95% interval" in summary.summary_table(r)
     json.dumps(r, allow_nan=False)
 
 

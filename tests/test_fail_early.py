@@ -106,7 +106,7 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     not the model's tokenizer. Refused before the weights; allowed, it is recorded."""
     import dataclasses
 
-    from ppl_jax import report
+    from ppl_jax import summary
     from ppl_jax.tokenizer import SentencePieceTokenizer
 
     assert SentencePieceTokenizer.from_file(SP_MODEL).vocab_size == 400
@@ -130,8 +130,8 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     c.checkpoint.dir, c.data.path, c.data.tokenizer = ckpt, str(corpus), SP_MODEL
     c.data.allow_tokenizer_mismatch, c.eval.seq_len, c.output.progress = True, 32, False
     s = Settings.from_config(c)
-    results = report.results_dict(evaluate(s), s, c)
+    results = summary.results_dict(evaluate(s), s, c)
     assert results["tokenizer_source"] == f"data.tokenizer={SP_MODEL}"
     assert "scored anyway" in results["notes"]["tokenizer"]
-    summary = report.summary_table(results)
-    assert "not the checkpoint's own" in summary and "scored anyway" in summary
+    table = summary.summary_table(results)
+    assert "not the checkpoint's own" in table and "scored anyway" in table

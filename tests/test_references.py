@@ -27,7 +27,7 @@ import re
 import numpy as np
 import pytest
 
-from ppl_jax import report
+from ppl_jax import summary
 from ppl_jax.config import Settings, get_config
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
@@ -126,7 +126,7 @@ def run(
     settings = Settings.from_config(c)
     if settings not in _RUNS:
         ev = evaluate(settings)
-        _RUNS[settings] = (ev, report.results_dict(ev, settings, c))
+        _RUNS[settings] = (ev, summary.results_dict(ev, settings, c))
     return _RUNS[settings]
 
 

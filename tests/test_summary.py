@@ -11,7 +11,7 @@ import sys
 import jax
 import pytest
 
-from ppl_jax import report
+from ppl_jax import summary
 from ppl_jax.config import Settings, get_config
 from ppl_jax.evaluate import evaluate
 
@@ -26,7 +26,7 @@ def run(checkpoint: str, path: str) -> tuple[dict, Settings]:
     c.eval.seq_len = 32
     c.output.progress = False
     settings = Settings.from_config(c)
-    return report.results_dict(evaluate(settings), settings, c), settings
+    return summary.results_dict(evaluate(settings), settings, c), settings
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_overflowing_word_perplexity_is_null_with_a_note(chinese):
     assert r["bits_per_byte"] == pytest.approx(r["nll_sum"] / r["num_bytes"] / math.log(2))
     assert set(r["notes"]) == {"word_perplexity"}
     json.dumps(r, allow_nan=False)  # strict JSON
-    table = report.summary_table(r)
+    table = summary.summary_table(r)
     assert "word perplexity  inf (overflow: exp(nll_sum / num_words) = exp(" in table
     assert "2 documents" in table and settings.data.name == r["data"]["name"] == "chinese"
 
@@ -73,7 +73,7 @@ def test_a_corpus_without_words_is_null_and_undefined(blank):
     assert r["notes"] == {"word_perplexity": "undefined (no words)"}
     text = json.dumps(r, allow_nan=False)
     assert "NaN" not in text and "Infinity" not in text
-    table = report.summary_table(r)
+    table = summary.summary_table(r)
     assert "word perplexity  undefined (no words)" in table
     assert "(1 document," in table and "1 process\n" in table and "1 compiled shape," in table
     assert r["data"]["name"] == "spaces"
@@ -101,11 +101,11 @@ def test_results_say_what_ran(chinese):
 
 def test_summary_names_the_checkpoint_step_or_an_hf_directory(chinese):
     r, _ = chinese
-    assert f"@ step {r['checkpoint']['step']}" in report.summary_table(r)
+    assert f"@ step {r['checkpoint']['step']}" in summary.summary_table(r)
     # What `evaluate` reports for a Hugging Face directory: no step, format "hf".
     hf = copy.deepcopy(r)
     hf["checkpoint"].update(step=None, format="hf")
-    table = report.summary_table(hf)
+    table = summary.summary_table(hf)
     assert "@ HF directory" in table and "step None" not in table
 
 
@@ -121,4 +121,4 @@ def test_summary_names_the_checkpoint_step_or_an_hf_directory(chinese):
     ],
 )
 def test_plural(count, noun, plural_form, expected):
-    assert report.plural(count, noun, plural_form) == expected
+    assert summary.plural(count, noun, plural_form) == expected

@@ -1,0 +1,191 @@
+"""`python -m ppl_jax.report`: the table, the long CSV and the PNG of a results store."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from ppl_jax import report, store
+from ppl_jax.metrics import Sums
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NAMES = ("web", "code", "books")
+
+
+def make_store(folder) -> list[dict]:
+    """Three steps of three datasets and their averages; `books` is missing at step 200 and
+    `code` has no bytes (null bits per byte); one record of a checkpoint without a step."""
+    rng = np.random.default_rng(1)
+    tags = {"web": {"domain": "web"}, "code": {"domain": "code"}, "books": {"domain": "web"}}
+    results = store.ResultsStore.in_dir(str(folder))
+    for step in (None, 100, 200, 300):
+        names = ("web",) if step is None else NAMES
+        records = []
+        for name in names:
+            if name == "books" and step == 200:
+                continue
+            tokens = int(rng.integers(100, 5000))
+            sums = Sums(
+                nll_sum=float(tokens * rng.uniform(2, 6)),
+                num_tokens=tokens,
+                num_bytes=0 if name == "code" else 4 * tokens,
+                num_words=tokens // 2,
+            )
+            records.append(
+                store.dataset_record(
+                    step=step, dataset=name, sums=sums, fingerprint="f", tags=tags[name]
+                )
+            )
+        results.append(records + store.average_records(records))
+    return results.records()
+
+
+def exit_code(argv: list[str]) -> int:
+    """`report.main`'s status, whether it returns it or argparse exits with it."""
+    try:
+        return report.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_table_csv_and_png(tmp_path, capsys):
+    records = make_store(tmp_path)
+    assert report.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("bits_per_byte by checkpoint step")
+    assert out[-1] == f"report: {tmp_path}/report.csv, {tmp_path}/report.png"
+    header, *rows = (line.split() for line in out[1:-1])
+    columns = ["web", "code", "books", "micro", "macro", "macro/domain=code", "macro/domain=web"]
+    assert header == ["step", *columns[:3], "|", *columns[3:]]
+    assert [r[0] for r in rows] == ["none", "100", "200", "300"]
+    for row in rows:
+        step = None if row[0] == "none" else int(row[0])
+        cells = dict(zip(columns, row[1:4] + row[5:], strict=True))
+        assert row[4] == "|"
+        for i, name in enumerate(columns):
+            kind = "dataset" if i < 3 else "average"
+            found = [
+                r for r in records if (r["kind"], r["step"], r["dataset"]) == (kind, step, name)
+            ]
+            if not found:
+                assert cells[name] == "-"
+                continue
+            value = found[0]["metrics"]["bits_per_byte"]
+            assert cells[name] == ("null" if value is None else f"{value:.4f}")
+    assert dict(zip(header, rows[2], strict=True))["books"] == "-"  # not evaluated at step 200
+    assert dict(zip(header, rows[1], strict=True))["code"] == "null"  # no bytes
+
+    # The CSV holds every metric of every record, exactly.
+    with open(tmp_path / "report.csv", newline="") as f:
+        reader = csv.reader(f)
+        assert next(reader) == ["step", "dataset", "kind", "metric", "value"]
+        got = [tuple(row) for row in reader]
+    expected = [
+        (
+            "" if r["step"] is None else str(r["step"]),
+            r["dataset"],
+            r["kind"],
+            metric,
+            "" if value is None else value,
+        )
+        for r in records
+        for metric, value in r["metrics"].items()
+    ]
+    parsed = [(s, d, k, m, "" if v == "" else float(v)) for s, d, k, m, v in got]
+    assert sorted(parsed, key=str) == sorted(expected, key=str)
+    assert len(got) == len(records) * len(store.MACRO_METRICS)
+    assert got[0][0] == ""  # the null step first
+
+    # The PNG: a valid image of the figure's size.
+    data = (tmp_path / "report.png").read_bytes()
+    assert data[:8] == PNG_MAGIC
+    image = matplotlib.image.imread(str(tmp_path / "report.png"))
+    assert image.shape == (500, 800, 4) and image.std() > 0
+
+
+def test_another_metric_and_paths(tmp_path, capsys):
+    records = make_store(tmp_path)
+    (tmp_path / "out").mkdir()
+    csv_path, png_path = tmp_path / "out" / "a.csv", tmp_path / "out" / "a.png"
+    argv = [str(tmp_path / "results.jsonl"), "--metric", "perplexity"]
+    assert report.main([*argv, "--csv", str(csv_path), "--png", str(png_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("perplexity by checkpoint step")
+    micro300 = [r for r in records if r["step"] == 300 and r["dataset"] == "micro"][0]
+    assert out[-2].split()[5] == f"{micro300['metrics']['perplexity']:.4f}"
+    assert csv_path.exists() and png_path.read_bytes()[:8] == PNG_MAGIC
+    assert sorted(os.listdir(tmp_path)) == ["out", "results.jsonl"]  # nothing else written
+    # --png none: no plot.
+    assert report.main([str(tmp_path), "--png", "none"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path}/report.csv"
+    assert not (tmp_path / "report.png").exists()
+
+
+def test_large_values_and_the_table_function():
+    record = store.dataset_record(
+        step=1, dataset="x", sums=Sums(nll_sum=20.0 * 10, num_tokens=10), fingerprint="f"
+    )
+    text = report.table([record], "perplexity")
+    assert text.splitlines()[2].split() == ["1", f"{math.exp(20.0):.4e}"]
+
+
+def test_mistakes_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "results.jsonl").write_text("\n")
+    (tmp_path / "run").mkdir()
+    make_store(tmp_path / "run")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.jsonl").write_text('{"kind": "dataset"}\n')
+    for argv, words in (
+        ([str(tmp_path / "missing")], "missing does not exist; give a run's output.dir"),
+        ([str(tmp_path / "empty")], "results.jsonl does not exist; a run writes it"),
+        ([str(tmp_path / "blank")], "results.jsonl holds no record; nothing to report."),
+        ([str(tmp_path / "bad")], "results.jsonl line 1 is not a results record"),
+        ([str(tmp_path / "run"), "--metric", "ppl"], "--metric=ppl is not in"),
+        ([str(tmp_path / "run"), "--csv", str(tmp_path / "no" / "a.csv")], "create it first"),
+        ([str(tmp_path / "run"), "--bogus"], "unrecognized arguments: --bogus"),
+    ):
+        assert exit_code(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ppl-jax report: error:") and err.count("\n") == 1, err
+        assert words in err, err
+    assert "'bits_per_byte'" in exit_message(capsys, [str(tmp_path / "run"), "--metric", "x"])
+    # Without matplotlib: the pip hint, and nothing written.
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails
+    err = exit_message(capsys, [str(tmp_path / "run")])
+    assert "needs matplotlib" in err and "pip install 'ppl_jax[diagnostics]'" in err
+    assert sorted(os.listdir(tmp_path / "run")) == ["results.jsonl"]
+
+
+def exit_message(capsys, argv: list[str]) -> str:
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    return err
+
+
+def test_the_command_line_entry_point(tmp_path):
+    make_store(tmp_path)
+    cmd = [sys.executable, "-m", "ppl_jax.report"]
+    ok = subprocess.run([*cmd, str(tmp_path), "--png", "none"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1] == f"report: {tmp_path}/report.csv"
+    bad = subprocess.run([*cmd, str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("ppl-jax report: error:")
+
+
+@pytest.mark.parametrize("step", [None, 5])
+def test_plot_draws_a_single_point(tmp_path, step):
+    record = store.dataset_record(
+        step=step, dataset="x", sums=Sums(nll_sum=3.0, num_tokens=1, num_bytes=1), fingerprint="f"
+    )
+    assert report.plot([record], "bits_per_byte", "t")[:8] == PNG_MAGIC
