@@ -25,8 +25,9 @@ def golden():
 
 
 def test_hf_guide_stream_has_the_guides_token_count(test_data):
-    """ "\\n\\n".join(test["text"]) of `wikitext-2-v1` test is 297,300 GPT-2 tokens; the
-    non-empty lines joined the same way (data.format=lines) are 292,942."""
+    """The guide's join `"\\n\\n".join(test["text"])` of the shared WikiText-2 test file (the
+    `wikitext-2-v1` form, with `<unk>`) is 297,300 GPT-2 tokens; its non-empty lines joined the
+    same way (data.format=lines) are 292,942."""
     path = os.path.join(test_data, "wikitext-2", "test.txt")
     gpt2 = HFTokenizer.from_file(os.path.join(test_data, "tokenizers", "gpt2.json"))
     prepared = prepare("hf_guide_wikitext", read_documents(path, "text"))
