@@ -176,6 +176,7 @@ def plan(
     stride: int | None,
     add_bos: bool,
     separator: str = JOIN,
+    doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Plan:
     """Builds the windows and counts of `protocol` for `docs`.
 
@@ -190,15 +191,25 @@ def plan(
         document's tokens (`lm_eval_rolling`, as the harness's `tok_encode` does when the
         tokenizer adds BOS; the prefix token comes before that).
       separator: the text between documents for `sliding` (the others use "\\n\\n").
+      doc_counts: `([num_documents] int64, [num_documents] int64)`: UTF-8 bytes and words to
+        report per document in place of those of its text (`lm_eval_rolling` only), for a
+        preparation that scores a rewritten text and counts the original, as the harness's
+        wikitext task does (`preparations.Prepared.doc_counts`).
 
     Raises:
       DataError: an id outside the vocabulary (naming the document), or nothing to score.
       ConfigError: `lm_eval_rolling` with a tokenizer that has neither BOS nor EOS.
+      ValueError: `doc_counts` with another protocol, or not one count per document (a bug of
+        the caller: `preparations.check` rejects such a configuration first).
     """
     if protocol not in PROTOCOLS:
         raise ConfigError(f"eval.protocol={protocol!r} is not one of {', '.join(PROTOCOLS)}.")
     if protocol == "lm_eval_rolling":
-        return _lm_eval_rolling(docs, tokenizer, vocab_size, seq_len, add_bos)
+        return _lm_eval_rolling(docs, tokenizer, vocab_size, seq_len, add_bos, doc_counts)
+    if doc_counts is not None:
+        raise ValueError(
+            f"doc_counts are per document: only lm_eval_rolling reports them, not {protocol}"
+        )
     texts = [d.text for d in docs]
     bos = [tokenizer.bos_id] if add_bos else []
     if protocol == "sliding":
@@ -326,7 +337,12 @@ def _hf_strided(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:
 
 
 def _lm_eval_rolling(
-    docs: list[Document], tokenizer: Tokenizer, vocab_size: int, seq_len: int, add_bos: bool
+    docs: list[Document],
+    tokenizer: Tokenizer,
+    vocab_size: int,
+    seq_len: int,
+    add_bos: bool,
+    doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Plan:
     prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     if prefix is None:
@@ -368,8 +384,13 @@ def _lm_eval_rolling(
     windows = windows_lib.make(
         tokens, starts, lengths, first, seq_len, prefix=pre, document=document
     )
-    doc_bytes = np.asarray([len(d.text.encode("utf-8")) for d in docs], np.int64)
-    doc_words = np.asarray([count_harness_words(d.text) for d in docs], np.int64)
+    if doc_counts is None:
+        doc_bytes = np.asarray([len(d.text.encode("utf-8")) for d in docs], np.int64)
+        doc_words = np.asarray([count_harness_words(d.text) for d in docs], np.int64)
+    else:
+        doc_bytes, doc_words = (np.asarray(c, np.int64) for c in doc_counts)
+        if doc_bytes.shape != (len(docs),) or doc_words.shape != (len(docs),):
+            raise ValueError(f"doc_counts must have one count per document ({len(docs)})")
     if not windows.num_windows:
         raise DataError(f"the corpus ({len(docs)} documents) tokenizes to no tokens.")
     return Plan(
