@@ -46,11 +46,17 @@ class Document:
 def resolve_paths(path_spec: str) -> list[str]:
     """Expands `data.path`: a file, a glob, or a comma-separated list of either.
 
+    An entry may be remote (`gs://bucket/dir/*.jsonl.gz`, see `ppl_jax.paths`): it is listed
+    through `etils.epath`, whose globs have no `**`.
+
     Returns:
       The matching files, in the order given, each glob's matches sorted, without repeats.
 
     Raises:
-      DataError: for an entry that matches no file, or names a directory.
+      DataError: for an entry that matches no file, or names a directory, or a remote glob
+        with `**`.
+      ConfigError: a scheme that `etils.epath` does not read, or one whose fsspec
+        implementation (`gcsfs` for `gs://`) is not installed.
     """
     found: list[str] = []
     seen: set[str] = set()  # real paths: 'a.txt' and './a.txt' are one file
@@ -246,8 +252,10 @@ def read_documents(
       contribute no tokens) and skipped for `lines`.
 
     Raises:
-      DataError: missing path, bad UTF-8 (file and byte offset), bad JSON (file and line), or
-        a corpus with no text but whitespace.
+      DataError: missing path, bad UTF-8 (file and byte offset), bad JSON (file and line), a
+        corrupt or truncated `.gz`/`.zst` file, an unreadable remote file, or a corpus with no
+        text but whitespace.
+      ConfigError: a `.zst` file without the `zstandard` package; see `resolve_paths`.
     """
     docs: list[Document] = []
     for path in resolve_paths(path_spec):
