@@ -33,6 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from ppl_jax import paths
 from ppl_jax.errors import CheckpointError
 from ppl_jax.model import nest_weights, weight_paths
 
@@ -67,7 +68,7 @@ def save_train_state(
         "params": {name: fingerprint(x) for name, x in weight_paths(state["params"]).items()},
     }
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
-    with ocp.CheckpointManager(os.path.abspath(directory), options=options) as manager:
+    with ocp.CheckpointManager(paths.absolute(directory), options=options) as manager:
         manager.save(
             step,
             args=ocp.args.Composite(
@@ -82,13 +83,17 @@ def save_train_state(
 
 
 def _manager(directory: str) -> ocp.CheckpointManager:
-    if not os.path.isdir(directory):
+    try:
+        found = paths.isdir(directory)
+    except ImportError as e:
+        raise paths.missing_backend(directory, e) from None
+    if not found:
         raise CheckpointError(
             f"checkpoint.dir: no such directory {directory!r}. Give an Orbax checkpoint "
             f"directory (numbered step folders inside)."
         )
     return ocp.CheckpointManager(
-        os.path.abspath(directory),
+        paths.absolute(directory),
         item_handlers={
             STATE: ocp.PyTreeCheckpointHandler(),
             METADATA: ocp.JsonCheckpointHandler(),
@@ -128,7 +133,7 @@ def read_metadata(directory: str, step: int | None) -> tuple[int, dict[str, Any]
     """
     with _manager(directory) as manager:
         chosen = _pick_step(manager, directory, step)
-        if not os.path.isdir(os.path.join(directory, str(chosen), METADATA)):
+        if not paths.isdir(paths.join(directory, str(chosen), METADATA)):
             raise CheckpointError(
                 f"step {chosen} of {directory!r} has no '{METADATA}' item (the model "
                 f"architecture and tokenizer); save checkpoints with "
@@ -186,7 +191,7 @@ def _reason(e: BaseException, directory: str) -> str:
         e = e.__cause__ or e.__context__
     text = " ".join(str(e).split())
     text = text.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole spec
-    text = text.replace(os.path.abspath(directory) + os.sep, "")  # paths relative to the dir
+    text = text.replace(paths.join(paths.absolute(directory), ""), "")  # relative to the dir
     return text if len(text) <= 400 else text[:397] + "..."
 
 
@@ -202,12 +207,11 @@ def _damaged(
 
 def _check_tree_metadata(directory: str, step: int) -> None:
     """The step's `state/_METADATA` (Orbax's JSON tree of stored arrays) is there and parses."""
-    state = os.path.join(directory, str(step), STATE)
-    if os.path.isfile(os.path.join(state, "checkpoint")):
+    state = paths.join(directory, str(step), STATE)
+    if paths.isfile(paths.join(state, "checkpoint")):
         return  # an older Orbax checkpoint, with msgpack tree metadata
     try:
-        with open(os.path.join(state, "_METADATA"), encoding="utf-8") as f:
-            json.load(f)
+        json.loads(paths.read_bytes(paths.join(state, "_METADATA")).decode("utf-8"))
     except FileNotFoundError:
         raise _damaged(directory, step, "its tree metadata 'state/_METADATA' is missing") from None
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -224,18 +228,35 @@ def _check_ocdbt_index(directory: str, step: int) -> None:
     array chunks. A lost or damaged manifest or node makes every weight unreadable; listing the
     database reads them all, so such damage is reported here in one sentence, before Orbax opens
     any array (it would print one asyncio traceback per array).
+
+    A remote step is read through TensorStore's own driver for its URL (`gs://` is TensorStore's
+    `gcs` kvstore, as Orbax uses), not through `etils.epath`.
     """
-    state = os.path.join(os.path.abspath(directory), str(step), STATE)
-    if not os.path.isfile(os.path.join(state, "manifest.ocdbt")):
-        if glob.glob(os.path.join(state, "ocdbt.process_*")):
+    state = paths.join(paths.absolute(directory), str(step), STATE)
+    local = paths.is_local(state)
+    if not paths.isfile(paths.join(state, "manifest.ocdbt")):
+        processes = (
+            glob.glob(os.path.join(state, "ocdbt.process_*"))
+            if local
+            else [n for n in _names(state) if n.startswith("ocdbt.process_")]
+        )
+        if processes:
             raise _damaged(directory, step, "its OCDBT manifest 'state/manifest.ocdbt' is missing")
         return  # not an OCDBT checkpoint: Orbax reads one directory per array
     try:
-        base = {"driver": "file", "path": state + os.sep}  # no URL: any character in paths
+        # Local: no URL, so that any character may appear in the path.
+        base = {"driver": "file", "path": state + os.sep} if local else state + "/"
         kvstore = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
         kvstore.list().result()
     except Exception as e:  # TensorStore raises ValueError with a status code in the text
         raise _damaged(directory, step, "the OCDBT index of its arrays cannot be read", e) from None
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return paths.listdir(folder)
+    except FileNotFoundError:
+        return []
 
 
 @contextlib.contextmanager
@@ -279,7 +300,7 @@ def _restore(manager: ocp.CheckpointManager, step: int, params: dict[str, Any]) 
 def _read_checksums(manager: ocp.CheckpointManager, directory: str, step: int) -> dict | None:
     """The weight fingerprints saved with the step, or None (saved without them, or by a newer
     ppl_jax with another algorithm)."""
-    if not os.path.isdir(os.path.join(directory, str(step), CHECKSUMS)):
+    if not paths.isdir(paths.join(directory, str(step), CHECKSUMS)):
         return None
     try:
         saved = manager.restore(

@@ -13,6 +13,10 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
   A model is never gathered whole in one host's memory.
 - `load_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
+A remote directory (`gs://...`, see `ppl_jax.paths`) is recognised, and its `config.json`,
+index (its shard names checked to lie inside it) and tokenizer are read through `etils.epath`;
+its weights are not (safetensors memory-maps local files): `load_params` asks for a local copy.
+
 Pickled weights (`pytorch_model.bin`, `.pt`, `.pth`) are refused and never unpickled: unpickling
 runs arbitrary code. Weight names and layouts follow transformers' `modeling_llama`,
 `modeling_mistral`, `modeling_qwen2` and `modeling_gpt2` (`nn.Linear` stores `[out, in]`, GPT-2's
@@ -33,6 +37,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so safetensors c
 import numpy as np
 from safetensors import safe_open
 
+from ppl_jax import paths
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.errors import CheckpointError
 from ppl_jax.model import nest_weights, weight_paths
@@ -48,24 +53,27 @@ BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 def _weight_files(path: str) -> list[str]:
-    return [n for n in os.listdir(path) if n.endswith(".safetensors") or n == INDEX]
+    return [n for n in paths.listdir(path) if n.endswith(".safetensors") or n == INDEX]
 
 
 def _pickle_files(path: str) -> list[str]:
-    return sorted(n for n in os.listdir(path) if n.endswith(PICKLE_SUFFIXES))
+    return sorted(n for n in paths.listdir(path) if n.endswith(PICKLE_SUFFIXES))
 
 
 def is_hf_checkpoint(path: str) -> bool:
-    """Whether `path` is a directory with `config.json` and safetensors or pickled weights."""
-    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
-        return False
+    """Whether `path` (local or remote, see `ppl_jax.paths`) is a directory with `config.json`
+    and safetensors or pickled weights."""
+    try:
+        if not paths.isdir(path) or not paths.isfile(paths.join(path, "config.json")):
+            return False
+    except ImportError as e:
+        raise paths.missing_backend(path, e) from None
     return bool(_weight_files(path) or _pickle_files(path))
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        value = json.loads(paths.read_bytes(path).decode("utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path!r} is missing; {what}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -91,7 +99,7 @@ def read_description(path: str) -> dict[str, Any]:
       CheckpointError: no or bad `config.json`, a missing field, an unsupported `model_type`
         (naming the supported ones), activation or rope scaling.
     """
-    where = os.path.join(path, "config.json")
+    where = paths.join(path, "config.json")
     cfg = _read_json(where, "a Hugging Face checkpoint directory needs its config.json.")
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -219,7 +227,9 @@ def _gpt2_sources(c: dict[str, Any]) -> dict[str, _Source]:
 def _allowed_roots(path: str) -> list[str]:
     """Where the weight files of `path` may really lie: the directory itself, and for a snapshot of
     the Hugging Face hub cache (`models--org--name/snapshots/<revision>`, whose files are symlinks
-    into `models--org--name/blobs`), that repository's blobs."""
+    into `models--org--name/blobs`), that repository's blobs. Remote paths have no symlinks."""
+    if not paths.is_local(path):
+        return [paths.absolute(path)]
     real = os.path.realpath(path)
     roots = [real]
     parent = os.path.dirname(real)
@@ -239,13 +249,16 @@ def _check_inside(path: str, index: str | None, file: Any, name: str = "") -> No
         raise CheckpointError(
             f"{index!r} maps the weight {name!r} to {file!r}, not a file name; fix its weight_map."
         )
-    real = os.path.realpath(os.path.join(path, file))
-    inside = any(os.path.commonpath([real, root]) == root for root in _allowed_roots(path))
+    if paths.is_local(path):
+        real = os.path.realpath(os.path.join(path, file))
+        inside = any(os.path.commonpath([real, root]) == root for root in _allowed_roots(path))
+    else:  # no symlinks on object stores: a relative name without '..' stays inside
+        real, inside = paths.join(paths.absolute(path), file), paths.scheme(file) is None
     if os.path.isabs(file) or ".." in file.replace("\\", "/").split("/") or not inside:
         where = (
             f"{index!r} names the shard {file!r} (for {name!r})"
             if index
-            else f"{os.path.join(path, file)!r} is a link"
+            else f"{paths.join(path, file)!r} is a link"
         )
         raise CheckpointError(
             f"{where}, which lies outside the checkpoint directory {path!r} (at {real!r}); "
@@ -254,24 +267,36 @@ def _check_inside(path: str, index: str | None, file: Any, name: str = "") -> No
         )
 
 
+def _local_only(path: str) -> None:
+    """Refuses a remote directory's weights: safetensors reads (memory-maps) local files only."""
+    if not paths.is_local(path):
+        raise CheckpointError(
+            f"{path!r}: Hugging Face weights are read from a local directory only (safetensors "
+            f"memory-maps its files); copy the directory to a local disk (e.g. gcloud storage "
+            f"cp -r) and set checkpoint.dir to the copy."
+        )
+
+
 class _Weights:
     """The stored tensors of a directory: name -> file, opened lazily with `safe_open`."""
 
     def __init__(self, path: str, stack: contextlib.ExitStack):
         self.path, self._stack, self._open = path, stack, {}
-        if os.path.isfile(os.path.join(path, INDEX)):
-            index = _read_json(os.path.join(path, INDEX), "")
+        if paths.isfile(paths.join(path, INDEX)):
+            index = _read_json(paths.join(path, INDEX), "")
             self.file_of = dict(index.get("weight_map") or {})
             for name, file in self.file_of.items():
-                _check_inside(path, os.path.join(path, INDEX), file, name)
+                _check_inside(path, paths.join(path, INDEX), file, name)
             for file in sorted(set(self.file_of.values())):
-                if not os.path.isfile(os.path.join(path, file)):
+                if not paths.isfile(paths.join(path, file)):
                     raise CheckpointError(
                         f"{path!r}: {INDEX} lists the shard {file!r}, which is missing; download "
                         f"every shard of the checkpoint."
                     )
-        elif os.path.isfile(os.path.join(path, SINGLE)):
+            _local_only(path)
+        elif paths.isfile(paths.join(path, SINGLE)):
             _check_inside(path, None, SINGLE)
+            _local_only(path)
             self.file_of = {name: SINGLE for name in self._handle(SINGLE).keys()}
         elif _pickle_files(path):
             raise CheckpointError(
@@ -426,7 +451,7 @@ def load_params(path: str, target: Any) -> Any:
 
 def has_tokenizer(path: str) -> bool:
     """Whether the directory holds `tokenizer.json` or a SentencePiece `tokenizer.model`."""
-    return any(os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer.model"))
+    return any(paths.isfile(paths.join(path, n)) for n in ("tokenizer.json", "tokenizer.model"))
 
 
 def _name(path: str, file: str) -> str:
@@ -448,15 +473,20 @@ def load_tokenizer(path: str) -> tokenizer_lib.Tokenizer:
       CheckpointError: no tokenizer file, an unreadable one, or a `tokenizer_config.json` that
         does not fit it (see `ppl_jax.tokenizer.apply_tokenizer_config`).
     """
-    config_path = os.path.join(path, "tokenizer_config.json")
-    tc = _read_json(config_path, "") if os.path.isfile(config_path) else {}
+    config_path = paths.join(path, "tokenizer_config.json")
+    tc = _read_json(config_path, "") if paths.isfile(config_path) else {}
     try:
-        if os.path.isfile(os.path.join(path, "tokenizer.json")):
-            with open(os.path.join(path, "tokenizer.json"), encoding="utf-8") as f:
-                tok = tokenizer_lib.HFTokenizer(f.read(), name=_name(path, "tokenizer.json"))
-        elif os.path.isfile(os.path.join(path, "tokenizer.model")):
+        if paths.isfile(paths.join(path, "tokenizer.json")):
+            text = paths.read_bytes(paths.join(path, "tokenizer.json")).decode("utf-8")
+            tok = tokenizer_lib.HFTokenizer(text, name=_name(path, "tokenizer.json"))
+        elif paths.isfile(paths.join(path, "tokenizer.model")) and paths.is_local(path):
             tok = tokenizer_lib.SentencePieceTokenizer.from_file(
                 os.path.join(path, "tokenizer.model"), name=_name(path, "tokenizer.model")
+            )
+        elif paths.isfile(paths.join(path, "tokenizer.model")):
+            tok = tokenizer_lib.SentencePieceTokenizer(
+                paths.read_bytes(paths.join(path, "tokenizer.model")),
+                name=_name(path, "tokenizer.model"),
             )
         else:
             raise CheckpointError(f"{path!r} has no tokenizer.json or tokenizer.model.")

@@ -11,6 +11,14 @@ Every file is written through a temporary file of its own in the same folder
 (`tempfile.mkstemp`), flushed to disk and renamed over the target with `os.replace`: a reader (or
 a crash) sees the old file or the new one, never a mix, and two writers never share a temporary
 name. Only process 0 opens the output folder; the other processes of a run write nothing.
+
+A remote `output.dir` (`gs://bucket/run`, see `ppl_jax.paths`) takes no lock: object stores
+have no `flock`, so two runs on one remote folder are not stopped (give each run its own folder).
+Each file is uploaded through `etils.epath` under a temporary name of its own, then renamed over
+the target. On GCS and S3 an object appears whole or not at all (an interrupted upload leaves
+no object), and a rename is a server-side copy then a delete: a reader sees the old file or the
+new one, never a mix, but a crash between the copy and the delete can leave the temporary
+`.<name>.<random>.tmp` behind.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ import os
 import socket
 import sys
 import tempfile
+import uuid
 from typing import Any
 
+from ppl_jax import paths
 from ppl_jax.errors import ConfigError
 
 LOCK = ".lock"
@@ -62,8 +72,9 @@ class OutputDir:
         """Creates `path` if needed, proves it writable and takes its lock.
 
         Args:
-          path: `output.dir`.
-          lock: take the advisory lock (one run per folder).
+          path: `output.dir`, local or remote (`gs://...`).
+          lock: take the advisory lock (one run per folder). Remote folders are never locked
+            (object stores have no `flock`; see the module docstring).
 
         Raises:
           ConfigError: the folder cannot be created or written (a file in the way, no
@@ -71,6 +82,8 @@ class OutputDir:
             (naming its process, host and command).
         """
         where = f"output.dir={path!r}"
+        if not paths.is_local(path):
+            return _open_remote(path.rstrip("/"), where)
         try:
             os.makedirs(path, exist_ok=True)
         except FileExistsError:
@@ -113,12 +126,30 @@ class OutputDir:
         self.close()
 
     def file(self, name: str) -> str:
-        """The path of `name` inside the folder."""
-        return os.path.join(self.path, name)
+        """The path of `name` inside the folder (a URL for a remote folder)."""
+        return paths.join(self.path, name)
+
+    def read_bytes(self, name: str) -> bytes | None:
+        """The bytes of `name` in the folder, or None if there is no such file."""
+        try:
+            return paths.read_bytes(self.file(name))
+        except FileNotFoundError:
+            return None
 
     def write_bytes(self, name: str, data: bytes) -> str:
-        """Writes `data` to `name` atomically (own temporary file, fsync, `os.replace`)."""
+        """Writes `data` to `name` atomically (own temporary file, fsync, `os.replace`; for a
+        remote folder an upload under a temporary name, then a rename)."""
         target = self.file(name)
+        if not paths.is_local(self.path):
+            tmp = paths.epath(self.file(f".{name}.{uuid.uuid4().hex}.tmp"))
+            try:
+                tmp.write_bytes(data)
+                tmp.replace(paths.epath(target))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+                raise
+            return target
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
         try:
             os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp gives 0600)
@@ -147,8 +178,38 @@ class OutputDir:
 
     def remove(self, name: str) -> None:
         """Removes `name` if it exists."""
+        if not paths.is_local(self.path):
+            paths.epath(self.file(name)).unlink(missing_ok=True)
+            return
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.file(name))
+
+
+def _open_remote(path: str, where: str) -> OutputDir:
+    """`OutputDir.open` for a remote folder: no lock; a probe object is written and removed."""
+    try:
+        folder = paths.epath(path)
+        if folder.is_file():
+            raise ConfigError(
+                f"{where} is a file, not a folder; remove it or choose another output.dir."
+            )
+        folder.mkdir(parents=True, exist_ok=True)  # object stores: no folder objects needed
+        for name in NAMES:
+            if paths.isdir(paths.join(path, name)):
+                raise ConfigError(
+                    f"{paths.join(path, name)!r} is a folder, but the run writes a file of "
+                    f"that name there; move it away or choose another output.dir."
+                )
+        probe = folder / f".probe.{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except ImportError as e:
+        raise paths.missing_backend(path, e) from None
+    except OSError as e:
+        raise ConfigError(
+            f"{where} is not writable ({e}); check the bucket, the path and your access."
+        ) from None
+    return OutputDir(path, None)
 
 
 def _lock(path: str) -> int:

@@ -1,0 +1,107 @@
+"""Paths beyond the local disk: `gs://`, `s3://`, `az://` and `hf://`, through `etils.epath`.
+
+`etils.epath` is the file library of the Orbax stack (Orbax itself takes `epath.Path`s); for these
+schemes it goes through `fsspec` (`gcsfs` for `gs://`, `s3fs` for `s3://`, `adlfs` for `az://`,
+`huggingface_hub` for `hf://`), or through TensorFlow's `gfile` when TensorFlow is installed.
+A path without a scheme is local and keeps going through `os` exactly as before, so that local
+behaviour (messages, symlinks, modification times in nanoseconds) does not change.
+
+A remote path is kept as a string (`gs://bucket/dir/file`): it is never made absolute against
+the working directory (`os.path.abspath('gs://b/x')` would give `/cwd/gs:/b/x`).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from typing import Any
+
+from ppl_jax.errors import ConfigError
+
+SCHEMES = ("gs", "s3", "az", "hf")  # those `etils.epath` reads (etils.epath.gpath._URI_SCHEMES)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# The fsspec implementation each scheme needs, for the message when it is not installed.
+_PACKAGE = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+
+
+def scheme(path: Any) -> str | None:
+    """The URL scheme of `path` (`"gs"` for `gs://b/x`), or None for a local path."""
+    m = _SCHEME.match(os.fspath(path))
+    return m.group(1).lower() if m else None
+
+
+def is_local(path: Any) -> bool:
+    """Whether `path` is on the local disk (no `scheme://`; `file://` is not accepted)."""
+    return scheme(path) is None
+
+
+def epath(path: str):
+    """`path` as an `etils.epath.Path`.
+
+    Raises:
+      ConfigError: a scheme that `etils.epath` does not read (it would otherwise take
+        `memory://x` for the local folder `memory:/x`).
+    """
+    s = scheme(path)
+    if s is not None and s not in SCHEMES:
+        raise ConfigError(
+            f"{path!r}: the scheme {s}:// is not supported; ppl_jax reads local paths and "
+            f"{', '.join(f'{x}://' for x in SCHEMES)} (through etils.epath)."
+        )
+    from etils import epath as epath_lib
+
+    return epath_lib.Path(path)
+
+
+def missing_backend(path: str, e: ImportError) -> ConfigError:
+    """The error for a remote path whose fsspec implementation is not installed."""
+    package = _PACKAGE.get(scheme(path) or "", "the fsspec implementation of its scheme")
+    return ConfigError(f"{path!r} cannot be read without {package} ({e}); pip install {package}.")
+
+
+def absolute(path: str) -> str:
+    """`os.path.abspath` of a local path; a remote path as given, less any trailing `/`."""
+    if is_local(path):
+        return os.path.abspath(path)
+    return path.rstrip("/") if not path.endswith("://") else path
+
+
+def join(base: str, *names: str) -> str:
+    """`os.path.join` for a local `base`; `/`-joined (never `\\`) for a remote one."""
+    if is_local(base):
+        return os.path.join(base, *names)
+    return posixpath.join(base, *names)
+
+
+def isdir(path: str) -> bool:
+    """Whether `path` is a directory (on object stores: a prefix holding objects)."""
+    return os.path.isdir(path) if is_local(path) else epath(path).is_dir()
+
+
+def isfile(path: str) -> bool:
+    """Whether `path` is a file (an object)."""
+    return os.path.isfile(path) if is_local(path) else epath(path).is_file()
+
+
+def listdir(path: str) -> list[str]:
+    """The names in directory `path` (not their paths)."""
+    if is_local(path):
+        return os.listdir(path)
+    return [p.name for p in epath(path).iterdir()]
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of file `path`.
+
+    Raises:
+      OSError: as `open` does (FileNotFoundError for a missing file), for either kind of path.
+      ConfigError: the fsspec implementation of a remote scheme is not installed.
+    """
+    if is_local(path):
+        with open(path, "rb") as f:
+            return f.read()
+    try:
+        return epath(path).read_bytes()
+    except ImportError as e:
+        raise missing_backend(path, e) from None
