@@ -120,6 +120,17 @@ def _pick_step(manager: ocp.CheckpointManager, directory: str, step: int | None)
     return step
 
 
+def finalized_steps(directory: str) -> list[int]:
+    """The finalized steps of an Orbax checkpoint directory, ascending (Orbax's own notion: a
+    step whose save committed; a save in progress or interrupted is not one).
+
+    Raises:
+      CheckpointError: no such directory.
+    """
+    with _manager(directory) as manager:
+        return sorted(int(s) for s in manager.all_steps())
+
+
 def read_metadata(directory: str, step: int | None) -> tuple[int, dict[str, Any]]:
     """The chosen step and its metadata (`model` architecture, `tokenizer` description).
 

@@ -8,7 +8,6 @@ nothing under `jax.jit`) sees a ConfigDict.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -16,8 +15,6 @@ import sysconfig
 from typing import Any
 
 from ml_collections import config_dict
-
-from ppl_jax.errors import ConfigError
 
 # Modules of the CPython standard library that the demo model never saw in training; the default
 # run scores them. Each exists in every CPython from 3.9 on.
@@ -81,6 +78,10 @@ def get_config() -> config_dict.ConfigDict:
     c.checkpoint.dir = demo_checkpoint_dir()
     c.checkpoint.step = "latest"
     c.checkpoint.format = "auto"
+    c.checkpoint.watch = False
+    c.checkpoint.watch_until = -1  # watch: stop once this step is evaluated (-1: idle timeout only)
+    c.checkpoint.watch_timeout = 600.0  # watch: seconds without a new step before it ends
+    c.checkpoint.watch_interval = 10.0  # watch: seconds between two looks at checkpoint.dir
 
     c.data = config_dict.ConfigDict()
     c.data.name = ""  # derived from data.path (see `corpus_name`)
@@ -91,6 +92,16 @@ def get_config() -> config_dict.ConfigDict:
     c.data.separator = "\n\n"
     c.data.jsonl_field = "text"
     c.data.allow_tokenizer_mismatch = False
+    c.data.preparation = ""  # a standard preparation of the text (ppl_jax.preparations)
+    c.data.tags = ""  # e.g. "domain=web,split=val": groups of the macro averages
+    c.data.max_documents = 0  # budget: at most this many documents (0: all)
+    c.data.max_tokens = 0  # budget: documents until this many tokens (0: all)
+    c.data.sample_seed = -1  # budgets take the first documents (-1) or a sample with this seed
+
+    # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
+    # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
+    # `add_bos`); empty: the one dataset of `data`. See configs/suite_example.py.
+    c.suite = ()
 
     c.eval = config_dict.ConfigDict()
     c.eval.protocol = "sliding"
@@ -136,6 +147,7 @@ def get_config() -> config_dict.ConfigDict:
     c.output.tokens = False
     c.output.top_k = 0
     c.output.position_curve = False
+    c.output.tensorboard = False
     return c
 
 
@@ -144,7 +156,13 @@ def get_config() -> config_dict.ConfigDict:
 KEY_MEANINGS = {
     "checkpoint.dir": "an Orbax CheckpointManager directory of numbered steps, or a Hugging Face "
     "directory",
-    "checkpoint.step": "'latest' (the newest finalized step) or a step number",
+    "checkpoint.step": "'latest' (the newest finalized step), a step number, 'all', a list "
+    "'1000,2000' or a range 'first:last:every' (last included)",
+    "checkpoint.watch": "keep evaluating steps as they are finalized, until checkpoint."
+    "watch_until or checkpoint.watch_timeout",
+    "checkpoint.watch_until": "watch: the last step to evaluate (-1: none)",
+    "checkpoint.watch_timeout": "watch: seconds without a new finalized step before the run ends",
+    "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
     "checkpoint.format": "'orbax', 'hf' (a Hugging Face directory), or 'auto' (by config.json)",
     "data.name": "the corpus's name in the results; empty: derived from data.path",
     "data.path": "a file, a glob, or a comma-separated list of either",
@@ -157,6 +175,14 @@ KEY_MEANINGS = {
     "data.jsonl_field": "the field of a jsonl record that holds the text",
     "data.allow_tokenizer_mismatch": "score with a tokenizer whose vocabulary does not fit the "
     "model's (refused when false)",
+    "data.preparation": "a standard preparation of the text: 'lm_eval_wikitext', "
+    "'hf_guide_wikitext', or '' (none)",
+    "data.tags": "tags of the dataset, 'key=value,...', grouping the macro averages",
+    "data.max_documents": "at most this many documents (0: all)",
+    "data.max_tokens": "documents until this many tokens (0: all)",
+    "data.sample_seed": "the budgets take the first documents in file order (-1) or a sample "
+    "drawn with this seed",
+    "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",
     "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided; unset: "
@@ -194,6 +220,8 @@ KEY_MEANINGS = {
     "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
     "output.position_curve": "also write position_curve.json and .png: perplexity by position "
     "in the window",
+    "output.tensorboard": "also write TensorBoard scalars eval/<dataset>/<metric> in "
+    "output.dir/tensorboard",
 }
 
 # Defaults too long to print whole in `--help`.
@@ -259,260 +287,3 @@ def corpus_name(path: str) -> str:
     if common:
         return common
     return "+".join(os.path.splitext(os.path.basename(e))[0] for e in entries)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSettings:
-    name: str
-    path: str
-    format: str
-    tokenizer: str
-    errors: str
-    separator: str
-    jsonl_field: str
-    allow_tokenizer_mismatch: bool  # score with a tokenizer whose ids exceed the vocabulary
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSettings:
-    protocol: str
-    seq_len: int
-    stride: int | None  # None for the protocols that use no stride (lm_eval_rolling, gptq_chunks)
-    batch_size: int
-    add_bos: str
-    packing: bool
-    length_buckets: int
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshSettings:
-    data: int
-    model: int
-    rules: tuple[tuple[str, str | None], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class ReferenceSettings:
-    """The reference model of `reference.*` (KL(reference || model), `ppl_jax.divergence`)."""
-
-    checkpoint_dir: str
-    checkpoint_step: int | None  # None: the latest finalized step
-    checkpoint_format: str
-    dtype: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DiagnosticsSettings:
-    """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
-
-    tokens: bool = False  # tokens.parquet
-    top_k: int = 0  # alternatives per token in tokens.parquet
-    position_curve: bool = False  # position_curve.json / .png
-    context_lengths: tuple[int, ...] = ()  # the context-length sweep
-    context_targets: int = 0  # targets per window of the sweep; 0: by length (diagnostics)
-    reference: ReferenceSettings | None = None
-
-    @property
-    def any_beyond_sums(self) -> bool:
-        """Whether the run gathers more than the per-window sums a journal keeps."""
-        return self.tokens or self.position_curve or self.reference is not None
-
-
-MAX_TOP_K = 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The whole run, checked and frozen. Built by `Settings.from_config`."""
-
-    checkpoint_dir: str
-    checkpoint_step: int | None  # None: the latest finalized step
-    checkpoint_format: str
-    data: DataSettings
-    eval: EvalSettings
-    dtype: str
-    attention: str
-    mesh: MeshSettings
-    output_dir: str
-    progress: bool
-    gzip_baseline: bool
-    per_document: bool
-    compilation_cache_dir: str
-    journal_every: int  # batches between journal flushes
-    resume: bool  # resume from a matching journal in output_dir
-    bootstrap_samples: int = 1000  # resamples of the bootstrap intervals (0: none)
-    seed: int = 0  # seed of the bootstrap's resampling
-    diagnostics: DiagnosticsSettings = DiagnosticsSettings()
-
-    @staticmethod
-    def from_config(c: config_dict.ConfigDict) -> Settings:
-        """Checks `c` and freezes it.
-
-        Raises:
-          ConfigError: naming the setting, for a value out of range or of the wrong kind.
-        """
-        step = _step("checkpoint.step", c.checkpoint.step)
-        _choice("data.format", c.data.format, FORMATS)
-        _choice("data.errors", c.data.errors, ("strict", "replace"))
-        _choice("eval.protocol", c.eval.protocol, PROTOCOLS)
-        _choice("model.dtype", c.model.dtype, DTYPES)
-        _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
-        _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
-        add_bos = str(c.eval.add_bos).lower()
-        _choice("eval.add_bos", add_bos, ("auto", "true", "false"))
-        seq_len = int(c.eval.seq_len)
-        if seq_len < 1:
-            raise ConfigError(f"eval.seq_len={seq_len} must be at least 1.")
-        stride = _stride(c.eval.stride, seq_len, str(c.eval.protocol))
-        batch_size = int(c.eval.batch_size)
-        if batch_size < 1:
-            raise ConfigError(f"eval.batch_size={batch_size} must be at least 1.")
-        buckets = int(c.eval.length_buckets)
-        if not 1 <= buckets <= 8:
-            raise ConfigError(f"eval.length_buckets={buckets} must be between 1 and 8.")
-        journal_every = int(c.output.journal_every)
-        if journal_every < 1:
-            raise ConfigError(
-                f"output.journal_every={journal_every} must be at least 1 (batches between "
-                f"journal flushes)."
-            )
-        rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
-        samples = int(c.metrics.bootstrap_samples)
-        if samples != 0 and samples < MIN_BOOTSTRAP_SAMPLES:
-            raise ConfigError(
-                f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
-                f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
-            )
-        return Settings(
-            checkpoint_dir=os.path.expanduser(str(c.checkpoint.dir)),
-            checkpoint_step=step,
-            checkpoint_format=str(c.checkpoint.format),
-            data=DataSettings(
-                name=str(c.data.name or "") or corpus_name(str(c.data.path)),
-                path=str(c.data.path),
-                format=str(c.data.format),
-                tokenizer=str(c.data.tokenizer),
-                errors=str(c.data.errors),
-                separator=str(c.data.separator),
-                jsonl_field=str(c.data.jsonl_field),
-                allow_tokenizer_mismatch=_bool(
-                    "data.allow_tokenizer_mismatch", c.data.allow_tokenizer_mismatch
-                ),
-            ),
-            eval=EvalSettings(
-                protocol=str(c.eval.protocol),
-                seq_len=seq_len,
-                stride=stride,
-                batch_size=batch_size,
-                add_bos=add_bos,
-                packing=bool(c.eval.packing),
-                length_buckets=buckets,
-            ),
-            dtype=str(c.model.dtype),
-            attention=str(c.model.attention),
-            mesh=MeshSettings(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
-            output_dir=os.path.expanduser(str(c.output.dir)),
-            progress=bool(c.output.progress),
-            gzip_baseline=bool(c.output.gzip_baseline),
-            per_document=bool(c.output.per_document),
-            compilation_cache_dir=os.path.expanduser(str(c.runtime.compilation_cache_dir)),
-            journal_every=journal_every,
-            resume=_bool("output.resume", c.output.resume),
-            bootstrap_samples=samples,
-            seed=int(c.metrics.seed),
-            diagnostics=_diagnostics(c, seq_len),
-        )
-
-
-def _step(name: str, step: Any) -> int | None:
-    """A checkpoint step setting: None for 'latest', else the step number."""
-    if isinstance(step, str) and step.strip().lower() == "latest":
-        return None
-    try:
-        return int(step)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"{name}={step!r} is neither 'latest' nor an integer step number."
-        ) from None
-
-
-def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSettings:
-    top_k = int(c.output.top_k)
-    if not 0 <= top_k <= MAX_TOP_K:
-        raise ConfigError(f"output.top_k={top_k} is outside 0..{MAX_TOP_K}.")
-    tokens = _bool("output.tokens", c.output.tokens)
-    if top_k and not tokens:
-        raise ConfigError(
-            f"output.top_k={top_k} lists alternatives in tokens.parquet; set "
-            f"--config.output.tokens=true too."
-        )
-    lengths = _int_list("eval.context_lengths", c.eval.context_lengths)
-    if lengths and c.eval.protocol == "lm_eval_rolling":
-        raise ConfigError(
-            "eval.context_lengths needs a stream protocol (sliding, hf_strided, gptq_chunks); "
-            "lm_eval_rolling scores documents one by one."
-        )
-    targets = int(c.eval.context_targets)
-    if targets < 0:
-        raise ConfigError(f"eval.context_targets={targets} must be 0 (auto) or more.")
-    reference = None
-    if str(c.reference.checkpoint.dir):
-        _choice("reference.checkpoint.format", c.reference.checkpoint.format, CHECKPOINT_FORMATS)
-        _choice("reference.dtype", c.reference.dtype, DTYPES)
-        reference = ReferenceSettings(
-            checkpoint_dir=os.path.expanduser(str(c.reference.checkpoint.dir)),
-            checkpoint_step=_step("reference.checkpoint.step", c.reference.checkpoint.step),
-            checkpoint_format=str(c.reference.checkpoint.format),
-            dtype=str(c.reference.dtype),
-        )
-    return DiagnosticsSettings(
-        tokens=tokens,
-        top_k=top_k,
-        position_curve=_bool("output.position_curve", c.output.position_curve),
-        context_lengths=lengths,
-        context_targets=targets,
-        reference=reference,
-    )
-
-
-def _int_list(name: str, value: Any) -> tuple[int, ...]:
-    """A list of distinct positive integers, given as '64,128' or a sequence; sorted."""
-    items = value.split(",") if isinstance(value, str) else list(value or ())
-    try:
-        numbers = sorted({int(str(v).strip()) for v in items if str(v).strip()})
-    except ValueError:
-        raise ConfigError(
-            f"{name}={value!r} is not a comma-separated list of integers, e.g. '64,128,256'."
-        ) from None
-    if numbers and numbers[0] < 1:
-        raise ConfigError(f"{name}={value!r} holds a length below 1.")
-    return tuple(numbers)
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}.")
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name}={value!r} is neither true nor false.")
-    return value
-
-
-def _stride(value: int | None, seq_len: int, protocol: str) -> int | None:
-    """eval.stride as used: unset is seq_len // 2 (at least 1); None where `protocol` has none.
-
-    Only a stride that a protocol uses is checked; a stride never set never fails a run.
-    """
-    if protocol not in STRIDED_PROTOCOLS:
-        return None
-    if value is None:
-        return max(seq_len // 2, 1)
-    stride = int(value)
-    if not 1 <= stride <= seq_len:
-        raise ConfigError(
-            f"eval.stride={stride} is outside 1..eval.seq_len ({seq_len}); a stride of "
-            f"seq_len scores disjoint windows, a smaller one gives each token more context."
-        )
-    return stride

@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from ppl_jax import curves, divergence, windows
-from ppl_jax.config import DiagnosticsSettings, Settings
 from ppl_jax.errors import ConfigError
 from ppl_jax.layout import plan_layout
 from ppl_jax.model import LanguageModel
 from ppl_jax.outputs import OutputDir
 from ppl_jax.protocols import Plan
 from ppl_jax.scoring import Scorer, StepOptions
+from ppl_jax.settings import DiagnosticsSettings, Settings
 
 POSITION_CURVE = "position_curve"
 CONTEXT_CURVE = "context_curve"

@@ -8,7 +8,6 @@ and its params on a mesh.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,14 +23,15 @@ from ppl_jax import (
     diagnostics,
     journal,
     metrics,
+    paths,
     preemption,
     protocols,
+    suite,
     tokenizer,
 )
 from ppl_jax import fingerprint as fingerprint_lib
 from ppl_jax import mesh as mesh_lib
 from ppl_jax import model as model_lib
-from ppl_jax.config import Settings
 from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.layout import Layout, plan_layout
 from ppl_jax.model import LanguageModel
@@ -39,6 +39,7 @@ from ppl_jax.models import attention as attention_lib
 from ppl_jax.outputs import OutputDir
 from ppl_jax.protocols import Plan
 from ppl_jax.scoring import Scorer, ScoreTotals
+from ppl_jax.settings import DataSettings, EvalSettings, Settings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -218,7 +219,7 @@ def _checkpoint_format(settings: Settings) -> str:
     if fmt != "auto":
         return fmt
     path = settings.checkpoint_dir
-    if os.path.isfile(os.path.join(path, "config.json")):
+    if paths.isfile(paths.join(path, "config.json")):
         return "hf"
     return "orbax"
 
@@ -342,9 +343,7 @@ def evaluate(
             f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
             f"windows of {settings.eval.protocol} span documents."
         )
-    docs = data.read_documents(
-        settings.data.path, settings.data.format, settings.data.errors, settings.data.jsonl_field
-    )
+    docs, counts = suite.read(settings.data)
     model, own_tok, step, fmt, attention = read_model(settings)
     if isinstance(own_tok, tokenizer.Tokenizer):  # a Hugging Face directory's own tokenizer
         tok = own_tok
@@ -353,16 +352,8 @@ def evaluate(
     tokenizer_note = tokenizer.check_vocabulary(
         tok, model.vocab_size, allow_mismatch=settings.data.allow_tokenizer_mismatch
     )
-    plan = protocols.plan(
-        settings.eval.protocol,
-        docs,
-        tok,
-        model.vocab_size,
-        settings.eval.seq_len,
-        settings.eval.stride,
-        protocols.resolve_add_bos(settings.eval.add_bos, tok),
-        separator=settings.data.separator,
-    )
+    docs, counts = suite.cut(docs, counts, settings.data, tok)
+    plan = suite.plan(settings.data, settings.eval, docs, counts, tok, model.vocab_size)
     # cuDNN takes per-row sequence lengths, not segments: one window per row.
     layout = plan_layout(
         plan.windows,
@@ -496,33 +487,46 @@ def run_fingerprint(
     fmt: str,
     step: int | None,
     attention: str,
+    dataset: tuple[DataSettings, EvalSettings] | None = None,
 ) -> dict[str, Any]:
-    """The fingerprint (`ppl_jax.fingerprint`) of everything that decides this run's numbers."""
-    ckpt_dir = os.path.abspath(settings.checkpoint_dir)
+    """The fingerprint (`ppl_jax.fingerprint`) of everything that decides this run's numbers
+    (for `dataset`, by default `settings.data` and `settings.eval`)."""
+    ds, ev = dataset or (settings.data, settings.eval)
+    ckpt_dir = paths.absolute(settings.checkpoint_dir)
     return fingerprint_lib.of_run(
         checkpoint={"path": ckpt_dir, "format": fmt, "step": step},
-        checkpoint_files=ckpt_dir if step is None else os.path.join(ckpt_dir, str(step)),
+        checkpoint_files=ckpt_dir if step is None else paths.join(ckpt_dir, str(step)),
         model={"description": model.description, "dtype": settings.dtype, "attention": attention},
         data={
-            "format": settings.data.format,
-            "jsonl_field": settings.data.jsonl_field,
-            "errors": settings.data.errors,
-            "separator": settings.data.separator,
+            "format": ds.format,
+            "jsonl_field": ds.jsonl_field,
+            "errors": ds.errors,
+            "separator": ds.separator,
+            **({"preparation": ds.preparation} if ds.preparation else {}),
+            **(
+                {
+                    "max_documents": ds.max_documents,
+                    "max_tokens": ds.max_tokens,
+                    "sample_seed": ds.sample_seed,
+                }
+                if ds.has_budget
+                else {}
+            ),
         },
-        data_paths=data.resolve_paths(settings.data.path),
+        data_paths=data.resolve_paths(ds.path),
         tokenizer=tok.describe(),
         protocol={
             "name": plan.protocol,
-            "seq_len": settings.eval.seq_len,
-            "stride": settings.eval.stride,
+            "seq_len": ev.seq_len,
+            "stride": ev.stride,
             "add_bos": plan.add_bos,
             "prefix_id": plan.prefix_id,
             "num_windows": plan.windows.num_windows,
         },
         layout={
-            "batch_size": settings.eval.batch_size,
-            "packing": settings.eval.packing,
-            "length_buckets": settings.eval.length_buckets,
+            "batch_size": ev.batch_size,
+            "packing": ev.packing,
+            "length_buckets": ev.length_buckets,
             "num_batches": layout.num_batches,
         },
         mesh={**{k: int(v) for k, v in mesh.shape.items()}, "processes": jax.process_count()},

@@ -59,14 +59,16 @@ class State:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def load(out: OutputDir, parts: dict[str, Any], num_windows: int, num_batches: int) -> State | None:
+def load(
+    out: OutputDir, parts: dict[str, Any], num_windows: int, num_batches: int, name: str = NAME
+) -> State | None:
     """The journal in `out` if it belongs to this run, else None if there is none.
 
     Raises:
       ConfigError: the journal was written by a run with another fingerprint (the message names
         what changed and how to start afresh), or it cannot be read.
     """
-    path = out.file(NAME)
+    path = out.file(name)
     try:
         with np.load(path, allow_pickle=False) as z:
             stored = json.loads(str(z["fingerprint"]))
@@ -93,15 +95,19 @@ def load(out: OutputDir, parts: dict[str, Any], num_windows: int, num_batches: i
     return state
 
 
-def save(out: OutputDir, parts: dict[str, Any], state: State) -> str:
+def save(out: OutputDir, parts: dict[str, Any], state: State, name: str = NAME) -> str:
     """Writes the journal atomically; returns its path."""
     buf = io.BytesIO()
     np.savez(buf, fingerprint=np.asarray(json.dumps(parts, sort_keys=True)), **state.arrays())
-    return out.write_bytes(NAME, buf.getvalue())
+    return out.write_bytes(name, buf.getvalue())
 
 
 def load_everywhere(
-    out: OutputDir | None, parts: dict[str, Any], num_windows: int, num_batches: int
+    out: OutputDir | None,
+    parts: dict[str, Any],
+    num_windows: int,
+    num_batches: int,
+    name: str = NAME,
 ) -> State | None:
     """Process 0's journal (`load` from `out`) on every process; every process calls this.
 
@@ -112,7 +118,7 @@ def load_everywhere(
     state, error = None, None
     if out is not None:
         try:
-            state = load(out, parts, num_windows, num_batches)
+            state = load(out, parts, num_windows, num_batches, name)
         except ConfigError as e:
             error = e
     return broadcast(state, num_windows, num_batches, error)
@@ -173,8 +179,16 @@ class Recorder:
       every: fetched batches between two flushes.
     """
 
-    def __init__(self, out: OutputDir | None, parts: dict[str, Any], state: State, every: int):
+    def __init__(
+        self,
+        out: OutputDir | None,
+        parts: dict[str, Any],
+        state: State,
+        every: int,
+        name: str = NAME,
+    ):
         self.out, self.parts, self.state, self.every = out, parts, state, max(1, int(every))
+        self.name = name
         self.resumed_batches = int(state.batch_done.sum())
         self.resumed_tokens = int(state.window_tokens.sum())
         self._since_flush = 0
@@ -189,9 +203,9 @@ class Recorder:
     def save(self) -> str | None:
         """Writes the journal now (process 0); returns its path."""
         self._since_flush = 0
-        return save(self.out, self.parts, self.state) if self.out is not None else None
+        return save(self.out, self.parts, self.state, self.name) if self.out is not None else None
 
     def discard(self) -> None:
         """Removes the journal (once the results are written)."""
         if self.out is not None:
-            self.out.remove(NAME)
+            self.out.remove(self.name)

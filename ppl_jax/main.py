@@ -33,10 +33,10 @@ def main(argv: list[str]) -> None:
     import jax
 
     from ppl_jax import diagnostics, summary, uncertainty
-    from ppl_jax.config import Settings
     from ppl_jax.errors import Interrupted, PplJaxError
     from ppl_jax.evaluate import evaluate
     from ppl_jax.outputs import OutputDir
+    from ppl_jax.settings import Settings
 
     logging.set_verbosity(logging.ERROR)  # Orbax's informational warnings are not for users
     is_main = jax.process_index() == 0
@@ -50,7 +50,15 @@ def main(argv: list[str]) -> None:
         settings = Settings.from_config(config)
         # The output folder first: a run that cannot keep its result does not start.
         out = OutputDir.open(settings.output_dir) if is_main else None
-        ev = evaluate(settings, summary.progress_bar(settings.progress and is_main), out)
+        progress = summary.progress_bar(settings.progress and is_main)
+        if settings.is_training_run:
+            from ppl_jax import sweep
+
+            found = sweep.run(settings, config, out, progress, print if is_main else _quiet)
+            if out is not None and found is not None:
+                print(f"results: {out.write_json('results.json', found)}")
+            return
+        ev = evaluate(settings, progress, out)
         if out is not None:
             results = summary.results_dict(ev, settings, config)
             print(summary.summary_table(results))
@@ -77,6 +85,10 @@ def main(argv: list[str]) -> None:
     finally:
         if out is not None:
             out.close()
+
+
+def _quiet(line: str) -> None:
+    """The other processes print nothing."""
 
 
 EXAMPLES = (

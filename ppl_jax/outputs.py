@@ -45,6 +45,7 @@ os.umask(_UMASK)
 # Files a run may write; each must be a file (or absent) for the run to start.
 NAMES = (
     "results.json",
+    "results.jsonl",
     "documents.jsonl",
     "journal.npz",
     "units.npz",

@@ -18,8 +18,8 @@ from ml_collections import config_dict
 from ppl_jax import config as config_lib
 from ppl_jax import divergence, uncertainty
 from ppl_jax import fingerprint as fingerprint_lib
-from ppl_jax.config import Settings
 from ppl_jax.evaluate import Evaluation
+from ppl_jax.settings import Settings
 
 METRIC_KEYS = (
     "perplexity",

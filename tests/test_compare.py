@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from ppl_jax import compare, summary, uncertainty
-from ppl_jax.config import Settings, get_config
+from ppl_jax.config import get_config
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
+from ppl_jax.settings import Settings
 
 import helpers
 

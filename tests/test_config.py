@@ -7,13 +7,13 @@ from ppl_jax.config import (
     KEY_MEANINGS,
     PROTOCOL_NOTES,
     PROTOCOLS,
-    Settings,
     describe_keys,
     flat_keys,
     get_config,
     held_out_paths,
 )
 from ppl_jax.errors import ConfigError
+from ppl_jax.settings import Settings
 
 
 def settings(**overrides) -> Settings:

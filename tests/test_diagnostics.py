@@ -12,10 +12,11 @@ import pyarrow.parquet as pq  # noqa: E402  (the `test` extra installs it)
 import pytest
 
 from ppl_jax import checkpoint
-from ppl_jax.config import Settings, get_config
+from ppl_jax.config import get_config
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
+from ppl_jax.settings import Settings
 
 import helpers
 

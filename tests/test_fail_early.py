@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from ppl_jax import evaluate as evaluate_lib
-from ppl_jax.config import Settings, get_config
+from ppl_jax.config import get_config
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.evaluate import evaluate
+from ppl_jax.settings import Settings
 
 import helpers
 

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from ppl_jax.config import Settings, get_config
+from ppl_jax.config import get_config
 from ppl_jax.evaluate import evaluate
+from ppl_jax.settings import Settings
 
 import helpers
 

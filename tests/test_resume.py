@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from ppl_jax import journal
-from ppl_jax.config import Settings, get_config
+from ppl_jax.config import get_config
 from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
+from ppl_jax.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,148 @@
+"""The datasets of a run, each read, prepared, cut to its budget and planned once.
+
+A dataset is `data.*` (one run, one dataset) or an entry of `suite` (several, each with its own
+name, files, format, tags, preparation, budget and protocol settings; see
+`ppl_jax.settings.Settings.suite` and `configs/suite_example.py`). `prepare` turns one into a
+`Dataset`: its `Plan` (windows and counts, `ppl_jax.protocols`) and batch `Layout`, which every
+checkpoint step of a sweep scores again without reading or tokenizing anything.
+
+Budgets (`max_documents`, `max_tokens`) are deterministic: the first documents in file order
+(`sample_seed=-1`), or those of a seeded permutation (`numpy.random.default_rng(seed)`), kept in
+file order; `max_tokens` keeps documents while their token total stays within it (at least one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ppl_jax import data, preparations, protocols
+from ppl_jax.layout import Layout, plan_layout
+from ppl_jax.protocols import Plan
+from ppl_jax.settings import DataSettings, EvalSettings
+from ppl_jax.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class Dataset:
+    """One dataset, ready to score.
+
+    Attributes:
+      data, eval: its settings.
+      plan: what its protocol scores (windows, bytes, words).
+      layout: the windows' batches (`ppl_jax.layout`).
+      documents: the documents read (for the gzip baseline), or None when not kept.
+    """
+
+    data: DataSettings
+    eval: EvalSettings
+    plan: Plan
+    layout: Layout
+    documents: list[data.Document] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.data.name
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.data.tags)
+
+
+def read(ds: DataSettings, tok: Tokenizer | None = None) -> tuple[list[data.Document], Any]:
+    """The dataset's documents after its preparation (and its budget, given the tokenizer), and
+    the per-document counts a preparation reports in place of the text's
+    (`preparations.Prepared.doc_counts`), or None.
+
+    Raises:
+      DataError, ConfigError: as `data.read_documents` and `preparations.prepare`.
+    """
+    docs = data.read_documents(
+        ds.path, "text" if ds.preparation else ds.format, ds.errors, ds.jsonl_field
+    )
+    counts = None
+    if ds.preparation:
+        prepared = preparations.prepare(ds.preparation, docs)
+        docs, counts = prepared.documents, prepared.doc_counts
+    return (docs, counts) if tok is None else cut(docs, counts, ds, tok)
+
+
+def cut(
+    docs: list[data.Document], counts: Any, ds: DataSettings, tok: Tokenizer
+) -> tuple[list[data.Document], Any]:
+    """`docs` (and `counts`) cut to the dataset's budget (all of them when it has none)."""
+    if ds.has_budget:
+        keep = budget(docs, ds, tok)
+        docs = [docs[i] for i in keep]
+        if counts is not None:
+            counts = tuple(np.asarray(c)[keep] for c in counts)
+    return docs, counts
+
+
+def budget(docs: list[data.Document], ds: DataSettings, tok: Tokenizer) -> np.ndarray:
+    """The indices (ascending) of the documents `ds.max_documents` and `ds.max_tokens` keep."""
+    order = np.arange(len(docs))
+    if ds.sample_seed >= 0:
+        order = np.random.default_rng(ds.sample_seed).permutation(len(docs))
+    if ds.max_documents:
+        order = order[: ds.max_documents]
+    if ds.max_tokens:
+        kept, total, chunk = [], 0, 64
+        for at in range(0, len(order), chunk):
+            ids = order[at : at + chunk]
+            lengths = [t.size for t in tok.encode([docs[i].text for i in ids])]
+            for i, n in zip(ids, lengths, strict=True):
+                if kept and total + n > ds.max_tokens:
+                    return np.sort(np.asarray(kept, np.int64))
+                kept.append(int(i))
+                total += n
+        order = np.asarray(kept, np.int64)
+    return np.sort(order)
+
+
+def plan(
+    ds: DataSettings,
+    ev: EvalSettings,
+    docs: list[data.Document],
+    counts: Any,
+    tok: Tokenizer,
+    vocab_size: int,
+) -> Plan:
+    """The dataset's protocol plan (`protocols.plan`)."""
+    return protocols.plan(
+        ev.protocol,
+        docs,
+        tok,
+        vocab_size,
+        ev.seq_len,
+        ev.stride,
+        protocols.resolve_add_bos(ev.add_bos, tok),
+        separator=ds.separator,
+        doc_counts=counts,
+    )
+
+
+def prepare(
+    ds: DataSettings,
+    ev: EvalSettings,
+    tok: Tokenizer,
+    vocab_size: int,
+    pack: bool = True,
+    keep_documents: bool = False,
+) -> Dataset:
+    """Reads, prepares, budgets, tokenizes and plans one dataset, and lays out its batches.
+
+    Args:
+      ds, ev: the dataset's settings.
+      tok: the model's tokenizer; vocab_size: the model's.
+      pack: several windows per row (off for cuDNN attention, which takes one per row).
+      keep_documents: keep the documents (for the gzip baseline).
+    """
+    docs, counts = read(ds, tok)
+    p = plan(ds, ev, docs, counts, tok, vocab_size)
+    layout = plan_layout(
+        p.windows, ev.batch_size, pack=pack and ev.packing, num_buckets=ev.length_buckets
+    )
+    return Dataset(ds, ev, p, layout, docs if keep_documents else None)
