@@ -24,9 +24,11 @@ import optax
 from absl import app, flags
 from flax import nnx
 
+import ppl_jax
 from ppl_jax import checkpoint
 from ppl_jax import model as model_lib
-from ppl_jax.config import HELD_OUT_MODULES, demo_checkpoint_dir
+from ppl_jax.config import DEFAULT_RULES, HELD_OUT_MODULES, demo_checkpoint_dir, held_out_paths
+from ppl_jax.mesh import make_mesh, param_targets
 from ppl_jax.models.llama import Llama, LlamaConfig
 from ppl_jax.nll import token_nll
 from ppl_jax.tokenizer import ByteTokenizer
@@ -38,6 +40,9 @@ _SEQ = flags.DEFINE_integer("seq_len", 256, "Tokens (bytes) per training sequenc
 _LR = flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for the weights and the data order.")
 _OUT = flags.DEFINE_string("out", demo_checkpoint_dir(), "Checkpoint directory (replaced).")
+_EVAL_EVERY = flags.DEFINE_integer(
+    "eval_every", 500, "Steps between two held-out evaluations (ppl_jax.Evaluator); 0: none."
+)
 
 CONFIG = LlamaConfig(
     vocab_size=256,
@@ -100,6 +105,18 @@ def main(argv: list[str]) -> None:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    # Held-out bits per byte while training: built once, called with the params of each interval.
+    mesh = make_mesh(-1, 1)
+    _, shardings = param_targets(lm.abstract_params, lm.logical_axes, mesh, DEFAULT_RULES)
+    evaluator = None
+    if _EVAL_EVERY.value:
+        held_out = [
+            {"name": "held-out", "path": ",".join(held_out_paths().split(",")[:2])},
+        ]
+        evaluator = ppl_jax.Evaluator(
+            lm, mesh, shardings, held_out, ByteTokenizer(), batch_size=8, seq_len=seq
+        )
+
     rng = np.random.default_rng(_SEED.value)
     start = time.perf_counter()
     for step in range(1, _STEPS.value + 1):
@@ -111,6 +128,13 @@ def main(argv: list[str]) -> None:
             print(
                 f"step {step:5d}  loss {float(loss):.4f} nats  {bpb:.3f} bits/byte  "
                 f"{time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
+        if evaluator is not None and (step % _EVAL_EVERY.value == 0 or step == _STEPS.value):
+            scalars = evaluator(jax.device_put(params, shardings), step=step)
+            print(
+                f"step {step:5d}  held-out {scalars['held-out/bits_per_byte']:.4f} bits/byte "
+                f"(ppl_jax.Evaluator)",
                 flush=True,
             )
 

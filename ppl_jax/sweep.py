@@ -93,7 +93,8 @@ def steps_to_score(settings: Settings) -> Iterator[int | None]:
         yield None
         return
     is_main = jax.process_index() == 0
-    listed = checkpoint.finalized_steps(settings.checkpoint_dir) if is_main else []
+    # Every process opens the directory (Orbax's manager syncs processes); process 0's view wins.
+    listed = checkpoint.finalized_steps(settings.checkpoint_dir)
     if spec.kind == "one":
         chosen = list(spec.steps)
         if is_main:
@@ -113,9 +114,9 @@ def steps_to_score(settings: Settings) -> Iterator[int | None]:
             return
         new: list[int] = []
         timed_out = 0
+        available = checkpoint.finalized_steps(settings.checkpoint_dir)
         if is_main:
             latest = max(seen, default=-1)
-            available = checkpoint.finalized_steps(settings.checkpoint_dir)
             wanted = spec.select(available) if spec.kind not in ("latest", "one") else available
             new = [s for s in wanted if s not in seen and s > latest]
             if spec.kind == "latest":

@@ -6,8 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ppl_jax import nll
 from ppl_jax.model import HiddenStates, Logits
-from ppl_jax.nll import token_stats
+
+# Compiled once per shape and option set: eager dispatch of the blocked scan is slow on a CPU.
+token_stats = jax.jit(nll.token_stats, static_argnames=("block", "top_k"))
 
 
 def numpy_stats(logits, ref_logits, targets, k):
@@ -90,7 +93,7 @@ def test_blocked_top_k_and_reference_equal_numpy(vocab, block, k, far):
     logits = full(model)
     assert (np.sort(logits, -1)[..., 1:] == np.sort(logits, -1)[..., :-1]).any()  # ties occur
     expected = numpy_stats(logits, full(reference), targets, k)
-    step = jax.jit(token_stats, static_argnames=("block", "top_k"))
+    step = jax.jit(nll.token_stats, static_argnames=("block", "top_k"))
     check(step(model, targets, block=block, top_k=k, reference=reference), expected, k)
     # The cases really are near and far.
     if far:
@@ -160,7 +163,7 @@ def test_a_model_against_itself_has_no_divergence(as_logits):
         if as_logits:
             output = Logits(output.hidden @ output.unembedding)
         copy = jax.tree.map(jnp.array, output)  # another buffer holding the same numbers
-        step = jax.jit(token_stats, static_argnames=("block", "top_k"))
+        step = jax.jit(nll.token_stats, static_argnames=("block", "top_k"))
         for reference in (output, copy):
             stats = step(output, targets, block=128, reference=reference)
             assert np.abs(np.asarray(stats.kl)).max() <= 1e-6

@@ -270,43 +270,97 @@ def test_a_suite_read_from_a_remote_path_gives_the_same_numbers(run_dir, swept, 
         assert r["metrics"] == local[r["dataset"]]["metrics"]
 
 
-def test_watch_mode_scores_a_step_saved_while_it_runs(run_dir, tmp_path):
-    _, files = run_dir
-    ckpt = str(tmp_path / "ckpt")
-    helpers.save_random_checkpoint(ckpt, steps=(10,), seed=10)
-    cfg = tmp_path / "suite.py"
+def suite_config_file(tmp_path, suite_entries) -> str:
+    """A config file whose `get_config()` sets `suite` (a suite cannot be given by flags)."""
+    cfg = tmp_path / "suite_config.py"
     cfg.write_text(
         "from ml_collections import config_dict\n"
         "from ppl_jax.config import get_config as _default\n"
         "def get_config():\n"
         "    c = _default()\n"
-        f"    c.suite = tuple(config_dict.ConfigDict(e) for e in {entries(files)[:2]!r})\n"
+        f"    c.suite = tuple(config_dict.ConfigDict(e) for e in {suite_entries!r})\n"
         "    return c\n"
     )
-    out = tmp_path / "out"
-    env = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8"
-    )
-    proc = subprocess.Popen(
+    return str(cfg)
+
+
+def cli(cfg: str, *flags: str, process: int = 0, processes: int = 1, port: int = 0):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // processes}"
+    if processes > 1:
+        env.update(
+            PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
+            PPL_JAX_NUM_PROCESSES=str(processes),
+            PPL_JAX_PROCESS_ID=str(process),
+        )
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "ppl_jax",
             f"--config={cfg}",
-            f"--config.checkpoint.dir={ckpt}",
-            "--config.checkpoint.watch=true",
-            "--config.checkpoint.watch_timeout=8",
-            "--config.checkpoint.watch_interval=0.2",
             "--config.eval.seq_len=32",
-            f"--config.output.dir={out}",
             "--config.output.progress=false",
+            "--config.output.gzip_baseline=false",
             "--config.metrics.bootstrap_samples=0",
+            *flags,
         ],
         env=env,
         cwd=helpers.REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+    )
+
+
+def test_a_sweep_on_two_processes_equals_one_process(run_dir, swept, tmp_path):
+    from test_resume_cli import free_port
+
+    ckpt, files = run_dir
+    cfg = suite_config_file(tmp_path, entries(files))
+    out = tmp_path / "out"
+    port = free_port()
+    procs = [
+        cli(
+            cfg,
+            f"--config.checkpoint.dir={ckpt}",
+            "--config.checkpoint.step=all",
+            f"--config.output.dir={out}",
+            process=i,
+            processes=2,
+            port=port,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-2000:]
+    one = {(r["kind"], r["step"], r["dataset"]): r for r in records_of(swept)}
+    two = records_of(out)
+    assert len(two) == len(one)
+    for r in two:
+        expected = one[r["kind"], r["step"], r["dataset"]]
+        if "sums" in r:
+            assert r["sums"]["num_tokens"] == expected["sums"]["num_tokens"]
+            assert np.isclose(r["sums"]["nll_sum"], expected["sums"]["nll_sum"], rtol=1e-12)
+        assert np.isclose(
+            r["metrics"]["bits_per_byte"], expected["metrics"]["bits_per_byte"], rtol=1e-12
+        )
+
+
+def test_watch_mode_scores_a_step_saved_while_it_runs(run_dir, tmp_path):
+    _, files = run_dir
+    ckpt = str(tmp_path / "ckpt")
+    helpers.save_random_checkpoint(ckpt, steps=(10,), seed=10)
+    cfg = suite_config_file(tmp_path, entries(files)[:2])
+    out = tmp_path / "out"
+    proc = cli(
+        cfg,
+        f"--config.checkpoint.dir={ckpt}",
+        "--config.checkpoint.watch=true",
+        "--config.checkpoint.watch_timeout=8",
+        "--config.checkpoint.watch_interval=0.2",
+        f"--config.output.dir={out}",
     )
     try:
         deadline = time.monotonic() + 120
