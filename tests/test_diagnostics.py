@@ -126,8 +126,11 @@ def test_divergence_equals_numpy_from_both_models_logits(
             tmp_path,
             output__tokens=True,
             reference__checkpoint__dir=other_checkpoint,
+            mesh__data=4,
+            mesh__model=2,  # both models' weights sharded on the model axis (vocab, heads, mlp)
         )
     )
+    assert ev.mesh_shape == {"data": 4, "model": 2}
     table = pq.read_table(ev.diagnostics["tokens_file"]).to_pydict()
     model = numpy_targets(ev, host_params(tiny_checkpoint))
     reference = numpy_targets(ev, host_params(other_checkpoint))

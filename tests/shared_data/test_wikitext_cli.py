@@ -35,3 +35,26 @@ def test_demo_checkpoint_on_wikitext2_test(tmp_path, demo_checkpoint, test_data)
     assert r["config"]["data"]["name"] == "wikitext-2-test"
     for label in ("perplexity", "bits per byte", "gzip -9", "word perplexity", "tokens/s"):
         assert label in proc.stdout
+
+
+def test_the_suite_example_config_names_three_datasets_of_the_shared_folder(test_data):
+    """configs/suite_example.py on the shared folder: three datasets, each with its domain tag
+    and budget, checked as the command line checks them (the run itself is in the README)."""
+    import importlib.util
+
+    from ppl_jax.settings import Settings
+
+    spec = importlib.util.spec_from_file_location(
+        "suite_example",
+        os.path.join(os.path.dirname(__file__), "..", "..", "configs", "suite_example.py"),
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    s = Settings.from_config(module.get_config(test_data))
+    names = [d.name for d, _ in s.datasets]
+    assert names == ["wikitext-2", "tinyshakespeare", "botchan"]
+    assert all(os.path.isfile(d.path) for d, _ in s.datasets)
+    assert {dict(d.tags)["domain"] for d, _ in s.datasets} == {"encyclopedia", "fiction"}
+    assert s.is_training_run
+    with pytest.raises(FileNotFoundError, match="suite_example"):
+        module.get_config(os.path.join(test_data, "nowhere"))
