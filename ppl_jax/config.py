@@ -211,7 +211,8 @@ KEY_MEANINGS = {
     "runtime.compilation_cache_dir": "JAX's persistent compilation cache ('': off)",
     "output.dir": "where process 0 writes results.json",
     "output.progress": "a progress bar on stderr",
-    "output.gzip_baseline": "also report the bits per byte of gzip -9 on the same text",
+    "output.gzip_baseline": "also report the bits per byte of gzip -9 on the same text (its "
+    "first 64 MiB, on process 0)",
     "output.per_document": "also write documents.jsonl (document-level protocols)",
     "output.journal_every": "batches between journal flushes (the journal lets an interrupted "
     "run resume)",

@@ -56,7 +56,9 @@ class Evaluation:
       step: the checkpoint step scored (None for a Hugging Face directory).
       documents: per-document records (document protocols), else None.
       mesh_shape: `{"data": ..., "model": ...}`.
-      gzip_bits_per_byte: gzip -9 on the same text, or None if not asked for.
+      gzip_bits_per_byte: gzip -9 on the same text (process 0; on its first
+        `metrics.GZIP_SAMPLE_BYTES` bytes), or None if not asked for; gzip_sample_bytes: the
+        bytes it compressed.
       wall_seconds: the whole run, from reading the checkpoint to the last sum.
       fingerprint: what decides the numbers (`ppl_jax.fingerprint`).
       tokenizer_note: why a tokenizer that does not fit the model was allowed, or None.
@@ -86,6 +88,7 @@ class Evaluation:
     resumed_batches: int = 0
     recorder: journal.Recorder | None = None
     diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    gzip_sample_bytes: int | None = None
 
 
 def check_window(seq_len: int, model: LanguageModel) -> None:
@@ -422,10 +425,10 @@ def evaluate(
         sinks.abort()
         raise
     documents = per_document(plan, totals) if plan.per_document else None
-    gzip_bpb = None
-    if settings.gzip_baseline:
+    gzip_bpb, gzip_bytes = None, None
+    if settings.gzip_baseline and out is not None:  # process 0 only, on a bounded sample
         joined = settings.data.separator if settings.eval.protocol == "sliding" else protocols.JOIN
-        gzip_bpb = metrics.gzip_bits_per_byte(joined.join(d.text for d in docs).encode("utf-8"))
+        gzip_bpb, gzip_bytes = metrics.gzip_bits_per_byte_of((d.text for d in docs), joined)
     return Evaluation(
         sums=sums,
         metrics=metrics.derive(sums),
@@ -440,6 +443,7 @@ def evaluate(
         layout=layout,
         attention=attention,
         gzip_bits_per_byte=gzip_bpb,
+        gzip_sample_bytes=gzip_bytes,
         wall_seconds=time.perf_counter() - t0,
         fingerprint=parts,
         tokenizer_note=tokenizer_note,

@@ -174,6 +174,9 @@ def perplexity_of_probabilities(probabilities: Sequence[float]) -> float | None:
     return derive(Sums(nll_sum=float(nll.sum()), num_tokens=int(p.size)))["perplexity"]
 
 
+GZIP_SAMPLE_BYTES = 64 * 2**20  # the gzip baseline reads at most this much of the text
+
+
 def gzip_bits_per_byte(raw: bytes) -> float:
     """Bits per byte that `gzip -9` reaches on `raw`: 8 * len(gzip(raw, level 9)) / len(raw).
 
@@ -183,3 +186,29 @@ def gzip_bits_per_byte(raw: bytes) -> float:
     import gzip
 
     return 8.0 * len(gzip.compress(raw, compresslevel=9, mtime=0)) / len(raw)
+
+
+def gzip_bits_per_byte_of(
+    texts: Iterable[str], separator: str, limit: int = GZIP_SAMPLE_BYTES
+) -> tuple[float, int]:
+    """`gzip_bits_per_byte` of `separator.join(texts)` encoded as UTF-8, or of its first `limit`
+    bytes, compressed as a stream (never the whole text in memory).
+
+    Returns:
+      (bits per byte, the bytes compressed: the whole text's, or `limit` for a sample).
+    """
+    import gzip
+    import io
+
+    sink = io.BytesIO()
+    seen = 0
+    with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=9, mtime=0) as z:
+        sep = separator.encode("utf-8")
+        for i, text in enumerate(texts):
+            for part in ((sep,) if i else ()) + (text.encode("utf-8"),):
+                part = part[: limit - seen]
+                z.write(part)
+                seen += len(part)
+            if seen >= limit:
+                break
+    return 8.0 * len(sink.getvalue()) / seen, seen

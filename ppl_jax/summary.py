@@ -16,7 +16,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from ppl_jax import config as config_lib
-from ppl_jax import divergence, uncertainty
+from ppl_jax import divergence, metrics, uncertainty
 from ppl_jax import fingerprint as fingerprint_lib
 from ppl_jax.evaluate import Evaluation
 from ppl_jax.settings import Settings
@@ -59,6 +59,7 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "protocol": protocol_dict(ev, settings),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
+        "gzip_sample_bytes": ev.gzip_sample_bytes,
         "intervals": intervals_dict(ev, settings),
         "divergence": _divergence_dict(ev, settings),
         "context_curve": ev.diagnostics.get("context_curve"),
@@ -318,7 +319,11 @@ def summary_table(results: dict[str, Any]) -> str:
         (
             "bits per byte",
             _metric(results, "bits_per_byte")
-            + (f"   (gzip -9: {gzip_bpb:.4f})" if gzip_bpb is not None else ""),
+            + (
+                f"   (gzip -9: {gzip_bpb:.4f}{_gzip_sample(results)})"
+                if gzip_bpb is not None
+                else ""
+            ),
         ),
         *_interval_row(results),
         ("byte perplexity", _metric(results, "byte_perplexity")),
@@ -357,6 +362,14 @@ def summary_table(results: dict[str, Any]) -> str:
             results["divergence"], results["divergence"]["reference"]["path"]
         )
     return "\n".join(lines)
+
+
+def _gzip_sample(results: dict[str, Any]) -> str:
+    """ ", on the first N MB" when the gzip baseline compressed a sample of the text."""
+    sample = results.get("gzip_sample_bytes")
+    if sample is not None and sample >= metrics.GZIP_SAMPLE_BYTES:
+        return f" on the first {sample / 2**20:,.0f} MiB"
+    return ""
 
 
 def progress_bar(enabled: bool):

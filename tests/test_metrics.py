@@ -125,3 +125,14 @@ def test_gzip_baseline_matches_the_gzip_module():
     expected = 8 * len(gzip.compress(raw, compresslevel=9)) / len(raw)
     assert gzip_bits_per_byte(raw) == pytest.approx(expected, abs=8 * 8 / len(raw))
     assert gzip_bits_per_byte(raw) < 1.0  # repetitive text compresses well
+
+
+def test_gzip_baseline_streams_the_joined_text_and_samples_a_prefix():
+    from ppl_jax import metrics
+
+    texts = [f"document {i}: " + "abc def ghi " * (i + 1) + "✓" for i in range(40)]
+    joined = "\n\n".join(texts).encode("utf-8")
+    bpb, seen = metrics.gzip_bits_per_byte_of(iter(texts), "\n\n")
+    assert seen == len(joined) and bpb == metrics.gzip_bits_per_byte(joined)
+    bpb, seen = metrics.gzip_bits_per_byte_of(iter(texts), "\n\n", limit=1000)
+    assert seen == 1000 and bpb == metrics.gzip_bits_per_byte(joined[:1000])
