@@ -270,3 +270,34 @@ class _FailFast(absl_app.ExceptionHandler):
         import traceback
 
         _fail_fast(exc, self.heartbeat_timeout, lambda: traceback.print_exception(exc))
+
+
+def check_same_plan(digest: str, what: str) -> None:
+    """Stops every process with one sentence if the processes planned different windows.
+
+    Every process calls this with the SHA-256 (hex) of its plan (`protocols.plan_digest`); on one
+    process it does nothing. The digests are gathered (`multihost_utils.process_allgather`), so
+    all processes raise together and none waits in a later collective.
+
+    Raises:
+      ConfigError: on every process, naming the first process whose plan differs from process
+        0's.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from ppl_jax.errors import ConfigError
+
+    mine = np.frombuffer(bytes.fromhex(digest), np.uint8)
+    everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+    differ = [i for i in range(everyone.shape[0]) if not np.array_equal(everyone[i], everyone[0])]
+    if differ:
+        raise ConfigError(
+            f"process {differ[0]} planned other windows than process 0 for {what}; every process "
+            f"must read the same text with the same settings (check that data.path names the "
+            f"same files with the same contents on every host)."
+        )

@@ -21,6 +21,7 @@ from ppl_jax import (
     checkpoint,
     data,
     diagnostics,
+    distributed,
     journal,
     metrics,
     paths,
@@ -366,6 +367,9 @@ def evaluate(
     )
     diagnostics.check(settings, plan, model)
     reference = read_reference(settings, model) if settings.diagnostics.reference else None
+    distributed.check_same_plan(
+        protocols.plan_digest(plan, settings.eval.batch_size), f"data {settings.data.name!r}"
+    )
     parts = run_fingerprint(settings, model, tok, plan, layout, mesh, fmt, step, attention)
     num_windows, num_batches = plan.windows.num_windows, layout.num_batches
     # A run with diagnostics keeps no journal: its per-token rows and curves are not in one.

@@ -408,3 +408,18 @@ def _lm_eval_rolling(
         sources=tuple(d.source for d in docs),
         doc_starts=offsets[:-1].astype(np.int64),
     )
+
+
+def plan_digest(p: Plan, batch_size: int | None = None) -> str:
+    """SHA-256 (hex) of what a plan scores: its token stream, every window's slice, prefix, first
+    scored position and document, and its byte and word counts (plus the batch size, if given).
+    Two processes that read the same text with the same settings get the same digest, whatever
+    their files' paths or modification times."""
+    import hashlib
+
+    w = p.windows
+    h = hashlib.sha256()
+    for array in (w.tokens, w.starts, w.lengths, w.prefix, w.first_scored, w.document):
+        h.update(np.ascontiguousarray(array).tobytes())
+    h.update(f"{p.protocol} {w.seq_len} {p.num_bytes} {p.num_words} {batch_size}".encode())
+    return h.hexdigest()

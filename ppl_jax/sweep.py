@@ -25,7 +25,18 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppl_jax import checkpoint, journal, paths, preemption, store, suite, summary, tokenizer
+from ppl_jax import (
+    checkpoint,
+    distributed,
+    journal,
+    paths,
+    preemption,
+    protocols,
+    store,
+    suite,
+    summary,
+    tokenizer,
+)
 from ppl_jax import fingerprint as fingerprint_lib
 from ppl_jax import mesh as mesh_lib
 from ppl_jax.errors import CheckpointError, ConfigError, Interrupted
@@ -182,6 +193,10 @@ def run(
         docs, counts = suite.cut(docs, counts, ds, tok)
         plan = suite.plan(ds, ev, docs, counts, tok, model.vocab_size)
         datasets.append(suite.Dataset(ds, ev, plan, _layout(plan, ev, attention)))
+    for d in datasets:
+        distributed.check_same_plan(
+            protocols.plan_digest(d.plan, d.eval.batch_size), f"dataset {d.name!r}"
+        )
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, settings.mesh.rules, DTYPES[settings.dtype]
     )
