@@ -100,9 +100,14 @@ EXAMPLES = (
     ),
     (
         "ppl-jax --config.checkpoint.dir=/models/gpt2 --config.data.path=wiki.test.raw "
-        "--config.data.format=wikitext --config.eval.protocol=lm_eval_rolling "
+        "--config.data.preparation=lm_eval_wikitext --config.eval.protocol=lm_eval_rolling "
         "--config.eval.seq_len=1024 --config.output.per_document=true",
-        "WikiText-2 scored as lm-evaluation-harness does, with per-document results",
+        "lm-evaluation-harness's wikitext task on the raw WikiText-2, with per-document results",
+    ),
+    (
+        "ppl-jax --config=configs/suite_example.py:../shared/data --config.checkpoint.dir=/ckpts/run1 "
+        "--config.checkpoint.step=all --config.output.tensorboard=true",
+        "a suite of three datasets at every saved step, with TensorBoard scalars",
     ),
 )
 HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull")
