@@ -2,14 +2,17 @@
 
 The step is a pure function `(params, batch) -> StepSums`: per-window sums of negative
 log-likelihood (nats) and counts, never means. It is compiled once per batch shape with explicit
-input and output shardings over the mesh. The loop builds each process's rows of batch `i + 1`
-and dispatches it before it fetches the sums of batch `i` (no host stall per step), and adds the
-sums on the host in float64.
+input and output shardings over the mesh. The loop dispatches batch `i + 1` before it fetches the
+sums of batch `i` (no host stall per step), and adds the sums on the host in float64. A background
+thread (the feed) fills each process's rows and builds the global arrays a few batches ahead, so
+the device does not wait for the host between steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -172,6 +175,10 @@ class ScoreTotals:
       window_entropy: `[W] float64`, nats, each window's predictive-entropy sum.
       window_correct: `[W] int64`, each window's top-1 correct targets.
       scoring_seconds: wall time of the loop after compilation; compile_seconds: compilation.
+      host_seconds: of `scoring_seconds`, the time the loop waited for the host to prepare a
+        batch (fill its rows and build its global arrays); near 0 when the feed keeps ahead.
+      prepare_seconds: the time spent preparing batches, in the feed's thread (with prefetch
+        off, in the loop itself, and then equal to `host_seconds`).
       stopped_at: the batch before which a stop request ended the loop, or None if it ran out.
       nll_by_position: `[P] float64` nats, tokens_by_position: `[P] int64`, the scored targets'
         NLL and count by position in the window (with `StepOptions.positions`), else None.
@@ -183,6 +190,8 @@ class ScoreTotals:
     window_correct: np.ndarray
     scoring_seconds: float = 0.0
     compile_seconds: float = 0.0
+    host_seconds: float = 0.0
+    prepare_seconds: float = 0.0
     stopped_at: int | None = None
     nll_by_position: np.ndarray | None = None
     tokens_by_position: np.ndarray | None = None
@@ -224,7 +233,11 @@ class Scorer:
 
     Attributes:
       traces: how many times the step was traced (once per batch shape).
+      prefetch: batches the feed's thread prepares ahead of the loop (0: each batch is prepared
+        in the loop, just before it is dispatched).
     """
+
+    prefetch: int = 2
 
     def __init__(
         self,
@@ -377,15 +390,8 @@ class Scorer:
             if progress is not None:
                 progress(int(host.num_tokens.sum()), int(real.sum()))
 
-        t1 = time.perf_counter()
-        pending = None
-        for i, width in enumerate(layout.widths):
-            if skip is not None and skip[i]:
-                continue
-            if should_stop is not None and should_stop(i):
-                totals.stopped_at = i
-                break
-            rows = layout.batch_rows(i)
+        def prepare(i: int) -> tuple[list[tuple[int, ...]], dict[str, jax.Array]]:
+            rows, width = layout.batch_rows(i), layout.widths[i]
             arrays = windows.fill([rows[r] for r in local], width)
             batch = {
                 k: jax.make_array_from_process_local_data(
@@ -393,14 +399,109 @@ class Scorer:
                 )
                 for k in BATCH_KEYS
             }
-            sums = steps[width](params, batch)
+            return rows, batch
+
+        order = [i for i in range(layout.num_batches) if skip is None or not skip[i]]
+        t1 = time.perf_counter()
+        feed = _Feed(prepare, order, self.prefetch)
+        pending = None
+        try:
+            for i in order:
+                if should_stop is not None and should_stop(i):
+                    totals.stopped_at = i
+                    break
+                rows, batch = feed.get(i)
+                sums = steps[layout.widths[i]](params, batch)
+                if pending is not None:
+                    fetch(*pending)
+                pending = (i, rows, sums)
+            feed.close()
             if pending is not None:
                 fetch(*pending)
-            pending = (i, rows, sums)
-        if pending is not None:
-            fetch(*pending)
+        finally:
+            feed.close()
+        totals.host_seconds, totals.prepare_seconds = feed.wait_seconds, feed.prepare_seconds
         totals.scoring_seconds = time.perf_counter() - t1
         return totals
+
+
+class _Feed:
+    """Batches prepared in order, `depth` ahead of the loop, by one background thread.
+
+    Only host work runs in the thread: filling rows and placing them on this process's devices
+    (`jax.make_array_from_process_local_data` is no collective). Everything every process must do
+    in the same order (stop checks, which may be a collective, dispatch, fetch, callbacks) stays
+    in the loop's thread. An exception in the thread is raised by `get`; `close` stops the thread
+    and joins it (at most one batch's preparation later). With `depth` 0, `get` prepares inline.
+
+    Attributes:
+      wait_seconds: time `get` waited for a batch. prepare_seconds: time spent preparing.
+    """
+
+    def __init__(self, prepare: Callable[[int], Any], order: list[int], depth: int):
+        self._prepare = prepare
+        self.wait_seconds = 0.0
+        self.prepare_seconds = 0.0
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+        self._thread = None
+        if depth > 0 and order:
+            self._thread = threading.Thread(
+                target=self._produce, args=(order,), name="ppl_jax-feed", daemon=True
+            )
+            self._thread.start()
+
+    def _timed(self, i: int) -> Any:
+        t = time.perf_counter()
+        item = self._prepare(i)
+        self.prepare_seconds += time.perf_counter() - t
+        return item
+
+    def _produce(self, order: list[int]) -> None:
+        try:
+            for i in order:
+                if self._stop.is_set():
+                    return
+                self._put((i, self._timed(i), None))
+        except BaseException as error:  # raised again in the loop's thread, by get
+            self._put((None, None, error))
+
+    def _put(self, item: tuple) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def get(self, i: int) -> Any:
+        """The prepared batch `i` (the next one in `order`); raises what preparing it raised."""
+        t = time.perf_counter()
+        try:
+            if self._thread is None:
+                return self._timed(i)
+            while True:
+                try:
+                    j, item, error = self._queue.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not self._thread.is_alive() and self._queue.empty():
+                        raise RuntimeError(f"the feed's thread ended before batch {i}") from None
+            if error is not None:
+                raise error
+            if j != i:
+                raise AssertionError(f"the feed prepared batch {j} where the loop needs {i}")
+            return item
+        finally:
+            self.wait_seconds += time.perf_counter() - t
+
+    def close(self) -> None:
+        """Stops the thread and joins it; prepared batches not taken are dropped."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        while not self._queue.empty():  # frees the device buffers of batches not taken
+            self._queue.get_nowait()
 
 
 def _window_sums_from_tokens(
