@@ -67,6 +67,9 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),
         "scoring_seconds": ev.totals.scoring_seconds,
+        # The loop's wait for the feed (`ppl_jax.feed`): the host's share of scoring.
+        "host_seconds": ev.totals.host_seconds,
+        "prepare_seconds": ev.totals.prepare_seconds,
         "compile_seconds": ev.totals.compile_seconds,
         "wall_seconds": ev.wall_seconds,
         "checkpoint": {
@@ -341,7 +344,9 @@ def summary_table(results: dict[str, Any]) -> str:
         (
             "tokens/s",
             f"{results['tokens_per_second']:,.0f}"
-            f" (compile {results['compile_seconds']:.1f} s apart)",
+            f" (compile {results['compile_seconds']:.1f} s apart; the loop waited "
+            f"{100 * results.get('host_seconds', 0.0) / max(results['scoring_seconds'], 1e-9):.1f}%"
+            f" of its time for the host)",
         ),
         ("wall time", f"{results['wall_seconds']:.1f} s"),
         *(
