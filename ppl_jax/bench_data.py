@@ -440,9 +440,9 @@ def benchmark(
                 plans[protocol, procs] = need is None or need <= room, need
         if not any(ok for ok, _ in plans.values()):
             need = min(n for _, n in plans.values())
-            rows.append(_row(size, None, "-", "encode_batch", "cold", _not_run(need)))
+            rows.append(_not_run(_row(size, None, "-", "encode_batch", "cold", ""), need))
             for (protocol, procs), (_, need) in plans.items():
-                rows.append(_row(size, None, procs, protocol, "cold", _not_run(need)))
+                rows.append(_not_run(_row(size, None, procs, protocol, "cold", ""), need))
             continue
         corpus = make_corpus(size, work_dir)
         text_mb = corpus["text_bytes"] / MB
@@ -453,7 +453,7 @@ def benchmark(
         for (protocol, procs), (ok, need) in plans.items():
             if not ok:  # the 1-process run of this size may have told more
                 need = projected_peak_mb(measured[protocol], size, procs)
-                rows.append(_row(size, text_mb, procs, protocol, "cold", _not_run(need)))
+                rows.append(_not_run(_row(size, text_mb, procs, protocol, "cold", ""), need))
                 continue
             task = dict(base, kind="prepare", protocol=protocol)
             task.update(seq_len=seq_len, stride=stride)
@@ -484,8 +484,9 @@ def benchmark(
     }
 
 
-def _not_run(need_mb: float | None) -> str:
-    return f"not run (projected {need_mb / 1024:.1f} GB)"
+def _not_run(row: dict, need_mb: float) -> dict:
+    row.update(status=f"not run (projected {need_mb / 1024:.1f} GB)", projected_peak_mb=need_mb)
+    return row
 
 
 def _compare(row: dict, rows: list[dict], peer: list[dict]) -> None:
