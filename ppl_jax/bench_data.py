@@ -27,11 +27,12 @@ when PPL_JAX_TEST_DATA names a folder, from its WikiText-2, Tiny Shakespeare and
 with its GPT-2 `tokenizer.json`; repeated until the requested size and written as JSONL (field
 `text`). Sizes are in MB = 10^6 bytes of UTF-8 document text.
 
-Memory rule: today's preparation holds the whole corpus in Python memory, so a size is run only
-if its projected peak (all processes together) stays under `--data_max_projected_gb` and under
-80% of the memory available now; the projection is the measured child's RSS before reading plus
-its growth per MB at the largest size measured so far (same protocol), times the size. Otherwise
-the row says "not run (projected N GB)".
+Memory and time rules: today's preparation holds the whole corpus in Python memory, so a size is
+run only if its projected peak (all processes together) stays under `--data_max_projected_gb` and
+under 80% of the memory available now, and its projected wall time under `--data_max_projected_s`;
+the projections are the 1-process child's RSS before reading plus its growth per MB, and its
+seconds per MB (times the processes, which each prepare the whole corpus today), at the largest
+size measured so far (same protocol). Otherwise the row says "not run (projected N GB, S s)".
 
 The `cached` mode needs a token cache (`data.cache_dir`, issue 10 item 1): while
 `settings.DataSettings` has no `cache_dir` field its rows say "no cache yet"; once it has one, a
@@ -61,6 +62,7 @@ PROTOCOLS = flags.DEFINE_list(
 SEQ_LEN = flags.DEFINE_integer("data_seq_len", 1024, "Window length (model inputs).")
 STRIDE = flags.DEFINE_integer("data_stride", 512, "Stride of `sliding`.")
 MAX_GB = flags.DEFINE_float("data_max_projected_gb", 12.0, "Largest projected peak RSS to run.")
+MAX_S = flags.DEFINE_float("data_max_projected_s", 600.0, "Longest projected measurement to run.")
 PEER_BATCH = flags.DEFINE_integer("data_peer_batch", 1024, "Documents per encode_batch call.")
 WORK = flags.DEFINE_string("data_work_dir", "/tmp/ppl_jax_bench_data", "Corpora and tokenizer.")
 CHILD = flags.DEFINE_string("data_child", "", "Internal: a child's task, as JSON.")
@@ -362,8 +364,19 @@ def projected_peak_mb(measured: list[tuple[float, float, float]], size_mb: float
     nothing was measured yet."""
     if not measured:
         return None
-    text_mb, before, peak = max(measured)
+    text_mb, before, peak = max(measured)[:3]
     return procs * (before + (peak - before) / text_mb * size_mb)
+
+
+def projected_seconds(measured: list[tuple[float, ...]], size_mb: float, procs: int):
+    """Projected wall seconds of preparing `size_mb` MB on `procs` processes, from
+    `(text_mb, rss_before_mb, peak_rss_mb, wall_s)` of one process: its seconds per MB at the
+    largest size measured, times `size_mb` and `procs` (each process prepares the whole corpus
+    today, on the same cores). None when nothing was measured yet."""
+    if not measured:
+        return None
+    text_mb, wall = max(measured)[0], max(measured)[3]
+    return procs * wall / text_mb * size_mb
 
 
 def _available_mb() -> float:
@@ -398,6 +411,7 @@ def benchmark(
     seq_len: int = 1024,
     stride: int = 512,
     max_projected_gb: float = 12.0,
+    max_projected_s: float = 600.0,
     peer_batch: int = 1024,
     tokenizer_file: str | None = None,
 ) -> dict:
@@ -409,6 +423,7 @@ def benchmark(
         the tokenizer has neither BOS nor EOS).
       work_dir: where corpora (and the trained tokenizer) are written and reused.
       seq_len, stride: the windows; max_projected_gb: the memory rule's limit (GB = 2^30 bytes);
+      max_projected_s: the time rule's (a measurement projected to take longer is not run);
       peer_batch: documents per `encode_batch` call; tokenizer_file: a `tokenizer.json` in
         place of `tokenizer_path`'s choice.
 
@@ -437,12 +452,14 @@ def benchmark(
             for procs in processes:
                 need = projected_peak_mb(measured[protocol], size, procs)
                 room = min(limit_mb, 0.8 * _available_mb())
-                plans[protocol, procs] = need is None or need <= room, need
-        if not any(ok for ok, _ in plans.values()):
-            need = min(n for _, n in plans.values())
-            rows.append(_not_run(_row(size, None, "-", "encode_batch", "cold", ""), need))
-            for (protocol, procs), (_, need) in plans.items():
-                rows.append(_not_run(_row(size, None, procs, protocol, "cold", ""), need))
+                took = projected_seconds(measured[protocol], size, procs)
+                ok = need is None or (need <= room and took <= max_projected_s)
+                plans[protocol, procs] = ok, need, took
+        if not any(ok for ok, _, _ in plans.values()):
+            need, took = min((n, t) for _, n, t in plans.values())
+            rows.append(_not_run(_row(size, None, "-", "encode_batch", "cold", ""), need, took))
+            for (protocol, procs), (_, need, took) in plans.items():
+                rows.append(_not_run(_row(size, None, procs, protocol, "cold", ""), need, took))
             continue
         corpus = make_corpus(size, work_dir)
         text_mb = corpus["text_bytes"] / MB
@@ -450,10 +467,11 @@ def benchmark(
         peer = run_children(dict(base, kind="peer", batch=peer_batch), 1)
         rows.append(_row(size, text_mb, "-", "encode_batch", "cold", "ok", peer))
         _print_progress(rows[-1])
-        for (protocol, procs), (ok, need) in plans.items():
-            if not ok:  # the 1-process run of this size may have told more
-                need = projected_peak_mb(measured[protocol], size, procs)
-                rows.append(_not_run(_row(size, text_mb, procs, protocol, "cold", ""), need))
+        for (protocol, procs), (ok, _, _) in plans.items():
+            need = projected_peak_mb(measured[protocol], size, procs)
+            took = projected_seconds(measured[protocol], size, procs)
+            if not ok or (took is not None and took > max_projected_s):
+                rows.append(_not_run(_row(size, text_mb, procs, protocol, "cold", ""), need, took))
                 continue
             task = dict(base, kind="prepare", protocol=protocol)
             task.update(seq_len=seq_len, stride=stride)
@@ -468,7 +486,9 @@ def benchmark(
                 _print_progress(rows[-1])
                 if mode == "cold":
                     c = children[0]
-                    measured[protocol].append((text_mb, c["rss_before_mb"], c["peak_rss_mb"]))
+                    measured[protocol].append(
+                        (text_mb, c["rss_before_mb"], c["peak_rss_mb"], c["prepare_s"])
+                    )
     return {
         "what": "data preparation alone (ppl_jax.bench_data)",
         "tokenizer": tok.name,
@@ -478,14 +498,19 @@ def benchmark(
         "stride": stride,
         "peer_batch_documents": peer_batch,
         "max_projected_gb": max_projected_gb,
+        "max_projected_s": max_projected_s,
         "cache_supported": cached,
         "rss_measure": "VmHWM of /proc/self/status in each child (= getrusage RUSAGE_SELF)",
         "rows": rows,
     }
 
 
-def _not_run(row: dict, need_mb: float) -> dict:
-    row.update(status=f"not run (projected {need_mb / 1024:.1f} GB)", projected_peak_mb=need_mb)
+def _not_run(row: dict, need_mb: float, took_s: float) -> dict:
+    row.update(
+        status=f"not run (projected {need_mb / 1024:.1f} GB, {took_s:,.0f} s)",
+        projected_peak_mb=need_mb,
+        projected_s=took_s,
+    )
     return row
 
 
@@ -549,6 +574,7 @@ def main(out: str = DEFAULT_OUT) -> dict:
         seq_len=SEQ_LEN.value,
         stride=STRIDE.value,
         max_projected_gb=MAX_GB.value,
+        max_projected_s=MAX_S.value,
         peer_batch=PEER_BATCH.value,
     )
     result["benchmark_seconds"] = time.perf_counter() - t

@@ -43,7 +43,7 @@ def test_larger_corpora_repeat_the_source_documents(tmp_path, stdlib_source):
     assert [d.text for d in docs[len(texts) :]] == texts[: len(docs) - len(texts)]
 
 
-def test_projected_peak():
+def test_projected_peak_and_time():
     assert bench_data.projected_peak_mb([], 100, 1) is None
     # 200 MB before reading; 700 MB peak at 10 MB (50 MB per MB), 5,700 at 100 MB (55 per MB):
     # the largest size measured sets the growth.
@@ -51,6 +51,10 @@ def test_projected_peak():
     assert bench_data.projected_peak_mb(measured, 1000, 1) == pytest.approx(200 + 55 * 1000)
     assert bench_data.projected_peak_mb(measured, 1000, 2) == pytest.approx(2 * (200 + 55 * 1000))
     assert bench_data.projected_peak_mb(measured[:1], 100, 1) == pytest.approx(200 + 50 * 100)
+    assert bench_data.projected_seconds([], 100, 1) is None
+    timed = [(10.0, 200.0, 700.0, 4.0), (100.0, 200.0, 5700.0, 50.0)]  # 0.4, then 0.5 s per MB
+    assert bench_data.projected_seconds(timed, 1000, 1) == pytest.approx(500.0)
+    assert bench_data.projected_seconds(timed, 1000, 2) == pytest.approx(1000.0)
 
 
 def test_benchmark_end_to_end(tmp_path, stdlib_source):
@@ -98,5 +102,8 @@ def test_benchmark_end_to_end(tmp_path, stdlib_source):
     # 2 processes, each at least the peak measured at half the size.
     need = rows[0.04, 2, "sliding", "cold"]["projected_peak_mb"]
     assert need >= 2 * one["children"][0]["peak_rss_mb"] > 10
+    # Its time: 2 processes, each preparing twice the text at the 1-process rate.
+    took = rows[0.04, 2, "sliding", "cold"]["projected_s"]
+    assert took == pytest.approx(2 * one["wall_s"] / one["text_mb"] * 0.04)
     table = bench_data.format_table(result)
     assert "| 0.04 | 2 | sliding | cold | not run (projected" in table
