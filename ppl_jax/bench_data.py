@@ -484,10 +484,10 @@ def benchmark(
                 rows.append(_row(size, text_mb, procs, protocol, mode, "ok", children))
                 _compare(rows[-1], rows, peer)
                 _print_progress(rows[-1])
-                if mode == "cold":
+                if mode == "cold" and procs == min(processes):  # per process, for projections
                     c = children[0]
                     measured[protocol].append(
-                        (text_mb, c["rss_before_mb"], c["peak_rss_mb"], c["prepare_s"])
+                        (text_mb, c["rss_before_mb"], c["peak_rss_mb"], c["prepare_s"] / procs)
                     )
     return {
         "what": "data preparation alone (ppl_jax.bench_data)",
