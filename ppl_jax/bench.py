@@ -3,6 +3,7 @@
     python -m ppl_jax.bench                          # GPT-2 small (124M), seq_len 1024, CPU
     python -m ppl_jax.bench --model=llama-1b --seq_len=2048 --dtype=bfloat16   # on a GPU
     python -m ppl_jax.bench --vocab_sweep            # peak memory at vocabulary 32k vs 256k
+    python -m ppl_jax.bench --data_scale             # data preparation alone (ppl_jax.bench_data)
 
 Both sides score the same token chunks (WikiText-2 test through the GPT-2 tokenizer, ids taken
 modulo the model's vocabulary; the `gptq_chunks` convention: each chunk of `seq_len` tokens scored
@@ -30,6 +31,8 @@ import time
 
 from absl import app, flags
 
+from ppl_jax import bench_data  # its --data_* flags
+
 _MODEL = flags.DEFINE_enum("model", "gpt2", ["gpt2", "llama-1b", "llama-8b"], "Architecture.")
 _SEQ = flags.DEFINE_integer("seq_len", 1024, "Tokens per chunk.")
 _NUM = flags.DEFINE_integer("num_sequences", 16, "Chunks scored by each side.")
@@ -45,6 +48,9 @@ _COMPARE_BF16 = flags.DEFINE_bool(
     "compare_bf16", True, "Also score with bfloat16 params and report the difference."
 )
 _VOCAB_SWEEP = flags.DEFINE_bool("vocab_sweep", False, "Measure memory at vocab 32k and 256k.")
+_DATA_SCALE = flags.DEFINE_bool(
+    "data_scale", False, "Measure data preparation alone (see ppl_jax.bench_data)."
+)
 _SIDE = flags.DEFINE_enum("side", "", ["", "jax", "hf"], "Internal: run one side.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", "", "Internal: the model directory.")
 _TOKENS = flags.DEFINE_string("tokens", "", "Internal: the .npy of token chunks.")
@@ -441,6 +447,9 @@ def main(argv: list[str]) -> None:
                 _MODEL_DIR.value, _TOKENS.value, _DTYPE.value, [int(b) for b in _PEER_BATCHES.value]
             )
         print(json.dumps(r))
+        return
+    if _DATA_SCALE.value:
+        bench_data.main(_OUT.value if _OUT.present else bench_data.DEFAULT_OUT)
         return
     result = vocab_sweep() if _VOCAB_SWEEP.value else compare()
     result["versions"] = _versions()
