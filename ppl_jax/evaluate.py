@@ -347,7 +347,10 @@ def evaluate(
             f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
             f"windows of {settings.eval.protocol} span documents."
         )
-    docs, counts = suite.read(settings.data)
+    # The corpus first (its errors before the checkpoint's); with a cache, only its file list.
+    read_first = None if settings.data.cache_dir else suite.read(settings.data)
+    if read_first is None:
+        data.resolve_paths(settings.data.path)
     model, own_tok, step, fmt, attention = read_model(settings)
     if isinstance(own_tok, tokenizer.Tokenizer):  # a Hugging Face directory's own tokenizer
         tok = own_tok
@@ -356,8 +359,7 @@ def evaluate(
     tokenizer_note = tokenizer.check_vocabulary(
         tok, model.vocab_size, allow_mismatch=settings.data.allow_tokenizer_mismatch
     )
-    docs, counts = suite.cut(docs, counts, settings.data, tok)
-    plan = suite.plan(settings.data, settings.eval, docs, counts, tok, model.vocab_size)
+    plan, docs, _ = suite.planned(settings.data, settings.eval, tok, model.vocab_size, read_first)
     # cuDNN takes per-row sequence lengths, not segments: one window per row.
     layout = plan_layout(
         plan.windows,
@@ -431,6 +433,8 @@ def evaluate(
     documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb, gzip_bytes = None, None
     if settings.gzip_baseline and out is not None:  # process 0 only, on a bounded sample
+        if docs is None:  # the plan came from the cache
+            docs = suite.cut(*suite.read(settings.data), settings.data, tok)[0]
         joined = settings.data.separator if settings.eval.protocol == "sliding" else protocols.JOIN
         gzip_bpb, gzip_bytes = metrics.gzip_bits_per_byte_of((d.text for d in docs), joined)
     return Evaluation(

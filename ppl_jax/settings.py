@@ -40,6 +40,7 @@ class DataSettings:
     max_documents: int = 0  # at most this many documents (0: all)
     max_tokens: int = 0  # documents until this many tokens (0: all)
     sample_seed: int = -1  # -1: the budgets take the first documents; else a seeded sample
+    cache_dir: str = ""  # planned datasets are cached here (`ppl_jax.plan_cache`); "": none
 
     @property
     def has_budget(self) -> bool:
@@ -295,6 +296,7 @@ def _dataset(
             max_documents=budgets["max_documents"],
             max_tokens=budgets["max_tokens"],
             sample_seed=int(data["sample_seed"]),
+            cache_dir=os.path.expanduser(str(c.data.cache_dir or "")),
         ),
         EvalSettings(
             protocol=protocol,

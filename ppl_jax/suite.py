@@ -146,3 +146,33 @@ def prepare(
         p.windows, ev.batch_size, pack=pack and ev.packing, num_buckets=ev.length_buckets
     )
     return Dataset(ds, ev, p, layout, docs if keep_documents else None)
+
+
+def planned(
+    ds: DataSettings,
+    ev: EvalSettings,
+    tok: Tokenizer,
+    vocab_size: int,
+    read_first: tuple[list[data.Document], Any] | None = None,
+) -> tuple[Plan, list[data.Document] | None, dict[str, Any]]:
+    """The dataset's plan: from `ds.cache_dir` when an entry of the same key is there
+    (`ppl_jax.plan_cache`; its token stream memory-mapped, nothing read or tokenized), else
+    read (or `read_first`, the documents already read), cut to its budget, planned, and cached.
+
+    Returns:
+      (the plan, the documents when they were read here or given, else None, the cache entry's
+      extras: {} unless the entry was read).
+    """
+    from ppl_jax import plan_cache
+
+    entry = plan_cache.key(ds, ev, tok, vocab_size) if ds.cache_dir else None
+    if entry is not None:
+        found = plan_cache.load(ds.cache_dir, entry)
+        if found is not None:
+            return found[0], None, found[1]
+    docs, counts = read_first if read_first is not None else read(ds)
+    docs, counts = cut(docs, counts, ds, tok)
+    p = plan(ds, ev, docs, counts, tok, vocab_size)
+    if entry is not None:
+        plan_cache.save(ds.cache_dir, entry, p)
+    return p, docs, {}

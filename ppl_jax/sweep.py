@@ -27,6 +27,7 @@ import numpy as np
 
 from ppl_jax import (
     checkpoint,
+    data,
     distributed,
     journal,
     paths,
@@ -174,7 +175,11 @@ def run(
         tensorboard.check_available()
     mesh = mesh_lib.make_mesh(settings.mesh.data, settings.mesh.model)
     check_batch_size(settings.eval.batch_size, mesh)
-    raw = [suite.read(ds) for ds, _ in settings.datasets]  # the files, before the checkpoint
+    # The files before the checkpoint (with a cache, only their list: a hit reads none).
+    raw = [
+        (data.resolve_paths(ds.path), None) if ds.cache_dir else suite.read(ds)
+        for ds, _ in settings.datasets
+    ]
     model, own_tok, first_step, fmt, attention = read_model(settings)
     if isinstance(own_tok, tokenizer.Tokenizer):
         tok = own_tok
@@ -190,8 +195,9 @@ def run(
                 f"dataset {ds.name!r}: seq_len={ev.seq_len} is beyond the model's "
                 f"{model.max_positions} positions."
             )
-        docs, counts = suite.cut(docs, counts, ds, tok)
-        plan = suite.plan(ds, ev, docs, counts, tok, model.vocab_size)
+        plan, _, _ = suite.planned(
+            ds, ev, tok, model.vocab_size, None if ds.cache_dir else (docs, counts)
+        )
         datasets.append(suite.Dataset(ds, ev, plan, _layout(plan, ev, attention)))
     for d in datasets:
         distributed.check_same_plan(

@@ -1,0 +1,107 @@
+"""The cache of planned datasets (`data.cache_dir`, `ppl_jax.plan_cache`): the same plan, token for
+token, for every protocol; a second run reads and tokenizes nothing and memory-maps the tokens; a
+changed file or tokenizer is planned again; the numbers of a run are the same with and without."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from ppl_jax import data, plan_cache, suite, tokenizer
+from ppl_jax.config import get_config
+from ppl_jax.evaluate import evaluate
+from ppl_jax.outputs import OutputDir
+from ppl_jax.settings import Settings
+
+import helpers
+
+
+def settings(path: str, cache: str, protocol: str, **data_overrides) -> Settings:
+    c = get_config()
+    c.data.path = path
+    c.data.cache_dir = cache
+    c.eval.protocol = protocol
+    c.eval.seq_len = 48
+    for k, v in data_overrides.items():
+        setattr(c.data, k, v)
+    return Settings.from_config(c)
+
+
+def same_plan(a, b) -> None:
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "windows":
+            for g in dataclasses.fields(x):
+                np.testing.assert_array_equal(getattr(x, g.name), getattr(y, g.name))
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x == y, f.name
+
+
+@pytest.mark.parametrize("protocol", ["sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks"])
+def test_a_cached_plan_is_the_plan_and_reads_nothing(
+    tmp_path, bpe_tokenizer, protocol, monkeypatch
+):
+    path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(1500), helpers.stdlib_text(700)])
+    tok = tokenizer.load(bpe_tokenizer, None)
+    s = settings(path, str(tmp_path / "cache"), protocol)
+    plain = suite.plan(s.data, s.eval, *suite.cut(*suite.read(s.data), s.data, tok), tok, 512)
+    built, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    assert docs is not None
+    same_plan(built, plain)
+    # The second time: no file is read, nothing is tokenized, the tokens are memory-mapped.
+    monkeypatch.setattr(data, "read_documents", lambda *a, **k: pytest.fail("read again"))
+    monkeypatch.setattr(type(tok), "encode_with_bytes", lambda *a: pytest.fail("tokenized again"))
+    cached, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    assert docs is None and isinstance(cached.windows.tokens, np.memmap)
+    same_plan(cached, plain)
+    assert len(os.listdir(tmp_path / "cache")) == 1
+
+
+def test_a_changed_file_or_tokenizer_or_setting_is_planned_again(tmp_path, bpe_tokenizer):
+    path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(900)])
+    cache = str(tmp_path / "cache")
+    tok = tokenizer.load(bpe_tokenizer, None)
+    s = settings(path, cache, "sliding")
+    first = plan_cache.key(s.data, s.eval, tok, 512)
+    suite.planned(s.data, s.eval, tok, 512)
+    assert plan_cache.key(s.data, s.eval, tok, 512) == first
+    assert plan_cache.key(s.data, s.eval, tokenizer.load("byte", None), 512) != first
+    assert plan_cache.key(settings(path, cache, "hf_strided").data, s.eval, tok, 512) == first
+    other = settings(path, cache, "sliding", max_documents=1)
+    assert plan_cache.key(other.data, other.eval, tok, 512) != first
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\nmore text")
+    changed, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    assert plan_cache.key(s.data, s.eval, tok, 512) != first and docs is not None
+    assert changed.text_tokens > 0 and len(os.listdir(cache)) == 2  # the stale entry stays
+
+
+def test_every_plan_field_is_cached():
+    plan_cache.fields_checked()
+
+
+def test_a_run_gives_the_same_numbers_with_and_without_the_cache(tmp_path, tiny_checkpoint):
+    path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(1200)])
+    results = []
+    for i, cache in enumerate(("", str(tmp_path / "cache"), str(tmp_path / "cache"))):
+        c = get_config()
+        c.checkpoint.dir = tiny_checkpoint
+        c.data.path = path
+        c.data.cache_dir = cache
+        c.eval.seq_len = 32
+        c.output.dir = str(tmp_path / f"out{i}")
+        c.output.progress = False
+        c.metrics.bootstrap_samples = 0
+        s = Settings.from_config(c)
+        out = OutputDir.open(s.output_dir)
+        try:
+            ev = evaluate(s, out=out)
+        finally:
+            out.close()
+        results.append((ev.sums, ev.gzip_bits_per_byte))
+    assert results[0] == results[1] == results[2]
