@@ -97,6 +97,10 @@ def test_benchmark_end_to_end(tmp_path, stdlib_source):
         assert c["rss_before_mb"] <= c["peak_mb_after"]["read"] <= c["peak_rss_mb"]
     if not bench_data.cache_supported():
         assert rows[0.02, 1, "sliding", "cached"]["status"] == "no cache yet"
+    else:  # the cached run reads the plan the cold run cached: the same tokens, none tokenized
+        cached = rows[0.02, 1, "sliding", "cached"]
+        assert cached["status"] == "ok" and cached["text_tokens"] == one["text_tokens"]
+        assert cached["children"][0]["phases_s"]["tokenize"] == 0
     for key in ((0.04, "-", "encode_batch", "cold"), (0.04, 1, "sliding", "cold")):
         assert rows[key]["status"].startswith("not run (projected ")
     # 2 processes, each at least the peak measured at half the size.
