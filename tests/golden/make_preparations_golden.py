@@ -3,7 +3,7 @@ synthetic pages, for tests/test_preparations.py.
 
     pip install '.[reference]'
     python tests/golden/make_preparations_golden.py                          # synthetic pages
-    python tests/golden/make_preparations_golden.py --data ../shared/data    # and WikiText-2
+    python tests/golden/make_preparations_golden.py --data "$PPL_JAX_TEST_DATA"  # and WikiText-2
 
 For each input page it stores `wikitext_detokenizer({"page": page})` and the word and byte counts
 of the task's `process_results` (lm_eval/tasks/wikitext/preprocess_wikitext.py). The inputs are
