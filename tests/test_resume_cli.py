@@ -23,6 +23,8 @@ import helpers
 TIMING_KEYS = {
     "tokens_per_second",
     "scoring_seconds",
+    "host_seconds",
+    "prepare_seconds",
     "compile_seconds",
     "wall_seconds",
     "resumed_batches",
