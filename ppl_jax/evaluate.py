@@ -360,13 +360,7 @@ def evaluate(
         tok, model.vocab_size, allow_mismatch=settings.data.allow_tokenizer_mismatch
     )
     plan, docs, _ = suite.planned(settings.data, settings.eval, tok, model.vocab_size, read_first)
-    # cuDNN takes per-row sequence lengths, not segments: one window per row.
-    layout = plan_layout(
-        plan.windows,
-        settings.eval.batch_size,
-        pack=settings.eval.packing and attention != "cudnn",
-        num_buckets=settings.eval.length_buckets,
-    )
+    layout = suite.batches(plan, settings.eval, attention)
     diagnostics.check(settings, plan, model)
     reference = read_reference(settings, model) if settings.diagnostics.reference else None
     distributed.check_same_plan(

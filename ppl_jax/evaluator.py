@@ -69,6 +69,8 @@ class Evaluator:
       tokenizer: the model's tokenizer (`ppl_jax.tokenizer.load`); needed unless `suite` holds
         prepared datasets.
       batch_size, packing, length_buckets: the `eval.*` settings of mappings given as `suite`.
+      attention: the model's attention implementation; 'cudnn' lays out one window per row
+        (cuDNN takes per-row sequence lengths, not segments).
       compile: compile every batch shape now (else at the first call).
       eval_defaults: other `eval.*` defaults of the mappings (`seq_len`, `stride`, `protocol`,
         `add_bos`), which an entry's own keys override.
@@ -93,6 +95,7 @@ class Evaluator:
         batch_size: int = 8,
         packing: bool = True,
         length_buckets: int = 1,
+        attention: str = "xla",
         compile: bool = True,
         **eval_defaults: Any,
     ):
@@ -114,7 +117,7 @@ class Evaluator:
                 raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
             ds, ev = entry
             check_window(ev.seq_len, model)
-            self.datasets.append(prepare(ds, ev, tokenizer, model.vocab_size))
+            self.datasets.append(prepare(ds, ev, tokenizer, model.vocab_size, attention))
         for d in self.datasets:
             check_batch_size(d.layout.batch_size, mesh)
         self.scorer = Scorer(model, mesh, param_shardings)

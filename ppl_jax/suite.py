@@ -33,14 +33,12 @@ class Dataset:
       data, eval: its settings.
       plan: what its protocol scores (windows, bytes, words).
       layout: the windows' batches (`ppl_jax.layout`).
-      documents: the documents read (for the gzip baseline), or None when not kept.
     """
 
     data: DataSettings
     eval: EvalSettings
     plan: Plan
     layout: Layout
-    documents: list[data.Document] | None = None
 
     @property
     def name(self) -> str:
@@ -124,28 +122,30 @@ def plan(
     )
 
 
+def batches(p: Plan, ev: EvalSettings, attention: str = "xla") -> Layout:
+    """The batch layout of a plan (`ppl_jax.layout.plan_layout`) with the dataset's settings.
+    cuDNN attention takes per-row sequence lengths, not segments: one window per row there."""
+    return plan_layout(
+        p.windows,
+        ev.batch_size,
+        pack=ev.packing and attention != "cudnn",
+        num_buckets=ev.length_buckets,
+    )
+
+
 def prepare(
-    ds: DataSettings,
-    ev: EvalSettings,
-    tok: Tokenizer,
-    vocab_size: int,
-    pack: bool = True,
-    keep_documents: bool = False,
+    ds: DataSettings, ev: EvalSettings, tok: Tokenizer, vocab_size: int, attention: str = "xla"
 ) -> Dataset:
-    """Reads, prepares, budgets, tokenizes and plans one dataset, and lays out its batches.
+    """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
+    see `planned`), and lays out its batches.
 
     Args:
       ds, ev: the dataset's settings.
       tok: the model's tokenizer; vocab_size: the model's.
-      pack: several windows per row (off for cuDNN attention, which takes one per row).
-      keep_documents: keep the documents (for the gzip baseline).
+      attention: the model's attention implementation (see `batches`).
     """
-    docs, counts = read(ds, tok)
-    p = plan(ds, ev, docs, counts, tok, vocab_size)
-    layout = plan_layout(
-        p.windows, ev.batch_size, pack=pack and ev.packing, num_buckets=ev.length_buckets
-    )
-    return Dataset(ds, ev, p, layout, docs if keep_documents else None)
+    p = planned(ds, ev, tok, vocab_size)[0]
+    return Dataset(ds, ev, p, batches(p, ev, attention))
 
 
 def planned(

@@ -198,7 +198,7 @@ def run(
         plan, _, _ = suite.planned(
             ds, ev, tok, model.vocab_size, None if ds.cache_dir else (docs, counts)
         )
-        datasets.append(suite.Dataset(ds, ev, plan, _layout(plan, ev, attention)))
+        datasets.append(suite.Dataset(ds, ev, plan, suite.batches(plan, ev, attention)))
     for d in datasets:
         distributed.check_same_plan(
             protocols.plan_digest(d.plan, d.eval.batch_size), f"dataset {d.name!r}"
@@ -292,17 +292,6 @@ def run(
 
 def _has_averages(results: store.ResultsStore, step: int | None) -> bool:
     return any(r["kind"] == "average" and r["step"] == step for r in results.records())
-
-
-def _layout(plan: Any, ev: Any, attention: str) -> Any:
-    from ppl_jax.layout import plan_layout
-
-    return plan_layout(
-        plan.windows,
-        ev.batch_size,
-        pack=ev.packing and attention != "cudnn",
-        num_buckets=ev.length_buckets,
-    )
 
 
 def _restore(

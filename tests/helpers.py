@@ -193,3 +193,18 @@ def reference_logits(params: dict, cfg: LlamaConfig, inputs: np.ndarray) -> np.n
     x = _rms(x, f(p["final_norm"]), cfg.norm_eps)
     w = f(p["embedding"]).T if cfg.tie_embeddings else f(p["lm_head"])
     return x @ w
+
+
+def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> dict[str, str]:
+    """The environment of one command-line process of a CPU run over 8 fake devices in all: on
+    several processes, each gets `8 // num_processes` and joins through `jax.distributed` on
+    localhost (`ppl_jax.distributed.initialize_from_env`)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
+    if num_processes > 1:
+        env.update(
+            PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
+            PPL_JAX_NUM_PROCESSES=str(num_processes),
+            PPL_JAX_PROCESS_ID=str(process_id),
+        )
+    return env

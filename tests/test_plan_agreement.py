@@ -3,7 +3,6 @@ on every process with one sentence, before the weights are read."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -30,14 +29,6 @@ def test_a_process_that_planned_other_windows_stops_every_process(tmp_path, demo
     port = free_port()
     procs = []
     for i in range(2):
-        env = dict(
-            os.environ,
-            JAX_PLATFORMS="cpu",
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
-            PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
-            PPL_JAX_NUM_PROCESSES="2",
-            PPL_JAX_PROCESS_ID=str(i),
-        )
         procs.append(
             subprocess.Popen(
                 [
@@ -48,7 +39,7 @@ def test_a_process_that_planned_other_windows_stops_every_process(tmp_path, demo
                     f"--config.output.dir={tmp_path / 'out'}",
                     "--config.output.progress=false",
                 ],
-                env=env,
+                env=helpers.process_env(i, 2, port),
                 cwd=helpers.REPO,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

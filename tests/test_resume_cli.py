@@ -4,7 +4,6 @@ again with the same command end with the results of an uninterrupted run, bit fo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -44,17 +43,9 @@ def flags(out) -> list[str]:
 def start(
     out, process_id: int = 0, num_processes: int = 1, port: int = 0, extra: tuple = ()
 ) -> subprocess.Popen:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
-    if num_processes > 1:
-        env.update(
-            PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
-            PPL_JAX_NUM_PROCESSES=str(num_processes),
-            PPL_JAX_PROCESS_ID=str(process_id),
-        )
     return subprocess.Popen(
         [sys.executable, "-m", "ppl_jax", *flags(out), *extra],
-        env=env,
+        env=helpers.process_env(process_id, num_processes, port),
         cwd=helpers.REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

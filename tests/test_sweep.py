@@ -285,14 +285,6 @@ def suite_config_file(tmp_path, suite_entries) -> str:
 
 
 def cli(cfg: str, *flags: str, process: int = 0, processes: int = 1, port: int = 0):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // processes}"
-    if processes > 1:
-        env.update(
-            PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
-            PPL_JAX_NUM_PROCESSES=str(processes),
-            PPL_JAX_PROCESS_ID=str(process),
-        )
     return subprocess.Popen(
         [
             sys.executable,
@@ -305,7 +297,7 @@ def cli(cfg: str, *flags: str, process: int = 0, processes: int = 1, port: int =
             "--config.metrics.bootstrap_samples=0",
             *flags,
         ],
-        env=env,
+        env=helpers.process_env(process, processes, port),
         cwd=helpers.REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
