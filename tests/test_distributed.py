@@ -159,13 +159,17 @@ FAKE_PYTHON = textwrap.dedent(
     if [[ "$1" == "-c" ]]; then exec "$REAL_PYTHON" "$@"; fi
     what_var="FAKE_${PPL_JAX_PROCESS_ID}"
     what=${!what_var:-ok}
+    # A sleeper handles SIGTERM before it says it started (as ppl_jax does before its work).
+    if [[ "$what" == sleep ]]; then
+      trap 'kill $child 2>/dev/null; echo "term $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"; exit 143' TERM
+    fi
     echo "start $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"
     case "$what" in
       fail:*) sleep 0.5; exit "${what#fail:}" ;;
       kill) sleep 0.5; kill -KILL $$ ;;
       sleep)
         sleep 1000 &
-        trap 'kill $!; echo "term $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"; exit 143' TERM
+        child=$!
         wait ;;
       ok) exit 0 ;;
     esac
