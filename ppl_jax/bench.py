@@ -43,7 +43,18 @@ _PEER_BATCHES = flags.DEFINE_list(
 )
 _WORK = flags.DEFINE_string("work_dir", "/tmp/ppl_jax_bench", "Model and token cache.")
 _OUT = flags.DEFINE_string("out", "bench_results.json", "Where to write the JSON results.")
-_DATA = flags.DEFINE_string("data", "", "Text to tokenize (default: ../shared WikiText-2 test).")
+_DATA = flags.DEFINE_string(
+    "data", "", "Text to tokenize (default: WikiText-2 test of the data folder)."
+)
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", "", "tokenizer.json to tokenize it with (default: GPT-2 of the data folder)."
+)
+_ATTENTION = flags.DEFINE_list(
+    "attention",
+    ["auto"],
+    "ppl_jax's attention implementations to measure, each in its own process (auto, xla, cudnn; "
+    "xla@N: the XLA path in query blocks of N).",
+)
 _COMPARE_BF16 = flags.DEFINE_bool(
     "compare_bf16", True, "Also score with bfloat16 params and report the difference."
 )
@@ -125,10 +136,9 @@ def make_tokens(vocab: int, seq_len: int, num: int) -> str:
 
     from ppl_jax.tokenizer import HFTokenizer
 
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shared = os.path.join(os.path.dirname(here), "shared", "data")
+    shared = _data_folder()
     text_path = _DATA.value or os.path.join(shared, "wikitext-2", "test.txt")
-    tok = HFTokenizer.from_file(os.path.join(shared, "tokenizers", "gpt2.json"))
+    tok = HFTokenizer.from_file(_TOKENIZER.value or os.path.join(shared, "tokenizers", "gpt2.json"))
     with open(text_path, encoding="utf-8") as f:
         ids = tok.encode([f.read()])[0]
     if ids.size < seq_len * num:
@@ -139,11 +149,21 @@ def make_tokens(vocab: int, seq_len: int, num: int) -> str:
     return path
 
 
+def _data_folder() -> str:
+    """The shared data folder: PPL_JAX_TEST_DATA, else `../shared/data` beside the checkout."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.environ.get("PPL_JAX_TEST_DATA") or os.path.join(
+        os.path.dirname(here), "shared", "data"
+    )
+
+
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_jax(model_dir: str, tokens_path: str, dtype: str, batch_size: int) -> dict:
+def run_jax(
+    model_dir: str, tokens_path: str, dtype: str, batch_size: int, attention: str = "auto"
+) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -153,12 +173,18 @@ def run_jax(model_dir: str, tokens_path: str, dtype: str, batch_size: int) -> di
     from ppl_jax import model as model_lib
     from ppl_jax.config import DEFAULT_RULES
     from ppl_jax.layout import plan_layout
+    from ppl_jax.models import attention as attention_lib
     from ppl_jax.scoring import Scorer
 
     chunks = np.load(tokens_path)
     num, seq_len = chunks.shape
     jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
-    model = model_lib.build(hf.read_description(model_dir), jdtype)
+    description = hf.read_description(model_dir)
+    attention, _, query_block = attention.partition("@")
+    if query_block:
+        attention_lib.QUERY_BLOCK = attention_lib.GPU_QUERY_BLOCK = int(query_block)
+    attention = attention_lib.resolve_for(attention, jdtype, description)
+    model = model_lib.build(description, jdtype, attention)
     mesh = mesh_lib.make_mesh(-1, 1)
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jdtype
@@ -189,6 +215,9 @@ def run_jax(model_dir: str, tokens_path: str, dtype: str, batch_size: int) -> di
         "steady_seconds": totals.scoring_seconds,
         "compile_and_warmup_seconds": compile_seconds,
         "batch_size": batch_size,
+        "attention": attention + (f"@{query_block}" if query_block else ""),
+        "host_seconds": totals.host_seconds,
+        "prepare_seconds": totals.prepare_seconds,
         "peak_rss_bytes": _peak_rss_bytes(),
         "device_peak_bytes": stats.get("peak_bytes_in_use") if stats else None,
         "device": device.device_kind,
@@ -307,7 +336,16 @@ def compare() -> dict:
     model_dir = make_model_dir(name)
     vocab = hf_config(name).vocab_size
     tokens = make_tokens(vocab, seq_len, _NUM.value)
-    jax_r = _side("jax", model_dir, tokens, _DTYPE.value, [f"--batch_size={_BATCH.value}"])
+    runs = {
+        att: _side(
+            "jax",
+            model_dir,
+            tokens,
+            _DTYPE.value,
+            [f"--batch_size={_BATCH.value}", f"--attention={att}"],
+        )
+        for att in _ATTENTION.value
+    }
     # The peer's batch size is chosen in a first process; a second, at that batch size only,
     # is the one measured (so the search's larger batches do not count in its peak memory).
     search = _side(
@@ -325,28 +363,35 @@ def compare() -> dict:
         "chosen": search["batch_size"],
         "tokens_per_second_in_search_run": search["tokens_per_second"],
     }
+    kind = next((k for k in PEAK_FLOPS if k in hf_r["device"]), None)
+    flops_per_token = None
+    if kind:
+        matmul, layers, width = _matmul_params(name, vocab)
+        flops_per_token = 2 * matmul + 2 * layers * seq_len * width
+        hf_r["mfu"] = hf_r["tokens_per_second"] * flops_per_token / PEAK_FLOPS[kind][_DTYPE.value]
+    for jax_r in runs.values():
+        jax_r["speedup_steady"] = jax_r["tokens_per_second"] / hf_r["tokens_per_second"]
+        jax_r["speedup_process"] = (
+            jax_r["process_tokens_per_second"] / hf_r["process_tokens_per_second"]
+        )
+        jax_r["peak_rss_ratio"] = jax_r["peak_rss_bytes"] / hf_r["peak_rss_bytes"]
+        jax_r["perplexity_rel_diff"] = abs(jax_r["perplexity"] / hf_r["perplexity"] - 1)
+        if jax_r["device_peak_bytes"] and hf_r["device_peak_bytes"]:
+            jax_r["device_peak_ratio"] = jax_r["device_peak_bytes"] / hf_r["device_peak_bytes"]
+        if flops_per_token:
+            jax_r["mfu"] = (
+                jax_r["tokens_per_second"] * flops_per_token / PEAK_FLOPS[kind][_DTYPE.value]
+            )
     result = {
         "model": name,
         "seq_len": seq_len,
         "num_sequences": _NUM.value,
         "dtype": _DTYPE.value,
-        "ppl_jax": jax_r,
+        "ppl_jax": runs,
         "hf_transformers": hf_r,
-        "speedup_steady": jax_r["tokens_per_second"] / hf_r["tokens_per_second"],
-        "speedup_process": jax_r["process_tokens_per_second"] / hf_r["process_tokens_per_second"],
-        "peak_rss_ratio": jax_r["peak_rss_bytes"] / hf_r["peak_rss_bytes"],
-        "perplexity_rel_diff": abs(jax_r["perplexity"] / hf_r["perplexity"] - 1),
     }
-    if jax_r["device_peak_bytes"] and hf_r["device_peak_bytes"]:
-        result["device_peak_ratio"] = jax_r["device_peak_bytes"] / hf_r["device_peak_bytes"]
-    kind = next((k for k in PEAK_FLOPS if k in jax_r["device"]), None)
-    if kind:
-        matmul, layers, width = _matmul_params(name, vocab)
-        flops_per_token = 2 * matmul + 2 * layers * seq_len * width
+    if flops_per_token:
         result["flops_per_token"] = flops_per_token
-        for side in ("ppl_jax", "hf_transformers"):
-            r = result[side]
-            r["mfu"] = r["tokens_per_second"] * flops_per_token / PEAK_FLOPS[kind][_DTYPE.value]
     if _COMPARE_BF16.value and _DTYPE.value == "float32":
         few = make_tokens(vocab, seq_len, min(_NUM.value, 4))
         f32 = _side("jax", model_dir, few, "float32", [f"--batch_size={_BATCH.value}"])
@@ -388,45 +433,54 @@ def _mb(x) -> str:
 
 
 def print_table(r: dict) -> None:
-    j, h = r["ppl_jax"], r["hf_transformers"]
+    """One column per ppl_jax attention implementation, then the peer; ratios are against it."""
+    h = r["hf_transformers"]
+    runs = list(r["ppl_jax"].items())
     rows = [
-        ("", "ppl_jax", "transformers", "ratio"),
-        ("batch size", j["batch_size"], h["batch_size"], ""),
+        ("", *(f"ppl_jax {a}" for a, _ in runs), "transformers"),
+        ("attention", *(j["attention"] for _, j in runs), "sdpa"),
+        ("batch size", *(j["batch_size"] for _, j in runs), h["batch_size"]),
         (
             "tokens/s (steady)",
-            f"{j['tokens_per_second']:,.0f}",
+            *(f"{j['tokens_per_second']:,.0f} ({j['speedup_steady']:.2f}x)" for _, j in runs),
             f"{h['tokens_per_second']:,.0f}",
-            f"{r['speedup_steady']:.2f}x",
         ),
         (
             "tokens/s (whole process)",
-            f"{j['process_tokens_per_second']:,.0f}",
+            *(
+                f"{j['process_tokens_per_second']:,.0f} ({j['speedup_process']:.2f}x)"
+                for _, j in runs
+            ),
             f"{h['process_tokens_per_second']:,.0f}",
-            f"{r['speedup_process']:.2f}x",
+        ),
+        (
+            "host share of the loop",
+            *(f"{j['host_seconds'] / j['steady_seconds']:.1%}" for _, j in runs),
+            "-",
         ),
         (
             "peak host RSS",
-            _mb(j["peak_rss_bytes"]),
+            *(f"{_mb(j['peak_rss_bytes'])} ({j['peak_rss_ratio']:.2f})" for _, j in runs),
             _mb(h["peak_rss_bytes"]),
-            f"{r['peak_rss_ratio']:.2f}",
         ),
         (
             "device peak memory",
-            _mb(j["device_peak_bytes"]),
+            *(
+                f"{_mb(j['device_peak_bytes'])} ({j.get('device_peak_ratio', float('nan')):.2f})"
+                for _, j in runs
+            ),
             _mb(h["device_peak_bytes"]),
-            f"{r.get('device_peak_ratio', float('nan')):.2f}",
         ),
         (
             "perplexity",
-            f"{j['perplexity']:.4f}",
+            *(f"{j['perplexity']:.4f} ({j['perplexity_rel_diff']:.1e})" for _, j in runs),
             f"{h['perplexity']:.4f}",
-            f"rel diff {r['perplexity_rel_diff']:.1e}",
         ),
     ]
     if "flops_per_token" in r:
-        rows.append(("MFU", f"{j['mfu']:.1%}", f"{h['mfu']:.1%}", ""))
+        rows.append(("MFU", *(f"{j['mfu']:.1%}" for _, j in runs), f"{h['mfu']:.1%}"))
     for row in rows:
-        print(f"{row[0]:<26}{row[1]!s:>16}{row[2]!s:>16}{row[3]!s:>18}")
+        print(f"{row[0]:<26}" + "".join(f"{c!s:>24}" for c in row[1:]))
     if "bfloat16_vs_float32" in r:
         b = r["bfloat16_vs_float32"]
         print(
@@ -441,7 +495,9 @@ def main(argv: list[str]) -> None:
     if _SIDE.value:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if _SIDE.value == "jax":
-            r = run_jax(_MODEL_DIR.value, _TOKENS.value, _DTYPE.value, _BATCH.value)
+            r = run_jax(
+                _MODEL_DIR.value, _TOKENS.value, _DTYPE.value, _BATCH.value, _ATTENTION.value[0]
+            )
         else:
             r = run_hf(
                 _MODEL_DIR.value, _TOKENS.value, _DTYPE.value, [int(b) for b in _PEER_BATCHES.value]

@@ -252,8 +252,7 @@ def read_model(settings: Settings) -> tuple[LanguageModel, Any, int | None, str,
     else:
         step, meta = checkpoint.read_metadata(settings.checkpoint_dir, settings.checkpoint_step)
         description, tok = meta["model"], meta.get("tokenizer")
-    head_dim = description.get("head_dim") or description["embed_dim"] // description["num_heads"]
-    attention = attention_lib.resolve(settings.attention, DTYPES[settings.dtype], head_dim)
+    attention = attention_lib.resolve_for(settings.attention, DTYPES[settings.dtype], description)
     model = model_lib.build(description, DTYPES[settings.dtype], attention)
     check_window(settings.eval.seq_len, model)
     return model, tok, step, fmt, attention

@@ -7,6 +7,8 @@ and shared fixtures.
   produced, committed in `tests/golden/`.
 - `tests/shared_data/`: tests on data the project may not ship (WikiText-2, the GPT-2 tokenizer),
   collected only when the environment variable PPL_JAX_TEST_DATA names an existing folder.
+- `tests/gpu/`: the cuDNN attention path on an NVIDIA GPU, collected only when
+  PPL_JAX_GPU_TESTS=1; then JAX is not held to the CPU (the 8 fake devices are CPU devices).
 
 A folder that is not collected adds no skipped tests; the pytest header says what ran.
 """
@@ -17,7 +19,12 @@ import os
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+GPU_TESTS_ENV = "PPL_JAX_GPU_TESTS"
+if os.environ.get(GPU_TESTS_ENV) == "1":
+    # tests/gpu/ on the machine's GPU; processes the tests start share it with this one.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+else:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
@@ -43,6 +50,8 @@ def pytest_ignore_collect(collection_path, config):
         return True if _missing_reference_packages() else None
     if path == os.path.join(HERE, "shared_data"):
         return True if _test_data_dir() is None else None
+    if path == os.path.join(HERE, "gpu"):
+        return True if os.environ.get(GPU_TESTS_ENV) != "1" else None
     return None
 
 

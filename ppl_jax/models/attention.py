@@ -1,6 +1,6 @@
 """Causal self-attention within segments, by one of three implementations.
 
-- `xla`: plain XLA ops, in query blocks: the queries of block `i` meet only the keys up to the
+- `xla`: plain XLA ops, in query blocks (128 queries; 512 on GPU): the queries of block `i` meet only the keys up to the
   block's end (and, with a window, from `window - 1` before its start), so the causal upper
   triangle is mostly skipped (about 60% of the full score matrix at 4 blocks); segment and
   window masks are applied within the block; scores and softmax in float32. Runs everywhere, and
@@ -41,6 +41,12 @@ def resolve(setting: str, dtype, head_dim: int, platform: str | None = None) -> 
     ):
         return "cudnn"
     return "xla"
+
+
+def resolve_for(setting: str, dtype, description: dict) -> str:
+    """`resolve` for a model description (`model.build`'s), whose head width it reads."""
+    head_dim = description.get("head_dim") or description["embed_dim"] // description["num_heads"]
+    return resolve(setting, dtype, head_dim)
 
 
 def attend(
@@ -88,11 +94,16 @@ def attend(
     raise ValueError(f"unknown attention implementation {implementation!r}")
 
 
+# Queries per block of the `xla` path. On CPU 128 is fastest. On an H100 (1B Llama, 2048 tokens,
+# bfloat16, BENCHMARKS.md) 512 runs as fast as 128 and compiles 3x sooner (25 s against 75 s: each
+# block is its own matmul shape, which XLA:GPU autotunes), for 2.4 GB more memory at 16 x 2048.
 QUERY_BLOCK = 128
+GPU_QUERY_BLOCK = 512
 
 
-def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=QUERY_BLOCK):
+def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=None):
     b, t, h, d = q.shape
+    block = block or (GPU_QUERY_BLOCK if jax.default_backend() == "gpu" else QUERY_BLOCK)
     kv = k.shape[2]
     group = h // kv
     scale = d**-0.5 if scale is None else scale
@@ -142,9 +153,13 @@ def _splash_kernel(group: int, seq: int, window: int | None, interpret: bool):
         head_mask = mask_lib.LocalMask(shape=(seq, seq), window_size=(window - 1, 0), offset=0)
     block = next(b for b in (512, 256, 128, seq) if seq % b == 0)
     sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
-    return kernel.make_splash_mqa_single_device(
-        mask=mask_lib.MultiHeadMask([head_mask] * group), block_sizes=sizes, interpret=interpret
-    )
+    # The kernel holds its mask's block tables as arrays; made under a trace they would be that
+    # trace's tracers, and the cached kernel would leak them into the next trace (a second batch
+    # shape of the same width). Made at compile time they are concrete.
+    with jax.ensure_compile_time_eval():
+        return kernel.make_splash_mqa_single_device(
+            mask=mask_lib.MultiHeadMask([head_mask] * group), block_sizes=sizes, interpret=interpret
+        )
 
 
 def _splash(q, k, v, segment_ids, window, scale):

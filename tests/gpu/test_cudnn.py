@@ -1,0 +1,139 @@
+"""On an NVIDIA GPU: the cuDNN flash-attention path (`model.attention=cudnn`) against the XLA path,
+from the kernel to the command line. Collected only when PPL_JAX_GPU_TESTS=1 (tests/conftest.py):
+
+    PPL_JAX_GPU_TESTS=1 python -m pytest tests/gpu
+
+Both paths run in bfloat16 against a float32 reference of the XLA path; cuDNN must be as close
+to it as XLA's own bfloat16 result is, with the same token counts everywhere."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppl_jax import mesh as mesh_lib
+from ppl_jax import model as model_lib
+from ppl_jax.config import DEFAULT_RULES
+from ppl_jax.layout import plan_layout
+from ppl_jax.models.attention import attend, resolve
+from ppl_jax.scoring import Scorer
+from ppl_jax.windows import sliding
+
+import helpers
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _on_gpu():
+    assert jax.default_backend() == "gpu", f"PPL_JAX_GPU_TESTS=1 on {jax.default_backend()}"
+
+
+def _padded_rows(lengths, t):
+    seg = (np.arange(t)[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
+    pos = np.broadcast_to(np.arange(t, dtype=np.int32), seg.shape)
+    return jnp.asarray(seg), jnp.asarray(pos)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,window",
+    [(8, 2, 64, None), (8, 8, 128, None), (4, 1, 64, 64), (32, 8, 64, None)],
+)
+def test_cudnn_attention_matches_xla(heads, kv_heads, head_dim, window):
+    t, lengths = 256, [256, 200, 77, 1, 0]  # the last row is all padding (a batch's filler row)
+    seg, pos = _padded_rows(lengths, t)
+    rng = np.random.default_rng(0)
+    q, k, v = (
+        rng.standard_normal((len(lengths), t, h, head_dim)).astype(np.float32)
+        for h in (heads, kv_heads, kv_heads)
+    )
+    ref = np.asarray(
+        attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos, window=window)
+    )
+    out = {}
+    for impl in ("xla", "cudnn"):
+        fn = jax.jit(
+            lambda q, k, v, impl=impl: attend(
+                q, k, v, segment_ids=seg, positions=pos, window=window, implementation=impl
+            )
+        )
+        qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+        out[impl] = np.asarray(fn(qb, kb, vb).astype(jnp.float32))
+    real = np.asarray(seg) != 0
+    err = {impl: np.abs(o[real] - ref[real]).max() for impl, o in out.items()}
+    assert np.isfinite(out["cudnn"][real]).all()
+    assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err
+
+
+def _scorer_totals(cfg, attention, params32, tokens, seq_len, batch_size):
+    model = model_lib.build(cfg.to_dict(), jnp.bfloat16, attention)
+    mesh = mesh_lib.make_mesh(-1, 1)
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
+    params = jax.device_put(
+        jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), params32), shardings
+    )
+    windows = sliding(tokens, seq_len, seq_len // 2)
+    return Scorer(model, mesh, shardings).score(params, windows, plan_layout(windows, batch_size))
+
+
+def test_cudnn_scores_like_xla_with_filler_rows():
+    """One window more than a batch of 4 rows per device: the second batch holds one window and
+    filler rows of padding alone."""
+    cfg = dataclasses.replace(
+        helpers.TINY,
+        vocab_size=512,
+        embed_dim=256,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        mlp_dim=512,
+        max_positions=512,
+    )
+    params = helpers.random_params(cfg, seed=1)
+    batch = 4 * jax.device_count()
+    tokens = np.random.default_rng(2).integers(0, 512, (batch + 1) * 64 + 64 + 1).astype(np.int32)
+    totals = {a: _scorer_totals(cfg, a, params, tokens, 128, batch) for a in ("xla", "cudnn")}
+    assert totals["cudnn"].num_tokens == totals["xla"].num_tokens == tokens.size - 1
+    assert np.isfinite(totals["cudnn"].nll_sum)
+    rel = abs(totals["cudnn"].nll_sum / totals["xla"].nll_sum - 1)
+    assert rel < 2e-3, rel
+
+
+def _run_demo(tmp_path, name, *flags):
+    out = tmp_path / name
+    cmd = [
+        sys.executable,
+        "-m",
+        "ppl_jax",
+        f"--config.output.dir={out}",
+        "--config.output.progress=false",
+        *flags,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=helpers.REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "results.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_demo_under_cudnn_matches_xla(tmp_path):
+    """The built-in default on the GPU: `auto` in bfloat16 picks cuDNN (one window per row), and
+    its numbers agree with XLA's packed rows in bfloat16 and with float32."""
+    auto = _run_demo(tmp_path, "auto", "--config.model.dtype=bfloat16")
+    xla = _run_demo(
+        tmp_path, "xla", "--config.model.dtype=bfloat16", "--config.model.attention=xla"
+    )
+    f32 = _run_demo(tmp_path, "f32")
+    assert auto["config"]["model"]["attention"] == "auto"
+    assert (auto["attention"], xla["attention"], f32["attention"]) == ("cudnn", "xla", "xla")
+    assert resolve("auto", jnp.bfloat16, auto["model"]["head_dim"]) == "cudnn"
+    for r in (auto, xla):
+        assert r["num_tokens"] == f32["num_tokens"]
+        assert r["num_bytes"] == f32["num_bytes"]
+    assert abs(auto["perplexity"] / xla["perplexity"] - 1) < 1e-3
+    assert abs(auto["perplexity"] / f32["perplexity"] - 1) < 2e-3
+    assert abs(xla["perplexity"] / f32["perplexity"] - 1) < 2e-3
