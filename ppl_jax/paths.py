@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from typing import Any
+from typing import Any, BinaryIO
 
 from ppl_jax.errors import ConfigError
 
@@ -103,5 +103,21 @@ def read_bytes(path: str) -> bytes:
             return f.read()
     try:
         return epath(path).read_bytes()
+    except ImportError as e:
+        raise missing_backend(path, e) from None
+
+
+def open_binary(path: str) -> BinaryIO:
+    """File `path` opened for reading bytes, as a stream (`open(path, "rb")` for a local path,
+    `etils.epath.Path(path).open("rb")` for a remote one); the caller closes it.
+
+    Raises:
+      OSError: as `open` does (FileNotFoundError for a missing file), for either kind of path.
+      ConfigError: the fsspec implementation of a remote scheme is not installed.
+    """
+    if is_local(path):
+        return open(path, "rb")
+    try:
+        return epath(path).open("rb")
     except ImportError as e:
         raise missing_backend(path, e) from None
