@@ -9,6 +9,10 @@ Paths may be local or remote (`gs://bucket/corpus/*.jsonl`, and the other scheme
 or `.zst`/`.zstd` (Zstandard, RFC 8878; needs the `zstandard` package) is decompressed while it
 is read: its documents, and the bytes counted for bits per byte, are those of the decompressed
 text.
+
+`read_documents` reads the whole corpus into a list; `iter_documents` yields any contiguous block
+of the same documents as a stream, in memory bounded by about 1 MiB and the longest line (for
+`lines` and `jsonl`), and `count_documents` counts them in the same way.
 """
 
 from __future__ import annotations
@@ -344,7 +348,7 @@ def _jsonl_document(line: str, source: str, jsonl_field: str) -> Document:
 # ------------------------------------------------------------------------------------ streaming
 
 _CHUNK = 1 << 20  # bytes of (decompressed) text read at a time
-_ZSTD_MIN_READ = 1 << 12  # the least compressed bytes fed to Zstandard at a time
+_ZSTD_PIECE = 1 << 7  # compressed bytes fed to Zstandard at a time: at most ~4 MiB of text
 
 
 def iter_documents(
@@ -376,8 +380,9 @@ def iter_documents(
       returned.
 
     Raises:
-      DataError, ConfigError: as `read_documents` (the same messages), while iterating; a bad
-        UTF-8 byte is named by its offset in the (decompressed) file.
+      DataError, ConfigError: as `read_documents`, with the same messages (a bad UTF-8 byte is
+        named by its offset in the decompressed file): those of `resolve_paths` and an unknown
+        format at the call, the others while iterating, after the documents before them.
       ValueError: a negative `start` or `stop`.
     """
     if start < 0 or (stop is not None and stop < 0):
@@ -539,22 +544,29 @@ def _unzstd(source, path: str) -> Iterator[bytes]:
     without an error at a truncated frame (zstandard 0.25)."""
     zstandard = _zstandard(path)
     frame = None  # the frame being decompressed
-    size, read, written = _ZSTD_MIN_READ, 0, 0
+    out: list[bytes] = []
+    size = 0  # bytes in `out`
     try:
-        while data := source.read(size):
-            read += len(data)
-            while data:
-                if frame is None:
-                    frame = zstandard.ZstdDecompressor().decompressobj()
-                out = frame.decompress(data)
-                written += len(out)
-                if out:
-                    yield out
-                data, frame = (frame.unused_data, None) if frame.eof else (b"", frame)
-            # A read gives about `_CHUNK` bytes of text at the compression ratio seen so far
-            # (a decompressobj cannot be told to stop early; ratios reach 1000s on repeated text).
-            size = min(_CHUNK, max(_ZSTD_MIN_READ, _CHUNK * read // max(written, 1)))
+        while data := source.read(_CHUNK):
+            view = memoryview(data)
+            # A decompressobj cannot be told to stop early, and 4 compressed bytes may stand for
+            # 128 KiB (an RLE block): it is fed small pieces, to bound what each gives back.
+            for at in range(0, len(data), _ZSTD_PIECE):
+                piece = view[at : at + _ZSTD_PIECE]
+                while piece:
+                    if frame is None:
+                        frame = zstandard.ZstdDecompressor().decompressobj()
+                    text = frame.decompress(piece)
+                    if text:
+                        out.append(text)
+                        size += len(text)
+                    piece, frame = (frame.unused_data, None) if frame.eof else (b"", frame)
+                if size >= _CHUNK:
+                    yield b"".join(out)
+                    out, size = [], 0
         if frame is not None:
             raise zstandard.ZstdError(_ZSTD_TRUNCATED)
     except zstandard.ZstdError as e:
         raise _zstd_error(path, e) from None
+    if out:
+        yield b"".join(out)
