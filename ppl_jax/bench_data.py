@@ -45,13 +45,13 @@ import dataclasses
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
-from typing import Any
 
 from absl import flags
 
@@ -206,12 +206,6 @@ def cache_supported() -> bool:
     return "cache_dir" in {f.name for f in dataclasses.fields(DataSettings)}
 
 
-def _has_entry(ds: Any, ev: Any, tok: Any) -> bool:
-    from ppl_jax import plan_cache
-
-    return os.path.isdir(os.path.join(ds.cache_dir, plan_cache.key(ds, ev, tok, tok.vocab_size)))
-
-
 def child_prepare(task: dict) -> dict:
     """One process's data preparation, as `evaluate` does it; phase seconds and peak RSS."""
     from ppl_jax import distributed
@@ -258,13 +252,12 @@ def child_prepare(task: dict) -> dict:
         last = now
 
     tok = tokenizer.load(ds.tokenizer, None)
-    cached = None
-    if ds.cache_dir:  # as `evaluate` does with data.cache_dir: the cache first
-        cached = suite.planned(ds, ev, tok, tok.vocab_size)[0] if _has_entry(ds, ev, tok) else None
-    docs, counts = ([], None) if cached is not None else suite.read(ds)
-    mark("read")
-    docs, counts = suite.cut(docs, counts, ds, tok) if cached is None else (docs, counts)
     mark("tokenizer_load")
+    docs, counts = [], None
+    if not ds.cache_dir:
+        docs, counts = suite.read(ds)
+        mark("read")
+        docs, counts = suite.cut(docs, counts, ds, tok)
     encode_s = [0.0]
 
     def timed(method):
@@ -279,10 +272,8 @@ def child_prepare(task: dict) -> dict:
 
     tok.encode = timed(tok.encode)
     tok.encode_with_bytes = timed(tok.encode_with_bytes)
-    if cached is not None:
-        p = cached
-    elif ds.cache_dir:  # cold: plan and fill the cache, as a first run does
-        p = suite.planned(ds, ev, tok, tok.vocab_size, (docs, counts))[0]
+    if ds.cache_dir:  # as `evaluate` does: the plan cache, else the token cache, else read
+        p = suite.planned(ds, ev, tok, tok.vocab_size)[0]
     else:
         p = suite.plan(ds, ev, docs, counts, tok, tok.vocab_size)
     mark("plan")
@@ -491,10 +482,16 @@ def benchmark(
             task = dict(base, kind="prepare", protocol=protocol)
             task.update(seq_len=seq_len, stride=stride)
             cache_dir = tempfile.mkdtemp(dir=work_dir) if cached else ""
-            for mode in ("cold", "cached"):
-                if mode == "cached" and not cached:
+            for mode in ("cold", "cached", "replan"):
+                if mode != "cold" and not cached:
                     rows.append(_row(size, text_mb, procs, protocol, mode, "no cache yet"))
                     continue
+                if mode == "replan":  # the token cache kept, the plans dropped
+                    if not any(n.startswith("tokens-") for n in os.listdir(cache_dir)):
+                        continue  # a protocol the token cache does not serve
+                    for name in os.listdir(cache_dir):
+                        if not name.startswith("tokens-"):
+                            shutil.rmtree(os.path.join(cache_dir, name))
                 children = run_children(dict(task, cache_dir=cache_dir), procs)
                 rows.append(_row(size, text_mb, procs, protocol, mode, "ok", children))
                 _compare(rows[-1], rows, peer)

@@ -272,6 +272,20 @@ class _FailFast(absl_app.ExceptionHandler):
         _fail_fast(exc, self.heartbeat_timeout, lambda: traceback.print_exception(exc))
 
 
+def flags_of_all(flag: bool) -> list[bool]:
+    """Every process's `flag`, by process index (`multihost_utils.process_allgather`); every
+    process must call this at the same point, so it is also a barrier. One process: `[flag]`."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [bool(flag)]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    mine = np.asarray([int(flag)], np.int32)
+    return [bool(x) for x in np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)]
+
+
 def check_same_plan(digest: str, what: str) -> None:
     """Stops every process with one sentence if the processes planned different windows.
 

@@ -426,8 +426,8 @@ def evaluate(
     documents = per_document(plan, totals) if plan.per_document else None
     gzip_bpb, gzip_bytes = None, None
     if settings.gzip_baseline and out is not None:  # process 0 only, on a bounded sample
-        if docs is None:  # the plan came from the cache
-            docs = suite.cut(*suite.read(settings.data), settings.data, tok)[0]
+        if docs is None:  # the plan came from a cache
+            docs = suite.documents(settings.data, tok)
         joined = settings.data.separator if settings.eval.protocol == "sliding" else protocols.JOIN
         gzip_bpb, gzip_bytes = metrics.gzip_bits_per_byte_of((d.text for d in docs), joined)
     return Evaluation(

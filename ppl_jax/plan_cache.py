@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from ppl_jax.settings import DataSettings, EvalSettings
 from ppl_jax.tokenizer import Tokenizer
 from ppl_jax.windows import Windows
 
-VERSION = 1
+VERSION = 2
 _WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")
 _PLAN_ARRAYS = ("doc_bytes", "doc_words", "doc_starts", "window_bytes")
 _SCALARS = (
@@ -49,6 +50,7 @@ _SCALARS = (
     "unscored_tokens",
     "add_bos",
     "prefix_id",
+    "tokens_digest",
 )
 
 
@@ -108,17 +110,34 @@ def load(cache_dir: str, entry: str) -> tuple[Plan, dict[str, Any]] | None:
 def save(cache_dir: str, entry: str, plan: Plan, extras: dict[str, Any] | None = None) -> str:
     """Writes the entry (complete or absent); returns its folder. An entry already there (written
     meanwhile by another process) is kept."""
+    if plan.tokens_digest is None:
+        plan = dataclasses.replace(plan, tokens_digest=protocols.tokens_digest(plan.windows.tokens))
+    return _write(cache_dir, entry, lambda tmp: plan, extras)
+
+
+def save_built(cache_dir: str, entry: str, build: Callable[[str], Plan]) -> str:
+    """Writes the entry of the plan `build(tokens_path)` makes, which writes its token stream
+    itself into `tokens_path` (a `.npy` inside the entry's temporary folder); see `save`."""
+    return _write(cache_dir, entry, lambda tmp: build(os.path.join(tmp, "tokens.npy")), None)
+
+
+def _write(
+    cache_dir: str, entry: str, make: Callable[[str], Plan], extras: dict[str, Any] | None
+) -> str:
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, entry)
     if os.path.isdir(final):
         return final
     tmp = tempfile.mkdtemp(prefix=f".{entry[:16]}.", dir=cache_dir)
     try:
+        plan = make(tmp)
         w = plan.windows
         arrays = {n: getattr(w, n) for n in _WINDOW_ARRAYS}
         arrays.update({n: getattr(plan, n) for n in _PLAN_ARRAYS if getattr(plan, n) is not None})
         for name, array in arrays.items():
-            np.save(os.path.join(tmp, f"{name}.npy"), np.asarray(array))
+            path = os.path.join(tmp, f"{name}.npy")
+            if not (name == "tokens" and os.path.exists(path)):  # a stream written by `make`
+                np.save(path, np.asarray(array))
         meta = {
             "version": VERSION,
             "seq_len": w.seq_len,
@@ -129,10 +148,11 @@ def save(cache_dir: str, entry: str, plan: Plan, extras: dict[str, Any] | None =
         }
         with open(os.path.join(tmp, "plan.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f)
+        del plan, w, arrays  # the stream's memory map
         os.rename(tmp, final)
-    except OSError:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isdir(final):
+        if not (isinstance(e, OSError) and os.path.isdir(final)):  # not another writer's entry
             raise
     return final
 

@@ -59,6 +59,8 @@ class Plan:
       window_bytes: `[W] int64`, UTF-8 bytes of each window's scored tokens (the stream
         protocols, whose windows score disjoint tokens: they add up to `num_bytes`); None for
         `lm_eval_rolling`, whose bytes are per document (`doc_bytes`).
+      tokens_digest: `tokens_digest(windows.tokens)`, when it was computed as the stream was
+        written (a cached plan's), so that `plan_digest` need not read a memory-mapped stream.
     """
 
     protocol: str
@@ -75,6 +77,7 @@ class Plan:
     sources: tuple[str, ...]
     doc_starts: np.ndarray  # `[num_documents]` offset of each document's first token
     window_bytes: np.ndarray | None = None
+    tokens_digest: str | None = None
 
     @property
     def per_document(self) -> bool:
@@ -111,7 +114,8 @@ def resolve_add_bos(setting: str, tokenizer: Tokenizer) -> bool:
     raise ConfigError(f"eval.add_bos={setting!r} is not one of auto, true, false.")
 
 
-def _check_ids(ids: np.ndarray, vocab_size: int, where: str, tokenizer: Tokenizer) -> None:
+def check_ids(ids: np.ndarray, vocab_size: int, where: str, tokenizer: Tokenizer) -> None:
+    """Raises DataError naming `where` if an id of `ids` is outside `[0, vocab_size)`."""
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
         bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
         raise DataError(
@@ -218,7 +222,7 @@ def plan(
         ids_parts, byte_parts, doc_starts = [], [], []
         offset = 0
         for i, (doc, (ids, nbytes)) in enumerate(zip(docs, encoded, strict=True)):
-            _check_ids(ids, vocab_size, f"document {i} ({doc.source})", tokenizer)
+            check_ids(ids, vocab_size, f"document {i} ({doc.source})", tokenizer)
             if i and sep is not None:
                 ids_parts.append(sep[0])
                 byte_parts.append(sep[1])
@@ -228,12 +232,12 @@ def plan(
             byte_parts.append(nbytes)
             offset += ids.size
         if sep is not None:
-            _check_ids(sep[0], vocab_size, f"data.separator {separator!r}", tokenizer)
+            check_ids(sep[0], vocab_size, f"data.separator {separator!r}", tokenizer)
         text = separator.join(texts) if separator else "".join(texts)
     else:
         text = JOIN.join(texts)
         ids, nbytes = tokenizer.encode_with_bytes([text])[0]
-        _check_ids(
+        check_ids(
             ids, vocab_size, f"the corpus joined with '\\n\\n' ({len(docs)} documents)", tokenizer
         )
         ids_parts, byte_parts = [ids], [nbytes]
@@ -336,30 +340,28 @@ def _hf_strided(tokens: np.ndarray, seq_len: int, stride: int) -> Windows:
     return windows_lib.make(tokens, starts, lengths, first, seq_len)
 
 
-def _lm_eval_rolling(
-    docs: list[Document],
-    tokenizer: Tokenizer,
-    vocab_size: int,
-    seq_len: int,
-    add_bos: bool,
-    doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
-) -> Plan:
+def rolling_prefix(tokenizer: Tokenizer, vocab_size: int) -> int:
+    """lm_eval_rolling's prefix token: BOS if the tokenizer has one, else EOS.
+
+    Raises:
+      ConfigError: the tokenizer has neither; DataError: it is outside the vocabulary.
+    """
     prefix = tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id
     if prefix is None:
         raise ConfigError(
             f"eval.protocol=lm_eval_rolling needs a BOS or EOS token to predict each document's "
             f"first token, and the tokenizer ({tokenizer.name}) has neither."
         )
-    _check_ids(np.asarray([prefix]), vocab_size, "the prefix (BOS/EOS) token", tokenizer)
-    encoded = tokenizer.encode([d.text for d in docs])
-    if add_bos:  # the harness encodes with the tokenizer's own special tokens (HFLM.tok_encode)
-        encoded = [np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32) for ids in encoded]
-    offsets = np.cumsum([0] + [ids.size for ids in encoded])
-    tokens = np.concatenate(encoded).astype(np.int32) if encoded else np.zeros(0, np.int32)
+    check_ids(np.asarray([prefix]), vocab_size, "the prefix (BOS/EOS) token", tokenizer)
+    return int(prefix)
+
+
+def rolling_windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, prefix: int) -> Windows:
+    """lm_eval_rolling's windows over documents `tokens[offsets[d]:offsets[d + 1]]`, from their
+    lengths alone (see the module docstring)."""
     starts, lengths, first, pre, document = [], [], [], [], []
-    for d, (doc, ids) in enumerate(zip(docs, encoded, strict=True)):
-        _check_ids(ids, vocab_size, f"document {d} ({doc.source})", tokenizer)
-        n, base = ids.size, int(offsets[d])
+    for d in range(offsets.size - 1):
+        n, base = int(offsets[d + 1] - offsets[d]), int(offsets[d])
         if n == 0:
             continue
         # First window: [prefix] + t[:m-1] predicts t[:m], m = min(seq_len, n).
@@ -381,9 +383,26 @@ def _lm_eval_rolling(
             pre.append(windows_lib.NO_PREFIX)
             document.append(d)
             predicted = end
-    windows = windows_lib.make(
-        tokens, starts, lengths, first, seq_len, prefix=pre, document=document
-    )
+    return windows_lib.make(tokens, starts, lengths, first, seq_len, prefix=pre, document=document)
+
+
+def _lm_eval_rolling(
+    docs: list[Document],
+    tokenizer: Tokenizer,
+    vocab_size: int,
+    seq_len: int,
+    add_bos: bool,
+    doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Plan:
+    prefix = rolling_prefix(tokenizer, vocab_size)
+    encoded = tokenizer.encode([d.text for d in docs])
+    if add_bos:  # the harness encodes with the tokenizer's own special tokens (HFLM.tok_encode)
+        encoded = [np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32) for ids in encoded]
+    for d, (doc, ids) in enumerate(zip(docs, encoded, strict=True)):
+        check_ids(ids, vocab_size, f"document {d} ({doc.source})", tokenizer)
+    offsets = np.cumsum([0] + [ids.size for ids in encoded]).astype(np.int64)
+    tokens = np.concatenate(encoded).astype(np.int32) if encoded else np.zeros(0, np.int32)
+    windows = rolling_windows(tokens, offsets, seq_len, prefix)
     if doc_counts is None:
         doc_bytes = np.asarray([len(d.text.encode("utf-8")) for d in docs], np.int64)
         doc_words = np.asarray([count_harness_words(d.text) for d in docs], np.int64)
@@ -410,16 +429,27 @@ def _lm_eval_rolling(
     )
 
 
+def tokens_digest(tokens: np.ndarray, chunk: int = 1 << 22) -> str:
+    """SHA-256 (hex) of a token stream's int32 bytes, read `chunk` tokens at a time."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for at in range(0, tokens.size, chunk):
+        h.update(np.ascontiguousarray(tokens[at : at + chunk], np.int32).tobytes())
+    return h.hexdigest()
+
+
 def plan_digest(p: Plan, batch_size: int | None = None) -> str:
-    """SHA-256 (hex) of what a plan scores: its token stream, every window's slice, prefix, first
-    scored position and document, and its byte and word counts (plus the batch size, if given).
-    Two processes that read the same text with the same settings get the same digest, whatever
-    their files' paths or modification times."""
+    """SHA-256 (hex) of what a plan scores: its token stream (`tokens_digest`), every window's
+    slice, prefix, first scored position and document, and its byte and word counts (plus the
+    batch size, if given). Two processes that read the same text with the same settings get the
+    same digest, whatever their files' paths or modification times."""
     import hashlib
 
     w = p.windows
     h = hashlib.sha256()
-    for array in (w.tokens, w.starts, w.lengths, w.prefix, w.first_scored, w.document):
+    h.update((p.tokens_digest or tokens_digest(w.tokens)).encode())
+    for array in (w.starts, w.lengths, w.prefix, w.first_scored, w.document):
         h.update(np.ascontiguousarray(array).tobytes())
     h.update(f"{p.protocol} {w.seq_len} {p.num_bytes} {p.num_words} {batch_size}".encode())
     return h.hexdigest()

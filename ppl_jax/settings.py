@@ -296,7 +296,7 @@ def _dataset(
             max_documents=budgets["max_documents"],
             max_tokens=budgets["max_tokens"],
             sample_seed=int(data["sample_seed"]),
-            cache_dir=os.path.expanduser(str(c.data.cache_dir or "")),
+            cache_dir=_cache_dir(str(c.data.cache_dir or "")),
         ),
         EvalSettings(
             protocol=protocol,
@@ -447,6 +447,19 @@ def _int_list(name: str, value: Any) -> tuple[int, ...]:
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}.")
+
+
+def _cache_dir(value: str) -> str:
+    """`data.cache_dir`: a folder of the filesystem, which its entries are memory-mapped from."""
+    from ppl_jax import paths
+
+    if value and not paths.is_local(value):
+        raise ConfigError(
+            f"data.cache_dir={value!r}: the cache is memory-mapped, so it must be a folder of "
+            f"the filesystem (on several hosts, one every process sees: NFS, Lustre, or a bucket "
+            f"mounted with gcsfuse), not a {value.split(':', 1)[0]}:// path."
+        )
+    return os.path.expanduser(value)
 
 
 def _bool(name: str, value: Any) -> bool:

@@ -14,11 +14,12 @@ file order; `max_tokens` keeps documents while their token total stays within it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from ppl_jax import data, preparations, protocols
+from ppl_jax import data, distributed, preparations, protocols
 from ppl_jax.layout import Layout, plan_layout
 from ppl_jax.protocols import Plan
 from ppl_jax.settings import DataSettings, EvalSettings
@@ -65,6 +66,14 @@ def read(ds: DataSettings, tok: Tokenizer | None = None) -> tuple[list[data.Docu
         prepared = preparations.prepare(ds.preparation, docs)
         docs, counts = prepared.documents, prepared.doc_counts
     return (docs, counts) if tok is None else cut(docs, counts, ds, tok)
+
+
+def documents(ds: DataSettings, tok: Tokenizer) -> Iterable[data.Document]:
+    """The dataset's documents after its preparation and budget, streamed
+    (`data.iter_documents`) where it has neither, else read whole."""
+    if not ds.preparation and not ds.has_budget:
+        return data.iter_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
+    return cut(*read(ds), ds, tok)[0]
 
 
 def cut(
@@ -156,23 +165,31 @@ def planned(
     read_first: tuple[list[data.Document], Any] | None = None,
 ) -> tuple[Plan, list[data.Document] | None, dict[str, Any]]:
     """The dataset's plan: from `ds.cache_dir` when an entry of the same key is there
-    (`ppl_jax.plan_cache`; its token stream memory-mapped, nothing read or tokenized), else
-    read (or `read_first`, the documents already read), cut to its budget, planned, and cached.
+    (`ppl_jax.plan_cache`; its token stream memory-mapped, nothing read or tokenized); else,
+    where the token cache applies (`ppl_jax.token_cache`: no preparation, no budget, a
+    per-document protocol), from the token cache, tokenized in shares across processes in
+    bounded memory; else read (or `read_first`, the documents already read), cut to its budget,
+    planned, and cached.
 
     Returns:
       (the plan, the documents when they were read here or given, else None, the cache entry's
       extras: {} unless the entry was read).
     """
-    from ppl_jax import plan_cache
+    from ppl_jax import plan_cache, token_cache
 
     entry = plan_cache.key(ds, ev, tok, vocab_size) if ds.cache_dir else None
     if entry is not None:
         found = plan_cache.load(ds.cache_dir, entry)
-        if found is not None:
+        # All processes take the same path (the token cache's has barriers): a process that
+        # looks after another one wrote the entry must not take it alone.
+        if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
+    if entry is not None and read_first is None and token_cache.applies(ds, ev.protocol):
+        return token_cache.planned(ds, ev, tok, vocab_size, entry), None, {}
     docs, counts = read_first if read_first is not None else read(ds)
     docs, counts = cut(docs, counts, ds, tok)
     p = plan(ds, ev, docs, counts, tok, vocab_size)
     if entry is not None:
+        p = dataclasses.replace(p, tokens_digest=protocols.tokens_digest(p.windows.tokens))
         plan_cache.save(ds.cache_dir, entry, p)
     return p, docs, {}

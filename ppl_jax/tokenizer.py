@@ -337,6 +337,7 @@ class HFTokenizer(Tokenizer):
         # Byte-level BPE (GPT-2 and kin) spells each byte as one character of a token's string.
         self._byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
         self._added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
+        self._bytes_by_id: np.ndarray | None = None
         self._cut_rule = _hf_cut_rule(spec, self._tok.get_vocab(with_added_tokens=True))
         del spec
         probe = self._tok.encode("a", add_special_tokens=True)
@@ -423,13 +424,22 @@ class HFTokenizer(Tokenizer):
         if self._byte_level:
             # Each character of a byte-level token's string is one byte of the text; an added
             # token (e.g. "<|endoftext|>" written in the text) is its own UTF-8 spelling.
-            lengths = [len(t.encode("utf-8")) if t in self._added else len(t) for t in enc.tokens]
-            ends = np.cumsum(np.asarray(lengths, np.int64)) + shift
+            ends = np.cumsum(self._token_bytes()[ids]) + shift
             return ids, ends, np.zeros(ids.size, bool)
         char_to_byte = np.cumsum([0] + [len(c.encode("utf-8")) for c in text], dtype=np.int64)
         ends = char_to_byte[np.asarray([end for _, end in enc.offsets], np.int64)] + shift
         is_byte = np.asarray([bool(_BYTE_PIECE.fullmatch(t)) for t in enc.tokens], bool)
         return ids, ends.reshape(-1), is_byte
+
+    def _token_bytes(self) -> np.ndarray:
+        """`[vocab_size] int64`: the bytes of text each token of a byte-level vocabulary spells
+        (one per character of its string; an added token's UTF-8 length), built once."""
+        if self._bytes_by_id is None:
+            table = np.zeros(self.vocab_size, np.int64)
+            for token, i in self._tok.get_vocab(with_added_tokens=True).items():
+                table[i] = len(token.encode("utf-8")) if token in self._added else len(token)
+            self._bytes_by_id = table
+        return self._bytes_by_id
 
     def _token_texts(self, ids: list[int]) -> list[str]:
         texts = self._tok.decode_batch([[i] for i in ids], skip_special_tokens=False)

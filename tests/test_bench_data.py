@@ -94,7 +94,7 @@ def test_benchmark_end_to_end(tmp_path, stdlib_source):
         c = row["children"][0]
         assert row["throughput_vs_encode_batch"] == pytest.approx(peer["wall_s"] / row["wall_s"])
         assert sum(c["phases_s"].values()) == pytest.approx(c["prepare_s"], rel=1e-3, abs=1e-3)
-        assert c["rss_before_mb"] <= c["peak_mb_after"]["read"] <= c["peak_rss_mb"]
+        assert c["rss_before_mb"] <= min(c["peak_mb_after"].values()) <= c["peak_rss_mb"]
     if not bench_data.cache_supported():
         assert rows[0.02, 1, "sliding", "cached"]["status"] == "no cache yet"
     else:  # the cached run reads the plan the cold run cached: the same tokens, none tokenized

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from ppl_jax import data, plan_cache, suite, tokenizer
+from ppl_jax import data, plan_cache, suite, token_cache, tokenizer
 from ppl_jax.config import get_config
 from ppl_jax.evaluate import evaluate
 from ppl_jax.outputs import OutputDir
@@ -51,15 +51,18 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     s = settings(path, str(tmp_path / "cache"), protocol)
     plain = suite.plan(s.data, s.eval, *suite.cut(*suite.read(s.data), s.data, tok), tok, 512)
     built, docs, _ = suite.planned(s.data, s.eval, tok, 512)
-    assert docs is not None
+    streamed = protocol in token_cache.PROTOCOLS  # planned through the token cache
+    assert (docs is None) == streamed
+    plain = dataclasses.replace(plain, tokens_digest=built.tokens_digest)
     same_plan(built, plain)
     # The second time: no file is read, nothing is tokenized, the tokens are memory-mapped.
     monkeypatch.setattr(data, "read_documents", lambda *a, **k: pytest.fail("read again"))
+    monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
     monkeypatch.setattr(type(tok), "encode_with_bytes", lambda *a: pytest.fail("tokenized again"))
     cached, docs, _ = suite.planned(s.data, s.eval, tok, 512)
     assert docs is None and isinstance(cached.windows.tokens, np.memmap)
     same_plan(cached, plain)
-    assert len(os.listdir(tmp_path / "cache")) == 1
+    assert len(os.listdir(tmp_path / "cache")) == (2 if streamed else 1)  # + the token cache
 
 
 def test_a_changed_file_or_tokenizer_or_setting_is_planned_again(tmp_path, bpe_tokenizer):
@@ -76,9 +79,10 @@ def test_a_changed_file_or_tokenizer_or_setting_is_planned_again(tmp_path, bpe_t
     assert plan_cache.key(other.data, other.eval, tok, 512) != first
     with open(path, "a", encoding="utf-8") as f:
         f.write("\nmore text")
-    changed, docs, _ = suite.planned(s.data, s.eval, tok, 512)
-    assert plan_cache.key(s.data, s.eval, tok, 512) != first and docs is not None
-    assert changed.text_tokens > 0 and len(os.listdir(cache)) == 2  # the stale entry stays
+    changed, _, _ = suite.planned(s.data, s.eval, tok, 512)
+    assert plan_cache.key(s.data, s.eval, tok, 512) != first
+    names = os.listdir(cache)  # plans and token caches, the stale entries too
+    assert changed.text_tokens > 0 and len(names) == 4, names
 
 
 def test_every_plan_field_is_cached():

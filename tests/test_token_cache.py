@@ -1,0 +1,227 @@
+"""The token cache (`ppl_jax.token_cache`): a corpus tokenized once, in shares across processes,
+into flat memory-mapped arrays, and the per-document protocols planned from document lengths.
+Plans equal `protocols.plan`'s array for array whatever the number of shares and chunk sizes; a
+second run, another protocol or another sequence length tokenizes nothing; a changed file or
+tokenizer is tokenized again; two real processes each tokenize half and score as one does."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_plan_cache import same_plan, settings
+from test_resume_cli import free_port
+
+from ppl_jax import data, protocols, suite, token_cache, tokenizer
+from ppl_jax.errors import DataError
+
+import helpers
+
+TEXTS = [
+    "",  # an empty first document: the stream's first token is a separator's
+    "Hello world  ",
+    "  leading space and\nnewline",
+    "",
+    "émoji 🎉 and ünïcode",
+    "x",
+    "   ",
+    helpers.stdlib_text(700),  # longer than the pieces below: tokenized in pieces
+    "last",
+]
+
+
+def corpus(tmp_path, texts=TEXTS) -> str:
+    """Two JSONL files (a glob), so that shares cross a file boundary."""
+    half = len(texts) // 2
+    for name, part in (("a", texts[:half]), ("b", texts[half:])):
+        with open(tmp_path / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in part)
+    return str(tmp_path / "*.jsonl")
+
+
+def entry_of(tmp_path, path, tok, count: int) -> token_cache.Entry:
+    """An entry written as `count` processes would, one share each."""
+    s = settings(path, str(tmp_path), "sliding", format="jsonl")
+    folder = tmp_path / f"entry-{count}"
+    folder.mkdir()
+    n = data.count_documents(path, "jsonl")
+    names = [token_cache.build_part(s.data, tok, str(folder), i, count, n) for i in range(count)]
+    (folder / "parts.json").write_text(json.dumps({"version": token_cache.VERSION, "parts": names}))
+    return token_cache.open_entry(str(folder))
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(token_cache, "BATCH_CHARS", 40)
+    monkeypatch.setattr(token_cache, "COPY_TOKENS", 7)
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe", "bpe_with_bos"])
+def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind, small_chunks):
+    tok = tokenizer.load("byte" if kind == "byte" else bpe_tokenizer, None)
+    tok.piece_chars = 256  # the long document is encoded in pieces
+    if kind == "bpe_with_bos":
+        tok.bos_id = tok.token_id(helpers.EOT)
+    path = corpus(tmp_path)
+    docs = data.read_documents(path, "jsonl")
+    rolling = tok.bos_id is not None or tok.eos_id is not None
+    for count in (1, 2, 3, 11):  # 11 shares of 9 documents: some are empty
+        entry = entry_of(tmp_path, path, tok, count)
+        assert entry.num_documents == len(docs)
+        cases = itertools.product(
+            ["sliding"] + (["lm_eval_rolling"] if rolling else []),
+            ["\n\n", "", "|"],
+            [False, True] if tok.bos_id is not None else [False],
+            [(8, 3), (16, 16)],
+        )
+        for protocol, separator, add_bos, (seq_len, stride) in cases:
+            if protocol == "lm_eval_rolling" and separator != "\n\n":
+                continue  # no separator in a per-document stream
+            stride = stride if protocol == "sliding" else None
+            want = protocols.plan(
+                protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator
+            )
+            stream = str(tmp_path / f"stream-{count}.npy")
+            got = token_cache.plan(
+                entry, protocol, tok, 600, seq_len, stride, add_bos, separator, stream
+            )
+            assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
+            same_plan(got, dataclass_with(want, tokens_digest=got.tokens_digest))
+
+
+def dataclass_with(plan, **changes):
+    import dataclasses
+
+    return dataclasses.replace(plan, **changes)
+
+
+def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
+    path = corpus(tmp_path, ["ok", "ok too", "ÿ here"])
+    tok = tokenizer.load("byte", None)
+    entry = entry_of(tmp_path, path, tok, 2)
+    with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
+        token_cache.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
+    assert "document 2 (" in str(e.value) and "b.jsonl:2" in str(e.value)
+
+
+def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokenizer, monkeypatch):
+    path = corpus(tmp_path)
+    tok = tokenizer.load(bpe_tokenizer, None)
+    cache = str(tmp_path / "cache")
+    s = settings(path, cache, "sliding", format="jsonl")
+    first, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    assert docs is None and isinstance(first.windows.tokens, np.memmap)
+    want = protocols.plan(
+        "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.eval.stride, False
+    )
+    same_plan(first, dataclass_with(want, tokens_digest=first.tokens_digest))
+    # From now on nothing is read or tokenized: the token cache serves every protocol and length.
+    monkeypatch.setattr(token_cache, "_write_part", lambda *a: pytest.fail("tokenized again"))
+    monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
+    again, _, _ = suite.planned(s.data, s.eval, tok, 512)
+    same_plan(again, first)
+    other = settings(path, cache, "lm_eval_rolling", format="jsonl")
+    rolling, _, _ = suite.planned(other.data, dataclass_with(other.eval, seq_len=16), tok, 512)
+    assert rolling.protocol == "lm_eval_rolling" and rolling.windows.seq_len == 16
+    names = sorted(os.listdir(cache))
+    assert sum(n.startswith("tokens-") for n in names) == 1 and len(names) == 3
+
+
+def test_a_changed_file_or_tokenizer_is_tokenized_again(tmp_path, bpe_tokenizer):
+    path = corpus(tmp_path)
+    cache = str(tmp_path / "cache")
+    s = settings(path, cache, "sliding", format="jsonl")
+    bpe, byte = tokenizer.load(bpe_tokenizer, None), tokenizer.load("byte", None)
+    before = suite.planned(s.data, s.eval, bpe, 512)[0].text_tokens
+    assert token_cache.key(s.data, byte) != token_cache.key(s.data, bpe)
+    suite.planned(s.data, s.eval, byte, 512)
+    key = token_cache.key(s.data, bpe)
+    with open(tmp_path / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    assert token_cache.key(s.data, bpe) != key
+    after = suite.planned(s.data, s.eval, bpe, 512)[0]
+    assert after.num_documents == len(TEXTS) + 1 and after.text_tokens > before
+    tokens = [n for n in os.listdir(cache) if n.startswith("tokens-")]
+    assert len(tokens) == 3  # bpe, byte, and bpe of the changed file; stale entries stay
+
+
+def run_two(tmp_path, name, flags):
+    port = free_port()
+    cmd = [sys.executable, "-m", "ppl_jax", "--config.output.progress=false", *flags]
+    procs = [
+        subprocess.Popen(
+            [*cmd, f"--config.output.dir={tmp_path / name}"],
+            env=helpers.process_env(i, 2, port),
+            cwd=helpers.REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    return [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+
+
+def test_two_processes_tokenize_a_share_each_and_score_as_one(tmp_path, demo_checkpoint):
+    texts = [helpers.stdlib_text(300 + 40 * i)[i * 50 :] for i in range(12)]
+    path = corpus(tmp_path, texts)
+    flags = [f"--config.data.path={path}", "--config.data.format=jsonl", "--config.eval.seq_len=64"]
+    cache = tmp_path / "cache"
+    codes = run_two(tmp_path, "two", [*flags, f"--config.data.cache_dir={cache}"])
+    assert [c for c, _ in codes] == [0, 0], codes[0][1][-2000:] + codes[1][1][-2000:]
+    one = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ppl_jax",
+            "--config.output.progress=false",
+            f"--config.output.dir={tmp_path / 'one'}",
+            *flags,
+        ],
+        cwd=helpers.REPO,
+        capture_output=True,
+        text=True,
+        env=helpers.process_env(),
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    a, b = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("one", "two"))
+    for k in ("num_tokens", "num_bytes", "num_words", "num_windows", "num_documents"):
+        assert a[k] == b[k], k
+    assert b["nll_sum"] == pytest.approx(a["nll_sum"], rel=1e-12)
+    (entry,) = [n for n in os.listdir(cache) if n.startswith("tokens-")]
+    parts = json.loads((cache / entry / "parts.json").read_text())["parts"]
+    assert parts == ["part-00000-of-00002", "part-00001-of-00002"]
+    shares = [json.loads((cache / entry / p / "part.json").read_text())["documents"] for p in parts]
+    assert shares == [[0, 6], [6, 12]]
+
+
+def test_a_bad_share_stops_both_processes(tmp_path, demo_checkpoint):
+    path = corpus(tmp_path, ["fine text"] * 3)
+    with open(tmp_path / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write("{not json\n")
+    flags = [
+        f"--config.data.path={path}",
+        "--config.data.format=jsonl",
+        f"--config.data.cache_dir={tmp_path / 'cache'}",
+    ]
+    (c0, e0), (c1, e1) = run_two(tmp_path, "out", flags)
+    assert (c0, c1) == (2, 2), e0[-2000:] + e1[-2000:]
+    assert "b.jsonl:3: not valid JSON" in e1
+    assert "process 1 could not tokenize its share of the corpus" in e0
+
+
+def test_harness_words_from_words_and_edges():
+    """The harness's `len(re.split(r"\\s+", text))` from `str.split` words and the text's edges,
+    on random strings of Python's whitespace (also the rare kinds) and other characters."""
+    rng = np.random.default_rng(0)
+    chars = [" ", "\t", "\n", "\r", "a", "b", "é", "\u3000", "\x1c", "\x85", "\u2028", "\xa0"]
+    for _ in range(5000):
+        text = "".join(rng.choice(chars, size=rng.integers(0, 9)))
+        edges = token_cache._edges(text)
+        got = token_cache._harness_words(text, len(text.split()), edges)
+        assert got == protocols.count_harness_words(text), repr(text)
