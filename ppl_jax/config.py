@@ -97,7 +97,7 @@ def get_config() -> config_dict.ConfigDict:
     c.data.max_documents = 0  # budget: at most this many documents (0: all)
     c.data.max_tokens = 0  # budget: documents until this many tokens (0: all)
     c.data.sample_seed = -1  # budgets take the first documents (-1) or a sample with this seed
-    c.data.cache_dir = ""  # planned datasets are cached here and memory-mapped (ppl_jax.plan_cache)
+    c.data.cache_dir = ""  # token and plan caches (ppl_jax.token_cache, ppl_jax.plan_cache)
 
     # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
     # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
@@ -183,8 +183,8 @@ KEY_MEANINGS = {
     "data.max_tokens": "documents until this many tokens (0: all)",
     "data.sample_seed": "the budgets take the first documents in file order (-1) or a sample "
     "drawn with this seed",
-    "data.cache_dir": "a folder where each dataset is cached once read, tokenized and planned "
-    "(memory-mapped by later runs); '': no cache",
+    "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "
+    "shares across processes, and each plan cached (memory-mapped by later runs); '': no cache",
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",

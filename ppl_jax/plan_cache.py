@@ -157,6 +157,46 @@ def _write(
     return final
 
 
+def made_once(
+    cache_dir: str, entry: str, write: Callable[[], Any], what: str
+) -> tuple[Plan, dict[str, Any]]:
+    """The entry written by process 0 (`write()`, which calls `save` or `save_built`) while the
+    others wait, then loaded (memory-mapped) by every process.
+
+    Raises:
+      PplJaxError: process 0's own error, on process 0; on the others a DataError that points to
+        process 0's log; a DataError where a process does not see the entry (a cache folder that
+        is not shared).
+    """
+    import jax
+
+    from ppl_jax import distributed
+    from ppl_jax.errors import DataError, PplJaxError
+
+    error: PplJaxError | None = None
+    if jax.process_index() == 0:
+        try:
+            write()
+        except PplJaxError as e:
+            error = e
+    failed = distributed.flags_of_all(error is not None)
+    if error is not None:
+        raise error
+    if failed[0]:
+        raise DataError(
+            f"{what}: process 0 could not plan the corpus (its log says why); fix that and run "
+            f"again."
+        )
+    found = load(cache_dir, entry)
+    if found is None:
+        raise DataError(
+            f"data.cache_dir={cache_dir!r}: process {jax.process_index()} does not see the plan "
+            f"that process 0 wrote there; on several hosts data.cache_dir must be a folder every "
+            f"process sees (a shared filesystem, or a bucket mounted with gcsfuse)."
+        )
+    return found
+
+
 def _json(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 

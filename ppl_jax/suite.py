@@ -169,12 +169,15 @@ def planned(
     where the token cache applies (`ppl_jax.token_cache`: no preparation, no budget, a
     per-document protocol), from the token cache, tokenized in shares across processes in
     bounded memory; else read (or `read_first`, the documents already read), cut to its budget,
-    planned, and cached.
+    planned, and cached (with several processes and a cache, by process 0 alone while the others
+    wait, and then memory-mapped by all).
 
     Returns:
       (the plan, the documents when they were read here or given, else None, the cache entry's
       extras: {} unless the entry was read).
     """
+    import jax
+
     from ppl_jax import plan_cache, token_cache
 
     entry = plan_cache.key(ds, ev, tok, vocab_size) if ds.cache_dir else None
@@ -186,6 +189,15 @@ def planned(
             return found[0], None, found[1]
     if entry is not None and read_first is None and token_cache.applies(ds, ev.protocol):
         return token_cache.planned(ds, ev, tok, vocab_size, entry), None, {}
+    if entry is not None and read_first is None and jax.process_count() > 1:
+        # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
+        def write() -> None:
+            plan_cache.save(
+                ds.cache_dir, entry, plan(ds, ev, *cut(*read(ds), ds, tok), tok, vocab_size)
+            )
+
+        found = plan_cache.made_once(ds.cache_dir, entry, write, f"data {ds.name!r}")
+        return found[0], None, found[1]
     docs, counts = read_first if read_first is not None else read(ds)
     docs, counts = cut(docs, counts, ds, tok)
     p = plan(ds, ev, docs, counts, tok, vocab_size)

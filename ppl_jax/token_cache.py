@@ -337,48 +337,30 @@ def planned(ds, ev, tok: Tokenizer, vocab_size: int, plan_key: str) -> Plan:
       DataError, ConfigError: as `build` and `plan`; on the other processes, a DataError that
         points to process 0's log when its planning failed.
     """
-    import jax
 
     from ppl_jax import plan_cache
 
     entry = build(ds, tok)
-    error: PplJaxError | None = None
-    if jax.process_index() == 0:
-        add_bos = protocols.resolve_add_bos(ev.add_bos, tok)
-        try:
-            plan_cache.save_built(
-                ds.cache_dir,
-                plan_key,
-                lambda path: plan(
-                    entry,
-                    ev.protocol,
-                    tok,
-                    vocab_size,
-                    ev.seq_len,
-                    ev.stride,
-                    add_bos,
-                    ds.separator,
-                    path,
-                ),
-            )
-        except PplJaxError as e:
-            error = e
-    failed = _gather_failures(error is not None)
-    if error is not None:
-        raise error
-    if failed:
-        raise DataError(
-            f"data {ds.name!r}: process 0 could not plan the corpus (its log says why); fix that "
-            f"and run again."
+    add_bos = protocols.resolve_add_bos(ev.add_bos, tok)
+
+    def write() -> None:
+        plan_cache.save_built(
+            ds.cache_dir,
+            plan_key,
+            lambda path: plan(
+                entry,
+                ev.protocol,
+                tok,
+                vocab_size,
+                ev.seq_len,
+                ev.stride,
+                add_bos,
+                ds.separator,
+                path,
+            ),
         )
-    found = plan_cache.load(ds.cache_dir, plan_key)
-    if found is None:
-        raise DataError(
-            f"data.cache_dir={ds.cache_dir!r}: process {jax.process_index()} does not see the "
-            f"plan that process 0 wrote there; on several hosts data.cache_dir must be a folder "
-            f"every process sees (a shared filesystem or a bucket)."
-        )
-    return found[0]
+
+    return plan_cache.made_once(ds.cache_dir, plan_key, write, f"data {ds.name!r}")[0]
 
 
 # ---------------------------------------------------------------------------------------------

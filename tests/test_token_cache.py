@@ -167,10 +167,18 @@ def run_two(tmp_path, name, flags):
     return [(p.wait(timeout=300), p.stderr.read()) for p in procs]
 
 
-def test_two_processes_tokenize_a_share_each_and_score_as_one(tmp_path, demo_checkpoint):
+@pytest.mark.parametrize("protocol", ["sliding", "hf_strided"])
+def test_two_processes_tokenize_a_share_each_and_score_as_one(tmp_path, demo_checkpoint, protocol):
+    """`sliding`: each process tokenizes half of the documents. `hf_strided` (the joined text,
+    one string): process 0 plans alone, process 1 waits and memory-maps its plan."""
     texts = [helpers.stdlib_text(300 + 40 * i)[i * 50 :] for i in range(12)]
     path = corpus(tmp_path, texts)
-    flags = [f"--config.data.path={path}", "--config.data.format=jsonl", "--config.eval.seq_len=64"]
+    flags = [
+        f"--config.data.path={path}",
+        "--config.data.format=jsonl",
+        "--config.eval.seq_len=64",
+        f"--config.eval.protocol={protocol}",
+    ]
     cache = tmp_path / "cache"
     codes = run_two(tmp_path, "two", [*flags, f"--config.data.cache_dir={cache}"])
     assert [c for c, _ in codes] == [0, 0], codes[0][1][-2000:] + codes[1][1][-2000:]
@@ -193,7 +201,11 @@ def test_two_processes_tokenize_a_share_each_and_score_as_one(tmp_path, demo_che
     for k in ("num_tokens", "num_bytes", "num_words", "num_windows", "num_documents"):
         assert a[k] == b[k], k
     assert b["nll_sum"] == pytest.approx(a["nll_sum"], rel=1e-12)
-    (entry,) = [n for n in os.listdir(cache) if n.startswith("tokens-")]
+    names = os.listdir(cache)
+    if protocol == "hf_strided":
+        assert len(names) == 1 and not names[0].startswith("tokens-")  # one plan, no tokens
+        return
+    (entry,) = [n for n in names if n.startswith("tokens-")]
     parts = json.loads((cache / entry / "parts.json").read_text())["parts"]
     assert parts == ["part-00000-of-00002", "part-00001-of-00002"]
     shares = [json.loads((cache / entry / p / "part.json").read_text())["documents"] for p in parts]
