@@ -1,4 +1,4 @@
-"""The token cache (`ppl_jax.token_cache`): a corpus tokenized once, in shares across processes,
+"""The token cache (`ppl_jax.token_cache`, `ppl_jax.stream_plans`): a corpus tokenized once, in shares across processes,
 into flat memory-mapped arrays, and the per-document protocols planned from document lengths.
 Plans equal `protocols.plan`'s array for array whatever the number of shares and chunk sizes; a
 second run, another protocol or another sequence length tokenizes nothing; a changed file or
@@ -6,6 +6,7 @@ tokenizer is tokenized again; two real processes each tokenize half and score as
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -17,7 +18,7 @@ import pytest
 from test_plan_cache import same_plan, settings
 from test_resume_cli import free_port
 
-from ppl_jax import data, protocols, suite, token_cache, tokenizer
+from ppl_jax import data, protocols, stream_plans, suite, token_cache, tokenizer
 from ppl_jax.errors import DataError
 
 import helpers
@@ -87,7 +88,7 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
                 protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator
             )
             stream = str(tmp_path / f"stream-{count}.npy")
-            got = token_cache.plan(
+            got = stream_plans.plan(
                 entry, protocol, tok, 600, seq_len, stride, add_bos, separator, stream
             )
             assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
@@ -105,7 +106,7 @@ def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     tok = tokenizer.load("byte", None)
     entry = entry_of(tmp_path, path, tok, 2)
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
-        token_cache.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
+        stream_plans.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
     assert "document 2 (" in str(e.value) and "b.jsonl:2" in str(e.value)
 
 
@@ -152,7 +153,7 @@ def test_a_changed_file_or_tokenizer_is_tokenized_again(tmp_path, bpe_tokenizer)
 
 def run_two(tmp_path, name, flags):
     port = free_port()
-    cmd = [sys.executable, "-m", "ppl_jax", "--config.output.progress=false", *flags]
+    cmd = [sys.executable, "-m", "ppl_jax", *flags, "--config.output.progress=false"]
     procs = [
         subprocess.Popen(
             [*cmd, f"--config.output.dir={tmp_path / name}"],
@@ -167,49 +168,74 @@ def run_two(tmp_path, name, flags):
     return [(p.wait(timeout=300), p.stderr.read()) for p in procs]
 
 
-@pytest.mark.parametrize("protocol", ["sliding", "hf_strided"])
-def test_two_processes_tokenize_a_share_each_and_score_as_one(tmp_path, demo_checkpoint, protocol):
-    """`sliding`: each process tokenizes half of the documents. `hf_strided` (the joined text,
-    one string): process 0 plans alone, process 1 waits and memory-maps its plan."""
-    texts = [helpers.stdlib_text(300 + 40 * i)[i * 50 :] for i in range(12)]
-    path = corpus(tmp_path, texts)
-    flags = [
-        f"--config.data.path={path}",
-        "--config.data.format=jsonl",
-        "--config.eval.seq_len=64",
-        f"--config.eval.protocol={protocol}",
-    ]
-    cache = tmp_path / "cache"
-    codes = run_two(tmp_path, "two", [*flags, f"--config.data.cache_dir={cache}"])
-    assert [c for c, _ in codes] == [0, 0], codes[0][1][-2000:] + codes[1][1][-2000:]
-    one = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ppl_jax",
-            "--config.output.progress=false",
-            f"--config.output.dir={tmp_path / 'one'}",
-            *flags,
-        ],
+def run_one(tmp_path, name, flags):
+    cmd = [sys.executable, "-m", "ppl_jax", *flags, "--config.output.progress=false"]
+    proc = subprocess.run(
+        [*cmd, f"--config.output.dir={tmp_path / name}"],
         cwd=helpers.REPO,
         capture_output=True,
         text=True,
         env=helpers.process_env(),
     )
-    assert one.returncode == 0, one.stderr[-2000:]
-    a, b = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("one", "two"))
-    for k in ("num_tokens", "num_bytes", "num_words", "num_windows", "num_documents"):
-        assert a[k] == b[k], k
-    assert b["nll_sum"] == pytest.approx(a["nll_sum"], rel=1e-12)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_protocol_on_two_processes_with_the_cache_scores_as_one_without(
+    tmp_path, bpe_tokenizer
+):
+    """A suite of the four protocols over one corpus: two processes with a shared cache (each
+    tokenizes half of the documents into the token cache for `sliding` and `lm_eval_rolling`;
+    process 0 plans the joined text of `hf_strided` and `gptq_chunks` while process 1 waits) give
+    the records of one process without a cache."""
+    texts = [helpers.stdlib_text(200 + 50 * i)[i * 30 :] for i in range(10)]
+    path = corpus(tmp_path, texts)
+    entries = ",\n".join(
+        f"        config_dict.ConfigDict(dict(name={p!r}, path={path!r}, format='jsonl', "
+        f"protocol={p!r}, seq_len=64))"
+        for p in protocols.PROTOCOLS
+    )
+    config = tmp_path / "four.py"
+    config.write_text(
+        "from ml_collections import config_dict\n"
+        "from ppl_jax.config import get_config as _default\n"
+        "def get_config():\n"
+        "    c = _default()\n"
+        f"    c.suite = (\n{entries},\n    )\n"
+        "    return c\n"
+    )
+    ckpt = tmp_path / "ckpt"  # a tiny Llama of the BPE's 512 ids (lm_eval_rolling needs EOS)
+    helpers.save_random_checkpoint(str(ckpt), dataclasses.replace(helpers.TINY, vocab_size=512))
+    flags = [
+        f"--config={config}",
+        f"--config.checkpoint.dir={ckpt}",
+        f"--config.data.tokenizer={bpe_tokenizer}",
+        "--config.eval.seq_len=64",
+    ]
+    codes = run_two(tmp_path, "two", [*flags, f"--config.data.cache_dir={tmp_path / 'cache'}"])
+    assert [c for c, _ in codes] == [0, 0], codes[0][1][-2000:] + codes[1][1][-2000:]
+    run_one(tmp_path, "one", flags)
+
+    def records(name):
+        lines = (tmp_path / name / "results.jsonl").read_text().splitlines()
+        return {r["dataset"]: r["sums"] for r in map(json.loads, lines) if r["kind"] == "dataset"}
+
+    one, two = records("one"), records("two")
+    assert sorted(one) == sorted(two) == sorted(protocols.PROTOCOLS)
+    for name in one:
+        assert {k: v for k, v in one[name].items() if k != "nll_sum"} == {
+            k: v for k, v in two[name].items() if k != "nll_sum"
+        }, name
+        assert two[name]["nll_sum"] == pytest.approx(one[name]["nll_sum"], rel=1e-12), name
+    # One token cache (both per-document protocols read the same files with one tokenizer),
+    # written in two shares of five documents; a plan per protocol.
+    cache = tmp_path / "cache"
     names = os.listdir(cache)
-    if protocol == "hf_strided":
-        assert len(names) == 1 and not names[0].startswith("tokens-")  # one plan, no tokens
-        return
     (entry,) = [n for n in names if n.startswith("tokens-")]
+    assert len(names) == 1 + len(protocols.PROTOCOLS)
     parts = json.loads((cache / entry / "parts.json").read_text())["parts"]
     assert parts == ["part-00000-of-00002", "part-00001-of-00002"]
     shares = [json.loads((cache / entry / p / "part.json").read_text())["documents"] for p in parts]
-    assert shares == [[0, 6], [6, 12]]
+    assert shares == [[0, 5], [5, 10]]
 
 
 def test_a_bad_share_stops_both_processes(tmp_path, demo_checkpoint):
@@ -234,6 +260,6 @@ def test_harness_words_from_words_and_edges():
     chars = [" ", "\t", "\n", "\r", "a", "b", "é", "\u3000", "\x1c", "\x85", "\u2028", "\xa0"]
     for _ in range(5000):
         text = "".join(rng.choice(chars, size=rng.integers(0, 9)))
-        edges = token_cache._edges(text)
+        edges = token_cache.edges_of(text)
         got = token_cache._harness_words(text, len(text.split()), edges)
         assert got == protocols.count_harness_words(text), repr(text)

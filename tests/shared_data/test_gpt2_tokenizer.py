@@ -59,3 +59,34 @@ def test_gpt2_counts_on_a_real_text(gpt2, test_data):
     assert s.num_words == len(text[len("First") :].split())
     # Every token decoded byte by byte gives back the text.
     assert b"".join(token_bytes(gpt2, i) for i in s.tokens) == text.encode("utf-8")
+
+
+@pytest.mark.parametrize("protocol", ["sliding", "lm_eval_rolling"])
+def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_path, protocol):
+    """WikiText-2 test (its articles) through GPT-2: the token cache written in three shares
+    plans exactly what `protocols.plan` plans from the documents in memory."""
+    import json
+
+    from ppl_jax import data, protocols, stream_plans, token_cache
+
+    path = os.path.join(test_data, "wikitext-2", "test.txt")
+    docs = data.read_documents(path, "wikitext")
+    ds = type("DS", (), dict(path=path, format="wikitext", errors="strict", jsonl_field="text"))
+    names = [token_cache.build_part(ds, gpt2, str(tmp_path), i, 3, len(docs)) for i in range(3)]
+    (tmp_path / "parts.json").write_text(json.dumps({"version": 1, "parts": names}))
+    entry = token_cache.open_entry(str(tmp_path))
+    stride = 512 if protocol == "sliding" else None
+    want = protocols.plan(protocol, docs, gpt2, gpt2.vocab_size, 1024, stride, False)
+    got = stream_plans.plan(
+        entry, protocol, gpt2, gpt2.vocab_size, 1024, stride, False, "\n\n", str(tmp_path / "s.npy")
+    )
+    assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
+    for name in ("starts", "lengths", "prefix", "first_scored", "document"):
+        np.testing.assert_array_equal(getattr(got.windows, name), getattr(want.windows, name))
+    np.testing.assert_array_equal(got.doc_starts, want.doc_starts)
+    for name in ("num_bytes", "num_words", "text_tokens", "unscored_tokens", "num_documents"):
+        assert getattr(got, name) == getattr(want, name), name
+    if protocol == "sliding":
+        np.testing.assert_array_equal(got.window_bytes, want.window_bytes)
+    else:
+        np.testing.assert_array_equal(got.doc_words, want.doc_words)
