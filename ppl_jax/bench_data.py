@@ -3,19 +3,24 @@
     python -m ppl_jax.bench --data_scale                      # 10 MB, 100 MB, 1 GB; 1 and 2 processes
     python -m ppl_jax.bench --data_scale --data_sizes_mb=1,10 --data_processes=1
 
-What is measured is what `ppl_jax.evaluate.evaluate` does with the data before it scores: read
-the documents (`suite.read`), load the tokenizer, apply the budget (`suite.cut`), tokenize and plan
-the protocol's windows (`suite.plan`), lay out the batches (`layout.plan_layout`) and check that
-every process planned the same windows (`protocols.plan_digest`, `distributed.check_same_plan`).
-Each measurement runs in a fresh child process (`python -m ppl_jax.bench_data --data_child=...`),
+What is measured is what `ppl_jax.evaluate.evaluate` does with the data before it scores: load
+the tokenizer; with `data.cache_dir` (the default here), `suite.planned`: a plan-cache hit, else
+the token cache (each process reads and tokenizes its share of the documents, `ppl_jax.token_cache`)
+and the plan from its lengths (`ppl_jax.stream_plans`); without one, read the documents
+(`suite.read`), apply the budget (`suite.cut`), tokenize and plan (`suite.plan`). Then lay out the
+batches (`layout.plan_layout`) and check that every process planned the same windows
+(`protocols.plan_digest`, `distributed.check_same_plan`). Modes: `cold` (a fresh cache folder),
+`cached` (the same folder again: the plan is found), `replan` (the plans removed, the token cache
+kept: another protocol or sequence length). Each measurement runs in a fresh child process
+(`python -m ppl_jax.bench_data --data_child=...`),
 with 1 process, or 2 processes joined by `jax.distributed` on localhost (the environment of
 `launch/local.sh`: PPL_JAX_COORDINATOR, PPL_JAX_NUM_PROCESSES, PPL_JAX_PROCESS_ID). A child reports
 its own peak resident memory: `VmHWM` of `/proc/self/status` after each phase, the last being its
 whole life's peak (the same figure as `getrusage(RUSAGE_SELF).ru_maxrss`), with its RSS before
-the data were read. Wall time is the child's own, from reading to the plan check (imports and
-the start of JAX's runtime, which `evaluate` does first for its mesh, excluded), the slowest
-process's for 2 processes. Tokenizing is timed by
-wrapping the tokenizer's `encode`/`encode_with_bytes`; planning is the rest of `suite.plan`.
+the data were read. Wall time is the child's own, from loading the tokenizer to the plan check
+(imports and the start of JAX's runtime, which `evaluate` does first for its mesh, excluded), the
+slowest process's for 2 processes. Tokenizing is timed by wrapping the tokenizer's
+`encode`/`encode_with_bytes`; planning is the rest.
 
 Beside it, in the same run and its own child process: `tokenizers.Tokenizer.encode_batch` on the
 same documents (read from the same file beforehand, not timed), in batches of `--data_peer_batch`
@@ -27,16 +32,13 @@ when PPL_JAX_TEST_DATA names a folder, from its WikiText-2, Tiny Shakespeare and
 with its GPT-2 `tokenizer.json`; repeated until the requested size and written as JSONL (field
 `text`). Sizes are in MB = 10^6 bytes of UTF-8 document text.
 
-Memory and time rules: today's preparation holds the whole corpus in Python memory, so a size is
-run only if its projected peak (all processes together) stays under `--data_max_projected_gb` and
-under 80% of the memory available now, and its projected wall time under `--data_max_projected_s`;
-the projections are the 1-process child's RSS before reading plus its growth per MB, and its
-seconds per MB (times the processes, which each prepare the whole corpus today), at the largest
-size measured so far (same protocol). Otherwise the row says "not run (projected N GB, S s)".
-
-The `cached` mode needs a token cache (`data.cache_dir`, issue 10 item 1): while
-`settings.DataSettings` has no `cache_dir` field its rows say "no cache yet"; once it has one, a
-cold run fills a fresh cache folder and the cached run reads it.
+Memory and time rules: a size is run only if its projected peak (all processes together) stays
+under `--data_max_projected_gb` and under 80% of the memory available now, and its projected
+wall time under `--data_max_projected_s`; the projections are the 1-process child's RSS before
+reading plus its growth per MB, and its seconds per MB (times the processes), at the largest size
+measured so far (same protocol). They were made for the preparation that held the whole corpus
+in memory and overestimate the token cache's, whose peak does not grow with the corpus; raise
+the limits to run large sizes. Otherwise the row says "not run (projected N GB, S s)".
 """
 
 from __future__ import annotations
