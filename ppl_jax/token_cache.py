@@ -17,13 +17,13 @@ and all processes meet (`multihost_utils.process_allgather` of a status, so that
 error stops the others with a message instead of a hang). An entry is the folder holding one
 part per process of the run that built it, and `parts.json`, written last.
 
-A part holds flat arrays, appended while tokenizing and memory-mapped when read:
+A part holds flat arrays, appended while tokenizing and read back in chunks (`Part.read`):
 `ids.bin` (int32 token ids), `bytes.bin` (int32: the UTF-8 bytes each token covers, for bits per
 byte), and per document: tokens, UTF-8 bytes, whitespace-separated words (`str.split`), the
 lm-evaluation-harness's words (`protocols.count_harness_words`), whether it begins and ends with
 a non-space character (to count the words of documents joined by a separator exactly), and its
 source (`path:line`). Memory while building is bounded by one batch of documents, whatever the
-corpus size.
+corpus size (plus a few integers per document).
 
 Plans are made from an entry by `ppl_jax.stream_plans`.
 """
