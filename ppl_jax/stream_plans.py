@@ -46,7 +46,6 @@ def plan(
       DataError: an id outside the vocabulary (naming the document), or nothing to score.
       ConfigError: as `protocols.plan`.
     """
-    _check_vocabulary(entry, vocab_size, tok)
     if protocol == "sliding":
         return _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path)
     if protocol == "lm_eval_rolling":
@@ -54,26 +53,23 @@ def plan(
     raise ValueError(f"the token cache does not plan {protocol}")
 
 
-def _check_vocabulary(entry: Entry, vocab_size: int, tok: Tokenizer) -> None:
-    starts = np.cumsum(np.concatenate([[0], entry.doc_array("doc_tokens")]))
-    at = 0
-    for chunk in entry.token_chunks():
-        bad = np.flatnonzero((chunk < 0) | (chunk >= vocab_size))
-        if bad.size:
-            d = int(np.searchsorted(starts, at + bad[0], side="right")) - 1
-            protocols.check_ids(
-                chunk[bad[:1]], vocab_size, f"document {d} ({entry.sources[d]})", tok
-            )
-        at += chunk.size
-
-
 def _segments(
-    entry: Entry, sep: tuple[np.ndarray, np.ndarray] | None, before_first: bool = False
+    entry: Entry,
+    sep: tuple[np.ndarray, np.ndarray] | None,
+    check: tuple[int, Tokenizer],
+    before_first: bool = False,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The stream's text tokens and byte lengths: the documents' tokens with `sep`'s tokens
     between documents (also before the first with `before_first`), in chunks of whole documents
-    of about `token_cache.COPY_TOKENS` tokens."""
+    of about `token_cache.COPY_TOKENS` tokens. Each chunk's ids are checked against the model's
+    vocabulary (`check`: its size and the tokenizer) as they are read, so the cache is read once.
+
+    Raises:
+      DataError: an id outside the vocabulary, naming its document.
+    """
+    vocab_size, tok = check
     first = not before_first
+    base = 0  # documents of the parts before this one
     for part in entry.parts:
         offsets = np.concatenate([[0], np.cumsum(part.doc_tokens)])
         d = 0
@@ -85,11 +81,17 @@ def _segments(
             e = max(e, d + 1)
             lo, hi = int(offsets[d]), int(offsets[e])
             ids, lens = part.read("ids", lo, hi), part.read("bytes", lo, hi)
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+            if bad.size:
+                doc = base + int(np.searchsorted(offsets, lo + bad[0], side="right")) - 1
+                where = f"document {doc} ({entry.sources[doc]})"
+                protocols.check_ids(ids[bad[:1]], vocab_size, where, tok)
             if sep is not None:
                 ids, lens = _with_separators(ids, lens, part.doc_tokens[d:e], sep, first)
             first = False
             yield ids, lens
             d = e
+        base += part.doc_tokens.size
 
 
 def _with_separators(ids, lens, doc_tokens, sep, first: bool):
@@ -166,7 +168,7 @@ def _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream
     if bos:
         stream.write(np.asarray([tok.bos_id], np.int32))
         at = 1
-    for ids, lens in _segments(entry, sep):
+    for ids, lens in _segments(entry, sep, (vocab_size, tok)):
         stream.write(ids)
         prefix = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
         j = int(np.searchsorted(ordered, at + ids.size, side="right"))
@@ -239,20 +241,15 @@ def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) 
     if not add_bos:  # the stream's first token is context only: count from after it
         f = int(np.flatnonzero(seg["tokens"] > 0)[0])
         if f % 2 and seg is not doc:  # a separator (the documents before it have no tokens)
-            lens = tok.encode_with_bytes([separator])[0][1]
-            raw = separator.encode("utf-8")
-            cut = int(lens[0])
-        else:
-            d, head = entry.head()
-            cut, raw = head["first_token_bytes"], None
-        if raw is not None:
-            rest = raw[cut:].decode("utf-8", "ignore")
+            cut = int(tok.encode_with_bytes([separator])[0][1][0])
+            rest = separator.encode("utf-8")[cut:].decode("utf-8", "ignore")
             after = {
                 "words_after": len(rest.split()),
                 "starts_after": bool(rest) and not rest[0].isspace(),
             }
-        else:
-            after = head
+        else:  # the first document with tokens: its part measured the rest when it was read
+            after = entry.head()[1]
+            cut = after["first_token_bytes"]
         words[:f], nbytes[:f] = 0, 0
         words[f] = after["words_after"]
         edges[f] = (edges[f] & ENDS) | (STARTS if after["starts_after"] else 0)
@@ -270,13 +267,10 @@ def _rolling(entry, tok, vocab_size, seq_len, add_bos, stream_path) -> Plan:
     offsets = np.concatenate([[0], np.cumsum(doc_tokens)]).astype(np.int64)
     n = int(offsets[-1])
     stream = _Stream(stream_path, n)
-    if add_bos:  # BOS before every document, as a separator before the first too
-        bos = np.asarray([tok.bos_id], np.int32)
-        for ids, _ in _segments(entry, (bos, np.zeros(1, np.int32)), before_first=True):
-            stream.write(ids)
-    else:  # the parts' ids are the stream
-        for ids in entry.token_chunks():
-            stream.write(ids)
+    # With BOS, before every document (a separator before the first too); else the parts' ids.
+    bos = (np.asarray([tok.bos_id], np.int32), np.zeros(1, np.int32)) if add_bos else None
+    for ids, _ in _segments(entry, bos, (vocab_size, tok), before_first=True):
+        stream.write(ids)
     digest = stream.close()
     tokens = np.load(stream_path, mmap_mode="r")
     windows = protocols.rolling_windows(tokens, offsets, seq_len, prefix)

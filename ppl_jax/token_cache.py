@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -104,11 +103,6 @@ class Part:
         path = os.path.join(self.folder, f"{name}.bin")
         return np.fromfile(path, np.int32, count=hi - lo, offset=4 * lo)
 
-    def chunks(self, name: str) -> Iterator[np.ndarray]:
-        """The part's `ids` or `bytes`, `COPY_TOKENS` at a time."""
-        for at in range(0, self.num_tokens, COPY_TOKENS):
-            yield self.read(name, at, min(self.num_tokens, at + COPY_TOKENS))
-
 
 class Entry:
     """A complete entry: its parts in document order."""
@@ -136,11 +130,6 @@ class Entry:
                 return before + p.head["doc"], p.head
             before += p.doc_tokens.size
         return None
-
-    def token_chunks(self) -> Iterator[np.ndarray]:
-        """The token ids of every part in order, `COPY_TOKENS` at a time."""
-        for p in self.parts:
-            yield from p.chunks("ids")
 
 
 def open_entry(folder: str) -> Entry | None:
