@@ -3,4 +3,4 @@
 Identical to the built-in default used when `--config` is omitted.
 """
 
-from ppl_jax.config import get_config  # noqa: F401
+from ppl_jax.config.defaults import get_config  # noqa: F401

@@ -12,7 +12,7 @@ import os
 
 from ml_collections import config_dict
 
-from ppl_jax.config import get_config as _default
+from ppl_jax.config.defaults import get_config as _default
 
 FILES = {
     "wikitext-2": "wikitext-2/test.txt",

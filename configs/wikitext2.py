@@ -7,7 +7,7 @@ ppl_jax does not ship WikiText-2 (Merity et al. 2016, CC BY-SA 3.0).
 
 import os
 
-from ppl_jax.config import get_config as _default
+from ppl_jax.config.defaults import get_config as _default
 
 WHERE = (
     "WikiText-2 (Merity et al. 2016) is not shipped with ppl_jax: download its test split "

@@ -2,7 +2,7 @@
 
 A small Llama-family byte-level decoder is trained with optax (AdamW, warm-up then cosine decay)
 on the source code of the CPython standard library found on this machine, holding out the modules
-in `ppl_jax.config.HELD_OUT_MODULES` (the default evaluation) and the `test` packages. The result
+in `ppl_jax.config.defaults.HELD_OUT_MODULES` (the default evaluation) and the `test` packages. The result
 is saved with Orbax as `{step, params, opt_state}` plus the architecture and tokenizer, exactly
 as a training loop would, so `ppl-jax` evaluates it with no other input.
 
@@ -25,13 +25,18 @@ from absl import app, flags
 from flax import nnx
 
 import ppl_jax
-from ppl_jax import checkpoint
-from ppl_jax import model as model_lib
-from ppl_jax.config import DEFAULT_RULES, HELD_OUT_MODULES, demo_checkpoint_dir, held_out_paths
-from ppl_jax.mesh import make_mesh, param_targets
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.config.defaults import (
+    DEFAULT_RULES,
+    HELD_OUT_MODULES,
+    demo_checkpoint_dir,
+    held_out_paths,
+)
+from ppl_jax.models import interface as model_lib
 from ppl_jax.models.llama import Llama, LlamaConfig
-from ppl_jax.nll import token_nll
-from ppl_jax.tokenizer import ByteTokenizer
+from ppl_jax.runtime.mesh import make_mesh, param_targets
+from ppl_jax.scoring.nll import token_nll
+from ppl_jax.tokenizer.base import ByteTokenizer
 
 FLAGS = flags.DEFINE
 _STEPS = flags.DEFINE_integer("steps", 1500, "Training steps.")

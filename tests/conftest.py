@@ -82,7 +82,7 @@ def tiny_checkpoint(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def demo_checkpoint() -> str:
-    from ppl_jax.config import demo_checkpoint_dir
+    from ppl_jax.config.defaults import demo_checkpoint_dir
 
     path = demo_checkpoint_dir()
     if not os.path.isdir(path):

@@ -17,7 +17,7 @@ GOLDEN = os.path.join(REPO, "tests", "golden")
 TEST_DATA_ENV = "PPL_JAX_TEST_DATA"
 
 # Standard-library modules whose source serves as real text (English prose in docstrings and
-# comments, code). Not ppl_jax.config.HELD_OUT_MODULES, which the demo model is scored on.
+# comments, code). Not ppl_jax.config.defaults.HELD_OUT_MODULES, which the demo model is scored on.
 TEXT_MODULES = ("argparse.py", "difflib.py", "pprint.py", "calendar.py", "string.py")
 EOT = "<|endoftext|>"
 
@@ -50,7 +50,7 @@ def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
     import jax
     from flax import nnx
 
-    from ppl_jax import model as model_lib
+    from ppl_jax.models import interface as model_lib
     from ppl_jax.models.llama import Llama
 
     params = model_lib.params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
@@ -71,7 +71,7 @@ def save_random_checkpoint(
     """Saves a training state (params + AdamW state) at each step; returns the params."""
     import optax
 
-    from ppl_jax import checkpoint
+    from ppl_jax.checkpoints import orbax as checkpoint
 
     params = random_params(cfg, seed)
     opt_state = optax.adamw(1e-3).init(params)
@@ -198,7 +198,7 @@ def reference_logits(params: dict, cfg: LlamaConfig, inputs: np.ndarray) -> np.n
 def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> dict[str, str]:
     """The environment of one command-line process of a CPU run over 8 fake devices in all: on
     several processes, each gets `8 // num_processes` and joins through `jax.distributed` on
-    localhost (`ppl_jax.distributed.initialize_from_env`)."""
+    localhost (`ppl_jax.runtime.distributed.initialize_from_env`)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
     if num_processes > 1:

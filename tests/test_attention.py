@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import model as model_lib
+from ppl_jax.models import interface as model_lib
 from ppl_jax.models.attention import attend, resolve
-from ppl_jax.nll import token_nll
+from ppl_jax.scoring.nll import token_nll
 
 import helpers
 

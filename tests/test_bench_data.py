@@ -1,4 +1,4 @@
-"""The data-preparation benchmark (`ppl_jax.bench_data`) on tiny corpora: generated corpora of
+"""The data-preparation benchmark (`benchmarks.bench_data`) on tiny corpora: generated corpora of
 the requested size, the memory projection, and one end-to-end run (1 and 2 processes, beside
 `encode_batch`) whose token counts are checked against the tokenizer called directly."""
 
@@ -8,7 +8,8 @@ import os
 import pytest
 from tokenizers import Tokenizer
 
-from ppl_jax import bench_data, data
+from benchmarks import bench_data
+from ppl_jax.data import documents as data
 
 import helpers
 

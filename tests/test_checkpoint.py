@@ -1,4 +1,4 @@
-"""Orbax checkpoints (`ppl_jax.checkpoint`): params-only restore onto a mesh, metadata, errors."""
+"""Orbax checkpoints (`ppl_jax.checkpoints.orbax`): params-only restore onto a mesh, metadata, errors."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import optax
 import pytest
 
-from ppl_jax import checkpoint
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax.config import DEFAULT_RULES
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models import interface as model_lib
+from ppl_jax.runtime import mesh as mesh_lib
 
 from helpers import TINY, random_params, save_random_checkpoint
 

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ppl_jax import checkpoint, hf
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax.config import DEFAULT_RULES
+from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models import interface as model_lib
+from ppl_jax.runtime import mesh as mesh_lib
 
 # ------------------------------------------------------------------------------ Orbax: damage
 
@@ -307,7 +308,7 @@ def _hf_target(path: str):
 
 @pytest.fixture
 def opened(monkeypatch) -> list[str]:
-    """Every file that `ppl_jax.hf` opens with `safe_open`, as real paths."""
+    """Every file that `ppl_jax.checkpoints.hf` opens with `safe_open`, as real paths."""
     files: list[str] = []
     real_open = hf.safe_open
 

@@ -51,7 +51,7 @@ def run_cli(*flags, tmp_path, config=None):
 
 
 def test_default_run_scores_held_out_stdlib_modules(tmp_path):
-    from ppl_jax.config import HELD_OUT_MODULES, held_out_paths
+    from ppl_jax.config.defaults import HELD_OUT_MODULES, held_out_paths
 
     proc, r = run_cli(tmp_path=tmp_path)
     paths = held_out_paths().split(",")

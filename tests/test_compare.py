@@ -7,11 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from ppl_jax import compare, summary, uncertainty
-from ppl_jax.config import get_config
-from ppl_jax.evaluate import evaluate
-from ppl_jax.outputs import OutputDir
-from ppl_jax.settings import Settings
+from ppl_jax.analysis import compare
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
+from ppl_jax.evaluation import summary
+from ppl_jax.evaluation.job import evaluate
+from ppl_jax.metrics import uncertainty
+from ppl_jax.outputs.folder import OutputDir
 
 import helpers
 
@@ -134,7 +136,7 @@ def test_another_model_differs_by_its_metrics(runs, pair):
 def test_compare_refuses_runs_of_other_data(runs, checkpoints, bpe_tokenizer, tmp_path, capsys):
     assert compare.main([runs["a"][0], runs["docs"][0]]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("ppl_jax.compare: error:") and "\n" not in err
+    assert err.startswith("ppl_jax.analysis.compare: error:") and "\n" not in err
     assert 'protocol.name: "sliding" -> "lm_eval_rolling"' in err
     # The same settings on other text: the units' bytes differ.
     other = tmp_path / "other.txt"

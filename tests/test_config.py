@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppl_jax.config import (
+from ppl_jax.config.defaults import (
     DEMO_CORPUS_NAME,
     KEY_MEANINGS,
     PROTOCOL_NOTES,
@@ -12,8 +12,8 @@ from ppl_jax.config import (
     get_config,
     held_out_paths,
 )
+from ppl_jax.config.settings import Settings
 from ppl_jax.errors import ConfigError
-from ppl_jax.settings import Settings
 
 
 def settings(**overrides) -> Settings:

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from ppl_jax import curves
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.layout import plan_layout
-from ppl_jax.windows import context_windows
+from ppl_jax.metrics import curves
+from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.windows import context_windows
 
 import helpers
 
@@ -330,5 +330,5 @@ def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):
 
 
 def test_importing_curves_does_not_import_matplotlib():
-    code = "import sys, ppl_jax.curves; assert 'matplotlib' not in sys.modules"
+    code = "import sys, ppl_jax.metrics.curves; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=helpers.REPO)

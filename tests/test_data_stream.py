@@ -21,7 +21,7 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import _registry as fsspec_registry
 
-from ppl_jax import data
+from ppl_jax.data import documents as data
 from ppl_jax.errors import DataError
 
 BOM = b"\xef\xbb\xbf"
@@ -266,7 +266,7 @@ def test_remote_jsonl(bucket, monkeypatch):
 MEMORY_PROBE = textwrap.dedent(
     """
     import json, re, sys
-    from ppl_jax import data
+    from ppl_jax.data import documents as data
 
     def peak_kib():
         # The process's own peak RSS: not ru_maxrss, which starts at the parent's peak (Linux

@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq  # noqa: E402  (the `test` extra installs it)
 import pytest
 
-from ppl_jax import checkpoint
-from ppl_jax.config import get_config
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
 from ppl_jax.errors import ConfigError
-from ppl_jax.evaluate import evaluate
-from ppl_jax.outputs import OutputDir
-from ppl_jax.settings import Settings
+from ppl_jax.evaluation.job import evaluate
+from ppl_jax.outputs.folder import OutputDir
 
 import helpers
 
@@ -65,8 +65,8 @@ def run(s: Settings):
 
 
 def host_params(path: str) -> dict:
-    from ppl_jax.evaluate import read_model, restore
-    from ppl_jax.mesh import make_mesh
+    from ppl_jax.evaluation.job import read_model, restore
+    from ppl_jax.runtime.mesh import make_mesh
 
     s = settings(path, "unused", "unused")
     model, _, step, fmt, _ = read_model(s)
@@ -242,7 +242,7 @@ def test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little(demo_ch
     assert 0 < d["kl_mean"] < 0.05 and d["same_top1"] > 0.9
     assert "divergence from" in proc.stdout and "context" in proc.stdout
     # The token view of the file the run wrote: its metadata names the protocol and documents.
-    from ppl_jax import view
+    from ppl_jax.analysis import view
 
     _, page = view.view(str(out))
     assert page["runs"][0]["protocol"] == "sliding"

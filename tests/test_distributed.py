@@ -1,6 +1,6 @@
 """A lost process ends a multi-process run quickly, with one line; `launch/local.sh` stops the rest.
 
-Two real local processes join with `ppl_jax.distributed.initialize_from_env` (JAX's coordination
+Two real local processes join with `ppl_jax.runtime.distributed.initialize_from_env` (JAX's coordination
 service and Gloo CPU collectives) and gather in a loop; one is killed with SIGKILL.
 """
 
@@ -24,7 +24,7 @@ WORKER = textwrap.dedent(
     from absl import app
 
     def main(argv):
-        from ppl_jax import distributed
+        from ppl_jax.runtime import distributed
         assert distributed.initialize_from_env()
         import jax
         import jax.numpy as jnp

@@ -12,7 +12,7 @@ import sys
 import optax
 import pytest
 
-from ppl_jax import checkpoint
+from ppl_jax.checkpoints import orbax as checkpoint
 
 from helpers import TINY, random_params
 

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from ppl_jax import evaluate as evaluate_lib
-from ppl_jax.config import get_config
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.evaluate import evaluate
-from ppl_jax.settings import Settings
+from ppl_jax.evaluation import job as evaluate_lib
+from ppl_jax.evaluation.job import evaluate
 
 import helpers
 
@@ -107,8 +107,8 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     not the model's tokenizer. Refused before the weights; allowed, it is recorded."""
     import dataclasses
 
-    from ppl_jax import summary
-    from ppl_jax.tokenizer import SentencePieceTokenizer
+    from ppl_jax.evaluation import summary
+    from ppl_jax.tokenizer.base import SentencePieceTokenizer
 
     assert SentencePieceTokenizer.from_file(SP_MODEL).vocab_size == 400
     ckpt = str(tmp_path / "ckpt")

@@ -1,4 +1,4 @@
-"""The feed (`ppl_jax.scoring`): batches prepared ahead of the loop in a background thread give
+"""The feed (`ppl_jax.scoring.scorer`): batches prepared ahead of the loop in a background thread give
 the very same per-window sums as batches prepared in the loop; skipped batches are never
 prepared; a stop or an error on either side ends the thread; the host's share is reported."""
 
@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax import windows as windows_lib
-from ppl_jax.config import DEFAULT_RULES
-from ppl_jax.layout import plan_layout
-from ppl_jax.scoring import Scorer
-from ppl_jax.windows import Windows
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.models import interface as model_lib
+from ppl_jax.plans import windows as windows_lib
+from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.windows import Windows
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.scorer import Scorer
 
 import helpers
 

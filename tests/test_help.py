@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ppl_jax.config import KEY_MEANINGS, PROTOCOL_NOTES, describe_keys
+from ppl_jax.config.defaults import KEY_MEANINGS, PROTOCOL_NOTES, describe_keys
 
 import helpers
 
@@ -39,7 +39,7 @@ def test_help_lists_every_key_with_default_and_meaning(flag):
     for name, note in PROTOCOL_NOTES.items():
         assert f"  {name}" in out and note in out
     examples = out.split("examples:\n", 1)[1].split("\n\n", 1)[0]
-    from ppl_jax.main import EXAMPLES
+    from ppl_jax.cli.main import EXAMPLES
 
     assert sum(line.startswith("  ppl-jax") for line in examples.splitlines()) == len(EXAMPLES)
     assert ("--undefok" in out) == (flag == "--helpfull")  # absl's own flags: --helpfull only

@@ -16,13 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import checkpoint, hf
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.config import DEFAULT_RULES
+from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
-from ppl_jax.nll import token_nll
+from ppl_jax.models import interface as model_lib
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.nll import token_nll
+from ppl_jax.tokenizer import base as tokenizer_lib
 
 import helpers
 
@@ -365,7 +366,7 @@ def test_bfloat16(hf_dirs, tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_conversion_to_orbax_restores_the_same_params(hf_dirs, tmp_path, dtype):
-    from ppl_jax.convert import convert
+    from ppl_jax.cli.convert import convert
 
     path = str(tmp_path / "llama")
     shutil.copytree(hf_dirs["llama"], path)

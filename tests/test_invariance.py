@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from ppl_jax.config import get_config
-from ppl_jax.evaluate import evaluate
-from ppl_jax.settings import Settings
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
+from ppl_jax.evaluation.job import evaluate
 
 import helpers
 

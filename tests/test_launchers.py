@@ -5,7 +5,7 @@ real run (not a dry run) is checked too, and so is the dry run's printed line: b
 against the same fakes, and it must give the very same arguments, flag by flag (spaces, quotes,
 globs, `$`, backslashes, newlines). The remote command that gcloud would hand to each TPU worker
 is executed by bash as well, with a fake `env`. Last, two real processes with a SLURM environment
-join through `ppl_jax.distributed.initialize_from_env` (PPL_JAX_DISTRIBUTED=1).
+join through `ppl_jax.runtime.distributed.initialize_from_env` (PPL_JAX_DISTRIBUTED=1).
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def test_slurm_outside_an_allocation_prints_usage(fakes, extra, why):
 # ------------------------------------------------------------------- JAX's SLURM detection
 
 WORKER = """
-from ppl_jax import distributed
+from ppl_jax.runtime import distributed
 assert distributed.initialize_from_env()
 import jax
 print(jax.process_index(), jax.process_count(), jax.config.read("jax_cuda_visible_devices"))

@@ -7,14 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax.config import DEFAULT_RULES
-from ppl_jax.data import Document
-from ppl_jax.layout import bucket_widths, plan_layout
-from ppl_jax.protocols import plan
-from ppl_jax.scoring import Scorer
-from ppl_jax.tokenizer import ByteTokenizer
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.data.documents import Document
+from ppl_jax.models import interface as model_lib
+from ppl_jax.plans.layout import bucket_widths, plan_layout
+from ppl_jax.plans.protocols import plan
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.scorer import Scorer
+from ppl_jax.tokenizer.base import ByteTokenizer
 
 import helpers
 

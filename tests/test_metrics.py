@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ppl_jax.metrics import Sums, derive, gzip_bits_per_byte, perplexity_of_probabilities
+from ppl_jax.metrics.sums import Sums, derive, gzip_bits_per_byte, perplexity_of_probabilities
 
 
 def test_three_token_example():
@@ -128,7 +128,7 @@ def test_gzip_baseline_matches_the_gzip_module():
 
 
 def test_gzip_baseline_streams_the_joined_text_and_samples_a_prefix():
-    from ppl_jax import metrics
+    from ppl_jax.metrics import sums as metrics
 
     texts = [f"document {i}: " + "abc def ghi " * (i + 1) + "✓" for i in range(40)]
     joined = "\n\n".join(texts).encode("utf-8")

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import model as model_lib
-from ppl_jax.model import HiddenStates, Logits
-from ppl_jax.nll import token_stats
-from ppl_jax.scoring import score_step
+from ppl_jax.models import interface as model_lib
+from ppl_jax.models.interface import HiddenStates, Logits
+from ppl_jax.scoring.nll import token_stats
+from ppl_jax.scoring.scorer import score_step
 
 import helpers
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import nll
-from ppl_jax.model import HiddenStates, Logits
+from ppl_jax.models.interface import HiddenStates, Logits
+from ppl_jax.scoring import nll
 
 # Compiled once per shape and option set: eager dispatch of the blocked scan is slow on a CPU.
 token_stats = jax.jit(nll.token_stats, static_argnames=("block", "top_k"))

@@ -1,4 +1,4 @@
-"""Paths beyond the local disk (`ppl_jax.paths`): corpora, fingerprints, output folders and
+"""Paths beyond the local disk (`ppl_jax.runtime.paths`): corpora, fingerprints, output folders and
 checkpoints at `gs://`, and gzip/zstd-compressed corpora.
 
 `gs://` is faked with fsspec's own `DirFileSystem` over a local folder, registered as fsspec's
@@ -27,9 +27,13 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import _registry as fsspec_registry
 
-from ppl_jax import checkpoint, data, fingerprint, hf, outputs, paths
-from ppl_jax import tokenizer as tokenizer_lib
+from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.data import documents as data
 from ppl_jax.errors import CheckpointError, ConfigError, DataError
+from ppl_jax.outputs import folder as outputs
+from ppl_jax.runtime import fingerprint, paths
+from ppl_jax.tokenizer import base as tokenizer_lib
 
 import helpers
 

@@ -19,7 +19,7 @@ def test_a_process_that_planned_other_windows_stops_every_process(tmp_path, demo
     cfg = tmp_path / "per_host.py"
     cfg.write_text(
         "import os\n"
-        "from ppl_jax.config import get_config as _default\n"
+        "from ppl_jax.config.defaults import get_config as _default\n"
         "def get_config():\n"
         "    c = _default()\n"
         f"    c.data.path = {str(a)!r} if os.environ['PPL_JAX_PROCESS_ID'] == '0' else {str(b)!r}\n"

@@ -1,4 +1,4 @@
-"""The cache of planned datasets (`data.cache_dir`, `ppl_jax.plan_cache`): the same plan, token for
+"""The cache of planned datasets (`data.cache_dir`, `ppl_jax.plans.plan_cache`): the same plan, token for
 token, for every protocol; a second run reads and tokenizes nothing and memory-maps the tokens; a
 changed file or tokenizer is planned again; the numbers of a run are the same with and without."""
 
@@ -10,11 +10,13 @@ import os
 import numpy as np
 import pytest
 
-from ppl_jax import data, plan_cache, suite, token_cache, tokenizer
-from ppl_jax.config import get_config
-from ppl_jax.evaluate import evaluate
-from ppl_jax.outputs import OutputDir
-from ppl_jax.settings import Settings
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
+from ppl_jax.data import documents as data
+from ppl_jax.evaluation.job import evaluate
+from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.plans import plan_cache, suite, token_cache
+from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 

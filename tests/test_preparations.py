@@ -9,12 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from ppl_jax import preparations
-from ppl_jax.data import Document, read_documents
+from ppl_jax.data import preparations
+from ppl_jax.data.documents import Document, read_documents
+from ppl_jax.data.preparations import prepare, wikitext_detokenize, wikitext_pages, wikitext_rows
 from ppl_jax.errors import ConfigError
-from ppl_jax.preparations import prepare, wikitext_detokenize, wikitext_pages, wikitext_rows
-from ppl_jax.protocols import count_harness_words, plan
-from ppl_jax.tokenizer import ByteTokenizer
+from ppl_jax.plans.protocols import count_harness_words, plan
+from ppl_jax.tokenizer.base import ByteTokenizer
 
 import helpers
 

@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from ppl_jax.data import Document
+from ppl_jax.data.documents import Document
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.protocols import plan, resolve_add_bos
-from ppl_jax.tokenizer import ByteTokenizer
-from ppl_jax.windows import NO_PREFIX
+from ppl_jax.plans.protocols import plan, resolve_add_bos
+from ppl_jax.plans.windows import NO_PREFIX
+from ppl_jax.tokenizer.base import ByteTokenizer
 
 import helpers
 

@@ -2,7 +2,7 @@
 
 import os
 
-from ppl_jax.config import describe_keys
+from ppl_jax.config.defaults import describe_keys
 
 import helpers
 

@@ -13,7 +13,7 @@ BOS `<s>` (id 512) through its post-processor, so the harness's `tok_encode` add
 - `lm_eval_rolling`: `HFLM.loglikelihood_rolling` per document, and the wikitext task's own
   `process_results` and aggregations for word and byte perplexity and bits per byte.
 - `sliding`: documents tokenized one by one, joined by the separator's tokens (BOS first where
-  the tokenizer adds one), every token after the first scored once (`ppl_jax.windows.sliding`).
+  the tokenizer adds one), every token after the first scored once (`ppl_jax.plans.windows.sliding`).
 
 Then the result of each protocol does not depend on batch size, mesh, packing or length buckets.
 """
@@ -27,11 +27,11 @@ import re
 import numpy as np
 import pytest
 
-from ppl_jax import summary
-from ppl_jax.config import get_config
-from ppl_jax.evaluate import evaluate
-from ppl_jax.outputs import OutputDir
-from ppl_jax.settings import Settings
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
+from ppl_jax.evaluation import summary
+from ppl_jax.evaluation.job import evaluate
+from ppl_jax.outputs.folder import OutputDir
 
 import helpers
 

@@ -12,8 +12,9 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from ppl_jax import report, store
-from ppl_jax.metrics import Sums
+from ppl_jax.analysis import report
+from ppl_jax.metrics.sums import Sums
+from ppl_jax.outputs import store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NAMES = ("web", "code", "books")

@@ -14,12 +14,12 @@ import signal
 import numpy as np
 import pytest
 
-from ppl_jax import journal
-from ppl_jax.config import get_config
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluate import evaluate
-from ppl_jax.outputs import OutputDir
-from ppl_jax.settings import Settings
+from ppl_jax.evaluation.job import evaluate
+from ppl_jax.outputs import journal
+from ppl_jax.outputs.folder import OutputDir
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from ppl_jax import journal
-from ppl_jax.config import held_out_paths
+from ppl_jax.config.defaults import held_out_paths
+from ppl_jax.outputs import journal
 
 import helpers
 

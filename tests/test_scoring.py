@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax.config import DEFAULT_RULES
-from ppl_jax.layout import plan_layout
-from ppl_jax.nll import token_nll
-from ppl_jax.scoring import Scorer, score_step
-from ppl_jax.windows import sliding
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.models import interface as model_lib
+from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.windows import sliding
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.nll import token_nll
+from ppl_jax.scoring.scorer import Scorer, score_step
 
 import helpers
 
@@ -89,9 +89,9 @@ def test_nonfinite_log_probabilities_are_counted():
 
 
 def _plan(tokens, seq_len):
-    from ppl_jax.data import Document
-    from ppl_jax.protocols import plan
-    from ppl_jax.tokenizer import ByteTokenizer
+    from ppl_jax.data.documents import Document
+    from ppl_jax.plans.protocols import plan
+    from ppl_jax.tokenizer.base import ByteTokenizer
 
     return plan(
         "sliding",
@@ -127,7 +127,7 @@ def test_step_traced_once_per_shape():
 
 def test_nonfinite_is_an_error_naming_the_window():
     from ppl_jax.errors import NumericsError
-    from ppl_jax.evaluate import score_plan
+    from ppl_jax.evaluation.job import score_plan
 
     cfg = helpers.TINY
     model = model_lib.build(cfg.to_dict(), jnp.float32)

@@ -9,9 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from ppl_jax import outputs, store
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.metrics import Sums
+from ppl_jax.metrics.sums import Sums
+from ppl_jax.outputs import folder as outputs
+from ppl_jax.outputs import store
 
 TAGS = {
     "web": {"domain": "web", "split": "val"},

@@ -11,10 +11,10 @@ import sys
 import jax
 import pytest
 
-from ppl_jax import summary
-from ppl_jax.config import get_config
-from ppl_jax.evaluate import evaluate
-from ppl_jax.settings import Settings
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
+from ppl_jax.evaluation import summary
+from ppl_jax.evaluation.job import evaluate
 
 # Chinese has no spaces: hundreds of byte tokens, one whitespace-separated word per file.
 CHINESE = "这是一个没有空格的中文句子，用来测试单词困惑度。" * 8

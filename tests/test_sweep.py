@@ -1,4 +1,4 @@
-"""A training run: a suite of datasets at every checkpoint step (`ppl_jax.sweep`), the library's
+"""A training run: a suite of datasets at every checkpoint step (`ppl_jax.evaluation.sweep`), the library's
 `Evaluator`, watch mode, resuming an interrupted sweep, remote data, TensorBoard and the report.
 Every number is checked against single runs of `evaluate` (the one-dataset, one-step path) or a
 NumPy computation from the per-dataset sums."""
@@ -18,12 +18,14 @@ import pytest
 from test_paths import bucket  # noqa: F401  (the fake gs:// fixture)
 from test_tensorboard import scalars_in
 
-from ppl_jax import store, suite, sweep
-from ppl_jax.config import get_config
+from ppl_jax.config.defaults import get_config
+from ppl_jax.config.settings import Settings
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluate import evaluate
-from ppl_jax.outputs import OutputDir
-from ppl_jax.settings import Settings
+from ppl_jax.evaluation import sweep
+from ppl_jax.evaluation.job import evaluate
+from ppl_jax.outputs import store
+from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.plans import suite
 
 import helpers
 
@@ -156,7 +158,7 @@ def test_sweep_equals_single_runs_and_averages_match_numpy(run_dir, swept, tmp_p
 
 
 def test_tensorboard_and_report_hold_the_stored_numbers(swept):
-    from ppl_jax import report
+    from ppl_jax.analysis import report
 
     records = records_of(swept)
     scalars = scalars_in(str(swept / "tensorboard"))
@@ -213,9 +215,10 @@ def test_an_interrupted_sweep_skips_what_is_stored_and_resumes(run_dir, swept, t
 
 def test_evaluator_traces_once_per_shape_and_equals_the_cli(run_dir, swept):
     import ppl_jax
-    from ppl_jax import checkpoint, tokenizer
-    from ppl_jax.evaluate import read_model
-    from ppl_jax.mesh import make_mesh, param_targets
+    from ppl_jax.checkpoints import orbax as checkpoint
+    from ppl_jax.evaluation.job import read_model
+    from ppl_jax.runtime.mesh import make_mesh, param_targets
+    from ppl_jax.tokenizer import base as tokenizer
 
     ckpt, files = run_dir
     s = Settings.from_config(config(ckpt, "unused"))
@@ -275,7 +278,7 @@ def suite_config_file(tmp_path, suite_entries) -> str:
     cfg = tmp_path / "suite_config.py"
     cfg.write_text(
         "from ml_collections import config_dict\n"
-        "from ppl_jax.config import get_config as _default\n"
+        "from ppl_jax.config.defaults import get_config as _default\n"
         "def get_config():\n"
         "    c = _default()\n"
         f"    c.suite = tuple(config_dict.ConfigDict(e) for e in {suite_entries!r})\n"
@@ -372,7 +375,7 @@ def test_watch_mode_scores_a_step_saved_while_it_runs(run_dir, tmp_path):
 
 
 def test_budgets_take_the_first_or_a_seeded_sample(tmp_path):
-    from ppl_jax import tokenizer
+    from ppl_jax.tokenizer import base as tokenizer
 
     texts = [f"document {i} " + "word " * (i % 5 + 1) for i in range(20)]
     path = helpers.corpus_files(tmp_path, texts)

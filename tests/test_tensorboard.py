@@ -13,9 +13,9 @@ import pytest
 from tensorboardX.proto import event_pb2  # the diagnostics extra: a test dependency
 from tensorboardX.record_writer import masked_crc32c
 
-from ppl_jax import store, tensorboard
 from ppl_jax.errors import ConfigError
-from ppl_jax.metrics import Sums
+from ppl_jax.metrics.sums import Sums
+from ppl_jax.outputs import store, tensorboard
 
 
 def read_events(path: str) -> list:

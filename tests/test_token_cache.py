@@ -1,4 +1,4 @@
-"""The token cache (`ppl_jax.token_cache`, `ppl_jax.stream_plans`): a corpus tokenized once, in shares across processes,
+"""The token cache (`ppl_jax.plans.token_cache`, `ppl_jax.plans.stream_plans`): a corpus tokenized once, in shares across processes,
 into flat memory-mapped arrays, and the per-document protocols planned from document lengths.
 Plans equal `protocols.plan`'s array for array whatever the number of shares and chunk sizes; a
 second run, another protocol or another sequence length tokenizes nothing; a changed file or
@@ -18,8 +18,10 @@ import pytest
 from test_plan_cache import same_plan, settings
 from test_resume_cli import free_port
 
-from ppl_jax import data, protocols, stream_plans, suite, token_cache, tokenizer
+from ppl_jax.data import documents as data
 from ppl_jax.errors import DataError
+from ppl_jax.plans import protocols, stream_plans, suite, token_cache
+from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -197,7 +199,7 @@ def test_every_protocol_on_two_processes_with_the_cache_scores_as_one_without(
     config = tmp_path / "four.py"
     config.write_text(
         "from ml_collections import config_dict\n"
-        "from ppl_jax.config import get_config as _default\n"
+        "from ppl_jax.config.defaults import get_config as _default\n"
         "def get_config():\n"
         "    c = _default()\n"
         f"    c.suite = (\n{entries},\n    )\n"

@@ -1,4 +1,4 @@
-"""Long documents are tokenized in pieces cut at provably safe spaces (`ppl_jax.tokenizer`): the
+"""Long documents are tokenized in pieces cut at provably safe spaces (`ppl_jax.tokenizer.base`): the
 ids and per-token byte lengths must be exactly those of the whole document, for every tokenizer
 kind, on random texts with runs of whitespace, newlines, multibyte UTF-8 and cuts every few
 characters. Run as a script to measure peak host memory on a 50 MB one-line document:
@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
+from ppl_jax.tokenizer.base import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
 import helpers
 
@@ -211,7 +211,7 @@ def _peak_rss(tokenizer_path: str, mb: int, whole: bool, plan: bool = False) -> 
     code = f"""
 import resource, random, sys, time
 import numpy as np
-from ppl_jax.tokenizer import HFTokenizer
+from ppl_jax.tokenizer.base import HFTokenizer
 tok = HFTokenizer.from_file({tokenizer_path!r})
 rng = random.Random(0)
 words = [w for w in open({os.path.abspath(__file__)!r}).read().split() if w.isascii()]
@@ -220,7 +220,8 @@ if {whole}:
     tok.piece_chars = 1 << 40
 if {plan}:
     import tempfile
-    from ppl_jax import data, protocols
+    from ppl_jax.data import documents as data
+    from ppl_jax.plans import protocols
     path = tempfile.mkstemp(suffix=".txt")[1]
     open(path, "w").write(text)
     del text

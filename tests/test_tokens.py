@@ -1,4 +1,4 @@
-"""Per-token outputs (`ppl_jax.tokens`): every scored target of every protocol lands in one row of
+"""Per-token outputs (`ppl_jax.outputs.tokens`): every scored target of every protocol lands in one row of
 tokens.parquet with its document, offset, position and token, whatever the packing and batch size;
 the file is complete or absent; and `Tokenizer.token_texts` for each kind of tokenizer.
 
@@ -15,13 +15,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ppl_jax import tokens as tokens_lib
-from ppl_jax.data import Document
+from ppl_jax.data.documents import Document
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.layout import plan_layout
-from ppl_jax.protocols import JOIN, plan
-from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
-from ppl_jax.windows import NO_PREFIX
+from ppl_jax.outputs import tokens as tokens_lib
+from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.protocols import JOIN, plan
+from ppl_jax.plans.windows import NO_PREFIX
+from ppl_jax.tokenizer.base import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
 import helpers
 
@@ -285,7 +285,7 @@ def test_without_pyarrow(monkeypatch):
     with pytest.raises(ConfigError, match=r"pip install 'ppl_jax\[diagnostics\]'"):
         tokens_lib.check_available()
     # ppl_jax and this module import without pyarrow.
-    code = "import sys; sys.modules['pyarrow'] = None; import ppl_jax, ppl_jax.tokens"
+    code = "import sys; sys.modules['pyarrow'] = None; import ppl_jax, ppl_jax.outputs.tokens"
     env = {**os.environ, "PYTHONPATH": helpers.REPO}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=helpers.REPO)
 

@@ -1,13 +1,13 @@
-"""Bootstrap intervals (`ppl_jax.uncertainty`): coverage in simulation, the ratio estimator, the
+"""Bootstrap intervals (`ppl_jax.metrics.uncertainty`): coverage in simulation, the ratio estimator, the
 moving-block bootstrap under dependence, and per-window bytes that add up to the run's."""
 
 import numpy as np
 import pytest
 
-from ppl_jax import uncertainty
-from ppl_jax.data import Document
-from ppl_jax.protocols import plan, window_spans
-from ppl_jax.tokenizer import load
+from ppl_jax.data.documents import Document
+from ppl_jax.metrics import uncertainty
+from ppl_jax.plans.protocols import plan, window_spans
+from ppl_jax.tokenizer.base import load
 
 import helpers
 

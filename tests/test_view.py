@@ -19,7 +19,7 @@ import pyarrow as pa  # noqa: E402  (the `test` extra installs it)
 import pyarrow.parquet as pq  # noqa: E402
 import pytest
 
-from ppl_jax import view  # noqa: E402
+from ppl_jax.analysis import view
 
 NASTY = "</script><b>bold</b> & <!--"
 TEXTS = ["the", " cat", "\n", " ", "\t", "é", NASTY, "", " sat", "\n\n", "<b>", "x"]

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ppl_jax.windows import Windows, sliding
+from ppl_jax.plans.windows import Windows, sliding
 
 
 def scored_positions(win: Windows):

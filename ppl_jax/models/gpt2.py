@@ -7,10 +7,10 @@ matrix. Attention is causal within a segment; segment 0 is padding. Positions in
 position table, so they must lie in `[0, max_positions)` (the scorer's windows start at 0).
 
 Every parameter names its dims in `logical_axes` metadata with the names of
-`ppl_jax.config.DEFAULT_RULES` (`vocab`, `embed`, `heads`, `head_dim`, `mlp`), plus `positions`
+`ppl_jax.config.defaults.DEFAULT_RULES` (`vocab`, `embed`, `heads`, `head_dim`, `mlp`), plus `positions`
 for the position table, which the rules do not map (replicated). The fused `c_attn` projection of
 Hugging Face's `GPT2Attention` is held as separate q, k and v weights of shape
-`[embed, heads, head_dim]`; `ppl_jax.hf` splits it on loading. The attention scale and activation
+`[embed, heads, head_dim]`; `ppl_jax.checkpoints.hf` splits it on loading. The attention scale and activation
 follow Hugging Face `modeling_gpt2` (`scale_attn_weights`, `scale_attn_by_inverse_layer_idx`,
 `activation_function`).
 """

@@ -9,7 +9,7 @@ interpolation) and `llama3` (Meta's Llama 3.1 frequency-dependent scaling, as in
 `modeling_rope_utils._compute_llama3_parameters`).
 
 Every parameter carries its logical axis names in the `logical_axes` metadata of its `nnx.Param`
-(`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`); `ppl_jax.mesh` maps them to mesh axes
+(`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`); `ppl_jax.runtime.mesh` maps them to mesh axes
 with the table in the config. The rotary embedding rotates the two halves of each head
 (the Hugging Face `rotate_half` layout), so that Hugging Face Llama weights load unchanged.
 """

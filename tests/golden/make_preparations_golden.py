@@ -12,7 +12,7 @@ of the task's `process_results` (lm_eval/tasks/wikitext/preprocess_wikitext.py).
 
 With `--data DIR` (the folder PPL_JAX_TEST_DATA names) it also stores, for DIR/wikitext-2/test.txt
 and valid.txt, the harness's per-page counts and the SHA-256 of its detokenized pages, the pages
-cut by `ppl_jax.preparations.wikitext_pages` (the document-level builder script is not
+cut by `ppl_jax.data.preparations.wikitext_pages` (the document-level builder script is not
 installable offline); tests/shared_data/test_preparations_data.py compares. Without it, that entry
 of the existing file is kept.
 """
@@ -103,7 +103,7 @@ def digest(texts: list[str]) -> str:
 
 def wikitext_numbers(data: str) -> dict:
     """Per WikiText-2 file: its SHA-256, the harness's counts and detokenized pages' digest."""
-    from ppl_jax.preparations import wikitext_pages
+    from ppl_jax.data.preparations import wikitext_pages
 
     out = {}
     for name in WIKITEXT_FILES:

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax import mesh as mesh_lib
-from ppl_jax import model as model_lib
-from ppl_jax.config import DEFAULT_RULES
-from ppl_jax.layout import plan_layout
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.models import interface as model_lib
 from ppl_jax.models.attention import attend, resolve
-from ppl_jax.scoring import Scorer
-from ppl_jax.windows import sliding
+from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.windows import sliding
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.scorer import Scorer
 
 import helpers
 

@@ -9,8 +9,8 @@ import pytest
 from lm_eval.tasks.wikitext import preprocess_wikitext as harness
 from test_preparations import RAW, wikitext_like
 
-from ppl_jax.data import Document
-from ppl_jax.preparations import prepare, wikitext_detokenize, wikitext_pages
+from ppl_jax.data.documents import Document
+from ppl_jax.data.preparations import prepare, wikitext_detokenize, wikitext_pages
 
 import helpers
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppl_jax.protocols import plan
+from ppl_jax.plans.protocols import plan
 
 import recipes
 from test_protocols import DOC_LENGTHS, SEQ_LENS, FakeTokenizer, docs_of, rows_as_lists

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import transformers
 
-from ppl_jax import hf
+from ppl_jax.checkpoints import hf
 
 import helpers
 

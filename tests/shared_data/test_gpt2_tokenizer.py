@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from test_data import stream, token_bytes
 
-from ppl_jax.data import Document
+from ppl_jax.data.documents import Document
 from ppl_jax.errors import DataError
-from ppl_jax.tokenizer import HFTokenizer, from_description
+from ppl_jax.tokenizer.base import HFTokenizer, from_description
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,8 @@ def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_p
     plans exactly what `protocols.plan` plans from the documents in memory."""
     import json
 
-    from ppl_jax import data, protocols, stream_plans, token_cache
+    from ppl_jax.data import documents as data
+    from ppl_jax.plans import protocols, stream_plans, token_cache
 
     path = os.path.join(test_data, "wikitext-2", "test.txt")
     docs = data.read_documents(path, "wikitext")

@@ -10,10 +10,10 @@ import os
 import pytest
 from test_preparations import check_pages_against_articles
 
-from ppl_jax.data import read_documents
-from ppl_jax.preparations import prepare
-from ppl_jax.protocols import plan
-from ppl_jax.tokenizer import HFTokenizer
+from ppl_jax.data.documents import read_documents
+from ppl_jax.data.preparations import prepare
+from ppl_jax.plans.protocols import plan
+from ppl_jax.tokenizer.base import HFTokenizer
 
 import helpers
 

@@ -42,7 +42,7 @@ def test_the_suite_example_config_names_three_datasets_of_the_shared_folder(test
     and budget, checked as the command line checks them (the run itself is in the README)."""
     import importlib.util
 
-    from ppl_jax.settings import Settings
+    from ppl_jax.config.settings import Settings
 
     spec = importlib.util.spec_from_file_location(
         "suite_example",

@@ -1,0 +1,295 @@
+"""The evaluation config: the default `ml_collections.ConfigDict`, and its frozen, checked form.
+
+Config files in `configs/` return a `ConfigDict` from `get_config()`; this module is itself such a
+file (the built-in default used when `--config` is omitted). `EvalSettings.from_config` turns the
+ConfigDict into frozen dataclasses at the boundary, checking every value; nothing downstream (and
+nothing under `jax.jit`) sees a ConfigDict.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sysconfig
+from typing import Any
+
+from ml_collections import config_dict
+
+# Modules of the CPython standard library that the demo model never saw in training; the default
+# run scores them. Each exists in every CPython from 3.9 on.
+HELD_OUT_MODULES = (
+    "textwrap.py",
+    "heapq.py",
+    "bisect.py",
+    "colorsys.py",
+    "fnmatch.py",
+    "shlex.py",
+    "calendar.py",
+    "difflib.py",
+)
+
+# Logical axis name -> mesh axis (or None: replicated). Weights name their dims logically
+# (see `ppl_jax.models.llama`); the batch dim is `batch`.
+DEFAULT_RULES = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("embed", None),
+    ("heads", "model"),
+    ("kv_heads", "model"),
+    ("head_dim", None),
+    ("mlp", "model"),
+)
+
+PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
+STRIDED_PROTOCOLS = ("sliding", "hf_strided")  # the protocols that use eval.stride
+# One line per protocol: the convention each reproduces (`--help`, and results.json's reference).
+PROTOCOL_NOTES = {
+    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
+    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
+    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
+    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
+}
+DEMO_CORPUS_NAME = "cpython-stdlib-held-out"  # data.name of the default data.path
+FORMATS = ("text", "lines", "jsonl", "wikitext")
+CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
+DTYPES = ("float32", "bfloat16")
+MIN_BOOTSTRAP_SAMPLES = 100  # fewer leave a 95% interval's 2.5% tails a sample or two
+
+
+def demo_checkpoint_dir() -> str:
+    """The demo checkpoint shipped inside the package (see `launch/train_demo.py`)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo", "checkpoint")
+
+
+def held_out_paths() -> str:
+    """Comma-separated paths of the held-out standard-library modules on this machine."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return ",".join(os.path.join(stdlib, name) for name in HELD_OUT_MODULES)
+
+
+def get_config() -> config_dict.ConfigDict:
+    """The built-in default: the demo checkpoint on the held-out standard-library modules.
+
+    Each key's meaning is in `KEY_MEANINGS` (shown by `ppl-jax --help`).
+    """
+    c = config_dict.ConfigDict()
+    c.checkpoint = config_dict.ConfigDict()
+    c.checkpoint.dir = demo_checkpoint_dir()
+    c.checkpoint.step = "latest"
+    c.checkpoint.format = "auto"
+    c.checkpoint.watch = False
+    c.checkpoint.watch_until = -1  # watch: stop once this step is evaluated (-1: idle timeout only)
+    c.checkpoint.watch_timeout = 600.0  # watch: seconds without a new step before it ends
+    c.checkpoint.watch_interval = 10.0  # watch: seconds between two looks at checkpoint.dir
+
+    c.data = config_dict.ConfigDict()
+    c.data.name = ""  # derived from data.path (see `corpus_name`)
+    c.data.path = held_out_paths()
+    c.data.format = "text"
+    c.data.tokenizer = "auto"
+    c.data.errors = "strict"
+    c.data.separator = "\n\n"
+    c.data.jsonl_field = "text"
+    c.data.allow_tokenizer_mismatch = False
+    c.data.preparation = ""  # a standard preparation of the text (ppl_jax.data.preparations)
+    c.data.tags = ""  # e.g. "domain=web,split=val": groups of the macro averages
+    c.data.max_documents = 0  # budget: at most this many documents (0: all)
+    c.data.max_tokens = 0  # budget: documents until this many tokens (0: all)
+    c.data.sample_seed = -1  # budgets take the first documents (-1) or a sample with this seed
+    c.data.cache_dir = (
+        ""  # token and plan caches (ppl_jax.plans.token_cache, ppl_jax.plans.plan_cache)
+    )
+
+    # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
+    # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
+    # `add_bos`); empty: the one dataset of `data`. See configs/suite_example.py.
+    c.suite = ()
+
+    c.eval = config_dict.ConfigDict()
+    c.eval.protocol = "sliding"
+    c.eval.seq_len = 256
+    c.eval.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
+    c.eval.batch_size = 8
+    c.eval.add_bos = "auto"
+    c.eval.packing = True
+    c.eval.length_buckets = 1
+    c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
+    c.eval.context_targets = 0  # targets per window of the sweep; 0: min(L, positions - L + 1)
+
+    c.model = config_dict.ConfigDict()
+    c.model.dtype = "float32"
+    c.model.attention = "auto"
+
+    c.mesh = config_dict.ConfigDict()
+    c.mesh.data = -1
+    c.mesh.model = 1
+    c.mesh.rules = DEFAULT_RULES
+
+    c.metrics = config_dict.ConfigDict()
+    c.metrics.bootstrap_samples = 1000
+    c.metrics.seed = 0
+
+    c.reference = config_dict.ConfigDict()
+    c.reference.checkpoint = config_dict.ConfigDict()
+    c.reference.checkpoint.dir = ""  # empty: no reference model
+    c.reference.checkpoint.step = "latest"
+    c.reference.checkpoint.format = "auto"
+    c.reference.dtype = "float32"
+
+    c.runtime = config_dict.ConfigDict()
+    c.runtime.compilation_cache_dir = ""
+
+    c.output = config_dict.ConfigDict()
+    c.output.dir = "results"
+    c.output.progress = True
+    c.output.gzip_baseline = True
+    c.output.per_document = False
+    c.output.journal_every = 50
+    c.output.resume = True
+    c.output.tokens = False
+    c.output.top_k = 0
+    c.output.position_curve = False
+    c.output.tensorboard = False
+    return c
+
+
+# One line per key of `get_config()` (a test checks that the two name the same keys); `--help`
+# prints them with the defaults.
+KEY_MEANINGS = {
+    "checkpoint.dir": "an Orbax CheckpointManager directory of numbered steps, or a Hugging Face "
+    "directory",
+    "checkpoint.step": "'latest' (the newest finalized step), a step number, 'all', a list "
+    "'1000,2000' or a range 'first:last:every' (last included)",
+    "checkpoint.watch": "keep evaluating steps as they are finalized, until checkpoint."
+    "watch_until or checkpoint.watch_timeout",
+    "checkpoint.watch_until": "watch: the last step to evaluate (-1: none)",
+    "checkpoint.watch_timeout": "watch: seconds without a new finalized step before the run ends",
+    "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
+    "checkpoint.format": "'orbax', 'hf' (a Hugging Face directory), or 'auto' (by config.json)",
+    "data.name": "the corpus's name in the results; empty: derived from data.path",
+    "data.path": "a file, a glob, or a comma-separated list of either",
+    "data.format": "'text' (a file is a document), 'lines' (each non-empty line), 'jsonl', "
+    "'wikitext' (articles at ' = Title = ' headings)",
+    "data.tokenizer": "'auto' (the checkpoint's own), 'byte', a tokenizer.json, a SentencePiece "
+    ".model, or an HF directory",
+    "data.errors": "'strict' fails on bytes that are not UTF-8 (file and offset); 'replace'",
+    "data.separator": "text placed between documents in the stream (sliding)",
+    "data.jsonl_field": "the field of a jsonl record that holds the text",
+    "data.allow_tokenizer_mismatch": "score with a tokenizer whose vocabulary does not fit the "
+    "model's (refused when false)",
+    "data.preparation": "a standard preparation of the text: 'lm_eval_wikitext', "
+    "'hf_guide_wikitext', or '' (none)",
+    "data.tags": "tags of the dataset, 'key=value,...', grouping the macro averages",
+    "data.max_documents": "at most this many documents (0: all)",
+    "data.max_tokens": "documents until this many tokens (0: all)",
+    "data.sample_seed": "the budgets take the first documents in file order (-1) or a sample "
+    "drawn with this seed",
+    "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "
+    "shares across processes, and each plan cached (memory-mapped by later runs); '': no cache",
+    "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
+    "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
+    "eval.seq_len": "tokens the model reads per window (at most its positions)",
+    "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided; unset: "
+    "seq_len // 2; ignored by the other protocols",
+    "eval.batch_size": "windows per step, global over all processes; a multiple of mesh.data",
+    "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
+    "eval.packing": "several short windows per row (segments, no attention across them)",
+    "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
+    "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "
+    "e.g. '64,128,256' (empty: no sweep)",
+    "eval.context_targets": "targets per window of the context-length sweep (0: L at length L, "
+    "so each target sees L..2L-1 tokens)",
+    "model.dtype": "parameter dtype, 'float32' or 'bfloat16' (log-softmax is always float32)",
+    "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
+    "mesh.data": "devices along the data axis; -1: the devices left over",
+    "mesh.model": "devices along the model axis (weights sharded)",
+    "mesh.rules": "logical axis name -> mesh axis, for sharding weights",
+    "metrics.bootstrap_samples": "resamples of the 95% bootstrap intervals of perplexity and "
+    "bits per byte (0: no intervals; else at least 100)",
+    "metrics.seed": "seed of the bootstrap's resampling (the intervals are reproducible)",
+    "reference.checkpoint.dir": "a reference model (same tokenizer) scored beside the model "
+    "for KL(reference || model); empty: none",
+    "reference.checkpoint.step": "the reference's step: 'latest' or a step number",
+    "reference.checkpoint.format": "the reference's format: 'orbax', 'hf', or 'auto'",
+    "reference.dtype": "the reference's parameter dtype, 'float32' or 'bfloat16'",
+    "runtime.compilation_cache_dir": "JAX's persistent compilation cache ('': off)",
+    "output.dir": "where process 0 writes results.json",
+    "output.progress": "a progress bar on stderr",
+    "output.gzip_baseline": "also report the bits per byte of gzip -9 on the same text (its "
+    "first 64 MiB, on process 0)",
+    "output.per_document": "also write documents.jsonl (document-level protocols)",
+    "output.journal_every": "batches between journal flushes (the journal lets an interrupted "
+    "run resume)",
+    "output.resume": "resume from a matching journal in output.dir",
+    "output.tokens": "also write tokens.parquet: every scored token's NLL, surprisal, entropy",
+    "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
+    "output.position_curve": "also write position_curve.json and .png: perplexity by position "
+    "in the window",
+    "output.tensorboard": "also write TensorBoard scalars eval/<dataset>/<metric> in "
+    "output.dir/tensorboard",
+}
+
+# Defaults too long to print whole in `--help`.
+_DEFAULT_LABELS = {
+    "checkpoint.dir": "the demo checkpoint",
+    "data.path": "the held-out stdlib modules",
+}
+
+
+def flat_keys(c: config_dict.ConfigDict, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of `c` as `{"section.key": value}`, in ConfigDict order (sorted by name)."""
+    out: dict[str, Any] = {}
+    for name, value in c.items():
+        if isinstance(value, config_dict.ConfigDict):
+            out.update(flat_keys(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def describe_keys() -> list[tuple[str, str, str]]:
+    """`(key, default as text, meaning)` for every key of `get_config()`, in its order."""
+    rows = []
+    for key, value in flat_keys(get_config()).items():
+        if key in _DEFAULT_LABELS:
+            shown = _DEFAULT_LABELS[key]
+        elif value is None:
+            shown = "unset"
+        elif isinstance(value, bool):
+            shown = str(value).lower()
+        elif key == "mesh.rules":
+            shown = " ".join(f"{k}:{v or '-'}" for k, v in value)
+        elif isinstance(value, str):
+            shown = json.dumps(value)
+        else:
+            shown = str(value)
+        rows.append((key, shown, KEY_MEANINGS.get(key, "")))
+    return rows
+
+
+def corpus_name(path: str) -> str:
+    """The corpus's name derived from `data.path` (a file, a glob, or a comma-separated list).
+
+    The default path is the demo corpus, `DEMO_CORPUS_NAME`; one file is its name without the
+    extension (`/data/wiki.test.raw` -> `wiki.test`); one glob is its folder's name and the
+    pattern (`/data/val/*.jsonl` -> `val/*.jsonl`); several entries are their common folder's
+    name (`/data/c4/a.json,/data/c4/b.json` -> `c4`), or the files' names joined by `+` where
+    they share no folder but the root.
+    """
+    if path == held_out_paths():
+        return DEMO_CORPUS_NAME
+    entries = [os.path.expanduser(e.strip()) for e in path.split(",") if e.strip()]
+    if not entries:
+        return ""
+    if len(entries) == 1:
+        entry = entries[0].rstrip(os.sep)
+        if not glob.has_magic(entry):
+            return os.path.splitext(os.path.basename(entry))[0]
+        folder = os.path.basename(os.path.dirname(os.path.abspath(entry)))
+        return f"{folder}/{os.path.basename(entry)}" if folder else os.path.basename(entry)
+    folders = [os.path.dirname(os.path.abspath(e)) for e in entries]
+    common = os.path.basename(os.path.commonpath(folders))
+    if common:
+        return common
+    return "+".join(os.path.splitext(os.path.basename(e))[0] for e in entries)

@@ -1,0 +1,195 @@
+"""What a run reports beyond its sums: per-token output, loss by position, the context-length
+sweep, and the divergence from a reference model (`config.DiagnosticsSettings`).
+
+Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) feeding a sink
+on the host: `tokens.TokenWriter` (tokens.parquet), `divergence.Divergence`, the position sums in
+`ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
+(`windows.context_windows`). `prepare` makes every check that needs no weights; `write` writes
+the files once the run is done.
+
+A run with any of these keeps no journal: its per-token rows and position sums are not in one, so
+an interrupted run starts again from its first batch (README, "Diagnostics").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ppl_jax.config.settings import DiagnosticsSettings, Settings
+from ppl_jax.errors import ConfigError
+from ppl_jax.metrics import curves, divergence
+from ppl_jax.models.interface import LanguageModel
+from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.plans import windows
+from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.protocols import Plan
+from ppl_jax.scoring.scorer import Scorer, StepOptions
+
+POSITION_CURVE = "position_curve"
+CONTEXT_CURVE = "context_curve"
+TOKENS = "tokens.parquet"
+
+
+@dataclasses.dataclass
+class Sinks:
+    """The host-side sinks of one run (process 0 writes; the others gather what they must).
+
+    Attributes:
+      options: the step's optional statistics.
+      token_writer: the tokens.parquet writer (process 0 with output.tokens), else None.
+      divergence: the divergence gatherer (with a reference model), else None.
+    """
+
+    options: StepOptions
+    token_writer: Any = None
+    divergence: divergence.Divergence | None = None
+
+    def on_tokens(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
+        """`Scorer.score`'s per-token callback: feeds every sink."""
+        if self.token_writer is not None:
+            self.token_writer.add(rows, arrays)
+        if self.divergence is not None:
+            self.divergence.add(rows, arrays)
+
+    def abort(self) -> None:
+        """Removes a partial token file (an error or a signal stopped the run)."""
+        if self.token_writer is not None:
+            self.token_writer.abort()
+            self.token_writer = None
+
+
+def check(settings: Settings, plan: Plan, model: LanguageModel) -> None:
+    """Every check of the diagnostics that needs no weights.
+
+    Raises:
+      ConfigError: a package the output needs is missing, or the context-length sweep does not
+        fit the protocol, the corpus or the model's positions.
+    """
+    d = settings.diagnostics
+    if d.tokens:
+        from ppl_jax.outputs import tokens
+
+        tokens.check_available()
+    if d.position_curve or d.context_lengths:
+        curves.check_available()
+    if d.context_lengths:  # a stream protocol (`config.Settings` checks)
+        for length in d.context_lengths:
+            longest = length + context_targets(d, length, model) - 1
+            if longest > model.max_positions:
+                raise ConfigError(
+                    f"eval.context_lengths holds {length}, which with eval.context_targets="
+                    f"{d.context_targets} needs windows of {longest} tokens, beyond the model's "
+                    f"{model.max_positions} positions; use shorter lengths."
+                )
+
+
+def context_targets(d: DiagnosticsSettings, length: int, model: LanguageModel) -> int:
+    """Targets per window of the sweep at context `length`: `eval.context_targets`, or by default
+    `min(L, max_positions - L + 1)` (each target then sees L..2L-1 tokens; about 2 model
+    positions per target), at least 1."""
+    return d.context_targets or max(1, min(length, model.max_positions - length + 1))
+
+
+def step_options(settings: Settings) -> StepOptions:
+    d = settings.diagnostics
+    return StepOptions(
+        positions=settings.eval.seq_len + 1 if d.position_curve else 0,
+        per_token=d.tokens,
+        top_k=d.top_k,
+        reference=d.reference is not None,
+    )
+
+
+def sinks(settings: Settings, plan: Plan, tok: Any, out: OutputDir | None) -> Sinks:
+    """The run's sinks; the token file is opened on process 0 (`out` given) only."""
+    d = settings.diagnostics
+    result = Sinks(step_options(settings))
+    if d.tokens and out is not None:
+        from ppl_jax.outputs import tokens
+
+        result.token_writer = tokens.TokenWriter(
+            out.file(TOKENS),
+            plan,
+            tok,
+            settings.data.name,
+            top_k=d.top_k,
+            reference=d.reference is not None,
+        )
+    if d.reference is not None:
+        result.divergence = divergence.Divergence(plan.describe_window)
+    return result
+
+
+def context_sweep(
+    model: LanguageModel,
+    params: Any,
+    mesh: Any,
+    shardings: Any,
+    plan: Plan,
+    settings: Settings,
+    should_stop: Any = None,
+) -> dict[str, Any] | None:
+    """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
+
+    The targets are every token of the stream from position `max(context_lengths)` on, in
+    windows of S targets (`context_targets`); with context length L each target sees between L
+    and L + S - 1 tokens. Returns the context curve (`curves.context_curve`), or None if
+    `should_stop` ended it.
+
+    Raises:
+      DataError: the stream is not longer than the longest context length.
+    """
+    d: DiagnosticsSettings = settings.diagnostics
+    scorer = Scorer(model, mesh, shardings)
+    first = d.context_lengths[-1]
+    results, targets = [], {}
+    for length in d.context_lengths:
+        targets[length] = context_targets(d, length, model)
+        w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
+        layout = plan_layout(w, settings.eval.batch_size, pack=False)
+        totals = scorer.score(params, w, layout, should_stop=should_stop)
+        if totals.stopped_at is not None:
+            return None
+        results.append((length, totals.nll_sum, totals.num_tokens))
+    return curves.context_curve(results, targets_per_window=targets)
+
+
+def collect(
+    settings: Settings, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
+    `tokens_file` (the path of tokens.parquet), each present only when asked for."""
+    out: dict[str, Any] = {}
+    if totals.nll_by_position is not None:
+        out[POSITION_CURVE] = curves.position_curve(
+            totals.nll_by_position, totals.tokens_by_position
+        )
+    if sweep:
+        out[CONTEXT_CURVE] = sweep
+    if sinks_.divergence is not None:
+        out["divergence"] = sinks_.divergence.summary()
+    if sinks_.token_writer is not None:
+        out["tokens_file"] = sinks_.token_writer.close()
+        sinks_.token_writer = None
+    return out
+
+
+def write(out: OutputDir, found: dict[str, Any], title: str) -> list[str]:
+    """Writes the curves (JSON and PNG) into `out`; returns the lines to print."""
+    lines = []
+    for name, plot in (
+        (POSITION_CURVE, curves.plot_position_curve),
+        (CONTEXT_CURVE, curves.plot_context_curve),
+    ):
+        if name in found:
+            path = out.write_json(f"{name}.json", found[name])
+            out.write_bytes(f"{name}.png", plot(found[name], title))
+            lines.append(f"{name.replace('_', ' ')}: {path} (and .png)")
+    if CONTEXT_CURVE in found:
+        lines.insert(0, curves.context_table(found[CONTEXT_CURVE]))
+    if "tokens_file" in found:
+        lines.append(f"tokens: {found['tokens_file']}")
+    return lines

@@ -1,0 +1,284 @@
+"""Confidence intervals: a seeded bootstrap of perplexity and bits per byte, on the host.
+
+The resampling unit is the largest piece of the corpus whose sums are independent of the others':
+
+- **documents**, where every window lies in one document (`lm_eval_rolling`): the bootstrap over
+  documents (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 6).
+- **blocks of consecutive windows** for the stream protocols (`sliding`, `hf_strided`,
+  `gptq_chunks`), whose windows span documents and whose neighbours share text and topic: the
+  moving-block bootstrap (Künsch 1989, *Ann. Statist.* 17:1217). Blocks are `ceil(W ** (1/3))`
+  windows long (W: windows), the order of block length that Hall, Horowitz & Jing (1995,
+  *Biometrika* 82:561) show is right for variances and intervals; each replicate joins
+  `ceil(W / length)` blocks whose first windows are drawn uniformly from the `W - length + 1`
+  possible ones.
+
+Each replicate sums NLL, tokens and bytes over the units it drew and takes their ratio (a ratio
+estimator, as the point estimate is: `nll_sum / num_tokens`, never a mean of per-unit means).
+The interval is the 2.5th and 97.5th percentiles of the replicates (the percentile interval,
+Efron & Tibshirani ch. 13), which maps through `exp` unchanged: perplexity's interval is the exp
+of NLL per token's. Draws come from `numpy.random.default_rng(seed)`, so a run's intervals are
+reproducible, and two runs on the same units draw the same resamples (`paired_difference`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from ppl_jax.errors import DataError
+from ppl_jax.metrics.sums import LN2
+
+LEVEL = 0.95
+METHODS = {
+    "document": "bootstrap over documents",
+    "window": "moving-block bootstrap over windows (blocks of ceil(W^(1/3)) consecutive windows)",
+}
+_CHUNK = 1 << 19  # unit draws gathered at a time (bounds the memory of a replicate batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Units:
+    """Per-unit sufficient statistics of a run, the bootstrap's resampling units.
+
+    Attributes:
+      kind: `"document"` (independent documents) or `"window"` (consecutive windows of a
+        stream, resampled in blocks of `block_length`).
+      nll: `[U] float64`, nats, NLL summed over each unit's scored tokens.
+      tokens: `[U] int64`, scored tokens per unit.
+      bytes: `[U] int64`, UTF-8 bytes per unit, by the protocol's convention (they add up to
+        the run's `num_bytes`).
+      block_length: units per resampled block (1 for documents).
+    """
+
+    kind: str
+    nll: np.ndarray
+    tokens: np.ndarray
+    bytes: np.ndarray
+    block_length: int
+
+    @property
+    def count(self) -> int:
+        return int(self.nll.size)
+
+    @property
+    def method(self) -> str:
+        return METHODS[self.kind]
+
+
+def block_length(num_windows: int) -> int:
+    """`ceil(W ** (1/3))`, at least 1: the moving-block bootstrap's block, in windows."""
+    return max(1, math.ceil(round(num_windows ** (1 / 3), 9)))
+
+
+def units_of(plan: Any, totals: Any) -> Units:
+    """The resampling units of a run, from its plan (`protocols.Plan`) and per-window sums
+    (`scoring.ScoreTotals`): documents where every window lies in one (`document >= 0`) and the
+    plan counts bytes per document, else the windows themselves.
+
+    Raises:
+      ValueError: a stream plan without `window_bytes`.
+    """
+    doc = plan.windows.document
+    if plan.doc_bytes is not None and doc.size and (doc >= 0).all():
+        n = plan.num_documents
+        return Units(
+            kind="document",
+            nll=np.bincount(doc, weights=totals.window_nll, minlength=n),
+            tokens=np.bincount(doc, weights=totals.window_tokens, minlength=n).astype(np.int64),
+            bytes=np.asarray(plan.doc_bytes, np.int64),
+            block_length=1,
+        )
+    if plan.window_bytes is None:
+        raise ValueError(f"the {plan.protocol} plan has no per-window byte counts")
+    return Units(
+        kind="window",
+        nll=np.asarray(totals.window_nll, np.float64),
+        tokens=np.asarray(totals.window_tokens, np.int64),
+        bytes=np.asarray(plan.window_bytes, np.int64),
+        block_length=block_length(int(totals.window_nll.size)),
+    )
+
+
+def _replicate_sums(units: Units, columns: np.ndarray, samples: int, seed: int) -> np.ndarray:
+    """`[samples, C] float64`: the columns (`[U, C]`, per-unit values) summed over each
+    replicate's draw of units (documents, or blocks of windows)."""
+    b = units.block_length
+    if b > 1:  # per-block sums: block s holds units s .. s+b-1
+        columns = np.lib.stride_tricks.sliding_window_view(columns, b, axis=0).sum(axis=-1)
+    starts, draws = columns.shape[0], math.ceil(units.count / b)
+    rng = np.random.default_rng(seed)
+    out = np.empty((samples, columns.shape[1]), np.float64)
+    step = max(1, _CHUNK // draws)
+    for lo in range(0, samples, step):
+        hi = min(samples, lo + step)
+        picks = rng.integers(0, starts, size=(hi - lo, draws))
+        out[lo:hi] = columns[picks].sum(axis=1)
+    return out
+
+
+def _percentiles(values: np.ndarray) -> list[float]:
+    lo, hi = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return [float(lo), float(hi)]
+
+
+def _check(units: Units) -> None:
+    if units.count < 2:
+        raise DataError(
+            f"a bootstrap interval needs at least two {units.kind}s to resample, and the run "
+            f"has {units.count}; score more text or set metrics.bootstrap_samples=0."
+        )
+
+
+def intervals(units: Units, samples: int, seed: int) -> dict[str, Any] | None:
+    """The 95% bootstrap intervals of a run's NLL per token, perplexity and bits per byte.
+
+    Args:
+      units: from `units_of`.
+      samples: bootstrap replicates (0: no intervals).
+      seed: of `numpy.random.default_rng`.
+
+    Returns:
+      None for `samples == 0`, else `{"method", "samples", "seed", "level", "units" (how many),
+      "unit", "block_length", "nll_per_token" (nats), "perplexity", "bits_per_byte"}`, each
+      interval a `[lo, hi]` list of float64 values.
+
+    Raises:
+      DataError: fewer than two units.
+    """
+    if samples == 0:
+        return None
+    _check(units)
+    cols = np.stack([units.nll, units.tokens, units.bytes], axis=1).astype(np.float64)
+    sums = _replicate_sums(units, cols, samples, seed)
+    nll_per_token = _percentiles(sums[:, 0] / sums[:, 1])
+    return {
+        "method": units.method,
+        "samples": samples,
+        "seed": seed,
+        "level": LEVEL,
+        "unit": units.kind,
+        "units": units.count,
+        "block_length": units.block_length,
+        "nll_per_token": nll_per_token,
+        "perplexity": [_exp(v) for v in nll_per_token],
+        "bits_per_byte": _percentiles(sums[:, 0] / sums[:, 2] / LN2),
+    }
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def paired_difference(a: Units, b: Units, samples: int, seed: int) -> dict[str, Any]:
+    """B minus A in bits per byte and NLL per token, with paired 95% bootstrap intervals: each
+    replicate draws the same units (documents, or blocks of windows) for both runs.
+
+    Args:
+      a, b: the two runs' units, of the same data (`check_same_units`).
+      samples: replicates (at least 1); seed: of `numpy.random.default_rng`.
+
+    Returns:
+      `{"method", "samples", "seed", "level", "unit", "units", "block_length",
+      "a"/"b": {"bits_per_byte", "nll_per_token"}, "bits_per_byte"/"nll_per_token":
+      {"difference": B - A, "interval": [lo, hi]}}`; NLL per token in nats.
+
+    Raises:
+      DataError: fewer than two units.
+    """
+    _check(a)
+    cols = np.stack([a.nll, a.tokens, a.bytes, b.nll, b.tokens, b.bytes], axis=1)
+    sums = _replicate_sums(a, cols.astype(np.float64), samples, seed)
+    totals = cols.astype(np.float64).sum(axis=0)  # the runs' own (point) sums
+
+    def ratios(s: np.ndarray) -> tuple[Any, Any, Any, Any]:  # bpb A, NLL/token A, bpb B, ...
+        return (
+            s[..., 0] / s[..., 2] / LN2,
+            s[..., 0] / s[..., 1],
+            s[..., 3] / s[..., 5] / LN2,
+            s[..., 3] / s[..., 4],
+        )
+
+    bpb_a, npt_a, bpb_b, npt_b = ratios(totals)
+    r_bpb_a, r_npt_a, r_bpb_b, r_npt_b = ratios(sums)
+    return {
+        "method": a.method,
+        "samples": samples,
+        "seed": seed,
+        "level": LEVEL,
+        "unit": a.kind,
+        "units": a.count,
+        "block_length": a.block_length,
+        "a": {"bits_per_byte": float(bpb_a), "nll_per_token": float(npt_a)},
+        "b": {"bits_per_byte": float(bpb_b), "nll_per_token": float(npt_b)},
+        "bits_per_byte": {
+            "difference": float(bpb_b - bpb_a),
+            "interval": _percentiles(r_bpb_b - r_bpb_a),
+        },
+        "nll_per_token": {
+            "difference": float(npt_b - npt_a),
+            "interval": _percentiles(r_npt_b - r_npt_a),
+        },
+    }
+
+
+def identity_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """What decides the units of a run, from its fingerprint (`ppl_jax.runtime.fingerprint`): the
+    protocol, the data settings and files, and the tokenizer."""
+    return {name: fingerprint.get(name) for name in ("protocol", "data", "tokenizer")}
+
+
+def to_npz(units: Units, identity: dict[str, Any]) -> bytes:
+    """`units.npz`: the per-unit sums and what they were scored on (`identity`, JSON-able:
+    protocol and data settings), for `ppl_jax.analysis.compare`. No pickled objects."""
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        kind=np.asarray(units.kind),
+        nll=units.nll.astype(np.float64),
+        tokens=units.tokens.astype(np.int64),
+        bytes=units.bytes.astype(np.int64),
+        block_length=np.asarray(units.block_length, np.int64),
+        identity=np.asarray(json.dumps(identity, sort_keys=True)),
+    )
+    return buf.getvalue()
+
+
+def units_npz(ev: Any) -> bytes:
+    """`units.npz` of an `evaluate.Evaluation`: its units and identity (`to_npz`)."""
+    return to_npz(units_of(ev.plan, ev.totals), identity_of(ev.fingerprint))
+
+
+def read_npz(path: str) -> tuple[Units, dict[str, Any]]:
+    """Reads a `units.npz` written by `to_npz`.
+
+    Raises:
+      DataError: the file is missing, damaged or not a units file.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            units = Units(
+                kind=str(z["kind"]),
+                nll=z["nll"].astype(np.float64),
+                tokens=z["tokens"].astype(np.int64),
+                bytes=z["bytes"].astype(np.int64),
+                block_length=int(z["block_length"]),
+            )
+            identity = json.loads(str(z["identity"]))
+    except FileNotFoundError:
+        raise DataError(
+            f"{path} does not exist; the run that wrote the results predates per-unit sums, "
+            f"run it again."
+        ) from None
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{path} is not a readable units file ({e}); run it again.") from None
+    if units.kind not in METHODS:
+        raise DataError(f"{path} holds units of unknown kind {units.kind!r}; run it again.")
+    return units, identity

@@ -1,0 +1,212 @@
+"""A cache of planned datasets: a dataset is read, tokenized and planned once, then memory-mapped.
+
+`data.cache_dir` names a folder; each planned dataset is an entry `<cache_dir>/<key>/` whose key
+is the SHA-256 of everything that decides its plan:
+
+- the files (`ppl_jax.runtime.fingerprint.file_identity`: path, size, modification time, or a remote
+  store's object version) and how they are read (format, JSONL field, UTF-8 errors, separator,
+  preparation, budget);
+- the tokenizer's whole description (its vocabulary, merges and rules: `Tokenizer.describe()`)
+  and the model's vocabulary size;
+- the protocol and its settings (seq_len, stride, BOS policy).
+
+A changed file, tokenizer or setting is another key, so a stale entry is never read (it is left
+in the folder). An entry holds the plan's arrays as `.npy` files and its counts and document
+names as `plan.json`; the token stream is opened with `numpy.load(mmap_mode="r")`, so a run reads
+from the page cache only the rows it fills. An entry is written into a temporary folder and
+renamed into place (`os.rename` of a folder is atomic on one filesystem): it is complete or
+absent, and two processes writing the same entry at once leave one of them.
+
+The windows of a plan depend on the protocol, so another protocol or seq_len tokenizes again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ppl_jax.config.settings import DataSettings, EvalSettings
+from ppl_jax.data import documents as data
+from ppl_jax.plans import protocols
+from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.windows import Windows
+from ppl_jax.runtime import fingerprint
+from ppl_jax.tokenizer.base import Tokenizer
+
+VERSION = 2
+_WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")
+_PLAN_ARRAYS = ("doc_bytes", "doc_words", "doc_starts", "window_bytes")
+_SCALARS = (
+    "protocol",
+    "num_bytes",
+    "num_words",
+    "num_documents",
+    "text_tokens",
+    "unscored_tokens",
+    "add_bos",
+    "prefix_id",
+    "tokens_digest",
+)
+
+
+def key(ds: DataSettings, ev: EvalSettings, tok: Tokenizer, vocab_size: int) -> str:
+    """The cache key of a dataset's plan (SHA-256 hex; see the module docstring)."""
+    parts = {
+        "version": VERSION,
+        "files": [fingerprint.file_identity(p) for p in data.resolve_paths(ds.path)],
+        "data": {
+            "format": ds.format,
+            "jsonl_field": ds.jsonl_field,
+            "errors": ds.errors,
+            "separator": ds.separator,
+            "preparation": ds.preparation,
+            "max_documents": ds.max_documents,
+            "max_tokens": ds.max_tokens,
+            "sample_seed": ds.sample_seed,
+        },
+        "tokenizer": fingerprint.text_digest(tok.describe()),
+        "vocab_size": vocab_size,
+        "protocol": {
+            "name": ev.protocol,
+            "seq_len": ev.seq_len,
+            "stride": ev.stride,
+            "add_bos": protocols.resolve_add_bos(ev.add_bos, tok),
+        },
+    }
+    return fingerprint.digest(parts)
+
+
+def load(cache_dir: str, entry: str) -> tuple[Plan, dict[str, Any]] | None:
+    """The cached plan (its token stream memory-mapped) and the entry's extras, or None."""
+    folder = os.path.join(cache_dir, entry)
+    try:
+        with open(os.path.join(folder, "plan.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta.get("version") != VERSION:
+            return None
+        arrays = {
+            name: np.load(
+                os.path.join(folder, f"{name}.npy"), mmap_mode="r" if name == "tokens" else None
+            )
+            for name in meta["arrays"]
+        }
+    except (OSError, ValueError, KeyError):
+        return None  # absent, or not ours: planned again (and written again)
+    windows = Windows(**{n: arrays[n] for n in _WINDOW_ARRAYS}, seq_len=meta["seq_len"])
+    plan = Plan(
+        windows=windows,
+        sources=tuple(meta["sources"]),
+        **{n: meta[n] for n in _SCALARS},
+        **{n: arrays.get(n) for n in _PLAN_ARRAYS},
+    )
+    return plan, meta.get("extras", {})
+
+
+def save(cache_dir: str, entry: str, plan: Plan, extras: dict[str, Any] | None = None) -> str:
+    """Writes the entry (complete or absent); returns its folder. An entry already there (written
+    meanwhile by another process) is kept."""
+    if plan.tokens_digest is None:
+        plan = dataclasses.replace(plan, tokens_digest=protocols.tokens_digest(plan.windows.tokens))
+    return _write(cache_dir, entry, lambda tmp: plan, extras)
+
+
+def save_built(cache_dir: str, entry: str, build: Callable[[str], Plan]) -> str:
+    """Writes the entry of the plan `build(tokens_path)` makes, which writes its token stream
+    itself into `tokens_path` (a `.npy` inside the entry's temporary folder); see `save`."""
+    return _write(cache_dir, entry, lambda tmp: build(os.path.join(tmp, "tokens.npy")), None)
+
+
+def _write(
+    cache_dir: str, entry: str, make: Callable[[str], Plan], extras: dict[str, Any] | None
+) -> str:
+    os.makedirs(cache_dir, exist_ok=True)
+    final = os.path.join(cache_dir, entry)
+    if os.path.isdir(final):
+        return final
+    tmp = tempfile.mkdtemp(prefix=f".{entry[:16]}.", dir=cache_dir)
+    try:
+        plan = make(tmp)
+        w = plan.windows
+        arrays = {n: getattr(w, n) for n in _WINDOW_ARRAYS}
+        arrays.update({n: getattr(plan, n) for n in _PLAN_ARRAYS if getattr(plan, n) is not None})
+        for name, array in arrays.items():
+            path = os.path.join(tmp, f"{name}.npy")
+            if not (name == "tokens" and os.path.exists(path)):  # a stream written by `make`
+                np.save(path, np.asarray(array))
+        meta = {
+            "version": VERSION,
+            "seq_len": w.seq_len,
+            "arrays": sorted(arrays),
+            "sources": list(plan.sources),
+            "extras": extras or {},
+            **{n: _json(getattr(plan, n)) for n in _SCALARS},
+        }
+        with open(os.path.join(tmp, "plan.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f)
+        del plan, w, arrays  # the stream's memory map
+        os.rename(tmp, final)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (isinstance(e, OSError) and os.path.isdir(final)):  # not another writer's entry
+            raise
+    return final
+
+
+def made_once(
+    cache_dir: str, entry: str, write: Callable[[], Any], what: str
+) -> tuple[Plan, dict[str, Any]]:
+    """The entry written by process 0 (`write()`, which calls `save` or `save_built`) while the
+    others wait, then loaded (memory-mapped) by every process.
+
+    Raises:
+      PplJaxError: process 0's own error, on process 0; on the others a DataError that points to
+        process 0's log; a DataError where a process does not see the entry (a cache folder that
+        is not shared).
+    """
+    import jax
+
+    from ppl_jax.errors import DataError, PplJaxError
+    from ppl_jax.runtime import distributed
+
+    error: PplJaxError | None = None
+    if jax.process_index() == 0:
+        try:
+            write()
+        except PplJaxError as e:
+            error = e
+    failed = distributed.flags_of_all(error is not None)
+    if error is not None:
+        raise error
+    if failed[0]:
+        raise DataError(
+            f"{what}: process 0 could not plan the corpus (its log says why); fix that and run "
+            f"again."
+        )
+    found = load(cache_dir, entry)
+    if found is None:
+        raise DataError(
+            f"data.cache_dir={cache_dir!r}: process {jax.process_index()} does not see the plan "
+            f"that process 0 wrote there; on several hosts data.cache_dir must be a folder every "
+            f"process sees (a shared filesystem, or a bucket mounted with gcsfuse)."
+        )
+    return found
+
+
+def _json(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def fields_checked() -> None:
+    """Raises AssertionError if `Plan` gained a field this cache does not store (a test calls
+    this, so that a new field cannot be silently dropped from cached plans)."""
+    stored = set(_SCALARS) | set(_PLAN_ARRAYS) | {"windows", "sources"}
+    missing = {f.name for f in dataclasses.fields(Plan)} - stored
+    if missing:
+        raise AssertionError(f"plan_cache does not store Plan fields {sorted(missing)}")

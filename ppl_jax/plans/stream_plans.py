@@ -1,0 +1,296 @@
+"""Plans from a token cache's document lengths (`ppl_jax.plans.token_cache`), in bounded memory.
+
+`plan` builds a protocol's `Plan` from an entry: its windows from the
+documents' token counts alone, its token stream (with separators and BOS, as `protocols.plan`
+lays it out) written chunk by chunk into a plan-cache entry (`ppl_jax.plans.plan_cache`) and
+memory-mapped, and its counts from the per-document counts. The result is identical, array for
+array, to `protocols.plan` on the same documents (tested). Process 0 writes the plan entry; the
+others wait and memory-map it.
+
+The stream is written chunk by chunk (`numpy.lib.format` header, then the data) and its parts
+are read with `numpy.fromfile`, not memory-mapped, so that the pages read stay out of the
+process's resident memory; windows are computed from the stream's length alone, and each
+window's bytes from prefix sums of the byte lengths taken while the stream is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import numpy as np
+
+from ppl_jax.errors import DataError
+from ppl_jax.plans import protocols, token_cache
+from ppl_jax.plans import windows as windows_lib
+from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
+from ppl_jax.tokenizer.base import Tokenizer
+
+
+def plan(
+    entry: Entry,
+    protocol: str,
+    tok: Tokenizer,
+    vocab_size: int,
+    seq_len: int,
+    stride: int | None,
+    add_bos: bool,
+    separator: str,
+    stream_path: str,
+) -> Plan:
+    """The `Plan` of `protocol` over the entry's documents, identical to `protocols.plan` on the
+    same documents; its token stream is written to `stream_path` (`.npy`) and memory-mapped.
+
+    Raises:
+      DataError: an id outside the vocabulary (naming the document), or nothing to score.
+      ConfigError: as `protocols.plan`.
+    """
+    if protocol == "sliding":
+        return _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path)
+    if protocol == "lm_eval_rolling":
+        return _rolling(entry, tok, vocab_size, seq_len, add_bos, stream_path)
+    raise ValueError(f"the token cache does not plan {protocol}")
+
+
+def _segments(
+    entry: Entry,
+    sep: tuple[np.ndarray, np.ndarray] | None,
+    check: tuple[int, Tokenizer],
+    before_first: bool = False,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The stream's text tokens and byte lengths: the documents' tokens with `sep`'s tokens
+    between documents (also before the first with `before_first`), in chunks of whole documents
+    of about `token_cache.COPY_TOKENS` tokens. Each chunk's ids are checked against the model's
+    vocabulary (`check`: its size and the tokenizer) as they are read, so the cache is read once.
+
+    Raises:
+      DataError: an id outside the vocabulary, naming its document.
+    """
+    vocab_size, tok = check
+    first = not before_first
+    base = 0  # documents of the parts before this one
+    for part in entry.parts:
+        offsets = np.concatenate([[0], np.cumsum(part.doc_tokens)])
+        d = 0
+        while d < part.doc_tokens.size:
+            e = (
+                int(np.searchsorted(offsets, offsets[d] + token_cache.COPY_TOKENS, side="right"))
+                - 1
+            )
+            e = max(e, d + 1)
+            lo, hi = int(offsets[d]), int(offsets[e])
+            ids, lens = part.read("ids", lo, hi), part.read("bytes", lo, hi)
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+            if bad.size:
+                doc = base + int(np.searchsorted(offsets, lo + bad[0], side="right")) - 1
+                where = f"document {doc} ({entry.sources[doc]})"
+                protocols.check_ids(ids[bad[:1]], vocab_size, where, tok)
+            if sep is not None:
+                ids, lens = _with_separators(ids, lens, part.doc_tokens[d:e], sep, first)
+            first = False
+            yield ids, lens
+            d = e
+        base += part.doc_tokens.size
+
+
+def _with_separators(ids, lens, doc_tokens, sep, first: bool):
+    """`ids`/`lens` of consecutive documents with the separator's tokens before each document
+    (but the corpus's first)."""
+    n_docs, sep_n = doc_tokens.size, sep[0].size
+    seps = n_docs - (1 if first else 0)
+    out_ids = np.empty(ids.size + seps * sep_n, np.int32)
+    out_lens = np.empty_like(out_ids)
+    # Each document's tokens move right by the separators before it in this chunk.
+    shift = (np.arange(n_docs) + (0 if first else 1)) * sep_n
+    doc_of = np.repeat(np.arange(n_docs), doc_tokens)
+    dest = np.arange(ids.size) + shift[doc_of]
+    out_ids[dest] = ids
+    out_lens[dest] = lens
+    starts = np.concatenate([[0], np.cumsum(doc_tokens)[:-1]]) + shift  # each doc's first token
+    for j in range(1 if first else 0, n_docs):
+        out_ids[starts[j] - sep_n : starts[j]] = sep[0]
+        out_lens[starts[j] - sep_n : starts[j]] = sep[1]
+    return out_ids, out_lens
+
+
+class _Stream:
+    """A `.npy` file of `[n] int32` written chunk by chunk (`numpy.lib.format` header, then the
+    data), with the SHA-256 of its data (`protocols.tokens_digest`)."""
+
+    def __init__(self, path: str, n: int):
+        self.file = open(path, "wb")  # closed by `close`
+        header = {"descr": np.dtype(np.int32).str, "fortran_order": False, "shape": (n,)}
+        np.lib.format.write_array_header_1_0(self.file, header)
+        self.n, self.written = n, 0
+        self.digest = hashlib.sha256()
+
+    def write(self, ids: np.ndarray) -> None:
+        data_ = np.ascontiguousarray(ids, np.int32).tobytes()
+        self.file.write(data_)
+        self.digest.update(data_)
+        self.written += ids.size
+
+    def close(self) -> str:
+        self.file.close()
+        if self.written != self.n:
+            raise AssertionError(f"wrote {self.written} tokens of a stream of {self.n}")
+        return self.digest.hexdigest()
+
+
+def _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path) -> Plan:
+    num_docs = entry.num_documents
+    doc_tokens = entry.doc_array("doc_tokens")
+    sep = None
+    if separator and num_docs > 1:
+        sep = tok.encode_with_bytes([separator])[0]
+        protocols.check_ids(sep[0], vocab_size, f"data.separator {separator!r}", tok)
+    sep_n = 0 if sep is None else sep[0].size
+    bos = 1 if add_bos else 0
+    text_tokens = int(doc_tokens.sum()) + sep_n * max(0, num_docs - 1)
+    n = bos + text_tokens
+    if n < 2:
+        raise DataError(
+            f"the corpus ({num_docs} documents) tokenizes to {n} token(s); at least two are "
+            f"needed to score one. Check data.path and data.format."
+        )
+    # The windows need only the stream's length: a stand-in of that length holds no memory.
+    windows = windows_lib.sliding(np.broadcast_to(np.int32(0), (n,)), seq_len, stride)
+    lo = windows.starts + windows.first_scored  # scored targets [lo, hi) (no prefix tokens)
+    hi = windows.starts + windows.lengths
+    # Prefix sums of the stream's byte lengths at every window bound, while writing the stream.
+    bounds = np.concatenate([lo, hi])
+    order = np.argsort(bounds, kind="stable")
+    ordered = bounds[order]
+    cum = np.zeros(bounds.size, np.int64)
+    at, total, k = 0, 0, 0
+    stream = _Stream(stream_path, n)
+    if bos:
+        stream.write(np.asarray([tok.bos_id], np.int32))
+        at = 1
+    for ids, lens in _segments(entry, sep, (vocab_size, tok)):
+        stream.write(ids)
+        prefix = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
+        j = int(np.searchsorted(ordered, at + ids.size, side="right"))
+        sel = order[k:j]
+        cum[sel] = total + prefix[np.maximum(bounds[sel] - at, 0)]
+        k = j
+        at += ids.size
+        total += int(prefix[-1])
+    cum[order[k:]] = total
+    digest = stream.close()
+    window_bytes = cum[lo.size :] - cum[: lo.size]
+    scored = int(windows.num_scored().sum())
+    tokens = np.load(stream_path, mmap_mode="r")
+    windows = windows_lib.Windows(
+        tokens=tokens,
+        **{
+            f: getattr(windows, f)
+            for f in ("starts", "lengths", "prefix", "first_scored", "document")
+        },
+        seq_len=seq_len,
+    )
+    doc_starts = (
+        np.concatenate([[0], np.cumsum(doc_tokens)[:-1]]) + np.arange(num_docs) * sep_n + bos
+    ).astype(np.int64)
+    return Plan(
+        protocol="sliding",
+        windows=windows,
+        num_bytes=int(window_bytes.sum()),
+        num_words=_sliding_words(entry, tok, separator if sep is not None else "", add_bos),
+        num_documents=num_docs,
+        text_tokens=text_tokens,
+        unscored_tokens=text_tokens - scored,
+        add_bos=bool(add_bos),
+        prefix_id=None,
+        doc_bytes=None,
+        doc_words=None,
+        sources=entry.sources,
+        doc_starts=doc_starts,
+        window_bytes=window_bytes,
+        tokens_digest=digest,
+    )
+
+
+def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) -> int:
+    """Words of the joined text from the first scored token to the end (`protocols._span_words`),
+    from the documents' word counts: words(A + B) = words(A) + words(B) - 1 when A ends and B
+    begins with a non-space character (`str.split` semantics), over the segments document,
+    separator, document, ..."""
+    n = entry.num_documents
+    doc = {
+        "words": entry.doc_array("doc_words"),
+        "edges": entry.doc_array("doc_edges").astype(np.int64),
+        "bytes": entry.doc_array("doc_bytes"),
+        "tokens": entry.doc_array("doc_tokens"),
+    }
+    if separator and n > 1:
+        sep = {
+            "words": len(separator.split()),
+            "edges": edges_of(separator),
+            "bytes": len(separator.encode("utf-8")),
+            "tokens": 1,  # not 0: the separator's tokens are in the stream
+        }
+        seg = {}
+        for name, values in doc.items():
+            seg[name] = np.empty(2 * n - 1, np.int64)
+            seg[name][0::2], seg[name][1::2] = values, sep[name]
+    else:
+        seg = doc
+    words, edges, nbytes = seg["words"].copy(), seg["edges"].copy(), seg["bytes"].copy()
+    if not add_bos:  # the stream's first token is context only: count from after it
+        f = int(np.flatnonzero(seg["tokens"] > 0)[0])
+        if f % 2 and seg is not doc:  # a separator (the documents before it have no tokens)
+            cut = int(tok.encode_with_bytes([separator])[0][1][0])
+            rest = separator.encode("utf-8")[cut:].decode("utf-8", "ignore")
+            after = {
+                "words_after": len(rest.split()),
+                "starts_after": bool(rest) and not rest[0].isspace(),
+            }
+        else:  # the first document with tokens: its part measured the rest when it was read
+            after = entry.head()[1]
+            cut = after["first_token_bytes"]
+        words[:f], nbytes[:f] = 0, 0
+        words[f] = after["words_after"]
+        edges[f] = (edges[f] & ENDS) | (STARTS if after["starts_after"] else 0)
+        nbytes[f] = max(0, nbytes[f] - cut)
+    kept = nbytes > 0
+    kept_edges = edges[kept]
+    joins = ((kept_edges[:-1] & ENDS) > 0) & ((kept_edges[1:] & STARTS) > 0)
+    return int(words[kept].sum() - joins.sum())
+
+
+def _rolling(entry, tok, vocab_size, seq_len, add_bos, stream_path) -> Plan:
+    prefix = protocols.rolling_prefix(tok, vocab_size)
+    doc_tokens = entry.doc_array("doc_tokens") + (1 if add_bos else 0)
+    num_docs = doc_tokens.size
+    offsets = np.concatenate([[0], np.cumsum(doc_tokens)]).astype(np.int64)
+    n = int(offsets[-1])
+    stream = _Stream(stream_path, n)
+    # With BOS, before every document (a separator before the first too); else the parts' ids.
+    bos = (np.asarray([tok.bos_id], np.int32), np.zeros(1, np.int32)) if add_bos else None
+    for ids, _ in _segments(entry, bos, (vocab_size, tok), before_first=True):
+        stream.write(ids)
+    digest = stream.close()
+    tokens = np.load(stream_path, mmap_mode="r")
+    windows = protocols.rolling_windows(tokens, offsets, seq_len, prefix)
+    if not windows.num_windows:
+        raise DataError(f"the corpus ({num_docs} documents) tokenizes to no tokens.")
+    doc_bytes = entry.doc_array("doc_bytes")
+    doc_words = entry.doc_array("doc_harness_words")
+    return Plan(
+        protocol="lm_eval_rolling",
+        windows=windows,
+        num_bytes=int(doc_bytes.sum()),
+        num_words=int(doc_words.sum()),
+        num_documents=num_docs,
+        text_tokens=n,
+        unscored_tokens=0,
+        add_bos=add_bos,
+        prefix_id=int(prefix),
+        doc_bytes=doc_bytes,
+        doc_words=doc_words,
+        sources=entry.sources,
+        doc_starts=offsets[:-1],
+        tokens_digest=digest,
+    )

@@ -1,0 +1,166 @@
+"""One fingerprint of everything that decides a run's numbers.
+
+The journal (resume), the results and the cross-process checks all use the fingerprint built
+here, so that "the same run" means one thing everywhere. A fingerprint is a JSON-able dict of
+named parts (`checkpoint`, `data`, `tokenizer`, `protocol`, `model`, `layout`, `mesh`); two runs
+agree when every part agrees, and `differences` names the parts (and their fields) that do not,
+for a message a user can act on. `digest` is the SHA-256 of its canonical JSON.
+
+Files are identified by path, size and modification time (nanoseconds), not by content: a file
+rewritten with the same size in the same nanosecond is not noticed, and reading every byte of a
+large corpus or checkpoint again to hash it would cost as much as the run.
+
+A remote file (`gs://`, `s3://`, ... see `ppl_jax.runtime.paths`) is identified by what its store says
+of it (fsspec's `info`, the backend of `etils.epath` for these schemes): its size and, where
+given, its object version (GCS `generation`, `etag`, `crc32c`, `md5Hash`; S3 `ETag`,
+`VersionId`) and modification time (`mtime`, `updated`, `LastModified`). On GCS the generation
+changes with every write, so a rewrite is always noticed there; a store that gives none of these
+is identified by size alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from ppl_jax.runtime import paths
+
+# What fsspec's `info` may tell of an object's version, per store (gcsfs, s3fs, adlfs, local).
+_VERSION_KEYS = (
+    "generation",
+    "etag",
+    "ETag",
+    "VersionId",
+    "version_id",
+    "crc32c",
+    "md5Hash",
+    "content_md5",
+    "mtime",
+    "updated",
+    "LastModified",
+    "last_modified",
+)
+
+
+def file_identity(path: str) -> dict[str, Any]:
+    """`{"path", "size", "mtime_ns"}` of a file (absolute path), or `{"path", "missing": True}`.
+
+    A remote file gives `{"path", "size", "version": {...}}` instead (see the module docstring).
+    """
+    if not paths.is_local(path):
+        return _remote_identities(path, tree=False).get(path, {"path": path, "missing": True})
+    path = os.path.abspath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"path": path, "missing": True}
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def tree_identity(directory: str) -> list[dict[str, Any]]:
+    """`file_identity` of every file below `directory`, sorted by path (a checkpoint step).
+
+    A remote directory is listed once (one listing gives every object's size and version).
+    """
+    if not paths.is_local(directory):
+        return sorted(_remote_identities(directory, tree=True).values(), key=lambda f: f["path"])
+    found = []
+    for root, _, files in os.walk(directory):
+        found.extend(file_identity(os.path.join(root, name)) for name in files)
+    return sorted(found, key=lambda f: f["path"])
+
+
+def _remote_identities(path: str, tree: bool) -> dict[str, dict[str, Any]]:
+    """`{url: identity}` of the remote file `path`, or of every file below it (`tree`)."""
+    import fsspec
+
+    try:
+        fs, inner = fsspec.core.url_to_fs(path)
+        found = fs.find(inner, detail=True) if tree else {inner: fs.info(inner)}
+    except FileNotFoundError:
+        return {}
+    except ImportError as e:
+        raise paths.missing_backend(path, e) from None
+    scheme = paths.scheme(path)
+    out = {}
+    for name, info in found.items():
+        if info.get("type", "file") != "file":
+            continue
+        if not tree:
+            url = path
+        else:
+            url = name if paths.scheme(name) else f"{scheme}://{name.lstrip('/')}"
+        version = {k: str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None}
+        out[url] = {"path": url, "size": info.get("size"), "version": version}
+    return out
+
+
+def text_digest(value: Any) -> str:
+    """SHA-256 (hex) of `value`'s canonical JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def digest(parts: dict[str, Any]) -> str:
+    """The fingerprint's SHA-256 (hex)."""
+    return text_digest(parts)
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What changed from `old` to `new`, one phrase per changed field, e.g.
+    `"protocol.seq_len: 256 -> 128"` or `"data.files: changed"` (long values are not spelled)."""
+    out = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            for field in sorted(set(a) | set(b)):
+                if a.get(field) != b.get(field):
+                    out.append(f"{name}.{field}: {_short(a.get(field))} -> {_short(b.get(field))}")
+        else:
+            out.append(f"{name}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else "changed"
+
+
+def of_run(
+    *,
+    checkpoint: dict[str, Any],
+    checkpoint_files: str,
+    model: dict[str, Any],
+    data: dict[str, Any],
+    data_paths: list[str],
+    tokenizer: dict[str, Any],
+    protocol: dict[str, Any],
+    layout: dict[str, Any],
+    mesh: dict[str, Any],
+) -> dict[str, Any]:
+    """The fingerprint of a run, from its parts.
+
+    Args:
+      checkpoint: `{"path", "format", "step"}`; checkpoint_files: the folder whose files hold
+        the weights (identified by path, size and modification time, or for a remote folder
+        by path, size and object version).
+      model: the architecture description, dtype and attention implementation.
+      data: the settings that shape the documents (format, field, errors, separator);
+        data_paths: the corpus files (identified like the checkpoint's).
+      tokenizer: the tokenizer's `describe()` (digested).
+      protocol: name, seq_len, stride, BOS policy and window count.
+      layout: batch size, packing, buckets and batch count; mesh: axis sizes and processes.
+    """
+    return {
+        "checkpoint": {**checkpoint, "files": text_digest(tree_identity(checkpoint_files))},
+        "model": {k: (text_digest(v) if isinstance(v, dict) else v) for k, v in model.items()},
+        "data": {**data, "files": text_digest([file_identity(p) for p in data_paths])},
+        "tokenizer": {"description": text_digest(tokenizer)},
+        "protocol": protocol,
+        "layout": layout,
+        "mesh": mesh,
+    }

@@ -1,0 +1,439 @@
+"""The scoring step (jit-compiled, sharded) and the loop that feeds it and reduces its sums.
+
+The step is a pure function `(params, batch) -> StepSums`: per-window sums of negative
+log-likelihood (nats) and counts, never means. It is compiled once per batch shape with explicit
+input and output shardings over the mesh. The loop dispatches batch `i + 1` before it fetches the
+sums of batch `i` (no host stall per step), and adds the sums on the host in float64. A background
+thread (the feed) fills each process's rows and builds the global arrays a few batches ahead, so
+the device does not wait for the host between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from ppl_jax.errors import NumericsError
+from ppl_jax.models.interface import LanguageModel
+from ppl_jax.plans.layout import Layout
+from ppl_jax.plans.windows import Windows
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.feed import Feed
+from ppl_jax.scoring.nll import token_stats
+
+BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """The optional statistics of the step, chosen when it is built (extra outputs of the same
+    compiled step; see `StepSums.extras`).
+
+    Attributes:
+      positions: > 0: sums of NLL and counts of scored targets per position in the window (the
+        target's context length), over `positions` slots (`seq_len + 1`).
+      per_token: per-token arrays (`ppl_jax.outputs.tokens`); the window sums are then reduced on the
+        host in float64 from them, so the per-token NLLs add up to the run's NLL exactly.
+      top_k: with per_token, the k most probable tokens and their log-probabilities (<= 20).
+      reference: the params are `(model params, reference params)`; the step also scores the
+        reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
+    """
+
+    positions: int = 0
+    per_token: bool = False
+    top_k: int = 0
+    reference: bool = False
+
+    @property
+    def token_arrays(self) -> bool:
+        """Whether the step returns per-token arrays (for the token file or the divergence)."""
+        return self.per_token or self.reference
+
+
+class StepSums(NamedTuple):
+    """Per-window sums from one step; each `[batch, slots]`, replicated on every device.
+
+    nll_sum: float32, nats, over the window's scored targets.
+    entropy_sum: float32, nats, the predictive entropy summed over the same targets.
+    num_correct: int32, scored targets that are the model's top-1 prediction.
+    num_tokens: int32, scored targets.
+    num_nonfinite: int32, scored targets whose log-probability is NaN or infinite.
+    extras: the outputs `StepOptions` asked for, by name:
+      `nll_by_position`, `tokens_by_position`: `[positions]` float32 nats / int32 counts of the
+        scored targets by their position in the window (summed over the batch);
+      per-token `[batch, seq]` arrays (`seq` = the row width - 1; index `[r, p - 1]` is the
+        target at row position `p`): `scored` (bool), `slot` (int32, the target's segment id,
+        0 for padding), `nll`, `entropy` (float32 nats), `correct` (bool); with top_k
+        `top_ids` `[batch, seq, k]` int32 and `top_logprobs` float32; with a reference `kl`,
+        `reference_nll` (float32 nats) and `same_top1` (bool).
+    """
+
+    nll_sum: jax.Array
+    entropy_sum: jax.Array
+    num_correct: jax.Array
+    num_tokens: jax.Array
+    num_nonfinite: jax.Array
+    extras: dict[str, jax.Array]
+
+
+def score_step(
+    apply: Callable[..., Any],
+    params: Any,
+    batch: dict[str, jax.Array],
+    num_slots: int = 1,
+    options: StepOptions = StepOptions(),
+    reference_apply: Callable[..., Any] | None = None,
+) -> StepSums:
+    """Scores one batch of rows, each holding up to `num_slots` windows (segments).
+
+    Args:
+      apply: `LanguageModel.apply`.
+      params: the model's params.
+      batch: `tokens`, `target_mask` (bool), `segment_ids` (0 = padding, `s + 1` = the row's
+        `s`-th window), `positions` (restarting in each segment), each `[batch, width]`.
+        Position `j + 1` is the target of position `j` (the shift is made here); a target is
+        counted only where `target_mask` holds, which is never a segment's first position.
+      num_slots: segment slots per row.
+      options: the optional statistics; with `options.reference`, `params` is the pair
+        `(params, reference params)` and `reference_apply` the reference's apply.
+
+    Returns:
+      `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
+      never materialised for a model that returns `HiddenStates` (see `ppl_jax.scoring.nll`).
+    """
+    tokens = batch["tokens"]
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # the next-token shift
+    mask = batch["target_mask"][:, 1:]
+    model_params, reference_params = params if options.reference else (params, None)
+    read = (inputs, batch["positions"][:, :-1], batch["segment_ids"][:, :-1])
+    output = apply(model_params, *read)
+    reference = reference_apply(reference_params, *read) if options.reference else None
+    wanted: dict[str, Any] = {}
+    if options.per_token and options.top_k:
+        wanted["top_k"] = options.top_k
+    if reference is not None:
+        wanted["reference"] = reference
+    stats = token_stats(output, targets, **wanted)
+    finite_BxT = jnp.isfinite(stats.nll) & jnp.isfinite(stats.entropy)
+    # slot_BxTxS: which slot each target belongs to (none for padding).
+    slot_BxTxS = batch["segment_ids"][:, 1:, None] == jnp.arange(1, num_slots + 1)
+    ok_BxTxS = slot_BxTxS & (mask & finite_BxT)[..., None]
+
+    def per_slot(values_BxT):
+        return jnp.sum(jnp.where(ok_BxTxS, values_BxT[..., None], 0.0), axis=1)
+
+    def count(flags_BxTxS):
+        return jnp.sum(flags_BxTxS, axis=1, dtype=jnp.int32)
+
+    extras: dict[str, jax.Array] = {}
+    if options.positions:
+        # A target's position in its window is the number of tokens before it there.
+        ok_BxT = (batch["segment_ids"][:, 1:] > 0) & mask & finite_BxT
+        where_BxT = batch["positions"][:, 1:].ravel()
+        extras["nll_by_position"] = jax.ops.segment_sum(
+            jnp.where(ok_BxT, stats.nll, 0.0).ravel(), where_BxT, options.positions
+        )
+        extras["tokens_by_position"] = jax.ops.segment_sum(
+            ok_BxT.astype(jnp.int32).ravel(), where_BxT, options.positions
+        )
+    if options.token_arrays:
+        extras["scored"] = (batch["segment_ids"][:, 1:] > 0) & mask
+        extras["slot"] = batch["segment_ids"][:, 1:]
+        extras["nll"], extras["entropy"], extras["correct"] = (
+            stats.nll,
+            stats.entropy,
+            stats.correct,
+        )
+        for name in ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1"):
+            if getattr(stats, name, None) is not None:
+                extras[name] = getattr(stats, name)
+    return StepSums(
+        nll_sum=per_slot(stats.nll),
+        entropy_sum=per_slot(stats.entropy),
+        num_correct=count(ok_BxTxS & stats.correct[..., None]),
+        num_tokens=count(slot_BxTxS & mask[..., None]),
+        num_nonfinite=count(slot_BxTxS & (mask & ~finite_BxT)[..., None]),
+        extras=extras,
+    )
+
+
+@dataclasses.dataclass
+class ScoreTotals:
+    """What the loop gathers on the host.
+
+    Attributes:
+      window_nll: `[W] float64`, nats, each window's NLL sum.
+      window_tokens: `[W] int64`, each window's scored targets.
+      window_entropy: `[W] float64`, nats, each window's predictive-entropy sum.
+      window_correct: `[W] int64`, each window's top-1 correct targets.
+      scoring_seconds: wall time of the loop after compilation; compile_seconds: compilation.
+      host_seconds: of `scoring_seconds`, the time the loop waited for the host to prepare a
+        batch (fill its rows and build its global arrays); near 0 when the feed keeps ahead.
+      prepare_seconds: the time spent preparing batches, in the feed's thread (with prefetch
+        off, in the loop itself, and then equal to `host_seconds`).
+      stopped_at: the batch before which a stop request ended the loop, or None if it ran out.
+      nll_by_position: `[P] float64` nats, tokens_by_position: `[P] int64`, the scored targets'
+        NLL and count by position in the window (with `StepOptions.positions`), else None.
+    """
+
+    window_nll: np.ndarray
+    window_tokens: np.ndarray
+    window_entropy: np.ndarray
+    window_correct: np.ndarray
+    scoring_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    host_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    stopped_at: int | None = None
+    nll_by_position: np.ndarray | None = None
+    tokens_by_position: np.ndarray | None = None
+
+    @staticmethod
+    def zeros(num_windows: int, positions: int = 0) -> ScoreTotals:
+        """Empty totals for `num_windows` windows (and `positions` position slots, if any)."""
+        return ScoreTotals(
+            window_nll=np.zeros(num_windows, np.float64),
+            window_tokens=np.zeros(num_windows, np.int64),
+            window_entropy=np.zeros(num_windows, np.float64),
+            window_correct=np.zeros(num_windows, np.int64),
+            nll_by_position=np.zeros(positions, np.float64) if positions else None,
+            tokens_by_position=np.zeros(positions, np.int64) if positions else None,
+        )
+
+    @property
+    def nll_sum(self) -> float:
+        """float64 nats over all windows."""
+        return float(np.sum(self.window_nll))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(np.sum(self.window_tokens))
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.window_nll.size)
+
+
+class Scorer:
+    """Compiles the step for a model on a mesh, and runs it over a layout of windows.
+
+    Args:
+      model, mesh, param_shardings: the model, its mesh, and its params' shardings.
+      options: the step's optional statistics (`StepOptions`).
+      reference: with `options.reference`, the reference model and its params' shardings; the
+        params given to `score` are then the pair `(params, reference params)`.
+
+    Attributes:
+      traces: how many times the step was traced (once per batch shape).
+      prefetch: batches the feed's thread prepares ahead of the loop (0: each batch is prepared
+        in the loop, just before it is dispatched).
+    """
+
+    prefetch: int = 2
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        mesh: Mesh,
+        param_shardings: Any,
+        options: StepOptions = StepOptions(),
+        reference: tuple[LanguageModel, Any] | None = None,
+    ):
+        if options.reference != (reference is not None):
+            raise ValueError("StepOptions.reference needs the reference model, and only then")
+        self.model = model
+        self.mesh = mesh
+        self.param_shardings = param_shardings
+        self.options = options
+        self.reference = reference
+        self.batch_sharding = mesh_lib.batch_sharding(mesh)
+        self.traces = 0
+        self._compiled: dict[tuple[int, int, int], Any] = {}
+
+    def _abstract_params(self) -> tuple[Any, Any]:
+        """(the params' shardings, the abstract params), as the step takes them."""
+
+        def abstract(model, shardings):
+            return jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                model.abstract_params,
+                shardings,
+            )
+
+        if self.reference is None:
+            return self.param_shardings, abstract(self.model, self.param_shardings)
+        ref_model, ref_shardings = self.reference
+        return (self.param_shardings, ref_shardings), (
+            abstract(self.model, self.param_shardings),
+            abstract(ref_model, ref_shardings),
+        )
+
+    def compiled(self, batch_size: int, width: int, num_slots: int = 1) -> Any:
+        """The step compiled for `[batch_size, width]` batches of `num_slots` segment slots
+        (cached per shape)."""
+        key = (batch_size, width, num_slots)
+        if key not in self._compiled:
+            reference_apply = self.reference[0].apply if self.reference else None
+
+            def step(params, batch):
+                self.traces += 1  # runs at trace time only
+                return score_step(
+                    self.model.apply, params, batch, num_slots, self.options, reference_apply
+                )
+
+            shardings, abstract_params = self._abstract_params()
+            jitted = jax.jit(
+                step,
+                in_shardings=(shardings, {k: self.batch_sharding for k in BATCH_KEYS}),
+                out_shardings=mesh_lib.replicated(self.mesh),
+            )
+            dtypes = {
+                "tokens": jnp.int32,
+                "target_mask": jnp.bool_,
+                "segment_ids": jnp.int32,
+                "positions": jnp.int32,
+            }
+            abstract_batch = {
+                k: jax.ShapeDtypeStruct(
+                    (batch_size, width), dtypes[k], sharding=self.batch_sharding
+                )
+                for k in BATCH_KEYS
+            }
+            self._compiled[key] = jitted.lower(abstract_params, abstract_batch).compile()
+        return self._compiled[key]
+
+    def score(
+        self,
+        params: Any,
+        windows: Windows,
+        layout: Layout,
+        progress: Callable[[int, int], None] | None = None,
+        describe_window: Callable[[int], str] | None = None,
+        totals: ScoreTotals | None = None,
+        skip: np.ndarray | None = None,
+        on_fetched: Callable[[int], None] | None = None,
+        should_stop: Callable[[int], bool] | None = None,
+        on_tokens: Callable[[list[tuple[int, ...]], dict[str, np.ndarray]], None] | None = None,
+    ) -> ScoreTotals:
+        """Scores every window; every process runs the same steps.
+
+        Args:
+          params: the model's params, placed with `param_shardings`.
+          windows: the windows (the same on every process).
+          layout: their placement in batches (`ppl_jax.plans.layout.plan_layout`); its batch size must
+            be divisible by the mesh's `data` axis.
+          progress: called after each fetched batch with (batch tokens, windows in it).
+          describe_window: names a window's place in the corpus, for error messages.
+          totals: per-window sums to fill in place (a resumed run's), or None for new zeros.
+          skip: `[num_batches] bool`, batches whose sums `totals` already holds (not run).
+          on_fetched: called with a batch's index once its sums are in `totals`.
+          should_stop: called with a batch's index before it is dispatched, identically on
+            every process; True stops the loop there (the batches in flight are fetched first)
+            and sets `totals.stopped_at` to that index.
+          on_tokens: with per-token arrays (`StepOptions.token_arrays`), called with each
+            fetched batch's rows (window ids per row) and its per-token host arrays (see
+            `StepSums.extras`), in batch order.
+
+        Raises:
+          NumericsError: a NaN or infinity at a scored position (naming the window).
+        """
+        num_windows = windows.num_windows
+        if totals is None:
+            totals = ScoreTotals.zeros(num_windows, self.options.positions)
+        b, slots = layout.batch_size, layout.max_segments
+        t0 = time.perf_counter()
+        steps = {w: self.compiled(b, w, slots) for w in sorted(set(layout.widths))}
+        totals.compile_seconds = time.perf_counter() - t0
+        local = mesh_lib.local_rows(self.batch_sharding, (b, layout.widths[0]))
+
+        def fetch(i: int, rows: list[tuple[int, ...]], sums: StepSums) -> None:
+            host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), sums)
+            # (row, slot) -> window id; -1 for empty slots.
+            ids = np.full((b, slots), -1, np.int64)
+            for r, row in enumerate(rows):
+                ids[r, : len(row)] = row
+            if (host.num_tokens[ids < 0]).any():
+                raise AssertionError("an empty slot scored tokens")
+            bad = np.flatnonzero(host.num_nonfinite.ravel())
+            if bad.size:
+                k = int(ids.ravel()[bad[0]])
+                where = describe_window(k) if describe_window else f"window {k}"
+                raise NumericsError(
+                    f"the model gave {int(host.num_nonfinite.sum())} NaN or infinite "
+                    f"log-probabilities at scored positions, first in {where}; no result is "
+                    f"reported. Check the checkpoint's weights and model.dtype."
+                )
+            real = ids >= 0
+            k = ids[real]
+            totals.window_nll[k] = host.nll_sum[real]
+            totals.window_tokens[k] = host.num_tokens[real]
+            totals.window_entropy[k] = host.entropy_sum[real]
+            totals.window_correct[k] = host.num_correct[real]
+            extras = host.extras
+            if self.options.positions:
+                totals.nll_by_position += extras["nll_by_position"]
+                totals.tokens_by_position += extras["tokens_by_position"]
+            if self.options.token_arrays:
+                _window_sums_from_tokens(totals, ids, extras)
+                if on_tokens is not None:
+                    on_tokens(rows, extras)
+            if on_fetched is not None:
+                on_fetched(i)
+            if progress is not None:
+                progress(int(host.num_tokens.sum()), int(real.sum()))
+
+        def prepare(i: int) -> tuple[list[tuple[int, ...]], dict[str, jax.Array]]:
+            rows, width = layout.batch_rows(i), layout.widths[i]
+            arrays = windows.fill([rows[r] for r in local], width)
+            batch = {
+                k: jax.make_array_from_process_local_data(
+                    self.batch_sharding, arrays[k], (b, width)
+                )
+                for k in BATCH_KEYS
+            }
+            return rows, batch
+
+        order = [i for i in range(layout.num_batches) if skip is None or not skip[i]]
+        t1 = time.perf_counter()
+        feed = Feed(prepare, order, self.prefetch)
+        pending = None
+        try:
+            for i in order:
+                if should_stop is not None and should_stop(i):
+                    totals.stopped_at = i
+                    break
+                rows, batch = feed.get(i)
+                sums = steps[layout.widths[i]](params, batch)
+                if pending is not None:
+                    fetch(*pending)
+                pending = (i, rows, sums)
+            feed.close()
+            if pending is not None:
+                fetch(*pending)
+        finally:
+            feed.close()
+        totals.host_seconds, totals.prepare_seconds = feed.wait_seconds, feed.prepare_seconds
+        totals.scoring_seconds = time.perf_counter() - t1
+        return totals
+
+
+def _window_sums_from_tokens(
+    totals: ScoreTotals, ids: np.ndarray, extras: dict[str, np.ndarray]
+) -> None:
+    """Sets the batch's window NLL and entropy sums to the float64 sums of its per-token values,
+    so that the per-token NLLs written add up to the run's NLL within float64 rounding."""
+    scored = extras["scored"]
+    r, p = np.nonzero(scored)
+    window = ids[r, extras["slot"][r, p] - 1]
+    for name, column in (("nll", totals.window_nll), ("entropy", totals.window_entropy)):
+        values = extras[name][r, p].astype(np.float64)
+        batch_windows = np.unique(window)
+        column[batch_windows] = 0.0
+        np.add.at(column, window, values)
