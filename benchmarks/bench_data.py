@@ -202,10 +202,10 @@ def _status_kb(field: str) -> int:
 
 
 def cache_supported() -> bool:
-    """Whether `DataSettings` has a token cache (`cache_dir`) to measure a cached mode with."""
-    from ppl_jax.config.settings import DataSettings
+    """Whether `DatasetSpec` has a token cache (`cache_dir`) to measure a cached mode with."""
+    from ppl_jax.data.spec import DatasetSpec
 
-    return "cache_dir" in {f.name for f in dataclasses.fields(DataSettings)}
+    return "cache_dir" in {f.name for f in dataclasses.fields(DatasetSpec)}
 
 
 def child_prepare(task: dict) -> dict:
@@ -216,13 +216,14 @@ def child_prepare(task: dict) -> dict:
     import jax
 
     jax.process_count()  # JAX's runtime starts before the data, as in `evaluate` (its mesh)
-    from ppl_jax.config.settings import DataSettings, EvalSettings
+    from ppl_jax.data.spec import DatasetSpec
     from ppl_jax.plans import protocols, suite
     from ppl_jax.plans.layout import plan_layout
+    from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
     from ppl_jax.tokenizer import base as tokenizer
 
     extra = {"cache_dir": task["cache_dir"]} if task.get("cache_dir") else {}
-    ds = DataSettings(
+    ds = DatasetSpec(
         name="bench",
         path=task["corpus"],
         format="jsonl",
@@ -234,15 +235,13 @@ def child_prepare(task: dict) -> dict:
         **extra,
     )
     sliding = task["protocol"] == "sliding"
-    ev = EvalSettings(
+    ev = ProtocolSpec(
         protocol=task["protocol"],
         seq_len=task["seq_len"],
         stride=task["stride"] if sliding else None,
-        batch_size=8,
         add_bos="auto",
-        packing=not sliding,
-        length_buckets=1,
     )
+    batch = BatchSpec(batch_size=8, packing=not sliding, length_buckets=1)
     out = {"rss_before_mb": _status_kb("VmRSS") / 1024}
     phases, peaks = {}, {}
     t0 = last = time.perf_counter()
@@ -282,9 +281,9 @@ def child_prepare(task: dict) -> dict:
     mark("plan")
     phases["tokenize"] = encode_s[0]
     phases["plan"] -= encode_s[0]
-    layout = plan_layout(p.windows, ev.batch_size, pack=ev.packing)
+    layout = plan_layout(p.windows, batch.batch_size, pack=batch.packing)
     mark("layout")
-    distributed.check_same_plan(protocols.plan_digest(p, ev.batch_size), "data 'bench'")
+    distributed.check_same_plan(protocols.plan_digest(p, batch.batch_size), "data 'bench'")
     mark("check_same_plan")
     out.update(
         prepare_s=time.perf_counter() - t0,

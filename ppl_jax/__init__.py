@@ -1,19 +1,57 @@
 """ppl_jax: exact, sharded language-model perplexity in JAX.
 
-Library entry points: `ppl_jax.Evaluator` (a suite of datasets planned and compiled once, called
-with the params of each evaluation interval of a training loop), `ppl_jax.evaluation.job.evaluate`
-(the whole command-line job from settings) and `ppl_jax.evaluation.job.score_plan` (one plan, params
-already on a mesh).
+The public API (imported on first use, so `import ppl_jax` stays light):
+
+- `open_checkpoint(path) -> Checkpoint`: an Orbax or Hugging Face checkpoint: its architecture
+  (`Checkpoint.model`), tokenizer, steps, and `restore(step, target)` into target shardings.
+- `Evaluator(model, mesh, param_shardings, datasets, tokenizer, protocol=, batch=)`: datasets
+  planned and compiled once, scored with the params of each call (`evaluator(params, step=)`).
+- `DatasetSpec`, `ProtocolSpec`, `BatchSpec`: a corpus, a scoring protocol, a batch layout.
+- `prepare`: one dataset read, tokenized, planned and laid out (what `Evaluator` does for each).
+- `LanguageModel`, `HiddenStates`, `Logits`, `from_nnx`: the model interface and its NNX adapter.
+- `load_tokenizer`, `make_mesh`, `Sums`, `derive`: tokenizers, meshes, sums and their metrics.
+- the errors: `PplJaxError` and its kinds.
 """
 
+from importlib import import_module
 from typing import Any
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "Evaluator": "ppl_jax.evaluation.evaluator",
+    "DatasetSpec": "ppl_jax.data.spec",
+    "ProtocolSpec": "ppl_jax.plans.spec",
+    "BatchSpec": "ppl_jax.plans.spec",
+    "prepare": "ppl_jax.plans.suite",
+    "LanguageModel": "ppl_jax.models.interface",
+    "HiddenStates": "ppl_jax.models.interface",
+    "Logits": "ppl_jax.models.interface",
+    "from_nnx": "ppl_jax.models.interface",
+    "open_checkpoint": "ppl_jax.checkpoints.opener",
+    "Checkpoint": "ppl_jax.checkpoints.opener",
+    "make_mesh": "ppl_jax.runtime.mesh",
+    "Sums": "ppl_jax.metrics.sums",
+    "derive": "ppl_jax.metrics.sums",
+    "PplJaxError": "ppl_jax.errors",
+    "ConfigError": "ppl_jax.errors",
+    "DataError": "ppl_jax.errors",
+    "CheckpointError": "ppl_jax.errors",
+    "NumericsError": "ppl_jax.errors",
+    "Interrupted": "ppl_jax.errors",
+}
+_RENAMED = {"load_tokenizer": ("ppl_jax.tokenizer.base", "load")}
+__all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
+
 
 def __getattr__(name: str) -> Any:
-    if name == "Evaluator":  # imported on first use: `import ppl_jax` stays light
-        from ppl_jax.evaluation.evaluator import Evaluator
-
-        return Evaluator
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    if name in _RENAMED:
+        module, attr = _RENAMED[name]
+        return getattr(import_module(module), attr)
     raise AttributeError(f"module 'ppl_jax' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -9,9 +9,9 @@ import pytest
 
 from ppl_jax.analysis import compare
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import summary
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
 from ppl_jax.metrics import uncertainty
 from ppl_jax.outputs.folder import OutputDir
 
@@ -57,7 +57,7 @@ def run(checkpoint, corpus, out, tokenizer, protocol="sliding", seq_len=32):
     c.output.progress = False
     c.output.gzip_baseline = False
     c.metrics.bootstrap_samples = 400
-    settings = Settings.from_config(c)
+    settings = from_config(c)
     with OutputDir.open(out) as o:
         ev = evaluate(settings, out=o)
         results = summary.results_dict(ev, settings, c)

@@ -12,16 +12,17 @@ from ppl_jax.config.defaults import (
     get_config,
     held_out_paths,
 )
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError
+from ppl_jax.evaluation.spec import RunSpec
 
 
-def settings(**overrides) -> Settings:
+def settings(**overrides) -> RunSpec:
     c = get_config()
     for key, value in overrides.items():
         section, name = key.split("__")
         setattr(getattr(c, section), name, value)
-    return Settings.from_config(c)
+    return from_config(c)
 
 
 def test_every_key_has_a_meaning_and_every_meaning_a_key():

@@ -13,9 +13,10 @@ import pytest
 
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.outputs.folder import OutputDir
 
 import helpers
@@ -36,7 +37,7 @@ def other_checkpoint(tmp_path_factory) -> str:
     return path
 
 
-def settings(checkpoint_dir: str, corpus: str, out, **overrides) -> Settings:
+def settings(checkpoint_dir: str, corpus: str, out, **overrides) -> RunSpec:
     c = get_config()
     c.checkpoint.dir = checkpoint_dir
     c.data.path = corpus
@@ -53,10 +54,10 @@ def settings(checkpoint_dir: str, corpus: str, out, **overrides) -> Settings:
         for section in sections:
             node = getattr(node, section)
         setattr(node, name, value)
-    return Settings.from_config(c)
+    return from_config(c)
 
 
-def run(s: Settings):
+def run(s: RunSpec):
     out = OutputDir.open(s.output_dir)
     try:
         return evaluate(s, out=out)
@@ -65,13 +66,15 @@ def run(s: Settings):
 
 
 def host_params(path: str) -> dict:
-    from ppl_jax.evaluation.job import read_model, restore
-    from ppl_jax.runtime.mesh import make_mesh
+    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.runtime.mesh import DEFAULT_RULES, make_mesh, param_targets
 
-    s = settings(path, "unused", "unused")
-    model, _, step, fmt, _ = read_model(s)
-    params, _ = restore(s, model, make_mesh(-1, 1), fmt, step)
-    return jax.device_get(params)
+    ckpt = open_checkpoint(path)
+    model = ckpt.model()
+    target, _ = param_targets(
+        model.abstract_params, model.logical_axes, make_mesh(-1, 1), DEFAULT_RULES
+    )
+    return jax.device_get(ckpt.restore(None, target))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

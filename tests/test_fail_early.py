@@ -10,11 +10,12 @@ import sys
 
 import pytest
 
+from ppl_jax.checkpoints import Checkpoint
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.evaluation import job as evaluate_lib
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.spec import RunSpec
 
 import helpers
 
@@ -32,7 +33,7 @@ def cli(*flags: str) -> subprocess.CompletedProcess:
     )
 
 
-def settings(checkpoint: str, corpus: str, **overrides) -> Settings:
+def settings(checkpoint: str, corpus: str, **overrides) -> RunSpec:
     c = get_config()
     c.checkpoint.dir = checkpoint
     c.data.path = corpus
@@ -41,7 +42,7 @@ def settings(checkpoint: str, corpus: str, **overrides) -> Settings:
     for key, value in overrides.items():
         section, name = key.split("__")
         setattr(getattr(c, section), name, value)
-    return Settings.from_config(c)
+    return from_config(c)
 
 
 def test_an_unusable_output_folder_is_reported_before_the_corpus_is_read(tmp_path):
@@ -92,7 +93,7 @@ def test_batch_size_and_mesh_are_checked_before_the_weights(tiny_checkpoint, tmp
     def no_weights(*args, **kwargs):
         raise AssertionError("the weights were read before a check that needs none")
 
-    monkeypatch.setattr(evaluate_lib, "restore", no_weights)
+    monkeypatch.setattr(Checkpoint, "restore", no_weights)
     with pytest.raises(ConfigError, match="eval.batch_size=6 is not divisible"):
         evaluate(settings(tiny_checkpoint, str(corpus), eval__batch_size=6))
     with pytest.raises(ConfigError, match="mesh"):
@@ -115,22 +116,22 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     helpers.save_random_checkpoint(ckpt, dataclasses.replace(helpers.TINY, vocab_size=1024))
     corpus = tmp_path / "text.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog " * 20, encoding="utf-8")
-    restore = evaluate_lib.restore
+    restore = Checkpoint.restore
 
     def no_weights(*args, **kwargs):
         raise AssertionError("the weights were read before a check that needs none")
 
-    monkeypatch.setattr(evaluate_lib, "restore", no_weights)
+    monkeypatch.setattr(Checkpoint, "restore", no_weights)
     with pytest.raises(ConfigError) as info:
         evaluate(settings(ckpt, str(corpus), data__tokenizer=SP_MODEL))
     assert "has 400 ids but the model's vocabulary has 1024" in str(info.value)
     assert "data.allow_tokenizer_mismatch=true" in str(info.value)
 
-    monkeypatch.setattr(evaluate_lib, "restore", restore)
+    monkeypatch.setattr(Checkpoint, "restore", restore)
     c = get_config()
     c.checkpoint.dir, c.data.path, c.data.tokenizer = ckpt, str(corpus), SP_MODEL
     c.data.allow_tokenizer_mismatch, c.eval.seq_len, c.output.progress = True, 32, False
-    s = Settings.from_config(c)
+    s = from_config(c)
     results = summary.results_dict(evaluate(s), s, c)
     assert results["tokenizer_source"] == f"data.tokenizer={SP_MODEL}"
     assert "scored anyway" in results["notes"]["tokenizer"]

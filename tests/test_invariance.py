@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.config.settings import from_config
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.spec import RunSpec
 
 import helpers
 
@@ -23,7 +24,7 @@ def corpus(tmp_path_factory) -> str:
     return str(path)
 
 
-def settings(checkpoint: str, corpus: str, **overrides) -> Settings:
+def settings(checkpoint: str, corpus: str, **overrides) -> RunSpec:
     c = get_config()
     c.checkpoint.dir = checkpoint
     c.data.path = corpus
@@ -35,7 +36,7 @@ def settings(checkpoint: str, corpus: str, **overrides) -> Settings:
     for key, value in overrides.items():
         section, name = key.split("__")
         setattr(getattr(c, section), name, value)
-    return Settings.from_config(c)
+    return from_config(c)
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.data import documents as data
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import plan_cache, suite, token_cache
 from ppl_jax.tokenizer import base as tokenizer
@@ -21,7 +22,7 @@ from ppl_jax.tokenizer import base as tokenizer
 import helpers
 
 
-def settings(path: str, cache: str, protocol: str, **data_overrides) -> Settings:
+def settings(path: str, cache: str, protocol: str, **data_overrides) -> RunSpec:
     c = get_config()
     c.data.path = path
     c.data.cache_dir = cache
@@ -29,7 +30,7 @@ def settings(path: str, cache: str, protocol: str, **data_overrides) -> Settings
     c.eval.seq_len = 48
     for k, v in data_overrides.items():
         setattr(c.data, k, v)
-    return Settings.from_config(c)
+    return from_config(c)
 
 
 def same_plan(a, b) -> None:
@@ -103,7 +104,7 @@ def test_a_run_gives_the_same_numbers_with_and_without_the_cache(tmp_path, tiny_
         c.output.dir = str(tmp_path / f"out{i}")
         c.output.progress = False
         c.metrics.bootstrap_samples = 0
-        s = Settings.from_config(c)
+        s = from_config(c)
         out = OutputDir.open(s.output_dir)
         try:
             ev = evaluate(s, out=out)

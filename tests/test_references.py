@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import summary
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
 from ppl_jax.outputs.folder import OutputDir
 
 import helpers
@@ -124,7 +124,7 @@ def run(
     for name, value in overrides.items():
         section, field = name.split("__")
         setattr(getattr(c, section), field, value)
-    settings = Settings.from_config(c)
+    settings = from_config(c)
     if settings not in _RUNS:
         ev = evaluate(settings)
         _RUNS[settings] = (ev, summary.results_dict(ev, settings, c))

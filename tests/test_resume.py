@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.outputs import journal
 from ppl_jax.outputs.folder import OutputDir
 
@@ -32,7 +33,7 @@ def corpus(tmp_path_factory) -> str:
     return str(path)
 
 
-def settings(checkpoint: str, corpus: str, out: str, **overrides) -> Settings:
+def settings(checkpoint: str, corpus: str, out: str, **overrides) -> RunSpec:
     c = get_config()
     c.checkpoint.dir = checkpoint
     c.data.path = corpus
@@ -47,7 +48,7 @@ def settings(checkpoint: str, corpus: str, out: str, **overrides) -> Settings:
     for key, value in overrides.items():
         section, name = key.split("__")
         setattr(getattr(c, section), name, value)
-    return Settings.from_config(c)
+    return from_config(c)
 
 
 def signal_after(batches: int, sig: int):

@@ -127,7 +127,9 @@ def test_step_traced_once_per_shape():
 
 def test_nonfinite_is_an_error_naming_the_window():
     from ppl_jax.errors import NumericsError
-    from ppl_jax.evaluation.job import score_plan
+    from ppl_jax.evaluation.evaluator import Evaluator
+    from ppl_jax.plans.layout import plan_layout
+    from ppl_jax.plans.suite import Dataset
 
     cfg = helpers.TINY
     model = model_lib.build(cfg.to_dict(), jnp.float32)
@@ -142,4 +144,6 @@ def test_nonfinite_is_an_error_naming_the_window():
     params = jax.device_put(params, shardings)
     tokens = np.full(100, 65, np.int32)
     with pytest.raises(NumericsError, match=r"first in window 0, document 0 \(x\), token 0"):
-        score_plan(model, params, mesh, shardings, _plan(tokens, 32), 8)
+        plan = _plan(tokens, 32)
+        dataset = Dataset(None, None, plan, plan_layout(plan.windows, 8))
+        Evaluator(model, mesh, shardings, [dataset]).score(params, dataset)

@@ -12,21 +12,22 @@ import jax
 import pytest
 
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import summary
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.spec import RunSpec
 
 # Chinese has no spaces: hundreds of byte tokens, one whitespace-separated word per file.
 CHINESE = "这是一个没有空格的中文句子，用来测试单词困惑度。" * 8
 
 
-def run(checkpoint: str, path: str) -> tuple[dict, Settings]:
+def run(checkpoint: str, path: str) -> tuple[dict, RunSpec]:
     c = get_config()
     c.checkpoint.dir = checkpoint
     c.data.path = path
     c.eval.seq_len = 32
     c.output.progress = False
-    settings = Settings.from_config(c)
+    settings = from_config(c)
     return summary.results_dict(evaluate(settings), settings, c), settings
 
 

@@ -19,10 +19,10 @@ from test_paths import bucket  # noqa: F401  (the fake gs:// fixture)
 from test_tensorboard import scalars_in
 
 from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import Settings
+from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluation import sweep
-from ppl_jax.evaluation.job import evaluate
+from ppl_jax.evaluation import run
+from ppl_jax.evaluation.run import evaluate
 from ppl_jax.outputs import store
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import suite
@@ -78,13 +78,13 @@ def config(ckpt: str, out, suite_entries=None, **overrides):
 
 
 def run_sweep(c, progress_factory=None) -> list[str]:
-    s = Settings.from_config(c)
+    s = from_config(c)
     lines: list[str] = []
     out = OutputDir.open(s.output_dir)
     try:
-        found = sweep.run(s, c, out, progress_factory, lines.append)
-        if found is not None:
-            out.write_json("results.json", found)
+        found = run.run(s, out, progress_factory, lines.append, json.loads(c.to_json_best_effort()))
+        if found.results is not None:
+            out.write_json("results.json", found.results)
     finally:
         out.close()
     return lines
@@ -129,7 +129,7 @@ def test_sweep_equals_single_runs_and_averages_match_numpy(run_dir, swept, tmp_p
             c.data.path, c.data.name = e["path"], e["name"]
             c.data.format = e.get("format", "text")
             c.eval.seq_len = e.get("seq_len", 32)
-            s = Settings.from_config(c)
+            s = from_config(c)
             out = OutputDir.open(s.output_dir)
             try:
                 ev = evaluate(s, out=out)
@@ -205,7 +205,7 @@ def test_an_interrupted_sweep_skips_what_is_stored_and_resumes(run_dir, swept, t
         run_sweep(c, stop_in_fifth_pair)
     stored = {(r["step"], r["dataset"]) for r in records_of(out) if r["kind"] == "dataset"}
     assert stored == {(1, n) for n in NAMES} | {(2, "prose")}
-    assert (out / sweep.journal_name(2, "code")).exists()
+    assert (out / files.journal_name(2, "code")).exists()
     pairs.clear()
     run_sweep(c, lambda n: pairs.append(n))
     assert len(pairs) == 5  # the stored pairs are skipped: step 2's code, short; step 3's three
@@ -216,24 +216,29 @@ def test_an_interrupted_sweep_skips_what_is_stored_and_resumes(run_dir, swept, t
 def test_evaluator_traces_once_per_shape_and_equals_the_cli(run_dir, swept):
     import ppl_jax
     from ppl_jax.checkpoints import orbax as checkpoint
-    from ppl_jax.evaluation.job import read_model
-    from ppl_jax.runtime.mesh import make_mesh, param_targets
-    from ppl_jax.tokenizer import base as tokenizer
 
     ckpt, files = run_dir
-    s = Settings.from_config(config(ckpt, "unused"))
-    model, own, _, _, _ = read_model(s)
-    mesh = make_mesh(-1, 1)
-    target, shardings = param_targets(model.abstract_params, model.logical_axes, mesh, s.mesh.rules)
+    s = from_config(config(ckpt, "unused"))
+    opened = ppl_jax.open_checkpoint(ckpt)
+    model = opened.model()
+    mesh = ppl_jax.make_mesh(-1, 1)
+    suite = [
+        (
+            ppl_jax.DatasetSpec(**{k: v for k, v in e.items() if k != "seq_len"}),
+            ppl_jax.ProtocolSpec(seq_len=e.get("seq_len", 32)),
+        )
+        for e in entries(files)
+    ]
     evaluator = ppl_jax.Evaluator(
         model,
         mesh,
-        shardings,
-        entries(files),
-        tokenizer.load("auto", own),
-        batch_size=8,
-        seq_len=32,
+        None,
+        suite,
+        opened.tokenizer(),
+        batch=ppl_jax.BatchSpec(batch_size=8),
+        rules=s.mesh.rules,
     )
+    target = evaluator.param_targets
     traced = evaluator.traces
     assert traced == len(
         {(d.layout.batch_size, w) for d in evaluator.datasets for w in d.layout.widths}
@@ -383,15 +388,15 @@ def test_budgets_take_the_first_or_a_seeded_sample(tmp_path):
     c.data.path = path
     tok = tokenizer.load("byte", None)
     c.data.max_documents = 5
-    first = suite.read(Settings.from_config(c).data, tok)[0]
+    first = suite.read(from_config(c).data, tok)[0]
     assert [d.text for d in first] == texts[:5]
     c.data.sample_seed = 7
-    sampled = suite.read(Settings.from_config(c).data, tok)[0]
+    sampled = suite.read(from_config(c).data, tok)[0]
     chosen = np.sort(np.random.default_rng(7).permutation(20)[:5])
     assert [d.text for d in sampled] == [texts[i] for i in chosen]
     c.data.max_documents, c.data.sample_seed = 0, -1
     c.data.max_tokens = 60
-    kept = suite.read(Settings.from_config(c).data, tok)[0]
+    kept = suite.read(from_config(c).data, tok)[0]
     lengths = np.cumsum([len(t.encode()) for t in texts])
     assert len(kept) == int(np.searchsorted(lengths, 60, side="right"))
 
@@ -399,15 +404,15 @@ def test_budgets_take_the_first_or_a_seeded_sample(tmp_path):
 def test_training_run_settings_are_checked_before_work(run_dir, tmp_path):
     ckpt, files = run_dir
     with pytest.raises(ConfigError, match="checkpoint.step"):
-        Settings.from_config(config(ckpt, tmp_path, checkpoint__step="5:1"))
+        from_config(config(ckpt, tmp_path, checkpoint__step="5:1"))
     with pytest.raises(ConfigError, match="used twice"):
-        Settings.from_config(config(ckpt, tmp_path, [entries(files)[0]] * 2))
+        from_config(config(ckpt, tmp_path, [entries(files)[0]] * 2))
     with pytest.raises(ConfigError, match="unknown key"):
-        Settings.from_config(config(ckpt, tmp_path, [{**entries(files)[0], "colour": "red"}]))
-    s = Settings.from_config(config(ckpt, tmp_path, entries(files), output__tokens=True))
+        from_config(config(ckpt, tmp_path, [{**entries(files)[0], "colour": "red"}]))
+    s = from_config(config(ckpt, tmp_path, entries(files), output__tokens=True))
     with pytest.raises(ConfigError, match="one checkpoint step on one dataset"):
-        sweep.check(s)
+        run.check(s, "orbax")
     with pytest.raises(ConfigError, match="step 7"):
         run_sweep(config(ckpt, tmp_path / "o", entries(files), checkpoint__step="1,7"))
-    spec = Settings.from_config(config(ckpt, tmp_path, checkpoint__step="0:1000:500")).steps
+    spec = from_config(config(ckpt, tmp_path, checkpoint__step="0:1000:500")).steps
     assert spec.select([0, 250, 500, 750, 1000, 1500]) == [0, 500, 1000]

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from ppl_jax.plans.protocols import count_harness_words, count_words
+from ppl_jax.data.words import count_harness_words, count_words
 
 PIECES = ["a", "bc", "é", "戦場", "😀", " ", "  ", "\n", "\t", "\u00a0", "\u2028", "\x1c", "\u3000"]
 

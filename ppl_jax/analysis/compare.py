@@ -26,8 +26,9 @@ import numpy as np
 
 from ppl_jax.errors import DataError, PplJaxError
 from ppl_jax.metrics import uncertainty
+from ppl_jax.outputs import files
 
-UNITS = "units.npz"
+UNITS = files.UNITS
 DEFAULT_SAMPLES = 1000
 # Fingerprint fields that say what was scored, and so must agree (data files are compared by
 # the bytes of every unit instead of their paths, so that copies of a corpus compare).
@@ -41,7 +42,7 @@ def load(path: str) -> tuple[dict[str, Any], uncertainty.Units, dict[str, Any], 
       DataError: no results.json or units.npz there, or one that cannot be read.
     """
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    results_path = os.path.join(folder, "results.json") if os.path.isdir(path) else path
+    results_path = os.path.join(folder, files.RESULTS_JSON) if os.path.isdir(path) else path
     try:
         with open(results_path, encoding="utf-8") as f:
             results = json.load(f)
@@ -145,7 +146,7 @@ def format_table(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ppl_jax.compare",
+        prog="ppl-jax compare",
         description="B minus A in bits per byte and NLL per token, with paired 95% bootstrap "
         "intervals, for two runs on the same data.",
     )

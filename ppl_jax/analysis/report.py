@@ -32,12 +32,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.store import FILENAME, ResultsStore
 
 PROG = "ppl-jax report"
 DEFAULT_METRIC = "bits_per_byte"
-CSV_NAME, PNG_NAME = "report.csv", "report.png"
+CSV_NAME, PNG_NAME = files.REPORT_CSV, files.REPORT_PNG
 HEADER = ("step", "dataset", "kind", "metric", "value")
 
 Column = tuple[str, str]  # (kind, dataset)
@@ -247,7 +248,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
-        prog="python -m ppl_jax.report",
+        prog="ppl-jax report",
         description="A run's results store (results.jsonl: every checkpoint step and dataset, "
         "and their averages) as a table of one metric, a CSV of all metrics and a plot.",
     )

@@ -42,10 +42,11 @@ import numpy as np
 
 from ppl_jax.analysis.view_page import DECIMALS, SCALE, render
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
 
 PROG = "ppl-jax view"
-PARQUET = "tokens.parquet"
+PARQUET = files.TOKENS
 DEFAULT_MAX_DOCUMENTS = 200
 DEFAULT_MAX_TOKENS = 100_000
 PROB_DIGITS = 4  # significant digits of the top-k probabilities
@@ -423,7 +424,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
-        prog="python -m ppl_jax.view",
+        prog="ppl-jax view",
         description="One offline HTML page of a run's per-token surprisal (from tokens.parquet, "
         "written with output.tokens=true), or of the change between two runs on the same data.",
     )

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 from typing import Any
@@ -40,7 +39,7 @@ from safetensors import safe_open
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
+from ppl_jax.tokenizer.directory import has_tokenizer, load_tokenizer  # noqa: F401  (re-exported)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 INDEX = "model.safetensors.index.json"
@@ -71,18 +70,6 @@ def is_hf_checkpoint(path: str) -> bool:
     return bool(_weight_files(path) or _pickle_files(path))
 
 
-def _read_json(path: str, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(paths.read_bytes(path).decode("utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path!r} is missing; {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path!r} is not valid JSON ({e}).") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path!r} holds a JSON {type(value).__name__}, not an object.")
-    return value
-
-
 def read_description(path: str) -> dict[str, Any]:
     """The architecture description of a Hugging Face directory, for `ppl_jax.models.interface.build`.
 
@@ -100,7 +87,9 @@ def read_description(path: str) -> dict[str, Any]:
         (naming the supported ones), activation or rope scaling.
     """
     where = paths.join(path, "config.json")
-    cfg = _read_json(where, "a Hugging Face checkpoint directory needs its config.json.")
+    cfg = paths.read_json_object(
+        where, "a Hugging Face checkpoint directory needs its config.json."
+    )
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise CheckpointError(
@@ -283,7 +272,7 @@ class _Weights:
     def __init__(self, path: str, stack: contextlib.ExitStack):
         self.path, self._stack, self._open = path, stack, {}
         if paths.isfile(paths.join(path, INDEX)):
-            index = _read_json(paths.join(path, INDEX), "")
+            index = paths.read_json_object(paths.join(path, INDEX), "")
             self.file_of = dict(index.get("weight_map") or {})
             for name, file in self.file_of.items():
                 _check_inside(path, paths.join(path, INDEX), file, name)
@@ -447,52 +436,3 @@ def load_params(path: str, target: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------- tokenizer
-
-
-def has_tokenizer(path: str) -> bool:
-    """Whether the directory holds `tokenizer.json` or a SentencePiece `tokenizer.model`."""
-    return any(paths.isfile(paths.join(path, n)) for n in ("tokenizer.json", "tokenizer.model"))
-
-
-def _name(path: str, file: str) -> str:
-    return f"{os.path.basename(os.path.normpath(path))}/{file}"
-
-
-def load_tokenizer(path: str) -> tokenizer_lib.Tokenizer:
-    """The tokenizer of a Hugging Face directory, with its BOS/EOS ids and BOS policy.
-
-    `tokenizer.json` (the `tokenizers` library) is preferred to `tokenizer.model`
-    (SentencePiece), as transformers does. The BOS policy (`eval.add_bos=auto`) is that of
-    transformers >= 5 `AutoTokenizer.from_pretrained(path)`: with a `tokenizer.json`, BOS exactly
-    when its post-processor adds one (`add_bos_token` of `tokenizer_config.json` is ignored, as
-    transformers 5 drops it); with a `tokenizer.model` only, BOS when `add_bos_token` is true.
-    `bos_token` and `eos_token` of `tokenizer_config.json` win where present; otherwise they come
-    from the tokenizer itself (see `ppl_jax.tokenizer.base.apply_tokenizer_config`).
-
-    Raises:
-      CheckpointError: no tokenizer file, an unreadable one, or a `tokenizer_config.json` that
-        does not fit it (see `ppl_jax.tokenizer.base.apply_tokenizer_config`).
-    """
-    config_path = paths.join(path, "tokenizer_config.json")
-    tc = _read_json(config_path, "") if paths.isfile(config_path) else {}
-    try:
-        if paths.isfile(paths.join(path, "tokenizer.json")):
-            text = paths.read_bytes(paths.join(path, "tokenizer.json")).decode("utf-8")
-            tok = tokenizer_lib.HFTokenizer(text, name=_name(path, "tokenizer.json"))
-        elif paths.isfile(paths.join(path, "tokenizer.model")) and paths.is_local(path):
-            tok = tokenizer_lib.SentencePieceTokenizer.from_file(
-                os.path.join(path, "tokenizer.model"), name=_name(path, "tokenizer.model")
-            )
-        elif paths.isfile(paths.join(path, "tokenizer.model")):
-            tok = tokenizer_lib.SentencePieceTokenizer(
-                paths.read_bytes(paths.join(path, "tokenizer.model")),
-                name=_name(path, "tokenizer.model"),
-            )
-        else:
-            raise CheckpointError(f"{path!r} has no tokenizer.json or tokenizer.model.")
-    except CheckpointError:
-        raise
-    except Exception as e:  # the tokenizer libraries raise their own exception types
-        raise CheckpointError(f"the tokenizer in {path!r} cannot be read ({e}).") from None
-    tokenizer_lib.apply_tokenizer_config(tok, tc, config_path)
-    return tok

@@ -1,20 +1,26 @@
 """The evaluation config: the default `ml_collections.ConfigDict`, and its frozen, checked form.
 
 Config files in `configs/` return a `ConfigDict` from `get_config()`; this module is itself such a
-file (the built-in default used when `--config` is omitted). `EvalSettings.from_config` turns the
+file (the built-in default used when `--config` is omitted). `ProtocolSpec.from_config` turns the
 ConfigDict into frozen dataclasses at the boundary, checking every value; nothing downstream (and
 nothing under `jax.jit`) sees a ConfigDict.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import sysconfig
 from typing import Any
 
 from ml_collections import config_dict
+
+from ppl_jax.data.documents import FORMATS  # noqa: F401  (the config's choices, for --help)
+from ppl_jax.data.spec import DEMO_CORPUS_NAME  # noqa: F401
+from ppl_jax.data.spec import corpus_name as spec_corpus_name
+from ppl_jax.evaluation.spec import CHECKPOINT_FORMATS, DTYPES  # noqa: F401
+from ppl_jax.plans.spec import PROTOCOL_NOTES, PROTOCOLS, STRIDED_PROTOCOLS  # noqa: F401
+from ppl_jax.runtime.mesh import DEFAULT_RULES  # noqa: F401
 
 # Modules of the CPython standard library that the demo model never saw in training; the default
 # run scores them. Each exists in every CPython from 3.9 on.
@@ -29,37 +35,15 @@ HELD_OUT_MODULES = (
     "difflib.py",
 )
 
-# Logical axis name -> mesh axis (or None: replicated). Weights name their dims logically
-# (see `ppl_jax.models.llama`); the batch dim is `batch`.
-DEFAULT_RULES = (
-    ("batch", "data"),
-    ("vocab", "model"),
-    ("embed", None),
-    ("heads", "model"),
-    ("kv_heads", "model"),
-    ("head_dim", None),
-    ("mlp", "model"),
-)
 
-PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
-STRIDED_PROTOCOLS = ("sliding", "hf_strided")  # the protocols that use eval.stride
-# One line per protocol: the convention each reproduces (`--help`, and results.json's reference).
-PROTOCOL_NOTES = {
-    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
-    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
-    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
-    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
-}
-DEMO_CORPUS_NAME = "cpython-stdlib-held-out"  # data.name of the default data.path
-FORMATS = ("text", "lines", "jsonl", "wikitext")
-CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
-DTYPES = ("float32", "bfloat16")
 MIN_BOOTSTRAP_SAMPLES = 100  # fewer leave a 95% interval's 2.5% tails a sample or two
 
 
 def demo_checkpoint_dir() -> str:
     """The demo checkpoint shipped inside the package (see `launch/train_demo.py`)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo", "checkpoint")
+    return os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo", "checkpoint"
+    )
 
 
 def held_out_paths() -> str:
@@ -269,27 +253,6 @@ def describe_keys() -> list[tuple[str, str, str]]:
 
 
 def corpus_name(path: str) -> str:
-    """The corpus's name derived from `data.path` (a file, a glob, or a comma-separated list).
-
-    The default path is the demo corpus, `DEMO_CORPUS_NAME`; one file is its name without the
-    extension (`/data/wiki.test.raw` -> `wiki.test`); one glob is its folder's name and the
-    pattern (`/data/val/*.jsonl` -> `val/*.jsonl`); several entries are their common folder's
-    name (`/data/c4/a.json,/data/c4/b.json` -> `c4`), or the files' names joined by `+` where
-    they share no folder but the root.
-    """
-    if path == held_out_paths():
-        return DEMO_CORPUS_NAME
-    entries = [os.path.expanduser(e.strip()) for e in path.split(",") if e.strip()]
-    if not entries:
-        return ""
-    if len(entries) == 1:
-        entry = entries[0].rstrip(os.sep)
-        if not glob.has_magic(entry):
-            return os.path.splitext(os.path.basename(entry))[0]
-        folder = os.path.basename(os.path.dirname(os.path.abspath(entry)))
-        return f"{folder}/{os.path.basename(entry)}" if folder else os.path.basename(entry)
-    folders = [os.path.dirname(os.path.abspath(e)) for e in entries]
-    common = os.path.basename(os.path.commonpath(folders))
-    if common:
-        return common
-    return "+".join(os.path.splitext(os.path.basename(e))[0] for e in entries)
+    """The corpus name of `data.path` (`ppl_jax.data.spec.corpus_name`; the demo's default path
+    is `DEMO_CORPUS_NAME`)."""
+    return spec_corpus_name(path, held_out_paths())

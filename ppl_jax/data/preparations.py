@@ -27,8 +27,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ppl_jax.data.documents import Document
+from ppl_jax.data.words import count_harness_words
 from ppl_jax.errors import ConfigError
-from ppl_jax.plans.protocols import count_harness_words
 
 PREPARATIONS = ("lm_eval_wikitext", "hf_guide_wikitext")
 FORMAT = "text"  # every preparation reads each file whole, as its reference does

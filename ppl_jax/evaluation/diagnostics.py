@@ -1,5 +1,5 @@
 """What a run reports beyond its sums: per-token output, loss by position, the context-length
-sweep, and the divergence from a reference model (`config.DiagnosticsSettings`).
+sweep, and the divergence from a reference model (`config.DiagnosticsSpec`).
 
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) feeding a sink
 on the host: `tokens.TokenWriter` (tokens.parquet), `divergence.Divergence`, the position sums in
@@ -18,19 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.config.settings import DiagnosticsSettings, Settings
 from ppl_jax.errors import ConfigError
+from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
 from ppl_jax.metrics import curves, divergence
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 
-POSITION_CURVE = "position_curve"
-CONTEXT_CURVE = "context_curve"
-TOKENS = "tokens.parquet"
+POSITION_CURVE = files.POSITION_CURVE
+CONTEXT_CURVE = files.CONTEXT_CURVE
+TOKENS = files.TOKENS
 
 
 @dataclasses.dataclass
@@ -61,7 +62,7 @@ class Sinks:
             self.token_writer = None
 
 
-def check(settings: Settings, plan: Plan, model: LanguageModel) -> None:
+def check(settings: RunSpec, plan: Plan, model: LanguageModel) -> None:
     """Every check of the diagnostics that needs no weights.
 
     Raises:
@@ -75,7 +76,7 @@ def check(settings: Settings, plan: Plan, model: LanguageModel) -> None:
         tokens.check_available()
     if d.position_curve or d.context_lengths:
         curves.check_available()
-    if d.context_lengths:  # a stream protocol (`config.Settings` checks)
+    if d.context_lengths:  # a stream protocol (`config.RunSpec` checks)
         for length in d.context_lengths:
             longest = length + context_targets(d, length, model) - 1
             if longest > model.max_positions:
@@ -86,14 +87,14 @@ def check(settings: Settings, plan: Plan, model: LanguageModel) -> None:
                 )
 
 
-def context_targets(d: DiagnosticsSettings, length: int, model: LanguageModel) -> int:
+def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> int:
     """Targets per window of the sweep at context `length`: `eval.context_targets`, or by default
     `min(L, max_positions - L + 1)` (each target then sees L..2L-1 tokens; about 2 model
     positions per target), at least 1."""
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
-def step_options(settings: Settings) -> StepOptions:
+def step_options(settings: RunSpec) -> StepOptions:
     d = settings.diagnostics
     return StepOptions(
         positions=settings.eval.seq_len + 1 if d.position_curve else 0,
@@ -103,7 +104,7 @@ def step_options(settings: Settings) -> StepOptions:
     )
 
 
-def sinks(settings: Settings, plan: Plan, tok: Any, out: OutputDir | None) -> Sinks:
+def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sinks:
     """The run's sinks; the token file is opened on process 0 (`out` given) only."""
     d = settings.diagnostics
     result = Sinks(step_options(settings))
@@ -129,7 +130,7 @@ def context_sweep(
     mesh: Any,
     shardings: Any,
     plan: Plan,
-    settings: Settings,
+    settings: RunSpec,
     should_stop: Any = None,
 ) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
@@ -142,14 +143,14 @@ def context_sweep(
     Raises:
       DataError: the stream is not longer than the longest context length.
     """
-    d: DiagnosticsSettings = settings.diagnostics
+    d: DiagnosticsSpec = settings.diagnostics
     scorer = Scorer(model, mesh, shardings)
     first = d.context_lengths[-1]
     results, targets = [], {}
     for length in d.context_lengths:
         targets[length] = context_targets(d, length, model)
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
-        layout = plan_layout(w, settings.eval.batch_size, pack=False)
+        layout = plan_layout(w, settings.batch.batch_size, pack=False)
         totals = scorer.score(params, w, layout, should_stop=should_stop)
         if totals.stopped_at is not None:
             return None
@@ -158,7 +159,7 @@ def context_sweep(
 
 
 def collect(
-    settings: Settings, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
+    settings: RunSpec, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
     `tokens_file` (the path of tokens.parquet), each present only when asked for."""

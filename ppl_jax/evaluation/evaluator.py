@@ -1,18 +1,19 @@
 """`Evaluator`: a suite of datasets, planned and compiled once, scored with new params per call.
 
-What is built once: every dataset read, prepared, tokenized and planned (`ppl_jax.plans.suite`), its
-batches laid out, and the scoring step compiled for every batch shape the suite needs (one
-compilation per shape, shared by datasets whose shapes agree). Each call scores every dataset
-with the params it is given (already placed with `param_shardings`), adds the sums on the host in
-float64, and returns the flat metrics; nothing is traced again (`Evaluator.traces`). The command
-line's training-run path (`ppl_jax.evaluation.sweep`) scores each checkpoint step through the same object,
-so a training loop and the CLI give the same numbers.
+What is built once: every dataset read, prepared, tokenized and planned (`ppl_jax.plans.suite`),
+its batches laid out, and the scoring step compiled for every batch shape the suite needs (one
+compilation per shape, shared by datasets whose shapes agree), with the step's optional
+statistics (`StepOptions`: per-token arrays, sums by position, top-k, a reference model for KL).
+Each call scores every dataset with the params it is given (already placed with
+`param_shardings`), adds the sums on the host in float64, and returns the flat metrics; nothing is
+traced again (`Evaluator.traces`). The command line (`ppl_jax.evaluation.run`) scores every
+checkpoint step through the same object, so a training loop and the CLI give the same numbers.
 
 ```python
 evaluator = ppl_jax.Evaluator(model, mesh, param_shardings, [
-    {"name": "web", "path": "/data/val/web/*.jsonl", "format": "jsonl", "tags": "domain=web"},
-    {"name": "code", "path": "/data/val/code.txt", "seq_len": 2048},
-], tokenizer, batch_size=16)
+    ppl_jax.DatasetSpec(name="web", path="/data/val/web/*.jsonl", format="jsonl", tags="domain=web"),
+    ppl_jax.DatasetSpec(name="code", path="/data/val/code.txt"),
+], tokenizer, protocol=ppl_jax.ProtocolSpec(seq_len=1024), batch=ppl_jax.BatchSpec(batch_size=16))
 for step in range(...):
     ...
     if step % 1000 == 0:
@@ -25,65 +26,72 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax.evaluation.job import check_batch_size, check_window, score_plan
+from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.errors import ConfigError
+from ppl_jax.metrics import divergence
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import journal, store
+from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.plans.suite import Dataset, prepare
+from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.runtime import preemption
-from ppl_jax.scoring.scorer import Scorer, ScoreTotals
+from ppl_jax.scoring.scorer import Scorer, ScoreTotals, StepOptions
 from ppl_jax.tokenizer.base import Tokenizer
 
+OnTokens = Callable[[list[tuple[int, ...]], dict[str, np.ndarray]], None]
 
-def suite_settings(
-    entries: Sequence[Mapping[str, Any]], **defaults: Any
-) -> tuple[tuple[Any, Any], ...]:
-    """The checked settings of suite entries given as mappings (the keys of a config file's
-    `suite` entry: name, path, format, tags, preparation, budgets, protocol, seq_len, stride,
-    add_bos), with `defaults` for `eval.*` keys (`batch_size`, `packing`, `length_buckets`,
-    `protocol`, `seq_len`, ...).
 
-    Raises:
-      ConfigError: as the command line does for the same suite.
-    """
-    from ml_collections import config_dict
+def check_window(seq_len: int, model: LanguageModel, where: str = "eval.seq_len") -> None:
+    """Raises ConfigError if `seq_len` exceeds the model's positions."""
+    if seq_len > model.max_positions:
+        raise ConfigError(
+            f"{where}={seq_len} is beyond the model's {model.max_positions} positions; "
+            f"set --config.eval.seq_len={model.max_positions} or less."
+        )
 
-    from ppl_jax.config.defaults import get_config
-    from ppl_jax.config.settings import Settings
 
-    c = get_config()
-    for key, value in defaults.items():
-        setattr(c.eval, key, value)
-    c.suite = tuple(config_dict.ConfigDict(dict(e)) for e in entries)
-    return Settings.from_config(c).suite
+def check_batch_size(batch_size: int, mesh: Mesh) -> None:
+    """Raises ConfigError if `batch_size` is not a multiple of the mesh's `data` axis."""
+    data_size = mesh.shape["data"]
+    if batch_size % data_size:
+        raise ConfigError(
+            f"eval.batch_size={batch_size} is not divisible by the mesh's data axis "
+            f"({data_size}); use a multiple of {data_size}."
+        )
 
 
 class Evaluator:
     """Scores a suite of datasets with the params of each call.
 
     Args:
-      model: the model interface (`ppl_jax.models.interface.LanguageModel`).
-      mesh: the device mesh; param_shardings: the params' shardings on it.
-      suite: the datasets: prepared `suite.Dataset`s, or `(DataSettings, EvalSettings)` pairs,
-        or mappings with a config file's suite keys (see `suite_settings`).
-      tokenizer: the model's tokenizer (`ppl_jax.tokenizer.base.load`); needed unless `suite` holds
+      model: the model interface (`ppl_jax.LanguageModel`).
+      mesh: the device mesh; param_shardings: the params' shardings on it, or None for those
+        of the logical axis `rules` (`ppl_jax.runtime.mesh.DEFAULT_RULES` by default).
+      suite: the datasets: prepared `plans.suite.Dataset`s, `DatasetSpec`s (scored with
+        `protocol`), or `(DatasetSpec, ProtocolSpec)` pairs.
+      tokenizer: the model's tokenizer (`ppl_jax.load_tokenizer`); needed unless `suite` holds
         prepared datasets.
-      batch_size, packing, length_buckets: the `eval.*` settings of mappings given as `suite`.
+      protocol: the protocol of bare `DatasetSpec`s; batch: the batch layout of every dataset.
       attention: the model's attention implementation; 'cudnn' lays out one window per row
         (cuDNN takes per-row sequence lengths, not segments).
+      options: the step's optional statistics (`StepOptions`: `per_token`, `top_k`,
+        `positions`, `reference`); reference: with `options.reference`, the reference model and
+        its params' shardings (KL(reference || model), `ppl_jax.metrics.divergence`).
       compile: compile every batch shape now (else at the first call).
-      eval_defaults: other `eval.*` defaults of the mappings (`seq_len`, `stride`, `protocol`,
-        `add_bos`), which an entry's own keys override.
 
     Attributes:
       datasets: the prepared datasets, in suite order.
+      param_targets: the params tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` to
+        restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`.
       traces: how many times the scoring step was traced (once per batch shape).
 
     Raises:
-      ConfigError: a window longer than the model's positions, a batch size the mesh's `data`
-        axis does not divide, or a bad suite entry; DataError: a dataset's files.
+      ConfigError: a window longer than the model's positions, or a batch size the mesh's `data`
+        axis does not divide; DataError: a dataset's files.
     """
 
     def __init__(
@@ -91,38 +99,39 @@ class Evaluator:
         model: LanguageModel,
         mesh: Mesh,
         param_shardings: Any,
-        suite: Sequence[Any],
+        suite: Sequence[Dataset | DatasetSpec | tuple[DatasetSpec, ProtocolSpec]],
         tokenizer: Tokenizer | None = None,
         *,
-        batch_size: int = 8,
-        packing: bool = True,
-        length_buckets: int = 1,
+        protocol: ProtocolSpec | None = None,
+        batch: BatchSpec | None = None,
         attention: str = "xla",
+        options: StepOptions | None = None,
+        reference: tuple[LanguageModel, Any] | None = None,
         compile: bool = True,
-        **eval_defaults: Any,
+        rules: Sequence[tuple[str, str | None]] = mesh_lib.DEFAULT_RULES,
     ):
+        self.param_targets, shardings = mesh_lib.param_targets(
+            model.abstract_params, model.logical_axes, mesh, rules
+        )
+        param_shardings = shardings if param_shardings is None else param_shardings
         self.model, self.mesh, self.param_shardings = model, mesh, param_shardings
-        if suite and isinstance(suite[0], Mapping):
-            suite = suite_settings(
-                suite,
-                batch_size=batch_size,
-                packing=packing,
-                length_buckets=length_buckets,
-                **eval_defaults,
-            )
+        batch = batch or BatchSpec()
         self.datasets: list[Dataset] = []
         for entry in suite:
             if isinstance(entry, Dataset):
                 self.datasets.append(entry)
                 continue
+            ds, proto = (
+                (entry, protocol or ProtocolSpec()) if isinstance(entry, DatasetSpec) else entry
+            )
             if tokenizer is None:
                 raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
-            ds, ev = entry
-            check_window(ev.seq_len, model)
-            self.datasets.append(prepare(ds, ev, tokenizer, model.vocab_size, attention))
+            check_window(proto.seq_len, model, f"dataset {ds.name!r}: seq_len")
+            self.datasets.append(prepare(ds, proto, tokenizer, model.vocab_size, batch, attention))
         for d in self.datasets:
             check_batch_size(d.layout.batch_size, mesh)
-        self.scorer = Scorer(model, mesh, param_shardings)
+        self.options = options or StepOptions(reference=reference is not None)
+        self.scorer = Scorer(model, mesh, param_shardings, self.options, reference)
         if compile:
             for d in self.datasets:
                 for width in sorted(set(d.layout.widths)):
@@ -139,20 +148,62 @@ class Evaluator:
         recorder: journal.Recorder | None = None,
         stop: preemption.StopRequest | None = None,
         progress: Callable[[int, int], None] | None = None,
+        on_tokens: OnTokens | None = None,
     ) -> tuple[metrics.Sums, ScoreTotals]:
-        """Scores one dataset (see `ppl_jax.evaluation.job.score_plan` for the journal and `stop`)."""
-        sums, totals, _ = score_plan(
-            self.model,
+        """Scores one dataset.
+
+        Args:
+          params: the params (with a reference model, the pair `(params, reference params)`).
+          recorder: a journal to fill (its finished batches are skipped), or None.
+          stop: asked before each batch whether to stop (signals), or None.
+          progress: a `(tokens, windows)` callback per fetched batch, or None.
+          on_tokens: the per-token callback of a step with per-token arrays (`Scorer.score`).
+
+        Returns:
+          (the sufficient statistics, the per-window sums and timings). If `stop` ended the
+          loop, `totals.stopped_at` is set and the sums cover the batches done so far.
+
+        Raises:
+          NumericsError: NaN or infinity scored.
+        """
+        plan, layout = dataset.plan, dataset.layout
+        state = recorder.state if recorder is not None else None
+        resumed = None
+        if state is not None:
+            empty = ScoreTotals.zeros(0, self.options.positions)
+            resumed = ScoreTotals(
+                state.window_nll,
+                state.window_tokens,
+                state.window_entropy,
+                state.window_correct,
+                nll_by_position=empty.nll_by_position,
+                tokens_by_position=empty.tokens_by_position,
+            )
+        totals = self.scorer.score(
             params,
-            self.mesh,
-            self.param_shardings,
-            dataset.plan,
-            dataset.layout.batch_size,
+            plan.windows,
+            layout,
             progress=progress,
-            scorer=self.scorer,
-            layout=dataset.layout,
-            recorder=recorder,
-            stop=stop,
+            describe_window=plan.describe_window,
+            totals=resumed,
+            skip=None if state is None else state.batch_done.copy(),
+            on_fetched=None if recorder is None else recorder.on_fetched,
+            should_stop=None if stop is None else stop.requested,
+            on_tokens=on_tokens,
+        )
+        if totals.stopped_at is None and not np.array_equal(
+            totals.window_tokens, plan.windows.num_scored()
+        ):
+            raise AssertionError("the device scored other tokens than the windows' masks hold")
+        sums = metrics.Sums(
+            nll_sum=totals.nll_sum,
+            num_tokens=totals.num_tokens,
+            num_bytes=plan.num_bytes,
+            num_words=plan.num_words,
+            num_documents=plan.num_documents,
+            num_windows=totals.num_windows,
+            entropy_sum=float(np.sum(totals.window_entropy)),
+            num_correct=int(np.sum(totals.window_correct)),
         )
         return sums, totals
 
@@ -162,25 +213,38 @@ class Evaluator:
         step: int | None = None,
         results: store.ResultsStore | None = None,
         tensorboard: Any = None,
+        reference_params: Any = None,
     ) -> dict[str, float | None]:
         """Scores every dataset with `params`.
 
         Args:
           params: the model's params, placed with `param_shardings`.
           step: the training step, for the records.
-          results: a results store (`ppl_jax.outputs.store.ResultsStore`) to append the records to, or
-            None; tensorboard: a `ppl_jax.outputs.tensorboard.TensorBoardSink`, or None. Give them on
-            process 0 only.
+          results: a results store (`ppl_jax.outputs.store.ResultsStore`) to append the records
+            to, or None; tensorboard: a `ppl_jax.outputs.tensorboard.TensorBoardSink`, or None.
+            Give them on process 0 only.
+          reference_params: the reference model's params, with a reference model.
 
         Returns:
-          `{"<dataset>/<metric>": value}` for every dataset and metric of `metrics.derive`, and
+          `{"<dataset>/<metric>": value}` for every dataset and metric of `metrics.derive`, with
+          a reference model `{"<dataset>/kl/<statistic>": value}` (`divergence.Divergence`), and
           with several datasets `{"average/<micro|macro|macro/key=value>/<metric>": value}`
           (`ppl_jax.outputs.store.average_records`, Paloma's averages); None where a metric is
           undefined.
         """
-        records = []
+        if (reference_params is None) == (self.scorer.reference is not None):
+            raise ValueError("reference_params are given exactly when there is a reference model")
+        params_in = params if reference_params is None else (params, reference_params)
+        records, extra = [], {}
         for d in self.datasets:
-            sums, totals = self.score(params, d)
+            gather = (
+                divergence.Divergence(d.plan.describe_window)
+                if reference_params is not None
+                else None
+            )
+            sums, totals = self.score(
+                params_in, d, on_tokens=None if gather is None else gather.add
+            )
             records.append(
                 store.dataset_record(
                     step=step,
@@ -191,12 +255,16 @@ class Evaluator:
                     wall_seconds=totals.scoring_seconds,
                 )
             )
+            if gather is not None:
+                for key, value in gather.summary().items():
+                    if isinstance(value, (int, float)):
+                        extra[f"{d.name}/kl/{key}"] = value
         averages = store.average_records(records) if len(records) > 1 else []
         if results is not None:
             results.append(records + averages)
         if tensorboard is not None:
             tensorboard.write(records + averages)
-        return flat(records + averages)
+        return {**flat(records + averages), **extra}
 
 
 def flat(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from ml_collections import config_dict
 
-from ppl_jax.config import defaults as config_lib
-from ppl_jax.config.settings import Settings
-from ppl_jax.evaluation.job import Evaluation
+from ppl_jax.evaluation.outcome import Evaluation
+from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import divergence, uncertainty
 from ppl_jax.metrics import sums as metrics
+from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
 METRIC_KEYS = (
@@ -36,8 +36,10 @@ METRIC_KEYS = (
 VERSIONED_PACKAGES = ("ppl_jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
 
 
-def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigDict) -> dict:
-    """Everything `results.json` holds: metrics, counts, timings, checkpoint, config, and `run`.
+def results_dict(
+    ev: Evaluation, settings: RunSpec, config: config_dict.ConfigDict | dict | None = None
+) -> dict:
+    """Everything `results.json` of one dataset holds: `dataset_dict` plus `run` and `config`.
 
     The dict is strict JSON (`json.dumps(results, allow_nan=False)` works): a metric that is
     undefined (a zero denominator) or infinite (an overflowing exp) is null, and `notes` maps
@@ -46,6 +48,22 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
     line, package versions, platform, device kind and count, process count. `intervals` holds
     the 95% bootstrap intervals of perplexity and bits per byte (`intervals_dict`), or null.
     """
+    results = dataset_dict(ev, settings)
+    notes = results.pop("notes")
+    results["run"] = run_dict(ev.wall_seconds)
+    if isinstance(config, config_dict.ConfigDict):
+        config = json.loads(config.to_json_best_effort())
+    results["config"] = config
+    results = _strict_json(results, "", notes)
+    results["notes"] = notes
+    return results
+
+
+def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
+    """One dataset's result at one step: metrics, counts, protocol, intervals, gzip baseline,
+    diagnostics, timings, checkpoint, model, tokenizer, fingerprint, data, mesh; strict JSON
+    (see `results_dict`). The same for a single run and for each dataset of a sweep: it is the
+    `details` of the dataset's record in results.jsonl."""
     s = ev.sums
     m = ev.metrics
     notes: dict[str, str] = dict(getattr(m, "notes", {}))
@@ -84,18 +102,16 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints
-        else f"data.tokenizer={settings.data.tokenizer}",
+        else f"data.tokenizer={ev.dataset.tokenizer}",
         "fingerprint": fingerprint_lib.digest(ev.fingerprint),
         "resumed_batches": ev.resumed_batches,
         "data": {
-            "name": settings.data.name,
-            "path": settings.data.path,
-            "format": settings.data.format,
+            "name": ev.dataset.name,
+            "path": ev.dataset.path,
+            "format": ev.dataset.format,
         },
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),
-        "run": run_dict(ev.wall_seconds),
-        "config": json.loads(config.to_json_best_effort()),
     }
     if ev.tokenizer_note:
         notes["tokenizer"] = ev.tokenizer_note
@@ -104,7 +120,56 @@ def results_dict(ev: Evaluation, settings: Settings, config: config_dict.ConfigD
     return results
 
 
-def _divergence_dict(ev: Evaluation, settings: Settings) -> dict | None:
+def record_line(record: dict[str, Any]) -> str:
+    """One line for a dataset or average record of a training run."""
+    m = record["metrics"]
+
+    def f(key: str) -> str:
+        v = m.get(key)
+        return "n/a" if v is None else f"{v:.4f}"
+
+    what = record["dataset"] if record["kind"] == "dataset" else f"average {record['dataset']}"
+    return (
+        f"step {record['step']}  {what}: bits per byte {f('bits_per_byte')}, perplexity "
+        f"{f('perplexity')}"
+    )
+
+
+def results_json(
+    settings: RunSpec,
+    checkpoint: Any,
+    step: int | None,
+    stored: list[dict[str, Any]],
+    averages: list[dict[str, Any]],
+    results_jsonl: str,
+    wall_seconds: float,
+    config: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """`results.json` of a run: the last step's records (`datasets`, `averages`), the store's
+    path, `run` and `config`; for a run of one dataset, also that dataset's result at the top
+    level (`dataset_dict`: the keys a single run has always written)."""
+    top: dict[str, Any] = {}
+    if len(stored) == 1 and "details" in stored[0]:
+        top = dict(stored[0]["details"])
+    top.update(
+        {
+            "step": step,
+            "datasets": {r["dataset"]: r for r in stored},
+            "averages": {r["dataset"]: r for r in averages},
+            "results_jsonl": results_jsonl,
+            "wall_seconds": wall_seconds,
+            "run": run_dict(wall_seconds),
+            "config": config,
+        }
+    )
+    top.setdefault("checkpoint", {"path": checkpoint.path, "format": checkpoint.format})
+    notes = dict(top.pop("notes", {}))
+    top = _strict_json(top, "", notes)
+    top["notes"] = notes
+    return top
+
+
+def _divergence_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
     """The divergence from the reference model (`ppl_jax.metrics.divergence`), with the reference."""
     found = ev.diagnostics.get("divergence")
     ref = settings.diagnostics.reference
@@ -120,7 +185,7 @@ def _divergence_dict(ev: Evaluation, settings: Settings) -> dict | None:
     }
 
 
-def intervals_dict(ev: Evaluation, settings: Settings) -> dict | None:
+def intervals_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
     """The run's 95% bootstrap intervals (`uncertainty.intervals`); None when
     `metrics.bootstrap_samples` is 0; intervals of None, with a `note`, for a run of one unit."""
     if settings.bootstrap_samples == 0:
@@ -216,24 +281,21 @@ def _strict_json(value: Any, path: str, notes: dict[str, str]) -> Any:
     return value
 
 
-PROTOCOL_NOTES = config_lib.PROTOCOL_NOTES  # one line per protocol, kept in ppl_jax.config.defaults
-
-
-def protocol_dict(ev: Evaluation, settings: Settings) -> dict[str, Any]:
+def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
     plan = ev.plan
     return {
         "name": plan.protocol,
         "reference": PROTOCOL_NOTES[plan.protocol],
-        "seq_len": settings.eval.seq_len,
-        "stride": settings.eval.stride if plan.protocol in config_lib.STRIDED_PROTOCOLS else None,
-        "packing": settings.eval.packing,
+        "seq_len": ev.protocol_spec.seq_len,
+        "stride": ev.protocol_spec.stride if plan.protocol in STRIDED_PROTOCOLS else None,
+        "packing": settings.batch.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,
-        "add_bos_setting": settings.eval.add_bos,
+        "add_bos_setting": ev.protocol_spec.add_bos,
         "prefix_token_id": plan.prefix_id,
-        "separator": settings.data.separator if plan.protocol == "sliding" else "\n\n",
+        "separator": ev.dataset.separator if plan.protocol == "sliding" else "\n\n",
         "text_tokens": plan.text_tokens,
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,

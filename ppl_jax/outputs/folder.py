@@ -37,6 +37,7 @@ import uuid
 from typing import Any
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.outputs import files
 from ppl_jax.runtime import paths
 
 LOCK = ".lock"
@@ -44,16 +45,16 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 # Files a run may write; each must be a file (or absent) for the run to start.
 NAMES = (
-    "results.json",
-    "results.jsonl",
-    "documents.jsonl",
-    "journal.npz",
-    "units.npz",
-    "tokens.parquet",
-    "position_curve.json",
-    "position_curve.png",
-    "context_curve.json",
-    "context_curve.png",
+    files.RESULTS_JSON,
+    files.RESULTS_JSONL,
+    files.DOCUMENTS,
+    files.JOURNAL,
+    files.UNITS,
+    files.TOKENS,
+    f"{files.POSITION_CURVE}.json",
+    f"{files.POSITION_CURVE}.png",
+    f"{files.CONTEXT_CURVE}.json",
+    f"{files.CONTEXT_CURVE}.png",
 )
 
 

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
-NAME = "journal.npz"
+NAME = files.JOURNAL
 VERSION = 1
 
 

@@ -7,7 +7,8 @@ Each line is one strict JSON object (no NaN, no infinity):
      "metrics": {"perplexity": ..., "bits_per_byte": ..., ...}, "notes": {metric: reason},
      "sums": {"nll_sum": ..., "num_tokens": ..., ...} (datasets and micro),
      "datasets": [names] (averages), "checkpoint": path, "time": ISO-8601 UTC,
-     "wall_seconds": float}
+     "wall_seconds": float, "details": {...} (datasets: the keys of results.json for one
+     dataset, `ppl_jax.evaluation.summary.dataset_dict`)}
 
 `metrics` are `ppl_jax.metrics.sums.derive` of the sums (the same numbers as results.json); a value
 that is undefined (no bytes, no words) or overflows float64 is null, and `notes` says why.
@@ -39,9 +40,10 @@ from typing import Any
 
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.metrics import sums as metrics_lib
+from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
 
-FILENAME = "results.jsonl"
+FILENAME = files.RESULTS_JSONL
 KINDS = ("dataset", "average")
 # The unweighted mean over datasets is taken of every metric of `metrics.derive`: each is a rate per
 # token, byte or word of one dataset (perplexity, NLL and bits per token, bits per byte, byte and
@@ -112,6 +114,7 @@ def dataset_record(
     checkpoint: str | None = None,
     wall_seconds: float | None = None,
     time: str | None = None,
+    details: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of one dataset scored at one checkpoint step.
 
@@ -125,6 +128,8 @@ def dataset_record(
       checkpoint: the checkpoint's path.
       wall_seconds: seconds spent scoring it.
       time: ISO-8601 UTC; default now.
+      details: the dataset's full result (`ppl_jax.evaluation.summary.dataset_dict`: counts,
+        protocol, intervals, gzip baseline, timings, model, tokenizer), or None.
 
     Returns:
       A JSON-ready dict (see the module docstring); `metrics` from `metrics.derive(sums)`.
@@ -142,6 +147,7 @@ def dataset_record(
         "checkpoint": checkpoint,
         "time": time or now(),
         "wall_seconds": None if wall_seconds is None else float(wall_seconds),
+        **({"details": dict(details)} if details is not None else {}),
     }
 
 
@@ -196,6 +202,8 @@ def average_records(
         checkpoint, with distinct dataset names.
       tags: the tag keys to average by; None for all.
       time: ISO-8601 UTC; default now.
+      details: the dataset's full result (`ppl_jax.evaluation.summary.dataset_dict`: counts,
+        protocol, intervals, gzip baseline, timings, model, tokenizer), or None.
 
     Returns:
       `[micro, macro, macro/<key>=<value>, ...]`; `wall_seconds` is the datasets' total. Empty

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import os
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,9 +38,26 @@ _MISSING = "output.tensorboard=true needs tensorboardX: pip install 'ppl_jax[dia
 _SINKS = itertools.count()
 
 
-def check_available() -> None:
-    """Raises ConfigError (before any work) if tensorboardX, which the sink needs, is missing."""
+def check_available(folder: str | None = None) -> None:
+    """Raises ConfigError (before any work) if tensorboardX, which the sink needs, is missing, or
+    if `folder` (the event folder) is a file or cannot be created or written."""
     _tensorboardx()
+    if folder is None:
+        return
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(
+            f"output.tensorboard=true writes into {folder}, which is a file; move it away or "
+            f"set output.dir to another folder."
+        )
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-")
+        probe.close()
+    except OSError as e:
+        raise ConfigError(
+            f"output.tensorboard=true writes into {folder}, which cannot be written "
+            f"({e.strerror or e}); fix its permissions or set output.dir to another folder."
+        ) from None
 
 
 def _tensorboardx() -> Any:

@@ -36,12 +36,13 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.errors import ConfigError, DataError
+from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import _UMASK
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.windows import NO_PREFIX
 from ppl_jax.tokenizer.base import Tokenizer
 
-NAME = "tokens.parquet"
+NAME = files.TOKENS
 METADATA_KEY = "ppl_jax"
 DOCUMENTS_KEY = "documents"
 LN2 = math.log(2.0)

@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.config.settings import DataSettings, EvalSettings
 from ppl_jax.data import documents as data
+from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import fingerprint
 from ppl_jax.tokenizer.base import Tokenizer
@@ -56,7 +57,7 @@ _SCALARS = (
 )
 
 
-def key(ds: DataSettings, ev: EvalSettings, tok: Tokenizer, vocab_size: int) -> str:
+def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> str:
     """The cache key of a dataset's plan (SHA-256 hex; see the module docstring)."""
     parts = {
         "version": VERSION,

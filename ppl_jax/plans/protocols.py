@@ -27,14 +27,14 @@ last scored token (for `sliding` and `lm_eval_rolling` exactly the scored text).
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
-from ppl_jax.config.defaults import PROTOCOLS
 from ppl_jax.data.documents import Document
+from ppl_jax.data.words import WORD_CHUNK, count_harness_words, count_words  # noqa: F401
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans import windows as windows_lib
+from ppl_jax.plans.spec import PROTOCOLS
 from ppl_jax.plans.windows import Windows
 from ppl_jax.tokenizer.base import Tokenizer
 
@@ -123,42 +123,6 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str, tokenizer: Tokenizer
             f"tokenizer ({tokenizer.name}, {tokenizer.vocab_size} ids) does not match the model; "
             f"use the checkpoint's own (data.tokenizer=auto)."
         )
-
-
-WORD_CHUNK = 1 << 20  # bytes decoded at a time when counting words
-
-
-def count_words(raw: bytes, lo: int = 0, hi: int | None = None, chunk: int = WORD_CHUNK) -> int:
-    """`len(raw[lo:hi].decode("utf-8", errors="ignore").split())`, in bounded memory.
-
-    The bytes are decoded `chunk` at a time, each cut moved back to the start of a UTF-8
-    character (so no character is split and `errors="ignore"` drops the same bytes as a whole
-    decode would); a word that runs across a cut is counted once.
-    """
-    hi = len(raw) if hi is None else hi
-    view = memoryview(raw)
-    words, joined = 0, False  # joined: the previous chunk ended inside a word
-    while lo < hi:
-        cut = min(hi, lo + chunk)
-        while lo < cut < hi and (raw[cut] & 0xC0) == 0x80:  # a continuation byte
-            cut -= 1
-        if cut == lo:  # a character longer than the chunk (never for chunk >= 4): take it whole
-            cut = lo + 1
-            while cut < hi and (raw[cut] & 0xC0) == 0x80:
-                cut += 1
-        text = bytes(view[lo:cut]).decode("utf-8", errors="ignore")
-        words += len(text.split())
-        if joined and text and not text[0].isspace():
-            words -= 1
-        if text:
-            joined = not text[-1].isspace()
-        lo = cut
-    return words
-
-
-def count_harness_words(text: str) -> int:
-    """`len(re.split(r"\\s+", text))` (lm-evaluation-harness's word count), without the list."""
-    return sum(1 for _ in re.finditer(r"\s+", text)) + 1
 
 
 def _span_words(raw: bytes, byte_lens: np.ndarray, scored: np.ndarray) -> int:

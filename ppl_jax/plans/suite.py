@@ -2,7 +2,7 @@
 
 A dataset is `data.*` (one run, one dataset) or an entry of `suite` (several, each with its own
 name, files, format, tags, preparation, budget and protocol settings; see
-`ppl_jax.config.settings.Settings.suite` and `configs/suite_example.py`). `prepare` turns one into a
+`ppl_jax.evaluation.spec.RunSpec.suite` and `configs/suite_example.py`). `prepare` turns one into a
 `Dataset`: its `Plan` (windows and counts, `ppl_jax.plans.protocols`) and batch `Layout`, which every
 checkpoint step of a sweep scores again without reading or tokenizing anything.
 
@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.config.settings import DataSettings, EvalSettings
 from ppl_jax.data import documents as data
 from ppl_jax.data import preparations
+from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import distributed
 from ppl_jax.tokenizer.base import Tokenizer
 
@@ -34,13 +35,13 @@ class Dataset:
     """One dataset, ready to score.
 
     Attributes:
-      data, eval: its settings.
+      data, protocol: its specs.
       plan: what its protocol scores (windows, bytes, words).
       layout: the windows' batches (`ppl_jax.plans.layout`).
     """
 
-    data: DataSettings
-    eval: EvalSettings
+    data: DatasetSpec
+    protocol: ProtocolSpec
     plan: Plan
     layout: Layout
 
@@ -53,7 +54,7 @@ class Dataset:
         return dict(self.data.tags)
 
 
-def read(ds: DataSettings, tok: Tokenizer | None = None) -> tuple[list[data.Document], Any]:
+def read(ds: DatasetSpec, tok: Tokenizer | None = None) -> tuple[list[data.Document], Any]:
     """The dataset's documents after its preparation (and its budget, given the tokenizer), and
     the per-document counts a preparation reports in place of the text's
     (`preparations.Prepared.doc_counts`), or None.
@@ -71,7 +72,7 @@ def read(ds: DataSettings, tok: Tokenizer | None = None) -> tuple[list[data.Docu
     return (docs, counts) if tok is None else cut(docs, counts, ds, tok)
 
 
-def documents(ds: DataSettings, tok: Tokenizer) -> Iterable[data.Document]:
+def documents(ds: DatasetSpec, tok: Tokenizer) -> Iterable[data.Document]:
     """The dataset's documents after its preparation and budget, streamed
     (`data.iter_documents`) where it has neither, else read whole."""
     if not ds.preparation and not ds.has_budget:
@@ -80,7 +81,7 @@ def documents(ds: DataSettings, tok: Tokenizer) -> Iterable[data.Document]:
 
 
 def cut(
-    docs: list[data.Document], counts: Any, ds: DataSettings, tok: Tokenizer
+    docs: list[data.Document], counts: Any, ds: DatasetSpec, tok: Tokenizer
 ) -> tuple[list[data.Document], Any]:
     """`docs` (and `counts`) cut to the dataset's budget (all of them when it has none)."""
     if ds.has_budget:
@@ -91,7 +92,7 @@ def cut(
     return docs, counts
 
 
-def budget(docs: list[data.Document], ds: DataSettings, tok: Tokenizer) -> np.ndarray:
+def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.ndarray:
     """The indices (ascending) of the documents `ds.max_documents` and `ds.max_tokens` keep."""
     order = np.arange(len(docs))
     if ds.sample_seed >= 0:
@@ -113,8 +114,8 @@ def budget(docs: list[data.Document], ds: DataSettings, tok: Tokenizer) -> np.nd
 
 
 def plan(
-    ds: DataSettings,
-    ev: EvalSettings,
+    ds: DatasetSpec,
+    ev: ProtocolSpec,
     docs: list[data.Document],
     counts: Any,
     tok: Tokenizer,
@@ -134,35 +135,40 @@ def plan(
     )
 
 
-def batches(p: Plan, ev: EvalSettings, attention: str = "xla") -> Layout:
-    """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the dataset's settings.
+def batches(p: Plan, batch: BatchSpec, attention: str = "xla") -> Layout:
+    """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
     cuDNN attention takes per-row sequence lengths, not segments: one window per row there."""
     return plan_layout(
         p.windows,
-        ev.batch_size,
-        pack=ev.packing and attention != "cudnn",
-        num_buckets=ev.length_buckets,
+        batch.batch_size,
+        pack=batch.packing and attention != "cudnn",
+        num_buckets=batch.length_buckets,
     )
 
 
 def prepare(
-    ds: DataSettings, ev: EvalSettings, tok: Tokenizer, vocab_size: int, attention: str = "xla"
+    ds: DatasetSpec,
+    ev: ProtocolSpec,
+    tok: Tokenizer,
+    vocab_size: int,
+    batch: BatchSpec,
+    attention: str = "xla",
 ) -> Dataset:
     """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
     see `planned`), and lays out its batches.
 
     Args:
-      ds, ev: the dataset's settings.
+      ds, ev: the dataset's specs; batch: the run's batch layout.
       tok: the model's tokenizer; vocab_size: the model's.
       attention: the model's attention implementation (see `batches`).
     """
     p = planned(ds, ev, tok, vocab_size)[0]
-    return Dataset(ds, ev, p, batches(p, ev, attention))
+    return Dataset(ds, ev, p, batches(p, batch, attention))
 
 
 def planned(
-    ds: DataSettings,
-    ev: EvalSettings,
+    ds: DatasetSpec,
+    ev: ProtocolSpec,
     tok: Tokenizer,
     vocab_size: int,
     read_first: tuple[list[data.Document], Any] | None = None,

@@ -8,6 +8,7 @@ pairs from the config, as in flax's lm1b `logical_axis_rules` and jax-llm-exampl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,34 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ppl_jax.errors import ConfigError
 
 AXES = ("data", "model")
+
+
+# Logical axis name -> mesh axis (or None: replicated). Weights name their dims logically
+# (see `ppl_jax.models.llama`); the batch dim is `batch`.
+DEFAULT_RULES = (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("embed", None),
+    ("heads", "model"),
+    ("kv_heads", "model"),
+    ("head_dim", None),
+    ("mlp", "model"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """The device mesh of a run.
+
+    Attributes:
+      data: devices along the `data` axis (-1: the devices left over).
+      model: devices along the `model` axis (weights sharded).
+      rules: (logical axis name, mesh axis or None) pairs sharding the weights.
+    """
+
+    data: int = -1
+    model: int = 1
+    rules: tuple[tuple[str, str | None], ...] = DEFAULT_RULES
 
 
 def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None) -> Mesh:

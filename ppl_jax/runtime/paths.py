@@ -12,12 +12,13 @@ the working directory (`os.path.abspath('gs://b/x')` would give `/cwd/gs:/b/x`).
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
 from typing import Any, BinaryIO
 
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import CheckpointError, ConfigError
 
 SCHEMES = ("gs", "s3", "az", "hf")  # those `etils.epath` reads (etils.epath.gpath._URI_SCHEMES)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -121,3 +122,21 @@ def open_binary(path: str) -> BinaryIO:
         return epath(path).open("rb")
     except ImportError as e:
         raise missing_backend(path, e) from None
+
+
+def read_json_object(path: str, what: str) -> dict[str, Any]:
+    """The JSON object in the file `path`.
+
+    Raises:
+      CheckpointError: the file is missing (`what` says why it is needed), is not UTF-8 JSON, or
+        holds something other than an object; each naming the file.
+    """
+    try:
+        value = json.loads(read_bytes(path).decode("utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path!r} is missing; {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path!r} is not valid JSON ({e}).") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path!r} holds a JSON {type(value).__name__}, not an object.")
+    return value

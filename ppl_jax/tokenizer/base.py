@@ -670,9 +670,9 @@ def load(spec: str, checkpoint_description: dict[str, Any] | None) -> Tokenizer:
         return ByteTokenizer()
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
-        from ppl_jax.checkpoints import hf
+        from ppl_jax.tokenizer.directory import load_tokenizer  # the module imports this one
 
-        return hf.load_tokenizer(path)
+        return load_tokenizer(path)
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path)
     return HFTokenizer.from_file(path)

@@ -42,7 +42,7 @@ def test_the_suite_example_config_names_three_datasets_of_the_shared_folder(test
     and budget, checked as the command line checks them (the run itself is in the README)."""
     import importlib.util
 
-    from ppl_jax.config.settings import Settings
+    from ppl_jax.config.settings import from_config
 
     spec = importlib.util.spec_from_file_location(
         "suite_example",
@@ -50,7 +50,7 @@ def test_the_suite_example_config_names_three_datasets_of_the_shared_folder(test
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    s = Settings.from_config(module.get_config(test_data))
+    s = from_config(module.get_config(test_data))
     names = [d.name for d, _ in s.datasets]
     assert names == ["wikitext-2", "tinyshakespeare", "botchan"]
     assert all(os.path.isfile(d.path) for d, _ in s.datasets)

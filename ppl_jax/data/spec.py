@@ -1,0 +1,149 @@
+"""`DatasetSpec`: one corpus to score, as the data layer reads it (files, format, budgets, tags).
+
+The command line builds it from `data.*` or a `suite` entry (`ppl_jax.config.settings`); a
+training loop builds it directly. Every value is checked when the spec is made: a bad value is a
+`ConfigError` that names the setting (`data.format`, `suite[2].tags`, or the dataset's name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Any
+
+from ppl_jax.data.documents import FORMATS
+from ppl_jax.errors import ConfigError
+from ppl_jax.runtime import paths
+
+# The corpus name of the demo's default data.path (see `ppl_jax.config.defaults`).
+DEMO_CORPUS_NAME = "cpython-stdlib-held-out"
+
+
+def parse_tags(text: str, where: str) -> dict[str, str]:
+    """The tags of a dataset: `"domain=web,split=val"` -> `{"domain": "web", "split": "val"}`.
+
+    Args:
+      text: comma-separated `key=value` pairs; "" for none. Spaces around names are dropped.
+      where: the setting, for the message (`suite[2].tags`).
+
+    Raises:
+      ConfigError: a pair without `=`, an empty key or value, a key given twice, or a `/` or `=`
+        inside a key or value (they would make the average's name `macro/<key>=<value>` ambiguous).
+    """
+    tags: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = (s.strip() for s in pair.partition("="))
+        if not sep or not key or not value or "=" in value or "/" in key + value:
+            raise ConfigError(
+                f"{where}={text!r}: {pair!r} is not key=value; write tags as "
+                f"'domain=web,split=val' (no '/' and one '=' in each)."
+            )
+        if key in tags:
+            raise ConfigError(f"{where}={text!r} gives the tag {key!r} twice; keep one.")
+        tags[key] = value
+    return tags
+
+
+def corpus_name(path: str, demo_paths: str = "") -> str:
+    """The corpus's name derived from `path` (a file, a glob, or a comma-separated list).
+
+    `demo_paths` (the demo's default path) is `DEMO_CORPUS_NAME`; one file is its name without
+    the extension (`/data/wiki.test.raw` -> `wiki.test`); one glob is its folder's name and the
+    pattern (`/data/val/*.jsonl` -> `val/*.jsonl`); several entries are their common folder's
+    name (`/data/c4/a.json,/data/c4/b.json` -> `c4`), or the files' names joined by `+` where
+    they share no folder but the root.
+    """
+    if demo_paths and path == demo_paths:
+        return DEMO_CORPUS_NAME
+    entries = [os.path.expanduser(e.strip()) for e in path.split(",") if e.strip()]
+    if not entries:
+        return ""
+    if len(entries) == 1:
+        entry = entries[0].rstrip(os.sep)
+        if not glob.has_magic(entry):
+            return os.path.splitext(os.path.basename(entry))[0]
+        folder = os.path.basename(os.path.dirname(os.path.abspath(entry)))
+        return f"{folder}/{os.path.basename(entry)}" if folder else os.path.basename(entry)
+    folders = [os.path.dirname(os.path.abspath(e)) for e in entries]
+    common = os.path.basename(os.path.commonpath(folders))
+    if common:
+        return common
+    return "+".join(os.path.splitext(os.path.basename(e))[0] for e in entries)
+
+
+def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Raises ConfigError naming `name` unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """One corpus: where its text is, how it is read, cut and tagged.
+
+    Attributes:
+      name: its name in the results; "" derives it from `path` (`corpus_name`).
+      path: a file, a glob, or a comma-separated list of either (local or remote, etils.epath).
+      format: 'text' (a file is a document), 'lines', 'jsonl' or 'wikitext'.
+      tokenizer: 'auto' (the checkpoint's own), 'byte', or a tokenizer path.
+      errors: 'strict' (bad UTF-8 fails naming file and offset) or 'replace'.
+      separator: text placed between documents in the `sliding` stream.
+      jsonl_field: the field of a jsonl record that holds the text.
+      allow_tokenizer_mismatch: score with a tokenizer whose vocabulary does not fit the model.
+      preparation: a standard preparation of the text (`ppl_jax.data.preparations`), or "".
+      tags: (key, value) pairs grouping the macro averages; a 'k=v,...' string is parsed.
+      max_documents, max_tokens: budgets (0: all).
+      sample_seed: -1 takes the first documents; else a sample drawn with this seed.
+      cache_dir: a folder of the filesystem for the token and plan caches ("": none).
+      where: the setting's name in error messages ('data', 'suite[2]'); not compared.
+
+    Raises:
+      ConfigError: a value out of range, naming the setting.
+    """
+
+    path: str
+    name: str = ""
+    format: str = "text"
+    tokenizer: str = "auto"
+    errors: str = "strict"
+    separator: str = "\n\n"
+    jsonl_field: str = "text"
+    allow_tokenizer_mismatch: bool = False
+    preparation: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+    max_documents: int = 0
+    max_tokens: int = 0
+    sample_seed: int = -1
+    cache_dir: str = ""
+    where: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        key = self.where or f"dataset {self.name or self.path!r}:"
+        sep = "." if self.where else " "
+        choice(f"{key}{sep}format", self.format, FORMATS)
+        choice(f"{key}{sep}errors", self.errors, ("strict", "replace"))
+        for budget in ("max_documents", "max_tokens"):
+            value = int(getattr(self, budget))
+            if value < 0:
+                raise ConfigError(f"{key}{sep}{budget}={value} must be 0 (all) or more.")
+            object.__setattr__(self, budget, value)
+        if isinstance(self.tags, str):
+            tags = parse_tags(self.tags, f"{key}{sep}tags")
+        else:
+            tags = dict(self.tags)
+        object.__setattr__(self, "tags", tuple(sorted(tags.items())))
+        if self.cache_dir and not paths.is_local(self.cache_dir):
+            raise ConfigError(
+                f"data.cache_dir={self.cache_dir!r}: the cache is memory-mapped, so it must be a "
+                f"folder of the filesystem (on several hosts, one every process sees: NFS, "
+                f"Lustre, or a bucket mounted with gcsfuse), not a "
+                f"{self.cache_dir.split(':', 1)[0]}:// path."
+            )
+        object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))
+        if not self.name:
+            object.__setattr__(self, "name", corpus_name(self.path))
+
+    @property
+    def has_budget(self) -> bool:
+        return bool(self.max_documents or self.max_tokens)

@@ -1,0 +1,147 @@
+"""`RunSpec`: a whole run, composed of the layers' own specs, checked and frozen.
+
+`DatasetSpec` (data), `ProtocolSpec` and `BatchSpec` (plans), `MeshSpec` (runtime) and the
+checkpoint, step, diagnostics and output settings here. The command line builds a `RunSpec` from
+its ConfigDict (`ppl_jax.config.settings.from_config`); nothing below the config layer sees a
+ConfigDict, and nothing under `jax.jit` sees a spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.errors import ConfigError
+from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
+from ppl_jax.runtime.mesh import MeshSpec
+
+DTYPES = ("float32", "bfloat16")
+CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
+MAX_TOP_K = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Which checkpoint steps a run scores (`checkpoint.step`, `checkpoint.watch*`).
+
+    Attributes:
+      kind: 'latest', 'one', 'all', 'list' or 'range'.
+      steps: the step of 'one', the steps of 'list'; (first, last, every) of 'range'.
+      watch: keep polling `checkpoint.dir` for newly finalized steps.
+      watch_until: with watch, the last step to evaluate (None: the idle timeout only).
+      watch_timeout, watch_interval: seconds without a new step before watch ends; seconds
+        between two looks.
+    """
+
+    kind: str = "latest"
+    steps: tuple[int, ...] = ()
+    watch: bool = False
+    watch_until: int | None = None
+    watch_timeout: float = 600.0
+    watch_interval: float = 10.0
+
+    @property
+    def is_sweep(self) -> bool:
+        """Whether the run may score more than one step."""
+        return self.kind in ("all", "list", "range") or self.watch
+
+    def select(self, available: list[int]) -> list[int]:
+        """The steps to score among the finalized `available` ones, ascending. A listed step
+        that is not there is an error unless watch mode may yet see it.
+
+        Raises:
+          ConfigError: a listed step is not finalized (and no watch).
+        """
+        have = sorted(set(available))
+        if self.kind in ("latest", "all"):
+            return have if self.kind == "all" else have[-1:]
+        if self.kind == "range":
+            first, last, every = self.steps
+            wanted = set(range(first, last + 1, every))
+        else:
+            wanted = set(self.steps)
+        missing = sorted(wanted - set(have))
+        if missing and not self.watch and self.kind != "range":
+            raise ConfigError(
+                f"checkpoint.step: step {missing[0]} is not a finalized step of checkpoint.dir "
+                f"(it has {have[:8]}{' ...' if len(have) > 8 else ''})."
+            )
+        return [x for x in have if x in wanted]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceSpec:
+    """The reference model of `reference.*` (KL(reference || model), `ppl_jax.metrics.divergence`)."""
+
+    checkpoint_dir: str
+    checkpoint_step: int | None  # None: the latest finalized step
+    checkpoint_format: str
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticsSpec:
+    """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
+
+    tokens: bool = False  # tokens.parquet
+    top_k: int = 0  # alternatives per token in tokens.parquet
+    position_curve: bool = False  # position_curve.json / .png
+    context_lengths: tuple[int, ...] = ()  # the context-length sweep
+    context_targets: int = 0  # targets per window of the sweep; 0: by length (diagnostics)
+    reference: ReferenceSpec | None = None
+
+    @property
+    def any_beyond_sums(self) -> bool:
+        """Whether the run gathers more than the per-window sums a journal keeps."""
+        return self.tokens or self.position_curve or self.reference is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """The whole run, checked and frozen (`ppl_jax.config.settings.from_config`).
+
+    Attributes:
+      checkpoint_dir, checkpoint_format: the checkpoint (`ppl_jax.checkpoints.open_checkpoint`).
+      checkpoint_step: the step of a one-step run (None: the latest finalized); `steps` says
+        which steps a run scores.
+      data, eval: the first dataset and its protocol; `suite` every dataset of a suite run.
+      batch: the batch layout of every dataset.
+      dtype ('float32' or 'bfloat16'), attention ('auto', 'xla', 'cudnn', 'splash'), mesh.
+      output_dir, progress, gzip_baseline, per_document, journal_every, resume, tensorboard:
+        the outputs; compilation_cache_dir: JAX's persistent compilation cache ("": off).
+      bootstrap_samples, seed: the 95% bootstrap intervals (0 samples: none).
+      diagnostics: per-token output, position curve, context lengths, a reference model.
+    """
+
+    checkpoint_dir: str
+    checkpoint_step: int | None  # None: the latest finalized step
+    checkpoint_format: str
+    data: DatasetSpec
+    eval: ProtocolSpec
+    dtype: str
+    attention: str
+    mesh: MeshSpec
+    output_dir: str
+    progress: bool
+    gzip_baseline: bool
+    per_document: bool
+    compilation_cache_dir: str
+    journal_every: int  # batches between journal flushes
+    resume: bool  # resume from a matching journal in output_dir
+    bootstrap_samples: int = 1000  # resamples of the bootstrap intervals (0: none)
+    seed: int = 0  # seed of the bootstrap's resampling
+    diagnostics: DiagnosticsSpec = DiagnosticsSpec()
+    steps: StepSpec = StepSpec()
+    batch: BatchSpec = BatchSpec()
+    # Every dataset of the run, (data, eval) each; the first is `data`/`eval` when no suite.
+    suite: tuple[tuple[DatasetSpec, ProtocolSpec], ...] = ()
+    tensorboard: bool = False
+
+    @property
+    def datasets(self) -> tuple[tuple[DatasetSpec, ProtocolSpec], ...]:
+        return self.suite or ((self.data, self.eval),)
+
+    @property
+    def is_training_run(self) -> bool:
+        """A run over a suite, several checkpoint steps, or with TensorBoard (no diagnostics)."""
+        return bool(self.suite) or self.steps.is_sweep or self.tensorboard
