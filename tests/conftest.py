@@ -104,3 +104,25 @@ def test_data() -> str:
     path = _test_data_dir()
     assert path is not None
     return path
+
+
+# Tiers (pyproject.toml declares the markers; `python -m pytest` runs the default tiers, without
+# `slow` and `multiprocess`; `python -m pytest -m "slow or multiprocess"` runs the rest).
+E2E_FILES = {  # run the command line in a subprocess
+    "test_cli.py", "test_errors_cli.py", "test_help.py", "test_fail_early.py",
+    "test_report_cli.py", "test_launchers.py", "test_resume_cli.py", "test_wikitext_cli.py",
+}  # fmt: skip
+MULTIPROCESS_FILES = {"test_distributed.py", "test_plan_agreement.py", "test_bench_data.py"}
+MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
+SLOW_FILES = {"test_resume_cli.py", "test_sweep.py", "test_invariance.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        if name in E2E_FILES:
+            item.add_marker(pytest.mark.e2e)
+        if name in MULTIPROCESS_FILES or any(s in item.nodeid for s in MULTIPROCESS_NAMES):
+            item.add_marker(pytest.mark.multiprocess)
+        if name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
