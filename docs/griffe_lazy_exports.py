@@ -47,6 +47,7 @@ class LazyExports(griffe.Extension):
                 continue
             obj = getattr(module, name)  # raises for a name the package does not export
             where = getattr(obj, "__module__", None)
-            if not where or not where.startswith(self.package + "."):
+            qualname = getattr(obj, "__qualname__", None)
+            if not where or not qualname or not where.startswith(self.package + "."):
                 continue  # a value such as __version__: nothing to document by path
-            pkg.set_member(name, griffe.Alias(name, f"{where}.{obj.__qualname__}", parent=pkg))
+            pkg.set_member(name, griffe.Alias(name, f"{where}.{qualname}", parent=pkg))
