@@ -27,7 +27,7 @@ _EXPORTS = {
     "LanguageModel": "ppl_jax.models.interface",
     "HiddenStates": "ppl_jax.models.interface",
     "Logits": "ppl_jax.models.interface",
-    "from_nnx": "ppl_jax.models.interface",
+    "from_nnx": "ppl_jax.models.nnx",
     "open_checkpoint": "ppl_jax.checkpoints.opener",
     "Checkpoint": "ppl_jax.checkpoints.opener",
     "make_mesh": "ppl_jax.runtime.mesh",

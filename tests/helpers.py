@@ -8,6 +8,7 @@ import sysconfig
 
 import numpy as np
 
+from ppl_jax.models import nnx as nnx_lib
 from ppl_jax.models.llama import LlamaConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,10 +51,9 @@ def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
     import jax
     from flax import nnx
 
-    from ppl_jax.models import interface as model_lib
     from ppl_jax.models.llama import Llama
 
-    params = model_lib.params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
+    params = nnx_lib.params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
     rng = np.random.default_rng(seed)
 
     def perturb(path, x):

@@ -20,7 +20,7 @@ from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import interface as model_lib
+from ppl_jax.models import nnx as nnx_lib
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
 from ppl_jax.tokenizer import base as tokenizer_lib
@@ -45,7 +45,7 @@ def golden_tokens() -> np.ndarray:
 
 
 def _load(path, mesh, dtype=jnp.float32, description=None):
-    model = model_lib.build(description or hf.read_description(path), dtype)
+    model = nnx_lib.build(description or hf.read_description(path), dtype)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
     )
@@ -219,7 +219,7 @@ def test_descriptions_stored_before_the_hf_fields_still_build():
         "norm_eps": 1e-5,
         "tie_embeddings": True,
     }
-    model = model_lib.build(old, jnp.float32)
+    model = nnx_lib.build(old, jnp.float32)
     assert sorted(model.abstract_params["layers"]["0"]["attn"]) == ["k", "o", "q", "v"]
     assert (
         model.description["rope_type"] == "default" and model.description["sliding_window"] is None
@@ -300,7 +300,7 @@ def test_pickled_weights_are_refused_unread(hf_dirs, tmp_path):
     marker = tmp_path / "unpickled"
     (d / "pytorch_model.bin").write_bytes(pickle.dumps(_Marker(str(marker))))
     assert hf.is_hf_checkpoint(str(d))
-    model = model_lib.build(hf.read_description(str(d)), jnp.float32)
+    model = nnx_lib.build(hf.read_description(str(d)), jnp.float32)
     with pytest.raises(
         CheckpointError,
         match=r"only pickled PyTorch weights \(pytorch_model.bin\)"
@@ -322,7 +322,7 @@ def test_missing_and_misshapen_weights_are_named(hf_dirs, tmp_path):
     weights["model.layers.0.self_attn.k_proj.bias"] = np.zeros(17, np.float32)
     save_file(weights, str(d / "model.safetensors"))
     (d / "config.json").write_text(open(os.path.join(src, "config.json")).read())
-    model = model_lib.build(hf.read_description(str(d)), jnp.float32)
+    model = nnx_lib.build(hf.read_description(str(d)), jnp.float32)
     with pytest.raises(CheckpointError) as e:
         hf.load_params(str(d), model.abstract_params)
     assert "'model.layers.1.mlp.up_proj.weight' is missing" in str(e.value)

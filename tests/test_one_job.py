@@ -65,7 +65,9 @@ def run(c) -> tuple[run_lib.RunResult, str]:
     spec = from_config(c)
     out = OutputDir.open(spec.output_dir)
     try:
-        found = run_lib.run(spec, out, printer=lambda line: None, config=json.loads(c.to_json_best_effort()))
+        found = run_lib.run(
+            spec, out, printer=lambda line: None, config=json.loads(c.to_json_best_effort())
+        )
         out.write_json(files.RESULTS_JSON, found.results)
     finally:
         out.close()
@@ -87,7 +89,9 @@ def test_a_sweep_has_every_output_of_a_single_run_and_the_same_records(
             runtime__compilation_cache_dir=str(cache),
         )
     )  # fmt: skip
-    single, single_dir = run(config(tiny_checkpoint, corpus, tmp_path / "one", checkpoint__step="5"))
+    single, single_dir = run(
+        config(tiny_checkpoint, corpus, tmp_path / "one", checkpoint__step="5")
+    )
     # The sweep honours the compilation cache (it ignored it before the one job path).
     assert cache.is_dir() and os.listdir(cache)
     records = {r["step"]: r for r in store.ResultsStore.in_dir(sweep_dir).records()}
@@ -154,4 +158,6 @@ def test_the_evaluator_gives_the_per_token_output_and_kl_of_the_cli(
     )
     ours = np.sort(np.concatenate(nll).astype(np.float64))
     assert ours.size == table.num_rows
-    np.testing.assert_allclose(ours, np.sort(table.column("nll").to_numpy().astype(np.float64)), rtol=0, atol=0)
+    np.testing.assert_allclose(
+        ours, np.sort(table.column("nll").to_numpy().astype(np.float64)), rtol=0, atol=0
+    )

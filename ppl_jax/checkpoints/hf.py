@@ -37,7 +37,9 @@ import numpy as np
 from safetensors import safe_open
 
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models.gpt2 import GPT2Config
 from ppl_jax.models.interface import nest_weights, weight_paths
+from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer.directory import has_tokenizer, load_tokenizer  # noqa: F401  (re-exported)
 
@@ -96,8 +98,6 @@ def read_description(path: str) -> dict[str, Any]:
             f"{where}: model_type {model_type!r} is not supported; ppl_jax loads Hugging Face "
             f"model types {', '.join(SUPPORTED_MODEL_TYPES)}."
         )
-    from ppl_jax.models.gpt2 import GPT2Config
-    from ppl_jax.models.llama import LlamaConfig
 
     try:
         if model_type == "gpt2":
@@ -357,7 +357,7 @@ def load_params(path: str, target: Any) -> Any:
 
     Args:
       path: the directory (see `is_hf_checkpoint`).
-      target: the params tree of `model.build(read_description(path), dtype)`, with
+      target: the params tree of `nnx_lib.build(read_description(path), dtype)`, with
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
         float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even).
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from ppl_jax.checkpoints import hf, orbax
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
-from ppl_jax.models import interface as model_lib
+from ppl_jax.models import nnx as nnx_lib
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import base as tokenizer_lib
@@ -148,7 +148,7 @@ class Checkpoint:
         """
         description = self.description(step)
         resolved = attention_lib.resolve_for(attention, _dtype(dtype), description)
-        return model_lib.build(description, _dtype(dtype), resolved)
+        return nnx_lib.build(description, _dtype(dtype), resolved)
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer (BOS/EOS ids and policy included), or None when it
@@ -206,7 +206,7 @@ class Checkpoint:
         Raises:
           CheckpointError: another architecture; or as `description` and `build`.
         """
-        stored = model_lib.build(self.description(step), jnp.float32, "xla").description
+        stored = nnx_lib.build(self.description(step), jnp.float32, "xla").description
         if stored != model.description:
             raise CheckpointError(
                 f"step {step} of {self.path!r} holds another architecture than the model being "

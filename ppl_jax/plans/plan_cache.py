@@ -34,11 +34,12 @@ import numpy as np
 
 from ppl_jax.data import documents as data
 from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.errors import DataError, PplJaxError
 from ppl_jax.plans import protocols
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.windows import Windows
-from ppl_jax.runtime import fingerprint
+from ppl_jax.runtime import distributed, fingerprint
 from ppl_jax.tokenizer.base import Tokenizer
 
 VERSION = 2
@@ -172,9 +173,6 @@ def made_once(
         is not shared).
     """
     import jax
-
-    from ppl_jax.errors import DataError, PplJaxError
-    from ppl_jax.runtime import distributed
 
     error: PplJaxError | None = None
     if jax.process_index() == 0:

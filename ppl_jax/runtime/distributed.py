@@ -33,6 +33,8 @@ import time
 
 from absl import app as absl_app
 
+from ppl_jax.errors import ConfigError
+
 HEARTBEAT_TIMEOUT_S = 10  # a process silent this long is dead (JAX's default is 100)
 SHUTDOWN_TIMEOUT_S = 60  # how long a finished process waits at exit for the others
 INITIALIZATION_TIMEOUT_S = 300  # how long processes wait for each other at start
@@ -45,8 +47,6 @@ def _env_seconds(name: str, default: int) -> int:
     if not value:
         return default
     if not value.isdigit() or int(value) < 1:
-        from ppl_jax.errors import ConfigError
-
         raise ConfigError(f"{name}={value!r} is not a whole number of seconds (at least 1).")
     return int(value)
 
@@ -303,8 +303,6 @@ def check_same_plan(digest: str, what: str) -> None:
         return
     import numpy as np
     from jax.experimental import multihost_utils
-
-    from ppl_jax.errors import ConfigError
 
     mine = np.frombuffer(bytes.fromhex(digest), np.uint8)
     everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import CheckpointError, ConfigError
 
 
 class Tokenizer(abc.ABC):
@@ -572,7 +572,6 @@ def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any], where: str) -
     Raises:
       CheckpointError: a named token that the vocabulary lacks, or BOS asked for but none named.
     """
-    from ppl_jax.errors import CheckpointError
 
     for field, attr in (("bos_token", "bos_id"), ("eos_token", "eos_id")):
         if field in config:
