@@ -23,6 +23,7 @@ from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.evaluation import run
 from ppl_jax.evaluation.run import evaluate
+from ppl_jax.outputs import files as output_files
 from ppl_jax.outputs import store
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import suite
@@ -205,7 +206,7 @@ def test_an_interrupted_sweep_skips_what_is_stored_and_resumes(run_dir, swept, t
         run_sweep(c, stop_in_fifth_pair)
     stored = {(r["step"], r["dataset"]) for r in records_of(out) if r["kind"] == "dataset"}
     assert stored == {(1, n) for n in NAMES} | {(2, "prose")}
-    assert (out / files.journal_name(2, "code")).exists()
+    assert (out / output_files.journal_name(2, "code")).exists()
     pairs.clear()
     run_sweep(c, lambda n: pairs.append(n))
     assert len(pairs) == 5  # the stored pairs are skipped: step 2's code, short; step 3's three
