@@ -98,10 +98,16 @@ def records_of(out) -> list[dict]:
 def comparable(records: list[dict]) -> list[dict]:
     """The records without what may differ between two runs (clocks), in (step, kind, dataset)
     order."""
-    return sorted(
-        ({k: v for k, v in r.items() if k not in ("time", "wall_seconds")} for r in records),
-        key=lambda r: (r["step"], r["kind"], r["dataset"]),
-    )
+    clocks = {"time", "wall_seconds", "tokens_per_second", "scoring_seconds", "host_seconds"}
+    clocks |= {"prepare_seconds", "compile_seconds", "resumed_batches"}
+
+    def strip(r: dict) -> dict:
+        r = {k: v for k, v in r.items() if k not in clocks}
+        if "details" in r:
+            r["details"] = {k: v for k, v in r["details"].items() if k not in clocks}
+        return r
+
+    return sorted(map(strip, records), key=lambda r: (r["step"], r["kind"], r["dataset"]))
 
 
 @pytest.fixture(scope="module")
