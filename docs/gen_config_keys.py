@@ -4,7 +4,7 @@
     python docs/gen_config_keys.py --check    # exit 1 if the committed page is stale
 
 The rows are `ppl_jax.config.describe_keys()`, the table `ppl-jax --help` prints, so the page
-cannot drift from the code: `tests/test_readme.py` fails when the committed page differs from
+cannot drift from the code: `tests/unit/test_readme.py` fails when the committed page differs from
 `render()`.
 """
 

@@ -26,9 +26,18 @@ if os.environ.get(GPU_TESTS_ENV) == "1":
 else:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import sys  # noqa: E402
+
 import pytest  # noqa: E402
 
 import helpers  # noqa: E402
+
+# Tests mirror the package (tests/unit/<subpackage>/) and the tiers (tests/e2e, multiprocess,
+# slow); the live references import the tests they re-run live by module name (`import test_hf`),
+# so every test folder is importable, as pytest's default import mode makes the folder it collects.
+for _folder, _, _names in os.walk(os.path.dirname(os.path.abspath(__file__))):
+    if any(n.startswith("test_") and n.endswith(".py") for n in _names) and _folder not in sys.path:
+        sys.path.append(_folder)
 
 REFERENCE_PACKAGES = ("torch", "transformers", "lm_eval", "accelerate")
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -237,7 +237,7 @@ def wikitext_detokenize(page: str) -> str:
     " @-@ ", " @,@ ", " @.@ " separators closed up; no space before `: ; . ! ? ,`; whitespace
     inside (), [], {}, "" and '' pairs removed; "= = = =", "= = =", "= =" closed up; " ° " ->
     "°"; " \\n" and "\\n " -> "\\n"; " N " -> " 1 "; " 's" -> "'s". Equality with the harness's
-    own function is tested (tests/test_preparations.py, tests/reference/).
+    own function is tested (tests/unit/data/test_preparations.py, tests/reference/).
 
     Args:
       page: a page of the raw document-level WikiText.

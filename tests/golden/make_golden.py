@@ -10,16 +10,16 @@ What it writes under tests/golden/ (all of it committed, about 1 MB):
   writes them: Llama with llama3 rope scaling in sharded safetensors, Mistral with a sliding window
   of 8, Qwen2 with tied embeddings and q/k/v biases, GPT-2 with `scale_attn_by_inverse_layer_idx`.
   `hf/log_probs.json`: 41 random token ids and PyTorch's log-probabilities of the last 40 under
-  each model (tests/test_hf.py).
+  each model (tests/unit/checkpoints/test_hf.py).
 - `references/{gpt2,llama}/`: a tiny GPT-2 (no BOS; EOT is the harness's prefix) and a tiny Llama
   (BOS `<s>` prepended by the tokenizer), each with its tokenizer: a byte-level BPE of 512 ids
   trained with `tokenizers` on standard-library source (`helpers.train_bpe`).
   `references/references.json`: the documents, and per case the token ids, per-window NLL sums and
   target counts of the Hugging Face guide's strided loop, the GPTQ loop and the plain sliding
   loop, and lm-evaluation-harness's `loglikelihood_rolling` with the wikitext task's counts and
-  aggregations (tests/test_references.py).
+  aggregations (tests/unit/evaluation/test_references.py).
 - `lm_eval_windows.json`: lm-evaluation-harness's rolling windows of the byte documents of
-  tests/test_protocols.py.
+  tests/unit/plans/test_protocols.py.
 
 `tests/reference/test_golden_current.py` recomputes the numbers from the committed models with
 the installed references and compares them with these files.
@@ -123,7 +123,7 @@ def reference_numbers(ref_dir: str = REF_DIR) -> dict:
 
 
 def window_numbers() -> dict:
-    """lm-evaluation-harness's rolling windows of tests/test_protocols.py's byte documents (BOS
+    """lm-evaluation-harness's rolling windows of tests/unit/plans/test_protocols.py's byte documents (BOS
     256, the prefix with or without it), per `{seq_len}-{add_bos}`."""
     from test_protocols import DOC_LENGTHS, SEQ_LENS, docs_of
 

@@ -1,5 +1,5 @@
 """Writes tests/golden/preparations.json: lm-evaluation-harness's own `wikitext` functions on
-synthetic pages, for tests/test_preparations.py.
+synthetic pages, for tests/unit/data/test_preparations.py.
 
     pip install '.[reference]'
     python tests/golden/make_preparations_golden.py                          # synthetic pages

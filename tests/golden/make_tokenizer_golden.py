@@ -1,6 +1,6 @@
 """Writes the tokenizer fixtures and golden ids of tests/golden/tokenizers/ by running the real
 libraries: `tokenizers` and `sentencepiece` train the fixtures (with `--train`), and transformers'
-`AutoTokenizer.from_pretrained(dir)` gives the ids that tests/test_tokenizer_hf.py compares with
+`AutoTokenizer.from_pretrained(dir)` gives the ids that tests/unit/tokenizer/test_tokenizer_hf.py compares with
 ppl_jax's, without needing transformers itself.
 
     python tests/golden/make_tokenizer_golden.py [--train]

@@ -1,4 +1,4 @@
-"""tests/test_hf.py's comparisons with PyTorch, live: tiny random transformers models saved by the
+"""tests/unit/checkpoints/test_hf.py's comparisons with PyTorch, live: tiny random transformers models saved by the
 installed transformers (so that a change in what `save_pretrained` writes shows), scored by
 PyTorch and by ppl_jax."""
 

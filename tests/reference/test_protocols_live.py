@@ -1,4 +1,4 @@
-"""tests/test_protocols.py's lm_eval_rolling windows against lm-evaluation-harness itself, live."""
+"""tests/unit/plans/test_protocols.py's lm_eval_rolling windows against lm-evaluation-harness itself, live."""
 
 import pytest
 

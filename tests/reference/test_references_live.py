@@ -1,4 +1,4 @@
-"""tests/test_references.py's comparisons, live: the references run in PyTorch and
+"""tests/unit/evaluation/test_references.py's comparisons, live: the references run in PyTorch and
 lm-evaluation-harness on tiny models saved by the installed transformers, with a byte-level BPE
 trained at test time, then ppl_jax on the same directories."""
 

@@ -24,6 +24,8 @@ from fsspec.registry import _registry as fsspec_registry
 from ppl_jax.data import documents as data
 from ppl_jax.errors import DataError
 
+import helpers
+
 BOM = b"\xef\xbb\xbf"
 PACK = {"": lambda b: b, ".gz": gzip.compress, ".zst": zstandard.ZstdCompressor().compress}
 
@@ -233,7 +235,7 @@ def test_no_text_error_is_the_read_documents_one(tmp_path):
 
 @pytest.fixture
 def bucket(tmp_path, monkeypatch):
-    """A fake `gs://` over `tmp_path/'gcs'`, as in tests/test_paths.py: fsspec's DirFileSystem
+    """A fake `gs://` over `tmp_path/'gcs'`, as in tests/unit/runtime/test_paths.py: fsspec's DirFileSystem
     registered as fsspec's `gs` implementation, reached through etils.epath's real backend."""
     root = tmp_path / "gcs"
     root.mkdir()
@@ -303,7 +305,7 @@ def test_memory_stays_bounded(tmp_path, suffix, mib):
     with f:
         for _ in range(n):
             f.write(line)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's ppl_jax
+    repo = helpers.REPO  # this checkout's ppl_jax
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
         [sys.executable, "-c", MEMORY_PROBE, str(path)],

@@ -3,19 +3,22 @@ ids and per-token byte lengths must be exactly those of the whole document, for 
 kind, on random texts with runs of whitespace, newlines, multibyte UTF-8 and cuts every few
 characters. Run as a script to measure peak host memory on a 50 MB one-line document:
 
-    python tests/test_tokenizer_memory.py [--tokenizer tokenizer.json] [--mb 50]
+    python tests/unit/tokenizer/test_tokenizer_memory.py [--tokenizer tokenizer.json] [--mb 50]
 """
 
 import json
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
 
 from ppl_jax.tokenizer.base import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
-import helpers
+if __name__ == "__main__":  # run as a script: helpers sits in tests/
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import helpers  # noqa: E402
 
 FIXTURES = os.path.join(helpers.REPO, "tests", "golden", "tokenizers")
 CL100K = (
