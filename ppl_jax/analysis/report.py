@@ -12,12 +12,16 @@ plus the micro and macro averages of each step) and
 - writes a CSV of every metric in long form, `step,dataset,kind,metric,value` (default
   `RESULTS_DIR/report.csv`; a null step or value is an empty cell; values as Python's shortest
   repr of the stored float64, so they read back exactly);
-- writes a PNG of the metric against the step (default `RESULTS_DIR/report.png`): a line per
-  dataset, the averages dashed; a null step (a checkpoint without one) is drawn at step 0, as
-  in TensorBoard; a log y axis for a perplexity spanning more than a factor of 10.
+- writes a PNG of the metric against the step (default `RESULTS_DIR/report.png`), as small
+  multiples: a panel per dataset with its 95% bootstrap interval as a band (where the records
+  store one, `details.intervals`), and a panel of the averages; Okabe-Ito colours; a log step
+  axis when the steps span more than a factor of 10; a null step (a checkpoint without one) is
+  drawn at step 0, as in TensorBoard; a log y axis for a perplexity spanning more than a
+  factor of 10.
 
 Files are written atomically (temporary file, fsync, rename). The plot needs matplotlib (`pip
-install 'ppl_jax[diagnostics]'`), drawn on a bare Figure by Agg. A user's mistake prints one line,
+install 'ppl_jax[diagnostics]'`), drawn on a bare Figure by Agg (`ppl_jax.metrics.plotting`).
+A record without `metrics` stops the report with the file and line. A user's mistake prints one line,
 `ppl-jax report: error: ...`, and exits with status 2.
 """
 
@@ -26,12 +30,14 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.metrics import plotting
 from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.store import FILENAME, ResultsStore
@@ -42,6 +48,15 @@ CSV_NAME, PNG_NAME = files.REPORT_CSV, files.REPORT_PNG
 HEADER = ("step", "dataset", "kind", "metric", "value")
 
 Column = tuple[str, str]  # (kind, dataset)
+PANEL_COLUMNS, PANEL_WIDTH, PANEL_HEIGHT = 3, 3.6, 2.8  # small multiples: panels a row, inches
+METRIC_LABELS = {
+    "bits_per_byte": "bits per byte",
+    "perplexity": "perplexity (per token)",
+    "nll_per_token": "NLL per token (nats)",
+    "bits_per_token": "bits per token",
+    "byte_perplexity": "byte perplexity",
+    "word_perplexity": "word perplexity",
+}
 
 
 def load(path: str) -> tuple[str, list[dict[str, Any]]]:
@@ -61,7 +76,28 @@ def load(path: str) -> tuple[str, list[dict[str, Any]]]:
     records = store.records()
     if not records:
         raise DataError(f"{store.path} holds no record; nothing to report.")
+    bad = [i for i, r in enumerate(records) if not _has_metrics(r)]
+    if bad:
+        raise DataError(
+            f"{store.path} line {_line_of(store.path, bad[0])} has no metrics (an object of "
+            f"numbers or nulls); remove that line, or score that step and dataset again."
+        )
     return store.path, records
+
+
+def _has_metrics(record: Mapping[str, Any]) -> bool:
+    metrics = record.get("metrics")
+    return isinstance(metrics, dict) and all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+        for v in metrics.values()
+    )
+
+
+def _line_of(path: str, index: int) -> int:
+    """The file line of the store's record `index` (the store skips blank lines)."""
+    with open(path, encoding="utf-8") as f:
+        filled = [n for n, line in enumerate(f, start=1) if line.strip()]
+    return filled[index]
 
 
 def _step_order(step: int | None) -> tuple[int, int]:
@@ -145,53 +181,141 @@ def csv_bytes(records: Sequence[Mapping[str, Any]]) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
-def _figure() -> Any:
-    """A bare matplotlib Figure (Agg renders it on save; pyplot and displays are never used)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError(
-            "Plotting the report needs matplotlib, which is not installed; run pip install "
-            "'ppl_jax[diagnostics]' (or pass --png none)."
-        ) from None
-    return Figure(figsize=(8.0, 5.0), dpi=100, layout="constrained")
+def _figure(panels: int) -> Any:
+    """A bare matplotlib Figure sized for `panels` small multiples (`plotting.figure`)."""
+    cols = min(PANEL_COLUMNS, panels)
+    rows = -(-panels // cols)
+    return plotting.figure(
+        PANEL_WIDTH * cols, PANEL_HEIGHT * rows + 0.5, "the report", "or pass --png none"
+    )
+
+
+def _interval(record: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
+    """The record's stored 95% interval of `metric` (`details.intervals`), or None."""
+    intervals = (record.get("details") or {}).get("intervals") or {}
+    pair = intervals.get(metric) if isinstance(intervals, Mapping) else None
+    if (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+    ):
+        return float(pair[0]), float(pair[1])
+    return None
+
+
+def _series(
+    records: Sequence[Mapping[str, Any]], col: Column, metric: str
+) -> list[tuple[int, float, tuple[float, float] | None]]:
+    """`(step, value, interval or None)` of one column by step; a null step at 0, null values
+    left out."""
+    return sorted(
+        (0 if step is None else step, r["metrics"][metric], _interval(r, metric))
+        for (step, c), r in _by_cell(records).items()
+        if c == col and r["metrics"].get(metric) is not None
+    )
+
+
+def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
+    """Steps on a log axis when the positive ones span more than a factor of 10 (symmetric-log
+    with a linear stretch below the first positive step when step 0 is drawn too)."""
+    positive = [s for s in steps if s > 0]
+    log = plotting.log_if_wide(positive)
+    if log and len(positive) < len(steps):
+        ax.set_xscale("symlog", linthresh=min(positive), linscale=0.5)
+    plotting.count_axis(ax, "x", log and len(positive) == len(steps))
+    ax.tick_params(labelbottom=True)
+    if label:
+        ax.set_xlabel("checkpoint step" + (" (log scale)" if log else ""))
+
+
+def _draw(ax: Any, series: list, name: str, j: int, hollow: bool) -> list[float]:
+    """One column's line (colour and marker `j`), its interval band (a bar for a lone point);
+    returns the values drawn, for the value axis's scale."""
+    x = [s for s, _, _ in series]
+    y = [v for _, v, _ in series]
+    color, marker = plotting.COLORS[j % 8], plotting.MARKERS[j % 8]
+    face = "white" if hollow else color
+    ax.plot(x, y, color=color, marker=marker, markersize=4.5, mfc=face, linewidth=1.5, label=name)
+    lo = [iv[0] if iv else math.nan for _, _, iv in series]
+    hi = [iv[1] if iv else math.nan for _, _, iv in series]
+    shown = [v for v in lo + hi if not math.isnan(v)]
+    if len(shown) > 2:
+        ax.fill_between(x, lo, hi, color=color, alpha=0.25, linewidth=0)
+    elif shown:
+        (k,) = [k for k, v in enumerate(lo) if not math.isnan(v)]
+        ax.errorbar(x[k], y[k], [[y[k] - lo[k]], [hi[k] - y[k]]], color=color, capsize=3)
+    return y + shown
 
 
 def plot(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> bytes:
-    """PNG of `metric` against the step: a line per dataset, the averages dashed; a null step
-    at 0; null values not drawn.
+    """PNG of `figure(records, metric, title)`.
 
     Raises:
       ConfigError: matplotlib is not installed.
     """
-    fig = _figure()
-    ax = fig.add_subplot()
-    cells = _by_cell(records)
-    drawn: list[float] = []
-    for kind, name in columns(records):
-        points = sorted(
-            (0 if step is None else step, r["metrics"].get(metric))
-            for (step, col), r in cells.items()
-            if col == (kind, name) and r["metrics"].get(metric) is not None
+    return plotting.png(figure(records, metric, title))
+
+
+def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any:
+    """The matplotlib Figure of `metric` against the step, as small multiples: a panel per dataset, with its 95%
+    interval as a band where the records store one (`details.intervals`, for perplexity and
+    bits per byte), then one panel of the averages (micro, macro, macro per tag), each in its
+    own Okabe-Ito colour and marker (hollow, so that equal values show both), with their legend
+    in the grid's first free cell (else below the panel). Panels share the step axis (log when
+    the steps span more than a factor of 10); each has its own value axis (log for a perplexity
+    spanning more than a factor of 10). A null step (a checkpoint without one) is drawn at step
+    0; null values are not drawn.
+
+    Raises:
+      ConfigError: matplotlib is not installed.
+    """
+    cols = columns(records)
+    averages = [c for c in cols if c[0] == "average"]
+    panels = [[c] for c in cols if c[0] == "dataset"] + ([averages] if averages else [])
+    fig = _figure(len(panels))
+    ncols = min(PANEL_COLUMNS, len(panels))
+    axes = fig.subplots(-(-len(panels) // ncols), ncols, sharex=True, squeeze=False).ravel()
+    steps = sorted({0 if r["step"] is None else r["step"] for r in records})
+    banded = False
+    for i, (ax, group) in enumerate(zip(axes, panels, strict=False)):
+        drawn: list[float] = []
+        for j, col in enumerate(group):
+            series = _series(records, col, metric)
+            banded |= any(iv for _, _, iv in series)
+            if series:
+                drawn += _draw(ax, series, col[1], j, hollow=group is averages)
+        ax.set_title("averages" if group is averages else group[0][1], fontsize="medium")
+        if "perplexity" in metric and plotting.log_if_wide(drawn):
+            ax.set_yscale("log")
+        if i % ncols == 0:
+            ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.grid(True, **plotting.GRID)
+        if not drawn:
+            ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
+        _step_axis(ax, steps, label=i + ncols >= len(panels))
+    for ax in axes[len(panels) :]:
+        ax.axis("off")
+    if averages:
+        handles, labels = axes[len(panels) - 1].get_legend_handles_labels()
+        if banded:
+            from matplotlib.patches import Patch
+
+            handles.append(Patch(color="gray", alpha=0.25, linewidth=0))
+            labels.append("95% interval (bootstrap)")
+        free = len(panels) < len(axes)
+        axes[len(panels) if free else len(panels) - 1].legend(
+            handles,
+            labels,
+            fontsize="small",
+            frameon=False,
+            **(
+                {"loc": "center left"}
+                if free
+                else {"loc": "upper center", "bbox_to_anchor": (0.5, -0.25), "ncol": 2}
+            ),
         )
-        if not points:
-            continue
-        x, y = zip(*points, strict=True)
-        drawn += y
-        style = {"linestyle": "--", "linewidth": 1.5} if kind == "average" else {"linewidth": 1}
-        label = name if kind == "dataset" else f"{name} (average)"
-        ax.plot(x, y, marker="o", markersize=3, label=label, **style)
-    if "perplexity" in metric and drawn and min(drawn) > 0 and max(drawn) > 10 * min(drawn):
-        ax.set_yscale("log")
-    ax.set_xlabel("checkpoint step")
-    ax.set_ylabel(metric)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    if drawn:
-        ax.legend(fontsize="small")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    fig.suptitle(title)
+    return fig
 
 
 def _write(path: str, data: bytes, flag: str) -> str:
@@ -231,12 +355,15 @@ def report(
     folder = os.path.dirname(os.path.abspath(store_path))
     want_png = png is None or png.lower() != "none"
     if want_png:
-        _figure()  # matplotlib missing: stop before writing anything
+        _figure(1)  # matplotlib missing: stop before writing anything
     text = table(records, metric)
     csv_out = _write(csv_path or os.path.join(folder, CSV_NAME), csv_bytes(records), "--csv")
     png_out = None
     if want_png:
-        image = plot(records, metric, f"{metric}: {os.path.basename(folder) or folder}")
+        name = os.path.basename(folder) or folder
+        image = plot(
+            records, metric, f"{METRIC_LABELS.get(metric, metric)} by checkpoint step: {name}"
+        )
         png_out = _write(png or os.path.join(folder, PNG_NAME), image, "--png")
     return text, csv_out, png_out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import subprocess
@@ -108,7 +109,7 @@ def test_table_csv_and_png(tmp_path, capsys):
     data = (tmp_path / "report.png").read_bytes()
     assert data[:8] == PNG_MAGIC
     image = matplotlib.image.imread(str(tmp_path / "report.png"))
-    assert image.shape == (500, 800, 4) and image.std() > 0
+    assert image.shape == (610, 1080, 4) and image.std() > 0  # 2 rows of 3 panels
 
 
 def test_another_metric_and_paths(tmp_path, capsys):
@@ -190,3 +191,81 @@ def test_plot_draws_a_single_point(tmp_path, step):
         step=step, dataset="x", sums=Sums(nll_sum=3.0, num_tokens=1, num_bytes=1), fingerprint="f"
     )
     assert report.plot([record], "bits_per_byte", "t")[:8] == PNG_MAGIC
+
+
+def test_a_record_without_metrics_is_one_sentence_naming_the_line(tmp_path, capsys):
+    make_store(tmp_path)
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    broken = json.loads(lines[2])
+    del broken["metrics"]
+    lines[2] = json.dumps(broken)
+    (tmp_path / "results.jsonl").write_text("\n".join(["", *lines]) + "\n")  # a blank line 1
+    err = exit_message(capsys, [str(tmp_path)])
+    assert err.startswith(f"ppl-jax report: error: {tmp_path}/results.jsonl line 4 has no metrics")
+    cmd = [sys.executable, "-m", "ppl_jax.report", str(tmp_path)]
+    bad = subprocess.run(cmd, capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "line 4" in bad.stderr
+
+
+def intervals_store(folder, steps) -> list[dict]:
+    """Two datasets with stored 95% intervals (`details.intervals`) and their averages."""
+    os.makedirs(folder, exist_ok=True)
+    results = store.ResultsStore.in_dir(str(folder))
+    for step in steps:
+        records = []
+        for k, name in enumerate(("web", "code")):
+            sums = Sums(
+                nll_sum=1000.0 * (2 + k + 100 / (step + 10)), num_tokens=1000, num_bytes=4000
+            )
+            record = store.dataset_record(step=step, dataset=name, sums=sums, fingerprint="f")
+            bpb = record["metrics"]["bits_per_byte"]
+            details = {"intervals": {"bits_per_byte": [bpb - 0.1 * (k + 1), bpb + 0.05]}}
+            records.append({**record, "details": details})
+        results.append(records + store.average_records(records))
+    return results.records()
+
+
+def test_the_plot_is_small_multiples_with_interval_bands_and_a_log_step_axis(tmp_path):
+    from matplotlib.collections import PolyCollection
+
+    steps = (0, 10, 100, 1000, 10000)
+    records = intervals_store(tmp_path, steps)
+    fig = report.figure(records, "bits_per_byte", "t")
+    drawn = [ax for ax in fig.axes if ax.lines]
+    assert [ax.get_title() for ax in drawn] == ["web", "code", "averages"]
+    for ax, name in zip(drawn[:2], ("web", "code"), strict=True):
+        (line,) = ax.lines
+        mine = [r for r in records if r["dataset"] == name]
+        np.testing.assert_array_equal(line.get_xdata(), steps)
+        np.testing.assert_array_equal(
+            line.get_ydata(), [r["metrics"]["bits_per_byte"] for r in mine]
+        )
+        (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        ys = band.get_paths()[0].vertices[:, 1]
+        lo = [r["details"]["intervals"]["bits_per_byte"][0] for r in mine]
+        hi = [r["details"]["intervals"]["bits_per_byte"][1] for r in mine]
+        assert np.isclose(ys.min(), min(lo)) and np.isclose(ys.max(), max(hi))
+        assert ax.get_xscale() == "symlog"  # steps span decades, and step 0 is drawn
+    averages = drawn[2]
+    assert [line.get_label() for line in averages.lines] == ["micro", "macro"]
+    assert len({line.get_color() for line in averages.lines}) == 2
+    assert not [c for c in averages.collections if isinstance(c, PolyCollection)]
+    labels = [
+        t.get_text()
+        for t in fig.legends + [a.get_legend() for a in fig.axes if a.get_legend()]
+        for t in t.get_texts()
+    ]
+    assert labels == ["micro", "macro", "95% interval (bootstrap)"]
+    # Steps within a factor of 10: a linear axis; all positive and spanning decades: log.
+    assert (
+        report.figure(intervals_store(tmp_path / "lin", (100, 200, 300)), "bits_per_byte", "t")
+        .axes[0]
+        .get_xscale()
+        == "linear"
+    )
+    assert (
+        report.figure(intervals_store(tmp_path / "log", (10, 100, 1000)), "bits_per_byte", "t")
+        .axes[0]
+        .get_xscale()
+        == "log"
+    )
