@@ -22,7 +22,7 @@ def main(argv: list[str], config_flag) -> None:
     from ppl_jax.errors import Interrupted, PplJaxError
     from ppl_jax.evaluation import summary
     from ppl_jax.evaluation.run import run
-    from ppl_jax.outputs import files
+    from ppl_jax.outputs import console, files
     from ppl_jax.outputs.folder import OutputDir
 
     logging.set_verbosity(logging.ERROR)  # Orbax's informational warnings are not for users
@@ -37,7 +37,7 @@ def main(argv: list[str], config_flag) -> None:
         spec = from_config(config)
         # The output folder first: a run that cannot keep its result does not start.
         out = OutputDir.open(spec.output_dir) if is_main else None
-        progress = summary.progress_bar(spec.progress and is_main)
+        progress = console.progress_bar(spec.progress and is_main)
         printer = print if is_main else (lambda line: None)
         config_json = json_of(config)
         found = run(spec, out, progress, printer, config_json)
@@ -46,7 +46,7 @@ def main(argv: list[str], config_flag) -> None:
         if not spec.is_training_run:
             ev = found.evaluations[-1]
             results = {**summary.results_dict(ev, spec, config_json), **found.results}
-            print(summary.summary_table(results))
+            print(console.summary_table(results))
             for line in found.files:
                 print(line)
             found.results.update(results)

@@ -3,17 +3,17 @@
 A single run is the one-step, one-dataset case of a training run; the command line, a sweep,
 watch mode and `evaluate` all run `run`:
 
-    open checkpoint -> tokenizer -> plan datasets (+ cross-process check) -> Evaluator ->
+    prepare (checkpoint, tokenizer, plans, checks; no weights) -> Evaluator ->
     for each step: restore -> for each dataset: journaled score -> record -> sinks
 
-Every check that needs no weights (settings, mesh, batch size, data, architecture, tokenizer,
-token ids, diagnostics, the reference model, the journal) comes before the weights are read.
-Every dataset of every step gets the same outputs: its record in `results.jsonl` (with its 95%
-intervals, gzip baseline, protocol and timings), its `units.npz`, and `results.json` for the run.
-A training run (a suite, several steps, watch, TensorBoard) skips a (step, dataset) pair stored
-with the same fingerprint; each pair keeps its own journal while it is scored, so an
-interrupted run resumes the pair it was scoring. On several processes, process 0 decides which
-steps and pairs to score and broadcasts the decision; the others write nothing.
+Every dataset of every step gets the same outputs: its record (with its 95% intervals, gzip
+baseline, protocol and timings under `details`) for the sinks (`results.jsonl`, the console,
+TensorBoard: `ppl_jax.outputs.sinks`), its `units.npz`, and `results.json` for the run. A
+training run (a suite, several steps, watch, TensorBoard) skips a (step, dataset) pair stored with
+the same fingerprint; each pair keeps its own journal while it is scored, so an interrupted run
+resumes the pair it was scoring (a run of one step and one dataset keeps `journal.npz`). On
+several processes, process 0 decides which steps and pairs to score and broadcasts the decision;
+the others write nothing.
 """
 
 from __future__ import annotations
@@ -21,242 +21,26 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint
-from ppl_jax.data import documents as data
-from ppl_jax.errors import ConfigError, Interrupted
+from ppl_jax.errors import Interrupted
 from ppl_jax.evaluation import diagnostics, summary
-from ppl_jax.evaluation.evaluator import Evaluator, check_batch_size, check_window
+from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.evaluation.outcome import Evaluation, per_document, run_fingerprint
+from ppl_jax.evaluation.prepare import Prepared, prepare
 from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.evaluation.steps import agree, steps_to_score
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.metrics import uncertainty
-from ppl_jax.models.interface import LanguageModel
-from ppl_jax.outputs import files, journal, store
+from ppl_jax.outputs import files, journal, sinks, store, tensorboard
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import protocols, suite
 from ppl_jax.plans.suite import Dataset
-from ppl_jax.runtime import distributed, preemption
 from ppl_jax.runtime import fingerprint as fingerprint_lib
-from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer
-
-MAX_STEPS = 4096  # steps one broadcast carries
-
-
-@dataclasses.dataclass
-class Prepared:
-    """What a run builds before any weight is read (`prepare`)."""
-
-    mesh: Any
-    ckpt: Checkpoint
-    first_step: int | None
-    model: LanguageModel
-    attention: str
-    tok: tokenizer.Tokenizer
-    tokenizer_note: str | None
-    datasets: list[Dataset]
-    documents: dict[str, Any]  # dataset name -> documents read while planning (gzip baseline)
-    target: Any
-    shardings: Any
-    reference: tuple[Checkpoint, int | None, LanguageModel, Any, Any] | None
-
-
-def check(spec: RunSpec, ckpt_format: str) -> None:
-    """Refuses what a training run does not do (before anything is read).
-
-    Raises:
-      ConfigError: diagnostics, per-document output or a reference model with a sweep or a
-        suite; several steps of a Hugging Face directory; per-document output of a protocol
-        whose windows span documents.
-    """
-    d = spec.diagnostics
-    if spec.is_training_run and (
-        d.tokens or d.position_curve or d.context_lengths or d.reference or spec.per_document
-    ):
-        raise ConfigError(
-            "output.tokens, output.position_curve, eval.context_lengths, reference.* and "
-            "output.per_document score one checkpoint step on one dataset; run them without "
-            "suite, a step sweep, checkpoint.watch or output.tensorboard."
-        )
-    if spec.steps.is_sweep and ckpt_format == "hf":
-        raise ConfigError(
-            f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
-            f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
-        )
-    if spec.per_document and spec.eval.protocol != "lm_eval_rolling":
-        raise ConfigError(
-            f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
-            f"windows of {spec.eval.protocol} span documents."
-        )
-
-
-def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
-    """Every step of a run that needs no weights, in the order that reports a user's mistake
-    soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the plans,
-    the diagnostics, the reference model, the processes' agreement on the plans."""
-    if spec.compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", spec.compilation_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    ckpt = open_checkpoint(spec.checkpoint_dir, spec.checkpoint_format)
-    check(spec, ckpt.format)
-    if spec.tensorboard and out is not None:
-        from ppl_jax.outputs import tensorboard
-
-        tensorboard.check_available(files.tensorboard_dir(out.path))
-    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
-    check_batch_size(spec.batch.batch_size, mesh)
-    # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
-    raw = []
-    for ds, _ in spec.datasets:
-        raw.append(None if ds.cache_dir else suite.read(ds))
-        if ds.cache_dir:
-            data.resolve_paths(ds.path)
-    first_step = ckpt.resolve_step(spec.checkpoint_step)
-    attention = ckpt.attention(spec.attention, spec.dtype, first_step)
-    model = ckpt.model(spec.dtype, attention, first_step)
-    check_window(spec.eval.seq_len, model)
-    own = ckpt.tokenizer(first_step) if ckpt.format == "hf" else None
-    if spec.data.tokenizer == "auto" and ckpt.format == "hf" and own is None:
-        raise ConfigError(
-            f"data.tokenizer=auto, but {spec.checkpoint_dir!r} holds no tokenizer "
-            f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."
-        )
-    if own is not None and spec.data.tokenizer == "auto":
-        tok = own
-    else:
-        tok = tokenizer.load(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
-    note = tokenizer.check_vocabulary(
-        tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
-    )
-    datasets, documents = [], {}
-    for (ds, ev), read_first in zip(spec.datasets, raw, strict=True):
-        check_window(
-            ev.seq_len, model, f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len"
-        )
-        plan, docs, _ = suite.planned(ds, ev, tok, model.vocab_size, read_first)
-        datasets.append(Dataset(ds, ev, plan, suite.batches(plan, spec.batch, attention)))
-        documents[ds.name] = docs
-    if not spec.is_training_run:
-        diagnostics.check(spec, datasets[0].plan, model)
-    reference = None
-    if spec.diagnostics.reference is not None:
-        reference = _reference(spec, model, mesh)
-    for d in datasets:
-        distributed.check_same_plan(
-            protocols.plan_digest(d.plan, spec.batch.batch_size),
-            f"dataset {d.name!r}" if spec.suite else f"data {d.name!r}",
-        )
-    target, shardings = mesh_lib.param_targets(
-        model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, _dtype(spec.dtype)
-    )
-    return Prepared(
-        mesh,
-        ckpt,
-        first_step,
-        model,
-        attention,
-        tok,
-        note,
-        datasets,
-        documents,
-        target,
-        shardings,
-        reference,
-    )
-
-
-def _dtype(name: str) -> Any:
-    import jax.numpy as jnp
-
-    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
-
-
-def _reference(spec: RunSpec, model: LanguageModel, mesh: Any):
-    """The reference model (`reference.*`): opened and checked against the model, no weights."""
-    ref = spec.diagnostics.reference
-    ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
-    step = ckpt.resolve_step(ref.checkpoint_step)
-    ref_model = ckpt.model(ref.dtype, "auto", step)
-    if ref_model.vocab_size != model.vocab_size:
-        raise ConfigError(
-            f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "
-            f"ids and the model {model.vocab_size}; KL needs the same tokenizer and vocabulary."
-        )
-    target, shardings = mesh_lib.param_targets(
-        ref_model.abstract_params,
-        ref_model.logical_axes,
-        mesh,
-        spec.mesh.rules,
-        _dtype(ref.dtype),
-    )
-    return ckpt, step, ref_model, target, shardings
-
-
-def _agree(values: list[int]) -> list[int]:
-    """Process 0's `values` on every process (a no-op on one process)."""
-    if jax.process_count() == 1:
-        return values
-    from jax.experimental import multihost_utils
-
-    padded = np.full(MAX_STEPS + 1, -1, np.int64)
-    padded[0] = len(values)
-    padded[1 : 1 + len(values)] = values[:MAX_STEPS]
-    got = np.asarray(multihost_utils.broadcast_one_to_all(padded))
-    return [int(x) for x in got[1 : 1 + int(got[0])]]
-
-
-def steps_to_score(spec: RunSpec, ckpt: Checkpoint, first: int | None) -> Iterator[int | None]:
-    """The checkpoint steps to score, in order; with `checkpoint.watch`, each newly finalized
-    step as it appears, until `checkpoint.watch_until` is scored or no new step came for
-    `checkpoint.watch_timeout` seconds. Process 0 looks; every process gets the same steps."""
-    s = spec.steps
-    if ckpt.format == "hf" or not (s.is_sweep or spec.is_training_run):
-        yield first
-        return
-    is_main = jax.process_index() == 0
-    listed = ckpt.steps()  # every process opens the directory; process 0's view wins
-    if s.kind in ("one", "latest") and not s.watch:
-        chosen = [first]
-    elif s.kind == "one":
-        chosen = [x for x in s.steps if x in listed] if is_main else []
-    else:
-        chosen = s.select(listed) if is_main else []
-    seen: set[int] = set()
-    for step in _agree(chosen):
-        seen.add(step)
-        yield step
-    if not s.watch:
-        return
-    idle_since = time.monotonic()
-    while True:
-        if s.watch_until is not None and any(x >= s.watch_until for x in seen):
-            return
-        new: list[int] = []
-        timed_out = 0
-        available = ckpt.steps()
-        if is_main:
-            latest = max(seen, default=-1)
-            wanted = s.select(available) if s.kind not in ("latest", "one") else available
-            new = [x for x in wanted if x not in seen and x > latest]
-            if s.kind == "latest":
-                new = new[-1:]
-            timed_out = int(not new and time.monotonic() - idle_since > s.watch_timeout)
-        decision = _agree([timed_out, *new])
-        if decision[0]:
-            return
-        if len(decision) > 1:
-            for step in decision[1:]:
-                seen.add(step)
-                yield step
-            idle_since = time.monotonic()
-        else:
-            time.sleep(s.watch_interval)
+from ppl_jax.runtime import preemption
 
 
 @dataclasses.dataclass
@@ -284,7 +68,7 @@ def run(
       out: the locked output folder (process 0), or None (the other processes, and library
         calls that keep no files).
       progress_factory: given the number of windows, returns a `(tokens, windows)` callback.
-      printer: where the per-step lines and the summary go.
+      printer: where a training run's per-record lines go.
       config: the command line's config as JSON (recorded in results.json), or None.
 
     Raises:
@@ -305,72 +89,54 @@ def run(
         compile=False,
     )
     results = store.ResultsStore.in_dir(out.path) if out is not None else None
-    board = None
-    if spec.tensorboard and out is not None:
-        from ppl_jax.outputs import tensorboard
-
-        board = tensorboard.TensorBoardSink(files.tensorboard_dir(out.path))
+    record_sinks: list[sinks.Sink] = []  # each dataset record and each step's averages
+    step_sinks: list[sinks.Sink] = []  # a step's records, once its averages are in
+    if results is not None:
+        record_sinks.append(sinks.StoreSink(results))
+        if spec.is_training_run:
+            record_sinks.append(sinks.ConsoleSink(printer))
+        if spec.tensorboard:
+            step_sinks.append(tensorboard.TensorBoardSink(files.tensorboard_dir(out.path)))
     names = [d.name for d in p.datasets]
     evaluations: list[Evaluation] = []
     written: list[str] = []
     gzip: dict[str, tuple[float | None, int | None]] = {}
     last = None
-    ref_params = None
+    params = ref_params = None
     try:
         for step in steps_to_score(spec, p.ckpt, p.first_step):
             parts = {
                 d.name: run_fingerprint(
-                    spec,
-                    p.model,
-                    p.tok,
-                    d.plan,
-                    d.layout,
-                    p.mesh,
-                    p.ckpt.format,
-                    step,
-                    p.attention,
-                    (d.data, d.protocol),
-                    spec.batch,
+                    spec, p.model, p.tok, d.plan, d.layout, p.mesh, p.ckpt.format, step,
+                    p.attention, (d.data, d.protocol), spec.batch,
                 )
                 for d in p.datasets
-            }
+            }  # fmt: skip
             digests = {n: fingerprint_lib.digest(x) for n, x in parts.items()}
             todo = [1] * len(p.datasets)
-            if spec.is_training_run:
-                todo = (
-                    [
-                        int(results is None or not results.done(step, d.name, digests[d.name]))
-                        for d in p.datasets
-                    ]
-                    if out is not None
-                    else [0] * len(p.datasets)
+            if spec.is_training_run:  # a pair stored with the same fingerprint is skipped
+                todo = agree(
+                    [int(not results.done(step, n, digests[n])) for n in names]
+                    if results is not None
+                    else [0] * len(names)
                 )
-                todo = _agree(todo)
             if any(todo):
                 if step != p.first_step:
                     p.ckpt.check_same_architecture(step, p.model)
                 params = p.ckpt.restore(step, p.target)
                 if ref is not None and ref_params is None:
                     ref_params = ref[0].restore(ref[1], ref[3])
-            records = []
             for d, needed in zip(p.datasets, todo, strict=True):
                 if not needed:
                     continue
                 ev = _score(
-                    spec,
-                    p,
-                    evaluator,
-                    d,
-                    step,
-                    params,
-                    ref_params,
-                    parts[d.name],
-                    out,
-                    progress_factory,
-                    gzip,
-                    t0,
-                )
+                    spec, p, evaluator, d, step, params, ref_params, parts[d.name], out,
+                    progress_factory, gzip, t0,
+                )  # fmt: skip
                 evaluations.append(ev)
+                if out is None:
+                    continue
+                written += _write_pair_files(out, ev, len(p.datasets) == 1)
                 record = store.dataset_record(
                     step=step,
                     dataset=d.name,
@@ -381,28 +147,22 @@ def run(
                     wall_seconds=ev.totals.scoring_seconds,
                     details=summary.dataset_dict(ev, spec),
                 )
-                if out is not None:
-                    written += _write_pair_files(out, ev, len(p.datasets) == 1)
-                    results.append([record])
-                    ev.recorder.discard()  # once the record is stored
-                records.append(record)
-                if spec.is_training_run:
-                    printer(summary.record_line(record))
-            if results is not None:
-                stored = results.dataset_records(step, names)
-                averages = store.average_records(stored) if len(stored) > 1 else []
-                if any(todo) or not _has_averages(results, step):  # else stored by a past run
-                    results.append(averages)
-                    if board is not None:
-                        board.write(stored + averages)
-                    for a in averages:
-                        printer(summary.record_line(a))
-                last = (step, stored, averages)
-            elif spec.is_training_run and not any(todo) and out is not None:
-                pass
+                for sink in record_sinks:
+                    sink.write([record])
+                ev.recorder.discard()  # once the record is stored
+            if results is None:
+                continue
+            stored = results.dataset_records(step, names)
+            averages = store.average_records(stored) if len(stored) > 1 else []
+            if any(todo) or not _has_averages(results, step):  # else stored by a past run
+                for sink in record_sinks:
+                    sink.write(averages)
+                for sink in step_sinks:
+                    sink.write(stored + averages)
+            last = (step, stored, averages)
     finally:
-        if board is not None:
-            board.close()
+        for sink in record_sinks + step_sinks:
+            sink.close()
     if out is None or last is None:
         return RunResult(None, evaluations, written)
     step, stored, averages = last
@@ -410,8 +170,8 @@ def run(
     found = summary.results_json(spec, p.ckpt, step, stored, averages, results.path, wall, config)
     if not evaluations and spec.is_training_run:
         printer(
-            f"every (step, dataset) pair is already in {results.path} with the same "
-            f"fingerprint; nothing was scored."
+            f"nothing to score: every (step, dataset) pair is in {results.path} with the same "
+            f"fingerprint (what decides its numbers); results.json summarises step {step}."
         )
     return RunResult(found, evaluations, written)
 

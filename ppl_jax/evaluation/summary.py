@@ -9,7 +9,6 @@ import math
 import os
 import platform
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -17,8 +16,7 @@ from ml_collections import config_dict
 
 from ppl_jax.evaluation.outcome import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
-from ppl_jax.metrics import divergence, uncertainty
-from ppl_jax.metrics import sums as metrics
+from ppl_jax.metrics import uncertainty
 from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
@@ -120,21 +118,6 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
     return results
 
 
-def record_line(record: dict[str, Any]) -> str:
-    """One line for a dataset or average record of a training run."""
-    m = record["metrics"]
-
-    def f(key: str) -> str:
-        v = m.get(key)
-        return "n/a" if v is None else f"{v:.4f}"
-
-    what = record["dataset"] if record["kind"] == "dataset" else f"average {record['dataset']}"
-    return (
-        f"step {record['step']}  {what}: bits per byte {f('bits_per_byte')}, perplexity "
-        f"{f('perplexity')}"
-    )
-
-
 def results_json(
     settings: RunSpec,
     checkpoint: Any,
@@ -203,27 +186,6 @@ def intervals_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
             "note": f"undefined (one {units.kind}: nothing to resample)",
         }
     return uncertainty.intervals(units, settings.bootstrap_samples, settings.seed)
-
-
-def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary's line of the 95% intervals, if the run has them."""
-    iv = results.get("intervals")
-    if not iv:
-        return []
-
-    def pair(key: str) -> str:
-        if iv[key] is None or None in iv[key]:
-            return "undefined"
-        return f"[{iv[key][0]:.4f}, {iv[key][1]:.4f}]"
-
-    return [
-        (
-            "95% interval",
-            f"perplexity {pair('perplexity')}, bits per byte {pair('bits_per_byte')}   "
-            f"({iv['method'].split(' (')[0]}, {plural(iv['units'], iv['unit'])}, "
-            f"{iv['samples']:,} samples)",
-        )
-    ]
 
 
 def _resumed_tokens(ev: Evaluation) -> int:
@@ -306,167 +268,3 @@ def _process_count() -> int:
     import jax
 
     return jax.process_count()
-
-
-def plural(count: int, noun: str, plural_form: str | None = None) -> str:
-    """`1 document`, `2 documents`, `1,024 windows`; `plural_form` for irregular nouns."""
-    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
-
-
-def _metric(results: dict[str, Any], key: str) -> str:
-    """A metric to 4 decimals, or its note (`inf (overflow: ...)`, `undefined (no words)`)."""
-    value = results.get(key)
-    if value is None or not math.isfinite(value):
-        return results.get("notes", {}).get(key, "undefined")
-    return f"{value:.4f}"
-
-
-def summary_table(results: dict[str, Any]) -> str:
-    """A two-column text table of the run, for the terminal."""
-    model = results["model"]
-    arch = (
-        f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
-        f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}"
-    )
-    proto = results["protocol"]
-    stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
-    bos = (
-        f", prefix token {proto['prefix_token_id']}"
-        if proto["prefix_token_id"] is not None
-        else f", BOS {'on' if proto['add_bos'] else 'off'}"
-    )
-    ckpt = results["checkpoint"]
-    where = (
-        "HF directory"
-        if ckpt.get("format") == "hf" or ckpt["step"] is None
-        else f"step {ckpt['step']}"
-    )
-    gzip_bpb = results["gzip_bits_per_byte"]
-    rows = [
-        (
-            "model",
-            f"{arch} ({results['tokenizer']}), {results['dtype']}, "
-            f"{results['attention']} attention",
-        ),
-        *(
-            [("tokenizer", f"{results['tokenizer_source']}, not the checkpoint's own")]
-            if results.get("tokenizer_source", "checkpoint") != "checkpoint"
-            else []
-        ),
-        *(
-            [("tokenizer note", results["notes"]["tokenizer"])]
-            if "tokenizer" in results.get("notes", {})
-            else []
-        ),
-        ("checkpoint", f"{ckpt['path']} @ {where}"),
-        (
-            "data",
-            f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "
-            f"{plural(results['num_bytes'], 'byte')})",
-        ),
-        ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
-        (
-            "mesh",
-            f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
-            f"{plural(results['num_processes'], 'process', 'processes')}",
-        ),
-        (
-            "tokens",
-            f"{results['num_tokens']:,} scored in {plural(results['num_windows'], 'window')}"
-            + (
-                f"; {proto['unscored_tokens']:,} of the text's {proto['text_tokens']:,} "
-                f"left unscored by the convention"
-                if proto["unscored_tokens"]
-                else ""
-            ),
-        ),
-        ("perplexity", _metric(results, "perplexity")),
-        ("bits per token", _metric(results, "bits_per_token")),
-        (
-            "bits per byte",
-            _metric(results, "bits_per_byte")
-            + (
-                f"   (gzip -9: {gzip_bpb:.4f}{_gzip_sample(results)})"
-                if gzip_bpb is not None
-                else ""
-            ),
-        ),
-        *_interval_row(results),
-        ("byte perplexity", _metric(results, "byte_perplexity")),
-        ("word perplexity", _metric(results, "word_perplexity")),
-        (
-            "top-1 accuracy",
-            f"{_metric(results, 'top1_accuracy')}   (predictive perplexity exp(H) "
-            f"{_metric(results, 'predictive_perplexity')})",
-        ),
-        (
-            "batches",
-            f"{plural(len(proto['row_widths']), 'compiled shape')}, "
-            f"padding {100 * proto['padding_fraction']:.1f}%",
-        ),
-        (
-            "tokens/s",
-            f"{results['tokens_per_second']:,.0f}"
-            f" (compile {results['compile_seconds']:.1f} s apart; the loop waited "
-            f"{100 * results.get('host_seconds', 0.0) / max(results['scoring_seconds'], 1e-9):.1f}%"
-            f" of its time for the host)",
-        ),
-        ("wall time", f"{results['wall_seconds']:.1f} s"),
-        *(
-            [
-                (
-                    "resumed",
-                    f"{plural(results['resumed_batches'], 'batch', 'batches')} from the journal",
-                )
-            ]
-            if results.get("resumed_batches")
-            else []
-        ),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    if results.get("divergence"):
-        lines += divergence.summary_lines(
-            results["divergence"], results["divergence"]["reference"]["path"]
-        )
-    return "\n".join(lines)
-
-
-def _gzip_sample(results: dict[str, Any]) -> str:
-    """ ", on the first N MB" when the gzip baseline compressed a sample of the text."""
-    sample = results.get("gzip_sample_bytes")
-    if sample is not None and sample >= metrics.GZIP_SAMPLE_BYTES:
-        return f" on the first {sample / 2**20:,.0f} MiB"
-    return ""
-
-
-def progress_bar(enabled: bool):
-    """A factory for `evaluate`'s progress callback: a tqdm bar of windows with tokens/s."""
-
-    def factory(num_windows: int):
-        if not enabled:
-            return None
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=num_windows,
-            unit="window",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            mininterval=0.5,
-            leave=False,
-        )
-        start = time.perf_counter()
-        seen = [0]
-
-        def update(tokens: int, windows: int) -> None:
-            seen[0] += tokens
-            bar.update(windows)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{seen[0] / elapsed:,.0f} tok/s", refresh=False)
-            if bar.n >= num_windows:
-                bar.close()
-
-        return update
-
-    return factory

@@ -109,6 +109,7 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     import dataclasses
 
     from ppl_jax.evaluation import summary
+    from ppl_jax.outputs import console
     from ppl_jax.tokenizer.base import SentencePieceTokenizer
 
     assert SentencePieceTokenizer.from_file(SP_MODEL).vocab_size == 400
@@ -135,5 +136,5 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     results = summary.results_dict(evaluate(s), s, c)
     assert results["tokenizer_source"] == f"data.tokenizer={SP_MODEL}"
     assert "scored anyway" in results["notes"]["tokenizer"]
-    table = summary.summary_table(results)
+    table = console.summary_table(results)
     assert "not the checkpoint's own" in table and "scored anyway" in table

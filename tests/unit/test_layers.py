@@ -18,10 +18,8 @@ MAX_LINES = 450
 LONG = {
     os.path.join("tokenizer", "base.py"): 677,
     os.path.join("data", "documents.py"): 572,
-    os.path.join("evaluation", "run.py"): 561,
     os.path.join("checkpoints", "orbax.py"): 491,
     os.path.join("analysis", "view.py"): 476,
-    os.path.join("evaluation", "summary.py"): 472,
 }
 # Imports inside functions that stay: the command line's start-up time, and what a module needs
 # only on one path (optional packages are not ppl_jax imports and are not counted).

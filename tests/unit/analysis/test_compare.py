@@ -13,6 +13,7 @@ from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import summary
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.metrics import uncertainty
+from ppl_jax.outputs import console
 from ppl_jax.outputs.folder import OutputDir
 
 import helpers
@@ -106,7 +107,7 @@ def test_results_hold_intervals_around_the_point_estimate(runs, name):
     for key in ("perplexity", "bits_per_byte"):
         lo, hi = iv[key]
         assert lo <= r[key] <= hi and lo < hi
-    assert "95% interval" in summary.summary_table(r)
+    assert "95% interval" in console.summary_table(r)
     json.dumps(r, allow_nan=False)
 
 

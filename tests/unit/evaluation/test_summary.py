@@ -16,6 +16,7 @@ from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import summary
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.outputs import console
 
 # Chinese has no spaces: hundreds of byte tokens, one whitespace-separated word per file.
 CHINESE = "这是一个没有空格的中文句子，用来测试单词困惑度。" * 8
@@ -63,7 +64,7 @@ def test_overflowing_word_perplexity_is_null_with_a_note(chinese):
     assert r["bits_per_byte"] == pytest.approx(r["nll_sum"] / r["num_bytes"] / math.log(2))
     assert set(r["notes"]) == {"word_perplexity"}
     json.dumps(r, allow_nan=False)  # strict JSON
-    table = summary.summary_table(r)
+    table = console.summary_table(r)
     assert "word perplexity  inf (overflow: exp(nll_sum / num_words) = exp(" in table
     assert "2 documents" in table and settings.data.name == r["data"]["name"] == "chinese"
 
@@ -75,7 +76,7 @@ def test_a_corpus_without_words_is_null_and_undefined(blank):
     assert r["notes"] == {"word_perplexity": "undefined (no words)"}
     text = json.dumps(r, allow_nan=False)
     assert "NaN" not in text and "Infinity" not in text
-    table = summary.summary_table(r)
+    table = console.summary_table(r)
     assert "word perplexity  undefined (no words)" in table
     assert "(1 document," in table and "1 process\n" in table and "1 compiled shape," in table
     assert r["data"]["name"] == "spaces"
@@ -103,11 +104,11 @@ def test_results_say_what_ran(chinese):
 
 def test_summary_names_the_checkpoint_step_or_an_hf_directory(chinese):
     r, _ = chinese
-    assert f"@ step {r['checkpoint']['step']}" in summary.summary_table(r)
+    assert f"@ step {r['checkpoint']['step']}" in console.summary_table(r)
     # What `evaluate` reports for a Hugging Face directory: no step, format "hf".
     hf = copy.deepcopy(r)
     hf["checkpoint"].update(step=None, format="hf")
-    table = summary.summary_table(hf)
+    table = console.summary_table(hf)
     assert "@ HF directory" in table and "step None" not in table
 
 
@@ -123,4 +124,4 @@ def test_summary_names_the_checkpoint_step_or_an_hf_directory(chinese):
     ],
 )
 def test_plural(count, noun, plural_form, expected):
-    assert summary.plural(count, noun, plural_form) == expected
+    assert console.plural(count, noun, plural_form) == expected

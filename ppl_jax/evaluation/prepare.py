@@ -1,0 +1,169 @@
+"""Everything a run builds before any weight is read (`prepare`), in the order that reports a
+user's mistake soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the
+plans, the diagnostics, the reference model, the processes' agreement on the plans."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+from ppl_jax.data import documents as data
+from ppl_jax.errors import ConfigError
+from ppl_jax.evaluation import diagnostics
+from ppl_jax.evaluation.evaluator import check_batch_size, check_window
+from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.models.interface import LanguageModel
+from ppl_jax.outputs import files, tensorboard
+from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.plans import protocols, suite
+from ppl_jax.plans.suite import Dataset
+from ppl_jax.runtime import distributed
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.tokenizer import base as tokenizer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What a run builds before any weight is read (`prepare`)."""
+
+    mesh: Any
+    ckpt: Checkpoint
+    first_step: int | None
+    model: LanguageModel
+    attention: str
+    tok: tokenizer.Tokenizer
+    tokenizer_note: str | None
+    datasets: list[Dataset]
+    documents: dict[str, Any]  # dataset name -> documents read while planning (gzip baseline)
+    target: Any
+    shardings: Any
+    reference: tuple[Checkpoint, int | None, LanguageModel, Any, Any] | None
+
+
+def check(spec: RunSpec, ckpt_format: str) -> None:
+    """Refuses what a training run does not do (before anything is read).
+
+    Raises:
+      ConfigError: diagnostics, per-document output or a reference model with a sweep or a
+        suite; several steps of a Hugging Face directory; per-document output of a protocol
+        whose windows span documents.
+    """
+    d = spec.diagnostics
+    if spec.is_training_run and (
+        d.tokens or d.position_curve or d.context_lengths or d.reference or spec.per_document
+    ):
+        raise ConfigError(
+            "output.tokens, output.position_curve, eval.context_lengths, reference.* and "
+            "output.per_document score one checkpoint step on one dataset; run them without "
+            "suite, a step sweep, checkpoint.watch or output.tensorboard."
+        )
+    if spec.steps.is_sweep and ckpt_format == "hf":
+        raise ConfigError(
+            f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
+            f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
+        )
+    if spec.per_document and spec.eval.protocol != "lm_eval_rolling":
+        raise ConfigError(
+            f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
+            f"windows of {spec.eval.protocol} span documents."
+        )
+
+
+def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
+    """Every step of a run that needs no weights, in the order that reports a user's mistake
+    soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the plans,
+    the diagnostics, the reference model, the processes' agreement on the plans."""
+    if spec.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", spec.compilation_cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    ckpt = open_checkpoint(spec.checkpoint_dir, spec.checkpoint_format)
+    check(spec, ckpt.format)
+    if spec.tensorboard and out is not None:
+        tensorboard.check_available(files.tensorboard_dir(out.path))
+    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
+    check_batch_size(spec.batch.batch_size, mesh)
+    # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
+    raw = []
+    for ds, _ in spec.datasets:
+        raw.append(None if ds.cache_dir else suite.read(ds))
+        if ds.cache_dir:
+            data.resolve_paths(ds.path)
+    first_step = ckpt.resolve_step(spec.checkpoint_step)
+    attention = ckpt.attention(spec.attention, spec.dtype, first_step)
+    model = ckpt.model(spec.dtype, attention, first_step)
+    check_window(spec.eval.seq_len, model)
+    own = ckpt.tokenizer(first_step) if ckpt.format == "hf" else None
+    if spec.data.tokenizer == "auto" and ckpt.format == "hf" and own is None:
+        raise ConfigError(
+            f"data.tokenizer=auto, but {spec.checkpoint_dir!r} holds no tokenizer "
+            f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."
+        )
+    if own is not None and spec.data.tokenizer == "auto":
+        tok = own
+    else:
+        tok = tokenizer.load(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
+    note = tokenizer.check_vocabulary(
+        tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
+    )
+    datasets, documents = [], {}
+    for (ds, ev), read_first in zip(spec.datasets, raw, strict=True):
+        check_window(
+            ev.seq_len, model, f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len"
+        )
+        plan, docs, _ = suite.planned(ds, ev, tok, model.vocab_size, read_first)
+        datasets.append(Dataset(ds, ev, plan, suite.batches(plan, spec.batch, attention)))
+        documents[ds.name] = docs
+    if not spec.is_training_run:
+        diagnostics.check(spec, datasets[0].plan, model)
+    reference = None
+    if spec.diagnostics.reference is not None:
+        reference = _reference(spec, model, mesh)
+    for d in datasets:
+        distributed.check_same_plan(
+            protocols.plan_digest(d.plan, spec.batch.batch_size),
+            f"dataset {d.name!r}" if spec.suite else f"data {d.name!r}",
+        )
+    target, shardings = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
+    )
+    return Prepared(
+        mesh,
+        ckpt,
+        first_step,
+        model,
+        attention,
+        tok,
+        note,
+        datasets,
+        documents,
+        target,
+        shardings,
+        reference,
+    )
+
+
+def _reference(spec: RunSpec, model: LanguageModel, mesh: Any):
+    """The reference model (`reference.*`): opened and checked against the model, no weights."""
+    ref = spec.diagnostics.reference
+    ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
+    step = ckpt.resolve_step(ref.checkpoint_step)
+    ref_model = ckpt.model(ref.dtype, "auto", step)
+    if ref_model.vocab_size != model.vocab_size:
+        raise ConfigError(
+            f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "
+            f"ids and the model {model.vocab_size}; KL needs the same tokenizer and vocabulary."
+        )
+    target, shardings = mesh_lib.param_targets(
+        ref_model.abstract_params,
+        ref_model.logical_axes,
+        mesh,
+        spec.mesh.rules,
+        DTYPES[ref.dtype],
+    )
+    return ckpt, step, ref_model, target, shardings
