@@ -46,6 +46,11 @@ class LanguageModel:
       vocab_size: number of token ids the model scores.
       max_positions: the longest window the model supports.
       description: JSON-able architecture, stored beside checkpoints.
+      honours_segments: whether `apply` keeps each segment to itself (a token attends only to
+        earlier tokens of its own segment, positions as given). Only then are several windows
+        packed into one row (`BatchSpec.packing`); a model that claims it but does not is refused
+        by a one-row check before scoring (`ppl_jax.evaluation.evaluator`). True for ppl_jax's
+        own families; set it False for a model that ignores `segment_ids`.
     """
 
     apply: ApplyFn
@@ -54,6 +59,7 @@ class LanguageModel:
     vocab_size: int
     max_positions: int
     description: dict[str, Any]
+    honours_segments: bool = True
 
 
 def weight_paths(params: Any) -> dict[str, Any]:
