@@ -22,14 +22,13 @@ is drawn, and drawn on a bare `matplotlib.figure.Figure` rendered by Agg (no pyp
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ppl_jax.errors import ConfigError
+from ppl_jax.metrics import plotting
 from ppl_jax.metrics import sums as metrics
 
 _STAT_KEYS = ("nll_per_token", "perplexity", "bits_per_token")
@@ -236,39 +235,47 @@ def check_available() -> None:
     _figure()
 
 
-def _figure():
-    """A bare matplotlib Figure (Agg renders it on save; pyplot and displays are never used)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        raise ConfigError(
-            "Plotting the position and context-length curves needs matplotlib, which is not "
-            "installed; run pip install 'ppl_jax[diagnostics]'."
-        ) from e
-    return Figure(figsize=(7.0, 4.5), dpi=100, layout="constrained")
+def _figure() -> Any:
+    """A bare matplotlib Figure (`plotting.figure`)."""
+    return plotting.figure(7.0, 4.5, "the position and context-length curves")
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _perplexity_axis(ax, values: list[float]) -> None:
+def _perplexity_axis(ax: Any, values: list[float]) -> None:
     """Log y axis when perplexity spans more than a factor of 10 (early positions often do)."""
-    if values and max(values) > 10 * min(values):
+    if plotting.log_if_wide(values):
         ax.set_yscale("log")
     ax.set_ylabel("perplexity")
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, **plotting.GRID)
 
 
-def plot_position_curve(curve: Mapping[str, Any], title: str) -> bytes:
-    """PNG of perplexity against position in the window (`position_curve`'s result).
+def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int) -> None:
+    """What the plot shows as its title; the data (`label`: a dataset's name) and how many
+    targets it holds below it."""
+    fig.suptitle(what, fontsize="large")
+    ax.set_title(
+        f"{label}: {tokens:,} scored tokens" if label else f"{tokens:,} scored tokens",
+        fontsize="medium",
+        color="#444444",
+    )
+
+
+def plot_position_curve(curve: Mapping[str, Any], label: str) -> bytes:
+    """PNG of `position_figure(curve, label)`.
+
+    Raises:
+      ConfigError: matplotlib is not installed.
+    """
+    return plotting.png(position_figure(curve, label))
+
+
+def position_figure(curve: Mapping[str, Any], label: str) -> Any:
+    """The Figure of perplexity against position in the window (`position_curve`'s result).
 
     One point per bucket, at its position (one-position buckets) or the geometric middle of its
-    first and last position, with a horizontal bar over the positions it covers; a log x axis when
-    the positions are bucketed; the overall perplexity as a dashed line. Null (infinite)
-    perplexities are not drawn.
+    first and last position, with a light bar over the positions it covers; a log x axis with
+    ticks `1, 10, 100, 1k` when the positions are bucketed; the overall perplexity as a dashed
+    line. Null (infinite) perplexities are not drawn. Title: "Perplexity by position in the
+    window", then `label` (the dataset's name) and the scored tokens.
 
     Raises:
       ConfigError: matplotlib is not installed.
@@ -283,37 +290,48 @@ def plot_position_curve(curve: Mapping[str, Any], title: str) -> bytes:
         math.sqrt(b["first"] * b["last"]) if log_x else (b["first"] + b["last"]) / 2 for b in points
     ]
     y = [b["perplexity"] for b in points]
-    ax.plot(x, y, marker="o", markersize=3, linewidth=1, label="perplexity at position")
+    blue, grey = plotting.COLORS[0], "#777777"
+    ax.plot(
+        x, y, marker="o", markersize=3, linewidth=1.5, color=blue, label="perplexity at position"
+    )
     wide = [b for b in points if b["last"] > b["first"]]
     if wide:
         ax.hlines(
             [b["perplexity"] for b in wide],
             [b["first"] for b in wide],
             [b["last"] for b in wide],
-            linewidth=2,
-            alpha=0.5,
+            linewidth=4,
+            color=blue,
+            alpha=0.25,
+            label="positions of a bucket",
         )
     overall = curve["total"]["perplexity"]
     if overall is not None:
-        ax.axhline(overall, linestyle="--", color="gray", label=f"overall {overall:.4g}")
-    if log_x:
-        from matplotlib.ticker import ScalarFormatter
-
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xlabel("position in window (tokens of context)")
+        ax.axhline(overall, linestyle="--", color=grey, label=f"overall {overall:.4g}")
+    plotting.count_axis(ax, "x", log_x)
+    ax.set_xlabel("position in window (tokens of context)" + (", log scale" if log_x else ""))
     _perplexity_axis(ax, y)
-    ax.set_title(title)
-    ax.legend()
-    return _png(fig)
+    _titles(fig, ax, "Perplexity by position in the window", label, curve["total"]["num_tokens"])
+    ax.legend(fontsize="small")
+    return fig
 
 
-def plot_context_curve(curve: Mapping[str, Any], title: str) -> bytes:
-    """PNG of perplexity against context length (`context_curve`'s result), log2 x axis.
+def plot_context_curve(curve: Mapping[str, Any], label: str) -> bytes:
+    """PNG of `context_figure(curve, label)`.
 
-    Each point sits at its context length; when the curve gives the context range, a horizontal
-    bar reaches to the longest context its targets saw (`max_context`). Null perplexities are not
-    drawn.
+    Raises:
+      ConfigError: matplotlib is not installed.
+    """
+    return plotting.png(context_figure(curve, label))
+
+
+def context_figure(curve: Mapping[str, Any], label: str) -> Any:
+    """The Figure of perplexity against context length (`context_curve`'s result), log2 x axis.
+
+    Each point sits at its context length, joined by a line; when the curve gives the context
+    range, the range of context its targets saw (`min_context` to `max_context`) is a light,
+    thick bar under the point, named in the legend (not a second line). Null perplexities are
+    not drawn. Title: "Perplexity against context length", then `label` and the scored tokens.
 
     Raises:
       ConfigError: matplotlib is not installed.
@@ -323,18 +341,27 @@ def plot_context_curve(curve: Mapping[str, Any], title: str) -> bytes:
     rows = [r for r in curve["context_lengths"] if r["perplexity"] is not None]
     x = [r["context_length"] for r in rows]
     y = [r["perplexity"] for r in rows]
-    ranged = bool(rows) and "max_context" in rows[0]
-    xerr = (
-        [[0] * len(rows), [r["max_context"] - r["min_context"] for r in rows]] if ranged else None
-    )
-    ax.errorbar(x, y, xerr=xerr, marker="o", capsize=3)
-    ax.set_xscale("log", base=2)
+    blue = plotting.COLORS[0]
+    if rows and "max_context" in rows[0]:
+        ax.hlines(
+            y,
+            [r["min_context"] for r in rows],
+            [r["max_context"] for r in rows],
+            linewidth=7,
+            color=plotting.COLORS[3],
+            alpha=0.35,
+            label="context the scored tokens saw",
+            zorder=1,
+        )
+    ax.plot(x, y, marker="o", markersize=5, linewidth=1.5, color=blue, label="perplexity", zorder=2)
+    plotting.count_axis(ax, "x", True, base=2)
     if x:
-        from matplotlib.ticker import NullLocator
+        from matplotlib.ticker import FixedLocator, NullLocator
 
-        ax.set_xticks(x, labels=[f"{n:,}" for n in x])
+        ax.xaxis.set_major_locator(FixedLocator(x))
         ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("context length (tokens)" + (", bar: range seen" if ranged else ""))
+    ax.set_xlabel("context length (tokens), log scale")
     _perplexity_axis(ax, y)
-    ax.set_title(title)
-    return _png(fig)
+    _titles(fig, ax, "Perplexity against context length", label, curve["num_targets"])
+    ax.legend(fontsize="small")
+    return fig

@@ -52,11 +52,14 @@ def png(fig: Any) -> bytes:
 
 
 def count_label(x: float) -> str:
-    """A count for a tick: `1`, `10`, `512`, `1k`, `2.5k`, `10k`, `1M`, `1.5B` (no `1.0`)."""
+    """A count for a tick: `1`, `10`, `512`, `1,024`, `1k`, `2.5k`, `10k`, `131k`, `1M` (never
+    `1.0`): round thousands and millions in short form, other integers below 100,000 in full."""
+    if x == int(x) and abs(x) < 1e5 and (x % 1000 or x == 0):
+        return f"{int(x):,}"
     for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{suffix}"
-    return f"{x:.3g}" if x != int(x) else f"{int(x)}"
+    return f"{x:.3g}"
 
 
 def count_axis(ax: Any, which: str, log: bool, base: float = 10) -> None:
