@@ -4,11 +4,12 @@ The public API (imported on first use, so `import ppl_jax` stays light):
 
 - `open_checkpoint(path) -> Checkpoint`: an Orbax or Hugging Face checkpoint: its architecture
   (`Checkpoint.model`), tokenizer, steps, and `restore(step, target)` into target shardings.
-- `Evaluator(model, mesh, param_shardings, datasets, tokenizer, protocol=, batch=)`: datasets
+- `Evaluator(model, mesh, datasets, tokenizer, protocol=, batch=)`: datasets
   planned and compiled once, scored with the params of each call (`evaluator(params, step=)`).
 - `DatasetSpec`, `ProtocolSpec`, `BatchSpec`: a corpus, a scoring protocol, a batch layout.
 - `prepare`: one dataset read, tokenized, planned and laid out (what `Evaluator` does for each).
 - `LanguageModel`, `HiddenStates`, `Logits`, `from_nnx`: the model interface and its NNX adapter.
+- `StepOptions`: what the step gathers beyond its sums (per-token arrays, top-k, positions, KL).
 - `load_tokenizer`, `make_mesh`, `Sums`, `derive`: tokenizers, meshes, sums and their metrics.
 - the errors: `PplJaxError` and its kinds.
 """
@@ -30,6 +31,7 @@ _EXPORTS = {
     "from_nnx": "ppl_jax.models.nnx",
     "open_checkpoint": "ppl_jax.checkpoints.opener",
     "Checkpoint": "ppl_jax.checkpoints.opener",
+    "StepOptions": "ppl_jax.scoring.scorer",
     "make_mesh": "ppl_jax.runtime.mesh",
     "Sums": "ppl_jax.metrics.sums",
     "derive": "ppl_jax.metrics.sums",

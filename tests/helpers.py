@@ -4,12 +4,17 @@ byte-level BPE trained at test time, and a NumPy reference model."""
 from __future__ import annotations
 
 import os
-import sysconfig
 
 import numpy as np
 
-from ppl_jax.models import nnx as nnx_lib
 from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.testing import (  # noqa: F401  (the tests' names for the shared pieces)
+    TEXT_MODULES,
+    TINY,
+    random_params,
+    save_random_checkpoint,
+    stdlib_text,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(REPO, "tests", "golden")
@@ -17,23 +22,7 @@ GOLDEN = os.path.join(REPO, "tests", "golden")
 # it, from the folder this environment variable names (.ci/run sets it).
 TEST_DATA_ENV = "PPL_JAX_TEST_DATA"
 
-# Standard-library modules whose source serves as real text (English prose in docstrings and
-# comments, code). Not ppl_jax.config.defaults.HELD_OUT_MODULES, which the demo model is scored on.
-TEXT_MODULES = ("argparse.py", "difflib.py", "pprint.py", "calendar.py", "string.py")
 EOT = "<|endoftext|>"
-
-TINY = LlamaConfig(
-    vocab_size=256,
-    embed_dim=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    max_positions=128,
-    tie_embeddings=False,
-)
-
 
 # The llama3 rope scaling of the tiny Llama references (transformers `rope_parameters`).
 LLAMA3_ROPE = {
@@ -46,45 +35,6 @@ LLAMA3_ROPE = {
 }  # head_dim 8: all three frequency bands
 
 
-def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict:
-    """Random params of `cfg`, with norms perturbed away from 1 so that they matter."""
-    import jax
-    from flax import nnx
-
-    from ppl_jax.models.llama import Llama
-
-    params = nnx_lib.params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
-    rng = np.random.default_rng(seed)
-
-    def perturb(path, x):
-        name = str(path[-1].key)
-        if name.endswith("norm"):
-            return x + 0.1 * rng.standard_normal(x.shape).astype(np.float32)
-        return x
-
-    return jax.tree_util.tree_map_with_path(perturb, params)
-
-
-def save_random_checkpoint(
-    path: str, cfg: LlamaConfig = TINY, steps=(5,), seed: int = 0, tokenizer: dict | None = None
-) -> dict:
-    """Saves a training state (params + AdamW state) at each step; returns the params."""
-    import optax
-
-    from ppl_jax.checkpoints import orbax as checkpoint
-
-    params = random_params(cfg, seed)
-    opt_state = optax.adamw(1e-3).init(params)
-    for step in steps:
-        checkpoint.save_train_state(
-            path,
-            step,
-            {"step": step, "params": params, "opt_state": opt_state},
-            {"model": cfg.to_dict(), "tokenizer": tokenizer or {"type": "byte"}},
-        )
-    return params
-
-
 def corpus_files(tmp_path, texts: list[str], name: str = "doc") -> str:
     """Writes each text to its own file; returns a comma-separated list of the paths."""
     paths = []
@@ -93,22 +43,6 @@ def corpus_files(tmp_path, texts: list[str], name: str = "doc") -> str:
         p.write_text(text, encoding="utf-8")
         paths.append(str(p))
     return ",".join(paths)
-
-
-def stdlib_text(num_chars: int, modules: tuple[str, ...] = TEXT_MODULES) -> str:
-    """The first `num_chars` characters of the named standard-library sources, joined by blank
-    lines: real, varied text present on every Python installation."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    parts, total = [], 0
-    for name in modules:
-        with open(os.path.join(stdlib, name), encoding="utf-8") as f:
-            parts.append(f.read())
-        total += len(parts[-1])
-        if total >= num_chars:
-            break
-    text = "\n\n".join(parts)[:num_chars]
-    assert len(text) == num_chars, f"the modules {modules} hold fewer than {num_chars} characters"
-    return text
 
 
 def train_bpe(texts: list[str], vocab_size: int = 512, specials: tuple[str, ...] = (EOT,)):

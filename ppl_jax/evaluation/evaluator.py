@@ -10,7 +10,7 @@ traced again (`Evaluator.traces`). The command line (`ppl_jax.evaluation.run`) s
 checkpoint step through the same object, so a training loop and the CLI give the same numbers.
 
 ```python
-evaluator = ppl_jax.Evaluator(model, mesh, param_shardings, [
+evaluator = ppl_jax.Evaluator(model, mesh, [
     ppl_jax.DatasetSpec(name="web", path="/data/val/web/*.jsonl", format="jsonl", tags="domain=web"),
     ppl_jax.DatasetSpec(name="code", path="/data/val/code.txt"),
 ], tokenizer, protocol=ppl_jax.ProtocolSpec(seq_len=1024), batch=ppl_jax.BatchSpec(batch_size=16))
@@ -68,25 +68,27 @@ class Evaluator:
     """Scores a suite of datasets with the params of each call.
 
     Args:
-      model: the model interface (`ppl_jax.LanguageModel`).
-      mesh: the device mesh; param_shardings: the params' shardings on it, or None for those
-        of the logical axis `rules` (`ppl_jax.runtime.mesh.DEFAULT_RULES` by default).
+      model: the model interface (`ppl_jax.LanguageModel`); mesh: the device mesh.
       suite: the datasets: prepared `plans.suite.Dataset`s, `DatasetSpec`s (scored with
         `protocol`), or `(DatasetSpec, ProtocolSpec)` pairs.
       tokenizer: the model's tokenizer (`ppl_jax.load_tokenizer`); needed unless `suite` holds
         prepared datasets.
+      param_shardings: the params' shardings on `mesh`, or None for those of the logical axis
+        `rules` (`ppl_jax.runtime.mesh.DEFAULT_RULES` by default).
       protocol: the protocol of bare `DatasetSpec`s; batch: the batch layout of every dataset.
       attention: the model's attention implementation; 'cudnn' lays out one window per row
         (cuDNN takes per-row sequence lengths, not segments).
       options: the step's optional statistics (`StepOptions`: `per_token`, `top_k`,
-        `positions`, `reference`); reference: with `options.reference`, the reference model and
-        its params' shardings (KL(reference || model), `ppl_jax.metrics.divergence`).
+        `positions`, `reference`); reference: a reference model (its params sharded by `rules`;
+        restore them into `reference_targets`) or `(model, its params' shardings)`, for
+        KL(reference || model) (`ppl_jax.metrics.divergence`); `options.reference` follows it.
       compile: compile every batch shape now (else at the first call).
 
     Attributes:
       datasets: the prepared datasets, in suite order.
       param_targets: the params tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` to
-        restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`.
+        restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`;
+        reference_targets: the same for a reference model given alone, else None.
       traces: how many times the scoring step was traced (once per batch shape).
 
     Raises:
@@ -98,15 +100,15 @@ class Evaluator:
         self,
         model: LanguageModel,
         mesh: Mesh,
-        param_shardings: Any,
         suite: Sequence[Dataset | DatasetSpec | tuple[DatasetSpec, ProtocolSpec]],
         tokenizer: Tokenizer | None = None,
         *,
+        param_shardings: Any = None,
         protocol: ProtocolSpec | None = None,
         batch: BatchSpec | None = None,
         attention: str = "xla",
         options: StepOptions | None = None,
-        reference: tuple[LanguageModel, Any] | None = None,
+        reference: LanguageModel | tuple[LanguageModel, Any] | None = None,
         compile: bool = True,
         rules: Sequence[tuple[str, str | None]] = mesh_lib.DEFAULT_RULES,
     ):
@@ -114,6 +116,12 @@ class Evaluator:
             model.abstract_params, model.logical_axes, mesh, rules
         )
         param_shardings = shardings if param_shardings is None else param_shardings
+        self.reference_targets = None
+        if isinstance(reference, LanguageModel):
+            self.reference_targets, ref_shardings = mesh_lib.param_targets(
+                reference.abstract_params, reference.logical_axes, mesh, rules
+            )
+            reference = (reference, ref_shardings)
         self.model, self.mesh, self.param_shardings = model, mesh, param_shardings
         batch = batch or BatchSpec()
         self.datasets: list[Dataset] = []

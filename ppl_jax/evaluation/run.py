@@ -82,8 +82,8 @@ def run(
     evaluator = Evaluator(
         p.model,
         p.mesh,
-        p.shardings,
         p.datasets,
+        param_shardings=p.shardings,
         options=diagnostics.step_options(spec),
         reference=None if ref is None else (ref[2], ref[4]),
         compile=False,

@@ -239,7 +239,6 @@ def test_evaluator_traces_once_per_shape_and_equals_the_cli(run_dir, swept):
     evaluator = ppl_jax.Evaluator(
         model,
         mesh,
-        None,
         suite,
         opened.tokenizer(),
         batch=ppl_jax.BatchSpec(batch_size=8),

@@ -133,19 +133,17 @@ def test_the_evaluator_gives_the_per_token_output_and_kl_of_the_cli(
     ckpt, ref = ppl_jax.open_checkpoint(tiny_checkpoint), ppl_jax.open_checkpoint(reference)
     model, ref_model = ckpt.model(), ref.model()
     mesh = ppl_jax.make_mesh(-1, 1)
-    probe = ppl_jax.Evaluator(model, mesh, None, [], compile=False)
-    ref_probe = ppl_jax.Evaluator(ref_model, mesh, None, [], compile=False)
     evaluator = ppl_jax.Evaluator(
-        model, mesh, None,
+        model, mesh,
         [ppl_jax.DatasetSpec(path=corpus)],
         ckpt.tokenizer(5),
         protocol=ppl_jax.ProtocolSpec(seq_len=32),
         batch=ppl_jax.BatchSpec(batch_size=8),
         options=StepOptions(per_token=True, reference=True),
-        reference=(ref_model, ref_probe.param_shardings),
+        reference=ref_model,
     )  # fmt: skip
-    params = ckpt.restore(5, probe.param_targets)
-    ref_params = ref.restore(None, ref_probe.param_targets)
+    params = ckpt.restore(5, evaluator.param_targets)
+    ref_params = ref.restore(None, evaluator.reference_targets)
     scalars = evaluator(params, step=5, reference_params=ref_params)
     name = evaluator.datasets[0].name
     assert np.isclose(scalars[f"{name}/kl/kl_mean"], cli_kl, rtol=1e-12, atol=0)

@@ -146,4 +146,4 @@ def test_nonfinite_is_an_error_naming_the_window():
     with pytest.raises(NumericsError, match=r"first in window 0, document 0 \(x\), token 0"):
         plan = _plan(tokens, 32)
         dataset = Dataset(None, None, plan, plan_layout(plan.windows, 8))
-        Evaluator(model, mesh, shardings, [dataset]).score(params, dataset)
+        Evaluator(model, mesh, [dataset], param_shardings=shardings).score(params, dataset)
