@@ -23,10 +23,11 @@ The windows of a plan depend on the protocol, so another protocol or seq_len tok
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -35,14 +36,14 @@ import numpy as np
 from ppl_jax.data import documents as data
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import DataError, PplJaxError
-from ppl_jax.plans import protocols
+from ppl_jax.plans import protocols, token_cache
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.windows import Windows
-from ppl_jax.runtime import distributed, fingerprint
+from ppl_jax.runtime import distributed, fingerprint, temporaries
 from ppl_jax.tokenizer.base import Tokenizer
 
-VERSION = 2
+VERSION = 3  # 3: plan.json holds the digests of its arrays, checked on load
 _WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")
 _PLAN_ARRAYS = ("doc_bytes", "doc_words", "doc_starts", "window_bytes")
 _SCALARS = (
@@ -86,21 +87,42 @@ def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> s
 
 
 def load(cache_dir: str, entry: str) -> tuple[Plan, dict[str, Any]] | None:
-    """The cached plan (its token stream memory-mapped) and the entry's extras, or None."""
+    """The cached plan (its token stream memory-mapped) and the entry's extras, or None when the
+    entry is absent or of another version.
+
+    Every array is checked against the digest `plan.json` holds before it is used: the token
+    stream (`tokens_digest`, read in chunks with `numpy.fromfile`, so its pages stay out of this
+    process's resident memory) and the other arrays' files (SHA-256 of their bytes).
+
+    Raises:
+      DataError: an array whose file differs from its digest (edited, truncated or damaged),
+        naming the entry's folder.
+    """
     folder = os.path.join(cache_dir, entry)
     try:
         with open(os.path.join(folder, "plan.json"), encoding="utf-8") as f:
             meta = json.load(f)
         if meta.get("version") != VERSION:
             return None
-        arrays = {
-            name: np.load(
-                os.path.join(folder, f"{name}.npy"), mmap_mode="r" if name == "tokens" else None
-            )
-            for name in meta["arrays"]
-        }
-    except (OSError, ValueError, KeyError):
+        names, digests = list(meta["arrays"]), dict(meta["digests"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None  # absent, or not ours: planned again (and written again)
+    arrays = {}
+    for name in names:
+        path = os.path.join(folder, f"{name}.npy")
+        try:
+            if name == "tokens":
+                ok = stream_digest(path) == meta["tokens_digest"]
+                arrays[name] = np.load(path, mmap_mode="r") if ok else None
+            else:
+                with open(path, "rb") as f:
+                    raw = f.read()
+                ok = hashlib.sha256(raw).hexdigest() == digests.get(name)
+                arrays[name] = np.load(io.BytesIO(raw)) if ok else None
+        except (OSError, ValueError) as e:
+            raise damaged(folder, f"{name}.npy cannot be read: {e}") from None
+        if not ok:
+            raise damaged(folder, f"{name}.npy differs from the digest its plan.json holds")
     windows = Windows(**{n: arrays[n] for n in _WINDOW_ARRAYS}, seq_len=meta["seq_len"])
     plan = Plan(
         windows=windows,
@@ -109,6 +131,40 @@ def load(cache_dir: str, entry: str) -> tuple[Plan, dict[str, Any]] | None:
         **{n: arrays.get(n) for n in _PLAN_ARRAYS},
     )
     return plan, meta.get("extras", {})
+
+
+def damaged(folder: str, what: str) -> DataError:
+    """The error of a plan cache entry whose files do not hold what its `plan.json` says."""
+    return DataError(
+        f"the plan cache entry {folder} is damaged ({what}); delete that folder and run again "
+        f"(the dataset is planned anew)."
+    )
+
+
+def stream_digest(path: str, chunk: int = 1 << 22) -> str:
+    """`protocols.tokens_digest` of the `[n] int32` array in the `.npy` file `path`, read
+    `chunk` tokens at a time with `numpy.fromfile` (not memory-mapped).
+
+    Raises:
+      ValueError: not a `.npy` file of int32, or fewer tokens than its header says.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = {1: np.lib.format.read_array_header_1_0}.get(
+            major, np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(f)
+        if dtype != np.dtype(np.int32) or fortran or len(shape) != 1:
+            raise ValueError(f"not a token stream ({dtype}, shape {shape})")
+        left = shape[0]
+        while left:
+            part = np.fromfile(f, np.int32, count=min(chunk, left))
+            if not part.size:
+                raise ValueError(f"{left} of its {shape[0]} tokens are missing")
+            h.update(part.tobytes())
+            left -= part.size
+    return h.hexdigest()
 
 
 def save(cache_dir: str, entry: str, plan: Plan, extras: dict[str, Any] | None = None) -> str:
@@ -128,24 +184,33 @@ def save_built(cache_dir: str, entry: str, build: Callable[[str], Plan]) -> str:
 def _write(
     cache_dir: str, entry: str, make: Callable[[str], Plan], extras: dict[str, Any] | None
 ) -> str:
-    os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, entry)
-    if os.path.isdir(final):
-        return final
-    tmp = tempfile.mkdtemp(prefix=f".{entry[:16]}.", dir=cache_dir)
+    tmp = os.path.join(cache_dir, temporaries.name(entry[:16]))
     try:
+        os.makedirs(cache_dir, exist_ok=True)
+        if os.path.isdir(final):
+            return final
+        temporaries.remove_stale(cache_dir)
+        os.mkdir(tmp)
         plan = make(tmp)
         w = plan.windows
         arrays = {n: getattr(w, n) for n in _WINDOW_ARRAYS}
         arrays.update({n: getattr(plan, n) for n in _PLAN_ARRAYS if getattr(plan, n) is not None})
+        digests = {}
         for name, array in arrays.items():
             path = os.path.join(tmp, f"{name}.npy")
             if not (name == "tokens" and os.path.exists(path)):  # a stream written by `make`
-                np.save(path, np.asarray(array))
+                buf = io.BytesIO()
+                np.save(buf, np.asarray(array))
+                with open(path, "wb") as f:
+                    f.write(buf.getvalue())
+                digests[name] = hashlib.sha256(buf.getvalue()).hexdigest()
+        digests.pop("tokens", None)  # checked by the plan's tokens_digest
         meta = {
             "version": VERSION,
             "seq_len": w.seq_len,
             "arrays": sorted(arrays),
+            "digests": digests,
             "sources": list(plan.sources),
             "extras": extras or {},
             **{n: _json(getattr(plan, n)) for n in _SCALARS},
@@ -156,8 +221,11 @@ def _write(
         os.rename(tmp, final)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (isinstance(e, OSError) and os.path.isdir(final)):  # not another writer's entry
-            raise
+        if isinstance(e, OSError) and os.path.isdir(final):  # another writer's entry
+            return final
+        if isinstance(e, OSError):
+            raise token_cache.write_error(cache_dir, "the plan cache", e) from None
+        raise
     return final
 
 

@@ -20,12 +20,41 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import DataError
-from ppl_jax.plans import protocols, token_cache
+from ppl_jax.plans import plan_cache, protocols, token_cache
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.tokenizer.base import Tokenizer
+
+
+def planned(
+    ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int, plan_key: str
+) -> Plan:
+    """The dataset's plan through the token cache: the corpus tokenized (in shares, unless its
+    entry is complete: `token_cache.build`), then the plan written by process 0 into the plan
+    cache (`ppl_jax.plans.plan_cache`, entry `plan_key`) and memory-mapped by every process.
+
+    Raises:
+      DataError, ConfigError: as `token_cache.build` and `plan`; on the other processes, a
+        DataError that points to process 0's log when its planning failed.
+    """
+    entry = token_cache.build(ds, tok)
+    add_bos = protocols.resolve_add_bos(ev.add_bos, tok)
+
+    def write() -> None:
+        plan_cache.save_built(
+            ds.cache_dir,
+            plan_key,
+            lambda path: plan(
+                entry, ev.protocol, tok, vocab_size, ev.seq_len, ev.stride, add_bos,
+                ds.separator, path,
+            ),
+        )  # fmt: skip
+
+    return plan_cache.made_once(ds.cache_dir, plan_key, write, f"data {ds.name!r}")[0]
 
 
 def plan(
@@ -72,6 +101,7 @@ def _segments(
     base = 0  # documents of the parts before this one
     for part in entry.parts:
         offsets = np.concatenate([[0], np.cumsum(part.doc_tokens)])
+        verifier = token_cache.Verifier(part)
         d = 0
         while d < part.doc_tokens.size:
             e = (
@@ -81,6 +111,9 @@ def _segments(
             e = max(e, d + 1)
             lo, hi = int(offsets[d]), int(offsets[e])
             ids, lens = part.read("ids", lo, hi), part.read("bytes", lo, hi)
+            verifier.update(ids, lens)
+            if e == part.doc_tokens.size:  # the part's last chunk: all of it was read
+                verifier.check()
             bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
             if bad.size:
                 doc = base + int(np.searchsorted(offsets, lo + bad[0], side="right")) - 1
@@ -91,6 +124,8 @@ def _segments(
             first = False
             yield ids, lens
             d = e
+        if not part.doc_tokens.size:
+            verifier.check()
         base += part.doc_tokens.size
 
 
@@ -132,6 +167,8 @@ class _Stream:
         self.written += ids.size
 
     def close(self) -> str:
+        """The stream's digest. Raises AssertionError where fewer tokens came than its header
+        says (the token cache's parts are checked before, so this is a bug, not a damaged file)."""
         self.file.close()
         if self.written != self.n:
             raise AssertionError(f"wrote {self.written} tokens of a stream of {self.n}")

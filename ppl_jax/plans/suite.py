@@ -22,7 +22,7 @@ import numpy as np
 from ppl_jax.data import documents as data
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.plans import protocols
+from ppl_jax.plans import plan_cache, protocols, stream_plans, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
@@ -187,8 +187,6 @@ def planned(
     """
     import jax
 
-    from ppl_jax.plans import plan_cache, token_cache
-
     entry = plan_cache.key(ds, ev, tok, vocab_size) if ds.cache_dir else None
     if entry is not None:
         found = plan_cache.load(ds.cache_dir, entry)
@@ -197,7 +195,7 @@ def planned(
         if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
     if entry is not None and read_first is None and token_cache.applies(ds, ev.protocol):
-        return token_cache.planned(ds, ev, tok, vocab_size, entry), None, {}
+        return stream_plans.planned(ds, ev, tok, vocab_size, entry), None, {}
     if entry is not None and read_first is None and jax.process_count() > 1:
         # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
         def write() -> None:

@@ -30,22 +30,20 @@ Plans are made from an entry by `ppl_jax.plans.stream_plans`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
 from ppl_jax.data import documents as data
-from ppl_jax.errors import DataError, PplJaxError
-from ppl_jax.plans import protocols
-from ppl_jax.plans.protocols import Plan
-from ppl_jax.runtime import distributed, fingerprint
+from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.runtime import distributed, fingerprint, preemption, temporaries
 from ppl_jax.tokenizer.base import Tokenizer
 
-VERSION = 1
+VERSION = 2  # 2: parts.json counts the documents, part.json holds its files' digests
 PROTOCOLS = ("sliding", "lm_eval_rolling")  # protocols whose documents are tokenized one by one
 BATCH_CHARS = 1 << 20  # characters of documents per call of the tokenizer's batch encoding
 COPY_TOKENS = 1 << 22  # tokens per chunk read from a part
@@ -90,12 +88,33 @@ class Part:
         self.sources: list[str] = meta["sources"]
         self.head: dict[str, Any] | None = meta["head"]
         self.any_text = bool(meta["any_text"])
+        self.documents = (int(meta["documents"][0]), int(meta["documents"][1]))
+        self.digests: dict[str, str] = dict(meta["digests"])
         self.folder = folder
         docs = np.load(os.path.join(folder, "docs.npz"))
         self.doc_tokens, self.doc_bytes, self.doc_words, self.doc_harness_words = (
             docs[n].astype(np.int64) for n in _DOC_ARRAYS[:4]
         )
         self.doc_edges = docs["edges"].astype(np.uint8)
+        self._check()
+
+    def _check(self) -> None:
+        """Raises DataError where the part's files disagree with its `part.json` (a truncated
+        or edited part): document counts, token total, and the sizes of `ids.bin`/`bytes.bin`.
+        Their contents are checked against `digests` as they are read (`Verifier`)."""
+        lo, hi = self.documents
+        n_docs = hi - lo
+        sizes = {a.size for a in (self.doc_tokens, self.doc_bytes, self.doc_words, self.doc_edges)}
+        if sizes != {n_docs} or len(self.sources) != n_docs:
+            raise damaged(self.folder, f"it lists {n_docs} documents but holds {sorted(sizes)}")
+        if int(self.doc_tokens.sum()) != self.num_tokens:
+            raise damaged(self.folder, "its documents' token counts do not add up to its total")
+        for name in ("ids", "bytes"):
+            size = os.path.getsize(os.path.join(self.folder, f"{name}.bin"))
+            if size != 4 * self.num_tokens:
+                raise damaged(
+                    self.folder, f"{name}.bin holds {size // 4} tokens of {self.num_tokens}"
+                )
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
         """`[hi - lo] int32` of `ids` (token ids) or `bytes` (UTF-8 bytes per token), read from
@@ -134,16 +153,81 @@ class Entry:
         return None
 
 
+def damaged(folder: str, what: str) -> DataError:
+    """The error of a token cache entry whose files do not hold what it says."""
+    return DataError(
+        f"the token cache entry {folder} is damaged ({what}); delete that folder and run again "
+        f"(the corpus is tokenized anew)."
+    )
+
+
+def part_names(count: int) -> list[str]:
+    """The names of an entry's parts when `count` processes built it, in document order."""
+    return [f"part-{i:05d}-of-{count:05d}" for i in range(count)]
+
+
 def open_entry(folder: str) -> Entry | None:
-    """The entry at `folder`, or None if it is absent or incomplete."""
+    """The entry at `folder`, or None if it is absent, incomplete or of another version.
+
+    Raises:
+      DataError: `parts.json` names anything but the entry's own parts (`part_names`: no path
+        leads out of the folder, no part is listed twice), a part is a link, or the parts'
+        document ranges do not tile the corpus exactly once; a part whose files disagree with
+        its `part.json` (`Part`).
+    """
     try:
         with open(os.path.join(folder, "parts.json"), encoding="utf-8") as f:
             meta = json.load(f)
         if meta.get("version") != VERSION:
             return None
-        return Entry(folder, [Part(os.path.join(folder, name)) for name in meta["parts"]])
-    except (OSError, ValueError, KeyError):
+        names, total = meta["parts"], int(meta["documents"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    if not isinstance(names, list) or not names or names != part_names(len(names)):
+        raise damaged(folder, f"parts.json lists {str(names)[:120]}, not its own parts")
+    parts = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.islink(path):
+            raise damaged(folder, f"its part {name} is a link")
+        try:
+            parts.append(Part(path))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise damaged(folder, f"its part {name} cannot be read: {e}") from None
+    at = 0
+    for name, part in zip(names, parts, strict=True):
+        if part.documents[0] != at or part.documents[1] < at:
+            raise damaged(
+                folder, f"its part {name} holds documents {list(part.documents)}, not from {at}"
+            )
+        at = part.documents[1]
+    if at != total:
+        raise damaged(folder, f"its parts hold {at} documents of {total}")
+    return Entry(folder, parts)
+
+
+class Verifier:
+    """Checks a part's `ids.bin` and `bytes.bin` against the SHA-256 digests its `part.json`
+    holds, as they are read once, in order, from first token to last (`stream_plans`): an
+    edited or damaged part is refused at no cost beyond the hashing (about 1 GB/s)."""
+
+    def __init__(self, part: Part):
+        self.part = part
+        self.hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
+
+    def update(self, ids: np.ndarray, lens: np.ndarray) -> None:
+        self.hashes["ids"].update(np.ascontiguousarray(ids, np.int32).tobytes())
+        self.hashes["bytes"].update(np.ascontiguousarray(lens, np.int32).tobytes())
+
+    def check(self) -> None:
+        """Raises DataError (`damaged`) where a digest differs."""
+        for name, h in self.hashes.items():
+            if h.hexdigest() != self.part.digests.get(name):
+                raise damaged(
+                    os.path.dirname(self.part.folder),
+                    f"{os.path.basename(self.part.folder)}/{name}.bin differs from the digest "
+                    f"its part.json holds",
+                )
 
 
 def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_documents: int) -> str:
@@ -158,7 +242,8 @@ def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_docu
     if os.path.isdir(final):
         return name
     lo, hi = index * num_documents // count, (index + 1) * num_documents // count
-    tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=folder)
+    tmp = os.path.join(folder, temporaries.name(name))
+    os.mkdir(tmp)
     try:
         _write_part(ds, tok, tmp, lo, hi)
         try:
@@ -175,6 +260,7 @@ def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int) -> None:
     per_doc: dict[str, list[int]] = {n: [] for n in _DOC_ARRAYS}
     sources: list[str] = []
     head, any_text, num_tokens = None, False, 0
+    hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
     with (
         open(os.path.join(tmp, "ids.bin"), "wb") as ids_file,
         open(os.path.join(tmp, "bytes.bin"), "wb") as bytes_file,
@@ -186,8 +272,13 @@ def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int) -> None:
             encoded = tok.encode_with_bytes([d.text for d in batch])
             for doc, (ids, nbytes) in zip(batch, encoded, strict=True):
                 text = doc.text
-                ids_file.write(np.ascontiguousarray(ids, np.int32).tobytes())
-                bytes_file.write(np.ascontiguousarray(nbytes, np.int32).tobytes())
+                for f, h, values in (
+                    (ids_file, hashes["ids"], ids),
+                    (bytes_file, hashes["bytes"], nbytes),
+                ):
+                    raw = np.ascontiguousarray(values, np.int32).tobytes()
+                    f.write(raw)
+                    h.update(raw)
                 if head is None and ids.size:
                     rest = text.encode("utf-8")[int(nbytes[0]) :].decode("utf-8", "ignore")
                     head = {
@@ -227,6 +318,7 @@ def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int) -> None:
         "head": head,
         "any_text": any_text,
         "documents": [lo, hi],
+        "digests": {n: h.hexdigest() for n, h in hashes.items()},
     }
     with open(os.path.join(tmp, "part.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f)
@@ -264,10 +356,15 @@ def build(ds, tok: Tokenizer) -> Entry:
         return found
     index, count = jax.process_index(), jax.process_count()
     error: PplJaxError | None = None
+    num_documents = 0
     try:
-        os.makedirs(folder, exist_ok=True)
-        num_documents = data.count_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
-        build_part(ds, tok, folder, index, count, num_documents)
+        with preemption.signals_raise(f"tokenizing data {ds.name!r} into {folder}"):
+            os.makedirs(folder, exist_ok=True)
+            temporaries.remove_stale(folder)
+            num_documents = data.count_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
+            build_part(ds, tok, folder, index, count, num_documents)
+    except OSError as e:
+        error = write_error(ds.cache_dir, "the token cache", e)
     except PplJaxError as e:
         error = e
     failed = _gather_failures(error is not None)
@@ -278,7 +375,7 @@ def build(ds, tok: Tokenizer) -> Entry:
             f"data {ds.name!r}: process {failed[0]} could not tokenize its share of the corpus "
             f"(its log says why); fix that and run again."
         )
-    names = [f"part-{i:05d}-of-{count:05d}" for i in range(count)]
+    names = part_names(count)
     missing = [n for n in names if not os.path.isdir(os.path.join(folder, n))]
     if missing:
         raise DataError(
@@ -287,8 +384,15 @@ def build(ds, tok: Tokenizer) -> Entry:
             f"must be a folder every process sees (a shared filesystem or a bucket)."
         )
     if index == 0:
-        _write_json(os.path.join(folder, "parts.json"), {"version": VERSION, "parts": names})
-    _gather_failures(False)  # parts.json is in place before any process reads it
+        try:
+            write_parts(folder, count, num_documents)
+        except OSError as e:
+            error = write_error(ds.cache_dir, "the token cache", e)
+    # parts.json is in place before any process reads it
+    if _gather_failures(error is not None):
+        raise error or DataError(
+            f"data {ds.name!r}: process 0 could not finish the token cache (its log says why)."
+        )
     entry = open_entry(folder)
     if entry is None:
         raise DataError(f"data.cache_dir={ds.cache_dir!r}: the token cache {folder} is incomplete.")
@@ -306,43 +410,29 @@ def _check_text(entry: Entry, ds) -> None:
         raise data.no_text_error(ds.path, ds.format, any(p.num_tokens for p in entry.parts))
 
 
+def write_parts(folder: str, count: int, num_documents: int) -> None:
+    """Writes the entry's `parts.json` (atomically): its `count` parts and the corpus's
+    `num_documents`, which the parts' document ranges must tile (`open_entry`)."""
+    value = {"version": VERSION, "parts": part_names(count), "documents": num_documents}
+    _write_json(os.path.join(folder, "parts.json"), value)
+
+
 def _write_json(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
+    tmp = os.path.join(os.path.dirname(path), temporaries.name(os.path.basename(path)))
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
-def planned(ds, ev, tok: Tokenizer, vocab_size: int, plan_key: str) -> Plan:
-    """The dataset's plan through the token cache: the corpus tokenized (in shares, unless its
-    entry is complete), then the plan written by process 0 into the plan cache
-    (`ppl_jax.plans.plan_cache`, entry `plan_key`) and memory-mapped by every process.
-
-    Raises:
-      DataError, ConfigError: as `build` and `plan`; on the other processes, a DataError that
-        points to process 0's log when its planning failed.
-    """
-
-    from ppl_jax.plans import plan_cache, stream_plans
-
-    entry = build(ds, tok)
-    add_bos = protocols.resolve_add_bos(ev.add_bos, tok)
-
-    def write() -> None:
-        plan_cache.save_built(
-            ds.cache_dir,
-            plan_key,
-            lambda path: stream_plans.plan(
-                entry,
-                ev.protocol,
-                tok,
-                vocab_size,
-                ev.seq_len,
-                ev.stride,
-                add_bos,
-                ds.separator,
-                path,
-            ),
-        )
-
-    return plan_cache.made_once(ds.cache_dir, plan_key, write, f"data {ds.name!r}")[0]
+def write_error(cache_dir: str, what: str, e: OSError) -> ConfigError:
+    """The error of a cache that cannot be written (no space, no permission, not a folder);
+    nothing half-written is left (every entry is renamed into place when complete)."""
+    return ConfigError(
+        f"data.cache_dir={cache_dir!r}: {what} could not be written there "
+        f"({e.strerror or e}); free space there, or set data.cache_dir to a folder you can "
+        f"write to (or '' for none)."
+    )

@@ -11,11 +11,15 @@ signal ends the process at once (the journal keeps what its last flush held).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
+
+from ppl_jax.errors import Interrupted
 
 EXIT_CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -73,3 +77,31 @@ class StopRequest:
                 self.signal = signal.SIGTERM
             return True
         return False
+
+
+@contextlib.contextmanager
+def signals_raise(what: str) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT raise `Interrupted` (exit code 128 + the signal),
+    whose message says the run stopped while `what` ("tokenizing data 'web'"), so that the
+    block's `finally` clauses remove its temporaries and the command line prints one sentence
+    instead of ending silently. Outside the main thread (where handlers cannot be set) the
+    block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(sig: int, frame: Any) -> None:
+        name = signal.Signals(sig).name
+        raise Interrupted(
+            f"{name} while {what}: stopped; what was finished is kept (the same command goes on "
+            f"from there).",
+            EXIT_CODE.get(sig, 128 + sig),
+        )
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -74,7 +74,7 @@ def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_p
     docs = data.read_documents(path, "wikitext")
     ds = type("DS", (), dict(path=path, format="wikitext", errors="strict", jsonl_field="text"))
     names = [token_cache.build_part(ds, gpt2, str(tmp_path), i, 3, len(docs)) for i in range(3)]
-    (tmp_path / "parts.json").write_text(json.dumps({"version": 1, "parts": names}))
+    token_cache.write_parts(str(tmp_path), 3, len(docs))
     entry = token_cache.open_entry(str(tmp_path))
     stride = 512 if protocol == "sliding" else None
     want = protocols.plan(protocol, docs, gpt2, gpt2.vocab_size, 1024, stride, False)

@@ -54,7 +54,8 @@ def entry_of(tmp_path, path, tok, count: int) -> token_cache.Entry:
     folder.mkdir()
     n = data.count_documents(path, "jsonl")
     names = [token_cache.build_part(s.data, tok, str(folder), i, count, n) for i in range(count)]
-    (folder / "parts.json").write_text(json.dumps({"version": token_cache.VERSION, "parts": names}))
+    assert names == token_cache.part_names(count)
+    token_cache.write_parts(str(folder), count, n)
     return token_cache.open_entry(str(folder))
 
 
