@@ -1,0 +1,38 @@
+"""`python -m ppl_jax.harness [lm_eval's arguments]`: lm-evaluation-harness's own command line
+with the `ppl_jax` model registered, for harness versions that do not discover installed models.
+
+    python -m ppl_jax.harness --model ppl_jax --model_args checkpoint=DIR,seq_len=2048 \\
+        --tasks lambada_openai,hellaswag --batch_size 16
+
+lm-evaluation-harness releases up to 0.4.13 find a model only in their own registry; later ones
+also read the `lm_eval.models` entry points of installed packages, where ppl_jax declares
+`ppl_jax = ppl_jax.harness.model:PplJaxLM` (pyproject.toml), so that plain `lm_eval --model
+ppl_jax` works there. Either way the arguments are the harness's. Several processes
+(`PPL_JAX_NUM_PROCESSES` or `PPL_JAX_DISTRIBUTED=1`, as for `ppl-jax`) each run this command:
+process 0 runs the harness, the others score its requests with it and exit when it ends. A
+ppl_jax error prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from lm_eval.__main__ import cli_evaluate
+
+import ppl_jax.harness.model  # noqa: F401  (registers the model `ppl_jax`)
+from ppl_jax.errors import PplJaxError
+from ppl_jax.runtime import distributed
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        distributed.initialize_from_env()  # before any JAX call that touches devices
+        sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
+        cli_evaluate()
+    except PplJaxError as e:
+        print(f"ppl-jax: error: {e}", file=sys.stderr)
+        distributed.exit_now(2)
+
+
+if __name__ == "__main__":
+    main()
