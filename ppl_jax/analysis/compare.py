@@ -6,8 +6,12 @@
 A and B are output folders of two runs (or their `results.json` files); each holds `units.npz`,
 the run's per-unit sums (`ppl_jax.metrics.uncertainty`). The runs must have scored the same data with
 the same protocol: the same protocol name, `seq_len` and stride, the same data settings, the same
-resampling units with the same bytes each (and, for windows, the same tokens each). Otherwise the
-command prints one line naming what differs and exits with status 2. It prints, per dataset, the
+resampling units with the same bytes each (and, for windows, the same tokens each), and, with
+the same tokenizer, the same scored token ids (the SHA-256 of the token stream that `units.npz`
+records: a corpus and its upper-cased copy have the same bytes per unit, not the same ids; with
+other tokenizers only the byte counts are checked, and the output says so). Otherwise the
+command prints one line naming what differs and exits with status 2; so does a `units.npz` that
+cannot be read (truncated, damaged). It prints, per dataset, the
 difference in bits per byte and in NLL per token (nats), B minus A, each with a paired 95%
 interval: every bootstrap replicate draws the same documents (or blocks of windows) for both
 runs, so what the two models share (hard passages, easy ones) cancels out of the difference.
@@ -83,7 +87,25 @@ def differences(
         return [f"the bytes of {int(np.sum(ua.bytes != ub.bytes))} {ua.kind}s differ"]
     if ua.kind == "window" and not np.array_equal(ua.tokens, ub.tokens):
         return [f"the tokens of {int(np.sum(ua.tokens != ub.tokens))} windows differ"]
+    if digests_comparable(ia, ib) and ia["tokens_digest"] != ib["tokens_digest"]:
+        return [
+            f"the scored token ids differ (digest {ia['tokens_digest'][:12]} -> "
+            f"{ib['tokens_digest'][:12]}) with the same tokenizer, so the text differs though "
+            f"every {ua.kind} has the same byte count"
+        ]
     return []
+
+
+def digests_comparable(ia: dict[str, Any], ib: dict[str, Any]) -> bool:
+    """Whether the runs' scored-token digests must agree for the runs to share their text:
+    both identities hold one (units.npz files written before them do not), and the runs used
+    the same tokenizer and placed the same BOS and prefix tokens. Runs with other tokenizers
+    (bits per byte compares across tokenizers) are checked by byte counts only."""
+    if not (ia.get("tokens_digest") and ib.get("tokens_digest")):
+        return False
+    pa, pb = ia.get("protocol") or {}, ib.get("protocol") or {}
+    same_tokens = all(pa.get(k) == pb.get(k) for k in ("add_bos", "prefix_id"))
+    return same_tokens and ia.get("tokenizer") == ib.get("tokenizer")
 
 
 def compare(path_a: str, path_b: str, samples: int | None, seed: int | None) -> list[dict]:
@@ -115,6 +137,7 @@ def compare(path_a: str, path_b: str, samples: int | None, seed: int | None) -> 
             "seq_len": protocol.get("seq_len"),
             "paths": {"a": fa, "b": fb},
             "tokens_match": bool(np.array_equal(ua.tokens, ub.tokens)),
+            "text_checked": digests_comparable(ia, ib),
             **diff,
         }
     ]
@@ -141,6 +164,11 @@ def format_table(records: list[dict]) -> str:
             )
         if not r["tokens_match"]:
             lines.append("(the runs' token counts differ: NLL per token is not comparable)")
+        if not r["text_checked"]:
+            lines.append(
+                "(the text is checked by byte counts only: other tokenizers, or a units.npz "
+                "without the scored tokens' digest)"
+            )
     return "\n".join(lines)
 
 

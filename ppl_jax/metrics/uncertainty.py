@@ -23,9 +23,12 @@ reproducible, and two runs on the same units draw the same resamples (`paired_di
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import math
+import zipfile
+import zlib
 from typing import Any
 
 import numpy as np
@@ -229,15 +232,32 @@ def paired_difference(a: Units, b: Units, samples: int, seed: int) -> dict[str, 
     }
 
 
-def identity_of(fingerprint: dict[str, Any]) -> dict[str, Any]:
+def identity_of(fingerprint: dict[str, Any], tokens_digest: str | None = None) -> dict[str, Any]:
     """What decides the units of a run, from its fingerprint (`ppl_jax.runtime.fingerprint`): the
-    protocol, the data settings and files, and the tokenizer."""
-    return {name: fingerprint.get(name) for name in ("protocol", "data", "tokenizer")}
+    protocol, the data settings and files, and the tokenizer; and, when given, `tokens_digest`,
+    the content digest of the scored token stream (`scored_digest`), which `compare` checks so
+    that two runs on other text with the same byte counts are not paired."""
+    out = {name: fingerprint.get(name) for name in ("protocol", "data", "tokenizer")}
+    if tokens_digest is not None:
+        out["tokens_digest"] = tokens_digest
+    return out
+
+
+def scored_digest(tokens: np.ndarray, chunk: int = 1 << 22) -> str:
+    """SHA-256 (hex) of a token stream (`[n]` integer ids) as int32 bytes, read `chunk` tokens
+    at a time: the definition of `ppl_jax.plans.protocols.tokens_digest` (a plan's
+    `tokens_digest`, when it has one, is this digest of its stream). About 1.5 s per GB of ids
+    on one core."""
+    h = hashlib.sha256()
+    for at in range(0, tokens.size, chunk):
+        h.update(np.ascontiguousarray(tokens[at : at + chunk], np.int32).tobytes())
+    return h.hexdigest()
 
 
 def to_npz(units: Units, identity: dict[str, Any]) -> bytes:
     """`units.npz`: the per-unit sums and what they were scored on (`identity`, JSON-able:
-    protocol and data settings), for `ppl_jax.analysis.compare`. No pickled objects."""
+    protocol and data settings, tokenizer, the scored tokens' digest), for
+    `ppl_jax.analysis.compare`. No pickled objects."""
     buf = io.BytesIO()
     np.savez(
         buf,
@@ -252,8 +272,11 @@ def to_npz(units: Units, identity: dict[str, Any]) -> bytes:
 
 
 def units_npz(ev: Any) -> bytes:
-    """`units.npz` of an `evaluate.Evaluation`: its units and identity (`to_npz`)."""
-    return to_npz(units_of(ev.plan, ev.totals), identity_of(ev.fingerprint))
+    """`units.npz` of an `Evaluation`: its units and identity (`to_npz`), with the digest of
+    the plan's token stream (the plan's own `tokens_digest` when it has one, else computed)."""
+    plan = ev.plan
+    digest = getattr(plan, "tokens_digest", None) or scored_digest(plan.windows.tokens)
+    return to_npz(units_of(plan, ev.totals), identity_of(ev.fingerprint, digest))
 
 
 def read_npz(path: str) -> tuple[Units, dict[str, Any]]:
@@ -277,8 +300,13 @@ def read_npz(path: str) -> tuple[Units, dict[str, Any]]:
             f"{path} does not exist; the run that wrote the results predates per-unit sums, "
             f"run it again."
         ) from None
-    except (OSError, KeyError, ValueError) as e:
-        raise DataError(f"{path} is not a readable units file ({e}); run it again.") from None
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(
+            f"{path} is not a readable units file ({type(e).__name__}: {e}); it may be truncated "
+            f"or damaged: score that run again to write it."
+        ) from None
+    if not isinstance(identity, dict):
+        raise DataError(f"{path} holds no identity object; score that run again to write it.")
     if units.kind not in METHODS:
         raise DataError(f"{path} holds units of unknown kind {units.kind!r}; run it again.")
     return units, identity
