@@ -5,6 +5,7 @@ plans, the diagnostics, the reference model, the processes' agreement on the pla
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import jax
@@ -123,7 +124,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         diagnostics.check(spec, datasets[0].plan, model)
     reference = None
     if spec.diagnostics.reference is not None:
-        reference = _reference(spec, model, mesh)
+        reference = _reference(spec, model, mesh, tok)
     for d in datasets:
         distributed.check_same_plan(
             protocols.plan_digest(d.plan, spec.batch.batch_size),
@@ -148,8 +149,14 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     )
 
 
-def _reference(spec: RunSpec, model: LanguageModel, mesh: Any):
-    """The reference model (`reference.*`): opened and checked against the model, no weights."""
+def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer):
+    """The reference model (`reference.*`): opened and checked against the model, no weights.
+
+    Raises:
+      ConfigError: another vocabulary size, or another tokenizer (`vocabulary`) than the one the
+        model is scored with, where the reference stores one (an Orbax step's description, a
+        Hugging Face directory's tokenizer files): the same ids would name other strings.
+    """
     ref = spec.diagnostics.reference
     ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
     step = ckpt.resolve_step(ref.checkpoint_step)
@@ -159,6 +166,14 @@ def _reference(spec: RunSpec, model: LanguageModel, mesh: Any):
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "
             f"ids and the model {model.vocab_size}; KL needs the same tokenizer and vocabulary."
         )
+    ref_tok = ckpt.tokenizer(step)
+    if ref_tok is not None and vocabulary(ref_tok) != vocabulary(tok):
+        raise ConfigError(
+            f"the reference model in {ref.checkpoint_dir!r} has another tokenizer "
+            f"({_kind(ref_tok)}) than the one the model is scored with ({_kind(tok)}), though "
+            f"both have {model.vocab_size} ids; KL compares the two models on the same token ids, "
+            f"so it needs the same tokenizer: choose a reference trained with the model's."
+        )
     target, shardings = mesh_lib.param_targets(
         ref_model.abstract_params,
         ref_model.logical_axes,
@@ -167,3 +182,22 @@ def _reference(spec: RunSpec, model: LanguageModel, mesh: Any):
         DTYPES[ref.dtype],
     )
     return ckpt, step, ref_model, target, shardings
+
+
+def vocabulary(tok: tokenizer.Tokenizer) -> Any:
+    """What decides which string each token id names: the tokenizer's description
+    (`Tokenizer.describe()`) without its file name and BOS/EOS policy, a `tokenizer.json` parsed
+    (so that its formatting does not count)."""
+    desc = {
+        k: v
+        for k, v in tok.describe().items()
+        if k not in ("name", "bos_id", "eos_id", "add_bos_default")
+    }
+    if isinstance(desc.get("tokenizer_json"), str):
+        desc["tokenizer_json"] = json.loads(desc["tokenizer_json"])
+    return desc
+
+
+def _kind(tok: tokenizer.Tokenizer) -> str:
+    desc = tok.describe()
+    return f"{desc.get('type')}" + (f" {desc['name']}" if desc.get("name") else "")
