@@ -197,16 +197,18 @@ def test_checked_weights_are_cast_in_groups(copy, monkeypatch):
     # float32 stored, bfloat16 wanted: restored in float32 a group at a time, checked, cast.
     monkeypatch.setattr(checkpoint, "CAST_GROUP_BYTES", 1024)
     restores = []
-    real_restore = checkpoint._restore
+    real_restore = checkpoint._restore_names
     monkeypatch.setattr(
-        checkpoint, "_restore", lambda m, s, p: restores.append(sorted(p)) or real_restore(m, s, p)
+        checkpoint,
+        "_restore_names",
+        lambda d, p: restores.append(sorted(p)) or real_restore(d, p),
     )
     target = {
         k: jax.ShapeDtypeStruct(v.shape, jnp.bfloat16, sharding=v.sharding)
         for k, v in _target().items()
     }
     got = checkpoint.restore_params(copy, 1, target)
-    assert restores == [["big"], ["small"]]
+    assert restores == [["params/big"], ["params/small"]]
     for name, want in _params().items():
         assert got[name].dtype == jnp.bfloat16
         assert got[name].sharding == target[name].sharding

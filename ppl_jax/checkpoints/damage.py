@@ -1,0 +1,174 @@
+"""Diagnosing damaged Orbax steps: one sentence naming the directory, the step and the weights,
+never the hundreds of lines of asyncio tracebacks that a failed Orbax read leaves behind."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import glob
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+import tensorstore as ts
+
+from ppl_jax.errors import CheckpointError
+from ppl_jax.runtime import paths
+
+
+def reason(e: BaseException, directory: str) -> str:
+    """The innermost cause of an Orbax/TensorStore error, in one short line."""
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(e).split())
+    text = text.split(" [tensorstore_spec=")[0]  # TensorStore appends its whole spec
+    text = text.replace(paths.join(paths.absolute(directory), ""), "")  # relative to the dir
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def damaged(
+    directory: str, step: int | None, what: str, e: BaseException | None = None
+) -> CheckpointError:
+    """The one sentence for a damaged step (`step` None: a checkpoint without steps)."""
+    why = f" ({reason(e, directory)})" if e is not None else ""
+    if step is None:
+        return CheckpointError(
+            f"the checkpoint {directory!r} is damaged: {what}{why}. Restore its files from a copy."
+        )
+    return CheckpointError(
+        f"step {step} of {directory!r} is damaged: {what}{why}. Restore the step's files from a "
+        f"copy, or evaluate another step (checkpoint.step)."
+    )
+
+
+def check_tree_metadata(item_dir: str, directory: str, step: int | None, item: str) -> None:
+    """The item's `_METADATA` (Orbax's JSON tree of stored arrays) is there and parses.
+
+    Args:
+      item_dir: the item's folder; directory: the checkpoint (for the sentence); step: its step;
+      item: the item's name as the sentence shows it (`state`, `items`, or '' for a bare one).
+    """
+    label = f"{item}/_METADATA" if item else "_METADATA"
+    if paths.isfile(paths.join(item_dir, "checkpoint")):
+        return  # an older Orbax checkpoint, with msgpack tree metadata
+    try:
+        json.loads(paths.read_bytes(paths.join(item_dir, "_METADATA")).decode("utf-8"))
+    except FileNotFoundError:
+        raise damaged(directory, step, f"its tree metadata '{label}' is missing") from None
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise damaged(
+            directory, step, f"its tree metadata '{label}' is not valid JSON ({e})"
+        ) from None
+
+
+def check_ocdbt_index(item_dir: str, directory: str, step: int | None, item: str) -> None:
+    """Reads the OCDBT manifest and B+tree of an item (they carry CRC-32C checksums).
+
+    Orbax stores the arrays of an item in one OCDBT key-value database: `manifest.ocdbt`
+    points at B+tree nodes under `d/` and `ocdbt.process_*/d/`, which point at the array chunks.
+    A lost or damaged manifest or node makes every weight unreadable; listing the database reads
+    them all, so such damage is reported here in one sentence, before Orbax opens any array (it
+    would print one asyncio traceback per array).
+
+    A remote step is read through TensorStore's own driver for its URL (`gs://` is TensorStore's
+    `gcs` kvstore, as Orbax uses), not through `etils.epath`.
+    """
+    state = paths.absolute(item_dir)
+    local = paths.is_local(state)
+    label = f"{item}/manifest.ocdbt" if item else "manifest.ocdbt"
+    if not paths.isfile(paths.join(state, "manifest.ocdbt")):
+        processes = (
+            glob.glob(os.path.join(state, "ocdbt.process_*"))
+            if local
+            else [n for n in _names(state) if n.startswith("ocdbt.process_")]
+        )
+        if processes:
+            raise damaged(directory, step, f"its OCDBT manifest '{label}' is missing")
+        return  # not an OCDBT checkpoint: Orbax reads one directory per array
+    try:
+        # Local: no URL, so that any character may appear in the path.
+        base = {"driver": "file", "path": state + os.sep} if local else state + "/"
+        kvstore = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
+        kvstore.list().result()
+    except Exception as e:  # TensorStore raises ValueError with a status code in the text
+        raise damaged(directory, step, "the OCDBT index of its arrays cannot be read", e) from None
+
+
+def check_links_inside(item_dir: str, directory: str) -> None:
+    """Every file and folder under `item_dir` resolves inside the checkpoint `directory`.
+
+    A link leading out of the checkpoint folder (to another model's arrays, or to any file of the
+    machine) is not followed: Orbax and TensorStore would read through it. The checkpoint folder
+    itself may be a link; what it holds may not lead out of it. Remote folders hold no links.
+
+    Raises:
+      CheckpointError: naming the first link that leads out, and where it leads.
+    """
+    if not paths.is_local(item_dir) or not os.path.isdir(item_dir):
+        return
+    root = os.path.realpath(directory)
+    inside = os.path.realpath(item_dir)
+    if inside != root and not inside.startswith(root + os.sep):
+        raise _outside(item_dir, inside, directory)
+    for folder, names, files in os.walk(item_dir):
+        for name in names + files:
+            full = os.path.join(folder, name)
+            if os.path.islink(full):
+                real = os.path.realpath(full)
+                if real != root and not real.startswith(root + os.sep):
+                    raise _outside(full, real, directory)
+
+
+def _outside(link: str, real: str, directory: str) -> CheckpointError:
+    return CheckpointError(
+        f"{link!r} in the checkpoint {directory!r} is a link to {real!r}, outside the checkpoint "
+        f"folder; ppl_jax reads no file outside it. Copy the file into the checkpoint instead."
+    )
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return paths.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def quiet_failed_reads():
+    """Keeps the leftovers of failed Orbax reads off stderr while the failure is diagnosed.
+
+    When one shard of a restore fails, Orbax's other pending reads end as never-retrieved asyncio
+    task exceptions and unawaited coroutines, which Python prints (tracebacks of hundreds of lines)
+    when they are garbage collected. The failure itself is raised as a `CheckpointError`; these
+    leftovers are collected here, silently.
+    """
+    log = logging.getLogger("asyncio")
+    level, hook = log.level, sys.unraisablehook
+    log.setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        gc.collect()
+        log.setLevel(level)
+        sys.unraisablehook = hook
+
+
+def check_restored(got: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+    """Every expected weight came back as a `jax.Array` of its leaf's shape and dtype.
+
+    Raises:
+      CheckpointError: naming the first weight that did not.
+    """
+    for name, want in expected.items():
+        leaf = got.get(name)
+        if not isinstance(leaf, jax.Array) or leaf.shape != want.shape or leaf.dtype != want.dtype:
+            raise CheckpointError(
+                f"weight '{name}' of {where} did not restore as "
+                f"{want.dtype}{list(want.shape)} (got {type(leaf).__name__} "
+                f"{getattr(leaf, 'dtype', '')}{list(np.shape(leaf)) if leaf is not None else ''})."
+            )
