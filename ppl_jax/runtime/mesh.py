@@ -32,6 +32,7 @@ DEFAULT_RULES = (
     ("kv_heads", "model"),
     ("head_dim", None),
     ("mlp", "model"),
+    ("experts", None),  # MoE experts replicated, split along mlp (ppl_jax.models.moe)
 )
 
 

@@ -1,0 +1,312 @@
+"""A mixture-of-experts SwiGLU layer, dropless and grouped (Shazeer et al. 2017; Jiang et al.
+2024, "Mixtral of Experts"), with the routing of the Hugging Face `mixtral`, `qwen2_moe`,
+`qwen3_moe` and `olmoe` model types (transformers 5.23 `*TopKRouter`, `*Experts`,
+`*SparseMoeBlock`).
+
+Routing (`route`): router logits `x @ router` rounded to the input dtype (transformers'
+`F.linear` in the model dtype), softmax over all experts in float32, `jax.lax.top_k`, then
+division by the sum of the top-k weights when `norm_topk_prob` (Mixtral always does; OLMoE,
+Qwen2-MoE and Qwen3-MoE read `norm_topk_prob`). Qwen2-MoE adds a shared SwiGLU expert scaled by
+`sigmoid(x @ shared_gate)`.
+
+Ties. `jax.lax.top_k` puts the lower expert index first among equal probabilities, so of two tied
+experts straddling the k-th place ppl_jax takes the lower index. `torch.topk` on CPU has no such
+rule: it runs libstdc++'s `std::nth_element` (or `std::partial_sort` when `64 * k <= experts`)
+on (value, index) pairs compared by value only, so its choice depends on the other values of the
+row (measured: the lower index in 40-60% of random boundary ties). Ties inside the top k give the
+same set in both; only exactly equal probabilities at the k-th place can differ (identical router
+rows, or bfloat16 logits rounded to the same value).
+
+Dropless and grouped (`grouped_swiglu`): every (token, slot) assignment reaches its expert
+whatever the batch, with no capacity. Assignments are sorted by expert (stable), the experts'
+SwiGLU runs on the sorted rows with group sizes = tokens per expert, and the rows are unsorted and
+combined with the routing weights in float32. On TPU and GPU this is `jax.lax.ragged_dot`. On CPU
+`ragged_dot` lowers (jax 0.10) to a masked dense product that holds an `[experts, rows, k]`
+buffer and does every expert's work for every row, so there (`jax.lax.platform_dependent`) the
+sorted rows are padded per expert to whole tiles and a loop runs the three matmuls of one expert
+per tile: the largest buffers are `[tokens * top_k + experts * tile, embed]`; no
+`[tokens, experts, mlp]` buffer exists on any path.
+
+Sharding. Weights carry `logical_axes`: router `("embed", "experts")`, expert weights
+`("experts", "embed", "mlp")` and `("experts", "mlp", "embed")`, the shared expert as the dense
+MLP, its gate `("embed",)`. `ppl_jax.runtime.mesh.DEFAULT_RULES` maps `experts` to None, so by
+default the experts are replicated and split along `mlp` over the `model` axis, as dense MLPs are.
+The mesh has the axes `data` and `model` only; to shard the experts themselves, map them to
+`model` and unmap `mlp` (one weight cannot use `model` twice), e.g. in a config file
+`c.mesh.rules = tuple(r for r in DEFAULT_RULES if r[0] != "mlp") + (("experts", "model"),
+("mlp", None))` with `mesh.model=2`. XLA's partitioner then stores each expert on one device
+and gathers it where the loop needs it (results are identical; this is not all-to-all expert
+parallelism).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ppl_jax.errors import CheckpointError
+from ppl_jax.models.llama import normal_param
+
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeSpec:
+    """Shape and routing of one MoE layer.
+
+    Attributes:
+      embed_dim: the model width (`hidden_size`).
+      mlp_dim: each expert's hidden width (`moe_intermediate_size` for Qwen2/3-MoE,
+        `intermediate_size` for Mixtral and OLMoE).
+      num_experts: routed experts (`num_local_experts` for Mixtral, else `num_experts`).
+      top_k: experts per token (`num_experts_per_tok`).
+      norm_topk_prob: renormalise the top-k weights to sum to 1 (always for Mixtral).
+      shared_mlp_dim: the shared expert's hidden width (Qwen2-MoE
+        `shared_expert_intermediate_size`), 0 for none; it comes with its sigmoid gate.
+    """
+
+    embed_dim: int
+    mlp_dim: int
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool = True
+    shared_mlp_dim: int = 0
+
+    def __post_init__(self):
+        if not 0 < self.top_k <= self.num_experts:
+            raise CheckpointError(
+                f"num_experts_per_tok={self.top_k} must be between 1 and the "
+                f"{self.num_experts} experts."
+            )
+
+    @staticmethod
+    def from_hf_config(c: dict[str, Any]) -> MoeSpec:
+        """The MoE layer of a Hugging Face `config.json` (model types in `MOE_MODEL_TYPES`),
+        with transformers 5.23's defaults for missing keys.
+
+        Raises:
+          CheckpointError: another model type, or an activation other than silu.
+        """
+        model_type = c.get("model_type")
+        if model_type not in MOE_MODEL_TYPES:
+            raise CheckpointError(f"model_type {model_type!r} is not a mixture of experts.")
+        if c.get("hidden_act", "silu") != "silu":
+            raise CheckpointError(f"hidden_act {c['hidden_act']!r} is not supported (only silu).")
+        qwen = model_type in ("qwen2_moe", "qwen3_moe")
+        mixtral = model_type == "mixtral"
+        return MoeSpec(
+            embed_dim=int(c["hidden_size"]),
+            mlp_dim=int(c["moe_intermediate_size"] if qwen else c["intermediate_size"]),
+            num_experts=int(c["num_local_experts"] if mixtral else c["num_experts"]),
+            top_k=int(
+                c.get(
+                    "num_experts_per_tok", 2 if mixtral else 8 if model_type != "qwen2_moe" else 4
+                )
+            ),
+            norm_topk_prob=mixtral or bool(c.get("norm_topk_prob", False)),
+            shared_mlp_dim=int(c["shared_expert_intermediate_size"])
+            if model_type == "qwen2_moe"
+            else 0,
+        )
+
+
+def sparse_layers(c: dict[str, Any]) -> tuple[int, ...]:
+    """The layers of a Hugging Face MoE `config.json` that hold a MoE block (the others a dense
+    MLP of `intermediate_size`): all of them for Mixtral and OLMoE; for Qwen2/3-MoE those not in
+    `mlp_only_layers` with `(i + 1) % decoder_sparse_step == 0` (transformers'
+    `Qwen3MoeDecoderLayer`)."""
+    n = int(c["num_hidden_layers"])
+    if c.get("model_type") in ("mixtral", "olmoe"):
+        return tuple(range(n))
+    dense, step = set(c.get("mlp_only_layers") or ()), int(c.get("decoder_sparse_step", 1))
+    if int(c.get("num_experts", 0)) <= 0:
+        return ()
+    return tuple(i for i in range(n) if i not in dense and (i + 1) % step == 0)
+
+
+def route(
+    x: jax.Array, router: jax.Array, top_k: int, norm_topk_prob: bool
+) -> tuple[jax.Array, jax.Array]:
+    """Softmax top-k routing.
+
+    Args:
+      x: `[tokens, embed]`, any float dtype.
+      router: `[embed, experts]` (the transpose of transformers' `gate.weight`).
+      top_k, norm_topk_prob: as in `MoeSpec`.
+
+    Returns:
+      (weights `[tokens, top_k] float32`, experts `[tokens, top_k] int32`), by decreasing weight,
+      the lower expert index first among equal weights.
+    """
+    logits = jnp.dot(x, router.astype(x.dtype), preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(logits.astype(x.dtype).astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, experts.astype(jnp.int32)
+
+
+def default_tile(rows: int, num_experts: int) -> int:
+    """The CPU path's rows per tile: a power of two near the mean rows per expert, 8 to 128."""
+    mean = max(1, rows // num_experts)
+    return int(min(128, max(8, 1 << (mean - 1).bit_length())))
+
+
+def _swiglu(x, gate, up, down):
+    return jnp.dot(jax.nn.silu(jnp.dot(x, gate)) * jnp.dot(x, up), down)
+
+
+def _ragged_swiglu(xs, gate, up, down, group_sizes):
+    h = jax.nn.silu(jax.lax.ragged_dot(xs, gate, group_sizes))
+    return jax.lax.ragged_dot(h * jax.lax.ragged_dot(xs, up, group_sizes), down, group_sizes)
+
+
+def _tiled_swiglu(xs, gate, up, down, group_sizes, tile):
+    """Each expert's rows padded to whole `tile`s; one loop step per tile that holds rows."""
+    rows, embed = xs.shape
+    num_experts = gate.shape[0]
+    num_tiles = -(-rows // tile) + num_experts  # an upper bound on the tiles needed
+    padded = (group_sizes + tile - 1) // tile * tile
+    padded_ends = jnp.cumsum(padded)
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    # Row r belongs to the expert whose group holds it: the number of groups ending at or before r.
+    expert_of_row = jnp.cumsum(jnp.zeros(rows + 1, jnp.int32).at[ends[:-1]].add(1))[:rows]
+    dest = jnp.arange(rows) - starts[expert_of_row] + (padded_ends - padded)[expert_of_row]
+    xp = jnp.zeros((num_tiles * tile, embed), xs.dtype).at[dest].set(xs, unique_indices=True)
+    tile_starts = jnp.arange(num_tiles) * tile
+    tile_expert = jnp.searchsorted(padded_ends, tile_starts, side="right", method="compare_all")
+    tile_expert = jnp.minimum(tile_expert, num_experts - 1)
+
+    def body(t, out):
+        e = tile_expert[t]
+        xt = jax.lax.dynamic_slice_in_dim(xp, t * tile, tile)
+        yt = _swiglu(xt, gate[e], up[e], down[e])
+        return jax.lax.dynamic_update_slice_in_dim(out, yt.astype(out.dtype), t * tile, 0)
+
+    out = jax.lax.fori_loop(0, padded_ends[-1] // tile, body, jnp.zeros_like(xp))
+    return out[dest]
+
+
+def grouped_swiglu(
+    xs: jax.Array,
+    gate: jax.Array,
+    up: jax.Array,
+    down: jax.Array,
+    group_sizes: jax.Array,
+    tile: int | None = None,
+) -> jax.Array:
+    """Each expert's SwiGLU on its contiguous rows: `(silu(x @ gate[e]) * (x @ up[e])) @ down[e]`.
+
+    Args:
+      xs: `[rows, embed]`, rows sorted by expert.
+      gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`, in `xs.dtype`.
+      group_sizes: `[experts] int32`, rows per expert, summing to `rows`.
+      tile: rows per tile on CPU (default `default_tile`).
+
+    Returns:
+      `[rows, embed]` in `xs.dtype`: `jax.lax.ragged_dot` on TPU/GPU, tiles on CPU.
+    """
+    tile = tile or default_tile(xs.shape[0], gate.shape[0])
+    args = (xs, gate, up, down, group_sizes)
+    return jax.lax.platform_dependent(
+        *args,
+        cpu=lambda *a: _tiled_swiglu(*a, tile),
+        default=_ragged_swiglu,
+    )
+
+
+def moe_mlp(
+    x: jax.Array,
+    router: jax.Array,
+    gate: jax.Array,
+    up: jax.Array,
+    down: jax.Array,
+    *,
+    top_k: int,
+    norm_topk_prob: bool,
+    shared: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None,
+    tile: int | None = None,
+) -> jax.Array:
+    """The MoE block of transformers' `*SparseMoeBlock`, dropless.
+
+    Args:
+      x: `[..., embed]`, float32 or bfloat16; every leading position is a token.
+      router: `[embed, experts]`; gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`.
+      top_k, norm_topk_prob: the routing (see `route`).
+      shared: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
+        shared_gate [embed])`, added as `sigmoid(x @ shared_gate) * swiglu(x)`; or None.
+      tile: rows per tile on CPU (see `grouped_swiglu`).
+
+    Returns:
+      `x.shape`, in `x.dtype`. Routing weights multiply the experts' outputs and the sum over
+      experts is taken in float32, then cast once (transformers rounds each expert's weighted
+      output to the model dtype and adds in that dtype: the same in float32).
+    """
+    shape, dtype = x.shape, x.dtype
+    x = x.reshape(-1, shape[-1])
+    tokens, num_experts = x.shape[0], router.shape[-1]
+    weights, experts = route(x, router, top_k, norm_topk_prob)
+    flat = experts.reshape(-1)  # [tokens * top_k], assignment j = (token j // top_k, slot)
+    order = jnp.argsort(flat, stable=True)
+    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    ys = grouped_swiglu(x[order // top_k], gate, up, down, group_sizes, tile)
+    y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True).reshape(tokens, top_k, -1)
+    out = jnp.einsum("tkd,tk->td", y.astype(jnp.float32), weights)
+    if shared is not None:
+        s_gate, s_up, s_down, s_scale = shared
+        scale = jax.nn.sigmoid(jnp.dot(x, s_scale.astype(dtype)).astype(jnp.float32))
+        out = out + scale[:, None] * _swiglu(x, s_gate, s_up, s_down).astype(jnp.float32)
+    return out.astype(dtype).reshape(shape)
+
+
+class MoeMLP(nnx.Module):
+    """A MoE SwiGLU layer as an NNX module (params as in `moe_mlp`, no biases).
+
+    Params: `router [embed, experts]`, `gate`/`up [experts, embed, mlp]`,
+    `down [experts, mlp, embed]`; with `spec.shared_mlp_dim`: `shared_gate_proj`/`shared_up
+    [embed, s]`, `shared_down [s, embed]`, `shared_scale [embed]` (transformers'
+    `shared_expert_gate.weight[0]`). Initialised like `llama.MLP` (N(0, fan_in^-1)).
+    """
+
+    def __init__(self, spec: MoeSpec, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        d, f, e, s = spec.embed_dim, spec.mlp_dim, spec.num_experts, spec.shared_mlp_dim
+        self.spec = spec
+        self.router = normal_param(rngs, (d, e), ("embed", "experts"), d**-0.5, dtype)
+        self.gate = normal_param(rngs, (e, d, f), ("experts", "embed", "mlp"), d**-0.5, dtype)
+        self.up = normal_param(rngs, (e, d, f), ("experts", "embed", "mlp"), d**-0.5, dtype)
+        self.down = normal_param(rngs, (e, f, d), ("experts", "mlp", "embed"), f**-0.5, dtype)
+        if s:
+            self.shared_gate_proj = normal_param(rngs, (d, s), ("embed", "mlp"), d**-0.5, dtype)
+            self.shared_up = normal_param(rngs, (d, s), ("embed", "mlp"), d**-0.5, dtype)
+            self.shared_down = normal_param(rngs, (s, d), ("mlp", "embed"), s**-0.5, dtype)
+            self.shared_scale = normal_param(rngs, (d,), ("embed",), d**-0.5, dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`[..., embed]` -> `[..., embed]`, in `x.dtype`."""
+        spec = self.spec
+        shared = None
+        if spec.shared_mlp_dim:
+            shared = tuple(
+                p[...]
+                for p in (
+                    self.shared_gate_proj,
+                    self.shared_up,
+                    self.shared_down,
+                    self.shared_scale,
+                )
+            )
+        return moe_mlp(
+            x,
+            self.router[...],
+            self.gate[...],
+            self.up[...],
+            self.down[...],
+            top_k=spec.top_k,
+            norm_topk_prob=spec.norm_topk_prob,
+            shared=shared,
+        )

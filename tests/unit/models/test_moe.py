@@ -1,0 +1,354 @@
+"""The MoE layer (ppl_jax.models.moe) against a NumPy float64 loop over experts (transformers'
+math), against transformers' own blocks (golden files of tests/golden/make_moe_golden.py),
+invariance to batch size, order and mesh, and a memory guard."""
+
+import math
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from ppl_jax.models import moe
+from ppl_jax.runtime import mesh as mesh_lib
+
+import helpers
+
+GOLDEN = os.path.join(helpers.GOLDEN, "moe")
+
+
+def reference(x, router, gate, up, down, top_k, norm_topk_prob, shared=None, chosen=None):
+    """NumPy float64, token by token and expert by expert, as transformers' `*SparseMoeBlock`;
+    ties go to the lower expert index unless `chosen [tokens, top_k]` names the experts."""
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    x, router, gate, up, down = map(f64, (x, router, gate, up, down))
+    silu = lambda h: h / (1 + np.exp(-h))  # noqa: E731
+    logits = x @ router
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        experts = np.argsort(-probs[t], kind="stable")[:top_k] if chosen is None else chosen[t]
+        weights = probs[t, experts]
+        if norm_topk_prob:
+            weights = weights / weights.sum()
+        for e, w in zip(experts, weights, strict=True):
+            out[t] += w * ((silu(x[t] @ gate[e]) * (x[t] @ up[e])) @ down[e])
+    if shared is not None:
+        s_gate, s_up, s_down, s_scale = map(f64, shared)
+        scale = 1 / (1 + np.exp(-(x @ s_scale)))
+        out += scale[:, None] * ((silu(x @ s_gate) * (x @ s_up)) @ s_down)
+    return out
+
+
+def random_layer(rng, embed, mlp, experts, shared_mlp=0, router_scale=1.0):
+    def draw(*shape):
+        return jnp.asarray(rng.standard_normal(shape) * shape[-2] ** -0.5, jnp.float32)
+
+    params = {
+        "router": draw(embed, experts) * router_scale,
+        "gate": draw(experts, embed, mlp),
+        "up": draw(experts, embed, mlp),
+        "down": draw(experts, mlp, embed),
+    }
+    if shared_mlp:
+        params["shared"] = (
+            draw(embed, shared_mlp),
+            draw(embed, shared_mlp),
+            draw(shared_mlp, embed),
+            draw(embed, 1)[:, 0],
+        )
+    return params
+
+
+def rel_diff(a, b) -> float:
+    """max |a - b| / max |b|."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+LAYER = jax.jit(moe.moe_mlp, static_argnames=("top_k", "norm_topk_prob", "tile"))
+
+
+def call(params, x, top_k, norm):
+    """`moe_mlp` jitted (once per shape) on a dict of params (`shared`: the shared expert)."""
+    p = dict(params)
+    return LAYER(x, **p, top_k=top_k, norm_topk_prob=norm)
+
+
+# (name, experts, top_k, norm_topk_prob, shared expert width)
+STYLES = [
+    ("mixtral", 8, 2, True, 0),
+    ("qwen3_moe", 64, 8, True, 0),
+    ("qwen3_moe_unnormalised", 64, 8, False, 0),
+    ("qwen2_moe_shared", 16, 4, False, 40),
+    ("olmoe", 16, 4, False, 0),
+]
+
+
+@pytest.mark.parametrize("name,experts,top_k,norm,shared", STYLES, ids=[s[0] for s in STYLES])
+def test_equals_numpy_float64(name, experts, top_k, norm, shared):
+    rng = np.random.default_rng(experts + top_k + shared)
+    params = random_layer(rng, 32, 48, experts, shared)
+    x = jnp.asarray(rng.standard_normal((3, 21, 32)), jnp.float32)
+    y = call(params, x, top_k, norm)
+    assert y.shape == x.shape and y.dtype == jnp.float32
+    ref = reference(x.reshape(-1, 32), **params, top_k=top_k, norm_topk_prob=norm)
+    assert rel_diff(y.reshape(-1, 32), ref) < 1e-6
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 9, 1, 0, 17, 3, 13], [0] * 7 + [48], [48] + [0] * 7])
+@pytest.mark.parametrize("tile", [1, 8, 64])
+def test_cpu_tiles_equal_ragged_dot(sizes, tile):
+    """The CPU path equals `jax.lax.ragged_dot` (the TPU/GPU path), empty experts included."""
+    rng = np.random.default_rng(len(sizes) + tile)
+    p = random_layer(rng, 16, 24, len(sizes))
+    xs = jnp.asarray(rng.standard_normal((sum(sizes), 16)), jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    tiled = jax.jit(moe._tiled_swiglu, static_argnums=5)(
+        xs, p["gate"], p["up"], p["down"], gs, tile
+    )
+    ragged = jax.jit(moe._ragged_swiglu)(xs, p["gate"], p["up"], p["down"], gs)
+    np.testing.assert_allclose(tiled, ragged, rtol=1e-5, atol=1e-6)
+
+
+def hf_to_ppl(z):
+    """A golden file's transformers-layout weights as `moe_mlp` arguments."""
+    mlp = z["down_proj"].shape[-1]
+    params = {
+        "router": z["router"].T,
+        "gate": z["gate_up_proj"][:, :mlp].transpose(0, 2, 1),
+        "up": z["gate_up_proj"][:, mlp:].transpose(0, 2, 1),
+        "down": z["down_proj"].transpose(0, 2, 1),
+    }
+    if "shared_expert_gate" in z:
+        params["shared"] = (
+            z["shared_gate_proj"].T,
+            z["shared_up_proj"].T,
+            z["shared_down_proj"].T,
+            z["shared_expert_gate"][0],
+        )
+    return {k: jax.tree.map(jnp.asarray, v) for k, v in params.items()}
+
+
+def load_golden(name):
+    with np.load(os.path.join(GOLDEN, f"{name}.npz")) as z:
+        return {k: z[k] for k in z.files}
+
+
+GOLDEN_CASES = [
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen3_moe_unnormalised",
+    "olmoe",
+    "tie_inside",
+]
+
+
+@pytest.mark.parametrize("name", GOLDEN_CASES)
+def test_equals_transformers_golden(name):
+    z = load_golden(name)
+    top_k, norm = int(z["top_k"]), bool(z["norm_topk_prob"])
+    params = hf_to_ppl(z)
+    y = call(params, jnp.asarray(z["x"]), top_k, norm)
+    assert rel_diff(y, z["y"]) < 1e-6
+    flat = jnp.asarray(z["x"]).reshape(-1, z["x"].shape[-1])
+    _, chosen = moe.route(flat, params["router"], top_k, norm)
+    assert [sorted(r) for r in np.asarray(chosen).tolist()] == [
+        sorted(r) for r in z["experts"].tolist()
+    ]
+
+
+def test_tied_experts_are_chosen_as_transformers_chooses_them():
+    """Experts 2 and 5 have identical router rows and are the top 2 of most tokens: ppl_jax picks
+    both exactly where transformers does, with weights 1/2 each."""
+    z = load_golden("tie_inside")
+    params = hf_to_ppl(z)
+    flat = jnp.asarray(z["x"]).reshape(-1, z["x"].shape[-1])
+    weights, chosen = moe.route(flat, params["router"], 2, True)
+    both = [set(r) == {2, 5} for r in z["experts"].tolist()]
+    assert sum(both) >= 20
+    assert [set(r) == {2, 5} for r in np.asarray(chosen).tolist()] == both
+    np.testing.assert_array_equal(np.asarray(weights)[np.array(both)], 0.5)
+    assert np.asarray(chosen)[np.array(both)].tolist() == [[2, 5]] * sum(both)  # lower first
+
+
+def test_tie_at_the_kth_place_goes_to_the_lower_index():
+    """Experts 2 and 5 tie; where they straddle the k-th place ppl_jax takes 2, where transformers
+    on CPU takes either (std::nth_element's order). Elsewhere the choices and outputs agree."""
+    z = load_golden("tie_boundary")
+    params = hf_to_ppl(z)
+    x = jnp.asarray(z["x"]).reshape(-1, z["x"].shape[-1])
+    _, chosen = moe.route(x, params["router"], 3, True)
+    ours, theirs = np.asarray(chosen), z["experts"]
+    straddles = np.array([(2 in r) != (5 in r) for r in theirs.tolist()])
+    assert straddles.any() and not straddles.all()
+    for row, straddle in zip(ours.tolist(), straddles, strict=True):
+        assert not straddle or (2 in row and 5 not in row)
+    same = np.array([set(a) == set(b) for a, b in zip(ours.tolist(), theirs.tolist(), strict=True)])
+    assert same[~straddles].all()
+    y = np.asarray(call(params, jnp.asarray(z["x"]), 3, True)).reshape(x.shape)
+    assert rel_diff(y[same], z["y"].reshape(x.shape)[same]) < 1e-6
+    # Where they differ, ppl_jax is the float64 loop with the lower index of the tied pair.
+    p = {k: v for k, v in params.items()}
+    assert rel_diff(y, reference(x, **p, top_k=3, norm_topk_prob=True)) < 1e-6
+
+
+def sharded_params(module, mesh, rules):
+    state = nnx.state(module, nnx.Param)
+    out = {}
+    for path, var in jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda v: isinstance(v, nnx.Variable)
+    )[0]:
+        name = str(getattr(path[0], "key", path[0]))
+        axes = var.get_metadata()["logical_axes"]
+        spec = mesh_lib.logical_to_spec(axes, var.shape, mesh, rules)
+        out[name] = jax.device_put(var[...], NamedSharding(mesh, spec))
+    return out
+
+
+SHARED_NAMES = ("shared_gate_proj", "shared_up", "shared_down", "shared_scale")
+EXPERT_RULES = tuple(r for r in mesh_lib.DEFAULT_RULES if r[0] != "mlp") + (
+    ("experts", "model"),
+    ("mlp", None),
+)
+
+
+def test_invariant_to_batch_size_order_and_mesh():
+    spec = moe.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=16, top_k=4, shared_mlp_dim=24)
+    module = moe.MoeMLP(spec, nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).standard_normal((16, 8, 32)), jnp.float32)
+
+    def run(params, x, mesh=None):
+        p = dict(params)
+        p["shared"] = tuple(p.pop(k) for k in SHARED_NAMES)
+        if mesh is not None:
+            x = jax.device_put(x, NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+        return np.asarray(call(p, x, 4, True))
+
+    plain = {k: v[...] for k, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+    plain = {k[0]: v for k, v in plain.items()}
+    whole = run(plain, tokens)
+    ref = reference(
+        tokens.reshape(-1, 32),
+        *(plain[k] for k in ("router", "gate", "up", "down")),
+        top_k=4,
+        norm_topk_prob=True,
+        shared=tuple(plain[k] for k in SHARED_NAMES),
+    )
+    assert rel_diff(whole.reshape(-1, 32), ref) < 1e-6
+    diffs = {}
+    for batch in (1, 4):
+        parts = [run(plain, tokens[i : i + batch]) for i in range(0, 16, batch)]
+        diffs[f"batch {batch}"] = rel_diff(np.concatenate(parts), whole)
+    perm = np.random.default_rng(1).permutation(16 * 8)
+    shuffled = run(plain, tokens.reshape(-1, 32)[perm].reshape(16, 8, 32)).reshape(-1, 32)
+    diffs["shuffled"] = rel_diff(shuffled[np.argsort(perm)].reshape(whole.shape), whole)
+    for (data, model), rules in (((8, 1), mesh_lib.DEFAULT_RULES), ((4, 2), EXPERT_RULES)):
+        mesh = mesh_lib.make_mesh(data, model)
+        params = sharded_params(module, mesh, rules)
+        if model == 2:
+            assert params["gate"].sharding.spec[0] == "model"
+        diffs[f"mesh {data}x{model}"] = rel_diff(run(params, tokens, mesh), whole)
+    assert max(diffs.values()) < 1e-6, diffs
+
+
+def _largest_buffer_elements(hlo_text: str) -> int:
+    largest = 0
+    for dims in re.findall(r"[fsu](?:32|16|8|64)\[([0-9,]+)\]", hlo_text):
+        largest = max(largest, math.prod(int(d) for d in dims.split(",")))
+    return largest
+
+
+def test_compiled_layer_holds_no_tokens_experts_mlp_buffer():
+    tokens, embed, mlp, experts, top_k = 1024, 32, 128, 32, 4  # tokens*experts*mlp = 4.2M
+    abstract = [
+        jax.ShapeDtypeStruct(s, jnp.float32)
+        for s in (
+            (tokens, embed),
+            (embed, experts),
+            (experts, embed, mlp),
+            (experts, embed, mlp),
+            (experts, mlp, embed),
+        )
+    ]
+    layer = lambda x, r, g, u, d: moe.moe_mlp(x, r, g, u, d, top_k=top_k, norm_topk_prob=True)  # noqa: E731
+    compiled = jax.jit(layer).lower(*abstract).compile()
+    full = tokens * experts * mlp
+    assert _largest_buffer_elements(compiled.as_text()) < full // 4
+    memory = compiled.memory_analysis()
+    if memory is not None:
+        assert memory.temp_size_in_bytes < full * 4 // 4
+    # The check can fail: the dense all-experts computation, and jax.lax.ragged_dot's own CPU
+    # lowering (masked dense), do hold such buffers.
+    dense = lambda x, g, u, d: jnp.einsum(  # noqa: E731
+        "tef,efd->td",
+        jax.nn.silu(jnp.einsum("td,edf->tef", x, g)) * jnp.einsum("td,edf->tef", x, u),
+        d,
+    )
+    assert (
+        _largest_buffer_elements(
+            jax.jit(dense).lower(*abstract[:1], *abstract[2:]).compile().as_text()
+        )
+        >= full
+    )
+    rows = jax.ShapeDtypeStruct((tokens * top_k, embed), jnp.float32)
+    sizes = jax.ShapeDtypeStruct((experts,), jnp.int32)
+    ragged = jax.jit(jax.lax.ragged_dot).lower(rows, abstract[2], sizes).compile()
+    assert _largest_buffer_elements(ragged.as_text()) >= tokens * top_k * experts * embed
+
+
+def test_module_params_and_bfloat16():
+    spec = moe.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=8, top_k=2, shared_mlp_dim=16)
+    module = moe.MoeMLP(spec, nnx.Rngs(0), jnp.bfloat16)
+    axes = {
+        k[0]: v.get_metadata()["logical_axes"]
+        for k, v in nnx.to_flat_state(nnx.state(module, nnx.Param))
+    }
+    assert axes["router"] == ("embed", "experts")
+    assert axes["gate"] == axes["up"] == ("experts", "embed", "mlp")
+    assert axes["down"] == ("experts", "mlp", "embed")
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 8, 32)), jnp.bfloat16)
+    apply = nnx.jit(lambda m, x: m(x))
+    y = apply(module, x)
+    assert y.dtype == jnp.bfloat16 and y.shape == x.shape
+    f32 = moe.MoeMLP(spec, nnx.Rngs(0), jnp.float32)
+    nnx.update(f32, jax.tree.map(lambda a: a.astype(jnp.float32), nnx.state(module, nnx.Param)))
+    assert rel_diff(y, apply(f32, x.astype(jnp.float32))) < 2e-2
+
+
+def test_spec_from_transformers_configs():
+    mixtral = moe.MoeSpec.from_hf_config(
+        {
+            "model_type": "mixtral",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 3,
+        }
+    )
+    assert mixtral == moe.MoeSpec(64, 96, 8, 2, True, 0)
+    qwen2 = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 128,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "norm_topk_prob": False,
+        "num_hidden_layers": 6,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+    }
+    assert moe.MoeSpec.from_hf_config(qwen2) == moe.MoeSpec(64, 32, 60, 4, False, 128)
+    assert moe.sparse_layers(qwen2) == (1, 5)
+    assert moe.sparse_layers({**qwen2, "model_type": "olmoe"}) == tuple(range(6))
+    with pytest.raises(moe.CheckpointError, match="num_experts_per_tok"):
+        moe.MoeSpec(64, 32, 4, 5)
