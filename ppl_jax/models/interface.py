@@ -18,10 +18,13 @@ import jax
 
 
 class HiddenStates(NamedTuple):
-    """hidden: `[batch, seq, embed]`; unembedding: `[embed, vocab]` (logits = hidden @ it)."""
+    """hidden: `[batch, seq, embed]`; unembedding: `[embed, vocab]` (logits = hidden @ it);
+    logit_softcap: None, or `c` for logits `c * tanh((hidden @ unembedding) / c)` (Gemma 2's
+    final-logit soft-cap), applied by the scorer to each vocabulary block in float32."""
 
     hidden: jax.Array
     unembedding: jax.Array
+    logit_softcap: float | None = None
 
 
 class Logits(NamedTuple):

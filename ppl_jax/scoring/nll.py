@@ -83,12 +83,19 @@ def _leading_shape(output: HiddenStates | Logits) -> tuple[int, ...]:
     return output.hidden.shape[:-1]
 
 
+def _softcap(logits: jax.Array, cap: float | None) -> jax.Array:
+    """`cap * tanh(logits / cap)` (Gemma 2's final-logit soft-cap, as transformers computes it),
+    or `logits` when `cap` is None."""
+    return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+
 def _full_logits(output: HiddenStates | Logits) -> jax.Array:
     if isinstance(output, Logits):
         return output.logits.astype(jnp.float32)
-    return jnp.einsum(
+    logits = jnp.einsum(
         "btd,dv->btv", output.hidden, output.unembedding, preferred_element_type=jnp.float32
     )
+    return _softcap(logits, output.logit_softcap)
 
 
 def _block_source(output: HiddenStates | Logits) -> Callable[[int | jax.Array, int], jax.Array]:
@@ -104,7 +111,8 @@ def _block_source(output: HiddenStates | Logits) -> Callable[[int | jax.Array, i
 
     def matmul(first, width):
         w = jax.lax.dynamic_slice_in_dim(output.unembedding, first, width, axis=1)
-        return jnp.einsum("btd,dv->btv", output.hidden, w, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("btd,dv->btv", output.hidden, w, preferred_element_type=jnp.float32)
+        return _softcap(logits, output.logit_softcap)
 
     return matmul
 
@@ -219,11 +227,12 @@ def _blocked(
     block: int,
     top_k: int = 0,
     reference: HiddenStates | Logits | None = None,
+    logit_softcap: float | None = None,
 ) -> TokenStats:
     v = unembedding.shape[1]
     block = min(block, v)
     num_full, rest = divmod(v, block)
-    logits_of = _block_source(HiddenStates(hidden, unembedding))
+    logits_of = _block_source(HiddenStates(hidden, unembedding, logit_softcap))
     ref_of = None if reference is None else _block_source(reference)
 
     def target_logit(logits, first, previous):
@@ -352,7 +361,9 @@ def token_stats(
     if isinstance(output, Logits):
         ref_logits = None if reference is None else _full_logits(reference)
         return _from_logits(output.logits, targets, top_k, ref_logits)
-    return _blocked(output.hidden, output.unembedding, targets, block, top_k, reference)
+    return _blocked(
+        output.hidden, output.unembedding, targets, block, top_k, reference, output.logit_softcap
+    )
 
 
 def token_nll(output: HiddenStates | Logits, targets: jax.Array) -> jax.Array:
