@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 from typing import Any
 
 DECIMALS = 4  # bits and nats in the page
@@ -93,6 +94,9 @@ def _css_bins(prefix: str, colors: list[str]) -> str:
     return "\n".join(rules)
 
 
+_MARKER = re.compile(r"@(TITLE|HEADER|BINS|MODE|DATA|SCRIPT)@")
+
+
 def render(data: dict[str, Any]) -> str:
     """The page: static HTML (the runs, what was left out), the data as JSON, inline CSS and JS."""
     compare = len(data["runs"]) == 2
@@ -103,14 +107,18 @@ def render(data: dict[str, Any]) -> str:
     header += f'<p class="note">{html.escape(left_out(data["selection"]))}</p>'
     css = _css_bins("s", data["scale"]["surprisal"]["colors"])
     css += "\n" + _css_bins("d", data["scale"]["diff"]["colors"])
-    return (
-        _TEMPLATE.replace("@TITLE@", html.escape(title))
-        .replace("@HEADER@", header)
-        .replace("@BINS@", css)
-        .replace("@MODE@", "compare" if compare else "single")
-        .replace("@DATA@", _script_json(data))
-        .replace("@SCRIPT@", _SCRIPT)
-    )
+    values = {
+        "TITLE": html.escape(title),
+        "HEADER": header,
+        "BINS": css,
+        "MODE": "compare" if compare else "single",
+        "DATA": _script_json(data),
+        "SCRIPT": _SCRIPT,
+    }
+    # One pass over the template: a value is never searched for the markers again, so a run's
+    # path or a document's name holding `@SCRIPT@` (or `@DATA@`) stays text. (Chained
+    # `str.replace` put the whole script into the data's JSON, and the page broke.)
+    return _MARKER.sub(lambda m: values[m.group(1)], _TEMPLATE)
 
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -127,17 +135,23 @@ body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#111;background:#fff;
 header{padding:8px 16px;border-bottom:1px solid #ccc}
 header p{margin:2px 0}
 .note{color:#444}
+.foot{font-size:12px;padding:2px 6px}
 main{display:flex;flex:1;min-height:300px}
-#list{flex:0 0 auto;max-width:48%;overflow:auto;border-right:1px solid #ccc}
+#list{flex:0 0 40%;min-width:300px;overflow:auto;border-right:1px solid #ccc}
+body[data-mode=compare] #list{flex-basis:46%}
 #list table{border-collapse:collapse;width:100%}
-#list th,#list td{padding:2px 6px;text-align:right;white-space:nowrap}
-#list th{position:sticky;top:0;background:#eee;cursor:pointer}
-#list td.src{text-align:left;max-width:18em;overflow:hidden;text-overflow:ellipsis}
+#list th,#list td{padding:2px 5px;text-align:right;white-space:nowrap;
+ font-variant-numeric:tabular-nums}
+#list th{position:sticky;top:0;background:#eee;cursor:pointer;white-space:normal;
+ vertical-align:bottom}
+#list th.src,#list td.src{text-align:left}
+#list td.src{max-width:0;width:100%;overflow:hidden;text-overflow:ellipsis}
 #list tr.sel{outline:2px solid #333}
 #list tbody tr:hover{background:#f3f3f3;cursor:pointer}
 #doc{flex:1;overflow:auto;padding:8px 16px}
-#tokens{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all;
+#tokens{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere;
  tab-size:4}
+.doctitle{font-weight:600;margin:4px 0 0}
 #tokens span{border-right:1px solid rgba(0,0,0,.15)}
 #tokens span.miss{text-decoration:underline dotted}
 .legend span{display:inline-block;padding:0 6px;font-size:12px}
@@ -234,7 +248,8 @@ _SCRIPT = r"""
     if (two) cols.push(["bits/token B", "b"], ["B \u2212 A", "diff"]);
     const t = el("table"), h = el("tr");
     for (const [name, key] of cols) {
-      const th = el("th", name + (key && key === sortBy ? " \u25be" : ""));
+      const th = el("th", name + (key && key === sortBy ? " \u25be" : ""),
+        name === "document" ? "src" : undefined);
       if (key) th.title = key === "diff" ? "sort: largest change |B \u2212 A| first" : "sort";
       if (key) th.onclick = () => { sortBy = key; list(); };
       h.appendChild(th);
@@ -248,8 +263,10 @@ _SCRIPT = r"""
     for (const d of docs) {
       const r = el("tr");
       r.appendChild(el("td", String(d.document)));
-      r.appendChild(el("td", d.source, "src")).title = d.source;
-      r.appendChild(el("td", d.shown < d.tokens ? d.shown + " of " + d.tokens : String(d.tokens)));
+      r.appendChild(el("td", d.title, "src")).title = d.title + "\n" + d.source;
+      const n = el("td", d.tokens.toLocaleString("en-US") + (d.shown < d.tokens ? "*" : ""));
+      if (d.shown < d.tokens) n.title = "only its first " + d.shown + " tokens are in this page";
+      r.appendChild(n);
       r.appendChild(el("td", f(d.mean[0])));
       if (two) {
         r.appendChild(el("td", f(d.mean[1])));
@@ -261,12 +278,17 @@ _SCRIPT = r"""
     }
     $("list").textContent = "";
     $("list").appendChild(t);
+    if (D.documents.some((d) => d.shown < d.tokens)) {
+      $("list").appendChild(el("p", "* cut: only its first tokens are in this page " +
+        "(--max_tokens)", "note foot"));
+    }
   }
 
   function show(d) {
     const head = $("dochead");
     head.textContent = "";
-    let line = "document " + d.document + ": " + d.source + ", " + d.tokens +
+    head.appendChild(el("p", d.title, "doctitle"));
+    let line = "document " + d.document + " (" + d.source + "), " + d.tokens +
       " scored tokens, mean " + f(d.mean[0]) + " bits/token";
     if (two) line += " (A), " + f(d.mean[1]) + " (B), B \u2212 A " + sg(d.diff);
     if (d.shown < d.tokens) line += "; only its first " + d.shown + " tokens are in this page";

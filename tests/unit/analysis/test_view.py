@@ -382,3 +382,78 @@ def test_the_command_line_entry_point(tmp_path):
     bad = subprocess.run([*cmd, str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("ppl-jax view: error:")
+
+
+def test_markers_in_names_and_paths_stay_text(tmp_path):
+    """A run folder, dataset or document named with the page template's markers (`@SCRIPT@`,
+    `@DATA@`) leaves the page whole: two scripts, the data parses, the names come back."""
+    cols, types, num_docs = corpus(8)
+    folder = write(tmp_path / "run@SCRIPT@@DATA@", cols, types, num_docs, dataset="d@SCRIPT@")
+    names = [f"x@SCRIPT@{i}@TITLE@.txt:1" for i in range(num_docs)]
+    path = os.path.join(folder, "tokens.parquet")
+    table = pq.read_table(path)
+    meta = {**table.schema.metadata, b"documents": json.dumps(names).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    out, _ = view.view(folder, out=str(tmp_path / "v.html"))
+    page, raw = load(out)
+    assert [t for t, _ in page.tags].count("script") == 2
+    data = page.data()
+    assert {e["source"] for e in data["documents"]} <= set(names)
+    assert data["runs"][0]["dataset"] == "d@SCRIPT@" and "@SCRIPT@@DATA@" in data["runs"][0]["path"]
+    code = [t for a, t in page.scripts if "id" not in a]
+    assert len(code) == 1 and raw.count('"use strict";') == 1
+    assert "run@SCRIPT@@DATA@" in " ".join(page.text)  # the header names the folder, as text
+
+
+def test_documents_are_named_by_their_first_words(tmp_path):
+    tokens = ["\n", "  Pride", " and", " Prejudice", ",", " by", " Jane", " Austen", ".", "\n"]
+    tokens += [" It", " is", " a", " truth", " universally", " acknowledged"]
+    n = len(tokens)
+    cols = {
+        "dataset": ["toy"] * n,
+        "document": np.zeros(n, np.int64),
+        "offset": np.arange(n, dtype=np.int64),
+        "position": np.arange(n, dtype=np.int32) + 1,
+        "token_id": np.arange(n, dtype=np.int32),
+        "token": tokens,
+        "nll": np.ones(n, np.float32),
+        "surprisal": np.full(n, 1 / math.log(2), np.float32),
+        "entropy": np.ones(n, np.float32),
+        "correct": np.ones(n, bool),
+    }
+    folder = write(tmp_path / "run", cols, {}, 1)
+    _, data = view.view(folder)
+    (doc,) = data["documents"]
+    assert doc["title"] == "Pride and Prejudice, by Jane Austen. It is a truth …"
+    assert doc["source"] == "toy.txt:1"
+    from ppl_jax.analysis.view_data import title
+
+    assert (
+        title(tokens[3:], first_offset=3)
+        == "…Prejudice, by Jane Austen. It is a truth universally …"
+    )
+    assert title([" a", " b"], 0) == "a b" and title([" ", "\n"], 0) == "(no text)"
+    assert title(["x" * 80], 0) == "x" * 59 + " …"
+
+
+def test_the_page_wraps_between_words_and_keeps_every_list_column(tmp_path):
+    """Tokens wrap at spaces (`overflow-wrap:anywhere` only breaks a word longer than a line;
+    `word-break:break-all` broke words anywhere); the list's document column takes what the
+    number columns leave (`max-width:0; width:100%`), so B - A is not cut off on a laptop's
+    screen (checked in headless Chromium at 1024 and 1366 pixels)."""
+    cols, types, num_docs = corpus(9)
+    a = write(tmp_path / "a", cols, types, num_docs)
+    out, _ = view.view(a, compare=a, out=str(tmp_path / "c.html"))
+    _, raw = load(out)
+    style = re.search(r"<style>(.*)</style>", raw, re.S).group(1)
+    tokens = re.search(r"#tokens\{([^}]*)\}", style).group(1)
+    assert "break-all" not in style and "overflow-wrap:anywhere" in tokens
+    assert re.search(r"#list td\.src\{max-width:0;width:100%;", style)
+    assert re.search(r"#list th,#list td\{[^}]*white-space:nowrap", style)
+
+
+def test_view_modules_stay_short():
+    root = os.path.dirname(view.__file__)
+    for name in ("view.py", "view_data.py", "view_page.py"):
+        with open(os.path.join(root, name)) as f:
+            assert len(f.readlines()) <= 400, name
