@@ -31,10 +31,12 @@ from jax.sharding import Mesh
 
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
+from ppl_jax.evaluation import segments
 from ppl_jax.metrics import divergence
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import journal, store
+from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.plans.suite import Dataset, prepare
 from ppl_jax.runtime import mesh as mesh_lib
@@ -135,9 +137,19 @@ class Evaluator:
             if tokenizer is None:
                 raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
             check_window(proto.seq_len, model, f"dataset {ds.name!r}: seq_len")
-            self.datasets.append(prepare(ds, proto, tokenizer, model.vocab_size, batch, attention))
-        for d in self.datasets:
+            self.datasets.append(
+                prepare(
+                    ds, proto, tokenizer, model.vocab_size, batch, attention,
+                    model.honours_segments,
+                )
+            )  # fmt: skip
+        for i, d in enumerate(self.datasets):
             check_batch_size(d.layout.batch_size, mesh)
+            if d.layout.max_segments > 1 and not model.honours_segments:  # laid out elsewhere
+                layout = plan_layout(d.plan.windows, d.layout.batch_size, pack=False)
+                self.datasets[i] = Dataset(d.data, d.protocol, d.plan, layout)
+        # A model that claims to keep segments apart is checked once, before its first packed row.
+        self._segments_checked = False
         self.options = options or StepOptions(reference=reference is not None)
         self.scorer = Scorer(model, mesh, param_shardings, self.options, reference)
         if compile:
@@ -172,9 +184,14 @@ class Evaluator:
           loop, `totals.stopped_at` is set and the sums cover the batches done so far.
 
         Raises:
-          NumericsError: NaN or infinity scored.
+          NumericsError: NaN or infinity scored. ConfigError: a model that claims to keep
+            packed windows apart but does not (`ppl_jax.evaluation.segments`).
         """
         plan, layout = dataset.plan, dataset.layout
+        if layout.max_segments > 1 and not self._segments_checked:
+            own = params if self.scorer.reference is None else params[0]
+            segments.check(self.model, own, self.mesh)
+            self._segments_checked = True
         state = recorder.state if recorder is not None else None
         resumed = None
         if state is not None:

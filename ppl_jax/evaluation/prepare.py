@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.compilation_cache import compilation_cache
 
 from ppl_jax.checkpoints import Checkpoint, open_checkpoint
 from ppl_jax.data import documents as data
@@ -80,9 +81,15 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     """Every step of a run that needs no weights, in the order that reports a user's mistake
     soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the plans,
     the diagnostics, the reference model, the processes' agreement on the plans."""
-    if spec.compilation_cache_dir:
+    if (
+        spec.compilation_cache_dir
+        and jax.config.jax_compilation_cache_dir != spec.compilation_cache_dir
+    ):
+        # A process that compiled before (a training loop, a test run) has its cache set up
+        # already: reset it, or the folder asked for would be ignored.
         jax.config.update("jax_compilation_cache_dir", spec.compilation_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        compilation_cache.reset_cache()
     ckpt = open_checkpoint(spec.checkpoint_dir, spec.checkpoint_format)
     check(spec, ckpt.format)
     if spec.tensorboard and out is not None:
@@ -118,7 +125,11 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
             ev.seq_len, model, f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len"
         )
         plan, docs, _ = suite.planned(ds, ev, tok, model.vocab_size, read_first)
-        datasets.append(Dataset(ds, ev, plan, suite.batches(plan, spec.batch, attention)))
+        datasets.append(
+            Dataset(
+                ds, ev, plan, suite.batches(plan, spec.batch, attention, model.honours_segments)
+            )
+        )
         documents[ds.name] = docs
     if not spec.is_training_run:
         diagnostics.check(spec, datasets[0].plan, model)

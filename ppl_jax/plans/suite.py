@@ -135,13 +135,15 @@ def plan(
     )
 
 
-def batches(p: Plan, batch: BatchSpec, attention: str = "xla") -> Layout:
+def batches(p: Plan, batch: BatchSpec, attention: str = "xla", segments: bool = True) -> Layout:
     """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
-    cuDNN attention takes per-row sequence lengths, not segments: one window per row there."""
+    Windows are packed only for a model that keeps segments apart (`segments`:
+    `LanguageModel.honours_segments`); cuDNN attention takes per-row sequence lengths, not
+    segments: one window per row there too."""
     return plan_layout(
         p.windows,
         batch.batch_size,
-        pack=batch.packing and attention != "cudnn",
+        pack=batch.packing and attention != "cudnn" and segments,
         num_buckets=batch.length_buckets,
     )
 
@@ -153,6 +155,7 @@ def prepare(
     vocab_size: int,
     batch: BatchSpec,
     attention: str = "xla",
+    segments: bool = True,
 ) -> Dataset:
     """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
     see `planned`), and lays out its batches.
@@ -160,10 +163,11 @@ def prepare(
     Args:
       ds, ev: the dataset's specs; batch: the run's batch layout.
       tok: the model's tokenizer; vocab_size: the model's.
-      attention: the model's attention implementation (see `batches`).
+      attention: the model's attention implementation; segments: whether the model keeps
+        segments apart (see `batches`).
     """
     p = planned(ds, ev, tok, vocab_size)[0]
-    return Dataset(ds, ev, p, batches(p, batch, attention))
+    return Dataset(ds, ev, p, batches(p, batch, attention, segments))
 
 
 def planned(
