@@ -235,8 +235,16 @@ def edge_results(lm) -> dict:
 
     pairs = list(tasks.EDGE_REQUESTS) + greedy_requests(lm)
     lm.recorded = []
-    reqs = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
-    answers = lm.loglikelihood(reqs, disable_tqdm=True)
+    # One call per request: HFLM's one-token-continuation cache (`group_by="contexts"`) groups
+    # requests whose context + continuation[:-1] tokens agree, and then gathers a shorter
+    # continuation's log-probabilities from the first positions of the longest one's (its
+    # greedy check slices the trailing positions, the gather does not): ("", "The game began
+    # development in 2010") and ("The game began", " development in 2010") are the same tokens
+    # for the Llama model (BOS is the prefix), and in one call the second gets a wrong value.
+    answers = [
+        lm.loglikelihood([Instance("loglikelihood", {}, pair, i)], disable_tqdm=True)[0]
+        for i, pair in enumerate(pairs)
+    ]
     try:
         lm.loglikelihood([Instance("loglikelihood", {}, tasks.TOO_LONG, 0)], disable_tqdm=True)
         refused = False
@@ -244,7 +252,7 @@ def edge_results(lm) -> dict:
         refused = True
     return {
         "requests": [list(p) for p in pairs],
-        "tokens": lm.recorded[: len(reqs)],
+        "tokens": lm.recorded[: len(pairs)],
         "answers": [list(a) for a in answers],
         "too_long_refused": refused,
         "prefix_token_id": int(lm.prefix_token_id),
