@@ -12,16 +12,13 @@ plus the micro and macro averages of each step) and
 - writes a CSV of every metric in long form, `step,dataset,kind,metric,value` (default
   `RESULTS_DIR/report.csv`; a null step or value is an empty cell; values as Python's shortest
   repr of the stored float64, so they read back exactly);
-- writes a PNG of the metric against the step (default `RESULTS_DIR/report.png`), as small
-  multiples: a panel per dataset with its 95% bootstrap interval as a band (where the records
-  store one, `details.intervals`), and a panel of the averages; Okabe-Ito colours; a log step
-  axis when the steps span more than a factor of 10; a null step (a checkpoint without one) is
-  drawn at step 0, as in TensorBoard; a log y axis for a perplexity spanning more than a
-  factor of 10.
+- writes a PNG of the metric against the step (default `RESULTS_DIR/report.png`; `plot`):
+  small multiples, a panel per dataset with its stored 95% interval as a band and a panel of
+  the averages, a null step (a checkpoint without one) drawn at step 0, as in TensorBoard.
 
 Files are written atomically (temporary file, fsync, rename). The plot needs matplotlib (`pip
-install 'ppl_jax[diagnostics]'`), drawn on a bare Figure by Agg (`ppl_jax.metrics.plotting`).
-A record without `metrics` stops the report with the file and line. A user's mistake prints one line,
+install 'ppl_jax[diagnostics]'`; `ppl_jax.metrics.plotting`). A user's mistake (a record
+without `metrics` included: named by its file and line) prints one line,
 `ppl-jax report: error: ...`, and exits with status 2.
 """
 
@@ -49,14 +46,6 @@ HEADER = ("step", "dataset", "kind", "metric", "value")
 
 Column = tuple[str, str]  # (kind, dataset)
 PANEL_COLUMNS, PANEL_WIDTH, PANEL_HEIGHT = 3, 3.6, 2.8  # small multiples: panels a row, inches
-METRIC_LABELS = {
-    "bits_per_byte": "bits per byte",
-    "perplexity": "perplexity (per token)",
-    "nll_per_token": "NLL per token (nats)",
-    "bits_per_token": "bits per token",
-    "byte_perplexity": "byte perplexity",
-    "word_perplexity": "word perplexity",
-}
 
 
 def load(path: str) -> tuple[str, list[dict[str, Any]]]:
@@ -181,6 +170,11 @@ def csv_bytes(records: Sequence[Mapping[str, Any]]) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
+def label(metric: str) -> str:
+    """A metric's name for a figure: `bits per byte`, `NLL per token (nats)`, `perplexity`."""
+    return "NLL per token (nats)" if metric == "nll_per_token" else metric.replace("_", " ")
+
+
 def _figure(panels: int) -> Any:
     """A bare matplotlib Figure sized for `panels` small multiples (`plotting.figure`)."""
     cols = min(PANEL_COLUMNS, panels)
@@ -288,7 +282,7 @@ def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any
         if "perplexity" in metric and plotting.log_if_wide(drawn):
             ax.set_yscale("log")
         if i % ncols == 0:
-            ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+            ax.set_ylabel(label(metric))
         ax.grid(True, **plotting.GRID)
         if not drawn:
             ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
@@ -361,9 +355,7 @@ def report(
     png_out = None
     if want_png:
         name = os.path.basename(folder) or folder
-        image = plot(
-            records, metric, f"{METRIC_LABELS.get(metric, metric)} by checkpoint step: {name}"
-        )
+        image = plot(records, metric, f"{label(metric)} by checkpoint step: {name}")
         png_out = _write(png or os.path.join(folder, PNG_NAME), image, "--png")
     return text, csv_out, png_out
 
