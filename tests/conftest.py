@@ -19,6 +19,15 @@ import os
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
+# One persistent compilation cache for the whole test run and the processes it starts (the CLI's
+# subprocess runs compile the same demo and tiny models again and again), kept between runs.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "jax"
+    ),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 GPU_TESTS_ENV = "PPL_JAX_GPU_TESTS"
 if os.environ.get(GPU_TESTS_ENV) == "1":
     # tests/gpu/ on the machine's GPU; processes the tests start share it with this one.
