@@ -30,6 +30,7 @@ import fcntl
 import io
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -41,6 +42,9 @@ from ppl_jax.outputs import files
 from ppl_jax.runtime import paths
 
 LOCK = ".lock"
+_TEMPORARY = re.compile(
+    r"^\..+\.[A-Za-z0-9_]{8}\.tmp$"
+)  # mkstemp(prefix=".<name>.", suffix=".tmp")
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 # Files a run may write; each must be a file (or absent) for the run to start.
@@ -112,7 +116,10 @@ class OutputDir:
             raise ConfigError(
                 f"{where} is not writable ({e.strerror}); choose a folder you can write to."
             ) from None
-        return OutputDir(path, _lock(path) if lock else None)
+        out = OutputDir(path, _lock(path) if lock else None)
+        if lock:
+            remove_stale(path)
+        return out
 
     def close(self) -> None:
         """Releases the lock (the lock file stays; an unlocked file is free)."""
@@ -152,6 +159,19 @@ class OutputDir:
                     tmp.unlink(missing_ok=True)
                 raise
             return target
+        try:
+            try:
+                self._write_local(name, data, target)
+            except FileNotFoundError:
+                if os.path.isdir(self.path):
+                    raise
+                self._recreate()
+                self._write_local(name, data, target)
+        except OSError as e:
+            raise write_error(self.path, name, e) from None
+        return target
+
+    def _write_local(self, name: str, data: bytes, target: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.path)
         try:
             os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp gives 0600)
@@ -164,7 +184,25 @@ class OutputDir:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             raise
-        return target
+
+    def _recreate(self) -> None:
+        """`output.dir` was removed while the run went on: it is made again (and locked again),
+        with a line on stderr, so that the files the run still writes (its journal, its records)
+        are not lost; the files removed with it are gone."""
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as e:
+            raise write_error(self.path, "the folder", e) from None
+        print(
+            f"ppl-jax: output.dir={self.path!r} was removed during the run; made it again "
+            f"(the files removed with it are gone; the run's next files are written there).",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = _lock(self.path)
 
     def write_json(self, name: str, value: Any) -> str:
         """Writes `value` as strict JSON (no NaN or infinity: `allow_nan=False`), atomically."""
@@ -185,6 +223,29 @@ class OutputDir:
             return
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.file(name))
+
+
+def write_error(folder: str, name: str, e: OSError) -> ConfigError:
+    """The error of a file of `output.dir` that could not be written (no space, no permission);
+    the file's earlier version, if any, is kept (every write is a rename of a complete file)."""
+    return ConfigError(
+        f"output.dir={folder!r}: {name} could not be written ({e.strerror or e}); its earlier "
+        f"version is kept. Free space there (or choose another output.dir) and run the same "
+        f"command again: finished work is kept in the journal and results.jsonl."
+    )
+
+
+def remove_stale(folder: str) -> list[str]:
+    """Removes the temporaries (`.<name>.<random>.tmp`, `tempfile.mkstemp`'s names) of the files
+    a run writes in `folder`; call it holding the folder's lock: no other run writes there, so
+    they are a dead writer's (a run killed before its rename). Returns their names."""
+    removed = []
+    for entry in os.listdir(folder):
+        if _TEMPORARY.match(entry):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, entry))
+                removed.append(entry)
+    return removed
 
 
 def _open_remote(path: str, where: str) -> OutputDir:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.outputs import files
-from ppl_jax.outputs.folder import _UMASK
+from ppl_jax.outputs.folder import _UMASK, write_error
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.windows import NO_PREFIX
 from ppl_jax.tokenizer.base import Tokenizer
@@ -209,7 +209,11 @@ class TokenWriter:
         self._pending.append(cols)
         self._pending_rows += int(nll.size)
         if self._pending_rows >= self._group:
-            self._flush(final=False)
+            try:
+                self._flush(final=False)
+            except OSError as e:  # disk full: nothing half-written is left
+                self.abort()
+                raise self._write_error(e) from None
 
     def close(self) -> str:
         """Writes what is buffered and the metadata, fsyncs, and renames the file to `path`.
@@ -239,10 +243,18 @@ class TokenWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             os.replace(self._tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise self._write_error(e) from None
         except BaseException:
             self.abort()
             raise
         return self.path
+
+    def _write_error(self, e: OSError) -> ConfigError:
+        """The one-sentence error of a write that failed (no space left, ...); the partial file
+        is removed and an older file at `path` is kept."""
+        return write_error(os.path.dirname(self.path) or ".", os.path.basename(self.path), e)
 
     def abort(self) -> None:
         """Removes the partial file; nothing is left of it (an older file at `path` is kept)."""

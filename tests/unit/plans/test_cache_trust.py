@@ -177,3 +177,27 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     (tmp_path / "part-00000-of-00001").mkdir()
     assert temporaries.remove_stale(str(tmp_path)) == [theirs]
     assert sorted(os.listdir(tmp_path)) == sorted([mine, other_host, "part-00000-of-00001"])
+
+
+def test_sigterm_while_tokenizing_is_one_sentence_and_leaves_no_temporary(
+    tmp_path, bpe_tokenizer, monkeypatch
+):
+    import signal
+
+    from ppl_jax.errors import Interrupted
+
+    path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
+    tok = tokenizer.load(bpe_tokenizer, None)
+    s = settings(path, str(tmp_path / "cache"), "sliding")
+    encode = type(tok).encode_with_bytes
+
+    def killed(self, texts):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return encode(self, texts)
+
+    monkeypatch.setattr(type(tok), "encode_with_bytes", killed)
+    with pytest.raises(Interrupted, match="SIGTERM while tokenizing data") as e:
+        suite.planned(s.data, s.eval, tok, 512)
+    assert e.value.exit_code == 143
+    entry = token_entry(tmp_path / "cache")
+    assert os.listdir(entry) == []  # the part's temporary folder is gone
