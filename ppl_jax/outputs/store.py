@@ -389,7 +389,7 @@ class ResultsStore:
         Raises:
           DataError: the stored file is malformed (see `records`).
           ValueError: a record holds NaN or infinity, or two of `records` share a key.
-          OSError: the folder cannot be written.
+          ConfigError: the folder cannot be written (no space left, ...), in one sentence.
         """
         keys = [_key(r) for r in records]
         if len(set(keys)) != len(keys):

@@ -228,7 +228,7 @@ def test_a_failing_write_leaves_the_old_file_intact(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(ConfigError, match=r"results.jsonl could not be written \(No space"):
         results.append(records_of(synthetic(9), step=2000))
     assert (tmp_path / "results.jsonl").read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["results.jsonl"]  # no temporary file left
