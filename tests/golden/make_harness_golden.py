@@ -183,7 +183,7 @@ def task_results(lm, include: str) -> dict:
     out = lm_eval.simple_evaluate(
         model=lm,
         tasks=list(tasks.TASK_NAMES),
-        task_manager=TaskManager(include_path=include),
+        task_manager=TaskManager(include_path=include, include_defaults=False),
         log_samples=True,
         bootstrap_iters=0,
     )
