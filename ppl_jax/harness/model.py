@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import lm_eval
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -367,3 +368,24 @@ def load(
         {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
     )
     return model, ckpt.restore(step, target), tok
+
+
+def evaluate(lm: PplJaxLM, **simple_evaluate_args: Any) -> dict | None:
+    """`lm_eval.simple_evaluate(model=lm, ...)` with every process taking part: call it on every
+    process (a training loop every N steps); process 0 runs the harness and returns its results,
+    the others score its requests and return None when it is done.
+
+    Args:
+      lm: the harness model, built on every process (`PplJaxLM.from_params`, or the
+        constructor).
+      simple_evaluate_args: `lm_eval.simple_evaluate`'s other arguments (`tasks`,
+        `task_manager`, `limit`, `num_fewshot`, ...).
+    """
+    if jax.process_index() != 0:
+        lm.serve()
+        return None
+    lm.scorer.restart()
+    try:
+        return lm_eval.simple_evaluate(model=lm, **simple_evaluate_args)
+    finally:
+        lm.close()
