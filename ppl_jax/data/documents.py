@@ -4,11 +4,8 @@ A document is a string plus where it came from, so that every later error can na
 read as bytes and decoded as UTF-8 (a leading byte-order mark is dropped); line ends are kept as
 they are in the file, so the bytes counted for bits per byte are the file's own.
 
-Paths may be local or remote (`gs://bucket/corpus/*.jsonl`, and the other schemes of
-`ppl_jax.runtime.paths`, read through `etils.epath`). A file whose name ends in `.gz` (gzip, RFC 1952)
-or `.zst`/`.zstd` (Zstandard, RFC 8878; needs the `zstandard` package) is decompressed while it
-is read: its documents, and the bytes counted for bits per byte, are those of the decompressed
-text.
+Files are found and read by `ppl_jax.data.files` (local or remote paths, `.gz` and `.zst`
+decompressed while read); `resolve_paths` and `uncompressed_name` are re-exported here.
 
 `read_documents` reads the whole corpus into a list; `iter_documents` yields any contiguous block
 of the same documents as a stream, in memory bounded by about 1 MiB and the longest line (for
@@ -18,19 +15,25 @@ of the same documents as a stream, in memory bounded by about 1 MiB and the long
 from __future__ import annotations
 
 import dataclasses
-import glob
-import gzip
 import json
-import os
 import re
-import zlib
 from collections.abc import Iterator
-from typing import BinaryIO
 
-from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.runtime import paths
+from ppl_jax.data import files
+from ppl_jax.data.files import COMPRESSION_SUFFIXES, resolve_paths, uncompressed_name
+from ppl_jax.errors import DataError
 
-_BOM = b"\xef\xbb\xbf"
+__all__ = [
+    "COMPRESSION_SUFFIXES",
+    "FORMATS",
+    "Document",
+    "count_documents",
+    "iter_documents",
+    "no_text_error",
+    "read_documents",
+    "resolve_paths",
+    "uncompressed_name",
+]
 # Line ends of a file: only these. `str.splitlines` also splits at form feeds, U+2028 and others,
 # which would cut a line of Python source, or a valid JSON line, in two.
 _LINE_END = re.compile(r"\r\n|\r|\n")
@@ -49,193 +52,6 @@ class Document:
     source: str
 
 
-def resolve_paths(path_spec: str) -> list[str]:
-    """Expands `data.path`: a file, a glob, or a comma-separated list of either.
-
-    An entry may be remote (`gs://bucket/dir/*.jsonl.gz`, see `ppl_jax.runtime.paths`): it is listed
-    through `etils.epath`, whose globs have no `**`.
-
-    Returns:
-      The matching files, in the order given, each glob's matches sorted, without repeats.
-
-    Raises:
-      DataError: for an entry that matches no file, or names a directory, or a remote glob
-        with `**`.
-      ConfigError: a scheme that `etils.epath` does not read, or one whose fsspec
-        implementation (`gcsfs` for `gs://`) is not installed.
-    """
-    found: list[str] = []
-    seen: set[str] = set()  # real paths: 'a.txt' and './a.txt' are one file
-    entries = [e.strip() for e in path_spec.split(",") if e.strip()]
-    if not entries:
-        raise DataError("data.path is empty: give a file, a glob or a comma-separated list.")
-    for entry in entries:
-        if not paths.is_local(entry):
-            for m in _resolve_remote(entry):
-                if m not in seen:
-                    seen.add(m)
-                    found.append(m)
-            continue
-        entry = os.path.expanduser(entry)
-        if glob.has_magic(entry):
-            matches = sorted(p for p in glob.glob(entry, recursive=True) if os.path.isfile(p))
-            if not matches:
-                raise DataError(
-                    f"data.path: the glob {entry!r} matches no file. Check the folder and the "
-                    f"pattern (quote it, so that the shell leaves it alone)."
-                )
-        elif os.path.isdir(entry):
-            raise DataError(
-                f"data.path: {entry!r} is a directory; give its files, e.g. '{entry}/*.txt'."
-            )
-        elif not os.path.isfile(entry):
-            raise DataError(f"data.path: no such file {entry!r}. Check the path.")
-        else:
-            matches = [entry]
-        for m in matches:
-            if os.path.realpath(m) not in seen:
-                seen.add(os.path.realpath(m))
-                found.append(m)
-    return found
-
-
-def _resolve_remote(entry: str) -> list[str]:
-    """`resolve_paths` for one remote entry (`gs://b/x.txt` or a glob `gs://b/*/x*.txt`)."""
-    try:
-        if glob.has_magic(entry):
-            if "**" in entry:
-                raise DataError(
-                    f"data.path: the glob {entry!r} uses '**', which remote paths do not support "
-                    f"(each level would be listed with its own requests); use '*' per level."
-                )
-            head, _, tail = entry.partition("://")
-            parts = tail.split("/")
-            first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
-            base = f"{head}://" + "/".join(parts[:first])
-            pattern = "/".join(parts[first:])
-            matches = sorted(
-                str(p) for p in paths.epath(base).glob(pattern) if paths.isfile(str(p))
-            )
-            if not matches:
-                raise DataError(
-                    f"data.path: the glob {entry!r} matches no file. Check the folder and the "
-                    f"pattern (quote it, so that the shell leaves it alone)."
-                )
-            return matches
-        if paths.isdir(entry):
-            raise DataError(
-                f"data.path: {entry!r} is a directory; give its files, e.g. "
-                f"'{entry.rstrip('/')}/*.txt'."
-            )
-        if not paths.isfile(entry):
-            raise DataError(f"data.path: no such file {entry!r}. Check the path.")
-        return [entry]
-    except ImportError as e:
-        raise paths.missing_backend(entry, e) from None
-
-
-COMPRESSION_SUFFIXES = (".gz", ".zst", ".zstd")
-
-
-def uncompressed_name(path: str) -> str:
-    """`path` without a compression suffix (`a.jsonl.gz` -> `a.jsonl`): the name that tells the
-    format of the text inside."""
-    for suffix in COMPRESSION_SUFFIXES:
-        if path.endswith(suffix):
-            return path[: -len(suffix)]
-    return path
-
-
-def _read_file(path: str) -> bytes:
-    """The bytes of `path`, decompressed when its name ends in `.gz`, `.zst` or `.zstd`.
-
-    Raises:
-      DataError: a remote file that cannot be read, or a corrupt or truncated compressed file.
-      ConfigError: `.zst` without the `zstandard` package, or a remote scheme without its
-        fsspec implementation.
-    """
-    if paths.is_local(path):
-        raw = paths.read_bytes(path)  # OSErrors as before: a local file was just listed
-    else:
-        try:
-            raw = paths.read_bytes(path)
-        except OSError as e:
-            raise _unreadable(path, e) from None
-    if path.endswith(".gz"):
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
-            raise _gzip_error(path, e) from None
-    if path.endswith((".zst", ".zstd")):
-        return _zstd_decompress(raw, path)
-    return raw
-
-
-def _unreadable(path: str, e: OSError) -> DataError:
-    return DataError(f"{path}: cannot be read ({e}). Check the path and access.")
-
-
-def _gzip_error(path: str, e: BaseException) -> DataError:
-    return DataError(
-        f"{path}: not a readable gzip file ({e or type(e).__name__}); check the file, "
-        f"or drop its '.gz' suffix if it is not compressed."
-    )
-
-
-def _zstandard(path: str):
-    """The `zstandard` module, or a ConfigError naming `path` that asks for it."""
-    try:
-        import zstandard
-    except ImportError:
-        raise ConfigError(
-            f"{path}: reading Zstandard-compressed files needs the zstandard package; "
-            f"pip install zstandard."
-        ) from None
-    return zstandard
-
-
-def _zstd_error(path: str, e: BaseException) -> DataError:
-    return DataError(
-        f"{path}: not a readable Zstandard file ({e}); check the file, or drop its "
-        f"{path[len(uncompressed_name(path)) :]!r} suffix if it is not compressed."
-    )
-
-
-_ZSTD_TRUNCATED = "the file ends inside a frame (truncated)"
-
-
-def _zstd_decompress(raw: bytes, path: str) -> bytes:
-    zstandard = _zstandard(path)
-    out, rest = [], raw
-    try:
-        while rest:  # one frame at a time: a file may hold several (e.g. concatenated ones)
-            frame = zstandard.ZstdDecompressor().decompressobj()
-            out.append(frame.decompress(rest))
-            if not frame.eof:
-                raise zstandard.ZstdError(_ZSTD_TRUNCATED)
-            rest = frame.unused_data
-    except zstandard.ZstdError as e:
-        raise _zstd_error(path, e) from None
-    return b"".join(out)
-
-
-def _decode(raw: bytes, path: str, errors: str, offset: int = 0) -> str:
-    """`raw` as text: the bytes of `path` from byte `offset` of its (decompressed) content on; a
-    byte-order mark is dropped at the start of the file (`offset` 0) only."""
-    bom = len(_BOM) if offset == 0 and raw.startswith(_BOM) else 0
-    try:
-        return raw[bom:].decode("utf-8", errors="strict" if errors == "strict" else "replace")
-    except UnicodeDecodeError as e:
-        where = " of its decompressed text" if uncompressed_name(path) != path else ""
-        raise DataError(
-            f"{path}: not UTF-8 text at byte offset {offset + bom + e.start}{where} "
-            f"(byte 0x{raw[bom + e.start]:02x}). Convert the file to UTF-8, or set "
-            f"--config.data.errors=replace to score it with U+FFFD in place of bad bytes."
-        ) from None
-
-
-# A WikiText level-1 heading: " = Title = ", with a single "=" on each side (" = = Section = = "
-# is a heading inside an article).
 _WIKITEXT_TITLE = re.compile(r"^ = [^=](?:.*[^=])? = $")
 
 
@@ -288,7 +104,7 @@ def read_documents(
     """
     docs: list[Document] = []
     for path in resolve_paths(path_spec):
-        text = _decode(_read_file(path), path, errors)
+        text = files.decode(files.read_file(path), path, errors)
         if fmt == "text":
             docs.append(Document(text, path))
         elif fmt == "lines":
@@ -347,9 +163,6 @@ def _jsonl_document(line: str, source: str, jsonl_field: str) -> Document:
 
 # ------------------------------------------------------------------------------------ streaming
 
-_CHUNK = 1 << 20  # bytes of (decompressed) text read at a time
-_ZSTD_PIECE = 1 << 7  # compressed bytes fed to Zstandard at a time: at most ~4 MiB of text
-
 
 def iter_documents(
     path_spec: str,
@@ -387,25 +200,25 @@ def iter_documents(
     """
     if start < 0 or (stop is not None and stop < 0):
         raise ValueError(f"start={start} and stop={stop} must not be negative.")
-    files = resolve_paths(path_spec)
+    found = resolve_paths(path_spec)
     if fmt not in FORMATS:
         raise _format_error(fmt)
-    return _iter_documents(files, fmt, errors, jsonl_field, start, stop)
+    return _iter_documents(found, fmt, errors, jsonl_field, start, stop)
 
 
 def _iter_documents(
-    files: list[str], fmt: str, errors: str, jsonl_field: str, start: int, stop: int | None
+    found: list[str], fmt: str, errors: str, jsonl_field: str, start: int, stop: int | None
 ) -> Iterator[Document]:
     skip = start  # documents still to skip
     left = None if stop is None else stop - start  # documents still to yield; None: all
     if left is not None and left <= 0:
         return
-    for path in files:
+    for path in found:
         if fmt == "text" and skip:
             skip -= 1
             continue
         if fmt in ("text", "wikitext"):
-            text = _decode(_read_file(path), path, errors)
+            text = files.decode(files.read_file(path), path, errors)
             docs = [Document(text, path)] if fmt == "text" else _wikitext_articles(text, path)
             if skip >= len(docs):
                 skip -= len(docs)
@@ -454,16 +267,17 @@ def count_documents(
       DataError, ConfigError: as `read_documents` does, except for bad JSON and for the files
         of `text`, which are not read.
     """
-    files = resolve_paths(path_spec)
+    found = resolve_paths(path_spec)
     if fmt not in FORMATS:
         raise _format_error(fmt)
     if fmt == "text":
-        return len(files)
+        return len(found)
     if fmt == "wikitext":
         return sum(
-            len(_wikitext_articles(_decode(_read_file(path), path, errors), path)) for path in files
+            len(_wikitext_articles(files.decode(files.read_file(path), path, errors), path))
+            for path in found
         )
-    return sum(_count_nonblank(lines) for path in files for _, lines in _line_blocks(path, errors))
+    return sum(_count_nonblank(lines) for path in found for _, lines in _line_blocks(path, errors))
 
 
 def _count_nonblank(lines: list[str]) -> int:
@@ -472,11 +286,11 @@ def _count_nonblank(lines: list[str]) -> int:
 
 def _line_blocks(path: str, errors: str) -> Iterator[tuple[int, list[str]]]:
     """The lines of `path`, as `_LINE_END.split` of its decoded text gives them, in blocks of
-    about `_CHUNK` bytes: (number of the block's first line, counted from 1; its lines)."""
+    about `files.CHUNK` bytes: (number of the block's first line, counted from 1; its lines)."""
     pending: list[bytes] = []  # bytes read since the last cut: no complete line end among them
     offset = 0  # where `pending` starts in the file
     first = 1
-    for chunk in _chunks(path):
+    for chunk in files.chunks(path):
         # Cut after the last line end of the chunk, but not after a final '\r': it may be the
         # first half of a '\r\n'. Line ends are ASCII, so the cut is between characters.
         end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)
@@ -485,88 +299,11 @@ def _line_blocks(path: str, errors: str) -> Iterator[tuple[int, list[str]]]:
             pending.append(chunk)
             continue
         raw = b"".join([*pending, chunk[:cut]])
-        lines = _LINE_END.split(_decode(raw, path, errors, offset))
+        lines = _LINE_END.split(files.decode(raw, path, errors, offset))
         lines.pop()  # the empty string after the last line end
         yield first, lines
         first += len(lines)
         offset += len(raw)
         pending = [chunk[cut:]]
     raw = b"".join(pending)  # the last line, without a line end (or empty)
-    yield first, _LINE_END.split(_decode(raw, path, errors, offset))
-
-
-def _chunks(path: str) -> Iterator[bytes]:
-    """The bytes of `path` (decompressed as by `_read_file`, with the same errors), in pieces of
-    about `_CHUNK` bytes."""
-    try:
-        f = paths.open_binary(path)
-    except OSError as e:
-        if paths.is_local(path):
-            raise  # as `_read_file`: a local file was just listed
-        raise _unreadable(path, e) from None
-    with f:
-        source = f if paths.is_local(path) else _RemoteReader(f, path)
-        if path.endswith(".gz"):
-            yield from _gunzip(source, path)
-        elif path.endswith((".zst", ".zstd")):
-            yield from _unzstd(source, path)
-        else:
-            while chunk := source.read(_CHUNK):
-                yield chunk
-
-
-class _RemoteReader:
-    """A remote file whose read errors are the DataError of `_read_file`."""
-
-    def __init__(self, f: BinaryIO, path: str):
-        self._f, self._path = f, path
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self._f.read(size)
-        except OSError as e:
-            raise _unreadable(self._path, e) from None
-
-
-def _gunzip(source, path: str) -> Iterator[bytes]:
-    try:
-        with gzip.GzipFile(fileobj=source, mode="rb") as f:
-            while chunk := f.read(_CHUNK):
-                yield chunk
-    except (OSError, EOFError, zlib.error) as e:
-        if isinstance(e, gzip.BadGzipFile) and str(e).startswith("CRC check failed"):
-            e = gzip.BadGzipFile("CRC check failed")  # as `gzip.decompress` says it
-        raise _gzip_error(path, e) from None
-
-
-def _unzstd(source, path: str) -> Iterator[bytes]:
-    """`_zstd_decompress` as a stream. `zstandard`'s own `stream_reader` is not used: it ends
-    without an error at a truncated frame (zstandard 0.25)."""
-    zstandard = _zstandard(path)
-    frame = None  # the frame being decompressed
-    out: list[bytes] = []
-    size = 0  # bytes in `out`
-    try:
-        while data := source.read(_CHUNK):
-            view = memoryview(data)
-            # A decompressobj cannot be told to stop early, and 4 compressed bytes may stand for
-            # 128 KiB (an RLE block): it is fed small pieces, to bound what each gives back.
-            for at in range(0, len(data), _ZSTD_PIECE):
-                piece = view[at : at + _ZSTD_PIECE]
-                while piece:
-                    if frame is None:
-                        frame = zstandard.ZstdDecompressor().decompressobj()
-                    text = frame.decompress(piece)
-                    if text:
-                        out.append(text)
-                        size += len(text)
-                    piece, frame = (frame.unused_data, None) if frame.eof else (b"", frame)
-                if size >= _CHUNK:
-                    yield b"".join(out)
-                    out, size = [], 0
-        if frame is not None:
-            raise zstandard.ZstdError(_ZSTD_TRUNCATED)
-    except zstandard.ZstdError as e:
-        raise _zstd_error(path, e) from None
-    if out:
-        yield b"".join(out)
+    yield first, _LINE_END.split(files.decode(raw, path, errors, offset))

@@ -2,7 +2,7 @@
 reader `data.read_documents`, which is the reference: the same documents, sources and errors.
 
 Line ends, bad bytes, a byte-order mark and compressed frames are put at every place a read can
-end by shrinking the reads to a few bytes (`data._CHUNK`, `data._ZSTD_PIECE`).
+end by shrinking the reads to a few bytes (`files.CHUNK`, `files.ZSTD_PIECE`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import _registry as fsspec_registry
 
 from ppl_jax.data import documents as data
+from ppl_jax.data import files
 from ppl_jax.errors import DataError
 
 import helpers
@@ -82,8 +83,8 @@ def write_corpus(folder, fmt: str) -> list[str]:
 @pytest.fixture(params=[1, 2, 3, 7, 1 << 20], ids=lambda n: f"chunk{n}")
 def chunk(request, monkeypatch):
     """Reads of `n` bytes, and Zstandard fed `n` bytes at a time."""
-    monkeypatch.setattr(data, "_CHUNK", request.param)
-    monkeypatch.setattr(data, "_ZSTD_PIECE", min(request.param, data._ZSTD_PIECE))
+    monkeypatch.setattr(files, "CHUNK", request.param)
+    monkeypatch.setattr(files, "ZSTD_PIECE", min(request.param, files.ZSTD_PIECE))
     return request.param
 
 
@@ -107,7 +108,7 @@ def test_equals_read_documents(tmp_path, chunk, fmt):
 
 @pytest.mark.parametrize("fmt", data.FORMATS)
 def test_every_slice(tmp_path, fmt, monkeypatch):
-    monkeypatch.setattr(data, "_CHUNK", 5)  # several blocks per file
+    monkeypatch.setattr(files, "CHUNK", 5)  # several blocks per file
     write_corpus(tmp_path, fmt)
     spec = str(tmp_path / "*")
     docs = data.read_documents(spec, fmt)
@@ -255,7 +256,7 @@ def bucket(tmp_path, monkeypatch):
 
 
 def test_remote_jsonl(bucket, monkeypatch):
-    monkeypatch.setattr(data, "_CHUNK", 3)
+    monkeypatch.setattr(files, "CHUNK", 3)
     write_corpus(bucket / "b" / "c", "jsonl")
     spec = "gs://b/c/*.jsonl*"
     want = data.read_documents(spec, "jsonl")
