@@ -70,7 +70,7 @@ def get_config() -> config_dict.ConfigDict:
     c.data = config_dict.ConfigDict()
     c.data.name = ""  # derived from data.path (see `corpus_name`)
     c.data.path = held_out_paths()
-    c.data.format = "text"
+    c.data.format = "auto"
     c.data.tokenizer = "auto"
     c.data.errors = "strict"
     c.data.separator = "\n\n"
@@ -153,7 +153,8 @@ KEY_MEANINGS = {
     "checkpoint.format": "'orbax', 'hf' (a Hugging Face directory), or 'auto' (by config.json)",
     "data.name": "the corpus's name in the results; empty: derived from data.path",
     "data.path": "a file, a glob, or a comma-separated list of either",
-    "data.format": "'text' (a file is a document), 'lines' (each non-empty line), 'jsonl', "
+    "data.format": "'auto' (jsonl for .jsonl/.ndjson files, a .json or .parquet file refused, "
+    "else text), 'text' (a file is a document), 'lines' (each non-empty line), 'jsonl', "
     "'wikitext' (articles at ' = Title = ' headings)",
     "data.tokenizer": "'auto' (the checkpoint's own), 'byte', a tokenizer.json, a SentencePiece "
     ".model, or an HF directory",

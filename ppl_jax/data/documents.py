@@ -114,7 +114,7 @@ def read_documents(
         elif fmt == "jsonl":
             for i, line in enumerate(_LINE_END.split(text), start=1):
                 if line.strip():
-                    docs.append(_jsonl_document(line, f"{path}:{i}", jsonl_field))
+                    docs.append(_jsonl_document(line, f"{path}:{i}", jsonl_field, errors))
         elif fmt == "wikitext":
             docs.extend(_wikitext_articles(text, path))
         else:
@@ -147,8 +147,10 @@ def no_text_error(path_spec: str, fmt: str, any_nonempty: bool) -> DataError:
     )
 
 
-def _jsonl_document(line: str, source: str, jsonl_field: str) -> Document:
-    """The document of one non-blank `jsonl` line; `source` is `path:line`."""
+def _jsonl_document(line: str, source: str, jsonl_field: str, errors: str) -> Document:
+    """The document of one non-blank `jsonl` line; `source` is `path:line`. A lone surrogate
+    escape (`"\\ud800"`: valid JSON, not a Unicode character, so not UTF-8) is refused with
+    `errors=strict` and becomes U+FFFD with `replace`, as a bad byte of the file would."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
@@ -158,7 +160,20 @@ def _jsonl_document(line: str, source: str, jsonl_field: str) -> Document:
             f"{source}: no string field {jsonl_field!r}; set "
             f"--config.data.jsonl_field to the field that holds the text."
         )
-    return Document(record[jsonl_field], source)
+    text = record[jsonl_field]
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        if errors == "strict":
+            raise DataError(
+                f"{source}: the field {jsonl_field!r} holds a lone surrogate "
+                f"(\\u{ord(bad.group()):04x} at character {bad.start()}), which is not a Unicode "
+                f"character; set --config.data.errors=replace to score U+FFFD in its place."
+            )
+        text = _SURROGATE.sub("\ufffd", text)
+    return Document(text, source)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # left by json.loads only where unpaired
 
 
 # ------------------------------------------------------------------------------------ streaming
@@ -245,7 +260,7 @@ def _iter_documents(
                     continue
                 source = f"{path}:{i}"
                 yield (
-                    _jsonl_document(line, source, jsonl_field)
+                    _jsonl_document(line, source, jsonl_field, errors)
                     if fmt == "jsonl"
                     else Document(line, source)
                 )

@@ -28,9 +28,10 @@ import numpy as np
 
 from ppl_jax.data.documents import Document
 from ppl_jax.data.words import count_harness_words
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import ConfigError, DataError
 
 PREPARATIONS = ("lm_eval_wikitext", "hf_guide_wikitext")
+_UNK = " <unk> "  # the tokenized WikiText's rare-word token (the raw text never holds it)
 FORMAT = "text"  # every preparation reads each file whole, as its reference does
 # The protocols a preparation's counts are meant for (None: any).
 _PROTOCOLS: dict[str, tuple[str, ...] | None] = {
@@ -108,7 +109,18 @@ def prepare(name: str, documents: list[Document]) -> Prepared:
 
     Raises:
       ConfigError: an unknown preparation (the message lists the known ones).
+      DataError: a file of the tokenized WikiText (`wiki.test.tokens`, `wikitext-2-v1`: rare
+        words replaced by `<unk>`), where both references read the raw text (`wiki.test.raw`,
+        `wikitext-2-raw-v1`), which holds no `<unk>`.
     """
+    for doc in documents:
+        if _UNK in doc.text:
+            raise DataError(
+                f"{doc.source}: holds '<unk>' ({doc.text.count(_UNK)} times): it is the tokenized "
+                f"WikiText (wiki.*.tokens, wikitext-2-v1), but preparation={name!r} is defined "
+                f"on the raw text; point data.path at the raw file (wiki.test.raw, from "
+                f"wikitext-2-raw-v1)."
+            )
     if name == "lm_eval_wikitext":
         pages = [
             (f"{doc.source}:{line}", page)

@@ -12,7 +12,7 @@ import glob
 import os
 from typing import Any
 
-from ppl_jax.data.documents import FORMATS
+from ppl_jax.data.documents import FORMATS, uncompressed_name
 from ppl_jax.errors import ConfigError
 from ppl_jax.runtime import paths
 
@@ -72,6 +72,41 @@ def corpus_name(path: str, demo_paths: str = "") -> str:
     return "+".join(os.path.splitext(os.path.basename(e))[0] for e in entries)
 
 
+# What a file's extension (after .gz/.zst) says of how to read it with data.format=auto.
+_BY_EXTENSION = {".jsonl": "jsonl", ".ndjson": "jsonl"}
+_NOT_READ = {
+    ".json": "a JSON document (ppl_jax reads JSON Lines: one object per line)",
+    ".parquet": "a Parquet table (ppl_jax does not read Parquet; write it as JSON Lines)",
+}
+
+
+def infer_format(path: str, where: str = "data") -> str:
+    """`data.format=auto`: the format that `path`'s file extensions name (after `.gz`/`.zst`):
+    `jsonl` for `.jsonl`/`.ndjson`, else `text` (a file is a document).
+
+    Raises:
+      ConfigError: a `.json` or `.parquet` entry (scored as text, braces and all, otherwise), or
+        entries of JSON Lines mixed with others; the message names the fix.
+    """
+    entries = [e.strip() for e in path.split(",") if e.strip()]
+    found = set()
+    for entry in entries:
+        ext = os.path.splitext(uncompressed_name(entry))[1].lower()
+        if ext in _NOT_READ:
+            raise ConfigError(
+                f"{where}.path={entry!r} looks like {_NOT_READ[ext]}; set {where}.format=jsonl "
+                f"if it holds one JSON object per line, or {where}.format=text to score its "
+                f"characters as they are."
+            )
+        found.add(_BY_EXTENSION.get(ext, "text"))
+    if len(found) > 1:
+        raise ConfigError(
+            f"{where}.path={path!r} mixes JSON Lines with other files; set {where}.format to "
+            f"jsonl or text (or make them datasets of a suite)."
+        )
+    return found.pop() if found else "text"
+
+
 def choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     """Raises ConfigError naming `name` unless `value` is one of `allowed`."""
     if value not in allowed:
@@ -85,7 +120,8 @@ class DatasetSpec:
     Attributes:
       name: its name in the results; "" derives it from `path` (`corpus_name`).
       path: a file, a glob, or a comma-separated list of either (local or remote, etils.epath).
-      format: 'text' (a file is a document), 'lines', 'jsonl' or 'wikitext'.
+      format: 'auto' (by the files' extensions: `infer_format`; resolved when the spec is
+        made), 'text' (a file is a document), 'lines', 'jsonl' or 'wikitext'.
       tokenizer: 'auto' (the checkpoint's own), 'byte', or a tokenizer path.
       errors: 'strict' (bad UTF-8 fails naming file and offset) or 'replace'.
       separator: text placed between documents in the `sliding` stream.
@@ -104,7 +140,7 @@ class DatasetSpec:
 
     path: str
     name: str = ""
-    format: str = "text"
+    format: str = "auto"
     tokenizer: str = "auto"
     errors: str = "strict"
     separator: str = "\n\n"
@@ -121,7 +157,10 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         key = self.where or f"dataset {self.name or self.path!r}:"
         sep = "." if self.where else " "
-        choice(f"{key}{sep}format", self.format, FORMATS)
+        choice(f"{key}{sep}format", self.format, ("auto", *FORMATS))
+        if self.format == "auto":
+            where = self.where or f"dataset {self.name or self.path!r}: data"
+            object.__setattr__(self, "format", infer_format(self.path, where))
         choice(f"{key}{sep}errors", self.errors, ("strict", "replace"))
         for budget in ("max_documents", "max_tokens"):
             value = int(getattr(self, budget))

@@ -91,7 +91,7 @@ def test_default_stride_is_unset():
     ],
 )
 def test_corpus_name_is_derived_from_the_files(path, name):
-    assert settings(data__path=path).data.name == name
+    assert settings(data__path=path, data__format="text").data.name == name
 
 
 def test_demo_corpus_name_only_for_the_demo_path():
