@@ -1,8 +1,8 @@
 """`python -m ppl_jax.convert`: kept for this release; the command is `ppl-jax convert`."""
 
-from absl import app
+import sys
 
-from ppl_jax.cli.convert import _parse_flags, main
+from ppl_jax.cli.convert import main
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Converts a Hugging Face checkpoint directory into a ppl_jax Orbax checkpoint. Wiring only.
 
-    python -m ppl_jax.convert --hf_dir=DIR --out=ORBAX_DIR [--dtype=float32]
+    ppl-jax convert HF_DIR ORBAX_DIR [--dtype float32|bfloat16]
 
 The params are read with `ppl_jax.checkpoints.hf.load_params` onto a mesh over every device (`data` = all,
 `model` = 1, the default sharding rules), then saved with `ppl_jax.checkpoints.orbax.save_train_state`
@@ -12,23 +12,12 @@ ppl_jax checkpoint. A user's mistake prints `ppl-jax: error: ...` and exits with
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-from absl import app, flags, logging
-
-_HF_DIR = flags.DEFINE_string(
-    "hf_dir",
-    None,
-    "Hugging Face checkpoint directory (config.json, safetensors weights, tokenizer).",
-)
-_OUT = flags.DEFINE_string(
-    "out", None, "Orbax checkpoint directory to create (must not exist or be empty)."
-)
-_DTYPE = flags.DEFINE_enum(
-    "dtype", "float32", ["float32", "bfloat16"], "dtype of the saved params."
-)
+from absl import logging
 
 
 def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]:
@@ -86,38 +75,48 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
     return metadata
 
 
-def main(argv: list[str]) -> None:
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as for every other mistake
+        self.exit(2, f"ppl-jax: error: bad flag: {message} (see ppl-jax convert --help)\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`ppl-jax convert HF_DIR OUT [--dtype float32|bfloat16]` (also `--hf_dir=`, `--out=`)."""
     from ppl_jax.errors import PplJaxError
 
+    parser = _Parser(
+        prog="ppl-jax convert",
+        description="Converts a Hugging Face checkpoint directory into a ppl_jax Orbax "
+        "checkpoint (step 0), which ppl-jax then reads without safetensors.",
+    )
+    parser.add_argument(
+        "hf_dir_arg", nargs="?", metavar="HF_DIR", help="the Hugging Face directory"
+    )
+    parser.add_argument("out_arg", nargs="?", metavar="OUT", help="the Orbax directory to write")
+    parser.add_argument("--hf_dir", help="the same as HF_DIR")
+    parser.add_argument("--out", help="the same as OUT")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args(argv)
     logging.set_verbosity(logging.ERROR)  # Orbax's informational logs are not for users
-    if len(argv) > 1:
-        _fail(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not _HF_DIR.value or not _OUT.value:
-        _fail(
-            "give both --hf_dir=DIR (a Hugging Face checkpoint) and --out=DIR (the Orbax "
-            "checkpoint to write)."
+    hf_dir, out = args.hf_dir or args.hf_dir_arg, args.out or args.out_arg
+    if not hf_dir or not out:
+        return _fail(
+            "give both the Hugging Face checkpoint and the Orbax checkpoint to write: "
+            "ppl-jax convert HF_DIR OUT."
         )
     try:
-        meta = convert(
-            os.path.expanduser(_HF_DIR.value), os.path.expanduser(_OUT.value), _DTYPE.value
-        )
+        meta = convert(os.path.expanduser(hf_dir), os.path.expanduser(out), args.dtype)
     except PplJaxError as e:
-        _fail(str(e))
+        return _fail(str(e))
     tok = "no tokenizer" if meta["tokenizer"] is None else meta["tokenizer"]["type"] + " tokenizer"
-    print(f"wrote {_OUT.value} (step 0, {meta['model']['family']} family, {_DTYPE.value}, {tok})")
+    print(f"wrote {out} (step 0, {meta['model']['family']} family, {args.dtype}, {tok})")
+    return 0
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> int:
     print(f"ppl-jax: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        _fail(f"bad flag: {e}. --helpfull lists the flags.")
+    return 2
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    sys.exit(main())

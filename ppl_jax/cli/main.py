@@ -26,14 +26,11 @@ _CONFIG = None  # the --config flag, defined by run()
 
 
 def _tool(name: str, argv: list[str]) -> None:
-    """`ppl-jax report|compare|view ARGS` (argparse) or `ppl-jax convert --flags` (absl)."""
-    if name == "convert":
-        from ppl_jax.cli import convert
-
-        app.run(convert.main, argv=[f"ppl-jax {name}", *argv], flags_parser=convert._parse_flags)
+    """`ppl-jax report|compare|view|convert ARGS`: each tool's `main(argv) -> exit status`."""
     from importlib import import_module
 
-    sys.exit(import_module(f"ppl_jax.analysis.{name}").main(argv))
+    module = "ppl_jax.cli.convert" if name == "convert" else f"ppl_jax.analysis.{name}"
+    sys.exit(import_module(module).main(argv))
 
 
 def main(argv: list[str]) -> None:
