@@ -4,8 +4,8 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
 `model.safetensors` or as shards listed in `model.safetensors.index.json`, and usually a tokenizer
 (`tokenizer.json` or a SentencePiece `tokenizer.model`, with `tokenizer_config.json`).
 
-- `read_description` turns `config.json` into the architecture dict of `ppl_jax.models.interface.build`:
-  model types `llama`, `mistral` and `qwen2` become the `llama` family, `gpt2` the `gpt2` family.
+- `read_description` turns `config.json` into the architecture dict of `ppl_jax.models.nnx.build`
+  (the model types of `MODEL_TYPES`; a multimodal checkpoint's nested `text_config`).
 - `load_params` reads each weight lazily with `safetensors.safe_open(...).get_slice`, converts it
   to the target layout and dtype, and places it straight into its sharding with
   `jax.make_array_from_callback`: each device's block is read on its own where the layout allows
@@ -18,17 +18,17 @@ index (its shard names checked to lie inside it) and tokenizer are read through 
 its weights are not (safetensors memory-maps local files): `load_params` asks for a local copy.
 
 Pickled weights (`pytorch_model.bin`, `.pt`, `.pth`) are refused and never unpickled: unpickling
-runs arbitrary code. Weight names and layouts follow transformers' `modeling_llama`,
-`modeling_mistral`, `modeling_qwen2` and `modeling_gpt2` (`nn.Linear` stores `[out, in]`, GPT-2's
-`Conv1D` stores `[in, out]`).
+runs arbitrary code, and so is a `config.json`, `tokenizer.json` or weight file reached through a
+link that leads out of the directory (or, in the hub cache, out of the repository's `blobs`).
+Weight names and layouts are in `ppl_jax.checkpoints.hf_layouts`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
+import re
 from typing import Any
 
 import jax
@@ -36,21 +36,42 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so safetensors c
 import numpy as np
 from safetensors import safe_open
 
+from ppl_jax.checkpoints import hf_layouts as layouts
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models import gemma, hf_config, olmo, phi3, qwen3
 from ppl_jax.models.gpt2 import GPT2Config
+from ppl_jax.models.gpt_neox import GPTNeoXConfig
 from ppl_jax.models.interface import nest_weights, weight_paths
-from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer.directory import has_tokenizer, load_tokenizer  # noqa: F401  (re-exported)
+from ppl_jax.tokenizer import directory as tokenizer_directory
+from ppl_jax.tokenizer.directory import has_tokenizer  # noqa: F401  (re-exported)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2")
+# Hugging Face model type -> its config reader (each returns a config with `to_dict()`).
+MODEL_TYPES = {
+    "llama": hf_config.llama,
+    "mistral": hf_config.llama,
+    "qwen2": hf_config.llama,
+    "gpt2": GPT2Config.from_hf_config,
+    "qwen3": qwen3.from_hf_config,
+    "olmo2": olmo.from_hf_config,
+    "olmo3": olmo.from_hf_config,
+    "gemma2": gemma.from_hf_config,
+    "gemma3_text": gemma.from_hf_config,
+    "phi3": phi3.from_hf_config,
+    "gpt_neox": GPTNeoXConfig.from_hf_config,
+}
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
+# A stored name of a decoder layer's weight, its layer number in group 1.
+_LAYER_NAME = re.compile(
+    r"^(?:model\.|model\.language_model\.|language_model\.model\.|gpt_neox\.|transformer\.)?"
+    r"(?:layers|h)\.(\d+)\."
+)
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-# Stored buffers that are not parameters (causal-mask buffers of old GPT-2 checkpoints, rotary
-# tables of old Llama checkpoints).
-BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+BUFFER_SUFFIXES = layouts.BUFFER_SUFFIXES
 
 
 def _weight_files(path: str) -> list[str]:
@@ -72,145 +93,107 @@ def is_hf_checkpoint(path: str) -> bool:
     return bool(_weight_files(path) or _pickle_files(path))
 
 
-def read_description(path: str) -> dict[str, Any]:
-    """The architecture description of a Hugging Face directory, for `ppl_jax.models.interface.build`.
+def _short(value: Any, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters (a config's bad value may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
-    Reads `config.json`: `llama` (Llama 1-3, rope scalings `linear` and `llama3`, `attention_bias`,
-    `mlp_bias`), `mistral` (sliding window on every layer), `qwen2` (q/k/v biases, tied
-    embeddings, optional sliding window) and `gpt2`; see `LlamaConfig.from_hf_config` and
-    `GPT2Config.from_hf_config`.
 
-    Returns:
-      A JSON-able dict with `family` `llama` or `gpt2` (`LlamaConfig.to_dict()`,
-      `GPT2Config.to_dict()`).
-
-    Raises:
-      CheckpointError: no or bad `config.json`, a missing field, an unsupported `model_type`
-        (naming the supported ones), activation or rope scaling.
-    """
+def _config(path: str) -> tuple[dict[str, Any], bool]:
+    """`config.json`, or the `text_config` it nests (multimodal checkpoints, whose text tower is
+    the language model), and whether it was nested."""
     where = paths.join(path, "config.json")
+    if paths.is_local(path):
+        _check_inside(path, None, "config.json", what="config.json")
     cfg = paths.read_json_object(
         where, "a Hugging Face checkpoint directory needs its config.json."
     )
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
-            f"{where}: model_type {model_type!r} is not supported; ppl_jax loads Hugging Face "
-            f"model types {', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
+    text = cfg.get("text_config")
+    if cfg.get("model_type") not in MODEL_TYPES and isinstance(text, dict):
+        inherited = {k: cfg[k] for k in ("tie_word_embeddings",) if k in cfg}
+        return {**inherited, **text}, True
+    return cfg, False
 
+
+def _is_multimodal(path: str) -> bool:
+    return _config(path)[1]
+
+
+def _is_text_tower(name: str) -> bool:
+    """Whether a stored weight of a multimodal checkpoint belongs to its language model."""
+    return name.startswith(("model.language_model.", "language_model.", "lm_head."))
+
+
+def read_description(path: str) -> dict[str, Any]:
+    """The architecture description of a Hugging Face directory, for `ppl_jax.models.nnx.build`.
+
+    Reads `config.json` (or the `text_config` it nests, for the text tower of a multimodal
+    checkpoint) of a model type in `MODEL_TYPES`: `llama`, `mistral`, `qwen2`, `qwen3`, `olmo2`,
+    `olmo3`, `gemma2`, `gemma3_text` and `phi3` become the `llama` family (see
+    `ppl_jax.models.hf_config` and the family modules), `gpt2` and `gpt_neox` their own. For a
+    local directory the config is compared with the safetensors headers (layers, embedding
+    shape) before anything is built.
+
+    Returns:
+      A JSON-able dict with `family` `llama`, `gpt2` or `gpt_neox` (the config's `to_dict()`).
+
+    Raises:
+      CheckpointError: no or bad `config.json` (or one reached through a link out of the
+        directory), a missing field, an unsupported `model_type` (naming the supported ones),
+        activation or rope scaling, or a config that the weights contradict.
+    """
+    where = paths.join(path, "config.json")
+    cfg, _ = _config(path)
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(
+            f"{where}: model_type {_short(model_type)} is not supported; ppl_jax loads Hugging "
+            f"Face model types {', '.join(MODEL_TYPES)}."
+        )
     try:
-        if model_type == "gpt2":
-            return GPT2Config.from_hf_config(cfg).to_dict()
-        return LlamaConfig.from_hf_config(cfg).to_dict()
+        desc = MODEL_TYPES[model_type](cfg).to_dict()
     except CheckpointError as e:
-        raise CheckpointError(f"{where}: {e}") from None
+        raise CheckpointError(f"{where}: {str(e)[:300]}") from None
     except KeyError as e:
-        raise CheckpointError(f"{where}: the {model_type} config lacks the field {e}.") from None
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: a field has the wrong type or value ({e}).") from None
+        raise CheckpointError(
+            f"{where}: the {model_type} config lacks the field {_short(e.args[0])}."
+        ) from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise CheckpointError(
+            f"{where}: a field has the wrong type or value ({str(e)[:120]})."
+        ) from None
+    if paths.is_local(path) and _weight_files(path):
+        _check_against_headers(path, where, desc)
+    return desc
+
+
+def _check_against_headers(path: str, where: str, desc: dict[str, Any]) -> None:
+    """Refuses a config that the safetensors headers contradict (the number of layers, the
+    embedding's shape), reading the headers only."""
+    with contextlib.ExitStack() as stack:
+        try:
+            weights = _Weights(path, stack)
+        except CheckpointError:  # damaged weights: load_params says how
+            return
+        names = list(weights.file_of)
+        layers = {int(match.group(1)) for n in names if (match := _LAYER_NAME.match(n)) is not None}
+        if layers and len(layers) != desc["num_layers"]:
+            raise CheckpointError(
+                f"{where} describes {desc['num_layers']} layers but the safetensors weights "
+                f"hold {len(layers)}; fix config.json to describe these weights."
+            )
+        embedding = layouts.sources(desc)["embedding"]
+        name = next((n for n in embedding.names if n in weights.file_of), None)
+        if name is not None:
+            shape = tuple(weights.slice(name).get_shape())
+            if shape != embedding.shape:
+                raise CheckpointError(
+                    f"{where} implies an embedding of shape {embedding.shape} but the weights "
+                    f"store {name!r} as {shape}; fix config.json to describe these weights."
+                )
 
 
 # ------------------------------------------------------------------------------------ weights
-
-
-@dataclasses.dataclass(frozen=True)
-class _Source:
-    """Where a ppl_jax weight comes from in the stored tensors.
-
-    The stored tensor (of `shape`) is viewed with each of its axes split into the dims of
-    `groups[axis]`; target axis `i` is view axis `perm[i]`. `offset` selects, along the last
-    stored axis, where this weight starts in a fused tensor (GPT-2's `c_attn`).
-    """
-
-    names: tuple[str, ...]  # candidate stored names, first present wins
-    shape: tuple[int, ...]
-    groups: tuple[tuple[int, ...], ...]
-    perm: tuple[int, ...]
-    offset: int = 0
-
-
-def _direct(names, groups, shape=None, offset=0) -> _Source:
-    groups = tuple(tuple(g) for g in groups)
-    shape = shape or tuple(math.prod(g) for g in groups)
-    ndim = sum(len(g) for g in groups)
-    return _Source(tuple(names), tuple(shape), groups, tuple(range(ndim)), offset)
-
-
-def _linear(names, out_dims, in_dims) -> _Source:
-    """A torch `nn.Linear` weight `[out, in]`, as a ppl_jax `[*in_dims, *out_dims]` weight."""
-    src = _direct(names, (out_dims, in_dims))
-    n_out, n_in = len(out_dims), len(in_dims)
-    perm = tuple(range(n_out, n_out + n_in)) + tuple(range(n_out))
-    return dataclasses.replace(src, perm=perm)
-
-
-def _llama_sources(c: dict[str, Any]) -> dict[str, _Source]:
-    d, h, kv, hd, f, v = (
-        c["embed_dim"],
-        c["num_heads"],
-        c["num_kv_heads"],
-        c["head_dim"],
-        c["mlp_dim"],
-        c["vocab_size"],
-    )
-    m = lambda name: (f"model.{name}", name)  # noqa: E731  (saved with or without the head)
-    out = {
-        "embedding": _direct(m("embed_tokens.weight"), ((v,), (d,))),
-        "final_norm": _direct(m("norm.weight"), ((d,),)),
-    }
-    if not c["tie_embeddings"]:
-        out["lm_head"] = _linear(("lm_head.weight",), (v,), (d,))
-    for i in range(c["num_layers"]):
-        p, s = f"layers/{i}/", f"layers.{i}."
-        out[p + "attn_norm"] = _direct(m(s + "input_layernorm.weight"), ((d,),))
-        out[p + "mlp_norm"] = _direct(m(s + "post_attention_layernorm.weight"), ((d,),))
-        for name, heads in (("q", h), ("k", kv), ("v", kv)):
-            proj = f"{s}self_attn.{name}_proj"
-            out[f"{p}attn/{name}"] = _linear(m(proj + ".weight"), (heads, hd), (d,))
-            if c.get("qkv_bias"):
-                out[f"{p}attn/{name}_bias"] = _direct(m(proj + ".bias"), ((heads, hd),))
-        out[p + "attn/o"] = _linear(m(s + "self_attn.o_proj.weight"), (d,), (h, hd))
-        if c.get("o_bias"):
-            out[p + "attn/o_bias"] = _direct(m(s + "self_attn.o_proj.bias"), ((d,),))
-        for name, (o_dim, i_dim) in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
-            out[f"{p}mlp/{name}"] = _linear(m(f"{s}mlp.{name}_proj.weight"), (o_dim,), (i_dim,))
-            if c.get("mlp_bias"):
-                out[f"{p}mlp/{name}_bias"] = _direct(m(f"{s}mlp.{name}_proj.bias"), ((o_dim,),))
-    return out
-
-
-def _gpt2_sources(c: dict[str, Any]) -> dict[str, _Source]:
-    d, h, f, v = c["embed_dim"], c["num_heads"], c["mlp_dim"], c["vocab_size"]
-    hd = d // h
-    m = lambda name: (f"transformer.{name}", name)  # noqa: E731
-    out = {
-        "embedding": _direct(m("wte.weight"), ((v,), (d,))),
-        "position_embedding": _direct(m("wpe.weight"), ((c["max_positions"],), (d,))),
-        "final_norm": _direct(m("ln_f.weight"), ((d,),)),
-        "final_norm_bias": _direct(m("ln_f.bias"), ((d,),)),
-    }
-    if not c["tie_embeddings"]:
-        out["lm_head"] = _linear(("lm_head.weight",), (v,), (d,))
-    for i in range(c["num_layers"]):
-        p, s = f"layers/{i}/", f"h.{i}."
-        for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-            out[p + ours] = _direct(m(f"{s}{theirs}.weight"), ((d,),))
-            out[p + ours + "_bias"] = _direct(m(f"{s}{theirs}.bias"), ((d,),))
-        for j, name in enumerate(("q", "k", "v")):  # Conv1D c_attn: [in, 3 * embed]
-            out[f"{p}attn/{name}"] = _direct(
-                m(s + "attn.c_attn.weight"), ((d,), (h, hd)), shape=(d, 3 * d), offset=j * d
-            )
-            out[f"{p}attn/{name}_bias"] = _direct(
-                m(s + "attn.c_attn.bias"), ((h, hd),), shape=(3 * d,), offset=j * d
-            )
-        out[p + "attn/o"] = _direct(m(s + "attn.c_proj.weight"), ((h, hd), (d,)))
-        out[p + "attn/o_bias"] = _direct(m(s + "attn.c_proj.bias"), ((d,),))
-        out[p + "mlp/fc"] = _direct(m(s + "mlp.c_fc.weight"), ((d,), (f,)))
-        out[p + "mlp/fc_bias"] = _direct(m(s + "mlp.c_fc.bias"), ((f,),))
-        out[p + "mlp/proj"] = _direct(m(s + "mlp.c_proj.weight"), ((f,), (d,)))
-        out[p + "mlp/proj_bias"] = _direct(m(s + "mlp.c_proj.bias"), ((d,),))
-    return out
 
 
 def _allowed_roots(path: str) -> list[str]:
@@ -227,8 +210,11 @@ def _allowed_roots(path: str) -> list[str]:
     return roots
 
 
-def _check_inside(path: str, index: str | None, file: Any, name: str = "") -> None:
-    """Refuses a weight file named outside the checkpoint directory, before anything is read.
+def _check_inside(
+    path: str, index: str | None, file: Any, name: str = "", what: str | None = None
+) -> None:
+    """Refuses a weight file (or, with `what`, that file of the directory: `config.json`,
+    `tokenizer.json`) named outside the checkpoint directory, before anything is read.
 
     An index entry must be a relative path without `..` components, and the file it names must
     resolve (symlinks followed) to a place inside the directory (or, in the hub cache, inside the
@@ -249,6 +235,11 @@ def _check_inside(path: str, index: str | None, file: Any, name: str = "") -> No
             if index
             else f"{paths.join(path, file)!r} is a link"
         )
+        if what is not None:
+            raise CheckpointError(
+                f"{where}, which lies outside the checkpoint directory {path!r} (at {real!r}); "
+                f"its {what} is read only from inside it: copy the file into the directory."
+            )
         raise CheckpointError(
             f"{where}, which lies outside the checkpoint directory {path!r} (at {real!r}); "
             f"weights are read only from files inside it. Put the shards in the directory and "
@@ -324,22 +315,26 @@ def _open_slice(file: str, name: str):
 
 
 def _read_block(
-    sl: Any, src: _Source, index: tuple[slice, ...], shape: tuple[int, ...]
+    sl: Any, src: layouts.Source, index: tuple[slice, ...], shape: tuple[int, ...]
 ) -> np.ndarray:
     """The target block at `index` (one device's shard), reading the fewest stored rows.
 
     Each stored axis is read as the contiguous range spanned by the block's first dim in that
     axis's group; the other dims of the group are cut out afterwards (they are whole in every
-    layout that the default rules produce, so nothing extra is read there).
+    layout that the default rules produce, so nothing extra is read there), and the `fixed` ones
+    are pinned to their index.
     """
     ranges = [range(*s.indices(n)) for s, n in zip(index, shape, strict=True)]
-    view: list[range] = [range(0)] * len(ranges)
+    fixed = dict(src.fixed)
+    free = [a for a in range(sum(len(g) for g in src.groups)) if a not in fixed]
+    view: dict[int, range] = {a: range(j, j + 1) for a, j in fixed.items()}
     for i, v in enumerate(src.perm):
-        view[v] = ranges[i]
+        view[free[v]] = ranges[i]
+    offset_axis = len(src.groups) - 1 if src.offset_axis is None else src.offset_axis
     stored, post, block_shape, axis = [], [], [], 0
     for g, group in enumerate(src.groups):
         inner = math.prod(group[1:])
-        off = src.offset if g == len(src.groups) - 1 else 0
+        off = src.offset if g == offset_axis else 0
         first = view[axis]
         stored.append(slice(off + first.start * inner, off + first.stop * inner))
         post.append(slice(None))
@@ -349,6 +344,8 @@ def _read_block(
             block_shape.append(group[j])
         axis += len(group)
     block = np.asarray(sl[tuple(stored)]).reshape(block_shape)[tuple(post)]
+    if fixed:
+        block = np.squeeze(block, axis=tuple(fixed))
     return np.transpose(block, src.perm)
 
 
@@ -370,7 +367,8 @@ def load_params(path: str, target: Any) -> Any:
         not use.
     """
     desc = read_description(path)
-    sources = _gpt2_sources(desc) if desc["family"] == "gpt2" else _llama_sources(desc)
+    text_only = _is_multimodal(path)
+    sources = layouts.sources(desc)
     leaves = list(weight_paths(target).items())
     with contextlib.ExitStack() as stack:
         weights = _Weights(path, stack)
@@ -401,7 +399,9 @@ def load_params(path: str, target: Any) -> Any:
         unused = sorted(
             n
             for n in set(weights.file_of) - used
-            if not n.endswith(BUFFER_SUFFIXES) and n != "lm_head.weight"
+            if not n.endswith(layouts.BUFFER_SUFFIXES)
+            and n not in layouts.TIED_HEADS
+            and (not text_only or _is_text_tower(n))
         )
         if unused:
             problems.append(
@@ -436,3 +436,17 @@ def load_params(path: str, target: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------- tokenizer
+
+
+def load_tokenizer(path: str):
+    """`ppl_jax.tokenizer.directory.load_tokenizer` of the directory, after refusing tokenizer
+    files that are links leading out of it (see `_check_inside`).
+
+    Raises:
+      CheckpointError: such a link; else as `tokenizer.directory.load_tokenizer`.
+    """
+    if paths.is_local(path):
+        for file in TOKENIZER_FILES:
+            if os.path.lexists(os.path.join(path, file)):
+                _check_inside(path, None, file, what=file)
+    return tokenizer_directory.load_tokenizer(path)

@@ -6,7 +6,13 @@
 - `orbax`: an Orbax `CheckpointManager` directory of numbered steps, each with the training
   state and its metadata (`ppl_jax.checkpoints.orbax`);
 - `hf`: a Hugging Face directory, `config.json` and safetensors weights, one set of weights
-  (`ppl_jax.checkpoints.hf`).
+  (`ppl_jax.checkpoints.hf`);
+- another trainer's Orbax checkpoint (MaxText, the gemma library, a Linen `TrainState`, an NNX
+  state; `ppl_jax.checkpoints.foreign`): format `orbax`, read through a mapping
+  (`ppl_jax.checkpoints.mapping`, `presets`) with an architecture given where the checkpoint
+  carries none (`ppl_jax.checkpoints.architecture`);
+- a Hugging Face hub id (`hf://org/name@revision`, `ppl_jax.checkpoints.hub`): format `hf`, its
+  revisions (`step1000`, ...) as steps.
 
 A reference model (KL diagnostics) is a second `Checkpoint`. Nothing here reads a weight before
 `restore`, which places each one straight into its target sharding.
@@ -20,7 +26,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ppl_jax.checkpoints import hf, orbax
+from ppl_jax.checkpoints import architecture as architecture_lib
+from ppl_jax.checkpoints import foreign, hf, hub, orbax, presets
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import nnx as nnx_lib
@@ -32,13 +39,29 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 FORMATS = ("auto", "orbax", "hf")
 
 
-def open_checkpoint(path: str, format: str = "auto") -> Checkpoint:
+def open_checkpoint(
+    path: str,
+    format: str = "auto",
+    *,
+    architecture: str = "",
+    mapping: str = "",
+    item: str = "",
+    params: str = "",
+    allow_download: bool = False,
+) -> Checkpoint:
     """Opens the checkpoint directory `path` (local, or remote: see `ppl_jax.runtime.paths`).
 
     Args:
-      path: the directory.
+      path: the directory, or a hub id (`hf://org/name[@revision]`, or a bare `org/name` that is
+        not a path; `ppl_jax.checkpoints.hub`).
       format: `orbax`, `hf`, or `auto`: `hf` when the directory holds a `config.json`, else
         `orbax`.
+      architecture: `checkpoint.architecture` (`ppl_jax.checkpoints.architecture.parse`): wins
+        over the architecture a checkpoint carries.
+      mapping: `checkpoint.mapping`: a preset (`maxtext`, `gemma`, `identity`), a YAML/JSON
+        mapping file, or '' (ppl_jax's own layout, else detected from the stored names).
+      item, params: `checkpoint.item` and `checkpoint.params` ('' : found).
+      allow_download: a hub id may be downloaded (default: the local hub cache only).
 
     Returns:
       A `Checkpoint`; only the format was read (and, for `hf`, nothing of the weights).
@@ -51,6 +74,10 @@ def open_checkpoint(path: str, format: str = "auto") -> Checkpoint:
     """
     if format not in FORMATS:
         raise ConfigError(f"checkpoint.format={format!r} is not one of {', '.join(FORMATS)}.")
+    options = {"architecture": architecture, "mapping": mapping, "item": item, "params": params}
+    if hub.is_hub_id(path):
+        repo = hub.open_repo(path, allow_download)
+        return Checkpoint(path, "hf", repo=repo, **options)
     try:
         found = paths.isdir(path)
         if format == "auto":
@@ -62,7 +89,7 @@ def open_checkpoint(path: str, format: str = "auto") -> Checkpoint:
             hf.read_description(path)
         else:
             orbax.finalized_steps(path)
-    return Checkpoint(path, format)
+    return Checkpoint(path, format, **options)
 
 
 @dataclasses.dataclass
@@ -81,17 +108,69 @@ class Checkpoint:
 
     path: str
     format: str
+    architecture: str = ""
+    mapping: str = ""
+    item: str = ""
+    params: str = ""
+    repo: hub.Repo | None = None
+    _layout: foreign.Layout | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
     _metadata: dict[int, dict[str, Any]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
+    def kind(self) -> str:
+        """`hub` (a hub id), `hf` (a Hugging Face directory), `own` (ppl_jax's Orbax layout with
+        its `metadata` item) or `foreign` (another trainer's Orbax checkpoint, read through a
+        mapping)."""
+        if self.repo is not None:
+            return "hub"
+        if self.format == "hf":
+            return "hf"
+        if self.mapping or self.item or self.params:
+            return "foreign"
+        steps = foreign.orbax_steps(self.path)
+        if steps and paths.isdir(paths.join(self.path, str(steps[-1]), orbax.METADATA)):
+            return "own"
+        return (
+            "foreign"
+            if steps
+            or foreign._is_item(self.path)
+            or paths.isdir(paths.join(self.path, "checkpoints"))
+            else "own"
+        )
+
+    def layout(self) -> foreign.Layout:
+        """Where another trainer's checkpoint keeps its params (`foreign.locate`)."""
+        if self._layout is None:
+            self._layout = foreign.locate(self.path, self.item, self._file().get("params", "")
+                                          or self.params)  # fmt: skip
+            if not self.item and self._file().get("item"):
+                self._layout = foreign.locate(self.path, self._file()["item"], self._layout.params)
+        return self._layout
+
+    def _file(self) -> dict[str, Any]:
+        if self.mapping and self.mapping not in presets.PRESETS:
+            return presets.read_file(self.mapping)
+        return {}
+
     def steps(self) -> list[int]:
-        """The finalized steps, ascending; `[]` for a Hugging Face directory.
+        """The finalized steps, ascending; a hub id's cached step revisions; `[]` for a
+        Hugging Face directory or a checkpoint without steps.
 
         Raises:
           CheckpointError: the directory is gone.
         """
-        return [] if self.format == "hf" else orbax.finalized_steps(self.path)
+        kind = self.kind()
+        if kind == "hub":
+            return self.repo.steps()
+        if kind == "hf":
+            return []
+        if kind == "foreign":
+            layout = self.layout()
+            return [] if layout.bare else orbax.finalized_steps(layout.root)
+        return orbax.finalized_steps(self.path)
 
     def _read(self, step: int | None) -> tuple[int, dict[str, Any]]:
         """The resolved step and its stored metadata (`model`, `tokenizer`)."""
@@ -102,24 +181,68 @@ class Checkpoint:
         return chosen, meta
 
     def resolve_step(self, step: int | None) -> int | None:
-        """`step` checked against the finalized steps, or the latest for None; None for `hf`.
+        """`step` checked against the finalized steps, or the latest for None; None for `hf`,
+        a bare checkpoint, and a hub id's own revision.
 
         Raises:
           CheckpointError: as `ppl_jax.checkpoints.orbax.read_metadata` (no finalized step, a
-            step that is not one, a step without metadata).
+            step that is not one, a step without metadata); a hub revision not found.
         """
-        return None if self.format == "hf" else self._read(step)[0]
+        kind = self.kind()
+        if kind == "hub":
+            self.repo.snapshot(step)
+            return step
+        if kind == "hf":
+            return None
+        if kind == "foreign":
+            layout = self.layout()
+            return None if layout.bare else orbax.pick_step(layout.root, step)
+        return self._read(step)[0]
+
+    def _hf_dir(self, step: int | None) -> str:
+        return self.repo.snapshot(step) if self.repo is not None else self.path
+
+    def source(self, step: int | None = None) -> dict[str, Any]:
+        """What identifies the weights beyond the path: a hub id's repository, revision and
+        resolved 40-hex commit; `{}` otherwise."""
+        if self.repo is None:
+            return {}
+        return {"repo": self.repo.repo_id, "revision": self.repo.revision_of(step),
+                "commit": self.repo.commit(step)}  # fmt: skip
 
     def description(self, step: int | None = None) -> dict[str, Any]:
-        """The architecture description (`ppl_jax.models.interface.build`'s argument): the stored
-        `metadata["model"]` of the step (as saved, not normalized), or `hf.read_description`.
+        """The architecture description (`ppl_jax.models.nnx.build`'s argument): from
+        `checkpoint.architecture` when set (it wins), else the stored `metadata["model"]` of
+        the step (as saved, not normalized), or `hf.read_description`.
 
         Raises:
-          CheckpointError: as `resolve_step`, or a missing or unsupported `config.json`.
+          CheckpointError: as `resolve_step`, or a missing or unsupported `config.json`; a
+            foreign checkpoint without `checkpoint.architecture`; a stored description whose
+            family is unknown.
         """
-        if self.format == "hf":
-            return hf.read_description(self.path)
-        return copy.deepcopy(self._read(step)[1]["model"])
+        kind, value = architecture_lib.parse(self.architecture)
+        if kind == "entry":
+            return self.model(step=step).description
+        if kind != "none":
+            return copy.deepcopy(value)
+        if self.kind() in ("hf", "hub"):
+            return hf.read_description(self._hf_dir(step))
+        if self.kind() == "foreign":
+            raise CheckpointError(
+                f"{self.path!r} carries no architecture (another trainer's checkpoint); set "
+                f"checkpoint.architecture to a config.json, a description JSON, "
+                f"'maxtext:<model> key=value ...' or a Python entry point 'module:function'."
+            )
+        description = copy.deepcopy(self._read(step)[1]["model"])
+        family = description.get("family")
+        known = getattr(nnx_lib, "FAMILIES", ("llama", "gpt2"))
+        if family not in known:
+            raise CheckpointError(
+                f"the stored architecture of {self.path!r} is of the unknown model family "
+                f"{family!r} (known: {', '.join(known)}); it was saved by another "
+                f"ppl_jax, or its metadata item is damaged."
+            )
+        return description
 
     def attention(self, setting: str, dtype: str, step: int | None = None) -> str:
         """The attention implementation that `model.attention=setting` runs for this architecture
@@ -134,7 +257,8 @@ class Checkpoint:
     def model(
         self, dtype: str = "float32", attention: str = "auto", step: int | None = None
     ) -> LanguageModel:
-        """The model (abstract params, no weights) of the step's architecture.
+        """The model (abstract params, no weights) of the step's architecture; a Python entry
+        point's own model when `checkpoint.architecture` names one.
 
         Args:
           dtype: the params' dtype, `float32` or `bfloat16`.
@@ -143,38 +267,70 @@ class Checkpoint:
           step: as in `resolve_step`.
 
         Raises:
-          ConfigError: an unknown dtype. CheckpointError: as `description`, or a description of
-            an unknown family or with unknown keys.
+          ConfigError: an unknown dtype; an entry point that cannot be loaded. CheckpointError:
+            as `description`, or a description of an unknown family or with unknown keys.
         """
+        kind, value = architecture_lib.parse(self.architecture)
+        if kind == "entry":
+            return architecture_lib.entry_model(value, _dtype(dtype))
         description = self.description(step)
         resolved = attention_lib.resolve_for(attention, _dtype(dtype), description)
         return nnx_lib.build(description, _dtype(dtype), resolved)
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer (BOS/EOS ids and policy included), or None when it
-        stores none: `hf.load_tokenizer` of a Hugging Face directory with `tokenizer.json` or
-        `tokenizer.model`; the tokenizer described in an Orbax step's metadata.
+        stores none: `hf.load_tokenizer` of a Hugging Face directory (or hub revision) with
+        `tokenizer.json` or `tokenizer.model`; the tokenizer described in an Orbax step's
+        metadata.
 
         Raises:
           CheckpointError: an unreadable tokenizer file, or as `resolve_step`. ConfigError: a
             stored description of an unknown type.
         """
-        if self.format == "hf":
-            return hf.load_tokenizer(self.path) if hf.has_tokenizer(self.path) else None
+        if self.kind() in ("hf", "hub"):
+            folder = self._hf_dir(step)
+            return hf.load_tokenizer(folder) if hf.has_tokenizer(folder) else None
         description = self.tokenizer_description(step)
         return tokenizer_lib.from_description(description) if description else None
 
     def tokenizer_description(self, step: int | None = None) -> dict[str, Any] | None:
         """An Orbax step's stored tokenizer description (`Tokenizer.describe()` output, what
-        `ppl_jax.tokenizer.base.load(spec, description)` takes), or None when it stores none. A
-        Hugging Face directory stores files, not a description: None (use `tokenizer()`).
+        `ppl_jax.tokenizer.base.load(spec, description)` takes), or None when it stores none.
+        A Hugging Face directory stores files, not a description: None (use `tokenizer()`).
 
         Raises:
           CheckpointError: as `resolve_step`.
         """
-        if self.format == "hf":
+        if self.kind() != "own":
             return None
         return copy.deepcopy(self._read(step)[1].get("tokenizer")) or None
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
+        """The mapping rules of a foreign checkpoint: `checkpoint.mapping`'s preset or file, or
+        the preset its stored names look like (`presets.detect`), else `identity`.
+
+        Raises:
+          CheckpointError: as `presets.read_file` and `presets.rules_for`; as `description`.
+        """
+        file = self._file()
+        if file:
+            return file["rules"]
+        name = self.mapping
+        if not name:
+            step = self.resolve_step(step)
+            stored = foreign.stored_params(self.layout(), self.path, step)[0]
+            name = presets.detect(list(stored)) or "identity"
+        return presets.rules_for(name, self._known(step))
+
+    def _known(self, step: int | None) -> dict[str, Any]:
+        """The architecture's description where one is known (`{}` for a foreign checkpoint
+        without `checkpoint.architecture`: the caller brings the model)."""
+        kind, _ = architecture_lib.parse(self.architecture)
+        if kind == "entry":
+            return self.model(step=step).description
+        if kind == "none" and self.kind() == "foreign":
+            return {}
+        return self.description(step)
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The params of the step, read straight into their target shardings.
@@ -190,22 +346,35 @@ class Checkpoint:
 
         Raises:
           CheckpointError: a missing, misshapen or damaged weight, named
-            (`ppl_jax.checkpoints.orbax.restore_params`, `ppl_jax.checkpoints.hf.load_params`).
+            (`ppl_jax.checkpoints.orbax.restore_params`, `ppl_jax.checkpoints.hf.load_params`);
+            for a foreign checkpoint, the first unmatched names (`ppl_jax.checkpoints.mapping`).
         """
-        if self.format == "hf":
-            return hf.load_params(self.path, target)
-        return orbax.restore_params(self.path, self.resolve_step(step), target)
+        kind = self.kind()
+        if kind in ("hf", "hub"):
+            return hf.load_params(self._hf_dir(step), target)
+        if kind == "own":
+            return orbax.restore_params(self.path, self.resolve_step(step), target)
+        step = self.resolve_step(step)
+        names = self._known(step)
+        where = f"{self.path!r}" + (f" step {step}" if step is not None else "")
+        where += f" (mapping {self.mapping or 'detected'})"
+        return foreign.restore(
+            self.layout(), self.path, step, self.rules(step), names, target, where
+        )
 
     def check_same_architecture(self, step: int | None, model: LanguageModel) -> None:
         """Checks that `step` stores the architecture of `model` (a sweep scores one model).
 
         The stored description is normalized as `model.description` was (through `build`: the
         family config's `from_dict`/`to_dict`), so that metadata saved without a key that has
-        its default value is the same architecture as one saved with it.
+        its default value is the same architecture as one saved with it. An architecture given
+        by `checkpoint.architecture` is the same for every step: nothing to check.
 
         Raises:
           CheckpointError: another architecture; or as `description` and `build`.
         """
+        if self.architecture or self.kind() == "foreign":
+            return
         stored = nnx_lib.build(self.description(step), jnp.float32, "xla").description
         if stored != model.description:
             raise CheckpointError(

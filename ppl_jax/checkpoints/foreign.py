@@ -1,0 +1,209 @@
+"""Orbax checkpoints that other trainers write: where the params are, and reading them through a
+mapping (`ppl_jax.checkpoints.mapping`) into a model's params.
+
+Layouts (measured in `INTEROP.md`):
+
+- a `CheckpointManager` directory of numbered steps (or a MaxText run folder, whose steps are
+  under `checkpoints/`), each step with one PyTree item: `state` (ppl_jax), `items` (MaxText),
+  `default` (`CheckpointManager.save(step, args=StandardSave(state))`), `model` (an NNX
+  `Composite(model=..., opt=...)`), `pytree` (Orbax v1), or a named one (`checkpoint.item`);
+- a bare `StandardCheckpointer` directory (gemma's `gm.ckpts.save_params`): no steps.
+
+Inside the item, the params subtree is `params/params` (MaxText's train state), `params` (a
+Linen `TrainState`), or the whole tree (an NNX model state, a bare params tree), or a named one
+(`checkpoint.params`). A trailing `/value` (NNX variables, Linen boxed metadata such as
+`nn.Partitioned`) is unwrapped. Finalized steps are Orbax's own notion (`orbax.finalized_steps`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+import jax
+import numpy as np
+
+from ppl_jax.checkpoints import damage, mapping, orbax
+from ppl_jax.checkpoints.checksums import cast_groups
+from ppl_jax.errors import CheckpointError
+from ppl_jax.models.interface import nest_weights, weight_paths
+from ppl_jax.runtime import paths
+
+ITEMS = ("state", "items", "default", "model", "pytree")
+PARAMS = ("params/params", "params")
+ITEM_FILES = ("_METADATA", "manifest.ocdbt", "checkpoint")
+READ_GROUP_BYTES = 1 << 30  # stored bytes restored at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where an Orbax checkpoint keeps its params.
+
+    Attributes:
+      root: the folder of step folders (or the bare item folder).
+      bare: no steps (a `StandardCheckpointer` directory): `root` is the item.
+      item: the item's name inside a step folder ('' : the step folder is the item).
+      params: the params subtree's `/`-joined path inside the item ('' : the whole tree).
+    """
+
+    root: str
+    bare: bool
+    item: str
+    params: str
+
+    def item_dir(self, step: int | None) -> str:
+        if self.bare:
+            return self.root
+        folder = paths.join(self.root, str(step))
+        return paths.join(folder, self.item) if self.item else folder
+
+
+def _is_item(folder: str) -> bool:
+    return any(paths.isfile(paths.join(folder, f)) for f in ITEM_FILES)
+
+
+def locate(directory: str, item: str = "", params: str = "") -> Layout:
+    """The layout of `directory`, from its latest finalized step.
+
+    Args:
+      directory: the checkpoint folder (a run folder with `checkpoints/`, a folder of steps, or
+        a bare item folder).
+      item, params: explicit item name and params path ('' : found).
+
+    Raises:
+      CheckpointError: no such folder, no finalized step, no item or no params found (naming
+        what is there and the setting to give).
+    """
+    if _is_item(directory) and not item:
+        return Layout(directory, True, "", params)
+    root = directory
+    sub = paths.join(directory, "checkpoints")
+    if not orbax_steps(directory) and paths.isdir(sub) and orbax_steps(sub):
+        root = sub  # a MaxText run folder
+    steps = orbax.finalized_steps(root)
+    if not steps:
+        orbax.pick_step(root, None)  # the sentence for a folder of no finalized step
+    step_dir = paths.join(root, str(steps[-1]))
+    names = sorted(paths.listdir(step_dir))
+    if item:
+        if item not in names:
+            raise CheckpointError(
+                f"checkpoint.item={item!r} is not an item of step {steps[-1]} in {directory!r} "
+                f"(it holds {', '.join(names)})."
+            )
+    else:
+        found = [n for n in ITEMS if n in names and _is_item(paths.join(step_dir, n))]
+        if found:
+            item = found[0]
+        elif not _is_item(step_dir):
+            items = [n for n in names if _is_item(paths.join(step_dir, n))]
+            if len(items) != 1:
+                raise CheckpointError(
+                    f"step {steps[-1]} of {directory!r} holds the items {items or names}, none "
+                    f"of them a known one ({', '.join(ITEMS)}); set checkpoint.item to the one "
+                    f"with the params."
+                )
+            item = items[0]
+    return Layout(root, False, item, params)
+
+
+def orbax_steps(folder: str) -> list[int]:
+    try:
+        return orbax.finalized_steps(folder)
+    except CheckpointError:
+        return []
+
+
+def stored_params(
+    layout: Layout, directory: str, step: int | None
+) -> tuple[dict[str, tuple[tuple[int, ...], Any]], dict[str, str], str]:
+    """The params the item stores: (name -> (shape, dtype), name -> stored name, params path).
+
+    Names are relative to the params subtree, with a trailing `/value` removed; stored names are
+    the item's own (what `orbax.read_arrays` takes).
+
+    Raises:
+      CheckpointError: damaged tree metadata; no params subtree (naming `checkpoint.params`).
+    """
+    item_dir = layout.item_dir(step)
+    damage.check_links_inside(item_dir, directory)
+    damage.check_tree_metadata(item_dir, directory, step, layout.item)
+    try:
+        tree = orbax.tree_metadata(item_dir)
+    except Exception as e:  # Orbax's own errors for an unreadable `_METADATA`
+        raise damage.damaged(
+            directory, step, "the tree metadata of its item cannot be read", e
+        ) from None
+    prefix = layout.params
+    if not prefix:
+        prefix = next((p for p in PARAMS if any(n.startswith(p + "/") for n in tree)), "")
+    elif not any(n.startswith(prefix + "/") for n in tree):
+        tops = sorted({n.split("/")[0] for n in tree})
+        raise CheckpointError(
+            f"checkpoint.params={prefix!r} is not a subtree of the stored item in {directory!r} "
+            f"(its top-level names: {', '.join(tops)})."
+        )
+    cut = len(prefix) + 1 if prefix else 0
+    shapes, names = {}, {}
+    for full, (shape, dtype) in tree.items():
+        if prefix and not full.startswith(prefix + "/"):
+            continue
+        name = full[cut:].removesuffix("/value") if full[cut:] != "value" else full[cut:]
+        if dtype is None:
+            continue  # Python scalars (a step counter) are not weights
+        shapes[name], names[name] = (shape, dtype), full
+    return shapes, names, prefix
+
+
+def restore(
+    layout: Layout,
+    directory: str,
+    step: int | None,
+    rules: list[dict[str, Any]],
+    architecture: dict[str, Any],
+    target: Any,
+    where: str,
+) -> Any:
+    """The model's params from the stored item through `rules`, in the target shardings.
+
+    Each stored tensor is restored once, with the sharding its model weights need
+    (`mapping.stored_sharding`: each process reads only the chunks of its own shards), turned
+    into its model weights on the devices (`mapping.transform`), and dropped; tensors are read in
+    groups of about `READ_GROUP_BYTES`.
+
+    Raises:
+      CheckpointError: as `mapping.resolve` (unmatched names, shapes) and `orbax.read_arrays`.
+    """
+    shapes, stored_names, _ = stored_params(layout, directory, step)
+    expected = weight_paths(target)
+    sources = mapping.resolve(rules, shapes, expected, architecture, where)
+    by_stored: dict[str, list[str]] = defaultdict(list)
+    for out, src in sources.items():
+        by_stored[src.stored].append(out)
+    abstract = {}
+    for name, outs in by_stored.items():
+        first = sources[outs[0]]
+        shape, dtype = shapes[name]
+        sharding = mapping.stored_sharding(first, shape, expected[outs[0]].sharding)
+        abstract[stored_names[name]] = jax.ShapeDtypeStruct(
+            shape, np.dtype(dtype), sharding=sharding
+        )
+    names = {v: k for k, v in stored_names.items()}
+    numbers = {k: v for k, v in architecture.items() if isinstance(v, int | float)}
+    out: dict[str, Any] = {}
+    item_dir = layout.item_dir(step)
+    for group in cast_groups(abstract, READ_GROUP_BYTES):
+        read = orbax.read_arrays(item_dir, directory, step, group, layout.item)
+        for full, array in read.items():
+            if not isinstance(array, jax.Array):
+                raise CheckpointError(
+                    f"{where}: stored '{names[full]}' did not restore as an array "
+                    f"(got {type(array).__name__})."
+                )
+            for target_name in by_stored[names[full]]:
+                src = sources[target_name]
+                out[target_name] = mapping.transform(src, array, expected[target_name], numbers)
+            array.delete()
+    damage.check_restored(out, expected, where)
+    return nest_weights(out)

@@ -1,0 +1,194 @@
+"""Hugging Face hub ids as checkpoints: `hf://org/name[@revision]`, or a bare `org/name` that is
+not a local path.
+
+Resolved by `huggingface_hub.snapshot_download` from the local hub cache, offline unless
+downloads are allowed (`checkpoint.allow_download`); `HF_HOME`, `HF_HUB_CACHE` and
+`HF_HUB_OFFLINE` are honoured (huggingface_hub reads them; `HF_HUB_OFFLINE=1` forbids downloads
+even when allowed). Only `config.json`, tokenizer files and safetensors weights are fetched. A
+revision is a branch, tag or commit; its 40-hex commit is what the run records. Training runs
+published as revision branches (Pythia's and OLMo's `step1000`, ...) are the repository's steps:
+`Repo.steps()` lists the cached `refs/step<N>` (or the hub's branches when downloads are
+allowed), so `checkpoint.step=step1000,step2000` sweeps them like Orbax steps.
+
+On several processes, process 0 resolves each revision and the others use its commit
+(`agree_commit`), so that every process scores the same weights even if their caches differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from ppl_jax.errors import CheckpointError, ConfigError
+
+PREFIX = "hf://"
+PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*",
+            "special_tokens_map.json", "generation_config.json"]  # fmt: skip
+_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_STEP = re.compile(r"^(?P<prefix>[A-Za-z_-]*?)(?P<n>\d+)$")
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def is_hub_id(path: str) -> bool:
+    """`hf://...`, or `org/name[@rev]` that names no local file or folder."""
+    if path.startswith(PREFIX):
+        return True
+    repo = path.split("@", 1)[0]
+    return bool(_REPO.match(repo)) and not os.path.exists(os.path.expanduser(path))
+
+
+def parse(path: str) -> tuple[str, str | None]:
+    """`(repo_id, revision or None)` of a hub id.
+
+    Raises:
+      ConfigError: a malformed id.
+    """
+    body = path[len(PREFIX) :] if path.startswith(PREFIX) else path
+    repo, _, revision = body.partition("@")
+    if not _REPO.match(repo):
+        raise ConfigError(
+            f"checkpoint.dir={path!r} is not a hub id 'hf://org/name[@revision]' (org/name)."
+        )
+    return repo, revision or None
+
+
+def step_of(revision: str) -> int | None:
+    """The step number of a revision name `step1000` (any letters before the digits), or None."""
+    m = _STEP.match(revision)
+    return int(m.group("n")) if m else None
+
+
+@dataclasses.dataclass
+class Repo:
+    """A hub repository opened from the cache (or the hub, when downloads are allowed).
+
+    Attributes:
+      repo_id: `org/name`. revision: the id's revision (None: `main`). allow_download: as set.
+      prefix: the letters of step revisions (`step` in `step1000`), from the id's revision.
+    """
+
+    repo_id: str
+    revision: str | None
+    allow_download: bool
+    prefix: str = "step"
+    _commits: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    def revision_of(self, step: int | None) -> str:
+        """The revision name of a step (None: the id's own revision, or `main`)."""
+        return (self.revision or "main") if step is None else f"{self.prefix}{step}"
+
+    def snapshot(self, step: int | None) -> str:
+        """The local folder of the step's revision (`snapshots/<commit>`), resolved offline
+        unless downloads are allowed.
+
+        Raises:
+          CheckpointError: an unknown repository or revision (naming it and the cache), a
+            revision with only pickled weights.
+        """
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+        revision = self.revision_of(step)
+        commit = self._commits.get(revision)
+        offline = not self.allow_download or _env_offline()
+        try:
+            folder = snapshot_download(
+                self.repo_id,
+                revision=commit or revision,
+                allow_patterns=PATTERNS + [f"*{p}" for p in _PICKLES],
+                local_files_only=offline,
+                cache_dir=_cache(),
+            )
+        except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError) as e:
+            how = (
+                "it is not in the local hub cache"
+                if offline
+                else f"it cannot be downloaded ({' '.join(str(e).split())[:200]})"
+            )
+            raise CheckpointError(
+                f"hub revision {revision!r} of {self.repo_id!r}: {how} ({_cache()}). Download it "
+                f"(huggingface-cli download {self.repo_id} --revision {revision}), or set "
+                f"checkpoint.allow_download=true."
+            ) from None
+        except Exception as e:  # the hub's HTTP errors: an unknown repository, no network
+            raise CheckpointError(
+                f"hub revision {revision!r} of {self.repo_id!r} cannot be resolved "
+                f"({type(e).__name__}: {' '.join(str(e).split())[:200]})."
+            ) from None
+        commit = agree_commit(os.path.basename(os.path.normpath(folder)))
+        self._commits[revision] = commit
+        folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
+        names = os.listdir(folder)
+        if not any(n.endswith(".safetensors") for n in names):
+            pickles = [n for n in names if n.endswith(_PICKLES)]
+            what = (
+                f"only pickled weights ({', '.join(sorted(pickles))})" if pickles else "no weights"
+            )
+            raise CheckpointError(
+                f"hub revision {revision!r} of {self.repo_id!r} holds {what}; ppl_jax reads "
+                f"safetensors only (a pickle can run code). Convert it, or pick a revision with "
+                f"model.safetensors."
+            )
+        return folder
+
+    def commit(self, step: int | None) -> str:
+        """The 40-hex commit of the step's revision (resolved by `snapshot`)."""
+        revision = self.revision_of(step)
+        if revision not in self._commits:
+            self.snapshot(step)
+        return self._commits[revision]
+
+    def steps(self) -> list[int]:
+        """The step revisions (`<prefix><N>` branches) cached (or on the hub, when downloads are
+        allowed), ascending."""
+        names: list[str] = []
+        if self.allow_download and not _env_offline():
+            from huggingface_hub import list_repo_refs
+
+            try:
+                names = [b.name for b in list_repo_refs(self.repo_id).branches]
+            except Exception:  # offline after all: the cache's refs
+                names = []
+        if not names:
+            refs = os.path.join(_cache(), "models--" + self.repo_id.replace("/", "--"), "refs")
+            names = os.listdir(refs) if os.path.isdir(refs) else []
+        steps = []
+        for name in names:
+            m = _STEP.match(name)
+            if m and m.group("prefix") == self.prefix:
+                steps.append(int(m.group("n")))
+        return sorted(steps)
+
+
+def open_repo(path: str, allow_download: bool) -> Repo:
+    """The `Repo` of a hub id; its revision's step prefix (`step` of `step1000`) is kept."""
+    repo_id, revision = parse(path)
+    m = _STEP.match(revision or "")
+    return Repo(repo_id, revision, allow_download, m.group("prefix") if m else "step")
+
+
+def agree_commit(commit: str) -> str:
+    """Process 0's commit on every process (a no-op on one process)."""
+    if jax.process_count() == 1:
+        return commit
+    data = np.frombuffer(commit.encode("ascii").ljust(64, b" "), np.uint8)
+    got = np.asarray(multihost_utils.broadcast_one_to_all(data))
+    return bytes(got.astype(np.uint8)).decode("ascii").strip()
+
+
+def _env_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cache() -> str:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return os.path.join(home, "hub")

@@ -1,0 +1,159 @@
+"""Plain Flax models as `LanguageModel`s, with no glue: a Linen or NNX module whose
+`__call__(tokens)` returns logits `[batch, seq, vocab]`.
+
+Such a model knows nothing of positions or segments: it sees each row from position 0, and a
+token attends to every earlier token of its row. So windows are never packed into one row for it
+(`honours_segments=False`, the default) unless the model says it keeps segments apart, in which
+case its `__call__` must take `segment_ids` (and may take `positions`), and the evaluator checks
+the claim on one row before scoring (`ppl_jax.evaluation.evaluator`).
+
+Params are the module's own tree (Linen: the `params` collection; NNX: the `nnx.Param` state as
+a pure dict, `nnx.to_pure_dict` form), so the checkpoint a training loop saved restores with the
+`identity` mapping (`ppl_jax.checkpoints.presets`). Weights are replicated unless the module's
+params carry logical axis names (`nn.with_logical_partitioning`, `nnx.Param(...,
+sharding=...)`/`logical_axes=...`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import nnx
+
+from ppl_jax.models.interface import LanguageModel, Logits
+
+
+def _call_kwargs(fn: Callable, positions: Any, segment_ids: Any) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    kwargs = {}
+    if "positions" in params:
+        kwargs["positions"] = positions
+    if "segment_ids" in params:
+        kwargs["segment_ids"] = segment_ids
+    return kwargs
+
+
+def _axes(leaf: Any) -> tuple[str, ...]:
+    names = getattr(leaf, "names", None)  # nn.LogicallyPartitioned
+    return tuple(names) if names else ()
+
+
+def from_linen(
+    module: nn.Module,
+    vocab_size: int,
+    max_positions: int,
+    *,
+    honours_segments: bool = False,
+    description: dict[str, Any] | None = None,
+    dtype: Any = jnp.float32,
+) -> LanguageModel:
+    """A Linen module whose `__call__(tokens)` returns logits `[batch, seq, vocab]`.
+
+    Args:
+      module: the module (not initialised: its params are only traced, `jax.eval_shape`).
+      vocab_size: the number of token ids it scores (its logits' last dimension).
+      max_positions: the longest row it takes.
+      honours_segments: it takes `segment_ids` and keeps segments apart (packing allowed).
+      description: a JSON-able description kept with results (default: the module's repr).
+      dtype: the params' dtype (a float params leaf is cast; the module computes as it does).
+
+    Returns:
+      A `LanguageModel` whose params are the module's `params` collection.
+    """
+    tokens = jnp.zeros((1, min(8, max_positions)), jnp.int32)
+    kwargs = _call_kwargs(module.__call__, tokens, jnp.ones_like(tokens))
+    variables = jax.eval_shape(lambda: module.init(jax.random.key(0), tokens, **kwargs))
+    boxed = variables["params"]
+    logical = jax.tree.map(_axes, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, _cast(x.dtype, dtype)), nn.unbox(boxed)
+    )
+
+    def apply(params, tokens, positions, segment_ids):
+        call = _call_kwargs(module.__call__, positions, segment_ids)
+        return Logits(module.apply({"params": params}, tokens, **call))
+
+    return LanguageModel(
+        apply=apply,
+        abstract_params=abstract,
+        logical_axes=logical,
+        vocab_size=vocab_size,
+        max_positions=max_positions,
+        description=description or {"family": "linen", "module": repr(module)[:2000]},
+        honours_segments=honours_segments,
+    )
+
+
+def from_nnx(
+    module_fn: Callable[[], nnx.Module],
+    vocab_size: int,
+    max_positions: int,
+    *,
+    honours_segments: bool = False,
+    description: dict[str, Any] | None = None,
+    dtype: Any = jnp.float32,
+) -> LanguageModel:
+    """An NNX module whose `__call__(tokens)` returns logits `[batch, seq, vocab]`.
+
+    Args:
+      module_fn: builds the module (called under `nnx.eval_shape`: no weights are allocated).
+      vocab_size, max_positions, honours_segments, description, dtype: as in `from_linen`.
+
+    Returns:
+      A `LanguageModel` whose params are the module's `nnx.Param` state as a pure dict (string
+      keys; what `nnx.to_pure_dict(nnx.state(model, nnx.Param))` gives, as a training loop saves).
+    """
+    abstract_module = nnx.eval_shape(module_fn)
+    graphdef, state, rest = nnx.split(abstract_module, nnx.Param, ...)
+    pure = _str_keys(nnx.to_pure_dict(state))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, _cast(x.dtype, dtype)), pure)
+    flat = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
+    axes = {}
+    for path, var in flat[0]:
+        meta = var.get_metadata() if hasattr(var, "get_metadata") else {}
+        names = meta.get("logical_axes") or meta.get("sharding") or ()
+        axes["/".join(str(getattr(k, "key", k)) for k in path)] = tuple(names)
+    logical = jax.tree_util.tree_map_with_path(
+        lambda p, _: axes.get("/".join(str(getattr(k, "key", k)) for k in p), ()), pure
+    )
+    call = type(abstract_module).__call__
+
+    paths = [[str(getattr(k, "key", k)) for k in path] for path, _ in flat[0]]
+    variables = [v for _, v in flat[0]]
+
+    def apply(params, tokens, positions, segment_ids):
+        leaves = []
+        for path, var in zip(paths, variables, strict=True):
+            node = params
+            for key in path:
+                node = node[key]
+            leaves.append(var.replace(node))
+        model = nnx.merge(graphdef, jax.tree.unflatten(flat[1], leaves), rest)
+        return Logits(model(tokens, **_call_kwargs(call, positions, segment_ids)))
+
+    return LanguageModel(
+        apply=apply,
+        abstract_params=abstract,
+        logical_axes=logical,
+        vocab_size=vocab_size,
+        max_positions=max_positions,
+        description=description or {"family": "nnx", "module": type(abstract_module).__name__},
+        honours_segments=honours_segments,
+    )
+
+
+def _cast(stored: Any, want: Any) -> Any:
+    return want if jnp.issubdtype(stored, jnp.floating) else stored
+
+
+def _str_keys(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {str(k): _str_keys(v) for k, v in tree.items()}
+    return tree
