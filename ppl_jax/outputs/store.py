@@ -38,7 +38,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ppl_jax.errors import ConfigError, DataError
+from ppl_jax.data.spec import parse_tags  # noqa: F401  (a dataset's tags, named here too)
+from ppl_jax.errors import DataError
 from ppl_jax.metrics import sums as metrics_lib
 from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import OutputDir
@@ -55,31 +56,6 @@ MACRO_METRICS = tuple(metrics_lib.derive(metrics_lib.Sums()))
 def now() -> str:
     """The current time, ISO-8601 UTC to the second (`2025-01-31T12:00:00+00:00`)."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def parse_tags(text: str, where: str) -> dict[str, str]:
-    """The tags of a suite entry: `"domain=web,split=val"` -> `{"domain": "web", "split": "val"}`.
-
-    Args:
-      text: comma-separated `key=value` pairs; "" for none. Spaces around names are dropped.
-      where: the setting, for the message (`suite[2].tags`).
-
-    Raises:
-      ConfigError: a pair without `=`, an empty key or value, a key given twice, or a `/` or `=`
-        inside a key or value (they would make the average's name `macro/<key>=<value>` ambiguous).
-    """
-    tags: dict[str, str] = {}
-    for pair in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = (s.strip() for s in pair.partition("="))
-        if not sep or not key or not value or "=" in value or "/" in key + value:
-            raise ConfigError(
-                f"{where}={text!r}: {pair!r} is not key=value; write tags as "
-                f"'domain=web,split=val' (no '/' and one '=' in each)."
-            )
-        if key in tags:
-            raise ConfigError(f"{where}={text!r} gives the tag {key!r} twice; keep one.")
-        tags[key] = value
-    return tags
 
 
 def _metrics(sums: metrics_lib.Sums) -> tuple[dict[str, float | None], dict[str, str]]:
