@@ -131,7 +131,9 @@ E2E_FILES = {  # run the command line in a subprocess
     "test_report_cli.py", "test_launchers.py", "test_resume_cli.py", "test_wikitext_cli.py",
     "test_examples.py",
 }  # fmt: skip
-MULTIPROCESS_FILES = {"test_distributed.py", "test_plan_agreement.py", "test_bench_data.py"}
+MULTIPROCESS_FILES = {
+    "test_distributed.py", "test_plan_agreement.py", "test_bench_data.py", "test_harness_processes.py",
+}  # fmt: skip
 MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
 SLOW_FILES = {"test_resume_cli.py", "test_sweep.py", "test_invariance.py"}
 
