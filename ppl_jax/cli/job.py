@@ -15,11 +15,17 @@ def main(argv: list[str], config_flag) -> None:
     line and exits with status 2; process 0 writes the results."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    distributed.initialize_from_env()
+    from ppl_jax.errors import PplJaxError
+
+    try:
+        distributed.initialize_from_env()
+    except PplJaxError as e:  # a PPL_JAX_* value, or a process that did not start
+        print(f"ppl-jax: error: {e}", file=sys.stderr)
+        sys.exit(2)
     import jax
 
     from ppl_jax.config.settings import from_config
-    from ppl_jax.errors import Interrupted, PplJaxError
+    from ppl_jax.errors import Interrupted
     from ppl_jax.evaluation import summary
     from ppl_jax.evaluation.run import run
     from ppl_jax.outputs import console, files

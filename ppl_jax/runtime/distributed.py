@@ -34,16 +34,17 @@ import time
 from absl import app as absl_app
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.runtime import rollcall
 
 HEARTBEAT_TIMEOUT_S = 10  # a process silent this long is dead (JAX's default is 100)
 SHUTDOWN_TIMEOUT_S = 60  # how long a finished process waits at exit for the others
-INITIALIZATION_TIMEOUT_S = 300  # how long processes wait for each other at start
+INITIALIZATION_TIMEOUT_S = 120  # how long processes wait for each other at start
 
 RESUME = "the run is stopped. Run the same command again to resume."
 
 
 def _env_seconds(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
+    value = os.environ.get(name, "").strip()
     if not value:
         return default
     if not value.isdigit() or int(value) < 1:
@@ -51,21 +52,54 @@ def _env_seconds(name: str, default: int) -> int:
     return int(value)
 
 
+def _env_int(name: str, default: int, lo: int, hi: int | None, what: str) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.lstrip("-").isdigit() or int(value) < lo or (hi is not None and int(value) > hi):
+        bound = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+        raise ConfigError(f"{name}={value!r} is not {what} ({bound}); unset it or fix it.")
+    return int(value)
+
+
+def _env_flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{name}={value!r} is not 0 or 1; unset it or set 1 to turn it on.")
+    return value == "1"
+
+
 def initialize_from_env() -> bool:
     """Calls `jax.distributed.initialize` if the environment asks for several processes.
 
     Must run before any other JAX call that touches devices. Returns whether it initialized.
     Heartbeat, shutdown and start timeouts (seconds) come from `PPL_JAX_HEARTBEAT_TIMEOUT`
-    (default 10), `PPL_JAX_SHUTDOWN_TIMEOUT` (60) and `PPL_JAX_INIT_TIMEOUT` (300). In a
+    (default 10), `PPL_JAX_SHUTDOWN_TIMEOUT` (60) and `PPL_JAX_INIT_TIMEOUT` (120). In a
     multi-process run, a lost process makes every other one exit non-zero with one line on
     stderr (see the module docstring).
 
+    With `PPL_JAX_COORDINATOR`, a roll call names any process that does not start within
+    `PPL_JAX_INIT_TIMEOUT` seconds before JAX's own start would abort (`ppl_jax.runtime.rollcall`).
+
     Raises:
-      ConfigError: a timeout that is not a positive whole number of seconds.
+      ConfigError: a `PPL_JAX_*` value out of range (a process count or id that is not a whole
+        number, a flag other than 0 or 1, a coordinator that is not host:port, a timeout that is
+        not a positive whole number of seconds), or a process that did not start.
     """
-    num = int(os.environ.get("PPL_JAX_NUM_PROCESSES", "1"))
-    if num <= 1 and os.environ.get("PPL_JAX_DISTRIBUTED") != "1":
+    num = _env_int("PPL_JAX_NUM_PROCESSES", 1, 1, None, "a number of processes")
+    distributed = _env_flag("PPL_JAX_DISTRIBUTED")
+    all_local = _env_flag("PPL_JAX_ALL_LOCAL_DEVICES")
+    if num <= 1 and not distributed:
         return False
+    if num > 1:
+        if "PPL_JAX_PROCESS_ID" not in os.environ or "PPL_JAX_COORDINATOR" not in os.environ:
+            raise ConfigError(
+                f"PPL_JAX_NUM_PROCESSES={num} needs PPL_JAX_PROCESS_ID (0..{num - 1}) and "
+                f"PPL_JAX_COORDINATOR (process 0's host:port) too; launch/local.sh sets all three."
+            )
+        process_id = _env_int("PPL_JAX_PROCESS_ID", 0, 0, num - 1, "this process's id")
+        coordinator = os.environ["PPL_JAX_COORDINATOR"].strip()
+        rollcall.parse_address(coordinator)
     import jax
 
     timeouts = dict(
@@ -74,19 +108,18 @@ def initialize_from_env() -> bool:
         initialization_timeout=_env_seconds("PPL_JAX_INIT_TIMEOUT", INITIALIZATION_TIMEOUT_S),
     )
     if num > 1:
+        rollcall.roll_call(coordinator, num, process_id, timeouts["initialization_timeout"])
         # CPU collectives across processes (real multi-process tests run on CPU).
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
-            coordinator_address=os.environ["PPL_JAX_COORDINATOR"],
+            coordinator_address=coordinator,
             num_processes=num,
-            process_id=int(os.environ["PPL_JAX_PROCESS_ID"]),
+            process_id=process_id,
             **timeouts,
         )
     else:
         jax.distributed.initialize(**timeouts)
-        if os.environ.get("PPL_JAX_ALL_LOCAL_DEVICES") == "1" and not os.environ.get(
-            "JAX_LOCAL_DEVICE_IDS"
-        ):
+        if all_local and not os.environ.get("JAX_LOCAL_DEVICE_IDS"):
             # JAX's SLURM detection restricts each process to the GPU numbered SLURM_LOCALID
             # (one process per GPU, each seeing all of its node's GPUs). `launch/slurm.sh` runs
             # one process per node, or one per GPU that sees only its own GPU: either way a
