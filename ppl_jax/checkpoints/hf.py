@@ -26,7 +26,6 @@ Weight names and layouts are in `ppl_jax.checkpoints.hf_layouts`.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 from typing import Any
@@ -113,10 +112,6 @@ def _config(path: str) -> tuple[dict[str, Any], bool]:
         inherited = {k: cfg[k] for k in ("tie_word_embeddings",) if k in cfg}
         return {**inherited, **text}, True
     return cfg, False
-
-
-def _is_multimodal(path: str) -> bool:
-    return _config(path)[1]
 
 
 def _is_text_tower(name: str) -> bool:
@@ -314,41 +309,6 @@ def _open_slice(file: str, name: str):
         yield f.get_slice(name)
 
 
-def _read_block(
-    sl: Any, src: layouts.Source, index: tuple[slice, ...], shape: tuple[int, ...]
-) -> np.ndarray:
-    """The target block at `index` (one device's shard), reading the fewest stored rows.
-
-    Each stored axis is read as the contiguous range spanned by the block's first dim in that
-    axis's group; the other dims of the group are cut out afterwards (they are whole in every
-    layout that the default rules produce, so nothing extra is read there), and the `fixed` ones
-    are pinned to their index.
-    """
-    ranges = [range(*s.indices(n)) for s, n in zip(index, shape, strict=True)]
-    fixed = dict(src.fixed)
-    free = [a for a in range(sum(len(g) for g in src.groups)) if a not in fixed]
-    view: dict[int, range] = {a: range(j, j + 1) for a, j in fixed.items()}
-    for i, v in enumerate(src.perm):
-        view[free[v]] = ranges[i]
-    offset_axis = len(src.groups) - 1 if src.offset_axis is None else src.offset_axis
-    stored, post, block_shape, axis = [], [], [], 0
-    for g, group in enumerate(src.groups):
-        inner = math.prod(group[1:])
-        off = src.offset if g == offset_axis else 0
-        first = view[axis]
-        stored.append(slice(off + first.start * inner, off + first.stop * inner))
-        post.append(slice(None))
-        block_shape.append(len(first))
-        for j in range(1, len(group)):
-            post.append(slice(view[axis + j].start, view[axis + j].stop))
-            block_shape.append(group[j])
-        axis += len(group)
-    block = np.asarray(sl[tuple(stored)]).reshape(block_shape)[tuple(post)]
-    if fixed:
-        block = np.squeeze(block, axis=tuple(fixed))
-    return np.transpose(block, src.perm)
-
-
 def load_params(path: str, target: Any) -> Any:
     """Reads the weights of a Hugging Face directory into the target shardings and dtype.
 
@@ -367,7 +327,7 @@ def load_params(path: str, target: Any) -> Any:
         not use.
     """
     desc = read_description(path)
-    text_only = _is_multimodal(path)
+    text_only = _config(path)[1]  # a multimodal checkpoint: its text tower only
     sources = layouts.sources(desc)
     leaves = list(weight_paths(target).items())
     with contextlib.ExitStack() as stack:
@@ -426,7 +386,7 @@ def load_params(path: str, target: Any) -> Any:
             k = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
             if k not in cache:  # devices holding the same block share one read
                 with _open_slice(file, name) as sl:
-                    data = _read_block(sl, src, index, leaf.shape)
+                    data = layouts.read_block(sl, src, index, leaf.shape)
                 cache[k] = data.astype(leaf.dtype, copy=False)
             return cache[k]
 

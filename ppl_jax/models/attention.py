@@ -13,7 +13,9 @@
   masks, and grouped-query heads as multi-query kernels per key/value head.
 
 `resolve` picks one for `model.attention=auto`: `splash` on TPU, `cudnn` on GPU for 16-bit
-params when the shape allows, `xla` otherwise.
+params when the shape allows, `xla` otherwise. An attention soft-cap (Gemma 2's
+`attn_logit_softcapping`: scores `c * tanh(s / c)` before masking) runs in `xla` and `splash`;
+cuDNN has none, so `auto` then takes `xla` on GPU and an explicit `cudnn` is refused.
 """
 
 from __future__ import annotations
@@ -24,18 +26,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppl_jax.errors import ConfigError
+
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 
 
-def resolve(setting: str, dtype, head_dim: int, platform: str | None = None) -> str:
-    """The implementation that `model.attention=setting` runs on this platform."""
+def resolve(
+    setting: str, dtype, head_dim: int, platform: str | None = None, softcap: bool = False
+) -> str:
+    """The implementation that `model.attention=setting` runs on this platform.
+
+    Raises:
+      ConfigError: `cudnn` asked for a model whose attention is soft-capped.
+    """
+    if setting == "cudnn" and softcap:
+        raise ConfigError(
+            "model.attention=cudnn cannot soft-cap attention scores, which this model needs "
+            "(attn_logit_softcapping); set model.attention=auto or xla."
+        )
     if setting != "auto":
         return setting
     platform = platform or jax.default_backend()
     if platform == "tpu":
         return "splash"
     if (
-        platform == "gpu"
+        not softcap
+        and platform == "gpu"
         and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
         and (head_dim % 8 == 0 and head_dim <= 128)
     ):
@@ -46,7 +62,8 @@ def resolve(setting: str, dtype, head_dim: int, platform: str | None = None) -> 
 def resolve_for(setting: str, dtype, description: dict) -> str:
     """`resolve` for a model description (`model.build`'s), whose head width it reads."""
     head_dim = description.get("head_dim") or description["embed_dim"] // description["num_heads"]
-    return resolve(setting, dtype, head_dim)
+    softcap = bool(description.get("attn_softcap"))
+    return resolve(setting, dtype, head_dim, softcap=softcap)
 
 
 def attend(
@@ -58,6 +75,7 @@ def attend(
     positions: jax.Array,
     window: int | None = None,
     scale: float | None = None,
+    softcap: float | None = None,
     implementation: str = "xla",
 ) -> jax.Array:
     """Causal attention of each token to the earlier tokens of its own segment.
@@ -69,13 +87,19 @@ def attend(
       positions: `[batch, seq] int32`, within each segment.
       window: attend only to the last `window` positions (Mistral's sliding window), or None.
       scale: the logits' scale (default `head_dim ** -0.5`).
+      softcap: None, or `c` for scores `c * tanh(scale * q.k / c)` (transformers' Gemma 2
+        `eager_attention_forward`); not with `cudnn`.
       implementation: `xla`, `cudnn` or `splash` (see the module docstring).
 
     Returns:
       `[batch, seq, heads, head_dim]`, in `q.dtype`.
     """
     if implementation == "xla":
-        return _blocked_xla(q, k, v, segment_ids, positions, window, scale)
+        return _blocked_xla(q, k, v, segment_ids, positions, window, scale, softcap=softcap)
+    if softcap is not None and implementation == "cudnn":
+        raise ConfigError(
+            "model.attention=cudnn cannot soft-cap attention scores; set model.attention=xla."
+        )
     if implementation == "cudnn":
         lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
         return jax.nn.dot_product_attention(
@@ -90,7 +114,7 @@ def attend(
             implementation="cudnn",
         )
     if implementation == "splash":
-        return _splash(q, k, v, segment_ids, window, scale)
+        return _splash(q, k, v, segment_ids, window, scale, softcap)
     raise ValueError(f"unknown attention implementation {implementation!r}")
 
 
@@ -101,7 +125,7 @@ QUERY_BLOCK = 128
 GPU_QUERY_BLOCK = 512
 
 
-def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=None):
+def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=None, softcap=None):
     b, t, h, d = q.shape
     block = block or (GPU_QUERY_BLOCK if jax.default_backend() == "gpu" else QUERY_BLOCK)
     kv = k.shape[2]
@@ -121,6 +145,8 @@ def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=None):
             k[:, :, k0:q1],
             preferred_element_type=jnp.float32,
         )
+        if softcap is not None:
+            s = jnp.tanh(s / softcap) * softcap
         causal = jnp.arange(q0, q1)[:, None] >= jnp.arange(k0, q1)[None, :]
         mask = causal & (segment_ids[:, q0:q1, None] == segment_ids[:, None, k0:q1])
         if window is not None:
@@ -139,7 +165,9 @@ def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=None):
 
 
 @functools.lru_cache(maxsize=16)
-def _splash_kernel(group: int, seq: int, window: int | None, interpret: bool):
+def _splash_kernel(
+    group: int, seq: int, window: int | None, interpret: bool, softcap: float | None = None
+):
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as kernel,
     )
@@ -158,18 +186,21 @@ def _splash_kernel(group: int, seq: int, window: int | None, interpret: bool):
     # shape of the same width). Made at compile time they are concrete.
     with jax.ensure_compile_time_eval():
         return kernel.make_splash_mqa_single_device(
-            mask=mask_lib.MultiHeadMask([head_mask] * group), block_sizes=sizes, interpret=interpret
+            mask=mask_lib.MultiHeadMask([head_mask] * group),
+            block_sizes=sizes,
+            interpret=interpret,
+            attn_logits_soft_cap=softcap,
         )
 
 
-def _splash(q, k, v, segment_ids, window, scale):
+def _splash(q, k, v, segment_ids, window, scale, softcap=None):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
 
     b, t, h, d = q.shape
     kv = k.shape[2]
     group = h // kv
     interpret = jax.default_backend() != "tpu"  # CPU tests run the kernel interpreted
-    kern = _splash_kernel(group, t, window, interpret)
+    kern = _splash_kernel(group, t, window, interpret, softcap)
     scale = d**-0.5 if scale is None else scale
     # [B, T, KV*G, D] -> [B, KV, G, T, D]; one multi-query kernel call per (example, KV head).
     q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)

@@ -1,12 +1,19 @@
 """A decoder of the Llama family in Flax NNX: RMSNorm, rotary embeddings, SwiGLU, grouped-query
 attention, optionally tied embeddings (Touvron et al. 2023, "LLaMA"; Ainslie et al. 2023, "GQA").
 
-The same module covers the Hugging Face `llama`, `mistral` and `qwen2` model types: optional
+The same module covers the Hugging Face `llama`, `mistral` and `qwen2` model types, and through
+the flags below the decoders of `ppl_jax.models.qwen3`, `olmo`, `gemma` and `phi3`: optional
 q/k/v (and output) projection biases (Qwen2, Llama's `attention_bias`), MLP biases (`mlp_bias`),
 a sliding attention window on chosen layers (Mistral, Jiang et al. 2023; Qwen2's
 `use_sliding_window`), and the rotary scalings `linear` (Chen et al. 2023, position
 interpolation) and `llama3` (Meta's Llama 3.1 frequency-dependent scaling, as in Hugging Face
-`modeling_rope_utils._compute_llama3_parameters`).
+`modeling_rope_utils._compute_llama3_parameters`); the other rotary scalings are in
+`ppl_jax.models.rope`. The flags: QK-norm per head (Qwen3, Gemma 3) or over the whole projection
+(OLMo 2); norms after the sublayers (OLMo 2) or around them (Gemma's four per block); RMSNorm
+`x̂·(offset + w)` (Gemma: 1); GELU-tanh gating; the embedding times `sqrt(embed_dim)` rounded to
+the weight dtype (Gemma); the attention scale (`query_pre_attn_scalar`); attention and final-logit
+soft-caps (Gemma 2); partial rotary; and a rotary scaling of its own on the sliding layers
+(`sliding_rope`, transformers 5's `rope_parameters` per layer type).
 
 Every parameter carries its logical axis names in the `logical_axes` metadata of its `nnx.Param`
 (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`); `ppl_jax.runtime.mesh` maps them to mesh axes
@@ -17,18 +24,30 @@ with the table in the config. The rotary embedding rotates the two halves of eac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = rope_lib.ROPE_TYPES
+QK_NORMS = ("none", "head", "projection")
+NORM_LAYOUTS = ("pre", "post", "sandwich")
+# Hugging Face `ACT2FN` names of the gated MLP's activation.
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+_TUPLES = ("sliding_layers", "rope_short_factor", "rope_long_factor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +61,28 @@ class LlamaConfig:
       qkv_bias: biases on the q, k and v projections (Qwen2; Llama `attention_bias`).
       o_bias: a bias on the output projection (Llama `attention_bias`).
       mlp_bias: biases on the gate, up and down projections (Llama `mlp_bias`).
-      rope_type: `default`, `linear` (positions divided by `rope_factor`) or `llama3`.
-      rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions:
+      rope_type: one of `ppl_jax.models.rope.ROPE_TYPES`.
+      rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions,
+        rope_beta_fast, rope_beta_slow, rope_truncate, rope_short_factor, rope_long_factor:
         the scaling's parameters (Hugging Face `rope_parameters` names: `factor`,
-        `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`).
+        `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`, ...).
+      rope_attention_factor: cos and sin are multiplied by it (yarn, longrope).
+      rotary_dim: the rotated dims of each head (0: all; `partial_rotary_factor`).
       sliding_window: a query at position p attends to keys at positions > p - sliding_window
         (Hugging Face `sliding_window_overlay`), on the layers in `sliding_layers`.
       sliding_layers: indices of the layers that use the window.
+      sliding_rope: `rope_*` fields that differ on the sliding layers (`rope_parameters` per
+        layer type), as sorted `(name, value)` pairs.
+      model_type: the Hugging Face model type it was read from (informative).
+      qk_norm: `none`, `head` (RMSNorm of each head of q and k, weights `[head_dim]`) or
+        `projection` (RMSNorm over all heads of q, and of k, weights `[heads, head_dim]`).
+      norm_layout: `pre` (Llama), `post` (OLMo 2: `x + norm(f(x))`, no pre-norm) or `sandwich`
+        (Gemma: `x + norm(f(norm(x)))`).
+      norm_offset: RMSNorm scales by `offset + w` in float32 (Gemma: 1).
+      activation: the gated MLP's activation, a key of `ACTIVATIONS`.
+      embed_scale: the embedding is multiplied by `sqrt(embed_dim)` rounded to the weight dtype.
+      query_scale: the attention logits' scale (None: `head_dim ** -0.5`).
+      attn_softcap, final_softcap: `c * tanh(x / c)` on attention scores and on the logits.
     """
 
     vocab_size: int
@@ -72,22 +106,53 @@ class LlamaConfig:
     rope_original_max_positions: int = 8192
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_attention_factor: float = 1.0
+    rope_short_factor: tuple[float, ...] = ()
+    rope_long_factor: tuple[float, ...] = ()
+    rotary_dim: int = 0
+    sliding_rope: tuple[tuple[str, Any], ...] = ()
+    model_type: str = "llama"
+    qk_norm: str = "none"
+    norm_layout: str = "pre"
+    norm_offset: float = 0.0
+    activation: str = "silu"
+    embed_scale: bool = False
+    query_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self):
-        if self.rope_type not in ROPE_TYPES:
-            raise CheckpointError(
-                f"rope_type {self.rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})."
-            )
+        for name, value, allowed in (
+            ("rope_type", self.rope_type, ROPE_TYPES),
+            ("qk_norm", self.qk_norm, QK_NORMS),
+            ("norm_layout", self.norm_layout, NORM_LAYOUTS),
+            ("activation", self.activation, tuple(ACTIVATIONS)),
+        ):
+            if value not in allowed:
+                raise CheckpointError(
+                    f"{name} {str(value)[:40]!r} is not supported (supported: {', '.join(allowed)})."
+                )
         if self.num_heads % self.num_kv_heads:
             raise CheckpointError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}."
             )
         if self.sliding_layers and not self.sliding_window:
             raise CheckpointError("sliding_layers are given without a sliding_window.")
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise CheckpointError(
+                f"rotary_dim={self.rotary_dim} is not an even number of dims up to head_dim."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["sliding_layers"] = list(self.sliding_layers)
+        for name in _TUPLES:
+            d[name] = list(d[name])
+        d["sliding_rope"] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in self.sliding_rope
+        }
         return {"family": "llama", **d}
 
     @staticmethod
@@ -96,99 +161,28 @@ class LlamaConfig:
         unknown = set(d) - fields - {"family"}
         if d.get("family", "llama") != "llama" or unknown:
             raise CheckpointError(
-                f"the stored architecture {d!r} is not a Llama-family description "
-                f"(unknown keys: {sorted(unknown)})."
+                f"the stored architecture (family {str(d.get('family'))[:40]!r}) is not a "
+                f"Llama-family description (unknown keys: {sorted(unknown)[:5]})."
             )
         kwargs = {k: v for k, v in d.items() if k in fields}
+        for name in _TUPLES:
+            if name in kwargs:
+                kwargs[name] = tuple(kwargs[name])
         kwargs["sliding_layers"] = tuple(int(i) for i in kwargs.get("sliding_layers", ()))
+        kwargs["sliding_rope"] = sorted_items(kwargs.get("sliding_rope") or {})
         return LlamaConfig(**kwargs)
 
-    @staticmethod
-    def from_hf_config(c: dict[str, Any]) -> LlamaConfig:
-        """The architecture of a Hugging Face `config.json` of model type llama, mistral or qwen2.
-
-        Defaults are transformers' own (`rms_norm_eps` 1e-6, untied embeddings, `head_dim`
-        = hidden / heads). Rotary settings come from `rope_parameters` (transformers 5) or
-        `rope_theta` and `rope_scaling` (`rope_type` or `type`; older configs).
-
-        Raises:
-          CheckpointError: an activation other than silu, an unsupported rope scaling, bad
-            `layer_types`. KeyError: a required field is missing.
-        """
-        model_type = c["model_type"]
-        if c.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"hidden_act {c['hidden_act']!r} is not supported (only silu).")
-        heads, layers = int(c["num_attention_heads"]), int(c["num_hidden_layers"])
-        attention_bias = model_type == "llama" and bool(c.get("attention_bias", False))
-        return LlamaConfig(
-            vocab_size=int(c["vocab_size"]),
-            embed_dim=int(c["hidden_size"]),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=int(c.get("num_key_value_heads") or heads),
-            head_dim=int(c.get("head_dim") or c["hidden_size"] // heads),
-            mlp_dim=int(c["intermediate_size"]),
-            max_positions=int(c["max_position_embeddings"]),
-            norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2",
-            o_bias=attention_bias,
-            mlp_bias=model_type == "llama" and bool(c.get("mlp_bias", False)),
-            **_hf_rope(c),
-            **_hf_sliding(c, model_type, layers),
-        )
+    def layer_rope(self, layer: int) -> LlamaConfig:
+        """The config whose `rope_*` fields are those of layer `layer` (`sliding_rope` applied
+        on the sliding layers)."""
+        if layer in self.sliding_layers and self.sliding_rope:
+            return dataclasses.replace(self, **dict(self.sliding_rope))
+        return self
 
 
-def _hf_rope(c: dict[str, Any]) -> dict[str, Any]:
-    rope = {**(c.get("rope_scaling") or {}), **(c.get("rope_parameters") or {})}
-    if rope and all(isinstance(v, dict) for v in rope.values()):
-        raise CheckpointError("per-layer rope_parameters are not supported.")
-    if float(rope.get("partial_rotary_factor", c.get("partial_rotary_factor") or 1.0)) != 1.0:
-        raise CheckpointError("a partial_rotary_factor other than 1 is not supported.")
-    rope_type = rope.get("rope_type", rope.get("type")) or "default"
-    if rope_type not in ROPE_TYPES:
-        raise CheckpointError(
-            f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})."
-        )
-    out = {
-        "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-        "rope_type": rope_type,
-    }
-    try:
-        if rope_type != "default":
-            out["rope_factor"] = float(rope["factor"])
-        if rope_type == "llama3":
-            out.update(
-                rope_low_freq_factor=float(rope["low_freq_factor"]),
-                rope_high_freq_factor=float(rope["high_freq_factor"]),
-                rope_original_max_positions=int(
-                    rope.get("original_max_position_embeddings", c["max_position_embeddings"])
-                ),
-            )
-    except KeyError as e:
-        raise CheckpointError(f"the {rope_type} rope scaling lacks {e}.") from None
-    return out
-
-
-def _hf_sliding(c: dict[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
-    """Mistral: the window on every layer; Qwen2: only with `use_sliding_window`, on the layers
-    that `layer_types` names (or from `max_window_layers` on, transformers' Qwen2Config rule)."""
-    window = c.get("sliding_window")
-    if model_type == "llama" or (model_type == "qwen2" and not c.get("use_sliding_window")):
-        window = None
-    if not window:
-        return {}
-    types = c.get("layer_types")
-    if types is None and model_type == "qwen2":
-        first = int(c.get("max_window_layers", 28))
-        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    types = types or ["sliding_attention"] * num_layers
-    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
-        raise CheckpointError(
-            f"layer_types {types} are not {num_layers} of full_attention and sliding_attention."
-        )
-    layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-    return {"sliding_window": int(window), "sliding_layers": layers} if layers else {}
+def sorted_items(d: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """`d` as sorted `(name, value)` pairs, lists as tuples (hashable, for `sliding_rope`)."""
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
 
 
 def normal_param(
@@ -209,52 +203,19 @@ def zeros_param(shape: tuple[int, ...], axes: tuple[str, ...], dtype: jnp.dtype)
     return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm (Zhang & Sennrich 2019), computed in float32, returned in `x.dtype`."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """RMSNorm (Zhang & Sennrich 2019) over the last dim, computed in float32 and scaled by
+    `offset + weight` (Gemma's `1 + w` with offset 1), returned in `x.dtype`."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+    return (y * (weight.astype(jnp.float32) + offset)).astype(x.dtype)
 
 
-def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
-    """The rotary inverse frequencies, `[head_dim // 2] float32`, radians per position.
-
-    `theta ** (-2i / head_dim)`, then scaled as `cfg.rope_type` says (the formulas of Hugging Face
-    `modeling_rope_utils`: `linear` divides every frequency by the factor; `llama3` divides the
-    low frequencies by it, keeps the high ones, and interpolates smoothly between).
-    """
-    half = cfg.head_dim // 2
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(half, dtype=np.float64) / half))
-    if cfg.rope_type == "linear":
-        inv_freq = inv_freq / cfg.rope_factor
-    elif cfg.rope_type == "llama3":
-        factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
-        old_len = cfg.rope_original_max_positions
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        inv_freq = np.where(medium, smoothed, scaled)
-    return inv_freq.astype(np.float32)
-
-
-def rotary(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021), half-split layout.
-
-    Args:
-      x: `[batch, seq, heads, head_dim]`.
-      positions: `[batch, seq] int32`.
-      inv_freq: `[head_dim // 2]`, from `rope_inv_freq`.
-    """
-    half = x.shape[-1] // 2
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, half]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., :half], x32[..., half:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
+def _projection_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm of `x [B, T, H, D]` over its last two dims (all heads of a projection: OLMo 2's
+    QK-norm before the split into heads), weight `[H, D]`."""
+    b, t, h, d = x.shape
+    return rms_norm(x.reshape(b, t, h * d), weight.reshape(h * d), eps).reshape(b, t, h, d)
 
 
 class Attention(nnx.Module):
@@ -282,6 +243,12 @@ class Attention(nnx.Module):
             self.v_bias = zeros_param((kv, hd), ("kv_heads", "head_dim"), dtype)
         if cfg.o_bias:
             self.o_bias = zeros_param((d,), ("embed",), dtype)
+        if cfg.qk_norm == "head":
+            self.q_norm = ones_param((hd,), ("head_dim",), dtype)
+            self.k_norm = ones_param((hd,), ("head_dim",), dtype)
+        elif cfg.qk_norm == "projection":
+            self.q_norm = ones_param((h, hd), ("heads", "head_dim"), dtype)
+            self.k_norm = ones_param((kv, hd), ("kv_heads", "head_dim"), dtype)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         cfg = self.cfg
@@ -290,8 +257,14 @@ class Attention(nnx.Module):
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...])
         if cfg.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        inv_freq = rope_inv_freq(cfg)
-        q, k = rotary(q, positions, inv_freq), rotary(k, positions, inv_freq)
+        if cfg.qk_norm == "head":  # after projection, before RoPE (Qwen3, Gemma 3)
+            q = rms_norm(q, self.q_norm[...], cfg.norm_eps, cfg.norm_offset)
+            k = rms_norm(k, self.k_norm[...], cfg.norm_eps, cfg.norm_offset)
+        elif cfg.qk_norm == "projection":
+            q = _projection_norm(q, self.q_norm[...], cfg.norm_eps)
+            k = _projection_norm(k, self.k_norm[...], cfg.norm_eps)
+        q = rope_lib.rotary(q, positions, segment_ids, cfg)
+        k = rope_lib.rotary(k, positions, segment_ids, cfg)
         # Causal attention within a segment (and within the window, where there is one).
         out = attend(
             q,
@@ -300,6 +273,8 @@ class Attention(nnx.Module):
             segment_ids=segment_ids,
             positions=positions,
             window=self.window,
+            scale=cfg.query_scale,
+            softcap=cfg.attn_softcap,
             implementation=self.attention,
         )
         out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
@@ -310,6 +285,7 @@ class MLP(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, dtype: jnp.dtype):
         d, f = cfg.embed_dim, cfg.mlp_dim
         self.bias = cfg.mlp_bias
+        self.activation = cfg.activation
         self.gate = normal_param(rngs, (d, f), ("embed", "mlp"), d**-0.5, dtype)
         self.up = normal_param(rngs, (d, f), ("embed", "mlp"), d**-0.5, dtype)
         self.down = normal_param(rngs, (f, d), ("mlp", "embed"), f**-0.5, dtype)
@@ -319,14 +295,19 @@ class MLP(nnx.Module):
             self.down_bias = zeros_param((d,), ("embed",), dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
         if not self.bias:
-            return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
+            return (act(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
         gate = x @ self.gate[...] + self.gate_bias[...]
-        hidden = jax.nn.silu(gate) * (x @ self.up[...] + self.up_bias[...])
+        hidden = act(gate) * (x @ self.up[...] + self.up_bias[...])
         return hidden @ self.down[...] + self.down_bias[...]
 
 
 class Block(nnx.Module):
+    """One layer. `norm_layout` `pre`: `x + f(norm(x))`; `post`: `x + norm(f(x))`; `sandwich`:
+    `x + norm(f(norm(x)))` (`attn_norm`/`mlp_norm` before, `post_attn_norm`/`post_mlp_norm`
+    after)."""
+
     def __init__(
         self,
         cfg: LlamaConfig,
@@ -334,20 +315,36 @@ class Block(nnx.Module):
         dtype: jnp.dtype,
         window: int | None = None,
         attention: str = "xla",
+        layer: int = 0,
     ):
-        self.eps = cfg.norm_eps
-        self.attn_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
-        self.attn = Attention(cfg, rngs, dtype, window, attention)
-        self.mlp_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
+        d = cfg.embed_dim
+        self.eps, self.offset, self.layout = cfg.norm_eps, cfg.norm_offset, cfg.norm_layout
+        if cfg.norm_layout != "post":
+            self.attn_norm = ones_param((d,), ("embed",), dtype)
+        self.attn = Attention(cfg.layer_rope(layer), rngs, dtype, window, attention)
+        if cfg.norm_layout != "post":
+            self.mlp_norm = ones_param((d,), ("embed",), dtype)
+        if cfg.norm_layout != "pre":
+            self.post_attn_norm = ones_param((d,), ("embed",), dtype)
+            self.post_mlp_norm = ones_param((d,), ("embed",), dtype)
         self.mlp = MLP(cfg, rngs, dtype)
 
+    def _norm(self, x: jax.Array, name: str) -> jax.Array:
+        return rms_norm(x, getattr(self, name)[...], self.eps, self.offset)
+
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        x = x + self.attn(rms_norm(x, self.attn_norm[...], self.eps), positions, segment_ids)
-        return x + self.mlp(rms_norm(x, self.mlp_norm[...], self.eps))
+        if self.layout == "pre":
+            x = x + self.attn(self._norm(x, "attn_norm"), positions, segment_ids)
+            return x + self.mlp(self._norm(x, "mlp_norm"))
+        h = x if self.layout == "post" else self._norm(x, "attn_norm")
+        x = x + self._norm(self.attn(h, positions, segment_ids), "post_attn_norm")
+        h = x if self.layout == "post" else self._norm(x, "mlp_norm")
+        return x + self._norm(self.mlp(h), "post_mlp_norm")
 
 
 class Llama(nnx.Module):
-    """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
+    """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix;
+    `logit_softcap` the final-logit soft-cap (None, or Gemma 2's `final_logit_softcapping`)."""
 
     def __init__(
         self,
@@ -357,6 +354,7 @@ class Llama(nnx.Module):
         attention: str = "xla",
     ):
         self.cfg = cfg
+        self.logit_softcap = cfg.final_softcap
         self.embedding = normal_param(
             rngs, (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"), cfg.embed_dim**-0.5, dtype
         )
@@ -368,6 +366,7 @@ class Llama(nnx.Module):
                     dtype,
                     cfg.sliding_window if i in cfg.sliding_layers else None,
                     attention,
+                    layer=i,
                 )
                 for i in range(cfg.num_layers)
             ]
@@ -394,9 +393,11 @@ class Llama(nnx.Module):
           `[batch, seq, embed_dim]` in the parameter dtype, after the final RMSNorm.
         """
         x = jnp.take(self.embedding[...], tokens, axis=0)
+        if self.cfg.embed_scale:  # sqrt(embed_dim) rounded to the weight dtype first (Gemma)
+            x = x * jnp.asarray(math.sqrt(self.cfg.embed_dim), x.dtype)
         for layer in self.layers:
             x = layer(x, positions, segment_ids)
-        return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
+        return rms_norm(x, self.final_norm[...], self.cfg.norm_eps, self.cfg.norm_offset)
 
     def unembedding(self) -> jax.Array:
         """`[embed_dim, vocab_size]`: the tied embedding transposed, or the separate head."""

@@ -11,8 +11,17 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.gpt2 import GPT2, GPT2Config
+from ppl_jax.models.gpt_neox import GPTNeoX, GPTNeoXConfig
 from ppl_jax.models.interface import HiddenStates, LanguageModel
 from ppl_jax.models.llama import Llama, LlamaConfig
+
+# The family registry: a description's `family` -> (its config class, its NNX module). The
+# Hugging Face model types each family reads are in `ppl_jax.checkpoints.hf.MODEL_TYPES`.
+FAMILIES = {
+    "llama": (LlamaConfig, Llama),
+    "gpt2": (GPT2Config, GPT2),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoX),
+}
 
 
 def _str_keys(tree: Any) -> Any:
@@ -28,7 +37,8 @@ def from_nnx(
     description: dict[str, Any],
 ) -> LanguageModel:
     """Adapts an NNX module whose `__call__(tokens, positions, segment_ids)` returns hidden states
-    and whose `unembedding()` returns `[embed, vocab]`.
+    and whose `unembedding()` returns `[embed, vocab]` (and whose `logit_softcap` attribute, if
+    any, is the final-logit soft-cap: `HiddenStates.logit_softcap`).
 
     The module is built abstractly (`nnx.eval_shape`): no weights are allocated here. Each
     `nnx.Param` should carry `logical_axes=(...)` metadata, one name per dim.
@@ -61,7 +71,8 @@ def from_nnx(
                 node = node[key]
             leaves.append(var.replace(node))
         model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        return HiddenStates(model(tokens, positions, segment_ids), model.unembedding())
+        hidden = model(tokens, positions, segment_ids)
+        return HiddenStates(hidden, model.unembedding(), getattr(model, "logit_softcap", None))
 
     return LanguageModel(
         apply=apply,
@@ -81,9 +92,11 @@ def params_of_nnx(module: nnx.Module) -> dict[str, Any]:
 def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> LanguageModel:
     """The `LanguageModel` for a stored architecture description.
 
-    `description["family"]` picks the module: `llama` (`ppl_jax.models.llama`, which also covers
-    Hugging Face Mistral and Qwen2) or `gpt2` (`ppl_jax.models.gpt2`); the rest of the dict is that
-    family's config (`LlamaConfig.to_dict()`, `GPT2Config.to_dict()`, or `ppl_jax.checkpoints.hf.read_description`).
+    `description["family"]` picks the module in `FAMILIES`: `llama` (`ppl_jax.models.llama`,
+    which also covers Hugging Face Mistral, Qwen2, Qwen3, OLMo 2/3, Gemma 2/3 and Phi-3 by its
+    flags), `gpt2` (`ppl_jax.models.gpt2`) or `gpt_neox` (`ppl_jax.models.gpt_neox`); the rest of
+    the dict is that family's config (`LlamaConfig.to_dict()`, `GPT2Config.to_dict()`,
+    `GPTNeoXConfig.to_dict()`, or `ppl_jax.checkpoints.hf.read_description`).
 
     Args:
       description: the JSON-able architecture.
@@ -95,14 +108,12 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
       CheckpointError: for a description of an unknown family or with unknown keys.
     """
     family = description.get("family")
-    if family == "llama":
-        cfg = LlamaConfig.from_dict(description)
-        module_fn = lambda: Llama(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
-    elif family == "gpt2":
-        cfg = GPT2Config.from_dict(description)
-        module_fn = lambda: GPT2(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
-    else:
+    if family not in FAMILIES:
         raise CheckpointError(
-            f"unknown model family {family!r} in the checkpoint (supported: llama, gpt2)."
+            f"unknown model family {str(family)[:40]!r} in the checkpoint (supported: "
+            f"{', '.join(FAMILIES)})."
         )
+    config_class, module_class = FAMILIES[family]
+    cfg = config_class.from_dict(description)
+    module_fn = lambda: module_class(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
     return from_nnx(module_fn, cfg.vocab_size, cfg.max_positions, cfg.to_dict())

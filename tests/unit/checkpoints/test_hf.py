@@ -260,12 +260,12 @@ def test_unsupported_model_type(tmp_path):
     ):
         hf.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(
-        json.dumps({**BASE_CONFIG, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
+        json.dumps({**BASE_CONFIG, "rope_parameters": {"rope_type": "proportional"}})
     )
     with pytest.raises(
         CheckpointError,
-        match=r"config.json: rope_type 'yarn' is not supported "
-        r"\(supported: default, linear, llama3\)",
+        match=r"config.json: rope_type 'proportional' is not supported "
+        r"\(supported: default, linear, llama3, yarn, longrope, dynamic\)",
     ):
         hf.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**BASE_CONFIG, "hidden_act": "gelu"}))

@@ -1,0 +1,31 @@
+"""Qwen3 (Hugging Face `qwen3`): the Llama decoder with an RMSNorm on each head of q and k
+(`q_norm`/`k_norm`, weights `[head_dim]`, after the projection and before RoPE), a `head_dim`
+independent of the hidden size, optional q/k/v/o biases (`attention_bias`) and Qwen2's optional
+sliding window (`use_sliding_window`, `max_window_layers`, `layer_types`). As transformers 5.23's
+`modeling_qwen3`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppl_jax.models import hf_config
+from ppl_jax.models.llama import LlamaConfig
+
+
+def from_hf_config(c: dict[str, Any]) -> LlamaConfig:
+    """The architecture of a `qwen3` `config.json`.
+
+    Raises:
+      CheckpointError: an activation other than silu, an unsupported rope scaling, bad
+        `layer_types`. KeyError: a required field is missing.
+    """
+    hf_config.check_activation(c, "hidden_act", "silu", ("silu",))
+    bias = bool(c.get("attention_bias", False))
+    return hf_config.hf_config(
+        c,
+        qkv_bias=bias,
+        o_bias=bias,
+        qk_norm="head",
+        **hf_config.hf_sliding(c, "qwen3", int(c["num_hidden_layers"])),
+    )

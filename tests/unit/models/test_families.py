@@ -1,0 +1,227 @@
+"""The model families of issue 17 (Qwen3, OLMo 2/3, Gemma 2/3 and a multimodal Gemma 3's text
+tower, GPT-NeoX, Phi-3) against transformers 5's own log-probabilities, stored with tiny random
+models in tests/golden/families/ by tests/golden/make_family_golden.py (the live comparison is
+tests/reference/test_families_live.py).
+
+For each protocol (`sliding`, `hf_strided`, `lm_eval_rolling`) ppl_jax cuts its own windows
+(`ppl_jax.plans`), which must be the reference loops' windows, and scores them: per-token NLL
+within 1e-5 relative of transformers' float32, nll_sum within 1e-6 relative; bfloat16 within
+1e-3 of float32; a packed row scores as its windows alone; and each family converts to Orbax and
+scores the same. The traps: windows of 8 under scored windows of 24 (every distance to the
+window's edge is scored), yarn and longrope past an original length of 16, soft-caps that bite,
+tied and untied embeddings, a padded vocabulary; each is shown to matter by turning it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.plans import protocols
+from ppl_jax.plans import windows as windows_lib
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.nll import token_nll
+
+import helpers
+
+FAMILY_DIR = os.path.join(helpers.GOLDEN, "families")
+FAMILIES = sorted(n for n in os.listdir(FAMILY_DIR) if not n.startswith("."))
+PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling")
+ROWS = 32  # every protocol's windows, padded to one batch shape (one compilation per model)
+
+
+@functools.cache
+def golden(family: str) -> dict:
+    with open(os.path.join(FAMILY_DIR, family, "golden.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def ppl_windows(family: str, protocol: str) -> windows_lib.Windows:
+    """The protocol's windows as ppl_jax cuts them from the golden token ids."""
+    g = golden(family)
+    seq_len, stride = g["seq_len"], g["stride"]
+    stream = np.asarray(g["stream"], np.int32)
+    if protocol == "sliding":
+        return windows_lib.sliding(stream, seq_len, stride)
+    if protocol == "hf_strided":
+        return protocols._hf_strided(stream, seq_len, stride)
+    docs = [np.asarray(d, np.int32) for d in g["documents"]]
+    offsets = np.cumsum([0] + [d.size for d in docs]).astype(np.int64)
+    return protocols.rolling_windows(np.concatenate(docs), offsets, seq_len, g["prefix"])
+
+
+@functools.cache
+def loaded(family: str, dtype=jnp.float32, description: str | None = None):
+    """(model, params) of the committed directory, read by ppl_jax (`description`: a JSON
+    override of fields of its description)."""
+    path = os.path.join(FAMILY_DIR, family)
+    desc = {**hf.read_description(path), **json.loads(description or "{}")}
+    model = nnx_lib.build(desc, dtype)
+    target, _ = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
+    )
+    return model, hf.load_params(path, target)
+
+
+def score_rows(model, params, rows: dict[str, np.ndarray]) -> np.ndarray:
+    """`[R, width - 1] float64` NLL of every target of the rows (0 where not scored)."""
+    apply = _jitted(model)
+    tokens = jnp.asarray(rows["tokens"])
+    nll = apply(
+        params,
+        tokens[:, :-1],
+        jnp.asarray(rows["positions"][:, :-1]),
+        jnp.asarray(rows["segment_ids"][:, :-1]),
+        tokens[:, 1:],
+    )
+    return np.where(rows["target_mask"][:, 1:], np.asarray(nll, np.float64), 0.0)
+
+
+_JITTED: dict[int, object] = {}
+
+
+def _jitted(model):
+    if id(model) not in _JITTED:  # models live as long as `loaded`'s cache
+        _JITTED[id(model)] = jax.jit(
+            lambda p, x, pos, seg, y: token_nll(model.apply(p, x, pos, seg), y)
+        )
+    return _JITTED[id(model)]
+
+
+def protocol_nll(family: str, protocol: str, model, params) -> list[np.ndarray]:
+    """Per window of the protocol, ppl_jax's NLL of its scored targets, after checking that
+    ppl_jax's windows are the reference loop's."""
+    ref = golden(family)["protocols"][protocol]
+    windows = ppl_windows(family, protocol)
+    assert windows.num_windows == len(ref) <= ROWS
+    rows = windows.rows(np.arange(ROWS))
+    nll = score_rows(model, params, rows)
+    out = []
+    for k, w in enumerate(ref):
+        row, first = w["row"], w["first"]
+        assert rows["tokens"][k, : len(row)].tolist() == row
+        assert np.flatnonzero(rows["target_mask"][k]).tolist() == list(range(first, len(row)))
+        out.append(nll[k, first - 1 : len(row) - 1])
+    return out
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matches_transformers(family, protocol):
+    model, params = loaded(family)
+    ours = protocol_nll(family, protocol, model, params)
+    ref = [-np.asarray(w["log_probs"], np.float64) for w in golden(family)["protocols"][protocol]]
+    ours_all, ref_all = np.concatenate(ours), np.concatenate(ref)
+    assert ours_all.shape == ref_all.shape
+    assert np.max(np.abs(ours_all - ref_all) / np.abs(ref_all)) < 1e-5
+    assert abs(ours_all.sum() - ref_all.sum()) / ref_all.sum() < 1e-6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bfloat16_within_1e3_of_float32(family):
+    f32 = np.concatenate(protocol_nll(family, "sliding", *loaded(family)))
+    bf16 = np.concatenate(protocol_nll(family, "sliding", *loaded(family, jnp.bfloat16)))
+    assert abs(bf16.sum() - f32.sum()) / f32.sum() < 1e-3
+
+
+@pytest.mark.parametrize("family", ["phi3", "olmo3", "gemma2"])
+def test_a_packed_row_scores_as_its_windows_alone(family):
+    """Two lm_eval_rolling windows of different lengths in one row (longrope picks its factors
+    by each segment's length, windows and positions restart per segment)."""
+    model, params = loaded(family)
+    windows = ppl_windows(family, "lm_eval_rolling")
+    lengths = windows.row_lengths()
+    a = int(np.argmax(lengths))  # a full window (long factors)
+    b = int(np.argmin(lengths))  # the shortest (short factors)
+    rows = windows.fill([(b, a)] + [()] * 7, int(lengths[a] + lengths[b]))
+    nll = score_rows(model, params, rows)[0]
+    ref = golden(family)["protocols"]["lm_eval_rolling"]
+    expected = np.concatenate([-np.asarray(ref[k]["log_probs"]) for k in (b, a)])
+    got = nll[rows["target_mask"][0, 1:]]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+# Each trap turned off moves the result well past the tolerance: the comparison sees it.
+CHANGES = [
+    ("gemma2", {"attn_softcap": None}),
+    ("gemma2", {"final_softcap": None}),
+    ("gemma2", {"sliding_window": None, "sliding_layers": []}),
+    ("olmo3", {"sliding_rope": {}}),
+    ("qwen3", {"rope_type": "default"}),
+    ("phi3", {"rope_long_factor": [1.0, 1.1, 1.3, 1.6]}),
+    ("gemma3", {"sliding_rope": {}}),
+    ("gemma3", {"embed_scale": False}),
+    ("gpt_neox", {"parallel_residual": False}),
+]
+
+
+@pytest.mark.parametrize("family,change", CHANGES)
+def test_the_comparison_sees_each_feature(family, change):
+    model, params = loaded(family, description=json.dumps(change))
+    ours = np.concatenate(protocol_nll(family, "sliding", model, params))
+    ref = np.concatenate(
+        [-np.asarray(w["log_probs"]) for w in golden(family)["protocols"]["sliding"]]
+    )
+    assert np.max(np.abs(ours - ref)) > 1e-2
+
+
+def test_descriptions_read_every_feature():
+    d = {f: hf.read_description(os.path.join(FAMILY_DIR, f)) for f in FAMILIES}
+    assert (d["qwen3"]["qk_norm"], d["qwen3"]["head_dim"], d["qwen3"]["rope_type"]) == (
+        "head",
+        16,
+        "yarn",
+    )
+    assert d["qwen3"]["tie_embeddings"] and not d["olmo2"]["tie_embeddings"]
+    assert (d["olmo2"]["norm_layout"], d["olmo2"]["qk_norm"]) == ("post", "projection")
+    assert (d["olmo3"]["sliding_window"], d["olmo3"]["sliding_layers"]) == (8, [0, 1, 2])
+    assert d["olmo3"]["rope_type"] == "yarn" and d["olmo3"]["sliding_rope"] == {
+        "rope_attention_factor": 1.0,
+        "rope_factor": 1.0,
+        "rope_original_max_positions": 8192,
+        "rope_theta": 10000.0,
+        "rope_type": "default",
+    }
+    assert (d["gemma2"]["attn_softcap"], d["gemma2"]["final_softcap"]) == (3.0, 5.0)
+    assert d["gemma2"]["query_scale"] == 12**-0.5 and d["gemma2"]["sliding_layers"] == [0]
+    assert d["gemma3"]["sliding_rope"] == {
+        "rope_factor": 1.0,
+        "rope_theta": 10000.0,
+        "rope_type": "default",
+    }
+    assert d["gemma3_multimodal"] == d["gemma3"]
+    assert (d["gpt_neox"]["family"], d["gpt_neox"]["rotary_dim"]) == ("gpt_neox", 4)
+    assert (d["phi3"]["rope_type"], d["phi3"]["rotary_dim"]) == ("longrope", 8)
+    assert d["phi3"]["rope_attention_factor"] == pytest.approx(
+        np.sqrt(1 + np.log(4.0) / np.log(16))
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_converts_to_orbax_and_scores_the_same(family, tmp_path):
+    from ppl_jax.cli.convert import convert
+
+    out = str(tmp_path / "orbax")
+    meta = convert(os.path.join(FAMILY_DIR, family), out)
+    step, stored = checkpoint.read_metadata(out, None)
+    model, params = loaded(family)
+    assert stored["model"] == meta["model"] == model.description
+    target = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params
+    )
+    restored = checkpoint.restore_params(out, step, target)
+    windows = ppl_windows(family, "sliding")
+    rows = windows.rows(np.arange(ROWS))
+    np.testing.assert_array_equal(
+        score_rows(model, restored, rows), score_rows(model, params, rows)
+    )
