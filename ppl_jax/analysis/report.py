@@ -217,6 +217,8 @@ def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
     if log and len(positive) < len(steps):
         ax.set_xscale("symlog", linthresh=min(positive), linscale=0.5)
     plotting.count_axis(ax, "x", log and len(positive) == len(steps))
+    if not log and len(steps) <= 6:  # a few steps: a tick at each
+        ax.set_xticks(steps)
     ax.tick_params(labelbottom=True)
     if label:
         ax.set_xlabel("checkpoint step" + (" (log scale)" if log else ""))
@@ -228,8 +230,8 @@ def _draw(ax: Any, series: list, name: str, j: int, hollow: bool) -> list[float]
     x = [s for s, _, _ in series]
     y = [v for _, v, _ in series]
     color, marker = plotting.COLORS[j % 8], plotting.MARKERS[j % 8]
-    face = "white" if hollow else color
-    ax.plot(x, y, color=color, marker=marker, markersize=4.5, mfc=face, linewidth=1.5, label=name)
+    face, size = ("white", max(3.5, 7.0 - 0.7 * j)) if hollow else (color, 4.5)  # nested
+    ax.plot(x, y, color=color, marker=marker, markersize=size, mfc=face, linewidth=1.5, label=name)
     lo = [iv[0] if iv else math.nan for _, _, iv in series]
     hi = [iv[1] if iv else math.nan for _, _, iv in series]
     shown = [v for v in lo + hi if not math.isnan(v)]
