@@ -8,7 +8,8 @@ The public API (imported on first use, so `import ppl_jax` stays light):
   planned and compiled once, scored with the params of each call (`evaluator(params, step=)`).
 - `DatasetSpec`, `ProtocolSpec`, `BatchSpec`: a corpus, a scoring protocol, a batch layout.
 - `prepare`: one dataset read, tokenized, planned and laid out (what `Evaluator` does for each).
-- `LanguageModel`, `HiddenStates`, `Logits`, `from_nnx`: the model interface and its NNX adapter.
+- `LanguageModel`, `HiddenStates`, `Logits`, `from_nnx`, `from_linen`: the model interface and
+  its adapters (`from_linen`: a Linen module whose `__call__(tokens)` returns logits).
 - `StepOptions`: what the step gathers beyond its sums (per-token arrays, top-k, positions, KL).
 - `load_tokenizer`, `make_mesh`, `Sums`, `derive`: tokenizers, meshes, sums and their metrics.
 - the errors: `PplJaxError` and its kinds.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "HiddenStates": "ppl_jax.models.interface",
     "Logits": "ppl_jax.models.interface",
     "from_nnx": "ppl_jax.models.nnx",
+    "from_linen": "ppl_jax.models.adapters",
     "open_checkpoint": "ppl_jax.checkpoints.opener",
     "Checkpoint": "ppl_jax.checkpoints.opener",
     "StepOptions": "ppl_jax.scoring.scorer",

@@ -172,6 +172,52 @@ def open_repo(path: str, allow_download: bool) -> Repo:
     return Repo(repo_id, revision, allow_download, m.group("prefix") if m else "step")
 
 
+def repo_folder(repo_id: str) -> str:
+    """The repository's folder in the hub cache (`<cache>/models--org--name`)."""
+    return os.path.join(_cache(), "models--" + repo_id.replace("/", "--"))
+
+
+def is_repo_folder(path: str) -> bool:
+    """A hub cache's repository folder (`models--org--name` with `refs/` and `snapshots/`)."""
+    name = os.path.basename(os.path.normpath(path))
+    return (
+        name.startswith("models--")
+        and os.path.isdir(os.path.join(path, "refs"))
+        and os.path.isdir(os.path.join(path, "snapshots"))
+    )
+
+
+def repo_of_folder(path: str, allow_download: bool) -> Repo:
+    """The `Repo` of a cache folder (what `local_dir` gives for a sweep over revisions)."""
+    name = os.path.basename(os.path.normpath(path))[len("models--") :]
+    return Repo(name.replace("--", "/", 1), None, allow_download)
+
+
+def local_dir(path: str, sweep: bool, allow_download: bool) -> str:
+    """The local folder a hub id stands for in a run: its revision's snapshot folder
+    (`snapshots/<commit>`, so that the commit is in the run's fingerprint and results), or for a
+    sweep over revisions (`checkpoint.step=step1000,step2000`) the repository's cache folder,
+    whose step revisions `Repo.steps` lists.
+
+    Raises:
+      ConfigError: a malformed id. CheckpointError: as `Repo.snapshot`.
+    """
+    repo = open_repo(path, allow_download)
+    if not sweep:
+        return repo.snapshot(None)
+    repo_id = repo.repo_id
+    if allow_download and not _env_offline():
+        repo.snapshot(None)  # the repository exists
+    folder = repo_folder(repo_id)
+    if not os.path.isdir(folder):
+        raise CheckpointError(
+            f"hub repository {repo_id!r} is not in the local hub cache ({_cache()}); download "
+            f"its revisions (huggingface-cli download {repo_id} --revision step1000), or set "
+            f"checkpoint.allow_download=true."
+        )
+    return folder
+
+
 def agree_commit(commit: str) -> str:
     """Process 0's commit on every process (a no-op on one process)."""
     if jax.process_count() == 1:

@@ -77,7 +77,9 @@ def open_checkpoint(
     options = {"architecture": architecture, "mapping": mapping, "item": item, "params": params}
     if hub.is_hub_id(path):
         repo = hub.open_repo(path, allow_download)
-        return Checkpoint(path, "hf", repo=repo, **options)
+        return Checkpoint(path, "hub", repo=repo, **options)
+    if hub.is_repo_folder(path):
+        return Checkpoint(path, "hub", repo=hub.repo_of_folder(path, allow_download), **options)
     try:
         found = paths.isdir(path)
         if format == "auto":
@@ -103,7 +105,8 @@ class Checkpoint:
 
     Attributes:
       path: the directory, as given.
-      format: `orbax` or `hf`.
+      format: `orbax`, `hf`, or `hub` (a hub id or a hub cache's repository folder: its step
+        revisions are the steps).
     """
 
     path: str

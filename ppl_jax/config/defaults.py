@@ -66,6 +66,11 @@ def get_config() -> config_dict.ConfigDict:
     c.checkpoint.watch_until = -1  # watch: stop once this step is evaluated (-1: idle timeout only)
     c.checkpoint.watch_timeout = 600.0  # watch: seconds without a new step before it ends
     c.checkpoint.watch_interval = 10.0  # watch: seconds between two looks at checkpoint.dir
+    c.checkpoint.architecture = ""  # another trainer's checkpoint: where the architecture comes from
+    c.checkpoint.mapping = ""  # another trainer's checkpoint: a preset or a YAML mapping file
+    c.checkpoint.item = ""  # the Orbax item holding the params ("": found)
+    c.checkpoint.params = ""  # the params subtree inside the item ("": found)
+    c.checkpoint.allow_download = False  # a hub id may be downloaded (default: local cache only)
 
     c.data = config_dict.ConfigDict()
     c.data.name = ""  # derived from data.path (see `corpus_name`)
@@ -84,6 +89,7 @@ def get_config() -> config_dict.ConfigDict:
     c.data.cache_dir = (
         ""  # token and plan caches (ppl_jax.plans.token_cache, ppl_jax.plans.plan_cache)
     )
+    c.data.fingerprint = "stat"  # corpus files in cache keys and journals: stat or content
 
     # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
     # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
@@ -141,10 +147,23 @@ def get_config() -> config_dict.ConfigDict:
 # One line per key of `get_config()` (a test checks that the two name the same keys); `--help`
 # prints them with the defaults.
 KEY_MEANINGS = {
-    "checkpoint.dir": "an Orbax CheckpointManager directory of numbered steps, or a Hugging Face "
-    "directory",
+    "checkpoint.dir": "an Orbax CheckpointManager directory of numbered steps (ppl_jax's, MaxText's, "
+    "a Linen or NNX loop's), a bare Orbax directory (gemma), a Hugging Face directory, or a hub "
+    "id 'hf://org/name[@revision]' (or a bare 'org/name' that is not a path)",
     "checkpoint.step": "'latest' (the newest finalized step), a step number, 'all', a list "
-    "'1000,2000' or a range 'first:last:every' (last included)",
+    "'1000,2000' or a range 'first:last:every' (last included); for a hub id, revisions "
+    "'step1000,step2000'",
+    "checkpoint.architecture": "the architecture of a checkpoint that carries none (it wins over "
+    "one that does): a config.json, a ppl_jax description JSON, 'maxtext:<model> key=value ...', "
+    "or a Python entry point 'module:function' returning a LanguageModel",
+    "checkpoint.mapping": "stored names to model weights: '' (ppl_jax's own layout, else "
+    "detected), a preset ('maxtext', 'gemma', 'identity') or a YAML/JSON mapping file",
+    "checkpoint.item": "the Orbax item holding the params ('': state, items, default, model, "
+    "pytree, or a bare directory)",
+    "checkpoint.params": "the params subtree inside the item ('': params/params, params, or the "
+    "whole item)",
+    "checkpoint.allow_download": "a hub id may be downloaded from the hub (default: resolved "
+    "from the local hub cache only; HF_HUB_OFFLINE=1 forbids downloads)",
     "checkpoint.watch": "keep evaluating steps as they are finalized, until checkpoint."
     "watch_until or checkpoint.watch_timeout",
     "checkpoint.watch_until": "watch: the last step to evaluate (-1: none)",
@@ -172,6 +191,8 @@ KEY_MEANINGS = {
     "drawn with this seed",
     "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "
     "shares across processes, and each plan cached (memory-mapped by later runs); '': no cache",
+    "data.fingerprint": "how corpus files are identified in the cache keys and the journal: "
+    "'stat' (path, size, modification time) or 'content' (SHA-256 of the bytes, ~1.5 s per GB)",
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",

@@ -13,6 +13,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
+from ppl_jax.checkpoints import hub
 from ppl_jax.config.defaults import MIN_BOOTSTRAP_SAMPLES, held_out_paths
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec, choice, corpus_name
@@ -62,8 +63,10 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
             f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
             f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
         )
+    options = checkpoint_options(c.checkpoint)
     return RunSpec(
-        checkpoint_dir=os.path.expanduser(str(c.checkpoint.dir)),
+        checkpoint_dir=checkpoint_dir(c.checkpoint, steps.kind != "one" or _revisions(c), options),
+        checkpoint_options=options,
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
         data=data,
@@ -127,6 +130,7 @@ def _dataset(
         max_tokens=int(data["max_tokens"]),
         sample_seed=int(data["sample_seed"]),
         cache_dir=str(c.data.cache_dir or ""),
+        fingerprint=str(c.data.fingerprint),
         where=data_key,
     )
     protocol = ProtocolSpec(
@@ -170,10 +174,47 @@ def _suite(c: config_dict.ConfigDict) -> tuple[tuple[DatasetSpec, ProtocolSpec],
     return tuple(out)
 
 
+def checkpoint_options(ckpt: Any) -> tuple[tuple[str, Any], ...]:
+    """`checkpoint.architecture`, `mapping`, `item`, `params`, `allow_download` as
+    `open_checkpoint`'s keyword options (empty ones left out)."""
+    out = [
+        (k, str(getattr(ckpt, k)).strip()) for k in ("architecture", "mapping", "item", "params")
+    ]
+    out = [(k, os.path.expanduser(v) if k == "mapping" else v) for k, v in out if v]
+    if _bool("checkpoint.allow_download", ckpt.allow_download):
+        out.append(("allow_download", True))
+    return tuple(out)
+
+
+def _revisions(c: config_dict.ConfigDict) -> bool:
+    """`checkpoint.step` names hub revisions (`step1000,step2000`), not step numbers."""
+    return any(
+        ch.isalpha() for ch in str(c.checkpoint.step).replace("latest", "").replace("all", "")
+    )
+
+
+def checkpoint_dir(ckpt: Any, sweep: bool, options: tuple[tuple[str, Any], ...]) -> str:
+    """`checkpoint.dir`, a hub id resolved to a local folder (`ppl_jax.checkpoints.hub
+    .local_dir`: the revision's snapshot, whose commit is then in the fingerprint and results;
+    for a sweep over revisions, the repository's cache folder).
+
+    Raises:
+      ConfigError, CheckpointError: a malformed hub id, or one not in the cache (offline).
+    """
+    path = str(ckpt.dir).strip()
+    if hub.is_hub_id(path):
+        return hub.local_dir(path, sweep, dict(options).get("allow_download", False))
+    return os.path.expanduser(path)
+
+
 def _steps(ckpt: Any) -> StepSpec:
     """`checkpoint.step` and `checkpoint.watch*` (see `StepSpec`)."""
     raw = ckpt.step
     text = str(raw).strip().lower()
+    if text not in ("latest", "all"):  # hub revisions `step1000,step2000` are steps 1000, 2000
+        text = ",".join(
+            part.strip().lstrip("abcdefghijklmnopqrstuvwxyz_-") for part in text.split(",")
+        )
     timeout, interval = float(ckpt.watch_timeout), float(ckpt.watch_interval)
     until = int(ckpt.watch_until)
     watch = _bool("checkpoint.watch", ckpt.watch)

@@ -90,7 +90,9 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         jax.config.update("jax_compilation_cache_dir", spec.compilation_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         compilation_cache.reset_cache()
-    ckpt = open_checkpoint(spec.checkpoint_dir, spec.checkpoint_format)
+    ckpt = open_checkpoint(
+        spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
+    )
     check(spec, ckpt.format)
     if spec.tensorboard and out is not None:
         tensorboard.check_available(files.tensorboard_dir(out.path))

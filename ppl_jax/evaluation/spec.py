@@ -136,6 +136,8 @@ class RunSpec:
     # Every dataset of the run, (data, eval) each; the first is `data`/`eval` when no suite.
     suite: tuple[tuple[DatasetSpec, ProtocolSpec], ...] = ()
     tensorboard: bool = False
+    # `open_checkpoint`'s keyword options (architecture, mapping, item, params, allow_download).
+    checkpoint_options: tuple[tuple[str, object], ...] = ()
 
     @property
     def datasets(self) -> tuple[tuple[DatasetSpec, ProtocolSpec], ...]:
