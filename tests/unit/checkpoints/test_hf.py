@@ -21,6 +21,7 @@ from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
 from ppl_jax.tokenizer import base as tokenizer_lib
@@ -431,3 +432,94 @@ def test_convert_command_line_errors(tmp_path):
         timeout=120,
     )
     assert run.returncode == 2 and run.stderr.startswith("ppl-jax: error: bad flag")
+
+
+# ------------------------------------------------ issue 17/19: trust in config.json and families
+
+
+def _family_copy(tmp_path, family="qwen3"):
+    path = tmp_path / family
+    shutil.copytree(os.path.join(helpers.GOLDEN, "families", family), path)
+    os.remove(path / "golden.json")
+    return path
+
+
+def test_config_and_tokenizer_linked_out_of_the_directory_are_refused(tmp_path):
+    path = _family_copy(tmp_path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.replace(path / "config.json", outside / "config.json")
+    os.symlink(outside / "config.json", path / "config.json")
+    with pytest.raises(CheckpointError, match=r"config.json' is a link, which lies outside"):
+        hf.read_description(str(path))
+    os.remove(path / "config.json")
+    os.symlink("../elsewhere/config.json", path / "config.json")  # relative, still outside
+    with pytest.raises(CheckpointError, match="its config.json is read only from inside it"):
+        hf.read_description(str(path))
+    os.remove(path / "config.json")
+    os.replace(outside / "config.json", path / "config.json")
+    _write_word_tokenizer(str(outside))
+    os.symlink(outside / "tokenizer.json", path / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="its tokenizer.json is read only from inside it"):
+        hf.load_tokenizer(str(path))
+
+
+def test_hub_cache_config_links_into_blobs_are_read(tmp_path):
+    """A hub-cache snapshot's files are links into the repository's blobs: allowed."""
+    src = _family_copy(tmp_path / "src")
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, name in enumerate(sorted(os.listdir(src))):
+        shutil.copy(src / name, repo / "blobs" / f"blob{i}")
+        os.symlink(f"../../blobs/blob{i}", snapshot / name)
+    assert hf.read_description(str(snapshot)) == hf.read_description(str(src))
+
+
+def test_absurd_configs_are_one_short_sentence(tmp_path):
+    path = _family_copy(tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1000}))
+    with pytest.raises(CheckpointError) as e:
+        hf.read_description(str(path))
+    assert str(e.value).endswith(
+        "config.json describes 1000 layers but the safetensors weights hold 2; fix config.json "
+        "to describe these weights."
+    )
+    (path / "config.json").write_text(json.dumps({**config, "vocab_size": 99}))
+    with pytest.raises(CheckpointError, match=r"implies an embedding of shape \(99, 32\)"):
+        hf.read_description(str(path))
+    for bad in ({"hidden_size": "x" * 75_695}, {"model_type": "y" * 75_695}):
+        (path / "config.json").write_text(json.dumps({**config, **bad}))
+        with pytest.raises(CheckpointError) as e:
+            hf.read_description(str(path))
+        assert len(str(e.value)) < 400 and "\n" not in str(e.value)
+
+
+def test_unknown_model_type_lists_every_family(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(CheckpointError) as e:
+        hf.read_description(str(tmp_path))
+    for family in ("qwen3", "olmo2", "olmo3", "gemma2", "gemma3_text", "gpt_neox", "phi3"):
+        assert family in str(e.value)
+
+
+def test_dynamic_rope_is_default_within_max_positions(tmp_path):
+    """transformers' dynamic NTK scaling changes nothing up to max_position_embeddings (and past
+    it depends on the longest sequence seen so far): ppl_jax scores windows up to that length
+    with the default frequencies, and the model's max_positions stops longer ones."""
+    from ppl_jax.models import rope
+
+    descs = []
+    for name, rope_parameters in (
+        ("dynamic", {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 5000.0}),
+        ("default", {"rope_type": "default", "rope_theta": 5000.0}),
+    ):
+        (tmp_path / name).mkdir()
+        config = {**BASE_CONFIG, "rope_parameters": rope_parameters}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        descs.append(nnx_lib.build(hf.read_description(str(tmp_path / name)), jnp.float32))
+    dynamic, default = (LlamaConfig.from_dict(m.description) for m in descs)
+    assert dynamic.rope_type == "dynamic" and descs[0].max_positions == 128
+    np.testing.assert_array_equal(rope.inv_freq(dynamic), rope.inv_freq(default))
