@@ -66,7 +66,9 @@ def get_config() -> config_dict.ConfigDict:
     c.checkpoint.watch_until = -1  # watch: stop once this step is evaluated (-1: idle timeout only)
     c.checkpoint.watch_timeout = 600.0  # watch: seconds without a new step before it ends
     c.checkpoint.watch_interval = 10.0  # watch: seconds between two looks at checkpoint.dir
-    c.checkpoint.architecture = ""  # another trainer's checkpoint: where the architecture comes from
+    c.checkpoint.architecture = (
+        ""  # another trainer's checkpoint: where the architecture comes from
+    )
     c.checkpoint.mapping = ""  # another trainer's checkpoint: a preset or a YAML mapping file
     c.checkpoint.item = ""  # the Orbax item holding the params ("": found)
     c.checkpoint.params = ""  # the params subtree inside the item ("": found)
@@ -192,7 +194,7 @@ KEY_MEANINGS = {
     "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "
     "shares across processes, and each plan cached (memory-mapped by later runs); '': no cache",
     "data.fingerprint": "how corpus files are identified in the cache keys and the journal: "
-    "'stat' (path, size, modification time) or 'content' (SHA-256 of the bytes, ~1.5 s per GB)",
+    "'stat' (path, size, modification time) or 'content' (SHA-256 of the bytes, ~2 s per GB)",
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",

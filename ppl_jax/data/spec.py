@@ -14,7 +14,7 @@ from typing import Any
 
 from ppl_jax.data.documents import FORMATS, uncompressed_name
 from ppl_jax.errors import ConfigError
-from ppl_jax.runtime import paths
+from ppl_jax.runtime import fingerprint, paths
 
 # The corpus name of the demo's default data.path (see `ppl_jax.config.defaults`).
 DEMO_CORPUS_NAME = "cpython-stdlib-held-out"
@@ -132,6 +132,9 @@ class DatasetSpec:
       max_documents, max_tokens: budgets (0: all).
       sample_seed: -1 takes the first documents; else a sample drawn with this seed.
       cache_dir: a folder of the filesystem for the token and plan caches ("": none).
+      fingerprint: how the files are identified in the cache keys and the journal's fingerprint:
+        'stat' (path, size, modification time) or 'content' (path, size, SHA-256 of the bytes;
+        `ppl_jax.runtime.fingerprint`).
       where: the setting's name in error messages ('data', 'suite[2]'); not compared.
 
     Raises:
@@ -152,6 +155,7 @@ class DatasetSpec:
     max_tokens: int = 0
     sample_seed: int = -1
     cache_dir: str = ""
+    fingerprint: str = "stat"
     where: str = dataclasses.field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +166,7 @@ class DatasetSpec:
             where = self.where or f"dataset {self.name or self.path!r}: data"
             object.__setattr__(self, "format", infer_format(self.path, where))
         choice(f"{key}{sep}errors", self.errors, ("strict", "replace"))
+        choice("data.fingerprint", self.fingerprint, fingerprint.FINGERPRINTS)
         for budget in ("max_documents", "max_tokens"):
             value = int(getattr(self, budget))
             if value < 0:

@@ -122,6 +122,7 @@ def run_fingerprint(
             "errors": ds.errors,
             "separator": ds.separator,
             **({"preparation": ds.preparation} if ds.preparation else {}),
+            **({"fingerprint": "content"} if ds.fingerprint == "content" else {}),
             **(
                 {
                     "max_documents": ds.max_documents,

@@ -63,7 +63,10 @@ def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> s
     """The cache key of a dataset's plan (SHA-256 hex; see the module docstring)."""
     parts = {
         "version": VERSION,
-        "files": [fingerprint.file_identity(p) for p in data.resolve_paths(ds.path)],
+        "files": [
+            fingerprint.file_identity(p, ds.fingerprint == "content")
+            for p in data.resolve_paths(ds.path)
+        ],
         "data": {
             "format": ds.format,
             "jsonl_field": ds.jsonl_field,

@@ -61,7 +61,10 @@ def key(ds, tok: Tokenizer) -> str:
     return fingerprint.digest(
         {
             "version": VERSION,
-            "files": [fingerprint.file_identity(p) for p in data.resolve_paths(ds.path)],
+            "files": [
+                fingerprint.file_identity(p, ds.fingerprint == "content")
+                for p in data.resolve_paths(ds.path)
+            ],
             "data": {"format": ds.format, "jsonl_field": ds.jsonl_field, "errors": ds.errors},
             "tokenizer": fingerprint.text_digest(tok.describe()),
         }
