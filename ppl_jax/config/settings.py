@@ -131,7 +131,6 @@ def _dataset(
         sample_seed=int(data["sample_seed"]),
         cache_dir=str(c.data.cache_dir or ""),
         fingerprint=str(c.data.fingerprint),
-        fingerprint=str(c.data.fingerprint),
         where=data_key,
     )
     protocol = ProtocolSpec(
