@@ -135,7 +135,9 @@ MULTIPROCESS_FILES = {
     "test_distributed.py", "test_plan_agreement.py", "test_bench_data.py", "test_harness_processes.py",
 }  # fmt: skip
 MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
-SLOW_FILES = {"test_resume_cli.py", "test_sweep.py", "test_invariance.py"}
+SLOW_FILES = {
+    "test_resume_cli.py", "test_sweep.py", "test_invariance.py", "test_compare_trust.py",
+}  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
