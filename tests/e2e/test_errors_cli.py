@@ -93,6 +93,14 @@ def bad_files(tmp_path) -> dict[str, str]:
     }
     files["empty"].write_bytes(b"")
     files["latin1"].write_bytes("ok\nna\u00efve\n".encode("latin-1"))
+    files["json"] = tmp_path / "val.json"
+    files["json"].write_text('{"text": "a document"}\n')
+    files["surrogate"] = tmp_path / "val.jsonl"
+    files["surrogate"].write_text('{"text": "a \\udc80 b"}\n')
+    files["tokens"] = tmp_path / "wiki.test.tokens"
+    files["tokens"].write_text(" = Title = \n \n Some <unk> words . \n")
+    files["a_file"] = tmp_path / "a_file"
+    files["a_file"].write_text("not a folder")
     return {k: str(v) for k, v in files.items()}
 
 
@@ -171,6 +179,35 @@ CASES = [
         id="stride_beyond_seq_len",
     ),
     pytest.param(
+        lambda c, f: {"data.cache_dir": f["a_file"]},
+        lambda c, f: [f"data.cache_dir='{f['a_file']}': the token cache could not be written"],
+        id="cache_dir_is_a_file",
+    ),
+    pytest.param(
+        lambda c, f: {"data.cache_dir": f["a_file"] + "/cache"},
+        lambda c, f: ["/cache': the token cache could not be written there (Not a directory)"],
+        id="cache_dir_below_a_file",
+    ),
+    pytest.param(
+        lambda c, f: {"data.path": f["json"]},
+        lambda c, f: [f"data.path='{f['json']}' looks like a JSON document", "data.format=jsonl"],
+        id="json_path_read_as_text",
+    ),
+    pytest.param(
+        lambda c, f: {"data.path": f["surrogate"]},
+        lambda c, f: [f"{f['surrogate']}:1: the field 'text' holds a lone surrogate (\\udc80"],
+        id="lone_surrogate",
+    ),
+    pytest.param(
+        lambda c, f: {
+            "data.path": f["tokens"],
+            "data.preparation": "lm_eval_wikitext",
+            "eval.protocol": "lm_eval_rolling",
+        },
+        lambda c, f: [f"{f['tokens']}: holds '<unk>'", "wiki.test.raw"],
+        id="tokenized_wikitext",
+    ),
+    pytest.param(
         lambda c, f: {"mesh.data": "16"},
         lambda c, f: ["the mesh data=16 x model=1 needs 16 devices, but only 8 are present"],
         id="mesh_beyond_devices",
@@ -206,3 +243,13 @@ def test_bad_input_is_one_clear_error(
     assert r.stdout == ""
     assert not (out / "results.json").exists()
     assert not list(tmp_path.rglob("results.json"))
+
+
+def test_a_bad_environment_value_is_one_sentence(tiny_checkpoint, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("PPL_JAX_NUM_PROCESSES", "two")
+    r = run_cli(as_flags(base_args(tiny_checkpoint, corpus, str(tmp_path / "out"))), tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "ppl-jax: error: PPL_JAX_NUM_PROCESSES='two' is not a number of processes (at least 1); "
+        "unset it or fix it."
+    ]
