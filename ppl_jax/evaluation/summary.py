@@ -107,6 +107,15 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
             "name": ev.dataset.name,
             "path": ev.dataset.path,
             "format": ev.dataset.format,
+            # What shaped the documents scored: a standard preparation, and a budget.
+            "preparation": ev.dataset.preparation or None,
+            "budget": {
+                "max_documents": ev.dataset.max_documents,
+                "max_tokens": ev.dataset.max_tokens,
+                "sample_seed": ev.dataset.sample_seed,
+            }
+            if ev.dataset.has_budget
+            else None,
         },
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),

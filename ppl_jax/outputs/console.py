@@ -61,6 +61,27 @@ def _metric(results: dict[str, Any], key: str) -> str:
     return f"{value:.4f}"
 
 
+def _shaped(results: dict[str, Any], key: str) -> bool:
+    return bool((results.get("data") or {}).get(key))
+
+
+def budget_text(budget: dict[str, Any]) -> str:
+    """A document budget in words: `{"max_documents": 100, "max_tokens": 0, "sample_seed": 3}` ->
+    "at most 100 documents, a sample drawn with seed 3" (the first ones in file order for -1)."""
+    parts = []
+    if budget.get("max_documents"):
+        parts.append(f"at most {plural(budget['max_documents'], 'document')}")
+    if budget.get("max_tokens"):
+        parts.append(f"documents up to {budget['max_tokens']:,} tokens")
+    seed = budget.get("sample_seed", -1)
+    parts.append(
+        "the first in file order"
+        if seed is None or seed < 0
+        else f"a sample drawn with seed {seed}"
+    )
+    return ", ".join(parts)
+
+
 def summary_table(results: dict[str, Any]) -> str:
     """A two-column text table of the run, for the terminal."""
     model = results["model"]
@@ -103,6 +124,16 @@ def summary_table(results: dict[str, Any]) -> str:
             "data",
             f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "
             f"{plural(results['num_bytes'], 'byte')})",
+        ),
+        *(
+            [("preparation", results["data"]["preparation"])]
+            if _shaped(results, "preparation")
+            else []
+        ),
+        *(
+            [("budget", budget_text(results["data"]["budget"]))]
+            if _shaped(results, "budget")
+            else []
         ),
         ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
         (
