@@ -46,9 +46,8 @@ def golden(family: str) -> dict:
         return json.load(f)
 
 
-def ppl_windows(family: str, protocol: str) -> windows_lib.Windows:
+def ppl_windows(g: dict, protocol: str) -> windows_lib.Windows:
     """The protocol's windows as ppl_jax cuts them from the golden token ids."""
-    g = golden(family)
     seq_len, stride = g["seq_len"], g["stride"]
     stream = np.asarray(g["stream"], np.int32)
     if protocol == "sliding":
@@ -60,11 +59,14 @@ def ppl_windows(family: str, protocol: str) -> windows_lib.Windows:
     return protocols.rolling_windows(np.concatenate(docs), offsets, seq_len, g["prefix"])
 
 
-@functools.cache
 def loaded(family: str, dtype=jnp.float32, description: str | None = None):
     """(model, params) of the committed directory, read by ppl_jax (`description`: a JSON
     override of fields of its description)."""
-    path = os.path.join(FAMILY_DIR, family)
+    return load_dir(os.path.join(FAMILY_DIR, family), dtype, description)
+
+
+@functools.cache
+def load_dir(path: str, dtype=jnp.float32, description: str | None = None):
     desc = {**hf.read_description(path), **json.loads(description or "{}")}
     model = nnx_lib.build(desc, dtype)
     target, _ = mesh_lib.param_targets(
@@ -98,11 +100,11 @@ def _jitted(model):
     return _JITTED[id(model)]
 
 
-def protocol_nll(family: str, protocol: str, model, params) -> list[np.ndarray]:
+def protocol_nll(g: dict, protocol: str, model, params) -> list[np.ndarray]:
     """Per window of the protocol, ppl_jax's NLL of its scored targets, after checking that
-    ppl_jax's windows are the reference loop's."""
-    ref = golden(family)["protocols"][protocol]
-    windows = ppl_windows(family, protocol)
+    ppl_jax's windows are the reference loop's (`g`: a family's golden numbers)."""
+    ref = g["protocols"][protocol]
+    windows = ppl_windows(g, protocol)
     assert windows.num_windows == len(ref) <= ROWS
     rows = windows.rows(np.arange(ROWS))
     nll = score_rows(model, params, rows)
@@ -118,19 +120,29 @@ def protocol_nll(family: str, protocol: str, model, params) -> list[np.ndarray]:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matches_transformers(family, protocol):
-    model, params = loaded(family)
-    ours = protocol_nll(family, protocol, model, params)
-    ref = [-np.asarray(w["log_probs"], np.float64) for w in golden(family)["protocols"][protocol]]
-    ours_all, ref_all = np.concatenate(ours), np.concatenate(ref)
-    assert ours_all.shape == ref_all.shape
-    assert np.max(np.abs(ours_all - ref_all) / np.abs(ref_all)) < 1e-5
-    assert abs(ours_all.sum() - ref_all.sum()) / ref_all.sum() < 1e-6
+    check_matches(os.path.join(FAMILY_DIR, family), golden(family), protocol)
+
+
+def check_matches(path: str, g: dict, protocol: str) -> tuple[float, float]:
+    """ppl_jax on the directory `path` against the golden numbers `g`: per-token NLL within 1e-5
+    relative, nll_sum within 1e-6 relative; returns both relative differences."""
+    model, params = load_dir(path)
+    ours = np.concatenate(protocol_nll(g, protocol, model, params))
+    ref = np.concatenate(
+        [-np.asarray(w["log_probs"], np.float64) for w in g["protocols"][protocol]]
+    )
+    assert ours.shape == ref.shape
+    per_token = float(np.max(np.abs(ours - ref) / np.abs(ref)))
+    total = float(abs(ours.sum() - ref.sum()) / ref.sum())
+    assert per_token < 1e-5 and total < 1e-6, (per_token, total)
+    return per_token, total
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_within_1e3_of_float32(family):
-    f32 = np.concatenate(protocol_nll(family, "sliding", *loaded(family)))
-    bf16 = np.concatenate(protocol_nll(family, "sliding", *loaded(family, jnp.bfloat16)))
+    g = golden(family)
+    f32 = np.concatenate(protocol_nll(g, "sliding", *loaded(family)))
+    bf16 = np.concatenate(protocol_nll(g, "sliding", *loaded(family, jnp.bfloat16)))
     assert abs(bf16.sum() - f32.sum()) / f32.sum() < 1e-3
 
 
@@ -139,7 +151,7 @@ def test_a_packed_row_scores_as_its_windows_alone(family):
     """Two lm_eval_rolling windows of different lengths in one row (longrope picks its factors
     by each segment's length, windows and positions restart per segment)."""
     model, params = loaded(family)
-    windows = ppl_windows(family, "lm_eval_rolling")
+    windows = ppl_windows(golden(family), "lm_eval_rolling")
     lengths = windows.row_lengths()
     a = int(np.argmax(lengths))  # a full window (long factors)
     b = int(np.argmin(lengths))  # the shortest (short factors)
@@ -168,7 +180,7 @@ CHANGES = [
 @pytest.mark.parametrize("family,change", CHANGES)
 def test_the_comparison_sees_each_feature(family, change):
     model, params = loaded(family, description=json.dumps(change))
-    ours = np.concatenate(protocol_nll(family, "sliding", model, params))
+    ours = np.concatenate(protocol_nll(golden(family), "sliding", model, params))
     ref = np.concatenate(
         [-np.asarray(w["log_probs"]) for w in golden(family)["protocols"]["sliding"]]
     )
@@ -220,7 +232,7 @@ def test_converts_to_orbax_and_scores_the_same(family, tmp_path):
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params
     )
     restored = checkpoint.restore_params(out, step, target)
-    windows = ppl_windows(family, "sliding")
+    windows = ppl_windows(golden(family), "sliding")
     rows = windows.rows(np.arange(ROWS))
     np.testing.assert_array_equal(
         score_rows(model, restored, rows), score_rows(model, params, rows)
