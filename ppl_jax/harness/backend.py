@@ -18,10 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from ppl_jax.checkpoints.opener import Checkpoint
 from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation.evaluator import Evaluator, check_window
 from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
@@ -30,6 +33,8 @@ from ppl_jax.plans.layout import MAX_SEGMENTS
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.plans.suite import Dataset, batches
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.tokenizer import base as tokenizer_lib
 from ppl_jax.tokenizer.base import Tokenizer
 
 LN2 = math.log(2.0)
@@ -64,7 +69,10 @@ class RequestScorer:
       seq_len: the model inputs per row, the harness's `max_length` (None: the model's
         positions).
       batch_size: rows per step (global), rounded up to a multiple of the mesh's `data` axis.
-      packing: several requests per row.
+      packing: several requests per row (only for a model that keeps segments apart,
+        `LanguageModel.honours_segments`, and not with cuDNN attention: `ppl_jax.plans.suite
+        .batches`).
+      attention: the model's attention implementation (`xla`, `cudnn`, `splash`).
 
     Raises:
       ConfigError: a `seq_len` beyond the model's positions.
@@ -81,12 +89,14 @@ class RequestScorer:
         batch_size: int = 8,
         packing: bool = True,
         param_shardings: Any = None,
+        attention: str = "xla",
     ):
         self.seq_len = int(seq_len or model.max_positions)
         check_window(self.seq_len, model, "seq_len")
         data = mesh.shape["data"]
         self.batch = BatchSpec(batch_size=-(-int(batch_size) // data) * data, packing=packing)
         self.model, self.params, self.mesh, self.tokenizer = model, params, mesh, tokenizer
+        self.attention = attention
         self.evaluator = Evaluator(
             model,
             mesh,
@@ -103,7 +113,9 @@ class RequestScorer:
     def _score(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window NLL sums `[W] float64` nats, scored targets `[W] int64`, top-1 correct `[W]
         int64`) of a plan; every process calls it with the same plan."""
-        layout = batches(plan, self.batch)
+        layout = batches(
+            plan, self.batch, self.attention, getattr(self.model, "honours_segments", True)
+        )
         # Segment slots rounded up to a power of two: a few compiled shapes across calls.
         slots = min(MAX_SEGMENTS, 1 << max(0, layout.max_segments - 1).bit_length())
         layout = dataclasses.replace(layout, max_segments=max(slots, layout.max_segments))
@@ -200,3 +212,40 @@ class RequestScorer:
     def restart(self) -> None:
         """On process 0: a new session after `stop` (the others call `serve` again)."""
         self._stopped = False
+
+
+def load(
+    ckpt: Checkpoint,
+    step: int | None,
+    mesh: Any,
+    dtype: str = "float32",
+    attention: str = "auto",
+    tokenizer: str = "auto",
+) -> tuple[LanguageModel, Any, tokenizer_lib.Tokenizer]:
+    """The model, its params on `mesh` (read straight into their shardings) and its tokenizer
+    (the checkpoint's own for `auto`).
+
+    Raises:
+      ConfigError: `auto` with a checkpoint that holds no tokenizer, or a tokenizer whose
+        vocabulary does not fit the model; CheckpointError: as `Checkpoint.restore`.
+    """
+    step = ckpt.resolve_step(step)
+    model = ckpt.model(dtype, attention, step)
+    if tokenizer == "auto" and ckpt.format == "hf":
+        tok = ckpt.tokenizer(step)
+        if tok is None:
+            raise ConfigError(
+                f"model_args: {ckpt.path!r} holds no tokenizer (tokenizer.json or "
+                f"tokenizer.model); give tokenizer=PATH."
+            )
+    else:
+        tok = tokenizer_lib.load(tokenizer, ckpt.tokenizer_description(step))
+    tokenizer_lib.check_vocabulary(tok, model.vocab_size, allow_mismatch=False)
+    target, _ = mesh_lib.param_targets(
+        model.abstract_params,
+        model.logical_axes,
+        mesh,
+        mesh_lib.DEFAULT_RULES,
+        {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
+    )
+    return model, ckpt.restore(step, target), tok

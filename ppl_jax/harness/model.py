@@ -22,7 +22,6 @@ import sys
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import lm_eval
 import numpy as np
 from lm_eval.api.model import TemplateLM
@@ -30,7 +29,7 @@ from lm_eval.api.registry import register_model
 
 from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
 from ppl_jax.errors import ConfigError
-from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer
+from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer, load
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import base as tokenizer_lib
@@ -120,6 +119,8 @@ class PplJaxLM(TemplateLM):
         )
         step = None if step in (None, "", "latest") else int(step)
         mesh = mesh_lib.make_mesh(int(mesh_data), int(mesh_model))
+        step = ckpt.resolve_step(step)
+        attention = ckpt.attention(attention, dtype, step)
         model, params, tok = load(ckpt, step, mesh, dtype, attention, tokenizer)
         self._setup(
             RequestScorer(
@@ -130,6 +131,7 @@ class PplJaxLM(TemplateLM):
                 seq_len=None if seq_len in (None, "") else int(seq_len),
                 batch_size=8 if str(batch_size).startswith("auto") else int(batch_size),
                 packing=bool(_flag(packing)),
+                attention=attention,
             ),
             _flag(add_bos_token),
             None if prefix_token_id in (None, "") else int(prefix_token_id),
@@ -331,43 +333,6 @@ class PplJaxLM(TemplateLM):
     def clear_history(self) -> None:
         self.loglikelihood_history.clear()
         self.last_loglikelihood = None
-
-
-def load(
-    ckpt: Checkpoint,
-    step: int | None,
-    mesh: Any,
-    dtype: str = "float32",
-    attention: str = "auto",
-    tokenizer: str = "auto",
-) -> tuple[LanguageModel, Any, tokenizer_lib.Tokenizer]:
-    """The model, its params on `mesh` (read straight into their shardings) and its tokenizer
-    (the checkpoint's own for `auto`).
-
-    Raises:
-      ConfigError: `auto` with a checkpoint that holds no tokenizer, or a tokenizer whose
-        vocabulary does not fit the model; CheckpointError: as `Checkpoint.restore`.
-    """
-    step = ckpt.resolve_step(step)
-    model = ckpt.model(dtype, attention, step)
-    if tokenizer == "auto" and ckpt.format == "hf":
-        tok = ckpt.tokenizer(step)
-        if tok is None:
-            raise ConfigError(
-                f"model_args: {ckpt.path!r} holds no tokenizer (tokenizer.json or "
-                f"tokenizer.model); give tokenizer=PATH."
-            )
-    else:
-        tok = tokenizer_lib.load(tokenizer, ckpt.tokenizer_description(step))
-    tokenizer_lib.check_vocabulary(tok, model.vocab_size, allow_mismatch=False)
-    target, _ = mesh_lib.param_targets(
-        model.abstract_params,
-        model.logical_axes,
-        mesh,
-        mesh_lib.DEFAULT_RULES,
-        {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
-    )
-    return model, ckpt.restore(step, target), tok
 
 
 def evaluate(lm: PplJaxLM, **simple_evaluate_args: Any) -> dict | None:
