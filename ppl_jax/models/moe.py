@@ -34,9 +34,12 @@ default the experts are replicated and split along `mlp` over the `model` axis, 
 The mesh has the axes `data` and `model` only; to shard the experts themselves, map them to
 `model` and unmap `mlp` (one weight cannot use `model` twice), e.g. in a config file
 `c.mesh.rules = tuple(r for r in DEFAULT_RULES if r[0] != "mlp") + (("experts", "model"),
-("mlp", None))` with `mesh.model=2`. XLA's partitioner then stores each expert on one device
-and gathers it where the loop needs it (results are identical; this is not all-to-all expert
-parallelism).
+("mlp", None))` with `mesh.model=2` (the `data=4, expert=2` layout of the tests). XLA's
+partitioner then stores each expert on one device at rest and all-gathers the expert weights for
+the step: results are identical, but this is not all-to-all expert parallelism. Known limit: the
+sort by expert is global, so under a batch sharded over `data` the partitioner gathers the
+routing and runs the grouped computation for all tokens on every device of that axis (identical
+results, work not split; a `shard_map` over `data` would split it).
 """
 
 from __future__ import annotations
