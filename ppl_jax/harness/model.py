@@ -147,8 +147,12 @@ class PplJaxLM(TemplateLM):
         self._prefix_text = self.ppl_tokenizer.token_texts(np.asarray([self.prefix_token_id]))[0]
         self.last_loglikelihood: LoglikelihoodResult | None = None
         self.loglikelihood_history: list[LoglikelihoodResult] = []
-        if jax.process_index() == 0:
-            atexit.register(self.close)
+
+    def set_params(self, params: Any) -> None:
+        """Scores with new params from now on (a training loop's, placed as the first ones were:
+        the same shapes, dtypes and shardings), keeping the compiled steps. Call it on every
+        process."""
+        self.scorer.params = params
 
     # ---------------------------------------------------------------- construction
 
@@ -206,26 +210,26 @@ class PplJaxLM(TemplateLM):
 
         args = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args.update(utils.simple_parse_args_string(arg_string))
-        lm = cls(**args)
-        lm._serve_and_exit_on_workers()
-        return lm
+        return cls(**args)._for_the_command_line()
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         """As `create_from_arg_string`, from a dict."""
         args = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args.update(arg_dict)
-        lm = cls(**args)
-        lm._serve_and_exit_on_workers()
-        return lm
+        return cls(**args)._for_the_command_line()
 
-    def _serve_and_exit_on_workers(self) -> None:
+    def _for_the_command_line(self) -> PplJaxLM:
+        """Process 0 ends the others' `serve` at exit; they serve, then exit (status 0)."""
         if jax.process_index() != 0:
             self.scorer.serve()
             sys.exit(0)
+        atexit.register(self.close)
+        return self
 
     def close(self) -> None:
-        """On process 0: ends the other processes' `serve` (at exit too; idempotent)."""
+        """On process 0: ends the other processes' `serve` (idempotent; at exit for a model of
+        the command line)."""
         self.scorer.stop()
 
     def serve(self) -> int:

@@ -198,3 +198,28 @@ def test_model_args_win_over_the_command_lines_batch_size():
         PplJaxLM(checkpoint=os.path.join(tasks.MODELS, "gpt2"), pretrained="x")
     with pytest.raises(ConfigError, match="checkpoint=DIR"):
         PplJaxLM()
+
+
+def test_set_params_scores_with_the_new_params_without_compiling_again(models):
+    """A training loop builds the model once and gives it each step's params."""
+    import jax
+
+    lm = models["gpt2"]
+    golden = GOLDEN["families"]["gpt2"]["edge"]
+    reqs = [Instance("loglikelihood", {}, tuple(p), i) for i, p in enumerate(golden["requests"])]
+    before = lm.loglikelihood(reqs, disable_tqdm=True)
+    old = lm.scorer.params
+    new = jax.tree.map(lambda a: a * 0.5, old)
+    fresh = PplJaxLM.from_params(
+        lm.scorer.model, new, lm.scorer.mesh, lm.ppl_tokenizer, seq_len=tasks.MAX_LENGTH,
+        batch_size=tasks.BATCH_SIZE,
+    ).loglikelihood(reqs, disable_tqdm=True)  # fmt: skip
+    traces = lm.scorer.evaluator.traces
+    lm.set_params(new)
+    try:
+        after = lm.loglikelihood(reqs, disable_tqdm=True)
+    finally:
+        lm.set_params(old)
+    assert lm.scorer.evaluator.traces == traces
+    assert after == fresh
+    assert all(abs(a[0] - b[0]) > 1e-3 for a, b in zip(after, before, strict=True))
