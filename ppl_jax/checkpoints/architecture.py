@@ -36,7 +36,7 @@ MAXTEXT_BASE = {
     "normalization_layer_epsilon": 1e-5, "rope_max_timescale": 10000,
     "logits_via_embedding": False, "max_target_length": 2048, "decoder_block": "llama2",
     "use_qk_norm": False, "rope_type": "default", "sliding_window_size": 0,
-    "mlp_activations": ["silu", "linear"],
+    "mlp_activations": ["silu", "linear"], "scan_layers": True,
 }  # fmt: skip
 _LLAMA2 = {"head_dim": 128, "vocab_size": 32000, "decoder_block": "llama2"}
 _QWEN3 = {"head_dim": 128, "vocab_size": 151936, "decoder_block": "qwen3", "use_qk_norm": True,
@@ -173,13 +173,13 @@ def parse(setting: str) -> tuple[str, Any]:
         return "hf", hf.read_description(path)
     if paths.isfile(path):
         data = paths.read_json_object(path, "checkpoint.architecture")
-        if "model_type" in data:
-            return "hf", hf.read_description(os.path.dirname(path) or ".")
         if "family" in data:
             return "description", data
+        if "model_type" in data and os.path.basename(path) == "config.json":
+            return "hf", hf.read_description(os.path.dirname(path) or ".")
         raise ConfigError(
             f"checkpoint.architecture {setting!r} is neither a Hugging Face config.json "
-            f"(model_type) nor a ppl_jax description (family)."
+            f"(model_type, in a file named config.json) nor a ppl_jax description (family)."
         )
     if ":" in setting and os.sep not in setting:
         return "entry", setting
@@ -203,8 +203,14 @@ def entry_model(entry: str, dtype: Any) -> LanguageModel:
         raise ConfigError(
             f"checkpoint.architecture: the entry point {entry!r} cannot be loaded ({e})."
         ) from None
-    takes_dtype = "dtype" in inspect.signature(fn).parameters
-    model = fn(dtype=dtype) if takes_dtype else fn()
+    try:
+        takes_dtype = "dtype" in inspect.signature(fn).parameters
+        model = fn(dtype=dtype) if takes_dtype else fn()
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"checkpoint.architecture: the entry point {entry!r} cannot be called without "
+            f"arguments (or with dtype=) ({e})."
+        ) from None
     if not isinstance(model, LanguageModel):
         raise ConfigError(
             f"checkpoint.architecture: {entry!r} returned a {type(model).__name__}, not a "

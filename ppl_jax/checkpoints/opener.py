@@ -28,10 +28,11 @@ import jax.numpy as jnp
 
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import foreign, hf, hub, orbax, presets
+from ppl_jax.checkpoints import mapping as mapping_lib
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import nnx as nnx_lib
-from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.interface import LanguageModel, weight_paths
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import base as tokenizer_lib
 
@@ -334,6 +335,20 @@ class Checkpoint:
         if kind == "none" and self.kind() == "foreign":
             return {}
         return self.description(step)
+
+    def mapped(self, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
+        """For another trainer's checkpoint: which stored tensor (layer, part, operations) gives
+        each model weight of `target` (leaves with `.shape`), read from the tree metadata only.
+
+        Raises:
+          CheckpointError: as `mapping.resolve` (the first unmatched names).
+        """
+        step = self.resolve_step(step)
+        shapes = foreign.stored_params(self.layout(), self.path, step)[0]
+        where = f"{self.path!r} (mapping {self.mapping or 'detected'})"
+        return mapping_lib.resolve(
+            self.rules(step), shapes, weight_paths(target), self._known(step), where
+        )
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The params of the step, read straight into their target shardings.

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "compare": "B minus A, with paired 95% bootstrap intervals",
     "view": "one offline HTML page of a run's per-token surprisal",
     "convert": "a Hugging Face checkpoint directory into a ppl_jax Orbax checkpoint",
+    "inspect": "what a checkpoint stores (steps, items, params tree) and how a mapping reads it",
 }
 
 EXAMPLES = (

@@ -3,7 +3,7 @@ Wiring only.
 
     ppl-jax                                   # the demo checkpoint on held-out stdlib modules
     ppl-jax --config=configs/wikitext2.py:/data/wiki.test.tokens --config.eval.seq_len=512
-    ppl-jax report|compare|view|convert ...   # the tools (`ppl-jax TOOL --help`)
+    ppl-jax report|compare|view|convert|inspect ...   # the tools (`ppl-jax TOOL --help`)
 
 The config file (`--config`, default: the built-in `ppl_jax/config/defaults.py`, which
 `configs/default.py` re-exports) returns an `ml_collections.ConfigDict`; `--config.a.b=value`
@@ -26,10 +26,11 @@ _CONFIG = None  # the --config flag, defined by run()
 
 
 def _tool(name: str, argv: list[str]) -> None:
-    """`ppl-jax report|compare|view|convert ARGS`: each tool's `main(argv) -> exit status`."""
+    """`ppl-jax report|compare|view|convert|inspect ARGS`: each tool's `main(argv) -> exit status`."""
     from importlib import import_module
 
-    module = "ppl_jax.cli.convert" if name == "convert" else f"ppl_jax.analysis.{name}"
+    cli = ("convert", "inspect")
+    module = f"ppl_jax.cli.{name}" if name in cli else f"ppl_jax.analysis.{name}"
     sys.exit(import_module(module).main(argv))
 
 

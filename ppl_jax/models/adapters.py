@@ -69,10 +69,13 @@ def from_linen(
     kwargs = _call_kwargs(module.__call__, tokens, jnp.ones_like(tokens))
     variables = jax.eval_shape(lambda: module.init(jax.random.key(0), tokens, **kwargs))
     boxed = variables["params"]
-    logical = jax.tree.map(_axes, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+    flat = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=is_box)[0]
+    names = {_path(p): _axes(leaf) for p, leaf in flat}
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, _cast(x.dtype, dtype)), nn.unbox(boxed)
     )
+    logical = _logical(abstract, names)
 
     def apply(params, tokens, positions, segment_ids):
         call = _call_kwargs(module.__call__, positions, segment_ids)
@@ -118,11 +121,8 @@ def from_nnx(
     axes = {}
     for path, var in flat[0]:
         meta = var.get_metadata() if hasattr(var, "get_metadata") else {}
-        names = meta.get("logical_axes") or meta.get("sharding") or ()
-        axes["/".join(str(getattr(k, "key", k)) for k in path)] = tuple(names)
-    logical = jax.tree_util.tree_map_with_path(
-        lambda p, _: axes.get("/".join(str(getattr(k, "key", k)) for k in p), ()), pure
-    )
+        axes[_path(path)] = tuple(meta.get("logical_axes") or meta.get("sharding") or ())
+    logical = _logical(abstract, axes)
     call = type(abstract_module).__call__
 
     paths = [[str(getattr(k, "key", k)) for k in path] for path, _ in flat[0]]
@@ -147,6 +147,20 @@ def from_nnx(
         description=description or {"family": "nnx", "module": type(abstract_module).__name__},
         honours_segments=honours_segments,
     )
+
+
+def _path(path: Any) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def _logical(abstract: Any, names: dict[str, tuple]) -> Any:
+    """One logical name per dim for each leaf (None: replicated), as `abstract` is nested."""
+
+    def leaf(path, x):
+        given = names.get(_path(path), ())
+        return tuple(given) if len(given) == len(x.shape) else (None,) * len(x.shape)
+
+    return jax.tree_util.tree_map_with_path(leaf, abstract)
 
 
 def _cast(stored: Any, want: Any) -> Any:
