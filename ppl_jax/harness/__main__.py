@@ -4,10 +4,11 @@ with the `ppl_jax` model registered, for harness versions that do not discover i
     python -m ppl_jax.harness --model ppl_jax --model_args checkpoint=DIR,seq_len=2048 \\
         --tasks lambada_openai,hellaswag --batch_size 16
 
-lm-evaluation-harness releases up to 0.4.13 find a model only in their own registry; later ones
-also read the `lm_eval.models` entry points of installed packages, where ppl_jax declares
-`ppl_jax = ppl_jax.harness.model:PplJaxLM` (pyproject.toml), so that plain `lm_eval --model
-ppl_jax` works there. Either way the arguments are the harness's. Several processes
+lm-evaluation-harness releases up to 0.4.13 find a model only in their own registry (nothing an
+installed package declares is read: no entry point, and `--include_path` holds tasks only); later
+ones (upstream pull request 4013) also read the `lm_eval.models` entry points of installed
+packages, where ppl_jax declares `ppl_jax = ppl_jax.harness.model:PplJaxLM` (pyproject.toml), so
+that plain `lm_eval --model ppl_jax` works there. Either way the arguments are the harness's. Several processes
 (`PPL_JAX_NUM_PROCESSES` or `PPL_JAX_DISTRIBUTED=1`, as for `ppl-jax`) each run this command:
 process 0 runs the harness, the others score its requests with it and exit when it ends. A
 ppl_jax error prints one line and exits with status 2.
