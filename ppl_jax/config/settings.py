@@ -65,7 +65,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         )
     options = checkpoint_options(c.checkpoint)
     return RunSpec(
-        checkpoint_dir=checkpoint_dir(c.checkpoint, steps.kind != "one" or _revisions(c), options),
+        checkpoint_dir=checkpoint_dir(c.checkpoint, steps.is_sweep or _revisions(c), options),
         checkpoint_options=options,
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
