@@ -144,7 +144,10 @@ class PplJaxLM(TemplateLM):
         self.ppl_tokenizer = scorer.tokenizer
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
-        self._prefix_text = self.ppl_tokenizer.token_texts(np.asarray([self.prefix_token_id]))[0]
+        prefix = self._prefix_or_none()
+        self._prefix_text = (
+            "" if prefix is None else self.ppl_tokenizer.token_texts(np.asarray([prefix]))[0]
+        )
         self.last_loglikelihood: LoglikelihoodResult | None = None
         self.loglikelihood_history: list[LoglikelihoodResult] = []
 
@@ -242,14 +245,28 @@ class PplJaxLM(TemplateLM):
     def eot_token_id(self) -> int:
         return self.ppl_tokenizer.eos_id
 
-    @property
-    def prefix_token_id(self) -> int:
-        """As HFLM: the custom prefix, else BOS, else EOS."""
+    def _prefix_or_none(self) -> int | None:
         if self.custom_prefix_token_id is not None:
             return self.custom_prefix_token_id
         if self.ppl_tokenizer.bos_id is not None:
             return self.ppl_tokenizer.bos_id
         return self.ppl_tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        """As HFLM: the custom prefix, else BOS, else EOS (what an empty context becomes, and
+        what predicts a rolling document's first token).
+
+        Raises:
+          ConfigError: the tokenizer has neither BOS nor EOS and no prefix_token_id was given.
+        """
+        prefix = self._prefix_or_none()
+        if prefix is None:
+            raise ConfigError(
+                f"the tokenizer ({self.ppl_tokenizer.name}) has neither a BOS nor an EOS token "
+                f"to stand for an empty context; give prefix_token_id=ID in --model_args."
+            )
+        return prefix
 
     @property
     def max_length(self) -> int:

@@ -223,3 +223,42 @@ def test_set_params_scores_with_the_new_params_without_compiling_again(models):
     assert lm.scorer.evaluator.traces == traces
     assert after == fresh
     assert all(abs(a[0] - b[0]) > 1e-3 for a, b in zip(after, before, strict=True))
+
+
+def test_an_orbax_step_scores_as_a_numpy_reference(tiny_checkpoint):
+    """An Orbax checkpoint step (the tiny random Llama, byte tokenizer: no BOS or EOS, so the
+    prefix token is given): each request's log-likelihood and greedy flag from a float64 NumPy
+    forward pass over HFLM's row."""
+    import helpers
+
+    seq_len = 16
+    lm = PplJaxLM(
+        checkpoint=tiny_checkpoint, step=3, seq_len=seq_len, batch_size=8, prefix_token_id="10"
+    )
+    pairs = [
+        ("hello", " world"),
+        ("", "abc"),
+        ("x" * 40, " tail"),
+        ("The end", "."),
+        ("a", "b" * 16),
+    ]
+    answers = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)])
+    params = helpers.random_params(helpers.TINY, 0)
+    for (context, continuation), (lp, greedy) in zip(pairs, answers, strict=True):
+        if context:
+            ctx = lm.tok_encode(context)
+            cont = lm.tok_encode(context + continuation)[len(ctx) :]
+        else:
+            ctx, cont = [lm.prefix_token_id], lm.tok_encode(continuation, add_special_tokens=False)
+        row = np.asarray((ctx + cont)[-(seq_len + 1) :])
+        nll = helpers.reference_token_nll(params, helpers.TINY, row)[-len(cont) :]
+        logits = helpers.reference_logits(params, helpers.TINY, row[:-1])[-len(cont) :]
+        assert abs(lp + nll.sum()) <= 1e-4 * nll.sum()
+        assert greedy == bool((logits.argmax(-1) == row[-len(cont) :]).all())
+
+
+def test_a_tokenizer_without_bos_or_eos_needs_a_prefix_token(tiny_checkpoint):
+    lm = PplJaxLM(checkpoint=tiny_checkpoint, seq_len=16)
+    with pytest.raises(ConfigError, match="give prefix_token_id=ID"):
+        lm.loglikelihood([Instance("loglikelihood", {}, ("", "abc"), 0)])
+    assert lm.loglikelihood([Instance("loglikelihood", {}, ("a", "bc"), 0)])[0][0] < 0
