@@ -352,3 +352,17 @@ def test_spec_from_transformers_configs():
     assert moe.sparse_layers({**qwen2, "model_type": "olmoe"}) == tuple(range(6))
     with pytest.raises(moe.CheckpointError, match="num_experts_per_tok"):
         moe.MoeSpec(64, 32, 4, 5)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_accelerators_lower_to_ragged_dot(platform):
+    """Lowered for GPU or TPU (no device needed), the layer is `ragged_dot`, without the CPU loop."""
+    shapes = ((64, 32), (32, 8), (8, 32, 48), (8, 32, 48), (8, 48, 32))
+    abstract = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    lowered = LAYER.trace(*abstract, top_k=2, norm_topk_prob=True).lower(
+        lowering_platforms=(platform,)
+    )
+    text = lowered.as_text()
+    assert "ragged_dot" in text and "while" not in text
+    cpu = LAYER.trace(*abstract, top_k=2, norm_topk_prob=True).lower().as_text()
+    assert "ragged_dot" not in cpu and "while" in cpu
