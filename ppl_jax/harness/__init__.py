@@ -1,5 +1,12 @@
-"""ppl_jax as a model of lm-evaluation-harness (``lm_eval --model ppl_jax``); lm_eval is optional.
+"""ppl_jax as a model of lm-evaluation-harness (`lm_eval --model ppl_jax`; docs/harness.md).
 
-Nothing outside ``ppl_jax.harness`` imports this subpackage, so lm_eval stays an optional extra
-(``pip install 'ppl_jax[harness]'``).
+- `model`: `PplJaxLM`, the harness model `ppl_jax` (imports lm_eval), and `evaluate`, a
+  training loop's `simple_evaluate` on every process;
+- `backend`: `RequestScorer`, tokenized requests as `ppl_jax.plans.requests` plans scored by
+  `Evaluator.score` on the mesh (no lm_eval);
+- `transport`: each call's arrays from process 0 to every process;
+- `__main__`: `python -m ppl_jax.harness`, the harness's command line with the model registered.
+
+Nothing outside `ppl_jax.harness` imports this subpackage, so lm_eval stays an optional extra
+(`pip install 'ppl_jax[harness]'`).
 """
