@@ -65,7 +65,7 @@ class MoeSpec:
       embed_dim: the model width (`hidden_size`).
       mlp_dim: each expert's hidden width (`moe_intermediate_size` for Qwen2/3-MoE,
         `intermediate_size` for Mixtral and OLMoE).
-      num_experts: routed experts (`num_local_experts` for Mixtral, else `num_experts`).
+      num_experts: routed experts (`num_local_experts` or `num_experts`, see `_num_experts`).
       top_k: experts per token (`num_experts_per_tok`).
       norm_topk_prob: renormalise the top-k weights to sum to 1 (always for Mixtral).
       shared_mlp_dim: the shared expert's hidden width (Qwen2-MoE
@@ -100,21 +100,30 @@ class MoeSpec:
         if c.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"hidden_act {c['hidden_act']!r} is not supported (only silu).")
         qwen = model_type in ("qwen2_moe", "qwen3_moe")
-        mixtral = model_type == "mixtral"
+        experts, top_k = _HF_DEFAULTS[model_type]
+        shared = (
+            int(c.get("shared_expert_intermediate_size", 5632)) if model_type == "qwen2_moe" else 0
+        )
         return MoeSpec(
             embed_dim=int(c["hidden_size"]),
             mlp_dim=int(c["moe_intermediate_size"] if qwen else c["intermediate_size"]),
-            num_experts=int(c["num_local_experts"] if mixtral else c["num_experts"]),
-            top_k=int(
-                c.get(
-                    "num_experts_per_tok", 2 if mixtral else 8 if model_type != "qwen2_moe" else 4
-                )
-            ),
-            norm_topk_prob=mixtral or bool(c.get("norm_topk_prob", False)),
-            shared_mlp_dim=int(c["shared_expert_intermediate_size"])
-            if model_type == "qwen2_moe"
-            else 0,
+            num_experts=_num_experts(c, experts),
+            top_k=int(c.get("num_experts_per_tok", top_k)),
+            norm_topk_prob=model_type == "mixtral" or bool(c.get("norm_topk_prob", False)),
+            shared_mlp_dim=shared,
         )
+
+
+# model type -> (default expert count, default num_experts_per_tok), as in transformers 5.23's
+# configuration classes.
+_HF_DEFAULTS = {"mixtral": (8, 2), "qwen2_moe": (60, 4), "qwen3_moe": (128, 8), "olmoe": (64, 8)}
+
+
+def _num_experts(c: dict[str, Any], default: int) -> int:
+    """The expert count under either name: transformers 5.23 writes `num_local_experts` for
+    Mixtral and Qwen3-MoE (`attribute_map`) and `num_experts` for Qwen2-MoE and OLMoE; older
+    Qwen3-MoE configs on the hub say `num_experts`."""
+    return int(c.get("num_local_experts", c.get("num_experts", default)))
 
 
 def sparse_layers(c: dict[str, Any]) -> tuple[int, ...]:
@@ -126,7 +135,7 @@ def sparse_layers(c: dict[str, Any]) -> tuple[int, ...]:
     if c.get("model_type") in ("mixtral", "olmoe"):
         return tuple(range(n))
     dense, step = set(c.get("mlp_only_layers") or ()), int(c.get("decoder_sparse_step", 1))
-    if int(c.get("num_experts", 0)) <= 0:
+    if _num_experts(c, 0) <= 0:
         return ()
     return tuple(i for i in range(n) if i not in dense and (i + 1) % step == 0)
 

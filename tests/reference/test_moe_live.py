@@ -60,3 +60,41 @@ def test_layer_equals_transformers_block(make_moe_golden, name):
     stored = test_moe.load_golden(name)
     np.testing.assert_array_equal(stored["experts"], fresh["experts"])
     assert test_moe.rel_diff(stored["y"], fresh["y"]) < 1e-6
+
+
+@pytest.mark.parametrize("model_type", moe.MOE_MODEL_TYPES)
+def test_spec_and_sparse_layers_as_transformers_builds_them(model_type):
+    """`MoeSpec.from_hf_config` and `sparse_layers` on a saved config (defaults filled by
+    transformers) give the shapes and MoE layers of transformers' own decoder layers."""
+    import importlib
+
+    from transformers import AutoConfig
+
+    extra = {"decoder_sparse_step": 2, "mlp_only_layers": [3]} if "qwen" in model_type else {}
+    config = AutoConfig.for_model(
+        model_type, hidden_size=16, intermediate_size=40, num_hidden_layers=6,
+        num_attention_heads=2, num_key_value_heads=2, **extra,
+    )  # fmt: skip
+    c = config.to_dict()
+    spec = moe.MoeSpec.from_hf_config(c)
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    prefix = {
+        "mixtral": "Mixtral",
+        "qwen2_moe": "Qwen2Moe",
+        "qwen3_moe": "Qwen3Moe",
+        "olmoe": "Olmoe",
+    }
+    layer_class = getattr(modeling, f"{prefix[model_type]}DecoderLayer")
+    block_class = getattr(modeling, f"{prefix[model_type]}SparseMoeBlock")
+    config._experts_implementation = "eager"
+    layers = [layer_class(config, i) for i in range(6)]
+    assert moe.sparse_layers(c) == tuple(
+        i for i, layer in enumerate(layers) if isinstance(layer.mlp, block_class)
+    )
+    block = layers[moe.sparse_layers(c)[0]].mlp
+    assert block.gate.weight.shape == (spec.num_experts, spec.embed_dim)
+    assert block.gate.top_k == spec.top_k
+    assert tuple(block.experts.down_proj.shape) == (spec.num_experts, 16, spec.mlp_dim)
+    assert getattr(block.gate, "norm_topk_prob", True) == spec.norm_topk_prob
+    shared = getattr(block, "shared_expert", None)
+    assert (shared.gate_proj.weight.shape[0] if shared else 0) == spec.shared_mlp_dim

@@ -350,6 +350,11 @@ def test_spec_from_transformers_configs():
     assert moe.MoeSpec.from_hf_config(qwen2) == moe.MoeSpec(64, 32, 60, 4, False, 128)
     assert moe.sparse_layers(qwen2) == (1, 5)
     assert moe.sparse_layers({**qwen2, "model_type": "olmoe"}) == tuple(range(6))
+    # transformers 5.23 writes Qwen3-MoE's expert count as num_local_experts; defaults fill gaps.
+    qwen3 = {"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32,
+             "num_local_experts": 16, "num_hidden_layers": 2}  # fmt: skip
+    assert moe.MoeSpec.from_hf_config(qwen3) == moe.MoeSpec(64, 32, 16, 8, False, 0)
+    assert moe.sparse_layers(qwen3) == (0, 1)
     with pytest.raises(moe.CheckpointError, match="num_experts_per_tok"):
         moe.MoeSpec(64, 32, 4, 5)
 
