@@ -20,8 +20,8 @@ import sys
 
 from lm_eval.__main__ import cli_evaluate
 
-import ppl_jax.harness.model  # noqa: F401  (registers the model `ppl_jax`)
 from ppl_jax.errors import PplJaxError
+from ppl_jax.harness import model  # registers the model `ppl_jax`
 from ppl_jax.runtime import distributed
 
 
@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         cli_evaluate()
     except PplJaxError as e:
         print(f"ppl-jax: error: {e}", file=sys.stderr)
+        for lm in model.COMMAND_LINE_MODELS:  # the other processes stop serving, and exit
+            lm.close()
         distributed.exit_now(2)
 
 

@@ -41,6 +41,9 @@ REFUSE_GENERATION = (
 )
 
 
+COMMAND_LINE_MODELS: list[PplJaxLM] = []  # built by the harness's command line (closed on errors)
+
+
 def _flag(value: Any) -> bool | None:
     """A model_args value as a bool (`true`, `false`, 1, 0), or None for None."""
     if value is None or isinstance(value, bool):
@@ -228,6 +231,7 @@ class PplJaxLM(TemplateLM):
             self.scorer.serve()
             sys.exit(0)
         atexit.register(self.close)
+        COMMAND_LINE_MODELS.append(self)
         return self
 
     def close(self) -> None:

@@ -2,9 +2,9 @@
 
 lm-evaluation-harness runs on process 0 only. Each call it makes (`loglikelihood`,
 `loglikelihood_rolling`) is tokenized there and sent to every process as one message: a fixed
-`[HEADER] int32` header (the operation and the lengths of its arrays) and then one `int32` payload
-holding every array end to end, padded to a power of two so that the broadcast compiles for a
-few shapes only. Both go through `jax.experimental.multihost_utils.broadcast_one_to_all` (a psum
+`[HEADER] int32` header (the operation and the lengths of its arrays) and then the `int32` payload
+holding every array end to end, in chunks of at most `CHUNK` values, each padded to a power of two
+so that the broadcast compiles for a few shapes only. Both go through `jax.experimental.multihost_utils.broadcast_one_to_all` (a psum
 over the global devices: every process must take part, so it is also the point where a lost
 process is noticed; `ppl_jax.runtime.distributed` then ends the run within its heartbeat timeout).
 The end of a session is the operation `STOP`. With one process nothing is sent.
@@ -20,6 +20,7 @@ import numpy as np
 HEADER = 16  # int32 slots: the operation, the number of arrays, then each array's length
 STOP, LOGLIKELIHOOD, ROLLING = 0, 1, 2
 MIN_PAYLOAD = 1024
+CHUNK = 1 << 24  # int32 values per broadcast (64 MiB): a large call goes in several
 
 
 def _broadcast(x: np.ndarray) -> np.ndarray:
@@ -49,11 +50,12 @@ def send(op: int, arrays: Sequence[np.ndarray]) -> None:
     _broadcast(header)
     if op == STOP:
         return
-    total = int(sum(a.size for a in flat))
-    payload = np.zeros(_padded(total), np.int32)
-    if total:
-        payload[:total] = np.concatenate(flat)
-    _broadcast(payload)
+    payload = np.concatenate(flat).astype(np.int32) if flat else np.zeros(0, np.int32)
+    for start in range(0, max(payload.size, 1), CHUNK):
+        piece = payload[start : start + CHUNK]
+        padded = np.zeros(_padded(piece.size), np.int32)
+        padded[: piece.size] = piece
+        _broadcast(padded)
 
 
 def receive() -> tuple[int, list[np.ndarray]]:
@@ -63,7 +65,12 @@ def receive() -> tuple[int, list[np.ndarray]]:
     if op == STOP:
         return op, []
     sizes = [int(s) for s in header[2 : 2 + count]]
-    payload = _broadcast(np.zeros(_padded(sum(sizes)), np.int32))
+    total = sum(sizes)
+    pieces = []
+    for start in range(0, max(total, 1), CHUNK):
+        n = min(CHUNK, total - start)
+        pieces.append(_broadcast(np.zeros(_padded(n), np.int32))[:n])
+    payload = np.concatenate(pieces)
     cuts = np.cumsum([0, *sizes])
     return op, [payload[cuts[i] : cuts[i + 1]].copy() for i in range(count)]
 
