@@ -45,10 +45,12 @@ results, work not split; a `shard_map` over `data` would split it).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
@@ -138,6 +140,40 @@ def sparse_layers(c: dict[str, Any]) -> tuple[int, ...]:
     if _num_experts(c, 0) <= 0:
         return ()
     return tuple(i for i in range(n) if i not in dense and (i + 1) % step == 0)
+
+
+def hf_weights(read: Callable[[str], Any], prefix: str, spec: MoeSpec, model_type: str) -> dict:
+    """One MoE block's params (`MoeMLP`'s names and layouts) from a Hugging Face checkpoint.
+
+    Args:
+      read: the stored tensor of a name, `[out, in]` as `nn.Linear` keeps it (e.g. a lazy
+        safetensors read turned into NumPy).
+      prefix: the block's name, e.g. `model.layers.3.mlp`, or `model.layers.3.block_sparse_moe`
+        for Mixtral.
+      spec, model_type: the layer's `MoeSpec` and the config's `model_type`.
+
+    Returns:
+      NumPy arrays: `router [embed, experts]`, `gate`/`up [experts, embed, mlp]`,
+      `down [experts, mlp, embed]`, and with a shared expert `shared_gate_proj`, `shared_up`,
+      `shared_down` and `shared_scale [embed]`. On disk transformers 5.23 keeps one tensor per
+      expert (`experts.{e}.{gate,up,down}_proj.weight`; Mixtral `experts.{e}.w1/w3/w2.weight` =
+      gate/up/down), which this stacks.
+    """
+    names = ("w1", "w3", "w2") if model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+
+    def stacked(name):
+        experts = [
+            np.asarray(read(f"{prefix}.experts.{e}.{name}.weight")) for e in range(spec.num_experts)
+        ]
+        return np.stack(experts).transpose(0, 2, 1)
+
+    out = {"router": np.asarray(read(f"{prefix}.gate.weight")).T}
+    out.update(zip(("gate", "up", "down"), map(stacked, names), strict=True))
+    if spec.shared_mlp_dim:
+        for ours, theirs in (("gate_proj", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            out[f"shared_{ours}"] = np.asarray(read(f"{prefix}.shared_expert.{theirs}.weight")).T
+        out["shared_scale"] = np.asarray(read(f"{prefix}.shared_expert_gate.weight"))[0]
+    return out
 
 
 def route(

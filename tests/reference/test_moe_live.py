@@ -98,3 +98,34 @@ def test_spec_and_sparse_layers_as_transformers_builds_them(model_type):
     assert getattr(block.gate, "norm_topk_prob", True) == spec.norm_topk_prob
     shared = getattr(block, "shared_expert", None)
     assert (shared.gate_proj.weight.shape[0] if shared else 0) == spec.shared_mlp_dim
+
+
+@pytest.mark.parametrize("model_type", moe.MOE_MODEL_TYPES)
+def test_weights_saved_by_transformers_load_and_score_alike(model_type, tmp_path):
+    """A tiny random model saved by transformers (per-expert tensors on disk): `hf_weights`
+    stacks its first block, whose output on random states equals transformers' block's."""
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type, hidden_size=16, intermediate_size=24, moe_intermediate_size=24,
+        shared_expert_intermediate_size=20, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=32, num_local_experts=8, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=model_type != "olmoe",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    spec = moe.MoeSpec.from_hf_config(config.to_dict())
+    block = "block_sparse_moe" if model_type == "mixtral" else "mlp"
+    params = moe.hf_weights(tensors.__getitem__, f"model.layers.0.{block}", spec, model_type)
+    x = np.random.default_rng(0).standard_normal((2, 9, 16)).astype(np.float32)
+    with torch.no_grad():
+        expected = model.model.layers[0].mlp(torch.from_numpy(x)).numpy()
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    if spec.shared_mlp_dim:
+        p["shared"] = tuple(p.pop(k) for k in test_moe.SHARED_NAMES)
+    y = test_moe.call(p, jnp.asarray(x), spec.top_k, spec.norm_topk_prob)
+    assert test_moe.rel_diff(y, expected) < 1e-6

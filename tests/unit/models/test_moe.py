@@ -371,3 +371,34 @@ def test_accelerators_lower_to_ragged_dot(platform):
     assert "ragged_dot" in text and "while" not in text
     cpu = LAYER.trace(*abstract, top_k=2, norm_topk_prob=True).lower().as_text()
     assert "ragged_dot" not in cpu and "while" in cpu
+
+
+@pytest.mark.parametrize("name,model_type", [("mixtral", "mixtral"), ("qwen2_moe", "qwen2_moe")])
+def test_hf_weights_stacks_per_expert_tensors(name, model_type):
+    """Per-expert tensors as transformers 5.23 writes them (Mixtral w1/w3/w2, others
+    gate/up/down_proj) stack into the layout that the golden file's fused weights give."""
+    z = load_golden(name)
+    mlp = z["down_proj"].shape[-1]
+    prefix = "layers.0.mlp"
+    names = ("w1", "w3", "w2") if model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    tensors = {f"{prefix}.gate.weight": z["router"]}
+    for e in range(z["router"].shape[0]):
+        tensors[f"{prefix}.experts.{e}.{names[0]}.weight"] = z["gate_up_proj"][e, :mlp]
+        tensors[f"{prefix}.experts.{e}.{names[1]}.weight"] = z["gate_up_proj"][e, mlp:]
+        tensors[f"{prefix}.experts.{e}.{names[2]}.weight"] = z["down_proj"][e]
+    for ours in ("gate_proj", "up_proj", "down_proj"):
+        if f"shared_{ours}" in z:
+            tensors[f"{prefix}.shared_expert.{ours}.weight"] = z[f"shared_{ours}"]
+    if "shared_expert_gate" in z:
+        tensors[f"{prefix}.shared_expert_gate.weight"] = z["shared_expert_gate"]
+    spec = moe.MoeSpec(
+        z["x"].shape[-1], mlp, z["router"].shape[0], int(z["top_k"]), bool(z["norm_topk_prob"]),
+        z["shared_down_proj"].shape[-1] if "shared_down_proj" in z else 0,
+    )  # fmt: skip
+    got = moe.hf_weights(tensors.__getitem__, prefix, spec, model_type)
+    want = hf_to_ppl(z)
+    if "shared" in want:
+        want.update(zip(SHARED_NAMES, want.pop("shared"), strict=True))
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
