@@ -37,7 +37,7 @@ from safetensors import safe_open
 
 from ppl_jax.checkpoints import hf_layouts as layouts
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import gemma, hf_config, olmo, phi3, qwen3
+from ppl_jax.models import gemma, hf_config, mixture, olmo, phi3, qwen3
 from ppl_jax.models.gpt2 import GPT2Config
 from ppl_jax.models.gpt_neox import GPTNeoXConfig
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -58,6 +58,10 @@ MODEL_TYPES = {
     "gemma3_text": gemma.from_hf_config,
     "phi3": phi3.from_hf_config,
     "gpt_neox": GPTNeoXConfig.from_hf_config,
+    "mixtral": mixture.from_hf_config,
+    "qwen2_moe": mixture.from_hf_config,
+    "qwen3_moe": mixture.from_hf_config,
+    "olmoe": mixture.from_hf_config,
 }
 SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
 # A stored name of a decoder layer's weight, its layer number in group 1.
@@ -340,22 +344,26 @@ def load_params(path: str, target: Any) -> Any:
                     f"the target weight '{key}' is not part of the architecture "
                     f"in {path!r}; build the target from read_description."
                 )
-            name = next((n for n in src.names if n in weights.file_of), None)
-            if name is None:
-                problems.append(f"'{src.names[0]}' is missing")
-                continue
-            used.add(name)
-            sl = weights.slice(name)
-            if tuple(sl.get_shape()) != src.shape:
-                problems.append(
-                    f"'{name}' has shape {tuple(sl.get_shape())}, config.json implies {src.shape}"
-                )
-            elif sl.get_dtype() not in FLOAT_DTYPES:
-                problems.append(
-                    f"'{name}' is {sl.get_dtype()}, not a float type (quantized "
-                    f"checkpoints are not supported)"
-                )
-            resolved[key] = (name, src)
+            found = []
+            for candidates in src.stack or (src.names,):
+                name = next((n for n in candidates if n in weights.file_of), None)
+                if name is None:
+                    problems.append(f"'{candidates[0]}' is missing")
+                    break
+                used.add(name)
+                found.append(name)
+                sl = weights.slice(name)
+                if tuple(sl.get_shape()) != src.shape:
+                    problems.append(
+                        f"'{name}' has shape {tuple(sl.get_shape())}, config.json implies "
+                        f"{src.shape}"
+                    )
+                elif sl.get_dtype() not in FLOAT_DTYPES:
+                    problems.append(
+                        f"'{name}' is {sl.get_dtype()}, not a float type (quantized "
+                        f"checkpoints are not supported)"
+                    )
+            resolved[key] = (found, src)
         unused = sorted(
             n
             for n in set(weights.file_of) - used
@@ -378,15 +386,22 @@ def load_params(path: str, target: Any) -> Any:
     # handle, so the file pages it touched leave this process's memory once it is placed.
     out = {}
     for key, leaf in leaves:
-        name, src = resolved[key]
-        file = os.path.join(path, weights.file_of[name])
+        names, src = resolved[key]
+        files = [os.path.join(path, weights.file_of[n]) for n in names]
         cache: dict[tuple, np.ndarray] = {}
 
-        def block(index, name=name, file=file, src=src, leaf=leaf, cache=cache):
+        def block(index, names=names, files=files, src=src, leaf=leaf, cache=cache):
             k = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
             if k not in cache:  # devices holding the same block share one read
-                with _open_slice(file, name) as sl:
-                    data = layouts.read_block(sl, src, index, leaf.shape)
+                if src.stack:  # one stored tensor per slice of the first axis
+                    parts = []
+                    for e in range(*index[0].indices(leaf.shape[0])):
+                        with _open_slice(files[e], names[e]) as sl:
+                            parts.append(layouts.read_block(sl, src, index[1:], leaf.shape[1:]))
+                    data = np.stack(parts)
+                else:
+                    with _open_slice(files[0], names[0]) as sl:
+                        data = layouts.read_block(sl, src, index, leaf.shape)
                 cache[k] = data.astype(leaf.dtype, copy=False)
             return cache[k]
 

@@ -46,6 +46,15 @@ class Source:
     offset: int = 0
     offset_axis: int | None = None
     fixed: tuple[tuple[int, int], ...] = ()
+    # Per slice of the target's first axis (a mixture's experts), its own candidate names; the
+    # fields above then describe each slice's stored tensor.
+    stack: tuple[tuple[str, ...], ...] = ()
+
+
+def stacked(per_expert: list[Source]) -> Source:
+    """The `[experts, ...]` weight whose slice `e` is `per_expert[e]` (transformers' per-expert
+    `experts.{e}.*_proj` tensors)."""
+    return dataclasses.replace(per_expert[0], stack=tuple(s.names for s in per_expert))
 
 
 def direct(names, groups, shape=None, offset=0, offset_axis=None, fixed=()) -> Source:
@@ -177,9 +186,45 @@ def _llama(c: dict[str, Any]) -> dict[str, Source]:
             else:
                 out[f"{p}mlp/{name}"] = linear(m(f"{s}mlp.{name}_proj.weight"), (o_dim,), (i_dim,))
         out[f"{p}mlp/down"] = linear(m(f"{s}mlp.down_proj.weight"), (d,), (f,))
-        if c.get("mlp_bias"):
+        if i in c.get("moe_layers", ()):
+            for k in [k for k in out if k.startswith(f"{p}mlp/")]:
+                del out[k]
+            out.update(_moe(c, p, s, m))
+        elif c.get("mlp_bias"):
             for name, o_dim in (("gate", f), ("up", f), ("down", d)):
                 out[f"{p}mlp/{name}_bias"] = direct(m(f"{s}mlp.{name}_proj.bias"), ((o_dim,),))
+    return out
+
+
+def _moe(c: dict[str, Any], p: str, s: str, m) -> dict[str, Source]:
+    """A mixture layer's weights (`ppl_jax.models.moe.MoeMLP`): Mixtral's
+    `block_sparse_moe.{gate, experts.{e}.w1/w3/w2}`, the others' `mlp.{gate,
+    experts.{e}.gate_proj/up_proj/down_proj}`, Qwen2-MoE's `shared_expert` and its gate."""
+    d, f, e, sh = c["embed_dim"], c["moe_mlp_dim"], c["moe_experts"], c["moe_shared_mlp_dim"]
+    mixtral = c.get("model_type") == "mixtral"
+    block = f"{s}block_sparse_moe." if mixtral else f"{s}mlp."
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = {f"{p}mlp/router": linear(m(block + "gate.weight"), (e,), (d,))}
+    for ours, theirs, dims in zip(
+        ("gate", "up", "down"), names, ((f, d), (f, d), (d, f)), strict=True
+    ):
+        out[f"{p}mlp/{ours}"] = stacked(
+            [
+                linear(m(f"{block}experts.{j}.{theirs}.weight"), *((x,) for x in dims))
+                for j in range(e)
+            ]
+        )
+    if sh:
+        shared = f"{s}mlp.shared_expert."
+        for ours, theirs, dims in (
+            ("shared_gate_proj", "gate_proj", (sh, d)),
+            ("shared_up", "up_proj", (sh, d)),
+            ("shared_down", "down_proj", (d, sh)),
+        ):
+            out[f"{p}mlp/{ours}"] = linear(m(f"{shared}{theirs}.weight"), (dims[0],), (dims[1],))
+        out[f"{p}mlp/shared_scale"] = direct(
+            m(f"{s}mlp.shared_expert_gate.weight"), ((1,), (d,)), fixed=((0, 0),)
+        )
     return out
 
 

@@ -47,7 +47,7 @@ ACTIVATIONS = {
     "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
 }
-_TUPLES = ("sliding_layers", "rope_short_factor", "rope_long_factor")
+_TUPLES = ("sliding_layers", "rope_short_factor", "rope_long_factor", "moe_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,9 @@ class LlamaConfig:
       embed_scale: the embedding is multiplied by `sqrt(embed_dim)` rounded to the weight dtype.
       query_scale: the attention logits' scale (None: `head_dim ** -0.5`).
       attn_softcap, final_softcap: `c * tanh(x / c)` on attention scores and on the logits.
+      moe_layers: the layers whose MLP is a mixture of experts (`ppl_jax.models.mixture`),
+        with `moe_experts` experts of width `moe_mlp_dim`, `moe_top_k` per token,
+        `moe_norm_topk_prob`, and a shared expert of width `moe_shared_mlp_dim` (0: none).
     """
 
     vocab_size: int
@@ -123,6 +126,12 @@ class LlamaConfig:
     query_scale: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    moe_layers: tuple[int, ...] = ()
+    moe_experts: int = 0
+    moe_mlp_dim: int = 0
+    moe_top_k: int = 0
+    moe_norm_topk_prob: bool = True
+    moe_shared_mlp_dim: int = 0
 
     def __post_init__(self):
         for name, value, allowed in (

@@ -13,12 +13,13 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.gpt2 import GPT2, GPT2Config
 from ppl_jax.models.gpt_neox import GPTNeoX, GPTNeoXConfig
 from ppl_jax.models.interface import HiddenStates, LanguageModel
-from ppl_jax.models.llama import Llama, LlamaConfig
+from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.mixture import MixtureLlama
 
 # The family registry: a description's `family` -> (its config class, its NNX module). The
 # Hugging Face model types each family reads are in `ppl_jax.checkpoints.hf.MODEL_TYPES`.
 FAMILIES = {
-    "llama": (LlamaConfig, Llama),
+    "llama": (LlamaConfig, MixtureLlama),  # Llama, with MoE layers where the config has them
     "gpt2": (GPT2Config, GPT2),
     "gpt_neox": (GPTNeoXConfig, GPTNeoX),
 }
@@ -94,7 +95,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
 
     `description["family"]` picks the module in `FAMILIES`: `llama` (`ppl_jax.models.llama`,
     which also covers Hugging Face Mistral, Qwen2, Qwen3, OLMo 2/3, Gemma 2/3 and Phi-3 by its
-    flags), `gpt2` (`ppl_jax.models.gpt2`) or `gpt_neox` (`ppl_jax.models.gpt_neox`); the rest of
+    flags, and the mixtures of experts of `ppl_jax.models.mixture`), `gpt2` (`ppl_jax.models.gpt2`) or `gpt_neox` (`ppl_jax.models.gpt_neox`); the rest of
     the dict is that family's config (`LlamaConfig.to_dict()`, `GPT2Config.to_dict()`,
     `GPTNeoXConfig.to_dict()`, or `ppl_jax.checkpoints.hf.read_description`).
 

@@ -175,7 +175,60 @@ def _phi3():
     )
 
 
+MOE = dict(**SMALL, num_experts_per_tok=2)
+
+
+def _mixtral():
+    return tf.MixtralForCausalLM(tf.MixtralConfig(**MOE, num_local_experts=4, sliding_window=8))
+
+
+def _qwen2_moe():
+    # a shared expert with its sigmoid gate; layer 0 dense by decoder_sparse_step=2
+    return tf.Qwen2MoeForCausalLM(
+        tf.Qwen2MoeConfig(
+            **MOE,
+            num_experts=4,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=48,
+            decoder_sparse_step=2,
+            norm_topk_prob=False,
+        )
+    )
+
+
+def _qwen3_moe():
+    # layer 0 dense by mlp_only_layers; experts 1 and 2 identical (router rows and weights), so
+    # that they tie on every token, at the top-k boundary on some
+    model = tf.Qwen3MoeForCausalLM(
+        tf.Qwen3MoeConfig(
+            **MOE,
+            num_experts=4,
+            moe_intermediate_size=16,
+            mlp_only_layers=[0],
+            norm_topk_prob=True,
+        )
+    )
+    moe = model.model.layers[1].mlp
+    with torch.no_grad():
+        for p in moe.parameters():
+            if p.dim() >= 2 and p.shape[0] == 4:  # router [4, d] or stacked experts [4, ...]
+                p[2] = p[1]
+    return model
+
+
+def _olmoe():
+    return tf.OlmoeForCausalLM(
+        tf.OlmoeConfig(
+            **{**MOE, "intermediate_size": 16}, num_experts=4, pad_token_id=0, eos_token_id=2
+        )
+    )
+
+
 FAMILIES = {
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen2_moe,
+    "qwen3_moe": _qwen3_moe,
+    "olmoe": _olmoe,
     "qwen3": _qwen3,
     "olmo2": _olmo2,
     "olmo3": _olmo3,

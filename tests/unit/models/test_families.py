@@ -1,5 +1,6 @@
 """The model families of issue 17 (Qwen3, OLMo 2/3, Gemma 2/3 and a multimodal Gemma 3's text
-tower, GPT-NeoX, Phi-3) against transformers 5's own log-probabilities, stored with tiny random
+tower, GPT-NeoX, Phi-3; the mixtures of experts Mixtral, Qwen2-MoE with its shared expert,
+Qwen3-MoE with two experts that tie on every token, OLMoE) against transformers 5's own log-probabilities, stored with tiny random
 models in tests/golden/families/ by tests/golden/make_family_golden.py (the live comparison is
 tests/reference/test_families_live.py).
 
@@ -174,6 +175,9 @@ CHANGES = [
     ("gemma3", {"sliding_rope": {}}),
     ("gemma3", {"embed_scale": False}),
     ("gpt_neox", {"parallel_residual": False}),
+    ("mixtral", {"moe_top_k": 1}),
+    ("qwen2_moe", {"moe_norm_topk_prob": True}),
+    ("olmoe", {"moe_norm_topk_prob": True}),
 ]
 
 
@@ -214,6 +218,11 @@ def test_descriptions_read_every_feature():
     assert d["gemma3_multimodal"] == d["gemma3"]
     assert (d["gpt_neox"]["family"], d["gpt_neox"]["rotary_dim"]) == ("gpt_neox", 4)
     assert (d["phi3"]["rope_type"], d["phi3"]["rotary_dim"]) == ("longrope", 8)
+    assert (d["mixtral"]["moe_layers"], d["mixtral"]["sliding_window"]) == ([0, 1], 8)
+    assert (d["qwen2_moe"]["moe_layers"], d["qwen2_moe"]["moe_shared_mlp_dim"]) == ([1], 48)
+    assert (d["qwen3_moe"]["moe_layers"], d["qwen3_moe"]["moe_experts"]) == ([1], 4)
+    assert (d["olmoe"]["moe_layers"], d["olmoe"]["qk_norm"]) == ([0, 1], "projection")
+    assert not d["qwen2_moe"]["moe_norm_topk_prob"] and d["qwen3_moe"]["moe_norm_topk_prob"]
     assert d["phi3"]["rope_attention_factor"] == pytest.approx(
         np.sqrt(1 + np.log(4.0) / np.log(16))
     )
