@@ -129,7 +129,7 @@ def test_data() -> str:
 E2E_FILES = {  # run the command line in a subprocess
     "test_cli.py", "test_errors_cli.py", "test_help.py", "test_fail_early.py",
     "test_report_cli.py", "test_launchers.py", "test_resume_cli.py", "test_wikitext_cli.py",
-    "test_examples.py",
+    "test_examples.py", "test_other_trainers_cli.py",
 }  # fmt: skip
 MULTIPROCESS_FILES = {
     "test_distributed.py", "test_plan_agreement.py", "test_bench_data.py", "test_harness_processes.py",

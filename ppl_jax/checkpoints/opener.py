@@ -256,6 +256,8 @@ class Checkpoint:
         Raises:
           ConfigError: an unknown dtype. CheckpointError: as `description`.
         """
+        if architecture_lib.parse(self.architecture)[0] == "entry":
+            return "xla"  # a model of the user's own attends its own way; batches as for XLA
         return attention_lib.resolve_for(setting, _dtype(dtype), self.description(step))
 
     def model(
