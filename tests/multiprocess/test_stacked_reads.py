@@ -1,0 +1,148 @@
+"""Restoring a scanned (stacked-layer) MaxText checkpoint on a 2-process mesh reads each weight's
+bytes once per process share: every process reads only the chunks of its own shards, also when
+one layer is sliced out of a stacked tensor (no full restore of a stacked array on every host).
+
+The checkpoint is written as a pod writes it (each array sharded over 8 devices, so Orbax's chunks
+are the shards); the two processes restore it on a `model`=8 mesh (4 devices each) and count the
+bytes they read from the files (`rchar` of /proc/self/io) while restoring.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.models.interface import nest_weights
+from ppl_jax.runtime import mesh as mesh_lib
+
+import helpers
+
+SIZES = ("maxtext:default base_emb_dim=64 base_num_query_heads=8 base_num_kv_heads=8 "
+         "base_mlp_dim=512 base_num_decoder_layers=4 head_dim=16 vocab_size=1024 "
+         "max_target_length=64")  # fmt: skip
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    from absl import app
+
+    def rchar():
+        with open("/proc/self/io") as f:
+            return int(dict(line.split(": ") for line in f.read().splitlines())["rchar"])
+
+    def main(argv):
+        from ppl_jax.runtime import distributed
+        assert distributed.initialize_from_env()
+        import jax, numpy as np
+        from ppl_jax.checkpoints import open_checkpoint
+        from ppl_jax.config.defaults import DEFAULT_RULES
+        from ppl_jax.models.interface import weight_paths
+        from ppl_jax.runtime import mesh as mesh_lib
+        ckpt = open_checkpoint(os.environ["CKPT"], architecture=os.environ["ARCH"])
+        model = ckpt.model()
+        mesh = mesh_lib.make_mesh(1, 8)
+        target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
+                                        DEFAULT_RULES)[0]
+        ckpt.mapped(None, target)  # the tree metadata, read before counting
+        before = rchar()
+        params = ckpt.restore(None, target)
+        jax.block_until_ready(params)
+        read = rchar() - before
+        want = np.load(os.environ["WANT"])
+        for name, leaf in weight_paths(params).items():
+            for shard in leaf.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data),
+                                              want[name.replace("/", ".")][shard.index])
+        print("RESULT " + json.dumps({"process": jax.process_index(), "read": read}), flush=True)
+
+    app.run(main)
+    """
+)
+
+
+def _write(tmp_path) -> tuple[str, int]:
+    """A scanned MaxText checkpoint written shard by shard; returns its folder and data bytes."""
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    # Random stored weights, shaped as the preset reads them, sharded as the readers want them.
+    probe = tmp_path / "probe"
+    tree = {}
+    rng = np.random.default_rng(0)
+    d, h, hd, f, v, n = 64, 8, 16, 512, 1024, 4
+    shapes = {"token_embedder/embedding": (v, d), "decoder/decoder_norm/scale": (d,),
+              "decoder/logits_dense/kernel": (d, v)}  # fmt: skip
+    layer = {"pre_self_attention_layer_norm/scale": (d, n), "post_self_attention_layer_norm/scale":
+             (d, n), "self_attention/query/kernel": (d, n, h, hd), "self_attention/key/kernel":
+             (d, n, h, hd), "self_attention/value/kernel": (d, n, h, hd),
+             "self_attention/out/kernel": (h, n, hd, d), "mlp/wi_0/kernel": (d, n, f),
+             "mlp/wi_1/kernel": (d, n, f), "mlp/wo/kernel": (f, n, d)}  # fmt: skip
+    shapes |= {f"decoder/layers/{k}": s for k, s in layer.items()}
+    for name, shape in shapes.items():
+        tree[name] = rng.standard_normal(shape).astype(np.float32)
+    with ocp.CheckpointManager(str(probe)) as m:  # unsharded, only to learn the mapping
+        m.save(0, args=ocp.args.Composite(items=ocp.args.StandardSave(
+            {"params": {"params": nest_weights(tree)}})))  # fmt: skip
+        m.wait_until_finished()
+    ckpt = open_checkpoint(str(probe), architecture=SIZES)
+    model = ckpt.model()
+    mesh = mesh_lib.make_mesh(1, 8)
+    target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)[
+        0
+    ]
+    from ppl_jax.checkpoints import mapping
+    from ppl_jax.models.interface import weight_paths
+
+    sources = ckpt.mapped(0, target)
+    leaves = weight_paths(target)
+    sharded, want = {}, {}
+    for out, src in sources.items():
+        sharding = mapping.stored_sharding(src, shapes[src.stored], leaves[out].sharding)
+        sharded[src.stored] = jax.device_put(tree[src.stored], sharding)
+        got = mapping.transform(src, sharded[src.stored], leaves[out], dict(model.description))
+        want[out.replace("/", ".")] = np.asarray(got)
+    np.savez(tmp_path / "want.npz", **want)
+    with ocp.CheckpointManager(str(ckpt_dir)) as m:
+        m.save(7, args=ocp.args.Composite(items=ocp.args.StandardSave(
+            {"params": {"params": nest_weights(sharded)}, "step": np.int32(7)})))  # fmt: skip
+        m.wait_until_finished()
+    data = 0
+    for root, _, files in os.walk(ckpt_dir / "7" / "items"):
+        if os.sep + "d" in root[len(str(ckpt_dir)) :]:
+            data += sum(os.path.getsize(os.path.join(root, x)) for x in files)
+    return str(tmp_path / "run"), data
+
+
+def test_two_processes_read_each_weight_once_per_share(tmp_path):
+    ckpt, data_bytes = _write(tmp_path)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for i in range(2):
+        env = {**helpers.process_env(i, 2, port), "CKPT": ckpt, "ARCH": SIZES,
+               "WANT": str(tmp_path / "want.npz")}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=540)
+        assert p.returncode == 0, err[-3000:]
+        results += [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    reads = sorted(r["read"] for r in results)
+    print(f"stored array data: {data_bytes} bytes; read while restoring, per process: {reads}")
+    assert len(reads) == 2
+    # Each process reads about half of the data (its 4 of 8 shards), not all of it.
+    for read in reads:
+        assert read < 0.7 * data_bytes, (read, data_bytes)
