@@ -128,8 +128,9 @@ def read_description(path: str) -> dict[str, Any]:
 
     Reads `config.json` (or the `text_config` it nests, for the text tower of a multimodal
     checkpoint) of a model type in `MODEL_TYPES`: `llama`, `mistral`, `qwen2`, `qwen3`, `olmo2`,
-    `olmo3`, `gemma2`, `gemma3_text` and `phi3` become the `llama` family (see
-    `ppl_jax.models.hf_config` and the family modules), `gpt2` and `gpt_neox` their own. For a
+    `olmo3`, `gemma2`, `gemma3_text`, `phi3` and the mixtures `mixtral`, `qwen2_moe`, `qwen3_moe`
+    and `olmoe` become the `llama` family (see `ppl_jax.models.hf_config` and the family
+    modules), `gpt2` and `gpt_neox` their own. For a
     local directory the config is compared with the safetensors headers (layers, embedding
     shape) before anything is built.
 
