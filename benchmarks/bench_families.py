@@ -1,0 +1,171 @@
+"""Benchmark: tokens/s of each model family of issue 17 in ppl_jax against transformers on the same
+weights, on this machine, in one run.
+
+    python -m benchmarks.bench_families                      # every family, float32
+    python -m benchmarks.bench_families --families=qwen3,gemma2 --batch=4 --seq_len=512
+
+Per family, a random model of the shape below (transformers 5 class, seed 0) is saved with
+`save_pretrained` and read back by both: transformers (`AutoModelForCausalLM`, float32, eager
+attention where the family needs it for soft-caps, `torch.no_grad`, all CPU threads) computes
+the logits and the float32 log-softmax of the targets; ppl_jax (`hf.read_description` +
+`hf.load_params`, `model.attention=xla`, jitted, the vocabulary-blocked scorer) computes the
+per-token NLL of the same `[batch, seq_len]` random tokens. Each is timed as the median of
+`--repeats` calls after one warm-up call (compilation excluded), the two taking turns in each
+round; the largest per-token difference between them is printed as a check. Writes JSON to
+`--out`.
+
+Shapes: hidden 512, 8 layers, 8 heads (2 key-value heads where the family has GQA), MLP 1408,
+vocabulary 32,000 (39-59M parameters), with each family's own features (Gemma 2's soft-caps
+and windows of 256, Phi-3's longrope past 256 positions, GPT-NeoX's partial rotary); Mixtral and
+Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers as tf
+from absl import app, flags
+
+from ppl_jax.checkpoints import hf
+from ppl_jax.config.defaults import DEFAULT_RULES
+from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.nll import token_nll
+
+COMMON = dict(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+)
+
+
+def _configs() -> dict:
+    longrope = {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0] * 32,
+        "long_factor": [2.0] * 32,
+    }
+    return {
+        "llama": tf.LlamaConfig(**COMMON),
+        "qwen3": tf.Qwen3Config(**COMMON, head_dim=64),
+        "olmo2": tf.Olmo2Config(**COMMON),
+        "olmo3": tf.Olmo3Config(**COMMON, sliding_window=256),
+        "gemma2": tf.Gemma2Config(**COMMON, head_dim=64, sliding_window=256),
+        "gemma3": tf.Gemma3TextConfig(**COMMON, head_dim=64, sliding_window=256),
+        "phi3": tf.Phi3Config(
+            **{**COMMON, "num_key_value_heads": 8},
+            original_max_position_embeddings=256,
+            rope_parameters=longrope,
+            pad_token_id=0,
+        ),
+        "gpt_neox": tf.GPTNeoXConfig(
+            **{k: v for k, v in COMMON.items() if k != "num_key_value_heads"}, rotary_pct=0.25
+        ),
+        # mixtures: 8 experts of width 704, top 2 (the active MLP width of the dense models)
+        "mixtral": tf.MixtralConfig(
+            **{**COMMON, "intermediate_size": 704}, num_local_experts=8, num_experts_per_tok=2
+        ),
+        "qwen3_moe": tf.Qwen3MoeConfig(
+            **COMMON, head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704
+        ),
+    }
+
+
+_FAMILIES = flags.DEFINE_list("families", list(_configs()), "Families to run.")
+_BATCH = flags.DEFINE_integer("batch", 4, "Rows per call.")
+_SEQ = flags.DEFINE_integer("seq_len", 512, "Tokens per row.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per side.")
+_OUT = flags.DEFINE_string("out", "bench_families.json", "Where the JSON goes.")
+
+
+def _median_time(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_family(name: str, config, batch: int, seq_len: int, repeats: int) -> dict:
+    torch.manual_seed(0)
+    kwargs = {"attn_implementation": "eager"} if name.startswith("gemma") else {}
+    model = tf.AutoModelForCausalLM.from_config(config, **kwargs).eval()
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (batch, seq_len + 1))
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        desc = hf.read_description(tmp)
+        ours = nnx_lib.build(desc, jnp.float32)
+        target, _ = mesh_lib.param_targets(
+            ours.abstract_params, ours.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
+        )
+        params = hf.load_params(tmp, target)
+    x = jnp.asarray(tokens[:, :-1], jnp.int32)
+    y = jnp.asarray(tokens[:, 1:], jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), x.shape)
+    seg = jnp.ones_like(x)
+    step = jax.jit(lambda p: token_nll(ours.apply(p, x, pos, seg), y))
+    ids = torch.tensor(tokens)
+
+    def theirs():
+        with torch.no_grad():
+            logits = model(ids[:, :-1]).logits.float()
+            lp = torch.log_softmax(logits, -1)
+            return -lp.gather(-1, ids[:, 1:, None])[..., 0]
+
+    ppl = lambda: step(params).block_until_ready()  # noqa: E731
+    diff = float(np.max(np.abs(np.asarray(ppl()) - theirs().numpy())))  # warm-up, and a check
+    ppl_times, hf_times = [], []
+    for _ in range(repeats):  # taking turns
+        ppl_times += _median_time(ppl, 1)
+        hf_times += _median_time(theirs, 1)
+    n = batch * seq_len
+    params_m = sum(p.numel() for p in model.parameters()) / 1e6
+    return {
+        "family": name,
+        "params_M": round(params_m, 1),
+        "ppl_jax_tokens_per_s": n / float(np.median(ppl_times)),
+        "transformers_tokens_per_s": n / float(np.median(hf_times)),
+        "max_nll_difference": diff,
+    }
+
+
+def main(argv) -> None:
+    del argv
+    configs = _configs()
+    rows = []
+    print(
+        f"jax {jax.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"transformers {tf.__version__}, {os.cpu_count()} CPUs; "
+        f"batch {_BATCH.value} x {_SEQ.value}, float32"
+    )
+    print("| family | params | ppl_jax tokens/s | transformers tokens/s | ratio | max NLL diff |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in _FAMILIES.value:
+        r = run_family(name, configs[name], _BATCH.value, _SEQ.value, _REPEATS.value)
+        rows.append(r)
+        ratio = r["ppl_jax_tokens_per_s"] / r["transformers_tokens_per_s"]
+        print(
+            f"| {name} | {r['params_M']}M | {r['ppl_jax_tokens_per_s']:,.0f} | "
+            f"{r['transformers_tokens_per_s']:,.0f} | {ratio:.2f} | {r['max_nll_difference']:.1e} |",
+            flush=True,
+        )
+    with open(_OUT.value, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
