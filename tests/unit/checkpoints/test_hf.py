@@ -523,3 +523,29 @@ def test_dynamic_rope_is_default_within_max_positions(tmp_path):
     dynamic, default = (LlamaConfig.from_dict(m.description) for m in descs)
     assert dynamic.rope_type == "dynamic" and descs[0].max_positions == 128
     np.testing.assert_array_equal(rope.inv_freq(dynamic), rope.inv_freq(default))
+
+
+def test_older_multimodal_prefix_language_model_model(tmp_path):
+    """Multimodal checkpoints saved before transformers 5 keep the text tower under
+    `language_model.model.` (and `language_model.lm_head.`): read as the newer
+    `model.language_model.` ones, the vision tower ignored."""
+    from safetensors.numpy import load_file, save_file
+
+    src = os.path.join(helpers.GOLDEN, "families", "gemma3_multimodal")
+    path = tmp_path / "old"
+    path.mkdir()
+    shutil.copy(os.path.join(src, "config.json"), path)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    renamed = {
+        k.replace("model.language_model.", "language_model.model.", 1): v
+        for k, v in weights.items()
+    }
+    assert any(k.startswith("language_model.model.") for k in renamed)
+    assert any("vision_tower" in k for k in renamed)
+    save_file(renamed, str(path / "model.safetensors"))
+    tokens = np.arange(2, 40)
+    logs = []
+    for p in (src, str(path)):
+        model, params, _ = _load(p, mesh_lib.make_mesh(-1, 1))
+        logs.append(_log_probs(model, params, tokens))
+    np.testing.assert_array_equal(logs[0], logs[1])
