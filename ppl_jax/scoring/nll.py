@@ -20,10 +20,28 @@ Optional outputs, computed in the same scan:
 - top-k: `lax.top_k` of each block's logits merged with the carried top-k (global ids); the
   log-probabilities are `l - logsumexp(l)` with the final `m` and `s`.
 - a reference model's logits `r` over the same vocabulary, scanned block by block beside the
-  model's: its own `m_r`, `s_r`, target logit and argmax, and `u = sum exp(r - m_r) (r - l)`,
-  rescaled like `s_r` when `m_r` moves. Then KL(reference || model) =
-  `u / s_r - (logsumexp(r) - logsumexp(l))`, with the difference of log-sum-exps taken as
-  `(m_r - m) + (log s_r - log s)` so that a model against itself gives exactly 0.
+  model's: its own `m_r`, `s_r`, target logit and argmax, and the KL terms below, rescaled like
+  `s_r` when `m_r` moves.
+
+KL(reference || model) without cancellation. With `d = r - l` per vocabulary entry and any
+constant `c` (here `d` at the reference's largest logit of the first block), `e = d - c` and
+`p` the reference's distribution,
+
+    KL = E_p[d] - (logsumexp(r) - logsumexp(l)) = E_p[e] + log E_p[exp(-e)]
+       = E_p[g(e)] + h(E_p[expm1(-e)]),   g(e) = e + expm1(-e) >= 0,   h(b) = log1p(b) - b,
+
+since `logsumexp(l) - logsumexp(r) = log E_p[exp(-d)]` (plus the model's mass on ids the reference
+rules out). The scan carries `G = sum exp(r - m_r) g(e)`, `B = sum exp(r - m_r) expm1(-e)` and
+`D`, the model's mass where the reference has none (all scaled by `exp(c - m_r)`);
+`KL = G / s_r + h(B / s_r) + D / s_r`. Where `|b| = |B / s_r| >= 1` (models far apart, the
+reference's top token much less likely under the model) that form would cancel in turn, and the
+direct `U / s_r - (logsumexp(r) - logsumexp(l))`, `U = sum exp(r - m_r) (r - l)`, is taken (the
+two log-sum-exps as `(m_r - m) + (log s_r - log s)`): its error, about 1e-7 of the terms, is
+small beside a KL of that size. Every term of `G` is
+non-negative and `g`, `h` are evaluated by their Taylor series near 0, so nothing large cancels:
+between nearly identical models (KL about 1e-6) the per-token KL is within about 1e-9 of
+float64 computed from the same float32 logits, where `E_p[d] - (difference of log-sum-exps)` in
+float32 was off by up to 4e-7 (`benchmarks/bench_kl.py`). A model against itself gives exactly 0.
 """
 
 from __future__ import annotations
@@ -54,8 +72,9 @@ class TokenStats(NamedTuple):
       top_logprobs: with `top_k > 0`, `[batch, seq, k] float32`, natural-log probabilities of
         `top_ids`, normalised over the whole vocabulary; else None.
       kl: with a reference, float32, nats, KL(reference || model) =
-        `sum_v p_ref(v) (log p_ref(v) - log p_model(v))`; float32 rounding may leave values a few
-        1e-7 below 0 where the distributions nearly agree. Else None.
+        `sum_v p_ref(v) (log p_ref(v) - log p_model(v))`, within about 1e-9 of float64 from
+        the same logits where the distributions nearly agree (see the module docstring); never
+        below 0 but by rounding of `h`. Else None.
       reference_nll: with a reference, float32, nats, the reference's `-log p_ref(target)`.
       same_top1: with a reference, bool, both models' argmax ids equal (argmax: the lowest id
         among the largest logits).
@@ -135,11 +154,13 @@ def _from_logits(
         stats = stats._replace(top_ids=top_ids, top_logprobs=top_logprobs)
     if reference is not None:
         ref_log_probs = jax.nn.log_softmax(reference, axis=-1)
-        # p_ref = 0 contributes 0, whatever the model says; the difference is exactly 0 where
-        # the two log-probabilities are equal.
-        gap = jnp.where(jnp.isneginf(ref_log_probs), 0.0, ref_log_probs - log_probs)
+        m_r = jnp.max(reference, axis=-1)
+        g_sum, b_sum, d_sum, s_r, u_sum = _kl_terms(
+            reference, logits, _kl_shift(reference, logits), m_r
+        )
+        lse_gap = (m_r + jnp.log(s_r)) - jax.nn.logsumexp(logits, axis=-1)
         stats = stats._replace(
-            kl=jnp.sum(jnp.exp(ref_log_probs) * gap, axis=-1),
+            kl=_kl(g_sum, b_sum, d_sum, s_r, u_sum, lse_gap),
             reference_nll=-jnp.take_along_axis(ref_log_probs, targets[..., None], axis=-1)[..., 0],
             same_top1=jnp.argmax(reference, axis=-1) == jnp.argmax(logits, axis=-1),
         )
@@ -185,19 +206,74 @@ def _argmax_update(old_id, old_max, logits, first):
     return jnp.where(better, _lowest_argmax(logits) + first, old_id)
 
 
-def _weighted_gap(e, ref, logits):
-    """`sum e (r - l)` over the block, a column the reference rules out (`e = 0`, `r = -inf`)
-    adding 0 rather than NaN."""
-    return jnp.sum(jnp.where(e > 0, e * (ref - logits), 0.0), axis=-1)
+_SERIES = 0.25  # |e| below which g is summed as its Taylor series (to e^8: 3e-10 relative)
+# |b| below which h is (to b^8: 2e-15 relative); above, log1p(b) - b loses at most 2 eps / |b|
+# relative, 7e-10 absolute.
+_H_SERIES = 0.01
+
+
+def _g_series(x):
+    """`x + expm1(-x)` near 0: `sum_{k=2..8} (-x)^k / k!` (the rest below 3e-10 relative for
+    `|x| < _SERIES`)."""
+    y = -x
+    return y * y * (1 / 2 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y * (
+        1 / 5040 + y * (1 / 40320)))))))  # fmt: skip
+
+
+def _h(b):
+    """`log1p(b) - b`, accurate near 0: `sum_{k=2..8} (-1)^(k+1) b^k / k` for `|b| < _H_SERIES`."""
+    series = -b * b * (1 / 2 - b * (1 / 3 - b * (1 / 4 - b * (1 / 5 - b * (1 / 6 - b * (
+        1 / 7 - b * (1 / 8)))))))  # fmt: skip
+    return jnp.where(jnp.abs(b) < _H_SERIES, series, jnp.log1p(b) - b)
+
+
+def _kl_terms(ref, logits, c, m_r):
+    """`(G, B, D, s, U)` of one block (see the module docstring): `sum w g(e)`, `sum w expm1(-e)`,
+    `D = sum q` over the columns the reference rules out, `sum w` and `U = sum w (r - l)`, with `w = exp(r - m_r)` and `e = r - l - c`. `w exp(-e)` is computed as
+    `q = exp(l + c - m_r)` (no overflow where `e` is very negative), so that `w expm1(-e) = q - w`
+    (its rounding, about 1e-7 of `w`, reaches KL only through `h(b) ~ b^2`) and, away from 0,
+    `w g(e) = w (e - 1) + q`; near 0 `w g(e)` is `w` times the series. A column the reference
+    rules out (`w = 0`) adds 0."""
+    shifted = ref - m_r[..., None]
+    w = jnp.exp(shifted)
+    q = jnp.exp(logits + (c - m_r)[..., None])
+    e = ref - logits - c[..., None]
+    live = w > 0
+    gw = jnp.where(jnp.abs(e) < _SERIES, w * _g_series(e), w * (e - 1.0) + q)
+    return (
+        jnp.sum(jnp.where(live, gw, 0.0), axis=-1),
+        jnp.sum(q - w, axis=-1),  # every column: logsumexp(l) sums them all
+        jnp.sum(jnp.where(live, 0.0, q), axis=-1),
+        jnp.sum(w, axis=-1),
+        jnp.sum(jnp.where(live, w * (ref - logits), 0.0), axis=-1),  # U: for the direct form
+    )
+
+
+def _kl_shift(ref, logits):
+    """`c [B, T]`: `r - l` at the reference's largest logit (lowest such column)."""
+    at = _lowest_argmax(ref)[..., None]
+    return (jnp.take_along_axis(ref, at, axis=-1) - jnp.take_along_axis(logits, at, axis=-1))[
+        ..., 0
+    ]
+
+
+def _kl(g_sum, b_sum, d_sum, s_r, u_sum, lse_gap):
+    """KL(reference || model) from the scan's sums (see the module docstring): the form without
+    cancellation where `|b| < 1`, else (models far apart, where it would cancel instead) the
+    direct `U / s_r - (logsumexp(r) - logsumexp(l))`, `lse_gap` the latter difference."""
+    b = b_sum / s_r
+    return jnp.where(jnp.abs(b) < 1.0, g_sum / s_r + _h(b) + d_sum / s_r, u_sum / s_r - lse_gap)
 
 
 def _reference_start(ref, logits, targets):
     m_r = jnp.max(ref, axis=-1)
-    e = jnp.exp(ref - m_r[..., None])
+    c = _kl_shift(ref, logits)
+    g_sum, b_sum, d_sum, s_r, u_sum = _kl_terms(ref, logits, c, m_r)
     return (
         m_r,
-        jnp.sum(e, axis=-1),
-        _weighted_gap(e, ref, logits),
+        s_r,
+        (g_sum, b_sum, d_sum, u_sum),
+        c,
         _target_logit(ref, targets, 0, jnp.zeros(targets.shape, jnp.float32)),
         _lowest_argmax(ref),
         _lowest_argmax(logits),
@@ -206,14 +282,16 @@ def _reference_start(ref, logits, targets):
 
 def _reference_update(carry, ref, logits, targets, first, model_max):
     """`model_max`: the model's running maximum before this block."""
-    m_r, s_r, u, tl_r, arg_r, arg_m = carry
+    m_r, s_r, sums, c, tl_r, arg_r, arg_m = carry
     m_new = jnp.maximum(m_r, jnp.max(ref, axis=-1))
     scale = jnp.exp(m_r - m_new)
-    e = jnp.exp(ref - m_new[..., None])
+    g_block, b_block, d_block, s_block, u_block = _kl_terms(ref, logits, c, m_new)
+    block_sums = (g_block, b_block, d_block, u_block)
     return (
         m_new,
-        s_r * scale + jnp.sum(e, axis=-1),
-        u * scale + _weighted_gap(e, ref, logits),
+        s_r * scale + s_block,
+        tuple(x * scale + y for x, y in zip(sums, block_sums, strict=True)),
+        c,
         _target_logit(ref, targets, first, tl_r),
         _argmax_update(arg_r, m_r, ref, first),
         _argmax_update(arg_m, model_max, logits, first),
@@ -292,10 +370,11 @@ def _blocked(
     if top is not None:
         stats = stats._replace(top_ids=top[1], top_logprobs=top[0] - (m + log_s)[..., None])
     if ref is not None:
-        m_r, s_r, u, tl_r, arg_r, arg_m = ref
+        m_r, s_r, (g_sum, b_sum, d_sum, u_sum), _, tl_r, arg_r, arg_m = ref
         log_s_r = jnp.log(s_r)
+        lse_gap = (m_r - m) + (log_s_r - log_s)
         stats = stats._replace(
-            kl=u / s_r - ((m_r - m) + (log_s_r - log_s)),
+            kl=_kl(g_sum, b_sum, d_sum, s_r, u_sum, lse_gap),
             reference_nll=m_r + log_s_r - tl_r,
             same_top1=arg_r == arg_m,
         )
