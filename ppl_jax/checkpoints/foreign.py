@@ -59,7 +59,8 @@ class Layout:
         return paths.join(folder, self.item) if self.item else folder
 
 
-def _is_item(folder: str) -> bool:
+def is_item(folder: str) -> bool:
+    """An Orbax item folder (its tree metadata, OCDBT manifest or msgpack file is there)."""
     return any(paths.isfile(paths.join(folder, f)) for f in ITEM_FILES)
 
 
@@ -75,7 +76,7 @@ def locate(directory: str, item: str = "", params: str = "") -> Layout:
       CheckpointError: no such folder, no finalized step, no item or no params found (naming
         what is there and the setting to give).
     """
-    if _is_item(directory) and not item:
+    if is_item(directory) and not item:
         return Layout(directory, True, "", params)
     root = directory
     sub = paths.join(directory, "checkpoints")
@@ -93,11 +94,11 @@ def locate(directory: str, item: str = "", params: str = "") -> Layout:
                 f"(it holds {', '.join(names)})."
             )
     else:
-        found = [n for n in ITEMS if n in names and _is_item(paths.join(step_dir, n))]
+        found = [n for n in ITEMS if n in names and is_item(paths.join(step_dir, n))]
         if found:
             item = found[0]
-        elif not _is_item(step_dir):
-            items = [n for n in names if _is_item(paths.join(step_dir, n))]
+        elif not is_item(step_dir):
+            items = [n for n in names if is_item(paths.join(step_dir, n))]
             if len(items) != 1:
                 raise CheckpointError(
                     f"step {steps[-1]} of {directory!r} holds the items {items or names}, none "

@@ -120,6 +120,7 @@ class Checkpoint:
     _layout: foreign.Layout | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
+    _kind: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
     _metadata: dict[int, dict[str, Any]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -127,23 +128,26 @@ class Checkpoint:
     def kind(self) -> str:
         """`hub` (a hub id), `hf` (a Hugging Face directory), `own` (ppl_jax's Orbax layout with
         its `metadata` item) or `foreign` (another trainer's Orbax checkpoint, read through a
-        mapping)."""
+        mapping); decided once per `Checkpoint`."""
+        if self._kind is None:
+            self._kind = self._find_kind()
+        return self._kind or ("foreign" if self.architecture else "own")
+
+    def _find_kind(self) -> str | None:
+        """The kind, or None while an Orbax folder holds no step to tell (watch mode)."""
         if self.repo is not None:
             return "hub"
         if self.format == "hf":
             return "hf"
         if self.mapping or self.item or self.params:
             return "foreign"
+        if foreign.is_item(self.path) or paths.isdir(paths.join(self.path, "checkpoints")):
+            return "foreign"
         steps = foreign.orbax_steps(self.path)
-        if steps and paths.isdir(paths.join(self.path, str(steps[-1]), orbax.METADATA)):
-            return "own"
-        return (
-            "foreign"
-            if steps
-            or foreign._is_item(self.path)
-            or paths.isdir(paths.join(self.path, "checkpoints"))
-            else "own"
-        )
+        if not steps:
+            return None
+        own = paths.isdir(paths.join(self.path, str(steps[-1]), orbax.METADATA))
+        return "own" if own else "foreign"
 
     def layout(self) -> foreign.Layout:
         """Where another trainer's checkpoint keeps its params (`foreign.locate`)."""
