@@ -77,7 +77,8 @@ def _maxtext(architecture: dict[str, Any]) -> list[dict[str, Any]]:
 def _gemma(architecture: dict[str, Any]) -> list[dict[str, Any]]:
     # The model's norms are `x̂·w` unless its family applies the `1+w` form itself.
     plus_one = {} if float(architecture.get("norm_offset", 0.0)) == 1.0 else {"plus_one": True}
-    gemma2 = architecture.get("gemma_version", 3) == 2 or architecture.get("family") == "gemma2"
+    # Gemma 2 (no QK-norm) stores `gating_einsum` as [2, embed, mlp], Gemma 3 as [2, mlp, embed].
+    gemma2 = architecture.get("qk_norm", "head") == "none"
     layer = r"(?:transformer/)?layer_(?P<l>\d+)"
     pair = {"axis": 0, "squeeze": True}
     return [

@@ -257,7 +257,7 @@ def test_rope_permutation_turns_interleaved_into_rotate_half():
         assert np.isclose(half(perm(q), p_q) @ half(perm(k), p_k), want, rtol=1e-12)
 
 
-GEMMA = {"embed_dim": 16, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "mlp_dim": 32,
+GEMMA = {"qk_norm": "head", "embed_dim": 16, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, "mlp_dim": 32,
          "vocab_size": 40, "num_layers": 2, "family": "gemma3"}  # fmt: skip
 
 
