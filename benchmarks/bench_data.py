@@ -68,6 +68,13 @@ MAX_GB = flags.DEFINE_float("data_max_projected_gb", 12.0, "Largest projected pe
 MAX_S = flags.DEFINE_float("data_max_projected_s", 600.0, "Longest projected measurement to run.")
 PEER_BATCH = flags.DEFINE_integer("data_peer_batch", 1024, "Documents per encode_batch call.")
 WORK = flags.DEFINE_string("data_work_dir", "/tmp/ppl_jax_bench_data", "Corpora and tokenizer.")
+SHAPE = flags.DEFINE_enum(
+    "data_shape",
+    "documents",
+    ["documents", "lines"],
+    "documents: JSONL documents of 1-8 KB; lines: many short documents, one line each "
+    "(data.format=lines, 40-200 bytes, Paloma-style records).",
+)
 CHILD = flags.DEFINE_string("data_child", "", "Internal: a child's task, as JSON.")
 
 MB = 10**6
@@ -122,24 +129,47 @@ def documents(texts: list[str], seed: int = 0) -> list[str]:
     return [d for d in docs if d.strip()]
 
 
-def make_corpus(size_mb: float, work_dir: str) -> dict:
-    """Writes (once) a JSONL corpus of at least `size_mb` MB of document text, repeating the
-    source documents in order and stopping at the first document that reaches the size.
+def short_documents(texts: list[str]) -> list[str]:
+    """Many short documents: the texts' lines joined until each holds 40 to 200 bytes, one line
+    each (no line end inside), as a `lines` corpus reads them."""
+    docs, current = [], ""
+    for text in texts:
+        for line in text.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            current = f"{current} {line}" if current else line
+            if len(current.encode("utf-8")) >= 40:
+                docs.append(current[:200])
+                current = ""
+    return docs
+
+
+def make_corpus(size_mb: float, work_dir: str, shape: str = "documents") -> dict:
+    """Writes (once) a corpus of at least `size_mb` MB of document text, repeating the source
+    documents in order and stopping at the first document that reaches the size: JSONL
+    documents of 1-8 KB (`shape="documents"`), or a `lines` file of one-line documents of 40 to
+    200 bytes (`shape="lines"`).
 
     Returns:
-      `{"path", "source", "documents", "text_bytes", "file_bytes"}` (bytes of UTF-8 text).
+      `{"path", "source", "documents", "text_bytes", "file_bytes", "format"}` (bytes of UTF-8
+      text).
     """
     kind, texts = source_texts()
     target = int(size_mb * MB)
-    path = os.path.join(work_dir, f"corpus-{kind}-{target}.jsonl")
+    ext = "jsonl" if shape == "documents" else "lines.txt"
+    path = os.path.join(work_dir, f"corpus-{kind}-{target}.{ext}")
     meta_path = path + ".meta.json"
     if os.path.isfile(meta_path):
         with open(meta_path, encoding="utf-8") as f:
             return json.load(f)
-    docs = [
-        (json.dumps({"text": d}, ensure_ascii=False) + "\n", len(d.encode()))
-        for d in documents(texts)
-    ]
+    if shape == "documents":
+        docs = [
+            (json.dumps({"text": d}, ensure_ascii=False) + "\n", len(d.encode()))
+            for d in documents(texts)
+        ]
+    else:
+        docs = [(d + "\n", len(d.encode())) for d in short_documents(texts)]
     count, text_bytes = 0, 0
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -157,6 +187,7 @@ def make_corpus(size_mb: float, work_dir: str) -> dict:
         "documents": count,
         "text_bytes": text_bytes,
         "file_bytes": os.path.getsize(path),
+        "format": "jsonl" if shape == "documents" else "lines",
     }
     with open(meta_path, "w", encoding="utf-8") as f:
         json.dump(meta, f)
@@ -226,7 +257,7 @@ def child_prepare(task: dict) -> dict:
     ds = DatasetSpec(
         name="bench",
         path=task["corpus"],
-        format="jsonl",
+        format=task.get("format", "jsonl"),
         tokenizer=task["tokenizer"],
         errors="strict",
         separator="\n\n",
@@ -307,7 +338,10 @@ def child_peer(task: dict) -> dict:
     out = {"rss_before_mb": _status_kb("VmRSS") / 1024}
     t = time.perf_counter()
     with open(task["corpus"], encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f if line.strip()]
+        if task.get("format", "jsonl") == "jsonl":
+            texts = [json.loads(line)["text"] for line in f if line.strip()]
+        else:
+            texts = [line.rstrip("\n") for line in f if line.strip()]
     out["read_s"] = time.perf_counter() - t
     t = time.perf_counter()
     ids, batch = [], task["batch"]
@@ -422,6 +456,7 @@ def benchmark(
     max_projected_s: float = 600.0,
     peer_batch: int = 1024,
     tokenizer_file: str | None = None,
+    shape: str = "documents",
 ) -> dict:
     """Runs every measurement (see the module docstring).
 
@@ -433,7 +468,7 @@ def benchmark(
       seq_len, stride: the windows; max_projected_gb: the memory rule's limit (GB = 2^30 bytes);
       max_projected_s: the time rule's (a measurement projected to take longer is not run);
       peer_batch: documents per `encode_batch` call; tokenizer_file: a `tokenizer.json` in
-        place of `tokenizer_path`'s choice.
+        place of `tokenizer_path`'s choice; shape: the corpus (`make_corpus`).
 
     Returns:
       `{"rows": [...], ...}`: per row `size_mb`, `text_mb`, `processes`, `protocol`, `mode`,
@@ -469,9 +504,9 @@ def benchmark(
             for (protocol, procs), (_, need, took) in plans.items():
                 rows.append(_not_run(_row(size, None, procs, protocol, "cold", ""), need, took))
             continue
-        corpus = make_corpus(size, work_dir)
+        corpus = make_corpus(size, work_dir, shape)
         text_mb = corpus["text_bytes"] / MB
-        base = {"corpus": corpus["path"], "tokenizer": tok_path}
+        base = {"corpus": corpus["path"], "tokenizer": tok_path, "format": corpus["format"]}
         peer = run_children(dict(base, kind="peer", batch=peer_batch), 1)
         rows.append(_row(size, text_mb, "-", "encode_batch", "cold", "ok", peer))
         _print_progress(rows[-1])
@@ -591,7 +626,9 @@ def main(out: str = DEFAULT_OUT) -> dict:
         max_projected_gb=MAX_GB.value,
         max_projected_s=MAX_S.value,
         peer_batch=PEER_BATCH.value,
+        shape=SHAPE.value,
     )
+    result["shape"] = SHAPE.value
     result["benchmark_seconds"] = time.perf_counter() - t
     result["machine"] = {"cpus": os.cpu_count(), "memory_gb": _total_gb()}
     result["load_average"] = os.getloadavg()

@@ -29,6 +29,7 @@ __all__ = [
     "Document",
     "count_documents",
     "iter_documents",
+    "iter_sourced",
     "no_text_error",
     "read_documents",
     "resolve_paths",
@@ -224,11 +225,26 @@ def iter_documents(
 def _iter_documents(
     found: list[str], fmt: str, errors: str, jsonl_field: str, start: int, stop: int | None
 ) -> Iterator[Document]:
+    for text, file, line in iter_sourced(found, fmt, errors, jsonl_field, start, stop):
+        yield Document(text, f"{found[file]}:{line}" if line else found[file])
+
+
+def iter_sourced(
+    found: list[str],
+    fmt: str,
+    errors: str = "strict",
+    jsonl_field: str = "text",
+    start: int = 0,
+    stop: int | None = None,
+) -> Iterator[tuple[str, int, int]]:
+    """`iter_documents` of the files `found` (`resolve_paths`) as `(text, file, line)`: the
+    index of the document's file in `found` and its line (1-based; 0 for a document that is a
+    whole file), with no source string made per document (`ppl_jax.data.sources.Sources`)."""
     skip = start  # documents still to skip
     left = None if stop is None else stop - start  # documents still to yield; None: all
     if left is not None and left <= 0:
         return
-    for path in found:
+    for file, path in enumerate(found):
         if fmt == "text" and skip:
             skip -= 1
             continue
@@ -239,13 +255,15 @@ def _iter_documents(
                 skip -= len(docs)
                 continue
             for doc in docs[skip:]:
-                yield doc
+                line = int(doc.source.rpartition(":")[2]) if fmt == "wikitext" else 0
+                yield doc.text, file, line
                 if left is not None:
                     left -= 1
                     if not left:
                         return
             skip = 0
             continue
+        jsonl = fmt == "jsonl"
         for first, lines in _line_blocks(path, errors):
             if skip:
                 n = _count_nonblank(lines)
@@ -258,12 +276,9 @@ def _iter_documents(
                 if skip:
                     skip -= 1
                     continue
-                source = f"{path}:{i}"
-                yield (
-                    _jsonl_document(line, source, jsonl_field, errors)
-                    if fmt == "jsonl"
-                    else Document(line, source)
-                )
+                if jsonl:
+                    line = _jsonl_document(line, f"{path}:{i}", jsonl_field, errors).text
+                yield line, file, i
                 if left is not None:
                     left -= 1
                     if not left:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.data import documents as data
+from ppl_jax.data.sources import Sources
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import DataError, PplJaxError
 from ppl_jax.plans import protocols, token_cache
@@ -43,7 +44,7 @@ from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import distributed, fingerprint, temporaries
 from ppl_jax.tokenizer.base import Tokenizer
 
-VERSION = 3  # 3: plan.json holds the digests of its arrays, checked on load
+VERSION = 4  # 3: plan.json holds its arrays' digests, checked on load; 4: compact sources
 _WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")
 _PLAN_ARRAYS = ("doc_bytes", "doc_words", "doc_starts", "window_bytes")
 _SCALARS = (
@@ -127,9 +128,13 @@ def load(cache_dir: str, entry: str) -> tuple[Plan, dict[str, Any]] | None:
         if not ok:
             raise damaged(folder, f"{name}.npy differs from the digest its plan.json holds")
     windows = Windows(**{n: arrays[n] for n in _WINDOW_ARRAYS}, seq_len=meta["seq_len"])
+    if "source_files" in meta:  # compact sources (`Sources`): a file index and a line each
+        sources: Any = Sources(meta["source_files"], arrays["source_file"], arrays["source_line"])
+    else:
+        sources = tuple(meta["sources"])
     plan = Plan(
         windows=windows,
-        sources=tuple(meta["sources"]),
+        sources=sources,
         **{n: meta[n] for n in _SCALARS},
         **{n: arrays.get(n) for n in _PLAN_ARRAYS},
     )
@@ -199,6 +204,9 @@ def _write(
         w = plan.windows
         arrays = {n: getattr(w, n) for n in _WINDOW_ARRAYS}
         arrays.update({n: getattr(plan, n) for n in _PLAN_ARRAYS if getattr(plan, n) is not None})
+        compact = isinstance(plan.sources, Sources)
+        if compact:
+            arrays.update(source_file=plan.sources.file, source_line=plan.sources.line)
         digests = {}
         for name, array in arrays.items():
             path = os.path.join(tmp, f"{name}.npy")
@@ -214,7 +222,11 @@ def _write(
             "seq_len": w.seq_len,
             "arrays": sorted(arrays),
             "digests": digests,
-            "sources": list(plan.sources),
+            **(
+                {"source_files": list(plan.sources.files)}
+                if compact
+                else {"sources": list(plan.sources)}
+            ),
             "extras": extras or {},
             **{n: _json(getattr(plan, n)) for n in _SCALARS},
         }

@@ -27,6 +27,7 @@ last scored token (for `sliding` and `lm_eval_rolling` exactly the scored text).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class Plan:
     prefix_id: int | None
     doc_bytes: np.ndarray | None
     doc_words: np.ndarray | None
-    sources: tuple[str, ...]
+    sources: Sequence[str]
     doc_starts: np.ndarray  # `[num_documents]` offset of each document's first token
     window_bytes: np.ndarray | None = None
     tokens_digest: str | None = None

@@ -22,14 +22,16 @@ A part holds flat arrays, appended while tokenizing and read back in chunks (`Pa
 byte), and per document: tokens, UTF-8 bytes, whitespace-separated words (`str.split`), the
 lm-evaluation-harness's words (`protocols.count_harness_words`), whether it begins and ends with
 a non-space character (to count the words of documents joined by a separator exactly), and its
-source (`path:line`). Memory while building is bounded by one batch of documents, whatever the
-corpus size (plus a few integers per document).
+source (the index of its file and its line: `ppl_jax.data.sources.Sources`). Memory while building
+is bounded by one batch of documents, whatever the corpus size, plus 49 bytes per document (typed
+arrays, no Python object per document).
 
 Plans are made from an entry by `ppl_jax.plans.stream_plans`.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
@@ -40,14 +42,22 @@ import numpy as np
 
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.plans.token_entry import (  # noqa: F401  (re-exported: the entry's readers)
+    DOC_ARRAYS,
+    VERSION,
+    Entry,
+    Part,
+    Verifier,
+    damaged,
+    open_entry,
+    part_names,
+)
 from ppl_jax.runtime import distributed, fingerprint, preemption, temporaries
 from ppl_jax.tokenizer.base import Tokenizer
 
-VERSION = 2  # 2: parts.json counts the documents, part.json holds its files' digests
 PROTOCOLS = ("sliding", "lm_eval_rolling")  # protocols whose documents are tokenized one by one
 BATCH_CHARS = 1 << 20  # characters of documents per call of the tokenizer's batch encoding
 COPY_TOKENS = 1 << 22  # tokens per chunk read from a part
-_DOC_ARRAYS = ("tokens", "bytes", "words", "harness_words", "edges")
 STARTS, ENDS = 1, 2  # `edges` bits: the text begins / ends with a non-space character
 
 
@@ -69,168 +79,6 @@ def key(ds, tok: Tokenizer) -> str:
             "tokenizer": fingerprint.text_digest(tok.describe()),
         }
     )
-
-
-class Part:
-    """One process's share of an entry, memory-mapped.
-
-    Attributes:
-      ids, byte_lengths: `[n] int32` token ids and the UTF-8 bytes each covers.
-      doc_tokens, doc_bytes, doc_words, doc_harness_words: `[d] int64` per document.
-      doc_edges: `[d] uint8`, bit 1: begins with a non-space character, bit 2: ends with one.
-      sources: `[d]` document sources (`path:line`).
-      head: for the part's first non-empty document, `{"doc", "first_token_bytes",
-        "words_after", "starts_after"}`: the words of its text after its first token and
-        whether that rest begins with a non-space character; None if every document is empty.
-    """
-
-    def __init__(self, folder: str):
-        with open(os.path.join(folder, "part.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-        self.num_tokens = int(meta["num_tokens"])
-        self.sources: list[str] = meta["sources"]
-        self.head: dict[str, Any] | None = meta["head"]
-        self.any_text = bool(meta["any_text"])
-        self.documents = (int(meta["documents"][0]), int(meta["documents"][1]))
-        self.digests: dict[str, str] = dict(meta["digests"])
-        self.folder = folder
-        docs = np.load(os.path.join(folder, "docs.npz"))
-        self.doc_tokens, self.doc_bytes, self.doc_words, self.doc_harness_words = (
-            docs[n].astype(np.int64) for n in _DOC_ARRAYS[:4]
-        )
-        self.doc_edges = docs["edges"].astype(np.uint8)
-        self._check()
-
-    def _check(self) -> None:
-        """Raises DataError where the part's files disagree with its `part.json` (a truncated
-        or edited part): document counts, token total, and the sizes of `ids.bin`/`bytes.bin`.
-        Their contents are checked against `digests` as they are read (`Verifier`)."""
-        lo, hi = self.documents
-        n_docs = hi - lo
-        sizes = {a.size for a in (self.doc_tokens, self.doc_bytes, self.doc_words, self.doc_edges)}
-        if sizes != {n_docs} or len(self.sources) != n_docs:
-            raise damaged(self.folder, f"it lists {n_docs} documents but holds {sorted(sizes)}")
-        if int(self.doc_tokens.sum()) != self.num_tokens:
-            raise damaged(self.folder, "its documents' token counts do not add up to its total")
-        for name in ("ids", "bytes"):
-            size = os.path.getsize(os.path.join(self.folder, f"{name}.bin"))
-            if size != 4 * self.num_tokens:
-                raise damaged(
-                    self.folder, f"{name}.bin holds {size // 4} tokens of {self.num_tokens}"
-                )
-
-    def read(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """`[hi - lo] int32` of `ids` (token ids) or `bytes` (UTF-8 bytes per token), read from
-        the file (not memory-mapped: pages read stay out of this process's resident memory)."""
-        if hi <= lo:
-            return np.zeros(0, np.int32)
-        path = os.path.join(self.folder, f"{name}.bin")
-        return np.fromfile(path, np.int32, count=hi - lo, offset=4 * lo)
-
-
-class Entry:
-    """A complete entry: its parts in document order."""
-
-    def __init__(self, folder: str, parts: list[Part]):
-        self.folder = folder
-        self.parts = parts
-
-    @property
-    def num_documents(self) -> int:
-        return sum(p.doc_tokens.size for p in self.parts)
-
-    def doc_array(self, name: str) -> np.ndarray:
-        return np.concatenate([getattr(p, name) for p in self.parts])
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        return tuple(s for p in self.parts for s in p.sources)
-
-    def head(self) -> tuple[int, dict[str, Any]] | None:
-        """(global index of the first non-empty document, its part's `head`), or None."""
-        before = 0
-        for p in self.parts:
-            if p.head is not None:
-                return before + p.head["doc"], p.head
-            before += p.doc_tokens.size
-        return None
-
-
-def damaged(folder: str, what: str) -> DataError:
-    """The error of a token cache entry whose files do not hold what it says."""
-    return DataError(
-        f"the token cache entry {folder} is damaged ({what}); delete that folder and run again "
-        f"(the corpus is tokenized anew)."
-    )
-
-
-def part_names(count: int) -> list[str]:
-    """The names of an entry's parts when `count` processes built it, in document order."""
-    return [f"part-{i:05d}-of-{count:05d}" for i in range(count)]
-
-
-def open_entry(folder: str) -> Entry | None:
-    """The entry at `folder`, or None if it is absent, incomplete or of another version.
-
-    Raises:
-      DataError: `parts.json` names anything but the entry's own parts (`part_names`: no path
-        leads out of the folder, no part is listed twice), a part is a link, or the parts'
-        document ranges do not tile the corpus exactly once; a part whose files disagree with
-        its `part.json` (`Part`).
-    """
-    try:
-        with open(os.path.join(folder, "parts.json"), encoding="utf-8") as f:
-            meta = json.load(f)
-        if meta.get("version") != VERSION:
-            return None
-        names, total = meta["parts"], int(meta["documents"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(names, list) or not names or names != part_names(len(names)):
-        raise damaged(folder, f"parts.json lists {str(names)[:120]}, not its own parts")
-    parts = []
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.islink(path):
-            raise damaged(folder, f"its part {name} is a link")
-        try:
-            parts.append(Part(path))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise damaged(folder, f"its part {name} cannot be read: {e}") from None
-    at = 0
-    for name, part in zip(names, parts, strict=True):
-        if part.documents[0] != at or part.documents[1] < at:
-            raise damaged(
-                folder, f"its part {name} holds documents {list(part.documents)}, not from {at}"
-            )
-        at = part.documents[1]
-    if at != total:
-        raise damaged(folder, f"its parts hold {at} documents of {total}")
-    return Entry(folder, parts)
-
-
-class Verifier:
-    """Checks a part's `ids.bin` and `bytes.bin` against the SHA-256 digests its `part.json`
-    holds, as they are read once, in order, from first token to last (`stream_plans`): an
-    edited or damaged part is refused at no cost beyond the hashing (about 1 GB/s)."""
-
-    def __init__(self, part: Part):
-        self.part = part
-        self.hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
-
-    def update(self, ids: np.ndarray, lens: np.ndarray) -> None:
-        self.hashes["ids"].update(np.ascontiguousarray(ids, np.int32).tobytes())
-        self.hashes["bytes"].update(np.ascontiguousarray(lens, np.int32).tobytes())
-
-    def check(self) -> None:
-        """Raises DataError (`damaged`) where a digest differs."""
-        for name, h in self.hashes.items():
-            if h.hexdigest() != self.part.digests.get(name):
-                raise damaged(
-                    os.path.dirname(self.part.folder),
-                    f"{os.path.basename(self.part.folder)}/{name}.bin differs from the digest "
-                    f"its part.json holds",
-                )
 
 
 def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_documents: int) -> str:
@@ -260,64 +108,72 @@ def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_docu
 
 
 def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int) -> None:
-    per_doc: dict[str, list[int]] = {n: [] for n in _DOC_ARRAYS}
-    sources: list[str] = []
+    # Per document a few typed integers (`array.array`: 8 bytes each, 1 for the edges, 4 for
+    # the file index and the line), no Python object per document.
+    per_doc = {n: array.array("B" if n == "edges" else "q") for n in DOC_ARRAYS}
+    file_index, lines = array.array("I"), array.array("I")
     head, any_text, num_tokens = None, False, 0
     hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
+    found = data.resolve_paths(ds.path)
     with (
         open(os.path.join(tmp, "ids.bin"), "wb") as ids_file,
         open(os.path.join(tmp, "bytes.bin"), "wb") as bytes_file,
     ):
-        batch: list[data.Document] = []
+        texts: list[str] = []
 
         def flush() -> None:
             nonlocal head, any_text, num_tokens
-            encoded = tok.encode_with_bytes([d.text for d in batch])
-            for doc, (ids, nbytes) in zip(batch, encoded, strict=True):
-                text = doc.text
-                for f, h, values in (
-                    (ids_file, hashes["ids"], ids),
-                    (bytes_file, hashes["bytes"], nbytes),
-                ):
-                    raw = np.ascontiguousarray(values, np.int32).tobytes()
-                    f.write(raw)
-                    h.update(raw)
-                if head is None and ids.size:
-                    rest = text.encode("utf-8")[int(nbytes[0]) :].decode("utf-8", "ignore")
-                    head = {
-                        "doc": len(sources),
-                        "first_token_bytes": int(nbytes[0]),
-                        "words_after": len(rest.split()),
-                        "starts_after": bool(rest) and not rest[0].isspace(),
-                    }
-                per_doc["tokens"].append(ids.size)
-                per_doc["bytes"].append(len(text.encode("utf-8")))
-                words = len(text.split())
-                per_doc["words"].append(words)
-                edges = edges_of(text)
-                per_doc["harness_words"].append(_harness_words(text, words, edges))
-                per_doc["edges"].append(edges)
-                sources.append(doc.source)
-                any_text = any_text or bool(text.strip())
-                num_tokens += ids.size
-            batch.clear()
+            encoded = tok.encode_with_bytes(texts)
+            for name, f, k in (("ids", ids_file, 0), ("bytes", bytes_file, 1)):
+                raw = np.concatenate([np.asarray(e[k], np.int32) for e in encoded]).tobytes()
+                f.write(raw)
+                hashes[name].update(raw)
+            sizes = [e[0].size for e in encoded]
+            if head is None:
+                for j, (ids, nbytes) in enumerate(encoded):
+                    if ids.size:
+                        text = texts[j]
+                        rest = text.encode("utf-8")[int(nbytes[0]) :].decode("utf-8", "ignore")
+                        head = {
+                            "doc": len(per_doc["tokens"]) + j,
+                            "first_token_bytes": int(nbytes[0]),
+                            "words_after": len(rest.split()),
+                            "starts_after": bool(rest) and not rest[0].isspace(),
+                        }
+                        break
+            per_doc["tokens"].extend(sizes)
+            per_doc["bytes"].extend([len(t.encode("utf-8")) for t in texts])
+            words = [len(t.split()) for t in texts]
+            edges = [edges_of(t) for t in texts]
+            per_doc["words"].extend(words)
+            per_doc["harness_words"].extend(map(_harness_words, texts, words, edges))
+            per_doc["edges"].extend(edges)
+            any_text = any_text or any(not t.isspace() and t for t in texts)
+            num_tokens += sum(sizes)
+            texts.clear()
 
         chars = 0
-        for doc in data.iter_documents(ds.path, ds.format, ds.errors, ds.jsonl_field, lo, hi):
-            batch.append(doc)
-            chars += len(doc.text)
+        for text, file, line in data.iter_sourced(
+            found, ds.format, ds.errors, ds.jsonl_field, lo, hi
+        ):
+            texts.append(text)
+            file_index.append(file)
+            lines.append(line)
+            chars += len(text)
             if chars >= BATCH_CHARS:
                 flush()
                 chars = 0
-        if batch:
+        if texts:
             flush()
     np.savez(
         os.path.join(tmp, "docs.npz"),
-        **{n: np.asarray(v, np.uint8 if n == "edges" else np.int64) for n, v in per_doc.items()},
+        **{n: np.frombuffer(v, np.uint8 if n == "edges" else np.int64) for n, v in per_doc.items()},
+        source_file=np.frombuffer(file_index, np.uint32),
+        source_line=np.frombuffer(lines, np.uint32),
     )
     meta = {
         "num_tokens": num_tokens,
-        "sources": sources,
+        "files": found,
         "head": head,
         "any_text": any_text,
         "documents": [lo, hi],

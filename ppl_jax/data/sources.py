@@ -1,0 +1,85 @@
+"""Where each document came from, in compact arrays rather than one string per document.
+
+A corpus of ten million one-line documents would hold ten million `path:line` strings (about 100
+bytes each); `Sources` holds the file paths once and, per document, the index of its file
+(`uint32`) and its line (`uint32`, 0 for a document that is a whole file): 8 bytes a document.
+It is a read-only sequence of the same strings (`sources[i]` is `"path:line"`, or `"path"`), so
+every message that names a document reads as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+
+class Sources(Sequence[str]):
+    """The documents' sources: `files` (paths), and per document `file` (an index into `files`)
+    and `line` (1-based; 0: the whole file).
+
+    Attributes:
+      files: tuple of paths; file, line: `[d] uint32`.
+    """
+
+    def __init__(self, files: Sequence[str], file: Any, line: Any):
+        self.files = tuple(files)
+        self.file = np.asarray(file, np.uint32)
+        self.line = np.asarray(line, np.uint32)
+        if self.file.shape != self.line.shape or self.file.ndim != 1:
+            raise ValueError(f"file {self.file.shape} and line {self.line.shape} differ")
+        if self.file.size and int(self.file.max()) >= len(self.files):
+            raise ValueError(f"a file index beyond the {len(self.files)} files")
+
+    def __len__(self) -> int:
+        return int(self.file.size)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sources: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sources(self.files, self.file[i], self.line[i])
+        path = self.files[int(self.file[i])]
+        line = int(self.line[i])
+        return f"{path}:{line}" if line else path
+
+    def __iter__(self) -> Iterator[str]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sources):
+            return (
+                len(self) == len(other)
+                and np.array_equal(self.line, other.line)
+                and [self.files[i] for i in self.file] == [other.files[i] for i in other.file]
+            )
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable arrays inside)
+
+    def __repr__(self) -> str:
+        return f"Sources({len(self)} documents in {len(self.files)} files)"
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.file.nbytes + self.line.nbytes)
+
+    @staticmethod
+    def concat(parts: Sequence[Sources]) -> Sources:
+        """The sources of `parts` in order, their file lists merged (each path once)."""
+        files: dict[str, int] = {}
+        mapped = []
+        for p in parts:
+            index = np.asarray([files.setdefault(f, len(files)) for f in p.files], np.uint32)
+            mapped.append(index[p.file] if p.file.size else p.file)
+        file = np.concatenate(mapped) if mapped else np.zeros(0, np.uint32)
+        line = np.concatenate([p.line for p in parts]) if parts else np.zeros(0, np.uint32)
+        return Sources(tuple(files), file, line)
