@@ -16,7 +16,6 @@ MAX_LINES = 450
 # Modules still past MAX_LINES, each held to its present length until it is split where its nouns
 # are (a ratchet: none may grow, and none may join the list).
 LONG = {
-    os.path.join("tokenizer", "base.py"): 677,
 }
 # Imports inside functions that stay: the command line's start-up time, and what a module needs
 # only on one path (optional packages are not ppl_jax imports and are not counted).
@@ -25,10 +24,7 @@ ALLOWED_INNER = {
 }
 # Modules that wrap an optional package (pyarrow, tensorboardX): imported where they are used.
 OPTIONAL = {"ppl_jax.outputs.tokens", "ppl_jax.outputs.tensorboard"}
-# Left: the tokenizer's load of a directory.
-KNOWN = {
-    os.path.join("tokenizer", "base.py"),  # load() of a directory: tokenizer.directory imports base
-}
+KNOWN: set[str] = set()  # none left
 
 
 def modules():

@@ -202,7 +202,7 @@ def test_no_tokenizer(tmp_path):
 
 
 def test_span_lengths_counts_each_fallback_byte_once():
-    from ppl_jax.tokenizer.base import _span_lengths
+    from ppl_jax.tokenizer.core import span_lengths as _span_lengths
 
     # "€" (3 bytes) as three <0xNN> pieces sharing its span, then "ab", then a trailing space.
     assert _span_lengths([3, 3, 3, 5], [True, True, True, False], 6).tolist() == [1, 1, 1, 3]
