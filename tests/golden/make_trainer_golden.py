@@ -153,17 +153,17 @@ def gemma_part() -> None:
     import jax.numpy as jnp
     from gemma import gm
 
-    config = gm.nn.config.TransformerConfig(
+    cfg = gm.nn.config
+    config = cfg.TransformerConfig(
         num_embed=128, embed_dim=32, hidden_dim=64, num_heads=4, head_dim=8, num_kv_heads=2,
         final_logit_softcap=None, use_post_attn_norm=True, use_post_ffw_norm=True,
-        use_qk_norm=True, attention_types=(gm.nn.config.AttentionType.LOCAL_SLIDING,
-                                           gm.nn.config.AttentionType.GLOBAL),
-        query_pre_attn_norm=gm.nn.config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+        use_qk_norm=True, attention_types=(cfg.AttentionType.LOCAL_SLIDING, cfg.AttentionType.GLOBAL),
+        query_pre_attn_norm=cfg.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
         attn_logits_soft_cap=None, sliding_window_size=4, transpose_gating_einsum=True,
-        local_base_frequency=10_000, global_base_frequency=1_000_000, num_layers=2,
+        local_base_frequency=10_000, global_base_frequency=1_000_000,
     )  # fmt: skip
-    model = gm.nn.Transformer(config=config)
-    ids = jnp.asarray(tokens(128))
+    model = gm.nn.Transformer(config=config, dtype=jnp.float32)  # float32 params and logits
+    ids = jnp.asarray(tokens(127) + 1)  # id 0 is the gemma library's padding: not in the batch
     params = model.init(jax.random.key(0), ids)["params"]
     # Norm scales are zero-initialised; give them values so that the `1+w` form is exercised.
     params = jax.tree_util.tree_map_with_path(
@@ -178,8 +178,16 @@ def gemma_part() -> None:
         tokens=np.asarray(ids),
         bare=np.asarray(logits, np.float32),
     )
+    hf = {"model_type": "gemma3_text", "vocab_size": 128, "hidden_size": 32,
+          "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 8, "num_hidden_layers": 2, "max_position_embeddings": 64,
+          "rms_norm_eps": 1e-6, "sliding_window": 4, "query_pre_attn_scalar": 8,
+          "layer_types": ["sliding_attention", "full_attention"],
+          "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+          "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}  # fmt: skip
     with open(os.path.join(target, "config.json"), "w") as f:
-        json.dump({k: str(v) for k, v in vars(config).items()}, f, indent=1)
+        json.dump(hf, f, indent=1)
 
 
 # ------------------------------------------------------------------------------------- flax

@@ -71,6 +71,22 @@ def test_maxtext_logits_equal_maxtext(name):
     _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
 
 
+def test_gemma_library_logits_equal_gemma():
+    # A bare StandardCheckpointer directory (gm.ckpts.save_params), Gemma 3 with QK-norm, a
+    # sliding layer and the `1+w` norms; the architecture from a config.json beside it.
+    folder = os.path.join(TRAINERS, "gemma3_tiny")
+    ckpt = open_checkpoint(os.path.join(folder, "params"),
+                           architecture=os.path.join(folder, "config.json"))  # fmt: skip
+    assert ckpt.kind() == "foreign" and ckpt.layout().bare and ckpt.steps() == []
+    golden = np.load(os.path.join(folder, "logits.npz"))
+    model = ckpt.model()
+    want = golden["bare"]
+    got = _logits(model, ckpt.restore(None, _targets(model)), golden["tokens"])
+    diff = float(np.abs(got - want).max()) / float(np.abs(want).max())
+    print(f"gemma3_tiny: max |logit difference| / max |logit| = {diff:.2e}")
+    assert diff <= RTOL
+
+
 def test_maxtext_padded_vocabulary_is_cut():
     # Score only the first 100 of MaxText's 128 ids: embedding and head are cut, logits equal.
     name = "maxtext_llama2_scanned"
