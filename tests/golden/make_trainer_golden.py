@@ -79,7 +79,21 @@ def venv(root: str, part: str) -> str:
         if not base:
             sys.exit("make_trainer_golden: no Python 3.12 (pyenv install 3.12, or put it on PATH).")
         subprocess.run([base, "-m", "venv", folder], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", *PINS[part]], check=True)
+        # gemma's dependencies (kauldron, xmanager) send pip's resolver backtracking for hours;
+        # the versions the maxtext environment resolved constrain them to an answer at once.
+        constraints = []
+        other = os.path.join(root, "maxtext", "bin", "python")
+        if part == "gemma" and os.path.exists(other):
+            frozen = subprocess.run([other, "-m", "pip", "freeze"], capture_output=True, text=True)
+            keep = [x for x in frozen.stdout.splitlines()
+                    if x and not x.lower().startswith(("sentencepiece", "maxtext", "-e")) and "@" not in x]  # fmt: skip
+            path = os.path.join(root, "constraints.txt")
+            with open(path, "w") as f:
+                f.write("\n".join(keep) + "\n")
+            constraints = ["-c", path]
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", *PINS[part], *constraints], check=True
+        )
     return python
 
 
@@ -220,6 +234,7 @@ def manifest() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["maxtext", "gemma", "flax"], action="append")
+    # Make the maxtext environment first: gemma's is constrained by what maxtext's resolved.
     parser.add_argument("--inside", choices=["maxtext", "gemma"], help=argparse.SUPPRESS)
     parser.add_argument("--venvs", default=os.path.expanduser("~/.cache/ppl_jax/trainers"))
     args = parser.parse_args()

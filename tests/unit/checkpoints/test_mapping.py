@@ -97,6 +97,20 @@ def test_maxtext_llama2_restores_the_params(tmp_path, scanned):
         assert leaf.sharding == weight_paths(target)[name].sharding, name
 
 
+def test_maxtext_nnx_param_only_checkpoint(tmp_path):
+    # MaxText's NNX param-only checkpoints: each leaf wrapped as {"value": array}, no
+    # params/params prefix (INTEROP.md); a bare directory.
+    params = random_params(C)
+    tree = {k.removeprefix("params/params/") + "/value": v
+            for k, v in maxtext_tree(params, True).items()}  # fmt: skip
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(str(tmp_path / "nnx"), nest_weights(tree))
+        checkpointer.wait_until_finished()
+    ckpt = open_checkpoint(str(tmp_path / "nnx"), architecture=f"maxtext:default {SIZES}")
+    assert ckpt.layout().bare and ckpt.steps() == []
+    assert_params_equal(ckpt.restore(None, targets(ckpt.model())), params)
+
+
 def test_mapping_mismatches_are_one_sentence(tmp_path):
     params = random_params(C)
     tree = maxtext_tree(params, True)
