@@ -138,7 +138,7 @@ MULTIPROCESS_FILES = {
 MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
 SLOW_FILES = {
     "test_resume_cli.py", "test_sweep.py", "test_invariance.py", "test_compare_trust.py",
-    "test_harness_cli.py",
+    "test_harness_cli.py", "test_other_trainers_sweep.py",
 }  # fmt: skip
 
 
