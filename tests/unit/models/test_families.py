@@ -8,9 +8,11 @@ For each protocol (`sliding`, `hf_strided`, `lm_eval_rolling`) ppl_jax cuts its 
 (`ppl_jax.plans`), which must be the reference loops' windows, and scores them: per-token NLL
 within 1e-5 relative of transformers' float32, nll_sum within 1e-6 relative; bfloat16 within
 1e-3 of float32; a packed row scores as its windows alone; and each family converts to Orbax and
-scores the same. The traps: windows of 8 under scored windows of 24 (every distance to the
+scores the same (the default tier). The traps: windows of 8 under scored windows of 24 (every distance to the
 window's edge is scored), yarn and longrope past an original length of 16, soft-caps that bite,
-tied and untied embeddings, a padded vocabulary; each is shown to matter by turning it off.
+tied and untied embeddings, a padded vocabulary; each is shown to matter by turning it off, and
+the packed rows and the mixture's invariance to batch, packing and mesh are tested, in the slow
+tier (`-m slow`).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def test_bfloat16_within_1e3_of_float32(family):
     assert abs(bf16.sum() - f32.sum()) / f32.sum() < 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["phi3", "olmo3", "gemma2"])
 def test_a_packed_row_scores_as_its_windows_alone(family):
     """Two lm_eval_rolling windows of different lengths in one row (longrope picks its factors
@@ -181,6 +184,7 @@ CHANGES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,change", CHANGES)
 def test_the_comparison_sees_each_feature(family, change):
     model, params = loaded(family, description=json.dumps(change))
@@ -248,6 +252,7 @@ def test_converts_to_orbax_and_scores_the_same(family, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_mixture_results_do_not_depend_on_batch_packing_or_mesh():
     """Qwen3-MoE (dropless; experts 1 and 2 tie on every token): every window's NLL is the same,
     within 1e-6 relative, scored in batches of 1, 4 or 16 rows, packed two windows to a row, and
