@@ -76,10 +76,14 @@ class Repo:
     revision: str | None
     allow_download: bool
     prefix: str = "step"
+    steps_only: bool = False  # a sweep's repository folder: step None is the latest step revision
     _commits: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     def revision_of(self, step: int | None) -> str:
-        """The revision name of a step (None: the id's own revision, or `main`)."""
+        """The revision name of a step (None: the id's own revision, or `main`; for a sweep's
+        repository folder, the latest step revision)."""
+        if step is None and self.steps_only and self.steps():
+            step = self.steps()[-1]
         return (self.revision or "main") if step is None else f"{self.prefix}{step}"
 
     def snapshot(self, step: int | None) -> str:
@@ -190,7 +194,7 @@ def is_repo_folder(path: str) -> bool:
 def repo_of_folder(path: str, allow_download: bool) -> Repo:
     """The `Repo` of a cache folder (what `local_dir` gives for a sweep over revisions)."""
     name = os.path.basename(os.path.normpath(path))[len("models--") :]
-    return Repo(name.replace("--", "/", 1), None, allow_download)
+    return Repo(name.replace("--", "/", 1), None, allow_download, steps_only=True)
 
 
 def local_dir(path: str, sweep: bool, allow_download: bool) -> str:

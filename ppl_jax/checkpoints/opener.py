@@ -198,6 +198,8 @@ class Checkpoint:
         """
         kind = self.kind()
         if kind == "hub":
+            if step is None and self.repo.steps_only and self.repo.steps():
+                step = self.repo.steps()[-1]
             self.repo.snapshot(step)
             return step
         if kind == "hf":

@@ -108,8 +108,8 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     attention = ckpt.attention(spec.attention, spec.dtype, first_step)
     model = ckpt.model(spec.dtype, attention, first_step)
     check_window(spec.eval.seq_len, model)
-    own = ckpt.tokenizer(first_step) if ckpt.format == "hf" else None
-    if spec.data.tokenizer == "auto" and ckpt.format == "hf" and own is None:
+    own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
+    if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
         raise ConfigError(
             f"data.tokenizer=auto, but {spec.checkpoint_dir!r} holds no tokenizer "
             f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."

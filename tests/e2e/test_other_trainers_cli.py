@@ -92,3 +92,34 @@ def test_damaged_metadata_and_gcs_exit_2_with_one_sentence(tmp_path):
         assert run.returncode == 2, run.stderr[-2000:]
         lines = [x for x in run.stderr.splitlines() if x.startswith("ppl-jax: error:")]
         assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+
+
+def test_hub_revisions_sweep_from_the_cli(tmp_path):
+    # A hand-made hub cache (refs, snapshots linking into blobs): `hf://org/tiny` with revisions
+    # step1000 and step2000 swept as steps; one revision alone records its commit in the path.
+    sys.path.insert(0, os.path.join(helpers.REPO, "tests", "unit", "checkpoints"))
+    from test_hub import HF_LLAMA, add_revision
+
+    cache = tmp_path / "hub"
+    files = {n: os.path.join(HF_LLAMA, n) for n in os.listdir(HF_LLAMA)}
+    commits = {b: add_revision(cache, "org/tiny", b, files) for b in ("step1000", "step2000")}
+    (tmp_path / "val.txt").write_text(helpers.stdlib_text(1500))
+    env_extra = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    common = ["--config.data.path=val.txt", "--config.data.tokenizer=byte",
+              "--config.data.allow_tokenizer_mismatch=true",
+              "--config.eval.seq_len=32", "--config.checkpoint.dir=hf://org/tiny"]  # fmt: skip
+    env = {**os.environ, **env_extra}
+    sweep = subprocess.run(
+        [sys.executable, "-m", "ppl_jax.cli.main", *common, "--config.checkpoint.step=step1000,step2000",
+         f"--config.output.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=600)  # fmt: skip
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    records = [json.loads(x) for x in open(tmp_path / "sweep" / "results.jsonl")]
+    sums = {r["step"]: r["sums"]["nll_sum"] for r in records if r["kind"] == "dataset"}
+    assert sorted(sums) == [1000, 2000] and sums[1000] == sums[2000]  # the same weights
+    one = subprocess.run(
+        [sys.executable, "-m", "ppl_jax.cli.main", *common[:-1],
+         "--config.checkpoint.dir=hf://org/tiny@step2000", f"--config.output.dir={tmp_path}/one"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert commits["step2000"] in open(tmp_path / "one" / "results.json").read()
