@@ -197,6 +197,18 @@ def repo_of_folder(path: str, allow_download: bool) -> Repo:
     return Repo(name.replace("--", "/", 1), None, allow_download, steps_only=True)
 
 
+def cached_commit(folder: str, step: int | None) -> str | None:
+    """The commit a cache's repository folder holds for a step revision (`refs/step<N>`; None:
+    the latest one), read from the ref file alone (what the run's fingerprint records)."""
+    repo = repo_of_folder(folder, False)
+    ref = os.path.join(folder, "refs", repo.revision_of(step))
+    try:
+        with open(ref) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def local_dir(path: str, sweep: bool, allow_download: bool) -> str:
     """The local folder a hub id stands for in a run: its revision's snapshot folder
     (`snapshots/<commit>`, so that the commit is in the run's fingerprint and results), or for a

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from ppl_jax.checkpoints import hub
 from ppl_jax.data import documents as data
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.evaluation.spec import RunSpec
@@ -113,7 +114,15 @@ def run_fingerprint(
     ds, ev = dataset
     ckpt_dir = paths.absolute(spec.checkpoint_dir)
     return fingerprint_lib.of_run(
-        checkpoint={"path": ckpt_dir, "format": fmt, "step": step},
+        checkpoint={
+            "path": ckpt_dir,
+            "format": fmt,
+            "step": step,
+            # A hub revision's resolved commit (a branch such as step1000 may move).
+            **(
+                {"commit": hub.repo_of_folder(ckpt_dir, False).commit(step)} if fmt == "hub" else {}
+            ),
+        },
         checkpoint_files=ckpt_dir if step is None else paths.join(ckpt_dir, str(step)),
         model={"description": model.description, "dtype": spec.dtype, "attention": attention},
         data={

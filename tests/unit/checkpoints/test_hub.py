@@ -104,6 +104,11 @@ def test_settings_resolve_a_hub_id_to_a_local_folder(cache):
     assert spec.steps.steps == (1000, 2000) and spec.steps.kind == "list"
     assert os.path.basename(spec.checkpoint_dir) == "models--org--tiny"
     assert open_checkpoint(spec.checkpoint_dir).kind() == "hub"
+    # The sweep's fingerprint records each revision's commit, read from its ref.
+    assert (
+        hub.cached_commit(spec.checkpoint_dir, 1000)
+        == hashlib.sha1(b"org/tiny@step1000").hexdigest()
+    )
     shutil.rmtree(cache / "models--org--tiny")
     with pytest.raises(CheckpointError, match="'org/tiny' is not in the local hub cache"):
         settings.from_config(c)
