@@ -16,6 +16,7 @@ ppl_jax error prints one line and exits with status 2.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from lm_eval.__main__ import cli_evaluate
@@ -26,6 +27,8 @@ from ppl_jax.runtime import distributed
 
 
 def main(argv: list[str] | None = None) -> None:
+    # lm_eval's bootstrap forks a pool, unsafe beside JAX's threads: one loop, same draws.
+    os.environ.setdefault("DISABLE_MULTIPROC", "1")
     try:
         distributed.initialize_from_env()  # before any JAX call that touches devices
         sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]

@@ -18,6 +18,7 @@ never imports torch to distribute; ppl_jax spreads the work over its own mesh.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 from typing import Any
 
@@ -144,6 +145,10 @@ class PplJaxLM(TemplateLM):
         self, scorer: RequestScorer, add_bos_token: bool | None, prefix_token_id: int | None
     ) -> None:
         self.scorer = scorer
+        # lm_eval's bootstrap of standard errors forks a multiprocessing pool, which deadlocks
+        # at random in a process with JAX's threads; this makes it run the same draws in one
+        # loop (lm_eval.api.metrics.bootstrap_stderr), unless the user set it.
+        os.environ.setdefault("DISABLE_MULTIPROC", "1")
         self.ppl_tokenizer = scorer.tokenizer
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id

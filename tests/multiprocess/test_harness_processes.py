@@ -200,3 +200,17 @@ def test_a_lost_process_ends_the_harness_run_within_30_s(tmp_path):
     assert procs[0].returncode != 0
     assert "ppl-jax: error: process 1 of 2 stopped answering" in err, err[-3000:]
     assert took < LIMIT_S
+
+
+def test_a_ppl_jax_error_on_process_0_ends_both_processes_at_once(tmp_path):
+    """A continuation longer than the window (seq_len=2) on the harness's command line: process 0
+    prints one line and exits 2, and first tells the other to stop serving (it exits 0)."""
+    include = tasks.write_tasks(str(tmp_path / "tasks"))
+    model_args = f"checkpoint={os.path.join(tasks.MODELS, 'gpt2')},seq_len=2,batch_size=4"
+    argv = ["-m", "ppl_jax.harness", "--model", "ppl_jax", "--model_args", model_args,
+            "--tasks", "arc_local", "--include_path", include]  # fmt: skip
+    (rc0, _, err0), (rc1, _, err1) = _finish(_start(argv, tmp_path), 600)
+    assert rc0 == 2, err0[-3000:]
+    assert rc1 == 0, err1[-3000:]
+    errors = [line for line in err0.splitlines() if line.startswith("ppl-jax: error:")]
+    assert len(errors) == 1 and "longer than the model's window of 2" in errors[0], err0[-3000:]

@@ -185,6 +185,11 @@ def test_the_model_is_registered_and_declared_as_an_entry_point():
         text = f.read()
     section = text.split('[project.entry-points."lm_eval.models"]\n', 1)[1].split("\n\n")[0]
     assert f'ppl_jax = "{PplJaxLM.__module__}:{PplJaxLM.__name__}"' in section.splitlines()
+    # What a harness that reads entry points loads (upstream's registry materialises it).
+    from importlib.metadata import EntryPoint
+
+    value = f"{PplJaxLM.__module__}:{PplJaxLM.__name__}"
+    assert EntryPoint("ppl_jax", value, "lm_eval.models").load() is PplJaxLM
     assert 'harness = ["lm-eval>=0.4.5"]' in text.splitlines()
 
 
