@@ -109,6 +109,26 @@ def locate(directory: str, item: str = "", params: str = "") -> Layout:
     return Layout(root, False, item, params)
 
 
+def has_steps(directory: str) -> bool:
+    """Whether `directory` holds an item or a finalized step (itself or under `checkpoints/`)."""
+    if is_item(directory):
+        return True
+    return bool(orbax_steps(directory) or orbax_steps(paths.join(directory, "checkpoints")))
+
+
+def kind_of(directory: str, options: bool) -> str | None:
+    """`own` (ppl_jax's layout: a `metadata` item in the latest step) or `foreign` for an Orbax
+    directory; None while it holds no step to tell (watch mode). `options`: a mapping, item or
+    params path was given (foreign)."""
+    if options or is_item(directory) or paths.isdir(paths.join(directory, "checkpoints")):
+        return "foreign"
+    steps = orbax_steps(directory)
+    if not steps:
+        return None
+    own = paths.isdir(paths.join(directory, str(steps[-1]), orbax.METADATA))
+    return "own" if own else "foreign"
+
+
 def orbax_steps(folder: str) -> list[int]:
     try:
         return orbax.finalized_steps(folder)

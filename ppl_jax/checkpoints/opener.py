@@ -130,24 +130,13 @@ class Checkpoint:
         its `metadata` item) or `foreign` (another trainer's Orbax checkpoint, read through a
         mapping); decided once per `Checkpoint`."""
         if self._kind is None:
-            self._kind = self._find_kind()
+            if self.repo is not None or self.format == "hf":
+                self._kind = "hub" if self.repo is not None else "hf"
+            else:
+                self._kind = foreign.kind_of(
+                    self.path, bool(self.mapping or self.item or self.params)
+                )
         return self._kind or ("foreign" if self.architecture else "own")
-
-    def _find_kind(self) -> str | None:
-        """The kind, or None while an Orbax folder holds no step to tell (watch mode)."""
-        if self.repo is not None:
-            return "hub"
-        if self.format == "hf":
-            return "hf"
-        if self.mapping or self.item or self.params:
-            return "foreign"
-        if foreign.is_item(self.path) or paths.isdir(paths.join(self.path, "checkpoints")):
-            return "foreign"
-        steps = foreign.orbax_steps(self.path)
-        if not steps:
-            return None
-        own = paths.isdir(paths.join(self.path, str(steps[-1]), orbax.METADATA))
-        return "own" if own else "foreign"
 
     def layout(self) -> foreign.Layout:
         """Where another trainer's checkpoint keeps its params (`foreign.locate`)."""
@@ -176,6 +165,8 @@ class Checkpoint:
         if kind == "hf":
             return []
         if kind == "foreign":
+            if self._layout is None and not foreign.has_steps(self.path):
+                return []  # a run that has not finalized its first step yet (watch mode)
             layout = self.layout()
             return [] if layout.bare else orbax.finalized_steps(layout.root)
         return orbax.finalized_steps(self.path)

@@ -340,3 +340,12 @@ def test_stored_sharding_follows_the_weight():
     assert mapping.stored_sharding(src, (8, 2, 4, 2), leaf).spec == P(None, None, "model", None)
     src = dataclasses.replace(src, rule={"from": "q", "to": "q", "transpose": [1, 0, 2]})
     assert mapping.stored_sharding(src, (4, 8, 2), leaf).spec == P("model", None, None)
+
+
+def test_watch_an_empty_run_folder_until_steps_appear(tmp_path):
+    # A MaxText run that has not finalized a step yet: no steps (watch mode waits), then its steps.
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    ckpt = open_checkpoint(str(tmp_path / "run"), architecture=f"maxtext:default {SIZES}")
+    assert ckpt.steps() == []
+    save_manager(tmp_path / "run" / "checkpoints", [4], maxtext_tree(random_params(C), True))
+    assert ckpt.steps() == [4] and ckpt.kind() == "foreign"
