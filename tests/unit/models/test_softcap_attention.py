@@ -5,11 +5,10 @@ soft-cap, is refused by name and avoided by `auto`."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_attention import packed_inputs
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.attention import attend, resolve, resolve_for
-
-from test_attention import packed_inputs
 
 
 def reference(q, k, v, seg, pos, window, cap, scale):
