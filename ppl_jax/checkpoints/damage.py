@@ -137,6 +137,17 @@ def _names(folder: str) -> list[str]:
         return []
 
 
+class _ItemReadNoise(logging.Filter):
+    """Orbax warns that an item folder read on its own has no step `_CHECKPOINT_METADATA` (the
+    step folder has it): true of every item, so not shown."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Metadata file does not exist" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_ItemReadNoise())
+
+
 @contextlib.contextmanager
 def quiet_failed_reads():
     """Keeps the leftovers of failed Orbax reads off stderr while the failure is diagnosed.
