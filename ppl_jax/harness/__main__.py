@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> None:
         cli_evaluate()
     except PplJaxError as e:
         print(f"ppl-jax: error: {e}", file=sys.stderr)
-        for lm in model.COMMAND_LINE_MODELS:  # the other processes stop serving, and exit
-            lm.close()
+        if model.COMMAND_LINE_MODELS:
+            for lm in model.COMMAND_LINE_MODELS:  # the other processes stop serving and exit
+                lm.close()
+            sys.exit(2)  # JAX's shutdown at exit, which the others reach too
         distributed.exit_now(2)
 
 
