@@ -29,6 +29,8 @@ from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.tokenizer.base import Tokenizer
 
+WORDS_CHUNK = 1 << 20  # documents per chunk of the word count (bounded temporaries)
+
 
 def planned(
     ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int, plan_key: str
@@ -253,48 +255,84 @@ def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) 
     """Words of the joined text from the first scored token to the end (`protocols._span_words`),
     from the documents' word counts: words(A + B) = words(A) + words(B) - 1 when A ends and B
     begins with a non-space character (`str.split` semantics), over the segments document,
-    separator, document, ..."""
-    n = entry.num_documents
-    doc = {
-        "words": entry.doc_array("doc_words"),
-        "edges": entry.doc_array("doc_edges").astype(np.int64),
-        "bytes": entry.doc_array("doc_bytes"),
-        "tokens": entry.doc_array("doc_tokens"),
+    separator, document, ... Computed `WORDS_CHUNK` documents at a time (the joins across chunks
+    carried), so that its temporaries do not grow with the corpus."""
+    with_sep = bool(separator) and entry.num_documents > 1
+    sep = {
+        "words": len(separator.split()) if with_sep else 0,
+        "edges": edges_of(separator) if with_sep else 0,
+        "bytes": len(separator.encode("utf-8")) if with_sep else 0,
     }
-    if separator and n > 1:
-        sep = {
-            "words": len(separator.split()),
-            "edges": edges_of(separator),
-            "bytes": len(separator.encode("utf-8")),
-            "tokens": 1,  # not 0: the separator's tokens are in the stream
-        }
-        seg = {}
-        for name, values in doc.items():
-            seg[name] = np.empty(2 * n - 1, np.int64)
-            seg[name][0::2], seg[name][1::2] = values, sep[name]
-    else:
-        seg = doc
-    words, edges, nbytes = seg["words"].copy(), seg["edges"].copy(), seg["bytes"].copy()
-    if not add_bos:  # the stream's first token is context only: count from after it
-        f = int(np.flatnonzero(seg["tokens"] > 0)[0])
-        if f % 2 and seg is not doc:  # a separator (the documents before it have no tokens)
-            cut = int(tok.encode_with_bytes([separator])[0][1][0])
-            rest = separator.encode("utf-8")[cut:].decode("utf-8", "ignore")
-            after = {
-                "words_after": len(rest.split()),
-                "starts_after": bool(rest) and not rest[0].isspace(),
+    trim = None if add_bos else _first_token_trim(entry, tok, separator if with_sep else "")
+    total, last_ends, seen_tokens, first_doc = 0, None, False, True
+    for part in entry.parts:
+        for lo in range(0, part.doc_tokens.size, WORDS_CHUNK):
+            hi = min(lo + WORDS_CHUNK, part.doc_tokens.size)
+            n = hi - lo
+            doc = {
+                "words": part.doc_words[lo:hi],
+                "edges": part.doc_edges[lo:hi].astype(np.int64),
+                "bytes": part.doc_bytes[lo:hi],
+                "tokens": part.doc_tokens[lo:hi],
             }
-        else:  # the first document with tokens: its part measured the rest when it was read
-            after = entry.head()[1]
-            cut = after["first_token_bytes"]
-        words[:f], nbytes[:f] = 0, 0
-        words[f] = after["words_after"]
-        edges[f] = (edges[f] & ENDS) | (STARTS if after["starts_after"] else 0)
-        nbytes[f] = max(0, nbytes[f] - cut)
-    kept = nbytes > 0
-    kept_edges = edges[kept]
-    joins = ((kept_edges[:-1] & ENDS) > 0) & ((kept_edges[1:] & STARTS) > 0)
-    return int(words[kept].sum() - joins.sum())
+            if with_sep:  # a separator before each document but the corpus's first
+                lead = 0 if first_doc else 1
+                seg = {}
+                for name, values in doc.items():
+                    sv = 1 if name == "tokens" else sep[name]  # its tokens are in the stream
+                    out = np.empty(2 * n - 1 + lead, np.int64)
+                    out[lead::2] = values
+                    out[1 - lead :: 2] = sv
+                    seg[name] = out
+                is_sep = np.zeros(2 * n - 1 + lead, bool)
+                is_sep[1 - lead :: 2] = True
+            else:
+                seg = {k: np.asarray(v, np.int64) for k, v in doc.items()}
+                is_sep = np.zeros(n, bool)
+            first_doc = False
+            words, edges, nbytes = seg["words"].copy(), seg["edges"].copy(), seg["bytes"].copy()
+            if trim is not None and not seen_tokens:
+                has = np.flatnonzero(seg["tokens"] > 0)
+                f = int(has[0]) if has.size else words.size
+                words[:f], nbytes[:f] = 0, 0
+                if has.size:
+                    after = trim["sep"] if is_sep[f] else trim["doc"]
+                    words[f] = after["words_after"]
+                    edges[f] = (edges[f] & ENDS) | (STARTS if after["starts_after"] else 0)
+                    nbytes[f] = max(0, int(nbytes[f]) - after["cut"])
+                    seen_tokens = True
+            kept = nbytes > 0
+            kept_edges = edges[kept]
+            joins = int((((kept_edges[:-1] & ENDS) > 0) & ((kept_edges[1:] & STARTS) > 0)).sum())
+            if kept_edges.size and last_ends is not None and last_ends and kept_edges[0] & STARTS:
+                joins += 1
+            if kept_edges.size:
+                last_ends = bool(kept_edges[-1] & ENDS)
+            total += int(words[kept].sum()) - joins
+    return total
+
+
+def _first_token_trim(entry: Entry, tok: Tokenizer, separator: str) -> dict:
+    """Without BOS the stream's first token is context only: what of its segment follows it,
+    `{"doc": {...}, "sep": {...}}` for a first token in a document (its part measured it when it
+    was read) or in a separator (the documents before it have no tokens)."""
+    found = entry.head()
+    doc = None
+    if found is not None:
+        head = found[1]
+        doc = {k: head[k] for k in ("words_after", "starts_after")} | {
+            "cut": head["first_token_bytes"]
+        }
+    out = {"doc": doc, "sep": None}
+    if separator:
+        cut = int(tok.encode_with_bytes([separator])[0][1][0])
+        rest = separator.encode("utf-8")[cut:].decode("utf-8", "ignore")
+        out["sep"] = {
+            "words_after": len(rest.split()),
+            "starts_after": bool(rest) and not rest[0].isspace(),
+            "cut": cut,
+        }
+    return out
 
 
 def _rolling(entry, tok, vocab_size, seq_len, add_bos, stream_path) -> Plan:

@@ -63,6 +63,7 @@ def entry_of(tmp_path, path, tok, count: int) -> token_cache.Entry:
 def small_chunks(monkeypatch):
     monkeypatch.setattr(token_cache, "BATCH_CHARS", 40)
     monkeypatch.setattr(token_cache, "COPY_TOKENS", 7)
+    monkeypatch.setattr(stream_plans, "WORDS_CHUNK", 2)  # word counts joined across chunks
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "bpe_with_bos"])
