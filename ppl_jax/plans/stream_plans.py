@@ -29,7 +29,7 @@ from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.tokenizer.base import Tokenizer
 
-WORDS_CHUNK = 1 << 20  # documents per chunk of the word count (bounded temporaries)
+WORDS_CHUNK = 1 << 16  # documents per chunk of the word count (temporaries of ~10 MB)
 
 
 def planned(

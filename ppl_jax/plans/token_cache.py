@@ -57,7 +57,7 @@ from ppl_jax.tokenizer.base import Tokenizer
 
 PROTOCOLS = ("sliding", "lm_eval_rolling")  # protocols whose documents are tokenized one by one
 BATCH_CHARS = 1 << 20  # characters of documents per call of the tokenizer's batch encoding
-COPY_TOKENS = 1 << 22  # tokens per chunk read from a part
+COPY_TOKENS = 1 << 20  # tokens per chunk read from a part (its temporaries: ~50 MB)
 STARTS, ENDS = 1, 2  # `edges` bits: the text begins / ends with a non-space character
 
 
