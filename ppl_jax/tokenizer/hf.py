@@ -3,6 +3,7 @@ by which a long document may be cut into pieces that give the same tokens (`_hf_
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any
@@ -155,6 +156,10 @@ class HFTokenizer(Tokenizer):
 
         def flush() -> None:
             encs = self._tok.encode_batch([texts[i] for i in batch], add_special_tokens=False)
+            if with_bytes and self._byte_level:
+                self._byte_level_batch(encs, [texts[i] for i in batch], batch, out)
+                batch.clear()
+                return
             for i, enc in zip(batch, encs, strict=True):
                 ids, ends, is_byte = self._from_encoding(enc, texts[i], 0, with_bytes)
                 total = len(texts[i].encode("utf-8")) if with_bytes else 0
@@ -188,6 +193,28 @@ class HFTokenizer(Tokenizer):
             ends[0] = skip  # a lone prepended "▁" stands for the dropped space (the library
             # aligns it with the next character instead)
         return ids, ends, is_byte
+
+    def _byte_level_batch(
+        self, encs: list[Any], texts: list[str], where: list[int], out: list[Any]
+    ) -> None:
+        """`out[where[j]] = (ids, byte lengths)` of a batch of whole short texts of a byte-level
+        vocabulary, for the batch at once: each token covers the bytes its string spells
+        (`_token_bytes`), the text's trailing bytes no token covers counted with its last token
+        (what `_from_encoding` and `span_lengths` give one text at a time)."""
+        sizes = np.fromiter((len(e.ids) for e in encs), np.int64, count=len(encs))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(e.ids for e in encs), np.int32, count=int(sizes.sum())
+        )
+        lengths = self._token_bytes()[flat].astype(np.int32)
+        bounds = np.cumsum(sizes)
+        starts = bounds - sizes
+        covered = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        totals = np.fromiter((len(t.encode("utf-8")) for t in texts), np.int64, count=len(texts))
+        rest = np.maximum(0, totals - (covered[bounds] - covered[starts]))
+        last = bounds[sizes > 0] - 1
+        lengths[last] += rest[sizes > 0].astype(np.int32)
+        for j, (a, b) in enumerate(zip(starts.tolist(), bounds.tolist(), strict=True)):
+            out[where[j]] = (flat[a:b], lengths[a:b])
 
     def _from_encoding(
         self, enc: Any, text: str, shift: int, with_bytes: bool
