@@ -22,7 +22,8 @@ def kl_float64(r: np.ndarray, m: np.ndarray) -> np.ndarray:
 
     lr, ll = log_softmax(r), log_softmax(m)
     p = np.exp(lr)
-    return np.where(p > 0, p * (lr - np.where(p > 0, ll, 0)), 0).sum(-1)
+    with np.errstate(invalid="ignore"):  # 0 * -inf where p is 0: masked out by the where
+        return np.where(p > 0, p * (lr - np.where(p > 0, ll, 0)), 0).sum(-1)
 
 
 def kl_naive_float32(r: np.ndarray, m: np.ndarray) -> np.ndarray:
