@@ -70,7 +70,15 @@ def pytest_ignore_collect(collection_path, config):
         return True if _test_data_dir() is None else None
     if path == os.path.join(HERE, "gpu"):
         return True if os.environ.get(GPU_TESTS_ENV) != "1" else None
+    if path in HARNESS_PATHS:  # the harness model runs lm_eval's own code (the `harness` extra)
+        return True if importlib.util.find_spec("lm_eval") is None else None
     return None
+
+
+HARNESS_PATHS = {
+    os.path.join(HERE, "unit", "harness"),
+    os.path.join(HERE, "multiprocess", "test_harness_processes.py"),
+}
 
 
 def pytest_report_header(config) -> list[str]:
@@ -87,7 +95,12 @@ def pytest_report_header(config) -> list[str]:
         if data
         else f"shared data tests: not run ({helpers.TEST_DATA_ENV} names no folder)"
     )
-    return [f"ppl_jax: {refs}; {shared}"]
+    harness = (
+        "harness tests: ran (tests/unit/harness)"
+        if importlib.util.find_spec("lm_eval") is not None
+        else "harness tests: not run (lm_eval not installed; pip install '.[harness]')"
+    )
+    return [f"ppl_jax: {refs}; {shared}; {harness}"]
 
 
 @pytest.fixture(scope="session")
@@ -136,8 +149,15 @@ MULTIPROCESS_FILES = {
     "test_stacked_reads.py",
 }  # fmt: skip
 MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
+SLOW_NAMES = (  # the costliest cases of files whose other tests stay in the default tiers
+    "test_bfloat16_within_1e3_of_float32",
+    "test_converts_to_orbax_and_scores_the_same",
+    "test_invariant_to_batch_size_order_and_mesh",
+    "test_nearly_identical_models_kl_within_1e_8",
+)
 SLOW_FILES = {
     "test_resume_cli.py", "test_sweep.py", "test_invariance.py", "test_compare_trust.py",
+    "test_other_trainers_cli.py", "test_examples.py",
     "test_harness_cli.py", "test_other_trainers_sweep.py",
 }  # fmt: skip
 
@@ -149,5 +169,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
         if name in MULTIPROCESS_FILES or any(s in item.nodeid for s in MULTIPROCESS_NAMES):
             item.add_marker(pytest.mark.multiprocess)
-        if name in SLOW_FILES:
+        if name in SLOW_FILES or any(s in item.nodeid for s in SLOW_NAMES):
             item.add_marker(pytest.mark.slow)
