@@ -65,15 +65,14 @@ def test_gpt2_counts_on_a_real_text(gpt2, test_data):
 def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_path, protocol):
     """WikiText-2 test (its articles) through GPT-2: the token cache written in three shares
     plans exactly what `protocols.plan` plans from the documents in memory."""
-    import json
-
     from ppl_jax.data import documents as data
     from ppl_jax.plans import protocols, stream_plans, token_cache
 
     path = os.path.join(test_data, "wikitext-2", "test.txt")
     docs = data.read_documents(path, "wikitext")
     ds = type("DS", (), dict(path=path, format="wikitext", errors="strict", jsonl_field="text"))
-    names = [token_cache.build_part(ds, gpt2, str(tmp_path), i, 3, len(docs)) for i in range(3)]
+    for i in range(3):
+        token_cache.build_part(ds, gpt2, str(tmp_path), i, 3, len(docs))
     token_cache.write_parts(str(tmp_path), 3, len(docs))
     entry = token_cache.open_entry(str(tmp_path))
     stride = 512 if protocol == "sliding" else None
