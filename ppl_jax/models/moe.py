@@ -36,15 +36,18 @@ The mesh has the axes `data` and `model` only; to shard the experts themselves, 
 `c.mesh.rules = tuple(r for r in DEFAULT_RULES if r[0] != "mlp") + (("experts", "model"),
 ("mlp", None))` with `mesh.model=2` (the `data=4, expert=2` layout of the tests). XLA's
 partitioner then stores each expert on one device at rest and all-gathers the expert weights for
-the step: results are identical, but this is not all-to-all expert parallelism. Known limit: the
-sort by expert is global, so under a batch sharded over `data` the partitioner gathers the
-routing and runs the grouped computation for all tokens on every device of that axis (identical
-results, work not split; a `shard_map` over `data` would split it).
+the step: results are identical, but this is not all-to-all expert parallelism. The batch is
+split over `data`: under the mesh that `ppl_jax.scoring.scorer.Scorer` sets while compiling, the
+routing, the sort by expert and the grouped computation run per `data` shard (`jax.shard_map`
+over `data` alone, the `model` axis left to the partitioner), so each device sorts and computes
+only its own rows' assignments; a sort over the whole batch would make the partitioner gather
+the routing and run every token's experts on every device of the axis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.llama import normal_param
@@ -298,6 +302,28 @@ def _expert_outputs(x, order, group_sizes, gate, up, down, top_k, tile):
     return jax.lax.platform_dependent(*args, cpu=tiled, default=ragged)
 
 
+def data_shards() -> int:
+    """Devices along the `data` axis of the mesh set by `jax.set_mesh` (1 without one): the
+    shards `moe_mlp` routes and groups apart. `ppl_jax.scoring.scorer.Scorer` sets its mesh
+    while it compiles the step."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else int(dict(mesh.shape).get("data", 1))
+
+
+def _routed(x, router, gate, up, down, *, top_k, norm_topk_prob, tile):
+    """`[..., embed]` -> the routed experts' weighted sum, `[..., embed] float32`."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    tokens, num_experts = x.shape[0], router.shape[-1]
+    weights, experts = route(x, router, top_k, norm_topk_prob)
+    flat = experts.reshape(-1)  # [tokens * top_k], assignment j = (token j // top_k, slot)
+    order = jnp.argsort(flat, stable=True)
+    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    y = _expert_outputs(x, order, group_sizes, gate, up, down, top_k, tile)
+    out = jnp.einsum("tkd,tk->td", y.reshape(tokens, top_k, -1).astype(jnp.float32), weights)
+    return out.reshape(shape)
+
+
 def moe_mlp(
     x: jax.Array,
     router: jax.Array,
@@ -313,7 +339,12 @@ def moe_mlp(
     """The MoE block of transformers' `*SparseMoeBlock`, dropless.
 
     Args:
-      x: `[..., embed]`, float32 or bfloat16; every leading position is a token.
+      x: `[..., embed]`, float32 or bfloat16; every leading position is a token. Under a mesh
+        (`jax.set_mesh`) whose `data` axis has n > 1 devices and divides `x.shape[0]`, the
+        leading axis is taken as sharded over `data`, and each shard is routed, sorted by expert
+        and grouped on its own device (`jax.shard_map` over `data` only; the other axes stay
+        with the partitioner): every token still reaches its top-k experts, so the result is
+        the same as unsharded.
       router: `[embed, experts]`; gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`.
       top_k, norm_topk_prob: the routing (see `route`).
       shared: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
@@ -326,19 +357,23 @@ def moe_mlp(
       output to the model dtype and adds in that dtype: the same in float32).
     """
     shape, dtype = x.shape, x.dtype
-    x = x.reshape(-1, shape[-1])
-    tokens, num_experts = x.shape[0], router.shape[-1]
-    weights, experts = route(x, router, top_k, norm_topk_prob)
-    flat = experts.reshape(-1)  # [tokens * top_k], assignment j = (token j // top_k, slot)
-    order = jnp.argsort(flat, stable=True)
-    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-    y = _expert_outputs(x, order, group_sizes, gate, up, down, top_k, tile)
-    out = jnp.einsum("tkd,tk->td", y.reshape(tokens, top_k, -1).astype(jnp.float32), weights)
+    routed = functools.partial(_routed, top_k=top_k, norm_topk_prob=norm_topk_prob, tile=tile)
+    shards = data_shards()
+    if shards > 1 and x.ndim > 1 and shape[0] % shards == 0:
+        spec = PartitionSpec("data")
+        routed = jax.shard_map(
+            routed,
+            in_specs=(spec, PartitionSpec(), PartitionSpec(), PartitionSpec(), PartitionSpec()),
+            out_specs=spec,
+            axis_names={"data"},
+            check_vma=False,
+        )
+    out = routed(x, router, gate, up, down)
     if shared is not None:
         s_gate, s_up, s_down, s_scale = shared
         scale = jax.nn.sigmoid(jnp.dot(x, s_scale.astype(dtype)).astype(jnp.float32))
-        out = out + scale[:, None] * _swiglu(x, s_gate, s_up, s_down).astype(jnp.float32)
-    return out.astype(dtype).reshape(shape)
+        out = out + scale[..., None] * _swiglu(x, s_gate, s_up, s_down).astype(jnp.float32)
+    return out.astype(dtype)
 
 
 class MoeMLP(nnx.Module):

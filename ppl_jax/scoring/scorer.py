@@ -306,7 +306,11 @@ class Scorer:
                 )
                 for k in BATCH_KEYS
             }
-            self._compiled[key] = jitted.lower(abstract_params, abstract_batch).compile()
+            # The mesh is set while tracing, so that layers that split work by hand over `data`
+            # (the MoE layer's routing, `ppl_jax.models.moe.data_shards`) see it.
+            with jax.set_mesh(self.mesh):
+                lowered = jitted.lower(abstract_params, abstract_batch)
+            self._compiled[key] = lowered.compile()
         return self._compiled[key]
 
     def score(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -300,3 +301,28 @@ def test_mixture_results_do_not_depend_on_batch_packing_or_mesh():
     np.testing.assert_allclose(
         score_rows(model, sharded, windows.rows(np.arange(ROWS)))[:n], base, rtol=1e-6
     )
+
+
+def test_scorer_routes_each_data_shard_of_a_mixture_apart():
+    """The Scorer compiles its step under its mesh, so on data=8 each device routes and sorts
+    only its own rows' (token, expert) assignments (`ppl_jax.models.moe`'s `shard_map` over
+    `data`); the windows score as on one device."""
+    from ppl_jax.plans.layout import plan_layout
+    from ppl_jax.scoring.scorer import Scorer
+
+    g = golden("qwen3_moe")
+    model, params = loaded("qwen3_moe")
+    mesh = mesh_lib.make_mesh(8, 1)
+    shardings = jax.tree.map(lambda a: a.sharding, params)
+    scorer = Scorer(model, mesh, shardings)
+    windows = ppl_windows(g, "sliding")
+    layout = plan_layout(windows, 8)
+    totals = scorer.score(params, windows, layout)
+    rows = windows.rows(np.arange(windows.num_windows))
+    expected = score_rows(model, params, rows).sum()
+    np.testing.assert_allclose(totals.nll_sum, expected, rtol=1e-6)
+    top_k = hf.read_description(os.path.join(FAMILY_DIR, "qwen3_moe"))["moe_top_k"]
+    pairs = 8 * (layout.widths[0] - 1) * top_k  # the batch's (token, expert) assignments
+    text = scorer.compiled(8, layout.widths[0]).as_text()
+    sizes = {int(n) for n in re.findall(r"= \(s32\[(\d+)\]\{0\}, [^=]*\bsort\(", text)}
+    assert sizes == {pairs // 8}, sizes

@@ -2,6 +2,7 @@
 math), against transformers' own blocks (golden files of tests/golden/make_moe_golden.py),
 invariance to batch size, order and mesh, and a memory guard."""
 
+import functools
 import math
 import os
 import re
@@ -225,12 +226,16 @@ def test_invariant_to_batch_size_order_and_mesh():
     module = moe.MoeMLP(spec, nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).standard_normal((16, 8, 32)), jnp.float32)
 
-    def run(params, x, mesh=None):
+    def run(params, x, mesh=None, set_mesh=False):
         p = dict(params)
         p["shared"] = tuple(p.pop(k) for k in SHARED_NAMES)
-        if mesh is not None:
-            x = jax.device_put(x, NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
-        return np.asarray(call(p, x, 4, True))
+        if mesh is None:
+            return np.asarray(call(p, x, 4, True))
+        x = jax.device_put(x, NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+        if not set_mesh:  # the partitioner alone
+            return np.asarray(call(p, x, 4, True))
+        with jax.set_mesh(mesh):  # as the Scorer compiles: each data shard routed on its own
+            return np.asarray(call(p, x, 4, True))
 
     plain = {k: v[...] for k, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}
     plain = {k[0]: v for k, v in plain.items()}
@@ -256,7 +261,32 @@ def test_invariant_to_batch_size_order_and_mesh():
         if model == 2:
             assert params["gate"].sharding.spec[0] == "model"
         diffs[f"mesh {data}x{model}"] = rel_diff(run(params, tokens, mesh), whole)
+        diffs[f"mesh {data}x{model}, set"] = rel_diff(run(params, tokens, mesh, True), whole)
     assert max(diffs.values()) < 1e-6, diffs
+
+
+def _sort_sizes(hlo_text: str) -> set[int]:
+    """The lengths of the arrays that the compiled module sorts."""
+    return {int(n) for n in re.findall(r"= \(s32\[(\d+)\]\{0\}, [^=]*\bsort\(", hlo_text)}
+
+
+def test_each_data_shard_is_routed_and_sorted_on_its_own():
+    """Under the mesh (`jax.set_mesh`, as the Scorer compiles), each of 8 data shards sorts its
+    own 64 assignments (16 rows x 8 tokens x top 4 / 8): no device sorts or computes the whole
+    batch's 512. Without the mesh set, the partitioner gathers the routing and sorts all 512."""
+    rng = np.random.default_rng(0)
+    params = random_layer(rng, 32, 48, 16)
+    x = jnp.asarray(rng.standard_normal((16, 8, 32)), jnp.float32)
+    mesh = mesh_lib.make_mesh(8, 1)
+    x = jax.device_put(x, NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    layer = jax.jit(functools.partial(moe.moe_mlp, top_k=4, norm_topk_prob=True))
+    assert _sort_sizes(layer.lower(x, **params).compile().as_text()) == {512}
+    with jax.set_mesh(mesh):
+        assert moe.data_shards() == 8
+        compiled = layer.lower(x, **params).compile()
+    assert _sort_sizes(compiled.as_text()) == {64}
+    assert moe.data_shards() == 1
+    assert rel_diff(np.asarray(compiled(x, **params)), np.asarray(layer(x, **params))) < 1e-6
 
 
 def _largest_buffer_elements(hlo_text: str) -> int:
