@@ -14,7 +14,10 @@ three variants taking turns in each round:
 - `grouped`: ppl_jax's dropless layer (routing, sort by expert, expert tiles on CPU, combine);
 - `all experts`: the same routing, then every expert on every token (a loop over experts adding
   each weighted output; unselected experts weigh 0), as an implementation without grouping does;
-- `dense`: one SwiGLU MLP of width top_k x expert width: the same active parameters per token.
+- `dense`: one SwiGLU MLP of width top_k x expert width: the same active parameters per token;
+- `narrow dense`: one SwiGLU MLP of the expert width on top_k x tokens rows: the same products
+  as the grouped layer's, in one call without routing, gathers or loops; on a CPU, what a dot of
+  the expert's width achieves bounds the grouped layer.
 Tokens/s, and tokens/s x active parameters (the MLP weights a token passes through: 3 x embed x
 width x top_k, plus the router) in G parameter-tokens/s, so that the grouped layer and the dense
 MLP compare per active parameter. Writes the numbers as JSON to `--out`.
@@ -91,9 +94,11 @@ def run_shape(name: str, tokens: int, repeats: int) -> dict:
     dense_w = draw(d, k * f), draw(d, k * f), draw(k * f, d)
     args = (x, router, gate, up, down)
     calls = {"grouped": (grouped_fn, args), "all experts": (all_fn, args)}
-    seconds = timed({**calls, "dense": (jax.jit(dense), (x, *dense_w))}, repeats)
+    calls["dense"] = (jax.jit(dense), (x, *dense_w))
+    calls["narrow dense"] = (jax.jit(dense), (jnp.tile(x, (k, 1)), gate[0], up[0], down[0]))
+    seconds = timed(calls, repeats)
     active = {"grouped": 3 * d * f * k + d * e, "all experts": 3 * d * f * k + d * e}
-    active["dense"] = 3 * d * f * k
+    active["dense"] = active["narrow dense"] = 3 * d * f * k
     rows = {
         v: {
             "tokens_per_s": tokens / t,
@@ -118,7 +123,7 @@ def main(argv) -> None:
             f"{name} ({r['tokens']} tokens, grouped vs all-experts rel. diff "
             f"{r['max_rel_diff_grouped_vs_all']:.1e})"
         )
-        for v in ("grouped", "all experts", "dense"):
+        for v in ("grouped", "all experts", "dense", "narrow dense"):
             print(
                 f"  {v:12s} {r[v]['tokens_per_s']:10.0f} tokens/s "
                 f"{r[v]['g_param_tokens_per_s']:7.2f} G param-tokens/s"
@@ -127,6 +132,8 @@ def main(argv) -> None:
             f"  grouped / all experts: {r['grouped']['tokens_per_s'] / r['all experts']['tokens_per_s']:.2f}x;"
             f" grouped / dense per active parameter: "
             f"{r['grouped']['g_param_tokens_per_s'] / r['dense']['g_param_tokens_per_s']:.2f}"
+            f" (narrow dense / dense: "
+            f"{r['narrow dense']['g_param_tokens_per_s'] / r['dense']['g_param_tokens_per_s']:.2f})"
         )
     with open(_OUT.value, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
