@@ -23,9 +23,11 @@ SwiGLU runs on the sorted rows with group sizes = tokens per expert, and the row
 combined with the routing weights in float32. On TPU and GPU this is `jax.lax.ragged_dot`. On CPU
 `ragged_dot` lowers (jax 0.10) to a masked dense product that holds an `[experts, rows, k]`
 buffer and does every expert's work for every row, so there (`jax.lax.platform_dependent`) the
-sorted rows are padded per expert to whole tiles and a loop runs the three matmuls of one expert
-per tile: the largest buffers are `[tokens * top_k + experts * tile, embed]`; no
-`[tokens, experts, mlp]` buffer exists on any path.
+sorted assignments are padded per expert to whole tiles, and a loop over the experts runs a loop
+over each expert's tiles (`_tiled_sum`): gather the tile's tokens, the three matmuls, add into
+the tokens' float32 sums. The largest buffers are the `[tokens, embed]` sums and a few
+`[tokens * top_k + experts * tile]` index vectors; no `[tokens, experts, mlp]` buffer exists on
+any path.
 
 Sharding. Weights carry `logical_axes`: router `("embed", "experts")`, expert weights
 `("experts", "embed", "mlp")` and `("experts", "mlp", "embed")`, the shared expert as the dense
