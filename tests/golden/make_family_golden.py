@@ -155,12 +155,14 @@ def _gpt_neox():
 
 
 def _phi3():
-    # fused qkv_proj and gate_up_proj, longrope past 16 positions, half the dims rotary
+    # fused qkv_proj and gate_up_proj, longrope past 16 positions, half the dims rotary, a
+    # sliding window of 8 on every layer
     half = 8 // 2  # rotary dims 8 of head_dim 16 -> 4 factors
     return tf.Phi3ForCausalLM(
         tf.Phi3Config(
             **{**SMALL, "num_attention_heads": 2, "num_key_value_heads": 1},
             original_max_position_embeddings=16,
+            sliding_window=8,
             partial_rotary_factor=0.5,
             pad_token_id=0,
             bos_token_id=1,

@@ -10,7 +10,8 @@ within 1e-5 relative of transformers' float32, nll_sum within 1e-6 relative; bfl
 1e-3 of float32; a packed row scores as its windows alone; and each family converts to Orbax and
 scores the same (the default tier). The traps: windows of 8 under scored windows of 24 (every distance to the
 window's edge is scored), yarn and longrope past an original length of 16, soft-caps that bite,
-tied and untied embeddings, a padded vocabulary; each is shown to matter by turning it off, and
+tied and untied embeddings, a padded vocabulary (Phi-3's and Mixtral's windows on every layer,
+Gemma 2's and OLMo 3's on some); each is shown to matter by turning it off, and
 the packed rows and the mixture's invariance to batch, packing and mesh are tested, in the slow
 tier (`-m slow`).
 """
@@ -176,6 +177,7 @@ CHANGES = [
     ("olmo3", {"sliding_rope": {}}),
     ("qwen3", {"rope_type": "default"}),
     ("phi3", {"rope_long_factor": [1.0, 1.1, 1.3, 1.6]}),
+    ("phi3", {"sliding_window": None, "sliding_layers": []}),
     ("gemma3", {"sliding_rope": {}}),
     ("gemma3", {"embed_scale": False}),
     ("gpt_neox", {"parallel_residual": False}),
@@ -223,6 +225,7 @@ def test_descriptions_read_every_feature():
     assert d["gemma3_multimodal"] == d["gemma3"]
     assert (d["gpt_neox"]["family"], d["gpt_neox"]["rotary_dim"]) == ("gpt_neox", 4)
     assert (d["phi3"]["rope_type"], d["phi3"]["rotary_dim"]) == ("longrope", 8)
+    assert (d["phi3"]["sliding_window"], d["phi3"]["sliding_layers"]) == (8, [0, 1])
     assert (d["mixtral"]["moe_layers"], d["mixtral"]["sliding_window"]) == ([0, 1], 8)
     assert (d["qwen2_moe"]["moe_layers"], d["qwen2_moe"]["moe_shared_mlp_dim"]) == ([1], 48)
     assert (d["qwen3_moe"]["moe_layers"], d["qwen3_moe"]["moe_experts"]) == ([1], 4)
