@@ -3,8 +3,10 @@
 `launch/local.sh` sets `PPL_JAX_COORDINATOR` (host:port), `PPL_JAX_NUM_PROCESSES` and
 `PPL_JAX_PROCESS_ID` for each local process. On a TPU pod or a SLURM/Open MPI GPU cluster, set
 `PPL_JAX_DISTRIBUTED=1` instead and JAX discovers the cluster itself (`launch/tpu_pod.sh`,
-`launch/slurm.sh`); `PPL_JAX_ALL_LOCAL_DEVICES=1` (set by `launch/slurm.sh`) lets each process
-use every GPU it can see, where JAX's SLURM detection would give it only GPU `SLURM_LOCALID`.
+`launch/slurm.sh`). Either way a roll call first names any process that never starts
+(`ppl_jax.runtime.rollcall`). `PPL_JAX_ALL_LOCAL_DEVICES=1` (set by `launch/slurm.sh`) lets each
+process use every GPU it can see, where JAX's SLURM detection would give it only GPU
+`SLURM_LOCALID`.
 
 A lost process ends the run quickly, with one line. Every process sends heartbeats to JAX's
 coordination service (hosted by process 0); `PPL_JAX_HEARTBEAT_TIMEOUT` seconds (default 10)
@@ -78,8 +80,10 @@ def initialize_from_env() -> bool:
     multi-process run, a lost process makes every other one exit non-zero with one line on
     stderr (see the module docstring).
 
-    With `PPL_JAX_COORDINATOR`, a roll call names any process that does not start within
-    `PPL_JAX_INIT_TIMEOUT` seconds before JAX's own start would abort (`ppl_jax.runtime.rollcall`).
+    A roll call names any process that does not start within `PPL_JAX_INIT_TIMEOUT` seconds
+    before JAX's own start would abort (`ppl_jax.runtime.rollcall`): with `PPL_JAX_COORDINATOR`,
+    and with `PPL_JAX_DISTRIBUTED=1` where JAX's cluster detection finds the processes (SLURM,
+    Open MPI, Cloud TPU VMs, Kubernetes; elsewhere JAX's start reports as before).
 
     Raises:
       ConfigError: a `PPL_JAX_*` value out of range (a process count or id that is not a whole
@@ -118,7 +122,25 @@ def initialize_from_env() -> bool:
             **timeouts,
         )
     else:
-        jax.distributed.initialize(**timeouts)
+        cluster = rollcall.detect_cluster(timeouts["initialization_timeout"])
+        if cluster is None or cluster.num_processes == 1:
+            jax.distributed.initialize(**timeouts)
+        else:
+            rollcall.roll_call(
+                cluster.coordinator,
+                cluster.num_processes,
+                cluster.process_id,
+                timeouts["initialization_timeout"],
+                source=cluster.source,
+            )
+            # The addresses the roll call used (JAX still takes local_device_ids from the
+            # cluster, and does not ask for the coordinator again).
+            jax.distributed.initialize(
+                coordinator_address=cluster.coordinator,
+                num_processes=cluster.num_processes,
+                process_id=cluster.process_id,
+                **timeouts,
+            )
         if all_local and not os.environ.get("JAX_LOCAL_DEVICE_IDS"):
             # JAX's SLURM detection restricts each process to the GPU numbered SLURM_LOCALID
             # (one process per GPU, each seeing all of its node's GPUs). `launch/slurm.sh` runs

@@ -2,11 +2,15 @@
 
 Two real local processes join with `ppl_jax.runtime.distributed.initialize_from_env` (JAX's coordination
 service and Gloo CPU collectives) and gather in a loop; one is killed with SIGKILL.
+
+On a cluster that JAX detects itself (SLURM's variables, faked on this machine), a process that
+never starts is named by the roll call (tests/e2e/test_launchers.py starts a full one).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,6 +19,8 @@ import textwrap
 import time
 
 import pytest
+
+from ppl_jax.runtime import rollcall
 
 import helpers
 
@@ -146,6 +152,64 @@ def test_a_failing_process_ends_at_once_and_the_other_soon(tmp_path):
     assert procs[0].returncode != 0
     assert "ppl-jax: error: process 1 of 2 stopped answering (no heartbeat for 10 s); " in errs[0]
     assert "Traceback" not in errs[0]
+
+
+# ------------------------------------------------------------------- a cluster that JAX detects
+
+
+def _slurm_env(job_id: int, **extra: str) -> dict[str, str]:
+    """The environment SLURM would set for task 0 of a 2-task job step on this machine; JAX's
+    SLURM detection puts the coordinator at localhost:(job_id % 4096 + 61440)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "PPL_JAX_", "JAX_COORDINATOR"))
+    }
+    env.update(
+        PPL_JAX_DISTRIBUTED="1",
+        SLURM_JOB_ID=str(job_id),
+        SLURM_STEP_NODELIST="localhost",
+        SLURM_STEP_NUM_NODES="1",
+        SLURM_NTASKS="2",
+        SLURM_PROCID="0",
+        SLURM_LOCALID="0",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=helpers.REPO,
+        **extra,
+    )
+    return env
+
+
+def _free_slurm_job_id() -> tuple[int, int]:
+    """A SLURM job id and its coordinator port, free with the roll call's port beside it (the one
+    below for 65535): job 4095 (port 65535) when it can, else another."""
+    for job_id in (4095, *random.sample(range(4095), 50)):
+        port = job_id % 4096 + 61440
+        roll = rollcall.roll_call_port(port)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("", port))
+                b.bind(("", roll))
+        except OSError:
+            continue
+        return job_id, port
+    pytest.skip("no free port pair in SLURM's coordinator range 61440..65535")
+
+
+def test_a_slurm_job_names_the_task_that_never_started(tmp_path):
+    job_id, port = _free_slurm_job_id()
+    env = _slurm_env(job_id, PPL_JAX_INIT_TIMEOUT="2")
+    r = subprocess.run(
+        [sys.executable, "-m", "ppl_jax.cli.main", f"--config.output.dir={tmp_path}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"ppl-jax: error: process 1 of 2 did not start within 2 s (process 0 waited for them at "
+        f"localhost:{port}, the coordinator from SLURM's variables); check that every process "
+        f"started and none failed early, or raise PPL_JAX_INIT_TIMEOUT."
+    ]
 
 
 # ------------------------------------------------------------------------------ launch/local.sh

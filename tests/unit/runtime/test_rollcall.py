@@ -127,6 +127,122 @@ def test_the_command_line_says_who_is_missing_in_one_sentence(tmp_path):
     ]
 
 
+def test_the_roll_call_port_is_beside_the_coordinator_and_always_valid():
+    assert rollcall.roll_call_port(12355) == 12356
+    assert rollcall.roll_call_port(65534) == 65535
+    assert rollcall.roll_call_port(65535) == 65534  # SLURM's automatic port for job 4095
+    assert rollcall.parse_address("node001:65535") == ("node001", 65535)
+    assert rollcall.parse_address("[::1]:1") == ("::1", 1)
+    for bad in ("node001:65536", "node001:0", "node001:", ":80", "node001"):
+        with pytest.raises(ConfigError, match=r"is not host:port .* a port from 1 to 65535"):
+            rollcall.parse_address(bad)
+
+
+def _slurm(monkeypatch, job_id: int, task: int) -> None:
+    """This process's environment as SLURM sets it for task `task` of a 2-task step on node001."""
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PPL_JAX_", "JAX_COORDINATOR", "KUBERNETES_")):
+            monkeypatch.delenv(name)
+    for name, value in dict(
+        SLURM_JOB_ID=str(job_id), SLURM_STEP_NODELIST="node[001-002]", SLURM_STEP_NUM_NODES="2",
+        SLURM_NTASKS="2", SLURM_PROCID=str(task), SLURM_LOCALID="0",
+    ).items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+
+
+def test_the_cluster_is_found_as_jax_finds_it(monkeypatch):
+    _slurm(monkeypatch, 4095, 1)
+    assert rollcall.detect_cluster(10) == ("node001:65535", 2, 1, "SLURM's variables")
+    monkeypatch.setenv("JAX_COORDINATOR_PORT", "1234")
+    assert rollcall.detect_cluster(10) == ("node001:1234", 2, 1, "SLURM's variables")
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:5678")
+    assert rollcall.detect_cluster(10) == ("10.0.0.1:5678", 2, 1, "JAX_COORDINATOR_ADDRESS")
+
+
+def test_no_cluster_found_or_a_failing_detection_means_no_roll_call(monkeypatch):
+    from jax._src import clusters
+
+    _slurm(monkeypatch, 4095, 1)
+    monkeypatch.delenv("SLURM_PROCID")
+    assert rollcall.detect_cluster(10) is None  # not a SLURM step
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the metadata server is down")
+
+    _slurm(monkeypatch, 4095, 1)
+    monkeypatch.setattr(clusters.ClusterEnv, "auto_detect_unset_distributed_params", broken)
+    assert rollcall.detect_cluster(10) is None
+
+
+class _Started(Exception):
+    pass
+
+
+@pytest.mark.parametrize("slurm", [True, False])
+def test_a_detected_cluster_has_its_roll_call_before_jax_starts(monkeypatch, slurm):
+    import jax
+
+    if slurm:
+        _slurm(monkeypatch, 4095, 1)
+    else:
+        for name in list(os.environ):
+            if name.startswith(("SLURM_", "OMPI_", "PPL_JAX_", "JAX_COORDINATOR", "KUBERNETES_")):
+                monkeypatch.delenv(name)
+    monkeypatch.setenv("PPL_JAX_DISTRIBUTED", "1")
+    monkeypatch.setenv("PPL_JAX_INIT_TIMEOUT", "7")
+    calls = []
+    monkeypatch.setattr(rollcall, "roll_call", lambda *a, **k: calls.append(("roll call", a, k)))
+
+    def initialize(**kwargs):
+        calls.append(("initialize", kwargs))
+        raise _Started
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    with pytest.raises(_Started):
+        distributed.initialize_from_env()
+    timeouts = dict(
+        heartbeat_timeout_seconds=10, shutdown_timeout_seconds=60, initialization_timeout=7
+    )
+    if not slurm:  # nothing found: JAX's start as before
+        assert calls == [("initialize", timeouts)]
+        return
+    where = dict(coordinator_address="node001:65535", num_processes=2, process_id=1)
+    assert calls == [
+        ("roll call", ("node001:65535", 2, 1, 7), {"source": "SLURM's variables"}),
+        ("initialize", {**where, **timeouts}),
+    ]
+
+
+def test_a_detected_process_without_its_coordinator_names_it_and_the_cluster():
+    coordinator = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError) as e:
+        rollcall.roll_call(coordinator, 2, 1, 0.5, source="SLURM's variables")
+    assert str(e.value) == (
+        f"process 1 of 2: process 0 (at {coordinator}, the coordinator from SLURM's variables) "
+        f"did not answer within 0.5 s; check that it started and did not fail early, or raise "
+        f"PPL_JAX_INIT_TIMEOUT."
+    )
+
+
+def test_another_program_on_the_roll_call_port_is_no_verdict():
+    # The roll call's port (coordinator + 1) is another job's (SLURM: job ids one apart); process
+    # 0, unable to listen there, went on to JAX's start, whose port is open.
+    port = free_port()
+    jax_service = socket.create_server(("127.0.0.1", port))
+    other = socket.create_server(("127.0.0.1", port + 1))
+
+    def answer_nonsense():
+        conn, _ = other.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    with jax_service, other:
+        threading.Thread(target=answer_nonsense, daemon=True).start()
+        t0 = time.monotonic()
+        rollcall.roll_call(f"127.0.0.1:{port}", 2, 1, 5, source="SLURM's variables")
+        assert time.monotonic() - t0 < 1
+
+
 def _catch(fn, *args):
     try:
         fn(*args)
