@@ -20,7 +20,8 @@ whole life's peak (the same figure as `getrusage(RUSAGE_SELF).ru_maxrss`), with 
 the data were read. Wall time is the child's own, from loading the tokenizer to the plan check
 (imports and the start of JAX's runtime, which `evaluate` does first for its mesh, excluded), the
 slowest process's for 2 processes. Tokenizing is timed by wrapping the tokenizer's
-`encode`/`encode_with_bytes`; planning is the rest.
+`encode`/`encode_with_bytes`/`encode_flat_with_bytes` (the outermost call only); planning is the
+rest.
 
 Beside it, in the same run and its own child process: `tokenizers.Tokenizer.encode_batch` on the
 same documents (read from the same file beforehand, not timed), in batches of `--data_peer_batch`
@@ -291,20 +292,25 @@ def child_prepare(task: dict) -> dict:
         docs, counts = suite.read(ds)
         mark("read")
         docs, counts = suite.cut(docs, counts, ds, tok)
-    encode_s = [0.0]
+    encode_s, depth = [0.0], [0]
 
     def timed(method):
         def wrapper(texts):
+            if depth[0]:  # called by another encoding method: timed there
+                return method(texts)
+            depth[0] += 1
             t = time.perf_counter()
             try:
                 return method(texts)
             finally:
                 encode_s[0] += time.perf_counter() - t
+                depth[0] -= 1
 
         return wrapper
 
-    tok.encode = timed(tok.encode)
-    tok.encode_with_bytes = timed(tok.encode_with_bytes)
+    for name in ("encode", "encode_with_bytes", "encode_flat_with_bytes"):
+        if hasattr(tok, name):
+            setattr(tok, name, timed(getattr(tok, name)))
     if ds.cache_dir:  # as `evaluate` does: the plan cache, else the token cache, else read
         p = suite.planned(ds, ev, tok, tok.vocab_size)[0]
     else:

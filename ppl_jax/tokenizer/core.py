@@ -46,6 +46,22 @@ class Tokenizer(abc.ABC):
         """
         return [self._encode_document(t, with_bytes=True) for t in texts]
 
+    def encode_flat_with_bytes(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`encode_with_bytes` of many texts laid end to end (no array per text: for many short
+        documents).
+
+        Returns:
+          `(ids [n] int32, byte_lengths [n] int32, sizes [len(texts)] int64)`: every text's ids
+          and byte lengths, one text after another, and each text's number of tokens.
+        """
+        encoded = self.encode_with_bytes(texts)
+        sizes = np.fromiter((ids.size for ids, _ in encoded), np.int64, count=len(encoded))
+        if not encoded:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32), sizes
+        ids = np.concatenate([e[0] for e in encoded]).astype(np.int32, copy=False)
+        lengths = np.concatenate([e[1] for e in encoded]).astype(np.int32, copy=False)
+        return ids, lengths, sizes
+
     def _encode_document(self, text: str, with_bytes: bool) -> tuple[np.ndarray, np.ndarray]:
         """`(ids [n] int32, byte_lengths [n] int32)` of one document (lengths empty unless
         `with_bytes`), encoded piece by piece between the cuts of `_safe_cuts`."""

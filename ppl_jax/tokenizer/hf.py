@@ -194,17 +194,38 @@ class HFTokenizer(Tokenizer):
             # aligns it with the next character instead)
         return ids, ends, is_byte
 
-    def _byte_level_batch(
-        self, encs: list[Any], texts: list[str], where: list[int], out: list[Any]
-    ) -> None:
-        """`out[where[j]] = (ids, byte lengths)` of a batch of whole short texts of a byte-level
-        vocabulary, for the batch at once: each token covers the bytes its string spells
-        (`_token_bytes`), the text's trailing bytes no token covers counted with its last token
-        (what `_from_encoding` and `span_lengths` give one text at a time)."""
-        sizes = np.fromiter((len(e.ids) for e in encs), np.int64, count=len(encs))
-        flat = np.fromiter(
-            itertools.chain.from_iterable(e.ids for e in encs), np.int32, count=int(sizes.sum())
-        )
+    def encode_flat_with_bytes(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`Tokenizer.encode_flat_with_bytes`; short texts of a byte-level vocabulary in batches
+        of at most `piece_chars` characters, each measured at once (`_byte_level_flat`)."""
+        chars = np.fromiter(map(len, texts), np.int64, count=len(texts))
+        if not self._byte_level or not texts or int(chars.max()) > self.piece_chars:
+            return super().encode_flat_with_bytes(texts)
+        ends = np.cumsum(chars)
+        parts = []
+        a = 0
+        while a < len(texts):  # batches as `_encode_all` makes them
+            before = int(ends[a - 1]) if a else 0
+            b = max(int(np.searchsorted(ends, before + self.piece_chars, side="right")), a + 1)
+            batch = texts[a:b]
+            encs = self._tok.encode_batch(batch, add_special_tokens=False)
+            parts.append(self._byte_level_flat(encs, batch))
+            a = b
+        if len(parts) == 1:
+            return parts[0]
+        ids, lengths, sizes = zip(*parts, strict=True)
+        return np.concatenate(ids), np.concatenate(lengths), np.concatenate(sizes)
+
+    def _byte_level_flat(
+        self, encs: list[Any], texts: list[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`(ids [n] int32, byte lengths [n] int32, sizes [d] int64)` of a batch of whole short
+        texts of a byte-level vocabulary, for the batch at once: each token covers the bytes its
+        string spells (`_token_bytes`), the text's trailing bytes no token covers counted with
+        its last token (what `_from_encoding` and `span_lengths` give one text at a time)."""
+        ids = [e.ids for e in encs]  # each `Encoding.ids` builds a new list: read once
+        sizes = np.fromiter(map(len, ids), np.int64, count=len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(sizes.sum()))
+        del ids
         lengths = self._token_bytes()[flat].astype(np.int32)
         bounds = np.cumsum(sizes)
         starts = bounds - sizes
@@ -213,7 +234,16 @@ class HFTokenizer(Tokenizer):
         rest = np.maximum(0, totals - (covered[bounds] - covered[starts]))
         last = bounds[sizes > 0] - 1
         lengths[last] += rest[sizes > 0].astype(np.int32)
-        for j, (a, b) in enumerate(zip(starts.tolist(), bounds.tolist(), strict=True)):
+        return flat, lengths, sizes
+
+    def _byte_level_batch(
+        self, encs: list[Any], texts: list[str], where: list[int], out: list[Any]
+    ) -> None:
+        """`out[where[j]] = (ids, byte lengths)` of a batch of whole short texts of a byte-level
+        vocabulary (`_byte_level_flat`)."""
+        flat, lengths, sizes = self._byte_level_flat(encs, texts)
+        bounds = np.cumsum(sizes)
+        for j, (a, b) in enumerate(zip((bounds - sizes).tolist(), bounds.tolist(), strict=True)):
             out[where[j]] = (flat[a:b], lengths[a:b])
 
     def _from_encoding(

@@ -195,6 +195,27 @@ def test_many_documents_batched_and_long_ones_cut():
     assert [int(n.sum()) for _, n in with_bytes] == [len(t.encode("utf-8")) for t in texts]
 
 
+@pytest.mark.parametrize("kind", ["bytelevel", "llama_metaspace", "sentencepiece_bpe"])
+def test_flat_encoding_is_the_texts_encodings_end_to_end(kind):
+    """`encode_flat_with_bytes` (the token cache's batch encoding) gives `encode_with_bytes`'s
+    ids and byte lengths laid end to end, with each text's token count: short texts in several
+    batches (HF byte-level: measured a batch at once), empty texts, and a long text (cut)."""
+    tok, _ = TOKENIZERS[kind]
+    rng = random.Random(5)
+    texts = ["", *(random_text(rng) for _ in range(40)), "", "x"]
+    tok.piece_chars = 30
+    try:
+        for case in (texts, [*texts, "word " * 40], [], [""]):
+            want = tok.encode_with_bytes(case)
+            ids, lengths, sizes = tok.encode_flat_with_bytes(case)
+            assert ids.dtype == lengths.dtype == np.int32 and sizes.dtype == np.int64
+            assert sizes.tolist() == [i.size for i, _ in want]
+            assert ids.tolist() == [t for i, _ in want for t in i.tolist()]
+            assert lengths.tolist() == [n for _, b in want for n in b.tolist()]
+    finally:
+        tok.piece_chars = type(tok).piece_chars
+
+
 def test_byte_tokenizer_lengths():
     ids, lengths = ByteTokenizer().encode_with_bytes(["aé😀"])[0]
     assert ids.tolist() == list("aé😀".encode()) and lengths.tolist() == [1] * 7
