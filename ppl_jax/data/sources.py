@@ -1,8 +1,9 @@
 """Where each document came from, in compact arrays rather than one string per document.
 
 A corpus of ten million one-line documents would hold ten million `path:line` strings (about 100
-bytes each); `Sources` holds the file paths once and, per document, the index of its file
-(`uint32`) and its line (`uint32`, 0 for a document that is a whole file): 8 bytes a document.
+bytes each); `Sources` holds the file paths once and, per document, the index of its file (the
+smallest unsigned integer that indexes the files: `uint8` for up to 256 files) and its line
+(`uint32`, 0 for a document that is a whole file): 5 bytes a document for up to 256 files.
 It is a read-only sequence of the same strings (`sources[i]` is `"path:line"`, or `"path"`), so
 every message that names a document reads as before.
 """
@@ -20,17 +21,21 @@ class Sources(Sequence[str]):
     and `line` (1-based; 0: the whole file).
 
     Attributes:
-      files: tuple of paths; file, line: `[d] uint32`.
+      files: tuple of paths; file: `[d]` of `index_dtype(len(files))`; line: `[d] uint32`.
+
+    Raises:
+      ValueError: `file` and `line` of other shapes, or a file index outside `files`.
     """
 
     def __init__(self, files: Sequence[str], file: Any, line: Any):
         self.files = tuple(files)
-        self.file = np.asarray(file, np.uint32)
+        file = np.asarray(file)
         self.line = np.asarray(line, np.uint32)
-        if self.file.shape != self.line.shape or self.file.ndim != 1:
-            raise ValueError(f"file {self.file.shape} and line {self.line.shape} differ")
-        if self.file.size and int(self.file.max()) >= len(self.files):
-            raise ValueError(f"a file index beyond the {len(self.files)} files")
+        if file.shape != self.line.shape or file.ndim != 1:
+            raise ValueError(f"file {file.shape} and line {self.line.shape} differ")
+        if file.size and (int(file.max()) >= len(self.files) or int(file.min()) < 0):
+            raise ValueError(f"a file index outside the {len(self.files)} files")
+        self.file = file.astype(index_dtype(len(self.files)), copy=False)
 
     def __len__(self) -> int:
         return int(self.file.size)
@@ -83,3 +88,11 @@ class Sources(Sequence[str]):
         file = np.concatenate(mapped) if mapped else np.zeros(0, np.uint32)
         line = np.concatenate([p.line for p in parts]) if parts else np.zeros(0, np.uint32)
         return Sources(tuple(files), file, line)
+
+
+def index_dtype(num_files: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds an index of `num_files` files."""
+    for dtype in (np.uint8, np.uint16):
+        if num_files <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.uint32)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -118,11 +117,9 @@ def load(cache_dir: str, entry: str) -> tuple[Plan, dict[str, Any]] | None:
             if name == "tokens":
                 ok = stream_digest(path) == meta["tokens_digest"]
                 arrays[name] = np.load(path, mmap_mode="r") if ok else None
-            else:
-                with open(path, "rb") as f:
-                    raw = f.read()
-                ok = hashlib.sha256(raw).hexdigest() == digests.get(name)
-                arrays[name] = np.load(io.BytesIO(raw)) if ok else None
+            else:  # hashed from the file in chunks, then read once: no copy of its bytes held
+                ok = token_cache.file_digest(path) == digests.get(name)
+                arrays[name] = np.load(path) if ok else None
         except (OSError, ValueError) as e:
             raise damaged(folder, f"{name}.npy cannot be read: {e}") from None
         if not ok:
@@ -149,7 +146,7 @@ def damaged(folder: str, what: str) -> DataError:
     )
 
 
-def stream_digest(path: str, chunk: int = 1 << 22) -> str:
+def stream_digest(path: str, chunk: int = 1 << 20) -> str:
     """`protocols.tokens_digest` of the `[n] int32` array in the `.npy` file `path`, read
     `chunk` tokens at a time with `numpy.fromfile` (not memory-mapped).
 
@@ -170,7 +167,7 @@ def stream_digest(path: str, chunk: int = 1 << 22) -> str:
             part = np.fromfile(f, np.int32, count=min(chunk, left))
             if not part.size:
                 raise ValueError(f"{left} of its {shape[0]} tokens are missing")
-            h.update(part.tobytes())
+            h.update(part)
             left -= part.size
     return h.hexdigest()
 
@@ -211,12 +208,9 @@ def _write(
         for name, array in arrays.items():
             path = os.path.join(tmp, f"{name}.npy")
             if not (name == "tokens" and os.path.exists(path)):  # a stream written by `make`
-                buf = io.BytesIO()
-                np.save(buf, np.asarray(array))
-                with open(path, "wb") as f:
-                    f.write(buf.getvalue())
-                digests[name] = hashlib.sha256(buf.getvalue()).hexdigest()
-        digests.pop("tokens", None)  # checked by the plan's tokens_digest
+                np.save(path, np.asarray(array))  # straight to the file, then hashed from it
+                if name != "tokens":  # checked by the plan's tokens_digest
+                    digests[name] = token_cache.file_digest(path)
         meta = {
             "version": VERSION,
             "seq_len": w.seq_len,

@@ -10,7 +10,10 @@ others wait and memory-map it.
 The stream is written chunk by chunk (`numpy.lib.format` header, then the data) and its parts
 are read with `numpy.fromfile`, not memory-mapped, so that the pages read stay out of the
 process's resident memory; windows are computed from the stream's length alone, and each
-window's bytes from prefix sums of the byte lengths taken while the stream is written.
+window's bytes from prefix sums of the byte lengths taken while the stream is written. The
+per-document arrays are read and reduced `DOCS_CHUNK` documents at a time; what a plan keeps
+per document is its `doc_starts` (int64) and its sources (a file index and a line), and the
+token cache's entry is dropped before the plan is read back from its cache.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.tokenizer.base import Tokenizer
 
-WORDS_CHUNK = 1 << 16  # documents per chunk of the word count (temporaries of ~10 MB)
+DOCS_CHUNK = 1 << 16  # documents per chunk of per-document arrays (temporaries of ~10 MB)
 
 
 def planned(
@@ -43,10 +46,17 @@ def planned(
       DataError, ConfigError: as `token_cache.build` and `plan`; on the other processes, a
         DataError that points to process 0's log when its planning failed.
     """
-    entry = token_cache.build(ds, tok)
+    import jax
+
+    # Only process 0 plans. The entry is dropped once it has (`write` returns), before every
+    # process reads the plan back: the two are not held at once.
+    held = [token_cache.build(ds, tok)]
+    if jax.process_index() != 0:
+        held.clear()
     add_bos = protocols.resolve_add_bos(ev.add_bos, tok)
 
     def write() -> None:
+        entry = held.pop()
         plan_cache.save_built(
             ds.cache_dir,
             plan_key,
@@ -102,53 +112,44 @@ def _segments(
     first = not before_first
     base = 0  # documents of the parts before this one
     for part in entry.parts:
-        offsets = np.concatenate([[0], np.cumsum(part.doc_tokens)])
         verifier = token_cache.Verifier(part)
-        d = 0
-        while d < part.doc_tokens.size:
-            e = (
-                int(np.searchsorted(offsets, offsets[d] + token_cache.COPY_TOKENS, side="right"))
-                - 1
-            )
-            e = max(e, d + 1)
-            lo, hi = int(offsets[d]), int(offsets[e])
+        d, at = 0, 0  # the chunk's first document and token in the part
+        while d < part.num_documents:
+            # Documents d..e-1: as many of the next DOCS_CHUNK as fit in COPY_TOKENS (one at least).
+            doc_tokens = part.column("doc_tokens", d, d + DOCS_CHUNK)
+            ends = np.cumsum(doc_tokens, dtype=np.int64)
+            e = d + max(int(np.searchsorted(ends, token_cache.COPY_TOKENS, side="right")), 1)
+            lo, hi = at, at + int(ends[e - d - 1])
             ids, lens = part.read("ids", lo, hi), part.read("bytes", lo, hi)
             verifier.update(ids, lens)
-            if e == part.doc_tokens.size:  # the part's last chunk: all of it was read
+            if e == part.num_documents:  # the part's last chunk: all of it was read
                 verifier.check()
             bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
             if bad.size:
-                doc = base + int(np.searchsorted(offsets, lo + bad[0], side="right")) - 1
+                doc = base + d + int(np.searchsorted(ends, bad[0], side="right"))
                 where = f"document {doc} ({entry.sources[doc]})"
                 protocols.check_ids(ids[bad[:1]], vocab_size, where, tok)
             if sep is not None:
-                ids, lens = _with_separators(ids, lens, part.doc_tokens[d:e], sep, first)
+                ids, lens = _with_separators(ids, lens, doc_tokens[: e - d], sep, first)
             first = False
             yield ids, lens
-            d = e
-        if not part.doc_tokens.size:
+            d, at = e, hi
+        if not part.num_documents:
             verifier.check()
-        base += part.doc_tokens.size
+        base += part.num_documents
 
 
 def _with_separators(ids, lens, doc_tokens, sep, first: bool):
-    """`ids`/`lens` of consecutive documents with the separator's tokens before each document
-    (but the corpus's first)."""
-    n_docs, sep_n = doc_tokens.size, sep[0].size
-    seps = n_docs - (1 if first else 0)
-    out_ids = np.empty(ids.size + seps * sep_n, np.int32)
-    out_lens = np.empty_like(out_ids)
-    # Each document's tokens move right by the separators before it in this chunk.
-    shift = (np.arange(n_docs) + (0 if first else 1)) * sep_n
-    doc_of = np.repeat(np.arange(n_docs), doc_tokens)
-    dest = np.arange(ids.size) + shift[doc_of]
-    out_ids[dest] = ids
-    out_lens[dest] = lens
-    starts = np.concatenate([[0], np.cumsum(doc_tokens)[:-1]]) + shift  # each doc's first token
-    for j in range(1 if first else 0, n_docs):
-        out_ids[starts[j] - sep_n : starts[j]] = sep[0]
-        out_lens[starts[j] - sep_n : starts[j]] = sep[1]
-    return out_ids, out_lens
+    """`ids`/`lens` of consecutive documents (`doc_tokens`: their token counts) with the
+    separator's tokens before each document (but the corpus's first). Its temporaries are about
+    5 bytes a token (`numpy.insert`: the result and a mask)."""
+    starts = np.cumsum(doc_tokens, dtype=np.int64) - doc_tokens  # each document's first token
+    before = starts[1:] if first else starts
+    where = np.repeat(before, sep[0].size)
+    return (
+        np.insert(ids, where, np.tile(sep[0], before.size)),
+        np.insert(lens, where, np.tile(sep[1], before.size)),
+    )
 
 
 class _Stream:
@@ -163,7 +164,7 @@ class _Stream:
         self.digest = hashlib.sha256()
 
     def write(self, ids: np.ndarray) -> None:
-        data_ = np.ascontiguousarray(ids, np.int32).tobytes()
+        data_ = np.ascontiguousarray(ids, np.int32)  # no copy of an int32 chunk
         self.file.write(data_)
         self.digest.update(data_)
         self.written += ids.size
@@ -179,14 +180,13 @@ class _Stream:
 
 def _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path) -> Plan:
     num_docs = entry.num_documents
-    doc_tokens = entry.doc_array("doc_tokens")
     sep = None
     if separator and num_docs > 1:
         sep = tok.encode_with_bytes([separator])[0]
         protocols.check_ids(sep[0], vocab_size, f"data.separator {separator!r}", tok)
     sep_n = 0 if sep is None else sep[0].size
     bos = 1 if add_bos else 0
-    text_tokens = int(doc_tokens.sum()) + sep_n * max(0, num_docs - 1)
+    text_tokens = entry.num_tokens + sep_n * max(0, num_docs - 1)
     n = bos + text_tokens
     if n < 2:
         raise DataError(
@@ -209,7 +209,8 @@ def _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream
         at = 1
     for ids, lens in _segments(entry, sep, (vocab_size, tok)):
         stream.write(ids)
-        prefix = np.concatenate([[0], np.cumsum(lens, dtype=np.int64)])
+        prefix = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(lens, dtype=np.int64, out=prefix[1:])
         j = int(np.searchsorted(ordered, at + ids.size, side="right"))
         sel = order[k:j]
         cum[sel] = total + prefix[np.maximum(bounds[sel] - at, 0)]
@@ -229,9 +230,6 @@ def _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream
         },
         seq_len=seq_len,
     )
-    doc_starts = (
-        np.concatenate([[0], np.cumsum(doc_tokens)[:-1]]) + np.arange(num_docs) * sep_n + bos
-    ).astype(np.int64)
     return Plan(
         protocol="sliding",
         windows=windows,
@@ -245,18 +243,34 @@ def _sliding(entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream
         doc_bytes=None,
         doc_words=None,
         sources=entry.sources,
-        doc_starts=doc_starts,
+        doc_starts=_doc_starts(entry, sep_n, bos),
         window_bytes=window_bytes,
         tokens_digest=digest,
     )
+
+
+def _doc_starts(entry: Entry, between: int, before: int) -> np.ndarray:
+    """`[D] int64`: each document's first position in the stream, `before` (BOS) plus the
+    tokens of the documents before it and `between` (a separator's tokens) for each of them;
+    computed `DOCS_CHUNK` documents at a time into the result."""
+    out = np.empty(entry.num_documents, np.int64)
+    at, total = 0, before
+    for part in entry.parts:
+        for lo in range(0, part.num_documents, DOCS_CHUNK):
+            step = part.column("doc_tokens", lo, lo + DOCS_CHUNK).astype(np.int64) + between
+            ends = np.cumsum(step) + total
+            out[at : at + step.size] = ends - step
+            at, total = at + step.size, int(ends[-1])
+    return out
 
 
 def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) -> int:
     """Words of the joined text from the first scored token to the end (`protocols._span_words`),
     from the documents' word counts: words(A + B) = words(A) + words(B) - 1 when A ends and B
     begins with a non-space character (`str.split` semantics), over the segments document,
-    separator, document, ... Computed `WORDS_CHUNK` documents at a time (the joins across chunks
-    carried), so that its temporaries do not grow with the corpus."""
+    separator, document, ... Computed `DOCS_CHUNK` documents at a time (the joins across chunks
+    carried, each chunk's counts read from the part's files), so that its memory does not grow
+    with the corpus."""
     with_sep = bool(separator) and entry.num_documents > 1
     sep = {
         "words": len(separator.split()) if with_sep else 0,
@@ -266,14 +280,12 @@ def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) 
     trim = None if add_bos else _first_token_trim(entry, tok, separator if with_sep else "")
     total, last_ends, seen_tokens, first_doc = 0, None, False, True
     for part in entry.parts:
-        for lo in range(0, part.doc_tokens.size, WORDS_CHUNK):
-            hi = min(lo + WORDS_CHUNK, part.doc_tokens.size)
+        for lo in range(0, part.num_documents, DOCS_CHUNK):
+            hi = min(lo + DOCS_CHUNK, part.num_documents)
             n = hi - lo
             doc = {
-                "words": part.doc_words[lo:hi],
-                "edges": part.doc_edges[lo:hi].astype(np.int64),
-                "bytes": part.doc_bytes[lo:hi],
-                "tokens": part.doc_tokens[lo:hi],
+                name: part.column(f"doc_{name}", lo, hi).astype(np.int64)
+                for name in ("words", "edges", "bytes", "tokens")
             }
             if with_sep:  # a separator before each document but the corpus's first
                 lead = 0 if first_doc else 1
@@ -287,7 +299,7 @@ def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) 
                 is_sep = np.zeros(2 * n - 1 + lead, bool)
                 is_sep[1 - lead :: 2] = True
             else:
-                seg = {k: np.asarray(v, np.int64) for k, v in doc.items()}
+                seg = doc
                 is_sep = np.zeros(n, bool)
             first_doc = False
             words, edges, nbytes = seg["words"].copy(), seg["edges"].copy(), seg["bytes"].copy()

@@ -8,10 +8,11 @@ how they are read (format, JSONL field, UTF-8 errors) and the tokenizer's whole 
 The entry does not depend on the protocol, the separator, BOS or the model: every protocol,
 sequence length and checkpoint that reads the same files with the same tokenizer plans from it.
 
-**Shares.** Documents are numbered in file order (`data.count_documents`). With P processes,
+**Shares.** Documents are numbered in file order (`data.count_documents`; one process does not
+count them first). With P processes,
 process p tokenizes the contiguous block `[p*D/P, (p+1)*D/P)`, read by `data.iter_documents`
 and encoded `BATCH_CHARS` characters at a time (the tokenizer's batch encoding,
-`Tokenizer.encode_with_bytes`, which cuts a long document into pieces that provably give the
+`Tokenizer.encode_flat_with_bytes`, which cuts a long document into pieces that provably give the
 same tokens). It writes its part into a temporary folder renamed into place (complete or absent),
 and all processes meet (`multihost_utils.process_allgather` of a status, so that one process's
 error stops the others with a message instead of a hang). An entry is the folder holding one
@@ -19,19 +20,20 @@ part per process of the run that built it, and `parts.json`, written last.
 
 A part holds flat arrays, appended while tokenizing and read back in chunks (`Part.read`):
 `ids.bin` (int32 token ids), `bytes.bin` (int32: the UTF-8 bytes each token covers, for bits per
-byte), and per document: tokens, UTF-8 bytes, whitespace-separated words (`str.split`), the
-lm-evaluation-harness's words (`protocols.count_harness_words`), whether it begins and ends with
-a non-space character (to count the words of documents joined by a separator exactly), and its
-source (the index of its file and its line: `ppl_jax.data.sources.Sources`). Memory while building
-is bounded by one batch of documents, whatever the corpus size, plus 49 bytes per document (typed
-arrays, no Python object per document).
+byte), and per document (a file each, `token_entry.COLUMNS`): tokens, UTF-8 bytes,
+whitespace-separated words (`str.split`), the lm-evaluation-harness's words
+(`protocols.count_harness_words`), whether it begins and ends with a non-space character (to count
+the words of documents joined by a separator exactly), and its source (the index of its file and
+its line: `ppl_jax.data.sources.Sources`). The four counts are uint32 (a document of 2^32 tokens,
+bytes or words or more turns its part's column into int64). Every array is written batch by
+batch as it is tokenized: memory while building is bounded by one batch of documents, whatever
+the corpus size, with nothing kept per document.
 
 Plans are made from an entry by `ppl_jax.plans.stream_plans`.
 """
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import os
@@ -41,14 +43,17 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.data import documents as data
+from ppl_jax.data.sources import index_dtype
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
 from ppl_jax.plans.token_entry import (  # noqa: F401  (re-exported: the entry's readers)
-    DOC_ARRAYS,
+    COLUMNS,
+    COUNTS,
     VERSION,
     Entry,
     Part,
     Verifier,
     damaged,
+    file_digest,
     open_entry,
     part_names,
 )
@@ -81,9 +86,12 @@ def key(ds, tok: Tokenizer) -> str:
     )
 
 
-def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_documents: int) -> str:
-    """Tokenizes share `index` of `count` of the corpus into `folder/part-<index>-of-<count>`
-    (complete or absent); returns that folder's name.
+def build_part(
+    ds, tok: Tokenizer, folder: str, index: int, count: int, num_documents: int | None
+) -> str:
+    """Tokenizes share `index` of `count` of the corpus's `num_documents` documents into
+    `folder/part-<index>-of-<count>` (complete or absent); returns that folder's name. With one
+    share, `num_documents` may be None: the corpus is not counted first.
 
     Raises:
       DataError: as `data.iter_documents`.
@@ -92,7 +100,12 @@ def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_docu
     final = os.path.join(folder, name)
     if os.path.isdir(final):
         return name
-    lo, hi = index * num_documents // count, (index + 1) * num_documents // count
+    if num_documents is None:
+        if count != 1:
+            raise ValueError("shares of an uncounted corpus")
+        lo, hi = 0, None
+    else:
+        lo, hi = index * num_documents // count, (index + 1) * num_documents // count
     tmp = os.path.join(folder, temporaries.name(name))
     os.mkdir(tmp)
     try:
@@ -107,77 +120,117 @@ def build_part(ds, tok: Tokenizer, folder: str, index: int, count: int, num_docu
     return name
 
 
-def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int) -> None:
-    # Per document a few typed integers (`array.array`: 8 bytes each, 1 for the edges, 4 for
-    # the file index and the line), no Python object per document.
-    per_doc = {n: array.array("B" if n == "edges" else "q") for n in DOC_ARRAYS}
-    file_index, lines = array.array("I"), array.array("I")
-    head, any_text, num_tokens = None, False, 0
-    hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
+class _Column:
+    """A document array written to `<name>.bin` batch by batch (`token_entry.COLUMNS`). A count
+    column (`widens`) is uint32 until a value does not fit; then what it holds is rewritten as
+    int64, once, a chunk at a time, and it goes on in int64."""
+
+    def __init__(self, folder: str, name: str, dtype: str, widens: bool):
+        self.path = os.path.join(folder, f"{name}.bin")
+        self.dtype, self.widens = np.dtype(dtype), widens
+        self.file = open(self.path, "wb")  # closed by `_write_part`
+
+    def append(self, values: Any) -> None:
+        """Appends a batch's values (a list or an integer array)."""
+        if not len(values):
+            return
+        if self.widens:
+            array = np.asarray(values, np.int64)
+            if self.dtype == np.uint32 and int(array.max()) > np.iinfo(np.uint32).max:
+                self._widen()
+            self.file.write(array.astype(self.dtype, copy=False).tobytes())
+        else:
+            self.file.write(np.asarray(values, self.dtype).tobytes())
+
+    def _widen(self) -> None:
+        self.file.close()
+        wide = self.path + ".int64"
+        with open(self.path, "rb") as src, open(wide, "wb") as dst:
+            while (chunk := np.fromfile(src, np.uint32, count=1 << 20)).size:
+                dst.write(chunk.astype(np.int64).tobytes())
+        os.replace(wide, self.path)
+        self.dtype = np.dtype(np.int64)
+        self.file = open(self.path, "ab")
+
+    def summary(self) -> tuple[str, str]:
+        """(its dtype's name, the SHA-256 of its file), once its file is closed."""
+        return self.dtype.name, file_digest(self.path)
+
+
+def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int | None) -> None:
     found = data.resolve_paths(ds.path)
-    with (
-        open(os.path.join(tmp, "ids.bin"), "wb") as ids_file,
-        open(os.path.join(tmp, "bytes.bin"), "wb") as bytes_file,
-    ):
-        texts: list[str] = []
-
-        def flush() -> None:
-            nonlocal head, any_text, num_tokens
-            encoded = tok.encode_with_bytes(texts)
-            for name, f, k in (("ids", ids_file, 0), ("bytes", bytes_file, 1)):
-                raw = np.concatenate([np.asarray(e[k], np.int32) for e in encoded]).tobytes()
-                f.write(raw)
-                hashes[name].update(raw)
-            sizes = [e[0].size for e in encoded]
-            if head is None:
-                for j, (ids, nbytes) in enumerate(encoded):
-                    if ids.size:
-                        text = texts[j]
-                        rest = text.encode("utf-8")[int(nbytes[0]) :].decode("utf-8", "ignore")
-                        head = {
-                            "doc": len(per_doc["tokens"]) + j,
-                            "first_token_bytes": int(nbytes[0]),
-                            "words_after": len(rest.split()),
-                            "starts_after": bool(rest) and not rest[0].isspace(),
-                        }
-                        break
-            per_doc["tokens"].extend(sizes)
-            per_doc["bytes"].extend([len(t.encode("utf-8")) for t in texts])
-            words = [len(t.split()) for t in texts]
-            edges = [edges_of(t) for t in texts]
-            per_doc["words"].extend(words)
-            per_doc["harness_words"].extend(map(_harness_words, texts, words, edges))
-            per_doc["edges"].extend(edges)
-            any_text = any_text or any(not t.isspace() and t for t in texts)
-            num_tokens += sum(sizes)
-            texts.clear()
-
-        chars = 0
-        for text, file, line in data.iter_sourced(
-            found, ds.format, ds.errors, ds.jsonl_field, lo, hi
+    # Every array goes to its file batch by batch: nothing is kept per document.
+    dtypes = {"doc_edges": "uint8", "source_file": index_dtype(len(found)).name}
+    columns = {n: _Column(tmp, n, dtypes.get(n, "uint32"), n in COUNTS) for n in COLUMNS}
+    head, any_text, num_tokens, done = None, False, 0, 0
+    hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
+    try:
+        with (
+            open(os.path.join(tmp, "ids.bin"), "wb") as ids_file,
+            open(os.path.join(tmp, "bytes.bin"), "wb") as bytes_file,
         ):
-            texts.append(text)
-            file_index.append(file)
-            lines.append(line)
-            chars += len(text)
-            if chars >= BATCH_CHARS:
+            texts: list[str] = []
+            sources: tuple[list[int], list[int]] = ([], [])
+
+            def flush() -> None:
+                nonlocal head, any_text, num_tokens, done
+                ids, nbytes, sizes = tok.encode_flat_with_bytes(texts)
+                for name, f, raw in (("ids", ids_file, ids), ("bytes", bytes_file, nbytes)):
+                    f.write(raw)
+                    hashes[name].update(raw)
+                if head is None and ids.size:
+                    # The batch's first text with tokens: those before it have none.
+                    j = int(np.flatnonzero(sizes)[0])
+                    text = texts[j]
+                    rest = text.encode("utf-8")[int(nbytes[0]) :].decode("utf-8", "ignore")
+                    head = {
+                        "doc": done + j,
+                        "first_token_bytes": int(nbytes[0]),
+                        "words_after": len(rest.split()),
+                        "starts_after": bool(rest) and not rest[0].isspace(),
+                    }
+                words = [len(t.split()) for t in texts]
+                edges = [edges_of(t) for t in texts]
+                columns["doc_tokens"].append(sizes)
+                columns["doc_bytes"].append([len(t.encode("utf-8")) for t in texts])
+                columns["doc_words"].append(words)
+                columns["doc_harness_words"].append(list(map(_harness_words, texts, words, edges)))
+                columns["doc_edges"].append(edges)
+                columns["source_file"].append(sources[0])
+                columns["source_line"].append(sources[1])
+                any_text = any_text or any(not t.isspace() and t for t in texts)
+                num_tokens += ids.size
+                done += len(texts)
+                texts.clear()
+                sources[0].clear()
+                sources[1].clear()
+
+            chars = 0
+            for text, file, line in data.iter_sourced(
+                found, ds.format, ds.errors, ds.jsonl_field, lo, hi
+            ):
+                texts.append(text)
+                sources[0].append(file)
+                sources[1].append(line)
+                chars += len(text)
+                if chars >= BATCH_CHARS:
+                    flush()
+                    chars = 0
+            if texts:
                 flush()
-                chars = 0
-        if texts:
-            flush()
-    np.savez(
-        os.path.join(tmp, "docs.npz"),
-        **{n: np.frombuffer(v, np.uint8 if n == "edges" else np.int64) for n, v in per_doc.items()},
-        source_file=np.frombuffer(file_index, np.uint32),
-        source_line=np.frombuffer(lines, np.uint32),
-    )
+    finally:
+        for c in columns.values():
+            c.file.close()
+    closed = {n: c.summary() for n, c in columns.items()}
     meta = {
         "num_tokens": num_tokens,
         "files": found,
         "head": head,
         "any_text": any_text,
-        "documents": [lo, hi],
-        "digests": {n: h.hexdigest() for n, h in hashes.items()},
+        "documents": [lo, lo + done],
+        "dtypes": {n: dtype for n, (dtype, _) in closed.items()},
+        "digests": {n: h.hexdigest() for n, h in hashes.items()}
+        | {n: digest for n, (_, digest) in closed.items()},
     }
     with open(os.path.join(tmp, "part.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f)
@@ -215,12 +268,13 @@ def build(ds, tok: Tokenizer) -> Entry:
         return found
     index, count = jax.process_index(), jax.process_count()
     error: PplJaxError | None = None
-    num_documents = 0
+    num_documents: int | None = None  # one process: not counted first (its part counts them)
     try:
         with preemption.signals_raise(f"tokenizing data {ds.name!r} into {folder}"):
             os.makedirs(folder, exist_ok=True)
             temporaries.remove_stale(folder)
-            num_documents = data.count_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
+            if count > 1:
+                num_documents = data.count_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
             build_part(ds, tok, folder, index, count, num_documents)
     except OSError as e:
         error = write_error(ds.cache_dir, "the token cache", e)
@@ -244,6 +298,8 @@ def build(ds, tok: Tokenizer) -> Entry:
         )
     if index == 0:
         try:
+            if num_documents is None:
+                num_documents = _part_documents(os.path.join(folder, names[0]))[1]
             write_parts(folder, count, num_documents)
         except OSError as e:
             error = write_error(ds.cache_dir, "the token cache", e)
@@ -257,6 +313,17 @@ def build(ds, tok: Tokenizer) -> Entry:
         raise DataError(f"data.cache_dir={ds.cache_dir!r}: the token cache {folder} is incomplete.")
     _check_text(entry, ds)
     return entry
+
+
+def _part_documents(part: str) -> tuple[int, int]:
+    """The documents `[lo, hi)` a part's `part.json` says it holds."""
+    try:
+        with open(os.path.join(part, "part.json"), encoding="utf-8") as f:
+            lo, hi = json.load(f)["documents"]
+        return int(lo), int(hi)
+    except (ValueError, KeyError, TypeError) as e:
+        what = f"its {os.path.basename(part)} cannot be read: {e}"
+        raise damaged(os.path.dirname(part), what) from None
 
 
 def _gather_failures(failed: bool) -> list[int]:

@@ -2,10 +2,14 @@
 its `part.json` and the entry's `parts.json` say (`ppl_jax.plans.token_cache` writes them).
 
 A part holds flat arrays: `ids.bin` (int32 token ids), `bytes.bin` (int32: the UTF-8 bytes each
-token covers) and, in `docs.npz`, per document its tokens, bytes, words, harness words, edges and
-source (`ppl_jax.data.sources.Sources`). `open_entry` accepts only the entry's own part names,
-whose document ranges must tile the corpus once; `Verifier` checks a part's token files against
-their SHA-256 digests as they are read.
+token covers) and one file per document array (`COLUMNS`): its tokens, bytes, words, harness
+words, edges and source (`ppl_jax.data.sources.Sources`). `open_entry` accepts only the entry's
+own part names, whose document ranges must tile the corpus once; a part's document arrays are
+checked against their SHA-256 digests when it is opened, and `Verifier` checks its token files as
+they are read.
+
+A part keeps nothing per document in memory: its document arrays are read from their files when
+asked for (`Part.column`), whole or a chunk of documents at a time.
 """
 
 from __future__ import annotations
@@ -21,22 +25,33 @@ import numpy as np
 from ppl_jax.data.sources import Sources
 from ppl_jax.errors import DataError
 
-VERSION = 3  # 2: parts.json counts documents, part.json its digests; 3: sources as arrays
-DOC_ARRAYS = ("tokens", "bytes", "words", "harness_words", "edges")
+VERSION = 4  # 2: parts.json counts documents, part.json its digests; 3: sources as arrays;
+# 4: a file per document array (`COLUMNS`), counts in uint32 where they fit
+COUNTS = ("doc_tokens", "doc_bytes", "doc_words", "doc_harness_words")  # uint32, or int64
+COLUMNS = (*COUNTS, "doc_edges", "source_file", "source_line")  # `<name>.bin`, one per document
+DTYPES = {  # the dtypes other than the counts' (`source_file`: `Sources.file`'s)
+    "doc_edges": ("uint8",),
+    "source_file": ("uint8", "uint16", "uint32"),
+    "source_line": ("uint32",),
+}
+COUNT_DTYPES = ("uint32", "int64")  # a part's counts are uint32 unless one does not fit
+_READ_CHUNK = 1 << 20  # bytes per read while hashing a file
+_CHECK_DOCS = 1 << 16  # documents per chunk of the token counts summed on opening a part
 
 
 class Part:
-    """One process's share of an entry, memory-mapped.
+    """One process's share of an entry.
 
     Attributes:
-      ids, byte_lengths: `[n] int32` token ids and the UTF-8 bytes each covers.
-      doc_tokens, doc_bytes, doc_words, doc_harness_words: `[d] int64` per document.
-      doc_edges: `[d] uint8`, bit 1: begins with a non-space character, bit 2: ends with one.
-      sources: the documents' sources (`ppl_jax.data.sources.Sources`: a file index and a line
-        per document, read as `path:line`).
+      documents: the part's documents `[lo, hi)` in the corpus; num_documents: `hi - lo`.
+      num_tokens: its tokens; files: the paths its sources index.
+      dtypes: each document array's dtype (`COLUMNS`: `Part.column`).
       head: for the part's first non-empty document, `{"doc", "first_token_bytes",
         "words_after", "starts_after"}`: the words of its text after its first token and
         whether that rest begins with a non-space character; None if every document is empty.
+
+    Raises (on opening):
+      DataError: files that disagree with `part.json` (`damaged`).
     """
 
     def __init__(self, folder: str):
@@ -47,25 +62,59 @@ class Part:
         self.any_text = bool(meta["any_text"])
         self.documents = (int(meta["documents"][0]), int(meta["documents"][1]))
         self.digests: dict[str, str] = dict(meta["digests"])
+        self.dtypes: dict[str, str] = {n: str(meta["dtypes"][n]) for n in COLUMNS}
+        self.files: list[str] = list(meta["files"])
         self.folder = folder
-        docs = np.load(os.path.join(folder, "docs.npz"))
-        self.doc_tokens, self.doc_bytes, self.doc_words, self.doc_harness_words = (
-            docs[n].astype(np.int64) for n in DOC_ARRAYS[:4]
-        )
-        self.doc_edges = docs["edges"].astype(np.uint8)
-        self.sources = Sources(meta["files"], docs["source_file"], docs["source_line"])
+        self._check_columns()
         self._check()
 
+    @property
+    def num_documents(self) -> int:
+        return self.documents[1] - self.documents[0]
+
+    def column(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """`[hi - lo]` of the document array `name` (one of `COLUMNS`; `hi` is at most, and
+        defaults to, the part's document count), in its stored dtype (`dtypes[name]`: uint32 or int64 for the
+        counts, uint8 for the edges, `Sources`' for the sources), read from its file."""
+        hi = self.num_documents if hi is None else min(hi, self.num_documents)
+        dtype = np.dtype(self.dtypes[name])
+        if hi <= lo:
+            return np.zeros(0, dtype)
+        path = os.path.join(self.folder, f"{name}.bin")
+        return np.fromfile(path, dtype, count=hi - lo, offset=lo * dtype.itemsize)
+
+    @property
+    def sources(self) -> Sources:
+        """The documents' sources (`ppl_jax.data.sources.Sources`), read from their files."""
+        return Sources(self.files, self.column("source_file"), self.column("source_line"))
+
+    def _check_columns(self) -> None:
+        """Raises DataError where a document array's dtype is not one it may have, its file's
+        size is not its document count's, or its bytes differ from their digest."""
+        for name in COLUMNS:
+            dtype = self.dtypes[name]
+            if dtype not in DTYPES.get(name, COUNT_DTYPES):
+                raise damaged(self.folder, f"its {name} are of dtype {dtype!r}")
+            path = os.path.join(self.folder, f"{name}.bin")
+            want = self.num_documents * np.dtype(dtype).itemsize
+            if os.path.getsize(path) != want:
+                raise damaged(
+                    self.folder, f"{name}.bin holds {os.path.getsize(path)} bytes of {want}"
+                )
+            if file_digest(path) != self.digests.get(name):
+                raise damaged(
+                    self.folder, f"{name}.bin differs from the digest its part.json holds"
+                )
+
     def _check(self) -> None:
-        """Raises DataError where the part's files disagree with its `part.json` (a truncated
-        or edited part): document counts, token total, and the sizes of `ids.bin`/`bytes.bin`.
+        """Raises DataError where the part's token files disagree with its `part.json` (a
+        truncated or edited part): the token total and the sizes of `ids.bin`/`bytes.bin`.
         Their contents are checked against `digests` as they are read (`Verifier`)."""
-        lo, hi = self.documents
-        n_docs = hi - lo
-        sizes = {a.size for a in (self.doc_tokens, self.doc_bytes, self.doc_words, self.doc_edges)}
-        if sizes != {n_docs} or len(self.sources) != n_docs:
-            raise damaged(self.folder, f"it lists {n_docs} documents but holds {sorted(sizes)}")
-        if int(self.doc_tokens.sum()) != self.num_tokens:
+        total = sum(
+            int(self.column("doc_tokens", lo, lo + _CHECK_DOCS).sum(dtype=np.int64))
+            for lo in range(0, self.num_documents, _CHECK_DOCS)
+        )
+        if total != self.num_tokens:
             raise damaged(self.folder, "its documents' token counts do not add up to its total")
         for name in ("ids", "bytes"):
             size = os.path.getsize(os.path.join(self.folder, f"{name}.bin"))
@@ -92,14 +141,39 @@ class Entry:
 
     @property
     def num_documents(self) -> int:
-        return sum(p.doc_tokens.size for p in self.parts)
+        return sum(p.num_documents for p in self.parts)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p.num_tokens for p in self.parts)
 
     def doc_array(self, name: str) -> np.ndarray:
-        return np.concatenate([getattr(p, name) for p in self.parts])
+        """`[D] int64`: the document array `name` (`COLUMNS`) of every part, in order."""
+        out = np.empty(self.num_documents, np.int64)
+        at = 0
+        for p in self.parts:
+            out[at : at + p.num_documents] = p.column(name)
+            at += p.num_documents
+        return out
 
     @functools.cached_property
     def sources(self) -> Sources:
-        return Sources.concat([p.sources for p in self.parts])
+        """The documents' sources (`Sources.concat` of the parts'), read part by part into one
+        pair of arrays."""
+        if len(self.parts) == 1:
+            return self.parts[0].sources
+        files: dict[str, int] = {}
+        file = np.empty(self.num_documents, np.uint32)
+        line = np.empty_like(file)
+        at = 0
+        for p in self.parts:
+            index = np.asarray([files.setdefault(f, len(files)) for f in p.files], np.uint32)
+            n = p.num_documents
+            if n:
+                file[at : at + n] = index[p.column("source_file")]
+                line[at : at + n] = p.column("source_line")
+            at += n
+        return Sources(tuple(files), file, line)
 
     def head(self) -> tuple[int, dict[str, Any]] | None:
         """(global index of the first non-empty document, its part's `head`), or None."""
@@ -107,8 +181,17 @@ class Entry:
         for p in self.parts:
             if p.head is not None:
                 return before + p.head["doc"], p.head
-            before += p.doc_tokens.size
+            before += p.num_documents
         return None
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes, read `_READ_CHUNK` bytes at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def damaged(folder: str, what: str) -> DataError:
@@ -174,8 +257,8 @@ class Verifier:
         self.hashes = {"ids": hashlib.sha256(), "bytes": hashlib.sha256()}
 
     def update(self, ids: np.ndarray, lens: np.ndarray) -> None:
-        self.hashes["ids"].update(np.ascontiguousarray(ids, np.int32).tobytes())
-        self.hashes["bytes"].update(np.ascontiguousarray(lens, np.int32).tobytes())
+        self.hashes["ids"].update(np.ascontiguousarray(ids, np.int32))
+        self.hashes["bytes"].update(np.ascontiguousarray(lens, np.int32))
 
     def check(self) -> None:
         """Raises DataError (`damaged`) where a digest differs."""

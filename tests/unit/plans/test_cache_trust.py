@@ -108,6 +108,17 @@ def test_a_part_edited_in_place_is_refused(cached):
     assert not [n for n in os.listdir(cache) if n.startswith(".")]  # no temporary left
 
 
+def test_a_document_array_edited_in_place_is_refused(cached):
+    s, tok, cache, _ = cached
+    words = token_entry(cache) / "part-00000-of-00001" / "doc_words.bin"
+    values = np.fromfile(words, np.uint32)
+    values[0] += 1
+    values.tofile(words)  # same size, a plausible count
+    drop_plans(cache)
+    with pytest.raises(DataError, match="doc_words.bin differs from the digest its part.json"):
+        suite.planned(s.data, s.eval, tok, 512)
+
+
 def test_a_plan_tokens_npy_edited_in_place_is_refused(cached):
     s, tok, cache, p = cached
     tokens = plan_entry(cache) / "tokens.npy"
@@ -146,21 +157,19 @@ def test_disk_full_while_caching_is_one_sentence_and_leaves_nothing(
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
     tok = tokenizer.load(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), protocol)
-    real_save, real_savez = np.save, np.savez
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     if protocol == "sliding":  # the token cache's part is written first
-        monkeypatch.setattr(token_cache.np, "savez", full)
+        monkeypatch.setattr(token_cache._Column, "append", full)
     else:
         monkeypatch.setattr(plan_cache.np, "save", full)
     with pytest.raises(ConfigError, match="could not be written there .No space left on device"):
         suite.planned(s.data, s.eval, tok, 512)
     left = [os.path.join(r, n) for r, ds, fs in os.walk(tmp_path / "cache") for n in ds + fs]
     assert not [x for x in left if "part-" in x or ".tmp-" in x or x.endswith(".npy")], left
-    monkeypatch.setattr(token_cache.np, "savez", real_savez)
-    monkeypatch.setattr(plan_cache.np, "save", real_save)
+    monkeypatch.undo()
     assert suite.planned(s.data, s.eval, tok, 512)[0].text_tokens > 0  # and then it works
 
 
@@ -189,13 +198,13 @@ def test_sigterm_while_tokenizing_is_one_sentence_and_leaves_no_temporary(
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
     tok = tokenizer.load(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding")
-    encode = type(tok).encode_with_bytes
+    encode = type(tok).encode_flat_with_bytes  # the token cache's batch encoding
 
     def killed(self, texts):
         os.kill(os.getpid(), signal.SIGTERM)
         return encode(self, texts)
 
-    monkeypatch.setattr(type(tok), "encode_with_bytes", killed)
+    monkeypatch.setattr(type(tok), "encode_flat_with_bytes", killed)
     with pytest.raises(Interrupted, match="SIGTERM while tokenizing data") as e:
         suite.planned(s.data, s.eval, tok, 512)
     assert e.value.exit_code == 143

@@ -61,7 +61,8 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     # The second time: no file is read, nothing is tokenized, the tokens are memory-mapped.
     monkeypatch.setattr(data, "read_documents", lambda *a, **k: pytest.fail("read again"))
     monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
-    monkeypatch.setattr(type(tok), "encode_with_bytes", lambda *a: pytest.fail("tokenized again"))
+    for method in ("encode_with_bytes", "encode_flat_with_bytes"):
+        monkeypatch.setattr(type(tok), method, lambda *a: pytest.fail("tokenized again"))
     cached, docs, _ = suite.planned(s.data, s.eval, tok, 512)
     assert docs is None and isinstance(cached.windows.tokens, np.memmap)
     same_plan(cached, plain)

@@ -63,7 +63,7 @@ def entry_of(tmp_path, path, tok, count: int) -> token_cache.Entry:
 def small_chunks(monkeypatch):
     monkeypatch.setattr(token_cache, "BATCH_CHARS", 40)
     monkeypatch.setattr(token_cache, "COPY_TOKENS", 7)
-    monkeypatch.setattr(stream_plans, "WORDS_CHUNK", 2)  # word counts joined across chunks
+    monkeypatch.setattr(stream_plans, "DOCS_CHUNK", 2)  # word counts joined across chunks
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "bpe_with_bos"])
@@ -112,6 +112,47 @@ def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
         stream_plans.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
     assert "document 2 (" in str(e.value) and "b.jsonl:2" in str(e.value)
+
+
+def test_a_part_keeps_its_document_arrays_in_files(tmp_path, bpe_tokenizer, monkeypatch):
+    """Many short documents (issue 19): a part holds no array per document in memory; on disk
+    its counts are uint32 and the file index of two files uint8; one process does not count the
+    corpus before tokenizing it."""
+    path = corpus(tmp_path)
+    docs = data.read_documents(path, "jsonl")
+    tok = tokenizer.load(bpe_tokenizer, None)
+    s = settings(path, str(tmp_path / "cache"), "sliding", format="jsonl")
+    monkeypatch.setattr(data, "count_documents", lambda *a, **k: pytest.fail("counted first"))
+    entry = token_cache.build(s.data, tok)
+    (part,) = entry.parts
+    assert part.documents == (0, len(docs)) and entry.num_documents == len(docs)
+    assert part.dtypes == {
+        **dict.fromkeys(token_cache.COUNTS, "uint32"),
+        "doc_edges": "uint8",
+        "source_file": "uint8",
+        "source_line": "uint32",
+    }
+    assert not [k for k, v in vars(part).items() if isinstance(v, np.ndarray)]
+    assert part.column("doc_bytes").tolist() == [len(d.text.encode()) for d in docs]
+    assert part.column("doc_words", 2, 4).tolist() == [len(d.text.split()) for d in docs[2:4]]
+    assert entry.sources == [d.source for d in docs]
+
+
+def test_a_count_past_uint32_turns_its_column_into_int64(tmp_path):
+    big = np.iinfo(np.uint32).max
+    kept = token_cache._Column(str(tmp_path), "doc_bytes", "uint32", widens=True)
+    kept.append([big, 0])
+    widened = token_cache._Column(str(tmp_path), "doc_tokens", "uint32", widens=True)
+    widened.append([1, 2])
+    widened.append(np.asarray([big + 1, 3]))
+    widened.append([7])
+    for column in (kept, widened):
+        column.file.close()
+    assert kept.summary()[0] == "uint32"
+    dtype, digest = widened.summary()
+    path = str(tmp_path / "doc_tokens.bin")
+    assert dtype == "int64" and digest == token_cache.file_digest(path)
+    assert np.fromfile(path, np.int64).tolist() == [1, 2, big + 1, 3, 7]
 
 
 def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokenizer, monkeypatch):
