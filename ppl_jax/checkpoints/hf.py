@@ -43,7 +43,10 @@ from ppl_jax.models.gpt_neox import GPTNeoXConfig
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import directory as tokenizer_directory
-from ppl_jax.tokenizer.directory import has_tokenizer  # noqa: F401  (re-exported)
+from ppl_jax.tokenizer.directory import (
+    TOKENIZER_FILES,
+    has_tokenizer,  # noqa: F401  (re-exported)
+)
 
 # Hugging Face model type -> its config reader (each returns a config with `to_dict()`).
 MODEL_TYPES = {
@@ -72,7 +75,6 @@ _LAYER_NAME = re.compile(
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 BUFFER_SUFFIXES = layouts.BUFFER_SUFFIXES
 
@@ -196,20 +198,6 @@ def _check_against_headers(path: str, where: str, desc: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------ weights
 
 
-def _allowed_roots(path: str) -> list[str]:
-    """Where the weight files of `path` may really lie: the directory itself, and for a snapshot of
-    the Hugging Face hub cache (`models--org--name/snapshots/<revision>`, whose files are symlinks
-    into `models--org--name/blobs`), that repository's blobs. Remote paths have no symlinks."""
-    if not paths.is_local(path):
-        return [paths.absolute(path)]
-    real = os.path.realpath(path)
-    roots = [real]
-    parent = os.path.dirname(real)
-    if os.path.basename(parent) == "snapshots":
-        roots.append(os.path.join(os.path.dirname(parent), "blobs"))
-    return roots
-
-
 def _check_inside(
     path: str, index: str | None, file: Any, name: str = "", what: str | None = None
 ) -> None:
@@ -225,8 +213,7 @@ def _check_inside(
             f"{index!r} maps the weight {name!r} to {file!r}, not a file name; fix its weight_map."
         )
     if paths.is_local(path):
-        real = os.path.realpath(os.path.join(path, file))
-        inside = any(os.path.commonpath([real, root]) == root for root in _allowed_roots(path))
+        real, inside = paths.resolves_inside(path, file)
     else:  # no symlinks on object stores: a relative name without '..' stays inside
         real, inside = paths.join(paths.absolute(path), file), paths.scheme(file) is None
     if os.path.isabs(file) or ".." in file.replace("\\", "/").split("/") or not inside:

@@ -140,3 +140,22 @@ def read_json_object(path: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CheckpointError(f"{path!r} holds a JSON {type(value).__name__}, not an object.")
     return value
+
+
+def allowed_roots(folder: str) -> list[str]:
+    """Where the files of a local `folder` may really lie: the folder itself (symlinks resolved),
+    and for a snapshot of the Hugging Face hub cache (`models--org--name/snapshots/<revision>`,
+    whose files are symlinks into `models--org--name/blobs`), that repository's `blobs`."""
+    real = os.path.realpath(folder)
+    roots = [real]
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(parent), "blobs"))
+    return roots
+
+
+def resolves_inside(folder: str, file: str) -> tuple[str, bool]:
+    """`(real path, whether it lies inside `allowed_roots(folder)`)` of the local `file` of
+    `folder`, every symlink followed."""
+    real = os.path.realpath(os.path.join(folder, file))
+    return real, any(os.path.commonpath([real, root]) == root for root in allowed_roots(folder))

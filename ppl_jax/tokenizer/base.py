@@ -19,8 +19,9 @@ import os
 from typing import Any
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.runtime import paths
 from ppl_jax.tokenizer.core import META, ByteTokenizer, Tokenizer, specials
-from ppl_jax.tokenizer.directory import apply_tokenizer_config, load_tokenizer
+from ppl_jax.tokenizer.directory import TOKENIZER_FILES, apply_tokenizer_config, load_tokenizer
 from ppl_jax.tokenizer.hf import HFTokenizer
 from ppl_jax.tokenizer.spm import SentencePieceTokenizer
 
@@ -96,7 +97,7 @@ def from_description(desc: dict[str, Any]) -> Tokenizer:
     return tok
 
 
-def load(spec: str, checkpoint_description: dict[str, Any] | None) -> Tokenizer:
+def load(spec: str, checkpoint_description: dict[str, Any] | None = None) -> Tokenizer:
     """The tokenizer for `data.tokenizer`: `auto` (the checkpoint's own), `byte`, or a path: a
     `tokenizer.json`, a SentencePiece `.model`, or a Hugging Face directory (`ppl_jax.checkpoints.hf`).
 
@@ -114,7 +115,27 @@ def load(spec: str, checkpoint_description: dict[str, Any] | None) -> Tokenizer:
         return ByteTokenizer()
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
+        _refuse_links_out(path)
         return load_tokenizer(path)
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path)
     return HFTokenizer.from_file(path)
+
+
+def _refuse_links_out(folder: str) -> None:
+    """Refuses a tokenizer folder whose tokenizer files are links leading out of it (or, in the
+    Hugging Face hub cache, out of the repository's `blobs`), as for checkpoints
+    (docs/trust.md): a folder's files are read only from inside it.
+
+    Raises:
+      ConfigError: such a link, naming it and where it leads.
+    """
+    for file in TOKENIZER_FILES:
+        if os.path.lexists(os.path.join(folder, file)):
+            real, inside = paths.resolves_inside(folder, file)
+            if not inside:
+                raise ConfigError(
+                    f"{os.path.join(folder, file)!r} is a link to {real!r}, outside the tokenizer "
+                    f"folder {folder!r} (data.tokenizer); its files are read only from inside "
+                    f"it: copy the file into the folder."
+                )

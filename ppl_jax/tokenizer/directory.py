@@ -12,6 +12,9 @@ from ppl_jax.tokenizer.core import Tokenizer
 from ppl_jax.tokenizer.hf import HFTokenizer
 from ppl_jax.tokenizer.spm import SentencePieceTokenizer
 
+# The files of a tokenizer folder (a Hugging Face directory's tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
 
 def has_tokenizer(path: str) -> bool:
     """Whether the directory holds `tokenizer.json` or a SentencePiece `tokenizer.model`."""

@@ -19,7 +19,7 @@ import pytest
 from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import nnx as nnx_lib
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib
@@ -462,6 +462,26 @@ def test_config_and_tokenizer_linked_out_of_the_directory_are_refused(tmp_path):
     os.symlink(outside / "tokenizer.json", path / "tokenizer.json")
     with pytest.raises(CheckpointError, match="its tokenizer.json is read only from inside it"):
         hf.load_tokenizer(str(path))
+
+
+def test_a_tokenizer_folder_named_by_data_tokenizer_keeps_its_files_inside(tmp_path):
+    """`data.tokenizer=<folder>` (and `ppl_jax.load_tokenizer`) follows the checkpoints' rule:
+    a tokenizer file that is a link leading out of the folder is refused, naming the link; a
+    link inside the folder is read."""
+    import ppl_jax
+
+    folder, outside = tmp_path / "tok", tmp_path / "elsewhere"
+    folder.mkdir()
+    outside.mkdir()
+    _write_word_tokenizer(str(outside))
+    os.replace(outside / "tokenizer_config.json", folder / "tokenizer_config.json")
+    os.symlink("../elsewhere/tokenizer.json", folder / "tokenizer.json")
+    with pytest.raises(ConfigError, match=r"tok/tokenizer.json' is a link to .*elsewhere/"):
+        ppl_jax.load_tokenizer(str(folder))
+    os.remove(folder / "tokenizer.json")
+    os.replace(outside / "tokenizer.json", folder / "real.json")
+    os.symlink("real.json", folder / "tokenizer.json")  # a link inside the folder
+    assert ppl_jax.load_tokenizer(str(folder)).encode(["hello world"])[0].tolist() == [3, 4]
 
 
 def test_hub_cache_config_links_into_blobs_are_read(tmp_path):
