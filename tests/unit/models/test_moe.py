@@ -401,6 +401,13 @@ def test_accelerators_lower_to_ragged_dot(platform):
     assert "ragged_dot" in text and "while" not in text
     cpu = LAYER.trace(*abstract, top_k=2, norm_topk_prob=True).lower().as_text()
     assert "ragged_dot" not in cpu and "while" in cpu
+    # Under the Scorer's mesh (data=8): ragged_dot inside one manual computation over `data`.
+    batched = [jax.ShapeDtypeStruct((16, 4, 32), jnp.float32), *abstract[1:]]
+    with jax.set_mesh(mesh_lib.make_mesh(8, 1)):
+        traced = LAYER.trace(*batched, top_k=2, norm_topk_prob=True)
+        text = traced.lower(lowering_platforms=(platform,)).as_text()
+    assert "ragged_dot" in text and "while" not in text
+    assert text.count("sdy.manual_computation") == 1
 
 
 @pytest.mark.parametrize("name,model_type", [("mixtral", "mixtral"), ("qwen2_moe", "qwen2_moe")])
