@@ -146,7 +146,7 @@ E2E_FILES = {  # run the command line in a subprocess
 }  # fmt: skip
 MULTIPROCESS_FILES = {
     "test_distributed.py", "test_plan_agreement.py", "test_bench_data.py", "test_harness_processes.py",
-    "test_stacked_reads.py",
+    "test_stacked_reads.py", "test_hub_processes.py",
 }  # fmt: skip
 MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
 SLOW_NAMES = (  # the costliest cases of files whose other tests stay in the default tiers

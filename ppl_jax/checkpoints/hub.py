@@ -124,9 +124,17 @@ class Repo:
                 f"hub revision {revision!r} of {self.repo_id!r} cannot be resolved "
                 f"({type(e).__name__}: {' '.join(str(e).split())[:200]})."
             ) from None
-        commit = agree_commit(os.path.basename(os.path.normpath(folder)))
+        own = os.path.basename(os.path.normpath(folder))
+        commit = agree_commit(own)
         self._commits[revision] = commit
         folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
+        if not os.path.isdir(folder):  # process 0's commit, absent from this host's cache
+            raise CheckpointError(
+                f"process 0 scores commit {commit} of {self.repo_id!r}, which this process's hub "
+                f"cache ({_cache()}) does not hold (here {revision!r} is commit {own}); give "
+                f"every host the same revisions (huggingface-cli download {self.repo_id} "
+                f"--revision <revision> on each), or one shared cache."
+            )
         names = os.listdir(folder)
         if not any(n.endswith(".safetensors") for n in names):
             pickles = [n for n in names if n.endswith(_PICKLES)]
