@@ -77,18 +77,6 @@ class Sources(Sequence[str]):
     def nbytes(self) -> int:
         return int(self.file.nbytes + self.line.nbytes)
 
-    @staticmethod
-    def concat(parts: Sequence[Sources]) -> Sources:
-        """The sources of `parts` in order, their file lists merged (each path once)."""
-        files: dict[str, int] = {}
-        mapped = []
-        for p in parts:
-            index = np.asarray([files.setdefault(f, len(files)) for f in p.files], np.uint32)
-            mapped.append(index[p.file] if p.file.size else p.file)
-        file = np.concatenate(mapped) if mapped else np.zeros(0, np.uint32)
-        line = np.concatenate([p.line for p in parts]) if parts else np.zeros(0, np.uint32)
-        return Sources(tuple(files), file, line)
-
 
 def index_dtype(num_files: int) -> np.dtype:
     """The smallest unsigned integer dtype that holds an index of `num_files` files."""

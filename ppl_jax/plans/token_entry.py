@@ -158,8 +158,8 @@ class Entry:
 
     @functools.cached_property
     def sources(self) -> Sources:
-        """The documents' sources (`Sources.concat` of the parts'), read part by part into one
-        pair of arrays."""
+        """The documents' sources, the parts' in order with their file lists merged (each path
+        once), read part by part into one pair of arrays."""
         if len(self.parts) == 1:
             return self.parts[0].sources
         files: dict[str, int] = {}

@@ -25,15 +25,6 @@ def test_sources_read_as_the_documents_strings(tmp_path):
     assert list(whole) == [d.source for d in data.read_documents(f"{a},{b}", "text")]
 
 
-def test_concat_merges_the_file_lists():
-    x = Sources(["/a", "/b"], [0, 1, 1], [1, 2, 3])
-    y = Sources(["/b", "/c"], [0, 1], [4, 5])
-    both = Sources.concat([x, y])
-    assert both.files == ("/a", "/b", "/c")
-    assert list(both) == ["/a:1", "/b:2", "/b:3", "/b:4", "/c:5"]
-    np.testing.assert_array_equal(both.file, [0, 1, 1, 1, 2])
-
-
 def test_the_file_index_is_the_smallest_unsigned_integer_for_the_files():
     for num_files, dtype in ((1, np.uint8), (256, np.uint8), (257, np.uint16), (65537, np.uint32)):
         files = [f"/f{i}" for i in range(num_files)]

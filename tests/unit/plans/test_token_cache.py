@@ -78,6 +78,7 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
     for count in (1, 2, 3, 11):  # 11 shares of 9 documents: some are empty
         entry = entry_of(tmp_path, path, tok, count)
         assert entry.num_documents == len(docs)
+        assert entry.sources == [d.source for d in docs]  # the parts' file lists merged
         cases = itertools.product(
             ["sliding"] + (["lm_eval_rolling"] if rolling else []),
             ["\n\n", "", "|"],
