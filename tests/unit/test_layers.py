@@ -15,8 +15,7 @@ PACKAGE = os.path.join(helpers.REPO, "ppl_jax")
 MAX_LINES = 450
 # Modules still past MAX_LINES, each held to its present length until it is split where its nouns
 # are (a ratchet: none may grow, and none may join the list).
-LONG = {
-}
+LONG = {}
 # Imports inside functions that stay: the command line's start-up time, and what a module needs
 # only on one path (optional packages are not ppl_jax imports and are not counted).
 ALLOWED_INNER = {

@@ -18,9 +18,9 @@ import helpers
 
 def test_a_reference_with_another_tokenizer_of_the_same_size_is_refused(
     tiny_checkpoint,
-    corpus,
+    corpus,  # noqa: F811  (the fixture imported above)
     tmp_path,
-    monkeypatch,  # noqa: F811
+    monkeypatch,
 ):
     bpe = helpers.train_bpe([helpers.stdlib_text(3000)], vocab_size=256, specials=())
     desc = {"type": "hf", "name": "tokenizer.json", "tokenizer_json": bpe.to_str()}
