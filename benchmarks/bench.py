@@ -150,11 +150,15 @@ def make_tokens(vocab: int, seq_len: int, num: int) -> str:
 
 
 def _data_folder() -> str:
-    """The shared data folder: PPL_JAX_TEST_DATA, else `../shared/data` beside the checkout."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.environ.get("PPL_JAX_TEST_DATA") or os.path.join(
-        os.path.dirname(here), "shared", "data"
-    )
+    """The data folder that PPL_JAX_TEST_DATA names (as `.ci/run` sets it); without it, the
+    flags `--data` and `--tokenizer` must name the text and the tokenizer."""
+    folder = os.environ.get("PPL_JAX_TEST_DATA", "")
+    if not folder and not (_DATA.value and _TOKENIZER.value):
+        raise SystemExit(
+            "bench: set PPL_JAX_TEST_DATA to the data folder (it holds wikitext-2/test.txt and "
+            "tokenizers/gpt2.json), or pass --data and --tokenizer."
+        )
+    return folder
 
 
 def _peak_rss_bytes() -> int:

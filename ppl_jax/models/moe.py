@@ -357,7 +357,7 @@ def moe_mlp(
     *,
     top_k: int,
     norm_topk_prob: bool,
-    shared: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None,
+    shared_expert: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None,
     tile: int | None = None,
 ) -> jax.Array:
     """The MoE block of transformers' `*SparseMoeBlock`, dropless.
@@ -371,7 +371,7 @@ def moe_mlp(
         the same as unsharded.
       router: `[embed, experts]`; gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`.
       top_k, norm_topk_prob: the routing (see `route`).
-      shared: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
+      shared_expert: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
         shared_gate [embed])`, added as `sigmoid(x @ shared_gate) * swiglu(x)`; or None.
       tile: rows per tile on CPU (see `grouped_swiglu`).
 
@@ -393,8 +393,8 @@ def moe_mlp(
             check_vma=False,
         )
     out = routed(x, router, gate, up, down)
-    if shared is not None:
-        s_gate, s_up, s_down, s_scale = shared
+    if shared_expert is not None:
+        s_gate, s_up, s_down, s_scale = shared_expert
         scale = jax.nn.sigmoid(jnp.dot(x, s_scale.astype(dtype)).astype(jnp.float32))
         out = out + scale[..., None] * _swiglu(x, s_gate, s_up, s_down).astype(jnp.float32)
     return out.astype(dtype)
@@ -425,17 +425,8 @@ class MoeMLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """`[..., embed]` -> `[..., embed]`, in `x.dtype`."""
         spec = self.spec
-        shared = None
-        if spec.shared_mlp_dim:
-            shared = tuple(
-                p[...]
-                for p in (
-                    self.shared_gate_proj,
-                    self.shared_up,
-                    self.shared_down,
-                    self.shared_scale,
-                )
-            )
+        names = ("shared_gate_proj", "shared_up", "shared_down", "shared_scale")
+        shared_expert = tuple(getattr(self, n)[...] for n in names) if spec.shared_mlp_dim else None
         return moe_mlp(
             x,
             self.router[...],
@@ -444,5 +435,5 @@ class MoeMLP(nnx.Module):
             self.down[...],
             top_k=spec.top_k,
             norm_topk_prob=spec.norm_topk_prob,
-            shared=shared,
+            shared_expert=shared_expert,
         )

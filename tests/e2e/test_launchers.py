@@ -120,11 +120,11 @@ def _real_run(fakes, script: str, args: list[str], name: str, **extra: str) -> l
 
 def test_tpu_pod_runs_ppl_jax_on_every_worker(fakes):
     flags = ["--config=configs/wikitext2.py:/mnt/data/wiki.test.tokens", "--config.mesh.model=4"]
-    extra = dict(PROJECT="my-project", WORKDIR="/mnt/shared/ppl_jax")
+    extra = dict(PROJECT="my-project", WORKDIR="/mnt/nfs/ppl_jax")
     line = _dry_run(fakes, TPU_POD, ["my-pod", "us-central2-b", *flags], **extra)
     assert line == (
         "gcloud compute tpus tpu-vm ssh my-pod --zone=us-central2-b --project=my-project "
-        "--worker=all '--command=cd /mnt/shared/ppl_jax && env PPL_JAX_DISTRIBUTED=1 python3 "
+        "--worker=all '--command=cd /mnt/nfs/ppl_jax && env PPL_JAX_DISTRIBUTED=1 python3 "
         "-m ppl_jax --config=configs/wikitext2.py:/mnt/data/wiki.test.tokens "
         "--config.mesh.model=4'"
     )
@@ -137,7 +137,7 @@ def test_tpu_pod_runs_ppl_jax_on_every_worker(fakes):
         "--zone=us-central2-b",
         "--project=my-project",
         "--worker=all",
-        "--command=cd /mnt/shared/ppl_jax && env PPL_JAX_DISTRIBUTED=1 python3 -m ppl_jax "
+        "--command=cd /mnt/nfs/ppl_jax && env PPL_JAX_DISTRIBUTED=1 python3 -m ppl_jax "
         + " ".join(flags),
     ]
     assert _execute(fakes, line, "gcloud") == expected
@@ -182,11 +182,11 @@ def test_tpu_pod_quotes_every_flag_for_the_workers_shell(fakes):
 
 
 def test_tpu_pod_installs_on_every_worker(fakes):
-    args = ["my-pod", "us-central2-b", "--install", "jax[tpu]", "/mnt/shared/ppl_jax"]
+    args = ["my-pod", "us-central2-b", "--install", "jax[tpu]", "/mnt/nfs/ppl_jax"]
     line = _dry_run(fakes, TPU_POD, args)
     assert line == (
         "gcloud compute tpus tpu-vm ssh my-pod --zone=us-central2-b --worker=all "
-        "\"--command=python3 -m pip install 'jax[tpu]' /mnt/shared/ppl_jax\""
+        "\"--command=python3 -m pip install 'jax[tpu]' /mnt/nfs/ppl_jax\""
     )
     command = _execute(fakes, line, "gcloud")[-1]
     assert command == _real_run(fakes, TPU_POD, args, "gcloud")[-1]
@@ -195,7 +195,7 @@ def test_tpu_pod_installs_on_every_worker(fakes):
         "pip",
         "install",
         "jax[tpu]",
-        "/mnt/shared/ppl_jax",
+        "/mnt/nfs/ppl_jax",
     ]
 
 

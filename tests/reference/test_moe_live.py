@@ -126,6 +126,6 @@ def test_weights_saved_by_transformers_load_and_score_alike(model_type, tmp_path
         expected = model.model.layers[0].mlp(torch.from_numpy(x)).numpy()
     p = {k: jnp.asarray(v) for k, v in params.items()}
     if spec.shared_mlp_dim:
-        p["shared"] = tuple(p.pop(k) for k in test_moe.SHARED_NAMES)
+        p["shared_expert"] = tuple(p.pop(k) for k in test_moe.SHARED_NAMES)
     y = test_moe.call(p, jnp.asarray(x), spec.top_k, spec.norm_topk_prob)
     assert test_moe.rel_diff(y, expected) < 1e-6

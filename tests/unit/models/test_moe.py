@@ -22,7 +22,7 @@ import helpers
 GOLDEN = os.path.join(helpers.GOLDEN, "moe")
 
 
-def reference(x, router, gate, up, down, top_k, norm_topk_prob, shared=None, chosen=None):
+def reference(x, router, gate, up, down, top_k, norm_topk_prob, shared_expert=None, chosen=None):
     """NumPy float64, token by token and expert by expert, as transformers' `*SparseMoeBlock`;
     ties go to the lower expert index unless `chosen [tokens, top_k]` names the experts."""
     f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
@@ -39,8 +39,8 @@ def reference(x, router, gate, up, down, top_k, norm_topk_prob, shared=None, cho
             weights = weights / weights.sum()
         for e, w in zip(experts, weights, strict=True):
             out[t] += w * ((silu(x[t] @ gate[e]) * (x[t] @ up[e])) @ down[e])
-    if shared is not None:
-        s_gate, s_up, s_down, s_scale = map(f64, shared)
+    if shared_expert is not None:
+        s_gate, s_up, s_down, s_scale = map(f64, shared_expert)
         scale = 1 / (1 + np.exp(-(x @ s_scale)))
         out += scale[:, None] * ((silu(x @ s_gate) * (x @ s_up)) @ s_down)
     return out
@@ -57,7 +57,7 @@ def random_layer(rng, embed, mlp, experts, shared_mlp=0, router_scale=1.0):
         "down": draw(experts, mlp, embed),
     }
     if shared_mlp:
-        params["shared"] = (
+        params["shared_expert"] = (
             draw(embed, shared_mlp),
             draw(embed, shared_mlp),
             draw(shared_mlp, embed),
@@ -76,7 +76,7 @@ LAYER = jax.jit(moe.moe_mlp, static_argnames=("top_k", "norm_topk_prob", "tile")
 
 
 def call(params, x, top_k, norm):
-    """`moe_mlp` jitted (once per shape) on a dict of params (`shared`: the shared expert)."""
+    """`moe_mlp` jitted (once per shape) on a dict of params (`shared_expert`: its four weights)."""
     p = dict(params)
     return LAYER(x, **p, top_k=top_k, norm_topk_prob=norm)
 
@@ -90,10 +90,10 @@ STYLES = [
 ]
 
 
-@pytest.mark.parametrize("name,experts,top_k,norm,shared", STYLES, ids=[s[0] for s in STYLES])
-def test_equals_numpy_float64(name, experts, top_k, norm, shared):
-    rng = np.random.default_rng(experts + top_k + shared)
-    params = random_layer(rng, 32, 48, experts, shared)
+@pytest.mark.parametrize("name,experts,top_k,norm,shared_mlp", STYLES, ids=[s[0] for s in STYLES])
+def test_equals_numpy_float64(name, experts, top_k, norm, shared_mlp):
+    rng = np.random.default_rng(experts + top_k + shared_mlp)
+    params = random_layer(rng, 32, 48, experts, shared_mlp)
     x = jnp.asarray(rng.standard_normal((3, 21, 32)), jnp.float32)
     y = call(params, x, top_k, norm)
     assert y.shape == x.shape and y.dtype == jnp.float32
@@ -128,7 +128,7 @@ def hf_to_ppl(z):
         "down": z["down_proj"].transpose(0, 2, 1),
     }
     if "shared_expert_gate" in z:
-        params["shared"] = (
+        params["shared_expert"] = (
             z["shared_gate_proj"].T,
             z["shared_up_proj"].T,
             z["shared_down_proj"].T,
@@ -228,7 +228,7 @@ def test_invariant_to_batch_size_order_and_mesh():
 
     def run(params, x, mesh=None, set_mesh=False):
         p = dict(params)
-        p["shared"] = tuple(p.pop(k) for k in SHARED_NAMES)
+        p["shared_expert"] = tuple(p.pop(k) for k in SHARED_NAMES)
         if mesh is None:
             return np.asarray(call(p, x, 4, True))
         x = jax.device_put(x, NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
@@ -245,7 +245,7 @@ def test_invariant_to_batch_size_order_and_mesh():
         *(plain[k] for k in ("router", "gate", "up", "down")),
         top_k=4,
         norm_topk_prob=True,
-        shared=tuple(plain[k] for k in SHARED_NAMES),
+        shared_expert=tuple(plain[k] for k in SHARED_NAMES),
     )
     assert rel_diff(whole.reshape(-1, 32), ref) < 1e-6
     diffs = {}
@@ -348,7 +348,7 @@ def test_module_params_and_bfloat16():
     y = nnx.jit(lambda m, x: m(x))(module, x)
     assert y.dtype == jnp.bfloat16 and y.shape == x.shape
     params = {k[0]: v[...].astype(jnp.float32) for k, v in nnx.to_flat_state(nnx.state(module))}
-    params["shared"] = tuple(params.pop(k) for k in SHARED_NAMES)
+    params["shared_expert"] = tuple(params.pop(k) for k in SHARED_NAMES)
     assert rel_diff(y, call(params, x.astype(jnp.float32), 2, True)) < 2e-2
 
 
@@ -434,8 +434,8 @@ def test_hf_weights_stacks_per_expert_tensors(name, model_type):
     )  # fmt: skip
     got = moe.hf_weights(tensors.__getitem__, prefix, spec, model_type)
     want = hf_to_ppl(z)
-    if "shared" in want:
-        want.update(zip(SHARED_NAMES, want.pop("shared"), strict=True))
+    if "shared_expert" in want:
+        want.update(zip(SHARED_NAMES, want.pop("shared_expert"), strict=True))
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
