@@ -136,9 +136,9 @@ def make_tokens(vocab: int, seq_len: int, num: int) -> str:
 
     from ppl_jax.tokenizer.base import HFTokenizer
 
-    shared = _data_folder()
-    text_path = _DATA.value or os.path.join(shared, "wikitext-2", "test.txt")
-    tok = HFTokenizer.from_file(_TOKENIZER.value or os.path.join(shared, "tokenizers", "gpt2.json"))
+    folder = _data_folder()
+    text_path = _DATA.value or os.path.join(folder, "wikitext-2", "test.txt")
+    tok = HFTokenizer.from_file(_TOKENIZER.value or os.path.join(folder, "tokenizers", "gpt2.json"))
     with open(text_path, encoding="utf-8") as f:
         ids = tok.encode([f.read()])[0]
     if ids.size < seq_len * num:
