@@ -17,7 +17,7 @@ row (measured: the lower index in 40-60% of random boundary ties). Ties inside t
 same set in both; only exactly equal probabilities at the k-th place can differ (identical router
 rows, or bfloat16 logits rounded to the same value).
 
-Dropless and grouped (`grouped_swiglu`): every (token, slot) assignment reaches its expert
+Dropless and grouped (`_weighted_sum`): every (token, slot) assignment reaches its expert
 whatever the batch, with no capacity. Assignments are sorted by expert (stable), the experts'
 SwiGLU runs on the sorted rows with group sizes = tokens per expert, and the rows are unsorted and
 combined with the routing weights in float32. On TPU and GPU this is `jax.lax.ragged_dot`. On CPU
@@ -276,39 +276,6 @@ def _tiled_sum(x, token, weight, gate, up, down, group_sizes, tile):
     return jax.lax.fori_loop(0, gate.shape[0], expert, out)
 
 
-def _tiled_swiglu(xs, gate, up, down, group_sizes, tile):
-    rows = jnp.arange(xs.shape[0], dtype=jnp.int32)
-    ones = jnp.ones(xs.shape[0], jnp.float32)
-    return _tiled_sum(xs, rows, ones, gate, up, down, group_sizes, tile).astype(xs.dtype)
-
-
-def grouped_swiglu(
-    xs: jax.Array,
-    gate: jax.Array,
-    up: jax.Array,
-    down: jax.Array,
-    group_sizes: jax.Array,
-    tile: int | None = None,
-) -> jax.Array:
-    """Each expert's SwiGLU on its contiguous rows: `(silu(x @ gate[e]) * (x @ up[e])) @ down[e]`.
-
-    Args:
-      xs: `[rows, embed]`, rows sorted by expert.
-      gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`, in `xs.dtype`.
-      group_sizes: `[experts] int32`, rows per expert, summing to `rows`.
-      tile: rows per tile on CPU (default `default_tile`).
-
-    Returns:
-      `[rows, embed]` in `xs.dtype`: `jax.lax.ragged_dot` on TPU/GPU, tiles on CPU.
-    """
-    tile = tile or default_tile(xs.shape[0], gate.shape[0])
-    return jax.lax.platform_dependent(
-        xs, gate, up, down, group_sizes,
-        cpu=lambda *a: _tiled_swiglu(*a, tile),
-        default=_ragged_swiglu,
-    )  # fmt: skip
-
-
 def _weighted_sum(x, weights, experts, gate, up, down, tile):
     """`[tokens, embed] float32`: each token's experts' outputs times their routing weights,
     summed. `weights`, `experts`: `[tokens, top_k]` (`route`)."""
@@ -373,7 +340,7 @@ def moe_mlp(
       top_k, norm_topk_prob: the routing (see `route`).
       shared_expert: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
         shared_gate [embed])`, added as `sigmoid(x @ shared_gate) * swiglu(x)`; or None.
-      tile: rows per tile on CPU (see `grouped_swiglu`).
+      tile: rows per tile on CPU (default `default_tile`; see `_tiled_sum`).
 
     Returns:
       `x.shape`, in `x.dtype`. Routing weights multiply the experts' outputs and the sum over

@@ -111,8 +111,10 @@ def test_cpu_tiles_equal_ragged_dot(sizes, tile):
     p = random_layer(rng, 16, 24, len(sizes))
     xs = jnp.asarray(rng.standard_normal((sum(sizes), 16)), jnp.float32)
     gs = jnp.asarray(sizes, jnp.int32)
-    tiled = jax.jit(moe._tiled_swiglu, static_argnums=5)(
-        xs, p["gate"], p["up"], p["down"], gs, tile
+    rows = jnp.arange(xs.shape[0], dtype=jnp.int32)  # each row its own token, weight 1
+    ones = jnp.ones(xs.shape[0], jnp.float32)
+    tiled = jax.jit(moe._tiled_sum, static_argnums=7)(
+        xs, rows, ones, p["gate"], p["up"], p["down"], gs, tile
     )
     ragged = jax.jit(moe._ragged_swiglu)(xs, p["gate"], p["up"], p["down"], gs)
     np.testing.assert_allclose(tiled, ragged, rtol=1e-5, atol=1e-6)
