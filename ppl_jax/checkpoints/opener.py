@@ -245,17 +245,18 @@ class Checkpoint:
             )
         return description
 
-    def attention(self, setting: str, dtype: str, step: int | None = None) -> str:
+    def attention(self, setting: str, dtype: str, step: int | None = None, **mesh: Any) -> str:
         """The attention implementation that `model.attention=setting` runs for this architecture
         in `dtype` (`float32` or `bfloat16`) on this platform: `xla`, `cudnn` or `splash`
-        (`ppl_jax.models.attention.resolve_for`).
+        (`ppl_jax.models.attention.resolve_for`, which `mesh` may tell the context axis's
+        `context` size and `context_attention`).
 
         Raises:
           ConfigError: an unknown dtype. CheckpointError: as `description`.
         """
         if architecture_lib.parse(self.architecture)[0] == "entry":
             return "xla"  # a model of the user's own attends its own way; batches as for XLA
-        return attention_lib.resolve_for(setting, _dtype(dtype), self.description(step))
+        return attention_lib.resolve_for(setting, _dtype(dtype), self.description(step), **mesh)
 
     def model(
         self, dtype: str = "float32", attention: str = "auto", step: int | None = None

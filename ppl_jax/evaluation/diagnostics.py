@@ -101,6 +101,8 @@ def step_options(settings: RunSpec) -> StepOptions:
         per_token=d.tokens,
         top_k=d.top_k,
         reference=d.reference is not None,
+        context_attention=settings.mesh.context_attention,
+        token_chunk=settings.mesh.token_chunk,
     )
 
 

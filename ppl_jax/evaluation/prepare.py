@@ -25,6 +25,7 @@ from ppl_jax.plans import protocols, suite
 from ppl_jax.plans.suite import Dataset
 from ppl_jax.runtime import distributed
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import scorer as scorer_lib
 from ppl_jax.tokenizer import base as tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -96,7 +97,8 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     check(spec, ckpt.format)
     if spec.tensorboard and out is not None:
         tensorboard.check_available(files.tensorboard_dir(out.path))
-    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
+    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model, context=spec.mesh.context)
+    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     check_batch_size(spec.batch.batch_size, mesh)
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
     raw = []
@@ -105,8 +107,9 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         if ds.cache_dir:
             data.resolve_paths(ds.path)
     first_step = ckpt.resolve_step(spec.checkpoint_step)
-    attention = ckpt.attention(spec.attention, spec.dtype, first_step)
+    attention = ckpt.attention(spec.attention, spec.dtype, first_step, **context)
     model = ckpt.model(spec.dtype, attention, first_step)
+    scorer_lib.check_context(model, mesh)
     check_window(spec.eval.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
@@ -173,7 +176,9 @@ def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.To
     ref = spec.diagnostics.reference
     ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
     step = ckpt.resolve_step(ref.checkpoint_step)
-    ref_model = ckpt.model(ref.dtype, "auto", step)
+    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
+    ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
+    scorer_lib.check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "

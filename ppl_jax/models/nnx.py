@@ -3,6 +3,7 @@ ppl_jax builds from an architecture description (`build`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -117,4 +118,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
     config_class, module_class = FAMILIES[family]
     cfg = config_class.from_dict(description)
     module_fn = lambda: module_class(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
-    return from_nnx(module_fn, cfg.vocab_size, cfg.max_positions, cfg.to_dict())
+    model = from_nnx(module_fn, cfg.vocab_size, cfg.max_positions, cfg.to_dict())
+    # Every layer of these families is per token or by positions, attention is `attend`: right
+    # under the context axis's token order (`LanguageModel.context_parallel`).
+    return dataclasses.replace(model, context_parallel=True)

@@ -22,6 +22,7 @@ import numpy as np
 from ppl_jax.data import documents as data
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.models import attention as attention_lib
 from ppl_jax.plans import plan_cache, protocols, stream_plans, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
@@ -138,12 +139,13 @@ def plan(
 def batches(p: Plan, batch: BatchSpec, attention: str = "xla", segments: bool = True) -> Layout:
     """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
     Windows are packed only for a model that keeps segments apart (`segments`:
-    `LanguageModel.honours_segments`); cuDNN attention takes per-row sequence lengths, not
-    segments: one window per row there too."""
+    `LanguageModel.honours_segments`) and an attention implementation that does
+    (`ppl_jax.models.attention.packs`: cuDNN before Hopper takes per-row sequence lengths, not
+    segments: one window per row there)."""
     return plan_layout(
         p.windows,
         batch.batch_size,
-        pack=batch.packing and attention != "cudnn" and segments,
+        pack=batch.packing and attention_lib.packs(attention) and segments,
         num_buckets=batch.length_buckets,
     )
 
