@@ -119,6 +119,9 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
     cfg = config_class.from_dict(description)
     module_fn = lambda: module_class(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
     model = from_nnx(module_fn, cfg.vocab_size, cfg.max_positions, cfg.to_dict())
-    # Every layer of these families is per token or by positions, attention is `attend`: right
-    # under the context axis's token order (`LanguageModel.context_parallel`).
-    return dataclasses.replace(model, context_parallel=True)
+    # A family's layers are per token or by positions, attention is `attend` and recurrences go
+    # through `ppl_jax.models.context.pass_state`: right under the context axis's token order
+    # (`LanguageModel.context_parallel`), unless its module says `context_parallel = False`.
+    return dataclasses.replace(
+        model, context_parallel=bool(getattr(module_class, "context_parallel", True))
+    )
