@@ -7,8 +7,10 @@ splash attention on TPUs.
   JAX >= 0.5.1) on Hopper or newer GPUs. Each row's segments become cuDNN segments (their start
   and length, from the segment ids), each attends causally within itself, so two documents
   packed in a row never see each other (MaxText issue 4476 is the trap of passing a causal mask
-  without the offsets). On older GPUs the kernel takes one segment per row followed by padding
-  (per-row lengths), and the layout puts one window per row (`packs`). Either way the mask is by
+  without the offsets). A batch without packed rows takes cuDNN's per-row lengths (the path
+  measured at 54% MFU, BENCHMARKS.md); the choice is made at run time. On older GPUs the layout
+  puts one window per row (`packs`), and a packed row there gives NaN, never numbers from
+  documents that saw each other. Either way the mask is by
   index within a segment, which is `attend`'s by positions for the scorer's rows (positions
   0, 1, 2, ... in each segment). No soft-cap, chunked attention, sinks or `Dv != Dk` here.
 - `splash`: the Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`,
@@ -70,22 +72,28 @@ def _segment_layout(segment_ids: jax.Array, segments: int) -> tuple[jax.Array, j
     return lengths.astype(jnp.int32), jnp.concatenate([offsets.astype(jnp.int32), pad], axis=1)
 
 
+def _segment_starts(segment_ids: jax.Array) -> jax.Array:
+    """`[B] int32`: the segments each row starts (runs of one non-zero id)."""
+    starts = (segment_ids[:, 1:] != segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
+    return jnp.sum(starts, axis=1, dtype=jnp.int32) + (segment_ids[:, 0] > 0)
+
+
 def _poison_unsupported_rows(out: jax.Array, segment_ids: jax.Array, segments: int) -> jax.Array:
     """NaN in every row that holds more segments than the kernel was given (or any segment
     after padding), so that the scorer stops with its NaN error instead of reporting numbers
     from documents that saw each other."""
-    starts = jnp.sum(
-        (segment_ids[:, 1:] != segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0), axis=1
-    ) + (segment_ids[:, 0] > 0)
-    bad = starts > segments
+    bad = _segment_starts(segment_ids) > segments
     return jnp.where(bad[:, None, None, None], jnp.asarray(jnp.nan, out.dtype), out)
 
 
 def cudnn(q, k, v, segment_ids, window, scale) -> jax.Array:
     """cuDNN flash attention of `[B, T, H, D]` queries against `[B, T, KV, D]` keys and values,
-    causal within each segment; `[B, T, H, D]` in `q.dtype` (16-bit). Packed rows on Hopper
-    (`cudnn_packs`), else one segment per row followed by padding."""
-    if not cudnn_packs():
+    causal within each segment; `[B, T, H, D]` in `q.dtype` (16-bit). A batch whose rows each
+    hold one segment followed by padding runs cuDNN's per-row lengths; one with packed rows its
+    packed layout on Hopper or newer (`cudnn_packs`, chosen at run time with `lax.cond`), and
+    elsewhere NaN (the layout never packs rows there)."""
+
+    def lengths_path(q, k, v, segment_ids):
         lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
         out = jax.nn.dot_product_attention(
             q,
@@ -99,23 +107,31 @@ def cudnn(q, k, v, segment_ids, window, scale) -> jax.Array:
             implementation="cudnn",
         )
         return _poison_unsupported_rows(out, segment_ids, 1)
+
+    if not cudnn_packs():
+        return lengths_path(q, k, v, segment_ids)
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib
 
     segments = min(CUDNN_SEGMENTS, q.shape[1])
-    lengths, offsets = _segment_layout(segment_ids, segments)
-    out = cudnn_lib.dot_product_attention(
-        q,
-        k,
-        v,
-        q_seqlen=lengths,
-        kv_seqlen=lengths,
-        q_offsets=offsets,
-        kv_offsets=offsets,
-        scale=scale,
-        mask_type=cudnn_lib.MaskType.PADDING_CAUSAL,
-        sliding_window_length=window,
-    )
-    return _poison_unsupported_rows(out, segment_ids, segments)
+
+    def packed_path(q, k, v, segment_ids):
+        lengths, offsets = _segment_layout(segment_ids, segments)
+        out = cudnn_lib.dot_product_attention(
+            q,
+            k,
+            v,
+            q_seqlen=lengths,
+            kv_seqlen=lengths,
+            q_offsets=offsets,
+            kv_offsets=offsets,
+            scale=scale,
+            mask_type=cudnn_lib.MaskType.PADDING_CAUSAL,
+            sliding_window_length=window,
+        )
+        return _poison_unsupported_rows(out, segment_ids, segments)
+
+    packed = jnp.any(_segment_starts(segment_ids) > 1)
+    return jax.lax.cond(packed, packed_path, lengths_path, q, k, v, segment_ids)
 
 
 @functools.lru_cache(maxsize=64)
