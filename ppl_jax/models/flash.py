@@ -98,8 +98,8 @@ def split_heads(q: jax.Array, kv_heads: int, scale: float) -> jax.Array:
 def _summary(seg: jax.Array, pos: jax.Array, block: int) -> tuple[jax.Array, ...]:
     """Per row and block of `[B, n * block]` ids, over the real tokens (segment id > 0): the
     smallest and the largest `(segment id, position)` pair in lexicographic order, as four
-    `[B, n]` arrays `(seg_lo, pos_lo, seg_hi, pos_hi)`; an empty block gets
-    `(BIG, BIG, -1, -1)`."""
+    `[B, n]` arrays `(seg_lo, pos_lo, seg_hi, pos_hi)` (an empty block gets
+    `(BIG, BIG, -1, -1)`), and whether every token of the block is real."""
     b, t = seg.shape
     seg = seg.reshape(b, t // block, block)
     pos = pos.reshape(b, t // block, block)
@@ -108,7 +108,7 @@ def _summary(seg: jax.Array, pos: jax.Array, block: int) -> tuple[jax.Array, ...
     seg_hi = jnp.max(jnp.where(real, seg, -1), axis=-1)
     pos_lo = jnp.min(jnp.where(real & (seg == seg_lo[..., None]), pos, _BIG), axis=-1)
     pos_hi = jnp.max(jnp.where(real & (seg == seg_hi[..., None]), pos, -1), axis=-1)
-    return seg_lo, pos_lo, seg_hi, pos_hi
+    return seg_lo, pos_lo, seg_hi, pos_hi, jnp.all(real, axis=-1)
 
 
 def _before(a_seg, a_pos, b_seg, b_pos) -> jax.Array:
@@ -118,9 +118,12 @@ def _before(a_seg, a_pos, b_seg, b_pos) -> jax.Array:
 
 def key_ranges(
     q_seg, q_pos, k_seg, k_pos, block_q: int, block_k: int, window, chunk
-) -> tuple[jax.Array, jax.Array]:
-    """`(first, end)`, each `[T // block_q] int32`: the key blocks each query block visits,
-    from the first to the last possibly-live one, over all rows; `first == end` when none is.
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`(first, end, full)`: `[T // block_q] int32` each, the key blocks each query block visits,
+    from the first to the last possibly-live one, over all rows (`first == end` when none is);
+    and `[T // block_q, S // block_k] bool`, the block pairs whose every query sees every key
+    in every row (one segment, no padding, all keys before all queries and within the window
+    and chunk), which skip the mask.
 
     A visible pair has equal segments and `pos[j] <= pos[i]`, so in the lexicographic order of
     `(segment, position)` the key is at most the query, and (with a window) after
@@ -130,19 +133,28 @@ def key_ranges(
     smallest minus the window, and its largest chunk pair at least the query block's smallest:
     necessary conditions, exact for the scorer's rows (segments in order, positions
     0, 1, 2, ... in each)."""
-    q_lo_s, q_lo_p, q_hi_s, q_hi_p = (x[:, :, None] for x in _summary(q_seg, q_pos, block_q))
-    k_lo_s, k_lo_p, k_hi_s, k_hi_p = (x[:, None, :] for x in _summary(k_seg, k_pos, block_k))
+    q_lo_s, q_lo_p, q_hi_s, q_hi_p, q_dense = (
+        x[:, :, None] for x in _summary(q_seg, q_pos, block_q)
+    )
+    k_lo_s, k_lo_p, k_hi_s, k_hi_p, k_dense = (
+        x[:, None, :] for x in _summary(k_seg, k_pos, block_k)
+    )
     live = (q_lo_s <= k_hi_s) & (k_lo_s <= q_hi_s) & ~_before(q_hi_s, q_hi_p, k_lo_s, k_lo_p)
+    one = (q_lo_s == q_hi_s) & (q_hi_s == k_lo_s) & (k_lo_s == k_hi_s)
+    full = q_dense & k_dense & one & (k_hi_p <= q_lo_p)
     if window is not None:
         live &= _before(q_lo_s, q_lo_p - window, k_hi_s, k_hi_p)
+        full &= q_hi_p - k_lo_p < window
     if chunk is not None:
         live &= ~_before(k_hi_s, k_hi_p // chunk, q_lo_s, q_lo_p // chunk)
-    live = jnp.any(live, axis=0)  # [nq, nk]
+        full &= k_lo_p // chunk == q_hi_p // chunk
+    full = jnp.all(full, axis=0)  # [nq, nk]
+    live = jnp.any(live, axis=0)
     nk = live.shape[1]
     any_live = jnp.any(live, axis=1)
     first = jnp.argmax(live, axis=1).astype(jnp.int32)
     end = (nk - jnp.argmax(live[:, ::-1], axis=1)).astype(jnp.int32)
-    return jnp.where(any_live, first, 0), jnp.where(any_live, end, 0)
+    return jnp.where(any_live, first, 0), jnp.where(any_live, end, 0), full
 
 
 def visible(q_seg, q_pos, k_seg, k_pos, window, chunk) -> jax.Array:
@@ -205,7 +217,7 @@ def update(
         k_pos = jnp.pad(k_pos, ((0, 0), (0, sp - s)))
     k = k.transpose(0, 2, 1, 3)  # [B, KV, S, Dk]
     v = v.transpose(0, 2, 1, 3)
-    first, end = key_ranges(q_seg, q_pos, k_seg, k_pos, block_q, block_k, window, chunk)
+    first, end, full = key_ranges(q_seg, q_pos, k_seg, k_pos, block_q, block_k, window, chunk)
 
     def query_block(i, st):
         q0 = i * block_q
@@ -215,28 +227,20 @@ def update(
         carry = tuple(jax.lax.dynamic_slice_in_dim(x, q0, block_q, axis=3) for x in st)
 
         def key_block(j, c):
-            m, denom, acc = c
             k0 = j * block_k
             kb = jax.lax.dynamic_slice_in_dim(k, k0, block_k, axis=2)
             vb = jax.lax.dynamic_slice_in_dim(v, k0, block_k, axis=2)
-            ks = jax.lax.dynamic_slice_in_dim(k_seg, k0, block_k, axis=1)
-            kp = jax.lax.dynamic_slice_in_dim(k_pos, k0, block_k, axis=1)
             scores = jnp.einsum("bkgqd,bksd->bkgqs", qb, kb, preferred_element_type=jnp.float32)
             if softcap is not None:
                 scores = jnp.tanh(scores / softcap) * softcap
-            mask = visible(qs, qp, ks, kp, window, chunk)[:, None, None]
-            scores = jnp.where(mask, scores, _MASKED)
-            m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
-            p = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
-            correction = jnp.exp(m - m_new)
-            pv = jnp.einsum(
-                "bkgqs,bksd->bkgqd", p.astype(v.dtype), vb, preferred_element_type=jnp.float32
-            )
-            return (
-                m_new,
-                denom * correction + jnp.sum(p, axis=-1),
-                acc * correction[..., None] + pv,
-            )
+
+            def masked(scores):
+                ks = jax.lax.dynamic_slice_in_dim(k_seg, k0, block_k, axis=1)
+                kp = jax.lax.dynamic_slice_in_dim(k_pos, k0, block_k, axis=1)
+                mask = visible(qs, qp, ks, kp, window, chunk)[:, None, None]
+                return _online(c, jnp.where(mask, scores, _MASKED), mask, vb)
+
+            return jax.lax.cond(full[i, j], lambda s: _online(c, s, None, vb), masked, scores)
 
         carry = jax.lax.fori_loop(first[i], end[i], key_block, carry)
         return State(*(jax.lax.dynamic_update_slice_in_dim(x, c, q0, axis=3)
@@ -246,6 +250,19 @@ def update(
     if tp != t:
         state = State(state.m[..., :t], state.denom[..., :t], state.acc[..., :t, :])
     return state
+
+
+def _online(carry, scores, mask, v):
+    """One key block's update of the running softmax: `scores` `[B, KV, G, bq, bk]` float32
+    (masked ones at `finfo.min`), `mask` their visibility (None: every pair visible)."""
+    m, denom, acc = carry
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+    p = jnp.exp(scores - m_new[..., None])
+    if mask is not None:
+        p = jnp.where(mask, p, 0.0)
+    correction = jnp.exp(m - m_new)
+    pv = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return m_new, denom * correction + jnp.sum(p, axis=-1), acc * correction[..., None] + pv
 
 
 def finish(state: State, sinks: jax.Array | None, dtype) -> jax.Array:

@@ -161,17 +161,19 @@ def test_key_blocks_skipped():
     t, bq, bk = 1024, 128, 128
     pos = np.arange(t, dtype=np.int32)[None]
     seg = np.ones((1, t), np.int32)
-    first, end = flash.key_ranges(seg, pos, seg, pos, bq, bk, None, None)
+    first, end, full = flash.key_ranges(seg, pos, seg, pos, bq, bk, None, None)
     np.testing.assert_array_equal(first, 0)
+    np.testing.assert_array_equal(full, np.tril(np.ones((8, 8), bool), -1))  # below the diagonal
     np.testing.assert_array_equal(end, np.arange(1, 9))
-    first, end = flash.key_ranges(seg, pos, seg, pos, bq, bk, 200, None)
+    first, end, _ = flash.key_ranges(seg, pos, seg, pos, bq, bk, 200, None)
     np.testing.assert_array_equal(first, [0, 0, 0, 1, 2, 3, 4, 5])
-    first, end = flash.key_ranges(seg, pos, seg, pos, bq, bk, None, 256)
+    first, end, _ = flash.key_ranges(seg, pos, seg, pos, bq, bk, None, 256)
     np.testing.assert_array_equal(first, [0, 0, 2, 2, 4, 4, 6, 6])
     seg2, pos2 = packed_rows([[300, 400]], t)  # two documents, then 324 padding
-    first, end = flash.key_ranges(seg2, pos2, seg2, pos2, bq, bk, None, None)
+    first, end, full = flash.key_ranges(seg2, pos2, seg2, pos2, bq, bk, None, None)
     np.testing.assert_array_equal(first, [0, 0, 0, 2, 2, 2, 0, 0])
     np.testing.assert_array_equal(end, [1, 2, 3, 4, 5, 6, 0, 0])
+    assert full.sum() == 2  # (1, 0) and (4, 3): one document, keys all before, no padding
 
 
 def test_memory_linear_in_the_window_and_no_square():
