@@ -185,7 +185,7 @@ def update(
     block_q: int = BLOCK_Q,
     block_k: int = BLOCK_K,
 ) -> State:
-    """The state after the queries also saw these keys.
+    """The state after the queries also saw these keys (the ring's step).
 
     Args:
       state: the queries' `State` so far (`init` for none).
@@ -198,6 +198,25 @@ def update(
     Returns:
       The new `State` (`[B, KV, G, T]`, ...).
     """
+    t = q.shape[3]
+    pad = _round_up(t, block_q) - t
+    if pad:
+        state = State(
+            jnp.pad(state.m, ((0, 0),) * 3 + ((0, pad),), constant_values=_MASKED),
+            jnp.pad(state.denom, ((0, 0),) * 3 + ((0, pad),)),
+            jnp.pad(state.acc, ((0, 0),) * 3 + ((0, pad), (0, 0))),
+        )
+    options = dict(window=window, chunk=chunk, softcap=softcap, block_q=block_q, block_k=block_k)
+    state = _sweep(q, k, v, q_seg, q_pos, k_seg, k_pos, state, **options)
+    return State(state.m[..., :t], state.denom[..., :t], state.acc[..., :t, :]) if pad else state
+
+
+def _sweep(q, k, v, q_seg, q_pos, k_seg, k_pos, out, *, window, chunk, softcap, block_q,
+           block_k, sinks=None):  # fmt: skip
+    """The loops over query blocks and their key blocks. `out` is a `State` of the padded
+    queries (updated and returned), or the `[B, KV, G, Tp, Dv]` output buffer: then each query
+    block starts from `init` and is finished (`sinks` added) as soon as its keys are seen, so no
+    float32 state of the whole row is kept."""
     b, kv, g, t, _ = q.shape
     s = k.shape[1]
     tp, sp = _round_up(t, block_q), _round_up(s, block_k)
@@ -205,11 +224,6 @@ def update(
         q = jnp.pad(q, ((0, 0),) * 3 + ((0, tp - t), (0, 0)))
         q_seg = jnp.pad(q_seg, ((0, 0), (0, tp - t)))
         q_pos = jnp.pad(q_pos, ((0, 0), (0, tp - t)))
-        state = State(
-            jnp.pad(state.m, ((0, 0),) * 3 + ((0, tp - t),), constant_values=_MASKED),
-            jnp.pad(state.denom, ((0, 0),) * 3 + ((0, tp - t),)),
-            jnp.pad(state.acc, ((0, 0),) * 3 + ((0, tp - t), (0, 0))),
-        )
     if sp != s:
         k = jnp.pad(k, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
         v = jnp.pad(v, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
@@ -218,13 +232,17 @@ def update(
     k = k.transpose(0, 2, 1, 3)  # [B, KV, S, Dk]
     v = v.transpose(0, 2, 1, 3)
     first, end, full = key_ranges(q_seg, q_pos, k_seg, k_pos, block_q, block_k, window, chunk)
+    carried = isinstance(out, State)
 
-    def query_block(i, st):
+    def query_block(i, out):
         q0 = i * block_q
         qb = jax.lax.dynamic_slice_in_dim(q, q0, block_q, axis=3)
         qs = jax.lax.dynamic_slice_in_dim(q_seg, q0, block_q, axis=1)
         qp = jax.lax.dynamic_slice_in_dim(q_pos, q0, block_q, axis=1)
-        carry = tuple(jax.lax.dynamic_slice_in_dim(x, q0, block_q, axis=3) for x in st)
+        if carried:
+            carry = tuple(jax.lax.dynamic_slice_in_dim(x, q0, block_q, axis=3) for x in out)
+        else:
+            carry = tuple(init(b, kv, g, block_q, v.shape[3]))
 
         def key_block(j, c):
             k0 = j * block_k
@@ -243,13 +261,13 @@ def update(
             return jax.lax.cond(full[i, j], lambda s: _online(c, s, None, vb), masked, scores)
 
         carry = jax.lax.fori_loop(first[i], end[i], key_block, carry)
-        return State(*(jax.lax.dynamic_update_slice_in_dim(x, c, q0, axis=3)
-                       for x, c in zip(st, carry, strict=True)))  # fmt: skip
+        if carried:
+            return State(*(jax.lax.dynamic_update_slice_in_dim(x, c, q0, axis=3)
+                           for x, c in zip(out, carry, strict=True)))  # fmt: skip
+        done = _finished(State(*carry), sinks).astype(out.dtype)
+        return jax.lax.dynamic_update_slice_in_dim(out, done, q0, axis=3)
 
-    state = jax.lax.fori_loop(0, tp // block_q, query_block, state)
-    if tp != t:
-        state = State(state.m[..., :t], state.denom[..., :t], state.acc[..., :t, :])
-    return state
+    return jax.lax.fori_loop(0, tp // block_q, query_block, out)
 
 
 def _online(carry, scores, mask, v):
@@ -268,8 +286,15 @@ def _online(carry, scores, mask, v):
 def finish(state: State, sinks: jax.Array | None, dtype) -> jax.Array:
     """`[B, T, H, Dv]` in `dtype`: `acc / denom`, with each head's sink logit (`[H]`, or None) added
     to the denominator; 0 for a query that saw no key and has no sink."""
+    b, kv, g, t, dv = state.acc.shape
+    out = _finished(state, sinks).astype(dtype)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, kv * g, dv)
+
+
+def _finished(state: State, sinks: jax.Array | None) -> jax.Array:
+    """`[B, KV, G, T, Dv]` float32: `acc / denom` with the sinks (see `finish`)."""
     m, denom, acc = state
-    b, kv, g, t, dv = acc.shape
+    kv, g = acc.shape[1:3]
     if sinks is not None:
         sink = sinks.astype(jnp.float32).reshape(1, kv, g, 1)
         m_new = jnp.maximum(m, sink)
@@ -277,20 +302,20 @@ def finish(state: State, sinks: jax.Array | None, dtype) -> jax.Array:
         denom = denom * correction + jnp.exp(sink - m_new)
         acc = acc * correction[..., None]
     safe = jnp.where(denom > 0, denom, 1.0)
-    out = jnp.where(denom[..., None] > 0, acc / safe[..., None], 0.0)
-    return out.astype(dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, kv * g, dv)
+    return jnp.where(denom[..., None] > 0, acc / safe[..., None], 0.0)
 
 
 def flash_attention(
     q, k, v, q_seg, q_pos, k_seg, k_pos, *, window, chunk, sinks, scale, softcap, blocks=None
 ) -> jax.Array:
     """Queries `[B, T, H, Dk]` against keys `[B, S, KV, Dk]` and values `[B, S, KV, Dv]` with
-    their own segment ids and positions: `[B, T, H, Dv]` in `q.dtype` (see `update`, `finish`)."""
+    their own segment ids and positions: `[B, T, H, Dv]` in `q.dtype` (see `update`, `finish`),
+    each query block finished as soon as it has seen its keys."""
     b, t, h, _ = q.shape
     kv, dv = k.shape[2], v.shape[3]
     block_q, block_k = blocks or block_sizes(t, k.shape[1])
-    state = update(
-        init(b, kv, h // kv, t, dv),
+    out = jnp.zeros((b, kv, h // kv, _round_up(t, block_q), dv), q.dtype)
+    out = _sweep(
         split_heads(q, kv, scale),
         k,
         v,
@@ -298,10 +323,12 @@ def flash_attention(
         q_pos,
         k_seg,
         k_pos,
+        out,
         window=window,
         chunk=chunk,
         softcap=softcap,
         block_q=block_q,
         block_k=block_k,
+        sinks=sinks,
     )
-    return finish(state, sinks, q.dtype)
+    return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).reshape(b, t, h, dv)
