@@ -163,7 +163,8 @@ SLOW_NAMES = (  # the costliest cases of files whose other tests stay in the def
 SLOW_FILES = {
     "test_resume_cli.py", "test_sweep.py", "test_invariance.py", "test_compare_trust.py",
     "test_other_trainers_cli.py", "test_examples.py",
-    "test_harness_cli.py", "test_other_trainers_sweep.py",
+    "test_harness_cli.py", "test_other_trainers_sweep.py", "test_long_window.py",
+    "test_context_grid.py",
 }  # fmt: skip
 
 

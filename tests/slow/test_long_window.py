@@ -27,10 +27,10 @@ from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 
-model_dir, tokens_path, out_path, data, context = sys.argv[1:6]
+model_dir, tokens_path, out_path, data, context, model_axis = sys.argv[1:7]
 tokens = np.load(tokens_path)
 model = nnx_lib.build(hf.read_description(model_dir), jnp.float32, "xla")
-mesh = mesh_lib.make_mesh(int(data), 1, context=int(context))
+mesh = mesh_lib.make_mesh(int(data), int(model_axis), context=int(context))
 target, shardings = mesh_lib.param_targets(
     model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jnp.float32
 )
@@ -60,13 +60,13 @@ def long_model(tmp_path_factory):
     return folder, tokens, recipe
 
 
-def _score(folder, data, context):
+def _score(folder, data, context, model=1):
     out = folder / f"nll-{data}-{context}.npy"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(folder / "llama"), str(folder / "tokens.npy"), str(out),
-         str(data), str(context)],
+         str(data), str(context), str(model)],
         capture_output=True, text=True, env=env, cwd=helpers.REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -77,11 +77,13 @@ def _score(folder, data, context):
 def test_a_65536_token_window_over_the_context_axis(long_model):
     folder, tokens, recipe = long_model
     ceiling = 4 * T * T / 10
-    single, one = _score(folder, 2, 1)
+    single, one = _score(folder, 2, 1, 4)  # context=1
     assert single.shape == (2, T)
     assert one["peak_rss"] < ceiling
+    print(f"context=1 (data=2, model=4): peak RSS {one['peak_rss'] / 2**30:.2f} GiB")
     for data, context in ((1, 8), (2, 4)):
         nll, found = _score(folder, data, context)
+        print(f"data={data}, context={context}: peak RSS {found['peak_rss'] / 2**30:.2f} GiB")
         np.testing.assert_allclose(nll, single, rtol=1e-6, atol=1e-6)
         assert found["peak_rss"] < ceiling, found["peak_rss"]
         np.testing.assert_allclose(found["nll_sum"], one["nll_sum"], rtol=1e-6)

@@ -93,8 +93,13 @@ MASKS = [
 ]
 
 
-@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(m) or "causal")
-@pytest.mark.parametrize("blocks", [(16, 16), (8, 24), (128, 256)])
+REFERENCE_CASES = [(mask, (16, 16)) for mask in MASKS] + [
+    (MASKS[-1], (8, 24)),
+    (MASKS[-1], (128, 256)),
+]  # the other block sizes of every mask: tests/slow/test_context_grid.py
+
+
+@pytest.mark.parametrize("mask,blocks", REFERENCE_CASES, ids=str)
 def test_xla_equals_float64_reference(mask, blocks):
     """Random packed rows with padding, 4 query heads over 2 key/value heads, Dv != Dk, a row
     length (77) that no block divides; every block size gives the reference."""
@@ -342,3 +347,16 @@ def test_splash_kernel_reused_across_traces():
         )
         ref = attend(q, k, v, segment_ids=seg, positions=pos, implementation="xla")
         np.testing.assert_allclose(np.asarray(fn(q, k, v)), np.asarray(ref), atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [1, 7, 256, 300])
+def test_pairwise_trees_are_the_reductions(width):
+    """The pairwise trees that replace reductions on CPU: the max exactly, the sum to float32
+    rounding."""
+    x = np.random.default_rng(width).standard_normal((3, 5, width)).astype(np.float32)
+    x[0, 0, -1] = -np.inf
+    np.testing.assert_array_equal(np.asarray(flash.row_max(jnp.asarray(x))), x.max(axis=-1))
+    x[0, 0, -1] = 0.0
+    np.testing.assert_allclose(
+        np.asarray(flash.row_sum(jnp.asarray(x))), x.astype(np.float64).sum(-1), atol=1e-5
+    )

@@ -48,11 +48,13 @@ def _case(t=192, seed=0):
     return q, k, v, seg, pos, sinks
 
 
-@pytest.mark.parametrize("ring", [False, True], ids=["all_gather", "ring"])
-@pytest.mark.parametrize("data,context", MESHES)
-@pytest.mark.parametrize(
-    "mask", [{}, {"window": 30, "sinks": True}, {"chunk": 48, "softcap": 2.0}], ids=str
-)
+CONTEXT_MASKS = [{}, {"window": 30, "sinks": True}, {"chunk": 48, "softcap": 2.0}]
+CONTEXT_CASES = [(2, 4, ring, mask) for ring in (False, True) for mask in CONTEXT_MASKS] + [
+    (1, 8, False, {})
+]  # the whole grid (every mesh): tests/slow/test_context_grid.py
+
+
+@pytest.mark.parametrize("data,context,ring,mask", CONTEXT_CASES, ids=str)
 def test_attend_over_context_equals_one_device(data, context, ring, mask):
     """Packed rows with padding, grouped-query heads, Dv != Dk, in the load-balanced order on
     the mesh: the outputs of one device (row order) to float32 rounding."""
@@ -98,8 +100,7 @@ def test_row_not_split_evenly_is_refused():
             fn(q, seg, pos)
 
 
-@pytest.mark.parametrize("data,context", [(8, 1), (2, 4)])
-@pytest.mark.parametrize("chunk", [0, 7, 16, 1000])
+@pytest.mark.parametrize("data,context,chunk", [(8, 1, 0), (8, 1, 7), (2, 4, 7), (2, 4, 1000)])
 def test_per_token_in_chunks(data, context, chunk):
     """Per-token work in chunks of each device's tokens (padded where they do not divide) gives
     the whole computation, on the mesh and off it."""
@@ -182,8 +183,10 @@ def _toy_reference(a, x, seg, h0, last0):
     return out, np.asarray(finals)
 
 
-@pytest.mark.parametrize("how", ["pass_state", "prefix_state"])
-@pytest.mark.parametrize("data,context", [(8, 1), (1, 8), (2, 4)])
+STATE_CASES = [("pass_state", 2, 4), ("prefix_state", 2, 4), ("pass_state", 1, 8)]
+
+
+@pytest.mark.parametrize("how,data,context", STATE_CASES)
 def test_state_passes_through_the_chunks_in_row_order(how, data, context):
     """A linear recurrence with segment resets over rows in the load-balanced order on the mesh
     equals the NumPy float64 loop over the row (outputs, and the final state)."""

@@ -68,8 +68,9 @@ def _hf_model(name):
     return model, params
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral"])
-@pytest.mark.parametrize("mesh_shape", [(1, 8, 1), (2, 4, 1)], ids=["context8", "data2-context4"])
+@pytest.mark.parametrize(
+    "name,mesh_shape", [("llama", (1, 8, 1)), ("mistral", (2, 4, 1))], ids=str
+)  # the other two pairs: tests/slow/test_context_grid.py
 def test_one_window_over_the_context_axis_equals_transformers(golden, name, mesh_shape):
     """A 2,047-token window (padded to 2,048 in the step) split over `context`: per-token NLL
     within 1e-5 relative of transformers float32 and within 1e-6 of one device."""
@@ -98,16 +99,15 @@ def _packed_case():
     return wins, plan_layout(wins, 4, pack=True)
 
 
-@pytest.mark.parametrize(
-    "mesh_shape,options",
-    [
-        ((1, 8, 1), {}),
-        ((2, 4, 1), {"context_attention": "ring"}),
-        ((1, 4, 2), {"token_chunk": 96}),
-        ((1, 2, 4), {"context_attention": "ring", "token_chunk": 64}),
-    ],
-    ids=["context8", "data2-context4-ring", "context4-model2-chunks", "context2-model4-ring"],
-)
+PACKED_CASES = [
+    ((1, 8, 1), {}),
+    ((2, 4, 1), {"context_attention": "ring"}),
+    ((1, 4, 2), {"token_chunk": 96}),
+    ((1, 2, 4), {"context_attention": "ring", "token_chunk": 64}),
+]  # the last two: tests/slow/test_context_grid.py
+
+
+@pytest.mark.parametrize("mesh_shape,options", PACKED_CASES[:2], ids=str)
 def test_packed_rows_and_every_output_in_row_order(mesh_shape, options):
     """Packed rows (several documents per row), the position curve, top-k and the per-token
     arrays: the same as one device, the per-token arrays back in row order."""
