@@ -142,6 +142,9 @@ def get_config() -> config_dict.ConfigDict:
     c.output.tokens = False
     c.output.top_k = 0
     c.output.position_curve = False
+    c.output.figures = "png"  # the curves' figure files: png, pdf, svg, or several ("pdf,png")
+    c.output.figure_size = ""  # WIDTHxHEIGHT in inches; "": each figure's own
+    c.output.figure_dpi = 100  # pixels per inch of a PNG
     c.output.tensorboard = False
     return c
 
@@ -232,8 +235,13 @@ KEY_MEANINGS = {
     "output.resume": "resume from a matching journal in output.dir",
     "output.tokens": "also write tokens.parquet: every scored token's NLL, surprisal, entropy",
     "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
-    "output.position_curve": "also write position_curve.json and .png: perplexity by position "
-    "in the window",
+    "output.position_curve": "also write position_curve.json and its figure: perplexity by "
+    "position in the window, with 95% bands",
+    "output.figures": "the file formats of the curves' figures, by extension: png (raster), pdf, "
+    "svg (vector), or several, comma-separated (pdf,png)",
+    "output.figure_size": "the curves' figures' WIDTHxHEIGHT in inches (e.g. 3.5x2.5); empty: "
+    "7x4.5",
+    "output.figure_dpi": "pixels per inch of a PNG figure (1..1200)",
     "output.tensorboard": "also write TensorBoard scalars eval/<dataset>/<metric> in "
     "output.dir/tensorboard",
 }

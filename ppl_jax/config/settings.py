@@ -27,6 +27,7 @@ from ppl_jax.evaluation.spec import (
     RunSpec,
     StepSpec,
 )
+from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
@@ -297,6 +298,9 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
         context_lengths=lengths,
         context_targets=targets,
         reference=reference,
+        figures=FigureSpec.parse(
+            c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
+        ),
     )
 
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
-from ppl_jax.metrics import curves, divergence
+from ppl_jax.metrics import curves, divergence, uncertainty
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.outputs import files
+from ppl_jax.outputs import curve_figures, figures, files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
@@ -75,7 +75,7 @@ def check(settings: RunSpec, plan: Plan, model: LanguageModel) -> None:
 
         tokens.check_available()
     if d.position_curve or d.context_lengths:
-        curves.check_available()
+        curve_figures.check_available()
     if d.context_lengths:  # a stream protocol (`config.RunSpec` checks)
         for length in d.context_lengths:
             longest = length + context_targets(d, length, model) - 1
@@ -132,13 +132,16 @@ def context_sweep(
     plan: Plan,
     settings: RunSpec,
     should_stop: Any = None,
+    progress_factory: Any = None,
 ) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
 
     The targets are every token of the stream from position `max(context_lengths)` on, in
     windows of S targets (`context_targets`); with context length L each target sees between L
-    and L + S - 1 tokens. Returns the context curve (`curves.context_curve`), or None if
-    `should_stop` ended it.
+    and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
+    95% interval (`with_intervals`), or None if `should_stop` ended it. `progress_factory`
+    (given the number of windows of every length together, returns a `(tokens, windows)`
+    callback, as for the run's own scoring) shows the sweep's progress.
 
     Raises:
       DataError: the stream is not longer than the longest context length.
@@ -146,16 +149,73 @@ def context_sweep(
     d: DiagnosticsSpec = settings.diagnostics
     scorer = Scorer(model, mesh, shardings)
     first = d.context_lengths[-1]
-    results, targets = [], {}
+    results, targets, units, sweep = [], {}, [], []
     for length in d.context_lengths:
         targets[length] = context_targets(d, length, model)
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
-        layout = plan_layout(w, settings.batch.batch_size, pack=False)
-        totals = scorer.score(params, w, layout, should_stop=should_stop)
+        sweep.append((length, w, plan_layout(w, settings.batch.batch_size, pack=False)))
+    progress = (
+        progress_factory(sum(w.num_windows for _, w, _ in sweep)) if progress_factory else None
+    )
+    for length, w, layout in sweep:
+        totals = scorer.score(params, w, layout, progress=progress, should_stop=should_stop)
         if totals.stopped_at is not None:
             return None
         results.append((length, totals.nll_sum, totals.num_tokens))
-    return curves.context_curve(results, targets_per_window=targets)
+        units.append((totals.window_nll, totals.window_tokens))
+    curve = curves.context_curve(results, targets_per_window=targets)
+    for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
+        block = uncertainty.block_length(nll.size)
+        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], settings, block)[0]
+    return with_intervals(curve, settings, "window", [w.num_windows for _, w, _ in sweep])
+
+
+def _interval(nll: np.ndarray, tokens: np.ndarray, settings: RunSpec, block: int) -> list:
+    """`uncertainty.curve_intervals`, or Nones when `metrics.bootstrap_samples` is 0."""
+    if settings.bootstrap_samples == 0:
+        return [None] * nll.shape[1]
+    return uncertainty.curve_intervals(
+        nll, tokens, settings.bootstrap_samples, settings.seed, block
+    )
+
+
+def with_intervals(
+    curve: dict[str, Any], settings: RunSpec, unit: str, units: int | list[int]
+) -> dict[str, Any]:
+    """`curve` with `intervals`: how its points' `perplexity_interval`s were drawn (`method`,
+    `unit`, `units`, `samples`, `seed`, `level`), or None when `metrics.bootstrap_samples` is 0."""
+    if settings.bootstrap_samples == 0:
+        curve["intervals"] = None
+        return curve
+    method = {
+        "batch": "bootstrap over batches (the batches of windows as scored)",
+        "window": uncertainty.METHODS["window"] + ", per context length",
+    }[unit]
+    curve["intervals"] = {
+        "method": method,
+        "unit": unit,
+        "units": units,
+        "samples": settings.bootstrap_samples,
+        "seed": settings.seed,
+        "level": uncertainty.LEVEL,
+    }
+    return curve
+
+
+def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) -> dict[str, Any]:
+    """The position curve with each bucket's 95% interval of perplexity (`perplexity_interval`),
+    from its per-batch sums (`ScoreTotals.batch_buckets`: the batches of windows as they were
+    scored are the resampled units), and `intervals` saying how (`with_intervals`)."""
+    buckets = totals.batch_buckets
+    if buckets is None:
+        return curve
+    used = buckets[:, 1].sum(axis=1) > 0  # batches that scored something (all, unless resumed)
+    found = _interval(buckets[used, 0], buckets[used, 1], settings, 1)
+    starts = curves.bucket_edges(curve["num_positions"], curve["max_points"])[:-1].tolist()
+    by_first = dict(zip(starts, found, strict=True))
+    for b in curve["buckets"]:
+        b[curve_figures.INTERVAL] = by_first[b["first"]]
+    return with_intervals(curve, settings, "batch", int(used.sum()))
 
 
 def collect(
@@ -165,9 +225,8 @@ def collect(
     `tokens_file` (the path of tokens.parquet), each present only when asked for."""
     out: dict[str, Any] = {}
     if totals.nll_by_position is not None:
-        out[POSITION_CURVE] = curves.position_curve(
-            totals.nll_by_position, totals.tokens_by_position
-        )
+        curve = curves.position_curve(totals.nll_by_position, totals.tokens_by_position)
+        out[POSITION_CURVE] = position_intervals(curve, totals, settings)
     if sweep:
         out[CONTEXT_CURVE] = sweep
     if sinks_.divergence is not None:
@@ -178,17 +237,22 @@ def collect(
     return out
 
 
-def write(out: OutputDir, found: dict[str, Any], title: str) -> list[str]:
-    """Writes the curves (JSON and PNG) into `out`; returns the lines to print."""
+def write(
+    out: OutputDir, found: dict[str, Any], title: str, spec: figures.FigureSpec | None = None
+) -> list[str]:
+    """Writes the curves into `out`: JSON, and a figure in each of `spec.formats` (default
+    PNG; `output.figures`); returns the lines to print."""
+    spec = spec or figures.FigureSpec()
     lines = []
-    for name, plot in (
-        (POSITION_CURVE, curves.plot_position_curve),
-        (CONTEXT_CURVE, curves.plot_context_curve),
+    for name, draw in (
+        (POSITION_CURVE, curve_figures.position_figure),
+        (CONTEXT_CURVE, curve_figures.context_figure),
     ):
         if name in found:
             path = out.write_json(f"{name}.json", found[name])
-            out.write_bytes(f"{name}.png", plot(found[name], title))
-            lines.append(f"{name.replace('_', ' ')}: {path} (and .png)")
+            figures.write_figures(out, name, draw(found[name], title), spec)
+            also = ", ".join(f".{f}" for f in spec.formats)
+            lines.append(f"{name.replace('_', ' ')}: {path} (and {also})")
     if CONTEXT_CURVE in found:
         lines.insert(0, curves.context_table(found[CONTEXT_CURVE]))
     if "tokens_file" in found:

@@ -136,7 +136,7 @@ def run(
                 evaluations.append(ev)
                 if out is None:
                     continue
-                written += _write_pair_files(out, ev, len(p.datasets) == 1)
+                written += _write_pair_files(out, ev, len(p.datasets) == 1, spec)
                 record = store.dataset_record(
                     step=step,
                     dataset=d.name,
@@ -215,8 +215,9 @@ def _score(
             sweep = None
             if totals.stopped_at is None and spec.diagnostics.context_lengths:
                 sweep = diagnostics.context_sweep(
-                    p.model, params, p.mesh, p.shardings, d.plan, spec, stop.requested
-                )
+                    p.model, params, p.mesh, p.shardings, d.plan, spec, stop.requested,
+                    progress_factory,
+                )  # fmt: skip
                 if sweep is None:
                     totals.stopped_at = b
         if totals.stopped_at is not None:
@@ -258,14 +259,14 @@ def _score(
     )
 
 
-def _write_pair_files(out: OutputDir, ev: Evaluation, only: bool) -> list[str]:
+def _write_pair_files(out: OutputDir, ev: Evaluation, only: bool, spec: RunSpec) -> list[str]:
     """A pair's files beside its record: units.npz (for `ppl-jax compare`), documents.jsonl,
     the diagnostics' curves and token file; returns the lines that name them."""
     out.write_bytes(files.units_name(None if only else ev.dataset.name), uncertainty.units_npz(ev))
     lines = []
     if ev.documents is not None:
         lines.append(f"documents: {out.write_jsonl(files.DOCUMENTS, ev.documents)}")
-    return lines + diagnostics.write(out, ev.diagnostics, ev.dataset.name)
+    return lines + diagnostics.write(out, ev.diagnostics, ev.dataset.name, spec.diagnostics.figures)
 
 
 def _interrupted(

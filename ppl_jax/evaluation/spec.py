@@ -12,6 +12,7 @@ import dataclasses
 
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
+from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
@@ -89,6 +90,7 @@ class DiagnosticsSpec:
     context_lengths: tuple[int, ...] = ()  # the context-length sweep
     context_targets: int = 0  # targets per window of the sweep; 0: by length (diagnostics)
     reference: ReferenceSpec | None = None
+    figures: FigureSpec = FigureSpec()  # the curves' figure files (output.figures, ...)
 
     @property
     def any_beyond_sums(self) -> bool:

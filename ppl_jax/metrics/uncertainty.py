@@ -116,7 +116,9 @@ def _replicate_sums(units: Units, columns: np.ndarray, samples: int, seed: int) 
     starts, draws = columns.shape[0], math.ceil(units.count / b)
     rng = np.random.default_rng(seed)
     out = np.empty((samples, columns.shape[1]), np.float64)
-    step = max(1, _CHUNK // draws)
+    # Samples per chunk: the gathered `[step, draws, C]` stays near `_CHUNK * 6` values. (The
+    # draws do not depend on the chunking: `integers` takes one 64-bit draw after another.)
+    step = max(1, _CHUNK // draws // max(1, columns.shape[1] // 6))
     for lo in range(0, samples, step):
         hi = min(samples, lo + step)
         picks = rng.integers(0, starts, size=(hi - lo, draws))
@@ -171,6 +173,50 @@ def intervals(units: Units, samples: int, seed: int) -> dict[str, Any] | None:
         "perplexity": [_exp(v) for v in nll_per_token],
         "bits_per_byte": _percentiles(sums[:, 0] / sums[:, 2] / LN2),
     }
+
+
+def curve_intervals(
+    nll: np.ndarray, tokens: np.ndarray, samples: int, seed: int, block_length: int = 1
+) -> list[list[float] | None]:
+    """95% bootstrap intervals of perplexity for each point of a curve, from per-unit sums.
+
+    Each replicate draws units (or blocks of `block_length` consecutive units: the moving-block
+    bootstrap, as `intervals` does for windows) with replacement, sums every column's NLL and
+    tokens over them and takes their ratio, as the point estimate is taken; the interval is the
+    2.5th and 97.5th percentiles of `exp` of that ratio over the replicates in which the column
+    has a token (the percentile interval, Efron & Tibshirani ch. 13).
+
+    Args:
+      nll: `[U, K] float64`, nats: NLL summed per unit (a batch of windows, a window) and point
+        of the curve (a position bucket, a context length).
+      tokens: `[U, K]` int, the scored targets counted there.
+      samples: replicates (at least 1); seed: of `numpy.random.default_rng`.
+      block_length: units per resampled block (1: units resampled one by one).
+
+    Returns:
+      per point, `[lo, hi]` perplexity (float64; inf where exp overflows), or None where fewer
+      than two units hold a token of that point (nothing to resample).
+
+    Raises:
+      ValueError: arrays of other shapes than `[U, K]` and `[U, K]`, or no unit.
+    """
+    nll = np.asarray(nll, np.float64)
+    tokens = np.asarray(tokens, np.float64)
+    if nll.ndim != 2 or nll.shape != tokens.shape or nll.shape[0] == 0:
+        raise ValueError(f"per-unit sums of shapes {nll.shape}, {tokens.shape}: need [U, K] twice")
+    u, k = nll.shape
+    block = max(1, min(int(block_length), u))
+    units = Units("window", nll[:, 0], tokens[:, 0], tokens[:, 0], block)
+    sums = _replicate_sums(units, np.concatenate([nll, tokens], axis=1), samples, seed)
+    out: list[list[float] | None] = []
+    for j in range(k):
+        if int(np.count_nonzero(tokens[:, j])) < 2:
+            out.append(None)
+            continue
+        have = sums[:, k + j] > 0
+        ratio = sums[have, j] / sums[have, k + j]
+        out.append([_exp(v) for v in _percentiles(ratio)])
+    return out
 
 
 def _exp(x: float) -> float:

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ppl_jax.errors import NumericsError
+from ppl_jax.metrics import curves
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
@@ -194,6 +195,7 @@ class ScoreTotals:
     stopped_at: int | None = None
     nll_by_position: np.ndarray | None = None
     tokens_by_position: np.ndarray | None = None
+    batch_buckets: np.ndarray | None = None  # [batches, 2, K] float64: the above by batch, bucket
 
     @staticmethod
     def zeros(num_windows: int, positions: int = 0) -> ScoreTotals:
@@ -356,6 +358,9 @@ class Scorer:
         steps = {w: self.compiled(b, w, slots) for w in sorted(set(layout.widths))}
         totals.compile_seconds = time.perf_counter() - t0
         local = mesh_lib.local_rows(self.batch_sharding, (b, layout.widths[0]))
+        if self.options.positions:  # (NLL, count) per batch and position bucket
+            starts = curves.bucket_edges(self.options.positions)[:-1]
+            totals.batch_buckets = np.zeros((layout.num_batches, 2, starts.size))
 
         def fetch(i: int, rows: list[tuple[int, ...]], sums: StepSums) -> None:
             host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), sums)
@@ -384,6 +389,8 @@ class Scorer:
             if self.options.positions:
                 totals.nll_by_position += extras["nll_by_position"]
                 totals.tokens_by_position += extras["tokens_by_position"]
+                both = np.stack([extras["nll_by_position"], extras["tokens_by_position"]])
+                totals.batch_buckets[i] = np.add.reduceat(both, starts, axis=1, dtype=float)
             if self.options.token_arrays:
                 _window_sums_from_tokens(totals, ids, extras)
                 if on_tokens is not None:
