@@ -1,4 +1,4 @@
-"""Intervals of real runs on the tiny checkpoint, their units.npz, and `python -m ppl_jax.compare`:
+"""Intervals of real runs on the tiny checkpoint, their units.npz, and `ppl-jax compare`:
 units that add up to the run, a run compared with itself, another model, and other data."""
 
 import dataclasses

@@ -134,6 +134,6 @@ def test_a_truncated_units_file_is_one_sentence(tmp_path, capsys, keep):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "units.npz is not a readable units file" in err, err
     assert "truncated or damaged" in err
-    cmd = [sys.executable, "-m", "ppl_jax.compare", str(tmp_path / "a"), str(tmp_path / "b")]
+    cmd = [sys.executable, "-m", "ppl_jax", "compare", str(tmp_path / "a"), str(tmp_path / "b")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

@@ -1,4 +1,4 @@
-"""The token view (`python -m ppl_jax.view`): the page holds what tokens.parquet holds.
+"""The token view (`ppl-jax view`): the page holds what tokens.parquet holds.
 
 Each test writes a small tokens.parquet by the schema of the issue 9 spec, builds the page, parses
 it back with the standard library (html.parser, json) and checks it against the file.
@@ -372,7 +372,7 @@ def test_without_pyarrow_the_error_says_what_to_install(tmp_path, monkeypatch, c
 def test_the_command_line_entry_point(tmp_path):
     cols, types, num_docs = corpus(7)
     folder = write(tmp_path / "run", cols, types, num_docs)
-    cmd = [sys.executable, "-m", "ppl_jax.view"]
+    cmd = [sys.executable, "-m", "ppl_jax", "view"]
     ok = subprocess.run([*cmd, folder, "--max_documents", "2"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     docs = by_document(cols)

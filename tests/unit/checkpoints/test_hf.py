@@ -418,7 +418,7 @@ def _write_word_tokenizer(path):
 
 def test_convert_command_line_errors(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "ppl_jax.convert", f"--hf_dir={tmp_path}", f"--out={tmp_path}/o"],
+        [sys.executable, "-m", "ppl_jax", "convert", f"--hf_dir={tmp_path}", f"--out={tmp_path}/o"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -426,7 +426,7 @@ def test_convert_command_line_errors(tmp_path):
     assert run.returncode == 2
     assert run.stderr.startswith("ppl-jax: error: --hf_dir=") and "Traceback" not in run.stderr
     run = subprocess.run(
-        [sys.executable, "-m", "ppl_jax.convert", "--dtype=float8"],
+        [sys.executable, "-m", "ppl_jax", "convert", "--dtype=float8"],
         capture_output=True,
         text=True,
         timeout=120,
