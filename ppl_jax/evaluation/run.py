@@ -262,7 +262,8 @@ def _score(
 def _write_pair_files(out: OutputDir, ev: Evaluation, only: bool, spec: RunSpec) -> list[str]:
     """A pair's files beside its record: units.npz (for `ppl-jax compare`), documents.jsonl,
     the diagnostics' curves and token file; returns the lines that name them."""
-    out.write_bytes(files.units_name(None if only else ev.dataset.name), uncertainty.units_npz(ev))
+    name = files.units_name(None if only else ev.dataset.name, ev.step, spec.steps.is_sweep)
+    out.write_bytes(name, uncertainty.units_npz(ev))
     lines = []
     if ev.documents is not None:
         lines.append(f"documents: {out.write_jsonl(files.DOCUMENTS, ev.documents)}")

@@ -319,10 +319,33 @@ def to_npz(units: Units, identity: dict[str, Any]) -> bytes:
 
 def units_npz(ev: Any) -> bytes:
     """`units.npz` of an `Evaluation`: its units and identity (`to_npz`), with the digest of
-    the plan's token stream (the plan's own `tokens_digest` when it has one, else computed)."""
+    the plan's token stream (the plan's own `tokens_digest` when it has one, else computed),
+    and the checkpoint `step` and `dataset` name it holds (how `ppl-jax compare` finds a step
+    of a sweep or a dataset of a suite)."""
     plan = ev.plan
     digest = getattr(plan, "tokens_digest", None) or scored_digest(plan.windows.tokens)
-    return to_npz(units_of(plan, ev.totals), identity_of(ev.fingerprint, digest))
+    identity = identity_of(ev.fingerprint, digest)
+    identity.update(step=ev.step, dataset=ev.dataset.name)
+    return to_npz(units_of(plan, ev.totals), identity)
+
+
+def read_identity(path: str) -> dict[str, Any]:
+    """The identity of a `units.npz` alone (its arrays are not read).
+
+    Raises:
+      DataError: as `read_npz`.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            identity = json.loads(str(z["identity"]))
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(
+            f"{path} is not a readable units file ({type(e).__name__}: {e}); it may be truncated "
+            f"or damaged: score that run again to write it."
+        ) from None
+    if not isinstance(identity, dict):
+        raise DataError(f"{path} holds no identity object; score that run again to write it.")
+    return identity
 
 
 def read_npz(path: str) -> tuple[Units, dict[str, Any]]:

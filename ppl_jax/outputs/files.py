@@ -23,8 +23,13 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
-def units_name(dataset: str | None) -> str:
-    """`units.npz` for a run of one dataset; `units-<dataset>.npz` for each dataset of a suite."""
+def units_name(dataset: str | None, step: int | None = None, sweep: bool = False) -> str:
+    """`units.npz` for a run of one dataset; `units-<dataset>.npz` for each dataset of a suite;
+    in a sweep over steps, one per step: `units-step<step>.npz`, `units-step<step>-<dataset>.npz`
+    (so that `ppl-jax compare` finds every step's, not the last one's)."""
+    if sweep:
+        where = f"step{step if step is not None else 'none'}"
+        return f"units-{where}.npz" if dataset is None else f"units-{where}-{_safe(dataset)}.npz"
     return UNITS if dataset is None else f"units-{_safe(dataset)}.npz"
 
 
