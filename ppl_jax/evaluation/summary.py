@@ -16,7 +16,7 @@ from ml_collections import config_dict
 
 from ppl_jax.evaluation.outcome import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
-from ppl_jax.metrics import uncertainty
+from ppl_jax.metrics import published, uncertainty
 from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
@@ -270,6 +270,8 @@ def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
         "text_tokens": plan.text_tokens,
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,
+        # hf_strided: the guide's loop as published (`ppl_jax.metrics.published`), else None.
+        "published": published.of_run(plan, ev.totals),
     }
 
 

@@ -48,6 +48,22 @@ def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _published_row(proto: dict[str, Any]) -> list[tuple[str, str]]:
+    """hf_strided: the guide's loop as published, beside the exact perplexity above it."""
+    found = proto.get("published")
+    if not found:
+        return []
+    value = f"{found['perplexity']:.4f}" if found.get("perplexity") is not None else "null"
+    why = f"; {found['note']}" if found.get("note") else ""
+    return [
+        (
+            "  as published",
+            f"{value}   (the guide's loop: each window's mean loss weighted by num_valid - 1; "
+            f"protocol.published in results.json{why})",
+        )
+    ]
+
+
 def plural(count: int, noun: str, plural_form: str | None = None) -> str:
     """`1 document`, `2 documents`, `1,024 windows`; `plural_form` for irregular nouns."""
     return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
@@ -152,6 +168,7 @@ def summary_table(results: dict[str, Any]) -> str:
             ),
         ),
         ("perplexity", _metric(results, "perplexity")),
+        *_published_row(proto),
         ("bits per token", _metric(results, "bits_per_token")),
         (
             "bits per byte",
