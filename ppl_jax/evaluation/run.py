@@ -37,6 +37,7 @@ from ppl_jax.metrics import sums as metrics
 from ppl_jax.metrics import uncertainty
 from ppl_jax.outputs import files, journal, sinks, store, tensorboard
 from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.outputs.model_record import model_record
 from ppl_jax.plans import protocols, suite
 from ppl_jax.plans.suite import Dataset
 from ppl_jax.runtime import fingerprint as fingerprint_lib
@@ -240,7 +241,7 @@ def _score(
         step=step,
         documents=per_document(d.plan, totals) if spec.per_document else None,
         mesh_shape=dict(p.mesh.shape),
-        model_description=p.model.description,
+        model_description=model_record(p.model, dict(spec.checkpoint_options).get("architecture")),
         tokenizer_name=p.tok.name,
         checkpoint_format=p.ckpt.format,
         layout=d.layout,

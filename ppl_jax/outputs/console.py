@@ -10,6 +10,7 @@ from typing import Any
 
 from ppl_jax.metrics import divergence
 from ppl_jax.metrics import sums as metrics
+from ppl_jax.outputs import model_record
 
 
 def record_line(record: dict[str, Any]) -> str:
@@ -100,11 +101,7 @@ def budget_text(budget: dict[str, Any]) -> str:
 
 def summary_table(results: dict[str, Any]) -> str:
     """A two-column text table of the run, for the terminal."""
-    model = results["model"]
-    arch = (
-        f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
-        f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}"
-    )
+    arch = model_record.describe(results["model"])
     proto = results["protocol"]
     stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
     bos = (
