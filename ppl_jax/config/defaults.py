@@ -195,9 +195,11 @@ KEY_MEANINGS = {
     "data.sample_seed": "the budgets take the first documents in file order (-1) or a sample "
     "drawn with this seed",
     "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "
-    "shares across processes, and each plan cached (memory-mapped by later runs); '': no cache",
+    "shares across processes, and each plan cached (memory-mapped by later runs; matched to the "
+    "files by data.fingerprint); '': no cache",
     "data.fingerprint": "how corpus files are identified in the cache keys and the journal: "
-    "'stat' (path, size, modification time) or 'content' (SHA-256 of the bytes, ~2 s per GB)",
+    "'stat' (path, size, modification time and 16 sampled 4 KiB blocks: an edit between them "
+    "that keeps the size and time is missed) or 'content' (SHA-256 of every byte, ~2-6 s per GB)",
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",

@@ -107,6 +107,9 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
             "name": ev.dataset.name,
             "path": ev.dataset.path,
             "format": ev.dataset.format,
+            # How a cached corpus is matched to its files (`data.fingerprint`).
+            "cache_dir": ev.dataset.cache_dir or None,
+            "fingerprint": ev.dataset.fingerprint,
             # What shaped the documents scored: a standard preparation, and a budget.
             "preparation": ev.dataset.preparation or None,
             "budget": {

@@ -49,6 +49,21 @@ def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _cache_row(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where a cached corpus is reused: how it is matched to its files (`data.fingerprint`)."""
+    if not data.get("cache_dir"):
+        return []
+    if data.get("fingerprint") == "content":
+        how = "by the SHA-256 of every byte (data.fingerprint=content)"
+    else:
+        how = (
+            "by path, size, modification time and 16 sampled 4 KiB blocks (data.fingerprint="
+            "stat): an edit between the blocks of a file over 64 KiB that keeps its size and "
+            "time is not seen; data.fingerprint=content hashes every byte"
+        )
+    return [("cache", f"{data['cache_dir']}: a cached corpus is matched to its files {how}")]
+
+
 def _published_row(proto: dict[str, Any]) -> list[tuple[str, str]]:
     """hf_strided: the guide's loop as published, beside the exact perplexity above it."""
     found = proto.get("published")
@@ -138,6 +153,7 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "
             f"{plural(results['num_bytes'], 'byte')})",
         ),
+        *_cache_row(results.get("data") or {}),
         *(
             [("preparation", results["data"]["preparation"])]
             if _shaped(results, "preparation")
