@@ -61,7 +61,8 @@ def open_checkpoint(
         over the architecture a checkpoint carries.
       mapping: `checkpoint.mapping`: a preset (`maxtext`, `gemma`, `identity`), a YAML/JSON
         mapping file, or '' (ppl_jax's own layout, else detected from the stored names).
-      item, params: `checkpoint.item` and `checkpoint.params` ('' : found).
+      item: `checkpoint.item` ('': found).
+      params: `checkpoint.params` ('': found).
       allow_download: a hub id may be downloaded (default: the local hub cache only).
 
     Returns:
@@ -251,7 +252,8 @@ class Checkpoint:
         (`ppl_jax.models.attention.resolve_for`).
 
         Raises:
-          ConfigError: an unknown dtype. CheckpointError: as `description`.
+          ConfigError: an unknown dtype.
+          CheckpointError: as `description`.
         """
         if architecture_lib.parse(self.architecture)[0] == "entry":
             return "xla"  # a model of the user's own attends its own way; batches as for XLA
@@ -270,8 +272,9 @@ class Checkpoint:
           step: as in `resolve_step`.
 
         Raises:
-          ConfigError: an unknown dtype; an entry point that cannot be loaded. CheckpointError:
-            as `description`, or a description of an unknown family or with unknown keys.
+          ConfigError: an unknown dtype; an entry point that cannot be loaded.
+          CheckpointError: as `description`, or a description of an unknown family or with
+            unknown keys.
         """
         kind, value = architecture_lib.parse(self.architecture)
         if kind == "entry":
@@ -287,8 +290,8 @@ class Checkpoint:
         metadata.
 
         Raises:
-          CheckpointError: an unreadable tokenizer file, or as `resolve_step`. ConfigError: a
-            stored description of an unknown type.
+          CheckpointError: an unreadable tokenizer file, or as `resolve_step`.
+          ConfigError: a stored description of an unknown type.
         """
         if self.kind() in ("hf", "hub"):
             folder = self._hf_dir(step)

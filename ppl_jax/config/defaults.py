@@ -199,7 +199,7 @@ KEY_MEANINGS = {
     "files by data.fingerprint); '': no cache",
     "data.fingerprint": "how corpus files are identified in the cache keys and the journal: "
     "'stat' (path, size, modification time and 16 sampled 4 KiB blocks: an edit between them "
-    "that keeps the size and time is missed) or 'content' (SHA-256 of every byte, ~2-6 s per GB)",
+    "that keeps the size and time is missed) or 'content' (SHA-256 of every byte, 2.4-3.5 s per GiB)",
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",

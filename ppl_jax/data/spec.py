@@ -129,12 +129,13 @@ class DatasetSpec:
       allow_tokenizer_mismatch: score with a tokenizer whose vocabulary does not fit the model.
       preparation: a standard preparation of the text (`ppl_jax.data.preparations`), or "".
       tags: (key, value) pairs grouping the macro averages; a 'k=v,...' string is parsed.
-      max_documents, max_tokens: budgets (0: all).
+      max_documents: the most documents scored (0: all).
+      max_tokens: documents are taken until they hold this many tokens (0: all).
       sample_seed: -1 takes the first documents; else a sample drawn with this seed.
       cache_dir: a folder of the filesystem for the token and plan caches ("": none).
       fingerprint: how the files are identified in the cache keys and the journal's fingerprint:
-        'stat' (path, size, modification time) or 'content' (path, size, SHA-256 of the bytes;
-        `ppl_jax.runtime.fingerprint`).
+        'stat' (path, size, modification time and 16 sampled 4 KiB blocks) or 'content' (path,
+        size, SHA-256 of the bytes; `ppl_jax.runtime.fingerprint`).
       where: the setting's name in error messages ('data', 'suite[2]'); not compared.
 
     Raises:

@@ -70,32 +70,36 @@ class Evaluator:
     """Scores a suite of datasets with the params of each call.
 
     Args:
-      model: the model interface (`ppl_jax.LanguageModel`); mesh: the device mesh.
+      model: the model interface (`ppl_jax.LanguageModel`).
+      mesh: the device mesh.
       suite: the datasets: prepared `plans.suite.Dataset`s, `DatasetSpec`s (scored with
         `protocol`), or `(DatasetSpec, ProtocolSpec)` pairs.
       tokenizer: the model's tokenizer (`ppl_jax.load_tokenizer`); needed unless `suite` holds
         prepared datasets.
       param_shardings: the params' shardings on `mesh`, or None for those of the logical axis
         `rules` (`ppl_jax.runtime.mesh.DEFAULT_RULES` by default).
-      protocol: the protocol of bare `DatasetSpec`s; batch: the batch layout of every dataset.
+      protocol: the protocol of bare `DatasetSpec`s.
+      batch: the batch layout of every dataset.
       attention: the model's attention implementation; 'cudnn' lays out one window per row
         (cuDNN takes per-row sequence lengths, not segments).
       options: the step's optional statistics (`StepOptions`: `per_token`, `top_k`,
-        `positions`, `reference`); reference: a reference model (its params sharded by `rules`;
-        restore them into `reference_targets`) or `(model, its params' shardings)`, for
-        KL(reference || model) (`ppl_jax.metrics.divergence`); `options.reference` follows it.
+        `positions`, `reference`); `options.reference` follows `reference`.
+      reference: a reference model (its params sharded by `rules`; restore them into
+        `reference_targets`) or `(model, its params' shardings)`, for KL(reference || model)
+        (`ppl_jax.metrics.divergence`).
       compile: compile every batch shape now (else at the first call).
 
     Attributes:
       datasets: the prepared datasets, in suite order.
       param_targets: the params tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` to
-        restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`;
-        reference_targets: the same for a reference model given alone, else None.
+        restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`.
+      reference_targets: the same for a reference model given alone, else None.
       traces: how many times the scoring step was traced (once per batch shape).
 
     Raises:
       ConfigError: a window longer than the model's positions, or a batch size the mesh's `data`
-        axis does not divide; DataError: a dataset's files.
+        axis does not divide.
+      DataError: a dataset's files.
     """
 
     def __init__(
@@ -181,11 +185,12 @@ class Evaluator:
 
         Returns:
           (the sufficient statistics, the per-window sums and timings). If `stop` ended the
-          loop, `totals.stopped_at` is set and the sums cover the batches done so far.
+            loop, `totals.stopped_at` is set and the sums cover the batches done so far.
 
         Raises:
-          NumericsError: NaN or infinity scored. ConfigError: a model that claims to keep
-            packed windows apart but does not (`ppl_jax.evaluation.segments`).
+          NumericsError: NaN or infinity scored.
+          ConfigError: a model that claims to keep packed windows apart but does not
+            (`ppl_jax.evaluation.segments`).
         """
         plan, layout = dataset.plan, dataset.layout
         if layout.max_segments > 1 and not self._segments_checked:
@@ -246,16 +251,17 @@ class Evaluator:
           params: the model's params, placed with `param_shardings`.
           step: the training step, for the records.
           results: a results store (`ppl_jax.outputs.store.ResultsStore`) to append the records
-            to, or None; tensorboard: a `ppl_jax.outputs.tensorboard.TensorBoardSink`, or None.
-            Give them on process 0 only.
+            to, or None. Give it on process 0 only.
+          tensorboard: a `ppl_jax.outputs.tensorboard.TensorBoardSink`, or None. Give it on
+            process 0 only.
           reference_params: the reference model's params, with a reference model.
 
         Returns:
           `{"<dataset>/<metric>": value}` for every dataset and metric of `metrics.derive`, with
-          a reference model `{"<dataset>/kl/<statistic>": value}` (`divergence.Divergence`), and
-          with several datasets `{"average/<micro|macro|macro/key=value>/<metric>": value}`
-          (`ppl_jax.outputs.store.average_records`, Paloma's averages); None where a metric is
-          undefined.
+            a reference model `{"<dataset>/kl/<statistic>": value}` (`divergence.Divergence`),
+            and with several datasets `{"average/<micro|macro|macro/key=value>/<metric>": value}`
+            (`ppl_jax.outputs.store.average_records`, Paloma's averages); None where a metric is
+            undefined.
         """
         if (reference_params is None) == (self.scorer.reference is not None):
             raise ValueError("reference_params are given exactly when there is a reference model")

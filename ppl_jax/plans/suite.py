@@ -161,10 +161,13 @@ def prepare(
     see `planned`), and lays out its batches.
 
     Args:
-      ds, ev: the dataset's specs; batch: the run's batch layout.
-      tok: the model's tokenizer; vocab_size: the model's.
-      attention: the model's attention implementation; segments: whether the model keeps
-        segments apart (see `batches`).
+      ds: the dataset's data spec.
+      ev: the dataset's protocol spec.
+      tok: the model's tokenizer.
+      vocab_size: the model's vocabulary size.
+      batch: the run's batch layout.
+      attention: the model's attention implementation.
+      segments: whether the model keeps segments apart (see `batches`).
     """
     p = planned(ds, ev, tok, vocab_size)[0]
     return Dataset(ds, ev, p, batches(p, batch, attention, segments))

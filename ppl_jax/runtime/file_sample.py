@@ -8,9 +8,9 @@ seen; a larger one is seen when the edit touches a sampled block. An edit of a l
 between the sampled blocks, with its size kept and its time set back, is still not seen: that
 takes `data.fingerprint=content` (every byte hashed).
 
-Cost: at most 64 KiB read per file, in 16 reads (`os.pread`). Measured on a 2 GiB file (2 shared
-cores, load average 13): 0.09 ms from the page cache, 1.1-10.8 ms evicted from it
-(`posix_fadvise(DONTNEED)`), beside 5.9 s (cached) and 13.5 s (evicted) to hash it whole with
+Cost: at most 64 KiB read per file, in 16 reads (`os.pread`). On a 2 GiB file
+(`python -m benchmarks.bench_fingerprint`; BENCHMARKS.md): 0.06 ms from the page cache and 1.0 ms
+evicted from it, beside 4.8 s (cached) and 6.9 s (evicted) to hash it whole with
 `data.fingerprint=content`; `os.stat` alone is 0.002 ms.
 """
 
