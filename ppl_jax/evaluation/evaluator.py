@@ -91,9 +91,9 @@ class Evaluator:
 
     Attributes:
       datasets: the prepared datasets, in suite order.
-      param_targets: the params tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` to
+      param_targets (Any): the params tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` to
         restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`.
-      reference_targets: the same for a reference model given alone, else None.
+      reference_targets (Any): the same for a reference model given alone, else None.
       traces: how many times the scoring step was traced (once per batch shape).
 
     Raises:

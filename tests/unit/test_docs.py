@@ -241,3 +241,11 @@ def test_the_api_reference_renders_a_row_per_parameter():
     rows (a continuation line taken for another value), `DataError` inside `ConfigError`'s."""
     problems = [p for where, obj in api_objects() for p in row_problems(where, obj)]
     assert problems == []
+
+
+def test_attributes_set_by_unpacking_carry_their_own_type():
+    """griffe gave `Evaluator.param_targets` (set by tuple unpacking) the type of `datasets`."""
+    (evaluator,) = [obj for where, obj in api_objects() if where == "ppl_jax.Evaluator"]
+    (section,) = [s for s in evaluator.docstring.parse("google") if s.kind.value == "attributes"]
+    types = {item.name: str(item.annotation) for item in section.value}
+    assert types["param_targets"] == types["reference_targets"] == "Any"
