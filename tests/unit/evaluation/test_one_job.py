@@ -105,7 +105,8 @@ def test_a_sweep_has_every_output_of_a_single_run_and_the_same_records(
     # The same step and dataset: identical records, identical per-unit sums.
     (one,) = store.ResultsStore.in_dir(single_dir).records()
     assert without_timings(one) == without_timings(records[5])
-    a, ident_a = uncertainty.read_npz(os.path.join(sweep_dir, files.UNITS))
+    # (a sweep keeps every step's units: units-step5.npz is step 5's)
+    a, ident_a = uncertainty.read_npz(os.path.join(sweep_dir, files.units_name(None, 5, True)))
     b, ident_b = uncertainty.read_npz(os.path.join(single_dir, files.UNITS))
     assert np.array_equal(a.nll, b.nll) and np.array_equal(a.tokens, b.tokens)
     assert ident_a == ident_b
