@@ -44,7 +44,12 @@ def test_a_tool_whose_reader_stops_early_ends_quietly(tmp_path):
 
 def test_a_run_whose_reader_stops_early_still_writes_its_results(tmp_path):
     out = tmp_path / "out"
-    r = closed_stdout(f"--config.output.dir={out}", "--config.output.progress=false")
+    corpus = helpers.corpus_files(tmp_path, [helpers.stdlib_text(2000)])  # the demo model, briefly
+    r = closed_stdout(
+        f"--config.output.dir={out}",
+        "--config.output.progress=false",
+        f"--config.data.path={corpus}",
+    )
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
     assert json.loads((out / "results.json").read_text())["num_tokens"] > 0
