@@ -9,7 +9,8 @@ The public API (imported on first use, so `import ppl_jax` stays light):
 - `DatasetSpec`, `ProtocolSpec`, `BatchSpec`: a corpus, a scoring protocol, a batch layout.
 - `prepare`: one dataset read, tokenized, planned and laid out (what `Evaluator` does for each).
 - `LanguageModel`, `HiddenStates`, `Logits`, `from_nnx`, `from_linen`: the model interface and
-  its adapters (`from_linen`: a Linen module whose `__call__(tokens)` returns logits).
+  its adapters (a Flax NNX or Linen module whose `__call__(tokens)` returns logits, or with
+  `returns="hidden_states"` hidden states and an `unembedding()`).
 - `StepOptions`: what the step gathers beyond its sums (per-token arrays, top-k, positions, KL).
 - `load_tokenizer`, `make_mesh`, `Sums`, `derive`: tokenizers, meshes, sums and their metrics.
 - the errors: `PplJaxError` and its kinds.
@@ -29,7 +30,7 @@ _EXPORTS = {
     "LanguageModel": "ppl_jax.models.interface",
     "HiddenStates": "ppl_jax.models.interface",
     "Logits": "ppl_jax.models.interface",
-    "from_nnx": "ppl_jax.models.nnx",
+    "from_nnx": "ppl_jax.models.adapters",
     "from_linen": "ppl_jax.models.adapters",
     "open_checkpoint": "ppl_jax.checkpoints.opener",
     "Checkpoint": "ppl_jax.checkpoints.opener",

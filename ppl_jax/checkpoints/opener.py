@@ -31,7 +31,7 @@ from ppl_jax.checkpoints import foreign, hf, hub, orbax, presets
 from ppl_jax.checkpoints import mapping as mapping_lib
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel, weight_paths
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import base as tokenizer_lib
@@ -213,7 +213,7 @@ class Checkpoint:
                 "commit": self.repo.commit(step)}  # fmt: skip
 
     def description(self, step: int | None = None) -> dict[str, Any]:
-        """The architecture description (`ppl_jax.models.nnx.build`'s argument): from
+        """The architecture description (`ppl_jax.models.registry.build`'s argument): from
         `checkpoint.architecture` when set (it wins), else the stored `metadata["model"]` of
         the step (as saved, not normalized), or `hf.read_description`.
 
@@ -236,14 +236,13 @@ class Checkpoint:
                 f"'maxtext:<model> key=value ...' or a Python entry point 'module:function'."
             )
         description = copy.deepcopy(self._read(step)[1]["model"])
-        family = description.get("family")
-        known = getattr(nnx_lib, "FAMILIES", ("llama", "gpt2"))
-        if family not in known:
+        try:
+            registry.for_description(description)
+        except CheckpointError as e:
             raise CheckpointError(
-                f"the stored architecture of {self.path!r} is of the unknown model family "
-                f"{family!r} (known: {', '.join(known)}); it was saved by another "
-                f"ppl_jax, or its metadata item is damaged."
-            )
+                f"the stored architecture of {self.path!r}: {str(e).removesuffix('.')}; it was "
+                f"saved by another ppl_jax, or its metadata item is damaged."
+            ) from None
         return description
 
     def attention(self, setting: str, dtype: str, step: int | None = None) -> str:
@@ -281,7 +280,7 @@ class Checkpoint:
             return architecture_lib.entry_model(value, _dtype(dtype))
         description = self.description(step)
         resolved = attention_lib.resolve_for(attention, _dtype(dtype), description)
-        return nnx_lib.build(description, _dtype(dtype), resolved)
+        return registry.build(description, _dtype(dtype), resolved)
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer (BOS/EOS ids and policy included), or None when it
@@ -395,7 +394,7 @@ class Checkpoint:
         """
         if self.architecture or self.kind() == "foreign":
             return
-        stored = nnx_lib.build(self.description(step), jnp.float32, "xla").description
+        stored = registry.build(self.description(step), jnp.float32, "xla").description
         if stored != model.description:
             raise CheckpointError(
                 f"step {step} of {self.path!r} holds another architecture than the model being "

@@ -20,7 +20,7 @@ from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
@@ -46,7 +46,7 @@ def golden_tokens() -> np.ndarray:
 
 
 def _load(path, mesh, dtype=jnp.float32, description=None):
-    model = nnx_lib.build(description or hf.read_description(path), dtype)
+    model = registry.build(description or hf.read_description(path), dtype)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
     )
@@ -220,7 +220,7 @@ def test_descriptions_stored_before_the_hf_fields_still_build():
         "norm_eps": 1e-5,
         "tie_embeddings": True,
     }
-    model = nnx_lib.build(old, jnp.float32)
+    model = registry.build(old, jnp.float32)
     assert sorted(model.abstract_params["layers"]["0"]["attn"]) == ["k", "o", "q", "v"]
     assert (
         model.description["rope_type"] == "default" and model.description["sliding_window"] is None
@@ -256,8 +256,8 @@ def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(
         CheckpointError,
-        match=r"model_type 'bert' is not supported; .* llama, "
-        r"mistral, qwen2, gpt2",
+        match=r"model_type 'bert' is not supported; .* gpt2, gpt_neox, llama, mistral, "
+        r"mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe",
     ):
         hf.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(
@@ -301,7 +301,7 @@ def test_pickled_weights_are_refused_unread(hf_dirs, tmp_path):
     marker = tmp_path / "unpickled"
     (d / "pytorch_model.bin").write_bytes(pickle.dumps(_Marker(str(marker))))
     assert hf.is_hf_checkpoint(str(d))
-    model = nnx_lib.build(hf.read_description(str(d)), jnp.float32)
+    model = registry.build(hf.read_description(str(d)), jnp.float32)
     with pytest.raises(
         CheckpointError,
         match=r"only pickled PyTorch weights \(pytorch_model.bin\)"
@@ -323,12 +323,16 @@ def test_missing_and_misshapen_weights_are_named(hf_dirs, tmp_path):
     weights["model.layers.0.self_attn.k_proj.bias"] = np.zeros(17, np.float32)
     save_file(weights, str(d / "model.safetensors"))
     (d / "config.json").write_text(open(os.path.join(src, "config.json")).read())
-    model = nnx_lib.build(hf.read_description(str(d)), jnp.float32)
+    model = registry.build(hf.read_description(str(d)), jnp.float32)
     with pytest.raises(CheckpointError) as e:
         hf.load_params(str(d), model.abstract_params)
-    assert "'model.layers.1.mlp.up_proj.weight' is missing" in str(e.value)
-    assert "'model.layers.0.self_attn.k_proj.bias' has shape (17,), config.json implies (16,)" in (
-        str(e.value)
+    assert (
+        "the model weights 'layers/1/mlp/up' (stored as 'model.layers.1.mlp.up_proj.weight') are "
+        "given by no stored weight" in str(e.value)
+    )
+    assert (
+        "does not fit the stored 'model.layers.0.self_attn.k_proj.bias' of shape [17]: reshape "
+        "[-1, 8] cannot hold [17]" in str(e.value)
     )
 
 
@@ -539,7 +543,7 @@ def test_dynamic_rope_is_default_within_max_positions(tmp_path):
         (tmp_path / name).mkdir()
         config = {**BASE_CONFIG, "rope_parameters": rope_parameters}
         (tmp_path / name / "config.json").write_text(json.dumps(config))
-        descs.append(nnx_lib.build(hf.read_description(str(tmp_path / name)), jnp.float32))
+        descs.append(registry.build(hf.read_description(str(tmp_path / name)), jnp.float32))
     dynamic, default = (LlamaConfig.from_dict(m.description) for m in descs)
     assert dynamic.rope_type == "dynamic" and descs[0].max_positions == 128
     np.testing.assert_array_equal(rope.inv_freq(dynamic), rope.inv_freq(default))

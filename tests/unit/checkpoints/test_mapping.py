@@ -5,6 +5,8 @@ NumPy, and one sentence for every mismatch."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
 
 import jax
@@ -13,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ppl_jax.checkpoints import mapping, open_checkpoint, presets
+from ppl_jax.checkpoints import blocks, mapping, open_checkpoint, presets, storage
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -214,7 +216,8 @@ def test_python_entry_point_and_from_linen(monkeypatch):
     [
         ({"layers": {"axis": 1}, "layer": 2}, lambda x: x[:, 2]),
         ({"layers": {"axis": -1}, "layer": 1}, lambda x: x[..., 1]),
-        ({"split": {"axis": 0, "squeeze": True}, "to": ["a", "b"], "part": 1}, lambda x: x[1]),
+        ({"split": {"axis": 0, "sizes": [1, 2], "squeeze": True}, "to": ["a", "b"], "part": 0},
+         lambda x: x[0]),  # fmt: skip
         (
             {"split": {"axis": 2, "sizes": [1, 3]}, "to": ["a", "b"], "part": 1},
             lambda x: x[:, :, 1:],
@@ -228,6 +231,8 @@ def test_python_entry_point_and_from_linen(monkeypatch):
     ],
 )
 def test_each_operation_matches_numpy(rule, reference):
+    """Each operation, on the whole tensor and on every block of a 2-way split of each axis of
+    the result (each read as the stored region it needs), equals NumPy's."""
     x = np.random.default_rng(0).standard_normal((3, 4, 4)).astype(np.float32)
     want = reference(x)
     if "cut" in rule:
@@ -237,12 +242,65 @@ def test_each_operation_matches_numpy(rule, reference):
     layer, part = rule.pop("layer", None), rule.pop("part", None)
     scale = float(mapping.evaluate(rule.get("scale", 1.0), {"head_dim": 4}, "scale"))
     src = mapping.Source("w", layer, part, {"from": "w", "to": to, **rule}, scale)
-    mesh = mesh_lib.make_mesh(-1, 1)
-    leaf = jax.ShapeDtypeStruct(want.shape, jnp.float32,
-                                sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))  # fmt: skip
-    assert mapping.out_shape(src, x.shape, want.shape, {"head_dim": 4}) == want.shape
-    got = mapping.transform(src, jnp.asarray(x), leaf, {"head_dim": 4})
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    stored = {"w": (x.shape, x.dtype)}
+    assert mapping.out_shape(src, stored, want.shape, {"head_dim": 4}) == want.shape
+    reads = []
+
+    class Counting(storage.Arrays):
+        def read(self, name, index):
+            reads.append(index)
+            return super().read(name, index)
+
+    names = {"head_dim": 4}
+    for block in itertools.product(*[(range(0, n), range(0, n // 2), range(n // 2, n))
+                                     for n in want.shape]):  # fmt: skip
+        if any(len(r) == 0 for r in block):
+            continue
+        got = blocks.read_block(src, stored, want.shape, block, Counting({"w": x}), names,
+                                np.float32)  # fmt: skip
+        np.testing.assert_allclose(got, want[tuple(slice(r.start, r.stop) for r in block)],
+                                   rtol=1e-6)  # fmt: skip
+    assert min(math.prod(s.stop - s.start for s in r) for r in reads) < x.size  # narrower reads
+
+
+def test_blocks_of_the_hf_layouts_read_only_their_rows():
+    """GPT-NeoX's per-head fused rows (view, split, transpose) and Phi-3's fused qkv_proj (split
+    sizes, transpose, reshape): a block of heads equals NumPy's and reads only its own heads'
+    rows."""
+    rng = np.random.default_rng(3)
+    h, hd, d = 4, 2, 6
+    qkv = rng.standard_normal((h * 3 * hd, d)).astype(np.float32)  # rows [heads, 3, head_dim]
+    rule = {"from": "w", "to": ["q", "k", "v"], "view": ["num_heads", 3, "head_dim", "embed_dim"],
+            "split": {"axis": 1, "squeeze": True}, "transpose": [2, 0, 1]}  # fmt: skip
+    names = {"num_heads": h, "head_dim": hd, "embed_dim": d}
+    rows = qkv.reshape(h, 3, hd, d)
+    reads = []
+
+    class Counting(storage.Arrays):
+        def read(self, name, index):
+            reads.append(index)
+            return super().read(name, index)
+
+    for part in range(3):
+        src = mapping.Source("w", None, part, rule, 1.0)
+        want = np.transpose(rows[:, part], (2, 0, 1))  # [embed, heads, head_dim]
+        block = (range(d), range(1, 3), range(hd))
+        got = blocks.read_block(src, {"w": (qkv.shape, qkv.dtype)}, want.shape, block,
+                                Counting({"w": qkv}), names, np.float32)  # fmt: skip
+        np.testing.assert_array_equal(got, want[:, 1:3])
+        assert reads[-1][0] == slice(1 * 3 * hd, 3 * 3 * hd)  # heads 1-2's rows only
+    # Phi-3: [(h + 2 kv) * hd, d] rows q, k, v; k of 1 kv head.
+    kv = 1
+    fused = rng.standard_normal(((h + 2 * kv) * hd, d)).astype(np.float32)
+    rule = {"from": "w", "to": ["q", "k", "v"], "split": {"axis": 0, "sizes": [h * hd, kv * hd,
+            kv * hd]}, "transpose": [1, 0], "reshape": ["embed_dim", -1, "head_dim"]}  # fmt: skip
+    src = mapping.Source("w", None, 0, rule, 1.0)
+    want = fused[: h * hd].T.reshape(d, h, hd)
+    got = blocks.read_block(src, {"w": (fused.shape, fused.dtype)}, want.shape,
+                            (range(d), range(2, 4), range(hd)), Counting({"w": fused}), names,
+                            np.float32)  # fmt: skip
+    np.testing.assert_array_equal(got, want[:, 2:4])
+    assert reads[-1][0] == slice(2 * hd, 4 * hd)
 
 
 def test_rope_permutation_turns_interleaved_into_rotate_half():
@@ -335,11 +393,23 @@ def test_scanned_blocks_of_layers_with_stride_and_offset():
 def test_stored_sharding_follows_the_weight():
     mesh = mesh_lib.make_mesh(4, 2)
     P = jax.sharding.PartitionSpec
-    leaf = jax.sharding.NamedSharding(mesh, P(None, "model", None))  # q [embed, heads, hd]
+    sharding = jax.sharding.NamedSharding(mesh, P(None, "model", None))  # q [embed, heads, hd]
+    leaf = jax.ShapeDtypeStruct((8, 4, 2), jnp.float32, sharding=sharding)
     src = mapping.Source("q", 0, None, {"from": "q", "to": "q", "layers": {"axis": 1}}, 1.0)
-    assert mapping.stored_sharding(src, (8, 2, 4, 2), leaf).spec == P(None, None, "model", None)
-    src = dataclasses.replace(src, rule={"from": "q", "to": "q", "transpose": [1, 0, 2]})
-    assert mapping.stored_sharding(src, (4, 8, 2), leaf).spec == P("model", None, None)
+    stored = {"q": ((8, 2, 4, 2), np.float32)}
+    got = blocks.stored_sharding([(src, leaf)], (8, 2, 4, 2), stored, {})
+    assert got.spec == P(None, None, "model", None)
+    src = dataclasses.replace(
+        src, layer=None, rule={"from": "q", "to": "q", "transpose": [1, 0, 2]}
+    )
+    stored = {"q": ((4, 8, 2), np.float32)}
+    assert blocks.stored_sharding([(src, leaf)], (4, 8, 2), stored, {}).spec == P(
+        "model", None, None
+    )
+    # A part of a split along the sharded axis: its shards do not line up, replicated.
+    src = mapping.Source("q", None, 1, {"from": "q", "to": ["a", "b"], "split": {"axis": 1}}, 1.0)
+    stored = {"q": ((8, 8, 2), np.float32)}
+    assert blocks.stored_sharding([(src, leaf)], (8, 8, 2), stored, {}).spec == P(None, None, None)
 
 
 def test_watch_an_empty_run_folder_until_steps_appear(tmp_path):

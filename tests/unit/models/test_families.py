@@ -31,7 +31,7 @@ import pytest
 from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans import protocols
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.runtime import mesh as mesh_lib
@@ -73,7 +73,7 @@ def loaded(family: str, dtype=jnp.float32, description: str | None = None):
 @functools.cache
 def load_dir(path: str, dtype=jnp.float32, description: str | None = None):
     desc = {**hf.read_description(path), **json.loads(description or "{}")}
-    model = nnx_lib.build(desc, dtype)
+    model = registry.build(desc, dtype)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.windows import Windows
@@ -49,7 +49,7 @@ def setup():
     """A tiny Llama on the 8 fake devices, windows of documents of varied lengths, and their
     layout in batches of two bucket widths (one window per row)."""
     cfg = helpers.TINY
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(-1, 1)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
