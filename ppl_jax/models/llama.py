@@ -21,7 +21,7 @@ Every parameter carries its logical axis names in the `logical_axes` metadata of
 with the table in the config. The rotary embedding rotates the two halves of each head
 (the Hugging Face `rotate_half` layout), so that Hugging Face Llama weights load unchanged.
 
-A family that changes a layer (SmolLM3's layers without rotary embedding) subclasses the config
+A family that changes a layer (layers without rotary embedding, "NoPE") subclasses the config
 (its own `FAMILY` and fields) and the module, and adjusts the built layers: `Attention.rotary`
 turns a layer's rotary embedding off.
 """

@@ -1,6 +1,6 @@
-"""What the Llama-like families (`ppl_jax.models.families`: Llama, Qwen3, OLMo, Gemma, Phi-3, the
-mixtures of experts, SmolLM3) share on the Hugging Face side: their `config.json` fields read
-into `LlamaConfig`, and the mapping rules of their weights.
+"""What the Llama-like families of `ppl_jax.models.families` (Llama, Qwen3, OLMo, Gemma, Phi-3,
+the mixtures of experts and the others built on `ppl_jax.models.llama`) share on the Hugging Face
+side: their `config.json` fields read into `LlamaConfig`, and the mapping rules of their weights.
 
 The config fields every such family shares (sizes, `rms_norm_eps`, `tie_word_embeddings`), the
 rotary settings (`rope_parameters` of transformers 5, one dict or one per layer type, or the

@@ -12,10 +12,10 @@ Adding a family is one new module `ppl_jax/models/families/<name>.py`:
 
 ```python
 FAMILY = Family(
-    name="smollm3",
-    config=SmolLM3Config,                 # from_dict / to_dict, class attribute FAMILY
-    module=SmolLM3,                       # module(cfg, rngs, dtype, attention), __call__ -> hidden
-    hf_readers={"smollm3": read_config},  # config.json dict -> config (raises CheckpointError)
+    name="<name>",
+    config=NameConfig,                    # from_dict / to_dict, class attribute FAMILY
+    module=Name,                          # module(cfg, rngs, dtype, attention), __call__ -> hidden
+    hf_readers={"<type>": read_config},   # config.json dict -> config (raises CheckpointError)
     hf_rules=llama_hf.rules,              # description dict -> mapping rules (Hugging Face names)
     hf_prefixes=llama_hf.PREFIXES,        # stored-name heads removed before the rules
     layers=lambda cfg: ...,               # the kind of each layer (`Layer`)
