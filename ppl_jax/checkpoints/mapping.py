@@ -191,6 +191,11 @@ def _match(
                 raise CheckpointError(
                     f"{where_rule} stacks layers, but {shown(name)!r} is a scalar."
                 )
+            if not -len(shape) <= spec["axis"] < len(shape):
+                raise CheckpointError(
+                    f"{where_rule} stacks layers on axis {spec['axis']}, which "
+                    f"{shown(name)!r} of {len(shape)} axes does not have."
+                )
             axis = spec["axis"] % len(shape)
             offset = spec.get("offset", 0)
             offset = _group_int(groups, offset, where_rule) if isinstance(offset, str) else offset
@@ -296,7 +301,13 @@ def out_shape(
     piece = src.pieces[0]
     inner = want
     if src.parts:
-        axis = piece.rule["stack"]["axis"] % max(len(want), 1)
+        axis = piece.rule["stack"]["axis"]
+        if not -len(want) <= axis < len(want):
+            raise CheckpointError(
+                f"the rule for '{str(piece.rule['from'])[:80]}' stacks on axis {axis}, which a "
+                f"model weight of {len(want)} axes does not have."
+            )
+        axis %= len(want)
         inner = want[:axis] + want[axis + 1 :]
     shapes = {operations.plan(p, stored[p.stored][0], inner, names).shape for p in src.pieces}
     if len(shapes) > 1:

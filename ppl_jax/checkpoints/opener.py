@@ -256,7 +256,9 @@ class Checkpoint:
         """
         if architecture_lib.parse(self.architecture)[0] == "entry":
             return "xla"  # a model of the user's own attends its own way; batches as for XLA
-        return attention_lib.resolve_for(setting, _dtype(dtype), self.description(step))
+        description = self.description(step)
+        registry.config_of(description)  # sizes checked before anything reads them
+        return attention_lib.resolve_for(setting, _dtype(dtype), description)
 
     def model(
         self, dtype: str = "float32", attention: str = "auto", step: int | None = None
@@ -279,8 +281,33 @@ class Checkpoint:
         if kind == "entry":
             return architecture_lib.entry_model(value, _dtype(dtype))
         description = self.description(step)
+        registry.config_of(description)  # sizes checked before anything reads them
+        self._check_stored_layers(step, description)
         resolved = attention_lib.resolve_for(attention, _dtype(dtype), description)
         return registry.build(description, _dtype(dtype), resolved)
+
+    def _check_stored_layers(self, step: int | None, description: dict[str, Any]) -> None:
+        """Refuses an architecture whose layer count the stored weights contradict, before the
+        model is built (a description of 1,000 layers would take minutes to build): ppl_jax's
+        own layout by its stored names, another trainer's by what its mapping makes of them. A
+        Hugging Face directory is checked by `hf.read_description`."""
+        kind = self.kind()
+        if kind not in ("own", "foreign"):
+            return
+        try:
+            if kind == "own":
+                resolved = self.resolve_step(step)
+                tree = orbax.tree_metadata(paths.join(self.path, str(resolved), orbax.STATE))
+                names = [n.removeprefix("params/") for n in tree if n.startswith("params/")]
+            else:
+                resolved = self.resolve_step(step)
+                shapes = foreign.stored_params(self.layout(), self.path, resolved)[0]
+                names = list(mapping_lib.produced(self.rules(resolved), shapes, description, ""))
+        except CheckpointError:
+            return  # restore names the damage or the mapping's mismatch in its own words
+        except Exception:  # Orbax's own errors for unreadable metadata: restore says how
+            return
+        registry.check_stored_layers(description, names, repr(self.path))
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer (BOS/EOS ids and policy included), or None when it

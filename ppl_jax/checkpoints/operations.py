@@ -210,6 +210,13 @@ class Plan:
         return x[index]
 
 
+def _axis(axis: int, shape: tuple[int, ...], key: str) -> int:
+    """`axis` of `shape` (negative from the end), or ValueError."""
+    if not -len(shape) <= axis < len(shape):
+        raise ValueError(f"{key} axis {axis} of {len(shape)} axes")
+    return axis % len(shape)
+
+
 def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: dict) -> Plan:
     """The `Plan` of a `mapping.Source` (one stored tensor, its layer and part) for a stored
     tensor of `stored_shape` (`want`: the model weight's shape without a `stack` axis, for `cut`).
@@ -240,13 +247,13 @@ def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: 
 
     try:
         if "layers" in rule:
-            axis = rule["layers"]["axis"] % len(shape)
+            axis = _axis(rule["layers"]["axis"], shape, "layers")
             add("take", shape[:axis] + shape[axis + 1 :], (axis, src.layer))
         if "view" in rule:
             add("reshape", sizes("view"))
         if "split" in rule:
             spec = rule["split"]
-            axis, n = spec["axis"] % len(shape), len(rule["to"])
+            axis, n = _axis(spec["axis"], shape, "split"), len(rule["to"])
             parts = [int(evaluate(s, names, "sizes")) for s in spec.get("sizes") or []]
             parts = parts or [shape[axis] // n] * n
             if sum(parts) != shape[axis] or min(parts) < 1:
@@ -268,12 +275,12 @@ def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: 
         if "reshape" in rule:
             add("reshape", sizes("reshape"))
         if "rope" in rule:
-            axis = rule["rope"]["axis"] % len(shape)
+            axis = _axis(rule["rope"]["axis"], shape, "rope")
             if shape[axis] % 2:
                 raise ValueError(f"rope on an odd axis of {shape[axis]}")
             add("rope", shape, axis)
         if "cut" in rule and len(want) == len(shape):
-            axis = rule["cut"] % len(shape)
+            axis = _axis(rule["cut"], shape, "cut")
             after = list(shape)
             after[axis] = min(shape[axis], want[axis])
             add("cut", after, (axis, after[axis]))

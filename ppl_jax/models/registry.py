@@ -40,7 +40,8 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -223,6 +224,26 @@ def check_sizes(description: dict[str, Any]) -> None:
                 raise CheckpointError(
                     f"the architecture's {key} name layers outside 0..{(layers or 0) - 1}."
                 )
+
+
+_LAYER_WEIGHT = re.compile(r"layers/(\d+)/")
+
+
+def check_stored_layers(description: dict[str, Any], weights: Iterable[str], where: str) -> None:
+    """Refuses a description whose `num_layers` the stored model weights contradict (names
+    `layers/{i}/...`, as the checkpoint stores them or its mapping makes them); nothing when no
+    weight names a layer.
+
+    Raises:
+      CheckpointError: another number of layers, naming `where`.
+    """
+    layers = {int(m.group(1)) for n in weights if (m := _LAYER_WEIGHT.match(n)) is not None}
+    want = description.get("num_layers")
+    if layers and want != len(layers):
+        raise CheckpointError(
+            f"{where}: the architecture describes {str(want)[:20]} layers but the checkpoint "
+            f"stores {len(layers)}; give the architecture of these weights."
+        )
 
 
 def config_of(description: dict[str, Any]) -> Any:

@@ -573,3 +573,54 @@ def test_older_multimodal_prefix_language_model_model(tmp_path):
         model, params, _ = _load(p, mesh_lib.make_mesh(-1, 1))
         logs.append(_log_probs(model, params, tokens))
     np.testing.assert_array_equal(logs[0], logs[1])
+
+
+# ------------------------------------------------- issue 26: absurd sizes, one sentence in seconds
+
+
+def _seconds(fn, *args):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(CheckpointError) as e:
+        fn(*args)
+    assert time.monotonic() - start < 10.0
+    assert "\n" not in str(e.value) and len(str(e.value)) < 500
+    return str(e.value)
+
+
+def test_a_billion_experts_or_a_zero_sparse_step_is_one_sentence(tmp_path):
+    """A `config.json` claiming 10^9 experts was minutes of building per-expert weights (and
+    memory); `decoder_sparse_step: 0` was a ZeroDivisionError."""
+    path = _family_copy(tmp_path, "qwen3_moe")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "num_local_experts": 10**9}))
+    assert "moe_experts=1000000000 is not a size ppl_jax builds" in _seconds(
+        hf.read_description, str(path)
+    )
+    (path / "config.json").write_text(json.dumps({**config, "decoder_sparse_step": 0}))
+    assert "decoder_sparse_step=0 is not a whole number of at least 1" in _seconds(
+        hf.read_description, str(path)
+    )
+    (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": -3}))
+    _seconds(hf.read_description, str(path))
+
+
+def test_absurd_descriptions_are_one_sentence_before_anything_is_built(tmp_path):
+    """A description of 1,000 layers and a 2*10^9 vocabulary: its sizes are bounded before
+    anything is built, and a layer count that the stored weights contradict is refused before
+    the model is built (building 1,000 layers takes minutes)."""
+    from ppl_jax import testing
+    from ppl_jax.checkpoints import open_checkpoint
+
+    big = {**testing.TINY.to_dict(), "num_layers": 1000, "vocab_size": 2 * 10**9}
+    message = _seconds(registry.build, big, jnp.float32)
+    assert "vocab_size=2000000000 is not a size ppl_jax builds" in message
+    for bad in ({"num_heads": 0}, {"embed_dim": -4}, {"head_dim": "x"}, {"num_layers": 10**9}):
+        _seconds(registry.build, {**testing.TINY.to_dict(), **bad}, jnp.float32)
+    ckpt = str(tmp_path / "ckpt")
+    testing.save_random_checkpoint(ckpt, steps=(1,))
+    (tmp_path / "arch.json").write_text(json.dumps({**testing.TINY.to_dict(), "num_layers": 1000}))
+    opened = open_checkpoint(ckpt, architecture=str(tmp_path / "arch.json"))
+    message = _seconds(opened.model)
+    assert "the architecture describes 1000 layers but the checkpoint stores 2" in message

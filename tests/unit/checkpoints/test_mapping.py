@@ -18,6 +18,7 @@ import pytest
 from ppl_jax.checkpoints import blocks, mapping, open_checkpoint, presets, storage
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.testing import TINY, random_params
@@ -127,9 +128,15 @@ def test_mapping_mismatches_are_one_sentence(tmp_path):
     del tree["params/params/decoder/extra/kernel"]
     save_manager(tmp_path / "b", [1], tree)
     ckpt = open_checkpoint(str(tmp_path / "b"), architecture=f"maxtext:default {more}")
+    # Refused before the model is built: what the mapping makes of the stored names has 2 layers.
+    with pytest.raises(CheckpointError, match=r"the architecture describes 3 layers but the "
+                       r"checkpoint stores 2"):  # fmt: skip
+        ckpt.model()
+    # The mapping's own sentence, for a target built anyway.
+    model = registry.build(ckpt.description(), jnp.float32)
     with pytest.raises(CheckpointError, match=r"the model weights 'layers/2/attn/k', .* are given "
                        r"by no stored weight"):  # fmt: skip
-        ckpt.restore(None, targets(ckpt.model()))
+        ckpt.restore(None, targets(model))
     wide = SIZES.replace(f"base_emb_dim={C.embed_dim}", "base_emb_dim=48")
     ckpt = open_checkpoint(str(tmp_path / "b"), architecture=f"maxtext:default {wide}")
     with pytest.raises(
@@ -216,8 +223,10 @@ def test_python_entry_point_and_from_linen(monkeypatch):
     [
         ({"layers": {"axis": 1}, "layer": 2}, lambda x: x[:, 2]),
         ({"layers": {"axis": -1}, "layer": 1}, lambda x: x[..., 1]),
-        ({"split": {"axis": 0, "sizes": [1, 2], "squeeze": True}, "to": ["a", "b"], "part": 0},
-         lambda x: x[0]),  # fmt: skip
+        (
+            {"split": {"axis": 0, "sizes": [1, 2], "squeeze": True}, "to": ["a", "b"], "part": 0},
+            lambda x: x[0],
+        ),  # fmt: skip
         (
             {"split": {"axis": 2, "sizes": [1, 3]}, "to": ["a", "b"], "part": 1},
             lambda x: x[:, :, 1:],
@@ -419,3 +428,101 @@ def test_watch_an_empty_run_folder_until_steps_appear(tmp_path):
     assert ckpt.steps() == []
     save_manager(tmp_path / "run" / "checkpoints", [4], maxtext_tree(random_params(C), True))
     assert ckpt.steps() == [4] and ckpt.kind() == "foreign"
+
+
+# --------------------------------------------------- issue 26: hostile rules and MaxText settings
+
+
+def test_a_pattern_that_would_backtrack_answers_at_once():
+    """`(.*.*)*Z` makes a backtracking matcher run for hours on a long name; RE2 matches in time
+    linear in the name, and constructs that need backtracking are refused in one sentence."""
+    import time
+
+    rules = [{"from": "(.*.*)*Z", "to": "w"}]
+    stored = {"a" * 20_000: ((1,), np.float32)}
+    target = {"w": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match="no mapping rule takes the stored weight"):
+        mapping.resolve(rules, stored, target, {}, "test")
+    assert time.monotonic() - start < 2.0
+    for pattern in (r"(a)\1", r"(?=a)a", r"(?<!b)a"):
+        with pytest.raises(CheckpointError, match="is not a regular expression RE2 accepts"):
+            mapping.resolve([{"from": pattern, "to": "w"}], stored, target, {}, "test")
+    with pytest.raises(CheckpointError, match="longer than 2000 characters"):
+        mapping.check_rules([{"from": "a" * 2001, "to": "w"}], "test")
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ("{from: 5, to: w}", r"rule 1 \('5'\): 'from' must be a regular expression"),
+        ("{from: a, to: [1, 2]}", "'to' must be a weight name, a list of names, or null"),
+        ("{from: a, to: w, layers: 'x'}", "'layers' must be {axis: integer"),
+        ("{from: a, to: w, layers: {axis: x}}", "'layers' must be {axis: integer"),
+        ("{from: a, to: w, layers: {axis: 0, stride: 0}}", "stride: integer >= 1"),
+        ("{from: a, to: w, transpose: [9, 9]}", "'transpose' must be a permutation of the axes"),
+        ("{from: a, to: w, transpose: 'x'}", "'transpose' must be a permutation"),
+        ("{from: a, to: w, split: 3}", "'split' must be {axis: integer"),
+        ("{from: a, to: w, split: {axis: 0}}", "'split' needs 'to' to be a list"),
+        ("{from: a, to: [v, w], split: {axis: 0, sizes: [1]}}", "one per part"),
+        ("{from: a, to: w, reshape: 7}", "'reshape' must be a list of sizes"),
+        ("{from: a, to: w, rope: 1}", "'rope' must be {axis: integer}"),
+        ("{from: a, to: w, cut: [0]}", "'cut' must be an axis"),
+        ("{from: a, to: w, scale: [2]}", "'scale' must be a number or an expression"),
+        ("{from: a, to: w, plus_one: 'yes'}", "'plus_one' must be true or false"),
+        ("{from: a, to: w, stack: {axis: 0}}", "'stack' must be {axis: integer, index:"),
+        ("5", r"'rules' must be a list of rules"),
+    ],
+)
+def test_rules_of_the_wrong_type_are_one_sentence(tmp_path, rule, message):
+    (tmp_path / "bad.yaml").write_text(f"rules: [{rule}]")
+    with pytest.raises(CheckpointError, match=message) as e:
+        presets.read_file(str(tmp_path / "bad.yaml"))
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ({"transpose": [1, 0, 2]}, r"transpose \[1, 0, 2\] of 2 axes"),
+        ({"layers": {"axis": 5}}, "stacks layers on axis 5"),
+        ({"split": {"axis": 4}, "to": ["w", "v"]}, "split axis 4 of 2 axes"),
+        ({"reshape": ["nope", 2]}, "reshape='nope' is not a number"),
+        ({"reshape": [5, 5]}, r"reshape \[5, 5\] cannot hold \[4, 6\]"),
+        ({"scale": "10 ** 10 ** 10"}, "scale='10 \\*\\* 10 \\*\\* 10' is not a number"),
+        ({"rope": {"axis": 0}, "cut": 7}, "cut axis 7 of 2 axes"),
+    ],
+)
+def test_operations_that_do_not_fit_the_stored_tensor_are_one_sentence(rule, message):
+    to = rule.pop("to", "w")
+    rules = [{"from": "a", "to": to, **rule}]
+    stored = {"a": ((4, 6), np.float32)}
+    target = {
+        n: jax.ShapeDtypeStruct((4, 6), jnp.float32) for n in ([to] if isinstance(to, str) else to)
+    }
+    with pytest.raises(CheckpointError, match=message) as e:
+        mapping.resolve(rules, stored, target, {}, "test")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("maxtext:", "names no MaxText model"),
+        ("maxtext: base_emb_dim=64", "names no MaxText model"),
+        ("maxtext:default model_vocab_size=abc", "model_vocab_size=abc is not a number greater"),
+        ("maxtext:default model_vocab_size=-5", "model_vocab_size=-5 is not a number greater"),
+        ("maxtext:default model_vocab_size=0", "model_vocab_size=0 is not a number greater"),
+        ("maxtext:default model_vocab_size=40000", "is more than the stored vocabulary"),
+        ("maxtext:default base_emb_dim=0", "base_emb_dim=0 is not a number greater than 0"),
+        ("maxtext:default base_num_decoder_layers=-2", "base_num_decoder_layers=-2 is not"),
+        ("maxtext:default head_dim=x", "head_dim='x' is not a whole number"),
+        ("maxtext:default rope_max_timescale=-1", "rope_max_timescale=-1 is not a number"),
+    ],
+)
+def test_maxtext_settings_that_are_not_sizes_are_one_sentence(setting, message):
+    from ppl_jax.checkpoints import architecture
+
+    with pytest.raises(ConfigError, match=message) as e:
+        architecture.parse(setting)
+    assert "\n" not in str(e.value)
