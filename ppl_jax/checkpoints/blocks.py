@@ -130,13 +130,11 @@ def stored_sharding(
     spec: list[Any] = [None] * len(stored_shape)
     for a in range(len(stored_shape)):
         for entry in candidates:
-            if entry in spec:
+            if entry in spec or stored_shape[a] % _axis_size(mesh, entry):
                 continue
             trial = spec[:a] + [entry] + spec[a + 1 :]
             held = NamedSharding(mesh, PartitionSpec(*trial)).devices_indices_map(stored_shape)
-            if stored_shape[a] % _axis_size(mesh, entry) == 0 and all(
-                _within(held[d][a], r[a], stored_shape[a]) for d, r in needs
-            ):
+            if all(_within(held[d][a], r[a], stored_shape[a]) for d, r in needs):
                 spec = trial
                 break
     return NamedSharding(mesh, PartitionSpec(*spec))

@@ -526,3 +526,16 @@ def test_maxtext_settings_that_are_not_sizes_are_one_sentence(setting, message):
     with pytest.raises(ConfigError, match=message) as e:
         architecture.parse(setting)
     assert "\n" not in str(e.value)
+
+
+def test_stored_sharding_skips_axes_the_mesh_does_not_divide():
+    """A stacked-layer axis of 4 layers on a model axis of 8: not a candidate (it would not
+    divide), the weight's own axis takes the mesh axis."""
+    mesh = mesh_lib.make_mesh(1, 8)
+    P = jax.sharding.PartitionSpec
+    sharding = jax.sharding.NamedSharding(mesh, P(None, "model"))
+    leaf = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=sharding)
+    rule = {"from": "w", "to": "layers/{layer}/w", "layers": {"axis": 1}}
+    pieces = [(mapping.Source("w", i, None, rule, 1.0), leaf) for i in range(4)]
+    stored = {"w": ((64, 4, 512), np.float32)}
+    assert blocks.stored_sharding(pieces, (64, 4, 512), stored, {}).spec == P(None, None, "model")
