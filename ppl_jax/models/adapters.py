@@ -138,17 +138,21 @@ def from_nnx(
       module_fn: builds the module (called under `nnx.eval_shape`: no weights are allocated).
         Each `nnx.Param` may carry `logical_axes=(...)` (or `sharding=(...)`) metadata, one name
         per dim; weights without it are replicated.
-      vocab_size, max_positions, honours_segments, description, dtype: as in `from_linen`.
+      vocab_size: the number of token ids it scores (its logits' last dimension).
+      max_positions: the longest row it takes.
       returns: `logits` (`__call__(tokens)`, taking `positions` and `segment_ids` when its
         signature names them, returns `[batch, seq, vocab]`) or `hidden_states`
         (`__call__(tokens, positions, segment_ids)` returns `[batch, seq, embed]`,
         `unembedding()` the `[embed, vocab]` matrix, and a `logit_softcap` attribute, if any,
         the final-logit soft-cap); see the module docstring.
+      honours_segments: it keeps segments apart (packing allowed); default False for `logits`,
+        True for `hidden_states`.
+      description: a JSON-able description kept with results (default: the module's name).
+      dtype: the params' dtype (a float params leaf is cast; the module computes as it does).
 
     Returns:
-      A `LanguageModel` whose params are the module's `nnx.Param` state as a pure dict (string
-      keys; what `nnx.to_pure_dict(nnx.state(model, nnx.Param))` gives, as a training loop saves,
-      and `params_of_nnx`).
+      A `LanguageModel` whose params are the module's `nnx.Param` state as a pure dict with
+        string keys, the tree a training loop saves (`params_of_nnx`).
 
     Raises:
       ValueError: an unknown `returns`.
