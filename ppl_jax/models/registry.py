@@ -286,7 +286,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
             f"set model.attention=xla."
         )
     module_fn = lambda: family.module(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
-    return from_nnx(
+    model = from_nnx(
         module_fn,
         cfg.vocab_size,
         cfg.max_positions,
@@ -295,6 +295,14 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         description=cfg.to_dict(),
         dtype=jnp.dtype(dtype),
     )
+    adapted = model.apply
+
+    def apply(params, tokens, positions, segment_ids):
+        # The family's own apply, not a user's adapter model (the records tell them apart by
+        # where `apply` is defined: `ppl_jax.outputs.model_record`).
+        return adapted(params, tokens, positions, segment_ids)
+
+    return dataclasses.replace(model, apply=apply)
 
 
 def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
