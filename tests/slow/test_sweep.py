@@ -319,41 +319,6 @@ def cli(cfg: str, *flags: str, process: int = 0, processes: int = 1, port: int =
     )
 
 
-def test_a_sweep_on_two_processes_equals_one_process(run_dir, swept, tmp_path):
-    from test_resume_cli import free_port
-
-    ckpt, files = run_dir
-    cfg = suite_config_file(tmp_path, entries(files))
-    out = tmp_path / "out"
-    port = free_port()
-    procs = [
-        cli(
-            cfg,
-            f"--config.checkpoint.dir={ckpt}",
-            "--config.checkpoint.step=all",
-            f"--config.output.dir={out}",
-            process=i,
-            processes=2,
-            port=port,
-        )
-        for i in range(2)
-    ]
-    for p in procs:
-        _, stderr = p.communicate(timeout=300)
-        assert p.returncode == 0, stderr[-2000:]
-    one = {(r["kind"], r["step"], r["dataset"]): r for r in records_of(swept)}
-    two = records_of(out)
-    assert len(two) == len(one)
-    for r in two:
-        expected = one[r["kind"], r["step"], r["dataset"]]
-        if "sums" in r:
-            assert r["sums"]["num_tokens"] == expected["sums"]["num_tokens"]
-            assert np.isclose(r["sums"]["nll_sum"], expected["sums"]["nll_sum"], rtol=1e-12)
-        assert np.isclose(
-            r["metrics"]["bits_per_byte"], expected["metrics"]["bits_per_byte"], rtol=1e-12
-        )
-
-
 def test_watch_mode_scores_a_step_saved_while_it_runs(run_dir, tmp_path):
     _, files = run_dir
     ckpt = str(tmp_path / "ckpt")

@@ -369,7 +369,7 @@ def test_bfloat16(hf_dirs, tmp_path):
     check_bfloat16(path, str(bf16))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_conversion_to_orbax_restores_the_same_params(hf_dirs, tmp_path, dtype):
     from ppl_jax.cli.convert import convert
 

@@ -160,7 +160,7 @@ def test_hf_tokenizer_is_read_when_there(tmp_path):
     assert ckpt.tokenizer_description() is None
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_orbax_restore_is_restore_params(orbax_dir, dtype):
     path, saved = orbax_dir
     ckpt = open_checkpoint(path)
