@@ -27,6 +27,7 @@ from ppl_jax.evaluation.spec import (
     RunSpec,
     StepSpec,
 )
+from ppl_jax.outputs import sinks
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
@@ -88,7 +89,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         steps=steps,
         batch=batch,
         suite=_suite(c),
-        tensorboard=_bool("output.tensorboard", c.output.tensorboard),
+        sinks=_sinks(c),
     )
 
 
@@ -302,6 +303,14 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
             c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
         ),
     )
+
+
+def _sinks(c: config_dict.ConfigDict) -> tuple[str, ...]:
+    """`output.sinks`, with `tensorboard` added by `output.tensorboard=true` (its shorthand)."""
+    found = sinks.names(c.output.sinks)
+    if _bool("output.tensorboard", c.output.tensorboard) and "tensorboard" not in found:
+        found += ("tensorboard",)
+    return found
 
 
 def _int_list(name: str, value: Any) -> tuple[int, ...]:

@@ -1,9 +1,9 @@
 """What a run reports beyond its sums: per-token output, loss by position, the context-length
 sweep, and the divergence from a reference model (`config.DiagnosticsSpec`).
 
-Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) feeding a sink
-on the host: `tokens.TokenWriter` (tokens.parquet), `divergence.Divergence`, the position sums in
-`ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
+Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
+host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
+`divergence.Divergence`; the position sums are in `ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
 (`windows.context_windows`). `prepare` makes every check that needs no weights; `write` writes
 the files once the run is done.
 
@@ -27,6 +27,7 @@ from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 
 POSITION_CURVE = files.POSITION_CURVE
@@ -35,8 +36,10 @@ TOKENS = files.TOKENS
 
 
 @dataclasses.dataclass
-class Sinks:
-    """The host-side sinks of one run (process 0 writes; the others gather what they must).
+class StepObservers:
+    """What watches the step's optional outputs on the host (process 0 writes; the others
+    gather what they must): observers of the scoring loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
     Attributes:
       options: the step's optional statistics.
@@ -48,12 +51,10 @@ class Sinks:
     token_writer: Any = None
     divergence: divergence.Divergence | None = None
 
-    def on_tokens(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
-        """`Scorer.score`'s per-token callback: feeds every sink."""
-        if self.token_writer is not None:
-            self.token_writer.add(rows, arrays)
-        if self.divergence is not None:
-            self.divergence.add(rows, arrays)
+    @property
+    def observers(self) -> list[Any]:
+        """The loop's observers among them, in order."""
+        return [o for o in (self.token_writer, self.divergence) if o is not None]
 
     def abort(self) -> None:
         """Removes a partial token file (an error or a signal stopped the run)."""
@@ -104,10 +105,11 @@ def step_options(settings: RunSpec) -> StepOptions:
     )
 
 
-def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sinks:
-    """The run's sinks; the token file is opened on process 0 (`out` given) only."""
+def step_observers(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
+    """The run's observers of the step's optional outputs; the token file is opened on process 0
+    (`out` given) only."""
     d = settings.diagnostics
-    result = Sinks(step_options(settings))
+    result = StepObservers(step_options(settings))
     if d.tokens and out is not None:
         from ppl_jax.outputs import tokens
 
@@ -131,7 +133,7 @@ def context_sweep(
     shardings: Any,
     plan: Plan,
     settings: RunSpec,
-    should_stop: Any = None,
+    stop: ScoreObserver | None = None,
     progress_factory: Any = None,
 ) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
@@ -139,9 +141,9 @@ def context_sweep(
     The targets are every token of the stream from position `max(context_lengths)` on, in
     windows of S targets (`context_targets`); with context length L each target sees between L
     and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
-    95% interval (`with_intervals`), or None if `should_stop` ended it. `progress_factory`
-    (given the number of windows of every length together, returns a `(tokens, windows)`
-    callback, as for the run's own scoring) shows the sweep's progress.
+    95% interval (`with_intervals`), or None if `stop` (the run's `StopRequest`) ended it.
+    `progress_factory` (given the number of windows of every length together and 0 done,
+    returns an observer of the loop, as for the run's own scoring) shows the sweep's progress.
 
     Raises:
       DataError: the stream is not longer than the longest context length.
@@ -154,15 +156,19 @@ def context_sweep(
         targets[length] = context_targets(d, length, model)
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
         sweep.append((length, w, plan_layout(w, settings.batch.batch_size, pack=False)))
-    progress = (
-        progress_factory(sum(w.num_windows for _, w, _ in sweep)) if progress_factory else None
-    )
-    for length, w, layout in sweep:
-        totals = scorer.score(params, w, layout, progress=progress, should_stop=should_stop)
-        if totals.stopped_at is not None:
-            return None
-        results.append((length, totals.nll_sum, totals.num_tokens))
-        units.append((totals.window_nll, totals.window_tokens))
+    total = sum(w.num_windows for _, w, _ in sweep)
+    progress = progress_factory(total, 0) if progress_factory else None
+    observers = [o for o in (stop, progress) if o is not None]
+    try:
+        for length, w, layout in sweep:
+            totals = scorer.score(params, w, layout, observers=observers)
+            if totals.stopped_at is not None:
+                return None
+            results.append((length, totals.nll_sum, totals.num_tokens))
+            units.append((totals.window_nll, totals.window_tokens))
+    finally:
+        if progress is not None:
+            progress.close()
     curve = curves.context_curve(results, targets_per_window=targets)
     for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
         block = uncertainty.block_length(nll.size)
@@ -219,7 +225,7 @@ def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) ->
 
 
 def collect(
-    settings: RunSpec, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
+    settings: RunSpec, totals: Any, watch: StepObservers, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
     `tokens_file` (the path of tokens.parquet), each present only when asked for."""
@@ -229,11 +235,11 @@ def collect(
         out[POSITION_CURVE] = position_intervals(curve, totals, settings)
     if sweep:
         out[CONTEXT_CURVE] = sweep
-    if sinks_.divergence is not None:
-        out["divergence"] = sinks_.divergence.summary()
-    if sinks_.token_writer is not None:
-        out["tokens_file"] = sinks_.token_writer.close()
-        sinks_.token_writer = None
+    if watch.divergence is not None:
+        out["divergence"] = watch.divergence.summary()
+    if watch.token_writer is not None:
+        out["tokens_file"] = watch.token_writer.close()
+        watch.token_writer = None
     return out
 
 

@@ -19,7 +19,7 @@ from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import check_batch_size, check_window
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.outputs import files, tensorboard
+from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import protocols, suite
 from ppl_jax.plans.suite import Dataset
@@ -30,9 +30,31 @@ from ppl_jax.tokenizer import base as tokenizer
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The reference model of `reference.*` (KL(reference || model)), opened and checked, no
+    weights read: its `checkpoint` and `step`, its `model`, and the `target` tree of
+    `jax.ShapeDtypeStruct`s (with `shardings`) its params are restored into."""
+
+    checkpoint: Checkpoint
+    step: int | None
+    model: LanguageModel
+    target: Any
+    shardings: Any
+
+    def restore(self) -> Any:
+        """The reference's params, on the mesh."""
+        return self.checkpoint.restore(self.step, self.target)
+
+
 @dataclasses.dataclass
 class Prepared:
-    """What a run builds before any weight is read (`prepare`)."""
+    """What a run builds before any weight is read (`prepare`).
+
+    Attributes:
+      attention: the attention implementation the model runs (recorded in the fingerprint and
+        the results; the model's `honours_segments` already says what it means for packing).
+    """
 
     mesh: Any
     ckpt: Checkpoint
@@ -45,7 +67,7 @@ class Prepared:
     documents: dict[str, Any]  # dataset name -> documents read while planning (gzip baseline)
     target: Any
     shardings: Any
-    reference: tuple[Checkpoint, int | None, LanguageModel, Any, Any] | None
+    reference: Reference | None
 
 
 def check(spec: RunSpec, ckpt_format: str) -> None:
@@ -63,7 +85,7 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
         raise ConfigError(
             "output.tokens, output.position_curve, eval.context_lengths, reference.* and "
             "output.per_document score one checkpoint step on one dataset; run them without "
-            "suite, a step sweep, checkpoint.watch or output.tensorboard."
+            "suite, a step sweep or checkpoint.watch."
         )
     if spec.steps.is_sweep and ckpt_format == "hf":
         raise ConfigError(
@@ -94,8 +116,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
     )
     check(spec, ckpt.format)
-    if spec.tensorboard and out is not None:
-        tensorboard.check_available(files.tensorboard_dir(out.path))
+    sinks.check(spec.sinks, out)
     mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
     check_batch_size(spec.batch.batch_size, mesh)
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
@@ -128,9 +149,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         )
         plan, docs, _ = suite.planned(ds, ev, tok, model.vocab_size, read_first)
         datasets.append(
-            Dataset(
-                ds, ev, plan, suite.batches(plan, spec.batch, attention, model.honours_segments)
-            )
+            Dataset(ds, ev, plan, suite.batches(plan, spec.batch, model.honours_segments))
         )
         documents[ds.name] = docs
     if not spec.is_training_run:
@@ -162,7 +181,9 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     )
 
 
-def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer):
+def _reference(
+    spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer
+) -> Reference:
     """The reference model (`reference.*`): opened and checked against the model, no weights.
 
     Raises:
@@ -194,7 +215,7 @@ def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.To
         spec.mesh.rules,
         DTYPES[ref.dtype],
     )
-    return ckpt, step, ref_model, target, shardings
+    return Reference(ckpt, step, ref_model, target, shardings)
 
 
 def vocabulary(tok: tokenizer.Tokenizer) -> Any:

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import math
 import os
-import platform
-import sys
 from typing import Any
 
-import numpy as np
 from ml_collections import config_dict
 
 from ppl_jax.evaluation.outcome import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import published, uncertainty
+from ppl_jax.outputs import results_json, store
 from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
@@ -31,13 +26,14 @@ METRIC_KEYS = (
     "predictive_perplexity",
     "top1_accuracy",
 )
-VERSIONED_PACKAGES = ("ppl_jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
 
 
 def results_dict(
     ev: Evaluation, settings: RunSpec, config: config_dict.ConfigDict | dict | None = None
 ) -> dict:
-    """Everything `results.json` of one dataset holds: `dataset_dict` plus `run` and `config`.
+    """`results.json` of a run of this one dataset (`ppl_jax.outputs.results_json.assemble`, the
+    one assembly: the file a run writes): `dataset_dict` at the top level, plus `step`,
+    `datasets` (its record), `averages` (none), `run`, `config` and `notes`.
 
     The dict is strict JSON (`json.dumps(results, allow_nan=False)` works): a metric that is
     undefined (a zero denominator) or infinite (an overflowing exp) is null, and `notes` maps
@@ -46,15 +42,26 @@ def results_dict(
     line, package versions, platform, device kind and count, process count. `intervals` holds
     the 95% bootstrap intervals of perplexity and bits per byte (`intervals_dict`), or null.
     """
-    results = dataset_dict(ev, settings)
-    notes = results.pop("notes")
-    results["run"] = run_dict(ev.wall_seconds)
     if isinstance(config, config_dict.ConfigDict):
         config = json.loads(config.to_json_best_effort())
-    results["config"] = config
-    results = _strict_json(results, "", notes)
-    results["notes"] = notes
-    return results
+    checkpoint = {"path": settings.checkpoint_dir, "format": ev.checkpoint_format}
+    record = dataset_record(ev, settings)
+    return results_json.assemble(ev.step, [record], checkpoint, None, ev.wall_seconds, config)
+
+
+def dataset_record(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
+    """The record of the dataset at its step (`ppl_jax.outputs.store.dataset_record`), with its
+    fingerprint's digest and `dataset_dict` as its `details`."""
+    return store.dataset_record(
+        step=ev.step,
+        dataset=ev.dataset.name,
+        sums=ev.sums,
+        fingerprint=fingerprint_lib.digest(ev.fingerprint),
+        tags=dict(ev.dataset.tags),
+        checkpoint=settings.checkpoint_dir,
+        wall_seconds=ev.totals.scoring_seconds,
+        details=dataset_dict(ev, settings),
+    )
 
 
 def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
@@ -125,43 +132,9 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
     }
     if ev.tokenizer_note:
         notes["tokenizer"] = ev.tokenizer_note
-    results = _strict_json(results, "", notes)
+    results = results_json.strict_json(results, "", notes)
     results["notes"] = notes
     return results
-
-
-def results_json(
-    settings: RunSpec,
-    checkpoint: Any,
-    step: int | None,
-    stored: list[dict[str, Any]],
-    averages: list[dict[str, Any]],
-    results_jsonl: str,
-    wall_seconds: float,
-    config: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """`results.json` of a run: the last step's records (`datasets`, `averages`), the store's
-    path, `run` and `config`; for a run of one dataset, also that dataset's result at the top
-    level (`dataset_dict`: the keys a single run has always written)."""
-    top: dict[str, Any] = {}
-    if len(stored) == 1 and "details" in stored[0]:
-        top = dict(stored[0]["details"])
-    top.update(
-        {
-            "step": step,
-            "datasets": {r["dataset"]: r for r in stored},
-            "averages": {r["dataset"]: r for r in averages},
-            "results_jsonl": results_jsonl,
-            "wall_seconds": wall_seconds,
-            "run": run_dict(wall_seconds),
-            "config": config,
-        }
-    )
-    top.setdefault("checkpoint", {"path": checkpoint.path, "format": checkpoint.format})
-    notes = dict(top.pop("notes", {}))
-    top = _strict_json(top, "", notes)
-    top["notes"] = notes
-    return top
 
 
 def _divergence_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
@@ -202,57 +175,6 @@ def intervals_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
 
 def _resumed_tokens(ev: Evaluation) -> int:
     return ev.recorder.resumed_tokens if ev.recorder is not None else 0
-
-
-def run_dict(wall_seconds: float) -> dict[str, Any]:
-    """What ran, where and when: for a reader of `results.json` months later.
-
-    Returns:
-      `started_utc`/`finished_utc` (ISO 8601, seconds; the end is now, the start `wall_seconds`
-      before), `command` (sys.argv), `versions` (package -> version from
-      `importlib.metadata`, None where not installed), `python`, `platform` (JAX's backend:
-      cpu, gpu, tpu), `device_kind` (e.g. `NVIDIA H100 80GB HBM3`; kinds joined by `, ` on a
-      mixed cluster), `device_count` (global), `process_count`, `host` (`platform.platform()`).
-    """
-    import jax
-
-    finished = datetime.datetime.now(datetime.timezone.utc)
-    started = finished - datetime.timedelta(seconds=wall_seconds)
-    versions = {}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    devices = jax.devices()
-    return {
-        "started_utc": started.isoformat(timespec="seconds"),
-        "finished_utc": finished.isoformat(timespec="seconds"),
-        "command": list(sys.argv),
-        "versions": versions,
-        "python": platform.python_version(),
-        "platform": jax.default_backend(),
-        "device_kind": ", ".join(sorted({d.device_kind for d in devices})),
-        "device_count": len(devices),
-        "process_count": jax.process_count(),
-        "host": platform.platform(),
-    }
-
-
-def _strict_json(value: Any, path: str, notes: dict[str, str]) -> Any:
-    """`value` with NumPy scalars made Python and non-finite floats made None (noted by path)."""
-    if isinstance(value, dict):
-        return {
-            k: _strict_json(v, f"{path}.{k}" if path else str(k), notes) for k, v in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v, f"{path}[{i}]", notes) for i, v in enumerate(value)]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        notes.setdefault(path, "undefined (not a number)" if math.isnan(value) else f"{value}")
-        return None
-    return value
 
 
 def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:

@@ -70,9 +70,7 @@ class RequestScorer:
         positions).
       batch_size: rows per step (global), rounded up to a multiple of the mesh's `data` axis.
       packing: several requests per row (only for a model that keeps segments apart,
-        `LanguageModel.honours_segments`, and not with cuDNN attention: `ppl_jax.plans.suite
-        .batches`).
-      attention: the model's attention implementation (`xla`, `cudnn`, `splash`).
+        `LanguageModel.honours_segments`: `ppl_jax.plans.suite.batches`).
 
     Raises:
       ConfigError: a `seq_len` beyond the model's positions.
@@ -89,14 +87,12 @@ class RequestScorer:
         batch_size: int = 8,
         packing: bool = True,
         param_shardings: Any = None,
-        attention: str = "xla",
     ):
         self.seq_len = int(seq_len or model.max_positions)
         check_window(self.seq_len, model, "seq_len")
         data = mesh.shape["data"]
         self.batch = BatchSpec(batch_size=-(-int(batch_size) // data) * data, packing=packing)
         self.model, self.params, self.mesh, self.tokenizer = model, params, mesh, tokenizer
-        self.attention = attention
         self.evaluator = Evaluator(
             model,
             mesh,
@@ -113,9 +109,7 @@ class RequestScorer:
     def _score(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window NLL sums `[W] float64` nats, scored targets `[W] int64`, top-1 correct `[W]
         int64`) of a plan; every process calls it with the same plan."""
-        layout = batches(
-            plan, self.batch, self.attention, getattr(self.model, "honours_segments", True)
-        )
+        layout = batches(plan, self.batch, self.model.honours_segments)
         # Segment slots rounded up to a power of two: a few compiled shapes across calls.
         slots = min(MAX_SEGMENTS, 1 << max(0, layout.max_segments - 1).bit_length())
         layout = dataclasses.replace(layout, max_segments=max(slots, layout.max_segments))

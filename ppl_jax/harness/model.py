@@ -135,7 +135,6 @@ class PplJaxLM(TemplateLM):
                 seq_len=None if seq_len in (None, "") else int(seq_len),
                 batch_size=8 if str(batch_size).startswith("auto") else int(batch_size),
                 packing=bool(_flag(packing)),
-                attention=attention,
             ),
             _flag(add_bos_token),
             None if prefix_token_id in (None, "") else int(prefix_token_id),

@@ -135,15 +135,14 @@ def plan(
     )
 
 
-def batches(p: Plan, batch: BatchSpec, attention: str = "xla", segments: bool = True) -> Layout:
+def batches(p: Plan, batch: BatchSpec, segments: bool = True) -> Layout:
     """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
     Windows are packed only for a model that keeps segments apart (`segments`:
-    `LanguageModel.honours_segments`); cuDNN attention takes per-row sequence lengths, not
-    segments: one window per row there too."""
+    `LanguageModel.honours_segments`, False for one whose attention cannot, as cuDNN's)."""
     return plan_layout(
         p.windows,
         batch.batch_size,
-        pack=batch.packing and attention != "cudnn" and segments,
+        pack=batch.packing and segments,
         num_buckets=batch.length_buckets,
     )
 
@@ -154,7 +153,6 @@ def prepare(
     tok: Tokenizer,
     vocab_size: int,
     batch: BatchSpec,
-    attention: str = "xla",
     segments: bool = True,
 ) -> Dataset:
     """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
@@ -166,11 +164,10 @@ def prepare(
       tok: the model's tokenizer.
       vocab_size: the model's vocabulary size.
       batch: the run's batch layout.
-      attention: the model's attention implementation.
       segments: whether the model keeps segments apart (see `batches`).
     """
     p = planned(ds, ev, tok, vocab_size)[0]
-    return Dataset(ds, ev, p, batches(p, batch, attention, segments))
+    return Dataset(ds, ev, p, batches(p, batch, segments))
 
 
 def planned(

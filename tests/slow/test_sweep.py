@@ -83,9 +83,7 @@ def run_sweep(c, progress_factory=None) -> list[str]:
     lines: list[str] = []
     out = OutputDir.open(s.output_dir)
     try:
-        found = run.run(s, out, progress_factory, lines.append, json.loads(c.to_json_best_effort()))
-        if found.results is not None:
-            out.write_json("results.json", found.results)
+        run.run(s, out, progress_factory, lines.append, json.loads(c.to_json_best_effort()))
     finally:
         out.close()
     return lines
@@ -197,24 +195,27 @@ def test_an_interrupted_sweep_skips_what_is_stored_and_resumes(run_dir, swept, t
     c = config(ckpt, out, entries(files), checkpoint__step="all", output__tensorboard=True)
     pairs = []
 
-    def stop_in_fifth_pair(num_windows):
-        pairs.append(num_windows)
-        seen = [0]
+    class Progress:  # the run's progress observer: SIGTERM after the fifth pair's first batch
+        def __init__(self, num_windows, done):
+            pairs.append(num_windows)
 
-        def update(tokens, windows):
-            seen[0] += 1
-            if len(pairs) == 5 and seen[0] == 1:
+        def should_stop(self, i):
+            return False
+
+        def on_batch(self, i, rows, host):
+            if len(pairs) == 5 and i == 0:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        return update
+        def close(self):
+            pass
 
     with pytest.raises(Interrupted, match="step 2, dataset 'code'"):
-        run_sweep(c, stop_in_fifth_pair)
+        run_sweep(c, Progress)
     stored = {(r["step"], r["dataset"]) for r in records_of(out) if r["kind"] == "dataset"}
     assert stored == {(1, n) for n in NAMES} | {(2, "prose")}
     assert (out / output_files.journal_name(2, "code")).exists()
     pairs.clear()
-    run_sweep(c, lambda n: pairs.append(n))
+    run_sweep(c, lambda n, done: pairs.append(n))
     assert len(pairs) == 5  # the stored pairs are skipped: step 2's code, short; step 3's three
     assert comparable(records_of(out)) == comparable(records_of(swept))
     assert not list(out.glob("journal-*.npz"))
