@@ -5,6 +5,7 @@ plans, the diagnostics, the reference model, the processes' agreement on the pla
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from typing import Any
 
@@ -12,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+from ppl_jax.checkpoints import Checkpoint, open_checkpoint, presets
+from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
@@ -23,7 +25,8 @@ from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import protocols, suite
 from ppl_jax.plans.suite import Dataset
-from ppl_jax.runtime import distributed
+from ppl_jax.runtime import distributed, paths
+from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import base as tokenizer
 
@@ -56,6 +59,7 @@ class Prepared:
         the results; the model's `honours_segments` already says what it means for packing).
     """
 
+    spec: RunSpec
     mesh: Any
     ckpt: Checkpoint
     first_step: int | None
@@ -68,6 +72,74 @@ class Prepared:
     target: Any
     shardings: Any
     reference: Reference | None
+
+    def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
+        """What decides the numbers of dataset `d` scored at `step`
+        (`ppl_jax.runtime.fingerprint.run_fingerprint`): every setting, file and version that
+        could change them, so that a journal or a stored record of another is never taken for
+        this pair's."""
+        model, plan = self.model, d.plan
+        return fingerprint_lib.run_fingerprint(
+            {
+                "checkpoint": checkpoint_identity(self.ckpt, step),
+                "model": {
+                    "description": fingerprint_lib.text_digest(model.description),
+                    "dtype": self.spec.dtype,
+                    "attention": self.attention,
+                    "honours_segments": model.honours_segments,
+                },
+                "data": d.data.fingerprint_part(),
+                "tokenizer": {"description": fingerprint_lib.text_digest(self.tok.describe())},
+                "protocol": {
+                    **d.protocol.fingerprint_part(),
+                    "add_bos": plan.add_bos,
+                    "prefix_id": plan.prefix_id,
+                    "num_windows": plan.windows.num_windows,
+                },
+                "layout": {
+                    **self.spec.batch.fingerprint_part(),
+                    "num_batches": d.layout.num_batches,
+                },
+                "mesh": {
+                    **{k: int(v) for k, v in self.mesh.shape.items()},
+                    "processes": jax.process_count(),
+                    "rules": [list(rule) for rule in self.spec.mesh.rules],
+                },
+                "environment": fingerprint_lib.environment(),
+            }
+        )
+
+
+def checkpoint_identity(ckpt: Checkpoint, step: int | None) -> dict[str, Any]:
+    """What identifies the weights a run scores at `step` (the `checkpoint` part of its
+    fingerprint): the folder (absolute), its format and the step; a hub revision's resolved
+    commit; the files of the step (path, size, modification time, digested); and what chooses
+    or transforms the weights read: `checkpoint.mapping` (a preset by name, a mapping file by
+    its content, wherever it lies), `checkpoint.item` and `checkpoint.params` (as set), and for
+    a `checkpoint.architecture` entry point its module's file (by content: the user's own model
+    code). Any other architecture is in the model's description (the `model` part).
+
+    (What `Checkpoint.identity(step)` will answer once each reader knows its own identity.)
+    """
+    folder = paths.absolute(ckpt.path)
+    files = folder if step is None else paths.join(folder, str(step))
+    found: dict[str, Any] = {
+        "path": folder,
+        "format": ckpt.format,
+        "step": step,
+        **({"commit": ckpt.source(step)["commit"]} if ckpt.format == "hub" else {}),
+        "files": fingerprint_lib.text_digest(fingerprint_lib.tree_identity(files)),
+    }
+    kind, entry = architecture_lib.parse(ckpt.architecture)
+    if kind == "entry":
+        spec = importlib.util.find_spec(entry.partition(":")[0])
+        origin = spec.origin if spec is not None else None
+        found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
+    if ckpt.mapping:
+        preset = ckpt.mapping in presets.PRESETS
+        found["mapping"] = ckpt.mapping if preset else fingerprint_lib.content_digest(ckpt.mapping)
+    found.update({k: getattr(ckpt, k) for k in ("item", "params") if getattr(ckpt, k)})
+    return found
 
 
 def check(spec: RunSpec, ckpt_format: str) -> None:
@@ -166,6 +238,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
     )
     return Prepared(
+        spec,
         mesh,
         ckpt,
         first_step,

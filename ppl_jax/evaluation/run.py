@@ -29,7 +29,7 @@ import numpy as np
 from ppl_jax.errors import Interrupted
 from ppl_jax.evaluation import diagnostics, summary
 from ppl_jax.evaluation.evaluator import Evaluator
-from ppl_jax.evaluation.outcome import Evaluation, per_document, run_fingerprint
+from ppl_jax.evaluation.outcome import Evaluation, per_document
 from ppl_jax.evaluation.prepare import Prepared, prepare
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.evaluation.steps import agree, steps_to_score
@@ -105,7 +105,7 @@ def run(
     finished = False
     try:
         for step in steps_to_score(spec, p.ckpt, p.first_step):
-            parts = {d.name: job.fingerprint(d, step) for d in p.datasets}
+            parts = {d.name: p.fingerprint(d, step) for d in p.datasets}
             todo = [1] * len(p.datasets)
             if spec.is_training_run:  # a pair stored with the same fingerprint is skipped
                 todo = agree(
@@ -116,11 +116,17 @@ def run(
                     if results is not None
                     else [0] * len(names)
                 )
+            # Each pair's journal before any weight is read: one of another run is refused now.
+            recorders = {
+                d.name: job.recorder(d, step, parts[d.name])
+                for d, needed in zip(p.datasets, todo, strict=True)
+                if needed
+            }
             if any(todo):
                 job.restore(step)
-            for d, needed in zip(p.datasets, todo, strict=True):
-                if needed:
-                    job.score(d, step, parts[d.name], opened)
+            for d in p.datasets:
+                if d.name in recorders:
+                    job.score(d, step, recorders[d.name], opened)
             if results is None:
                 continue
             stored = results.dataset_records(step, names)
@@ -166,13 +172,22 @@ class _Job:
     written: list[str] = dataclasses.field(default_factory=list)
     _gzip: dict[str, tuple[float | None, int | None]] = dataclasses.field(default_factory=dict)
 
-    def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
-        """What decides the numbers of `d` at `step` (`run_fingerprint`)."""
-        p, spec = self.setup, self.spec
-        return run_fingerprint(
-            spec, p.model, p.tok, d.plan, d.layout, p.mesh, p.ckpt.format, step,
-            p.attention, (d.data, d.protocol), spec.batch,
-        )  # fmt: skip
+    def recorder(self, d: Dataset, step: int | None, parts: dict[str, Any]) -> journal.Recorder:
+        """The pair's journal: the one in the output folder if it is this pair's (resumed from),
+        else an empty one (`output.resume=false`: always).
+
+        Raises:
+          ConfigError: the folder's journal is another run's (its message names what changed).
+        """
+        spec = self.spec
+        name = files.journal_name(step, d.name) if spec.is_training_run else files.JOURNAL
+        # A run with diagnostics keeps no journal: its per-token rows and curves are not in one.
+        journal_out = None if spec.diagnostics.any_beyond_sums else self.out
+        w, b = d.plan.windows.num_windows, d.layout.num_batches
+        state = journal.load_everywhere(journal_out if spec.resume else None, parts, w, b, name)
+        return journal.Recorder(
+            journal_out, parts, state or journal.State.empty(w, b), spec.journal_every, name
+        )
 
     def restore(self, step: int | None) -> None:
         """The step's params (and, once, the reference's) onto the mesh."""
@@ -184,11 +199,11 @@ class _Job:
             self.reference_params = p.reference.restore()
 
     def score(
-        self, d: Dataset, step: int | None, parts: dict[str, Any], opened: list[sinks.Sink]
+        self, d: Dataset, step: int | None, recorder: journal.Recorder, opened: list[sinks.Sink]
     ) -> None:
-        """Scores one (step, dataset) pair under its own journal, with the run's diagnostics;
-        its files and its record (to every sink) are written on process 0."""
-        ev = self._evaluation(d, step, parts)
+        """Scores one (step, dataset) pair under its journal, with the run's diagnostics; its
+        files and its record (to every sink) are written on process 0."""
+        ev = self._evaluation(d, step, recorder)
         self.evaluations.append(ev)
         if self.out is None:
             return
@@ -198,16 +213,9 @@ class _Job:
             sink.write([record])
         ev.recorder.discard()  # once the record is stored
 
-    def _evaluation(self, d: Dataset, step: int | None, parts: dict[str, Any]) -> Evaluation:
+    def _evaluation(self, d: Dataset, step: int | None, recorder: journal.Recorder) -> Evaluation:
         spec, p, out = self.spec, self.setup, self.out
-        name = files.journal_name(step, d.name) if spec.is_training_run else files.JOURNAL
-        # A run with diagnostics keeps no journal: its per-token rows and curves are not in one.
-        journal_out = None if spec.diagnostics.any_beyond_sums else out
         w, b = d.plan.windows.num_windows, d.layout.num_batches
-        state = journal.load_everywhere(journal_out if spec.resume else None, parts, w, b, name)
-        recorder = journal.Recorder(
-            journal_out, parts, state or journal.State.empty(w, b), spec.journal_every, name
-        )
         watch = diagnostics.step_observers(spec, d.plan, p.tok, out)
         progress = None
         if self.progress_factory is not None:  # the bar starts where the journal stopped
@@ -229,7 +237,7 @@ class _Job:
                     if sweep is None:
                         totals.stopped_at = b
             if totals.stopped_at is not None:
-                raise _interrupted(recorder, stop, step, d.name, b, journal_out is None, spec)
+                raise _interrupted(recorder, stop, step, d.name, b, spec)
             found = diagnostics.collect(spec, totals, watch, sweep)
         except BaseException:
             watch.abort()
@@ -258,7 +266,7 @@ class _Job:
             wall_seconds=time.perf_counter() - self.started,
             dataset=d.data,
             protocol_spec=d.protocol,
-            fingerprint=parts,
+            fingerprint=recorder.parts,
             tokenizer_note=p.tokenizer_note,
             tokenizer_is_checkpoints=d.data.tokenizer == "auto",
             resumed_batches=recorder.resumed_batches,
@@ -296,11 +304,10 @@ def _interrupted(
     step: int | None,
     dataset: str,
     num_batches: int,
-    no_journal: bool,
     spec: RunSpec,
 ) -> Interrupted:
     code = preemption.EXIT_CODE.get(stop.signal, 1)
-    if no_journal:
+    if spec.diagnostics.any_beyond_sums:  # no journal
         return Interrupted(
             f"stopped by {signal_name(stop.signal)}; a run with diagnostics (output.tokens, "
             f"output.position_curve, eval.context_lengths, reference.*) keeps no journal, so the "

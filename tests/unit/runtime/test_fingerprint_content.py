@@ -84,23 +84,14 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
 def test_the_journal_fingerprint_follows_the_content(tmp_path):
     path = tmp_path / "a.txt"
     path.write_bytes(b"some text here\n")
-    parts = dict(
-        checkpoint={"path": "c", "format": "orbax", "step": 1},
-        checkpoint_files=str(tmp_path / "none"),
-        model={},
-        data_paths=[str(path)],
-        tokenizer={},
-        protocol={},
-        layout={},
-        mesh={},
-    )
-    stat = fingerprint.of_run(data={}, **parts)
-    content = fingerprint.of_run(data={"fingerprint": "content"}, **parts)
+    by_stat = DatasetSpec(path=str(path))
+    by_content = DatasetSpec(path=str(path), fingerprint="content")
+    stat, content = by_stat.fingerprint_part(), by_content.fingerprint_part()
     edit_in_place(str(path), b"some", b"SOME")
     fingerprint._content_memo.clear()  # a new run (a new process)
     # A file of at most 64 KiB is sampled whole: the stat rule sees the edit too.
-    assert fingerprint.of_run(data={}, **parts) != stat
-    assert fingerprint.of_run(data={"fingerprint": "content"}, **parts) != content
+    assert by_stat.fingerprint_part() != stat
+    assert by_content.fingerprint_part() != content
 
 
 def test_an_unknown_rule_is_refused():
