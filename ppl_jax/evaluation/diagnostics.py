@@ -63,14 +63,14 @@ class StepObservers:
             self.token_writer = None
 
 
-def check(settings: RunSpec, plan: Plan, model: LanguageModel) -> None:
+def check(spec: RunSpec, plan: Plan, model: LanguageModel) -> None:
     """Every check of the diagnostics that needs no weights.
 
     Raises:
       ConfigError: a package the output needs is missing, or the context-length sweep does not
         fit the protocol, the corpus or the model's positions.
     """
-    d = settings.diagnostics
+    d = spec.diagnostics
     if d.tokens:
         from ppl_jax.outputs import tokens
 
@@ -95,21 +95,21 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
-def step_options(settings: RunSpec) -> StepOptions:
-    d = settings.diagnostics
+def step_options(spec: RunSpec) -> StepOptions:
+    d = spec.diagnostics
     return StepOptions(
-        positions=settings.eval.seq_len + 1 if d.position_curve else 0,
+        positions=spec.eval.seq_len + 1 if d.position_curve else 0,
         per_token=d.tokens,
         top_k=d.top_k,
         reference=d.reference is not None,
     )
 
 
-def step_observers(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
+def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
     """The run's observers of the step's optional outputs; the token file is opened on process 0
     (`out` given) only."""
-    d = settings.diagnostics
-    result = StepObservers(step_options(settings))
+    d = spec.diagnostics
+    result = StepObservers(step_options(spec))
     if d.tokens and out is not None:
         from ppl_jax.outputs import tokens
 
@@ -117,7 +117,7 @@ def step_observers(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | Non
             out.file(TOKENS),
             plan,
             tok,
-            settings.data.name,
+            spec.data.name,
             top_k=d.top_k,
             reference=d.reference is not None,
         )
@@ -132,7 +132,7 @@ def context_sweep(
     mesh: Any,
     shardings: Any,
     plan: Plan,
-    settings: RunSpec,
+    spec: RunSpec,
     stop: ScoreObserver | None = None,
     progress_factory: Any = None,
 ) -> dict[str, Any] | None:
@@ -148,14 +148,14 @@ def context_sweep(
     Raises:
       DataError: the stream is not longer than the longest context length.
     """
-    d: DiagnosticsSpec = settings.diagnostics
+    d: DiagnosticsSpec = spec.diagnostics
     scorer = Scorer(model, mesh, shardings)
     first = d.context_lengths[-1]
     results, targets, units, sweep = [], {}, [], []
     for length in d.context_lengths:
         targets[length] = context_targets(d, length, model)
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
-        sweep.append((length, w, plan_layout(w, settings.batch.batch_size, pack=False)))
+        sweep.append((length, w, plan_layout(w, spec.batch.batch_size, pack=False)))
     total = sum(w.num_windows for _, w, _ in sweep)
     progress = progress_factory(total, 0) if progress_factory else None
     observers = [o for o in (stop, progress) if o is not None]
@@ -172,25 +172,23 @@ def context_sweep(
     curve = curves.context_curve(results, targets_per_window=targets)
     for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
         block = uncertainty.block_length(nll.size)
-        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], settings, block)[0]
-    return with_intervals(curve, settings, "window", [w.num_windows for _, w, _ in sweep])
+        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], spec, block)[0]
+    return with_intervals(curve, spec, "window", [w.num_windows for _, w, _ in sweep])
 
 
-def _interval(nll: np.ndarray, tokens: np.ndarray, settings: RunSpec, block: int) -> list:
+def _interval(nll: np.ndarray, tokens: np.ndarray, spec: RunSpec, block: int) -> list:
     """`uncertainty.curve_intervals`, or Nones when `metrics.bootstrap_samples` is 0."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         return [None] * nll.shape[1]
-    return uncertainty.curve_intervals(
-        nll, tokens, settings.bootstrap_samples, settings.seed, block
-    )
+    return uncertainty.curve_intervals(nll, tokens, spec.bootstrap_samples, spec.seed, block)
 
 
 def with_intervals(
-    curve: dict[str, Any], settings: RunSpec, unit: str, units: int | list[int]
+    curve: dict[str, Any], spec: RunSpec, unit: str, units: int | list[int]
 ) -> dict[str, Any]:
     """`curve` with `intervals`: how its points' `perplexity_interval`s were drawn (`method`,
     `unit`, `units`, `samples`, `seed`, `level`), or None when `metrics.bootstrap_samples` is 0."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         curve["intervals"] = None
         return curve
     method = {
@@ -201,14 +199,14 @@ def with_intervals(
         "method": method,
         "unit": unit,
         "units": units,
-        "samples": settings.bootstrap_samples,
-        "seed": settings.seed,
+        "samples": spec.bootstrap_samples,
+        "seed": spec.seed,
         "level": uncertainty.LEVEL,
     }
     return curve
 
 
-def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) -> dict[str, Any]:
+def position_intervals(curve: dict[str, Any], totals: Any, spec: RunSpec) -> dict[str, Any]:
     """The position curve with each bucket's 95% interval of perplexity (`perplexity_interval`),
     from its per-batch sums (`ScoreTotals.batch_buckets`: the batches of windows as they were
     scored are the resampled units), and `intervals` saying how (`with_intervals`)."""
@@ -216,23 +214,23 @@ def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) ->
     if buckets is None:
         return curve
     used = buckets[:, 1].sum(axis=1) > 0  # batches that scored something (all, unless resumed)
-    found = _interval(buckets[used, 0], buckets[used, 1], settings, 1)
+    found = _interval(buckets[used, 0], buckets[used, 1], spec, 1)
     starts = curves.bucket_edges(curve["num_positions"], curve["max_points"])[:-1].tolist()
     by_first = dict(zip(starts, found, strict=True))
     for b in curve["buckets"]:
         b[curve_figures.INTERVAL] = by_first[b["first"]]
-    return with_intervals(curve, settings, "batch", int(used.sum()))
+    return with_intervals(curve, spec, "batch", int(used.sum()))
 
 
 def collect(
-    settings: RunSpec, totals: Any, watch: StepObservers, sweep: dict[str, Any] | None
+    spec: RunSpec, totals: Any, watch: StepObservers, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
     `tokens_file` (the path of tokens.parquet), each present only when asked for."""
     out: dict[str, Any] = {}
     if totals.nll_by_position is not None:
         curve = curves.position_curve(totals.nll_by_position, totals.tokens_by_position)
-        out[POSITION_CURVE] = position_intervals(curve, totals, settings)
+        out[POSITION_CURVE] = position_intervals(curve, totals, spec)
     if sweep:
         out[CONTEXT_CURVE] = sweep
     if watch.divergence is not None:

@@ -29,7 +29,7 @@ METRIC_KEYS = (
 
 
 def results_dict(
-    ev: Evaluation, settings: RunSpec, config: config_dict.ConfigDict | dict | None = None
+    ev: Evaluation, spec: RunSpec, config: config_dict.ConfigDict | dict | None = None
 ) -> dict:
     """`results.json` of a run of this one dataset (`ppl_jax.outputs.results_json.assemble`, the
     one assembly: the file a run writes): `dataset_dict` at the top level, plus `step`,
@@ -44,12 +44,12 @@ def results_dict(
     """
     if isinstance(config, config_dict.ConfigDict):
         config = json.loads(config.to_json_best_effort())
-    checkpoint = {"path": settings.checkpoint_dir, "format": ev.checkpoint_format}
-    record = dataset_record(ev, settings)
+    checkpoint = {"path": spec.checkpoint_dir, "format": ev.checkpoint_format}
+    record = dataset_record(ev, spec)
     return results_json.assemble(ev.step, [record], checkpoint, None, ev.wall_seconds, config)
 
 
-def dataset_record(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
+def dataset_record(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
     """The record of the dataset at its step (`ppl_jax.outputs.store.dataset_record`), with its
     fingerprint's digest and `dataset_dict` as its `details`."""
     return store.dataset_record(
@@ -58,13 +58,13 @@ def dataset_record(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
         sums=ev.sums,
         fingerprint=fingerprint_lib.digest(ev.fingerprint),
         tags=dict(ev.dataset.tags),
-        checkpoint=settings.checkpoint_dir,
+        checkpoint=spec.checkpoint_dir,
         wall_seconds=ev.totals.scoring_seconds,
-        details=dataset_dict(ev, settings),
+        details=dataset_dict(ev, spec),
     )
 
 
-def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
+def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
     """One dataset's result at one step: metrics, counts, protocol, intervals, gzip baseline,
     diagnostics, timings, checkpoint, model, tokenizer, fingerprint, data, mesh; strict JSON
     (see `results_dict`). The same for a single run and for each dataset of a sweep: it is the
@@ -80,12 +80,12 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
         **{key: m[key] for key in METRIC_KEYS},
         "num_documents": s.num_documents,
         "num_windows": s.num_windows,
-        "protocol": protocol_dict(ev, settings),
+        "protocol": protocol_dict(ev, spec),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
         "gzip_sample_bytes": ev.gzip_sample_bytes,
-        "intervals": intervals_dict(ev, settings),
-        "divergence": _divergence_dict(ev, settings),
+        "intervals": intervals_dict(ev, spec),
+        "divergence": _divergence_dict(ev, spec),
         "context_curve": ev.diagnostics.get("context_curve"),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
@@ -97,13 +97,13 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
         "compile_seconds": ev.totals.compile_seconds,
         "wall_seconds": ev.wall_seconds,
         "checkpoint": {
-            "path": os.path.abspath(settings.checkpoint_dir),
+            "path": os.path.abspath(spec.checkpoint_dir),
             "step": ev.step,
             "format": ev.checkpoint_format,
         },
         "model": ev.model_description,
         "attention": ev.attention,
-        "dtype": settings.dtype,
+        "dtype": spec.dtype,
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints
@@ -137,10 +137,10 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
     return results
 
 
-def _divergence_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
+def _divergence_dict(ev: Evaluation, spec: RunSpec) -> dict | None:
     """The divergence from the reference model (`ppl_jax.metrics.divergence`), with the reference."""
     found = ev.diagnostics.get("divergence")
-    ref = settings.diagnostics.reference
+    ref = spec.diagnostics.reference
     if found is None or ref is None:
         return None
     return {
@@ -153,31 +153,31 @@ def _divergence_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
     }
 
 
-def intervals_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
+def intervals_dict(ev: Evaluation, spec: RunSpec) -> dict | None:
     """The run's 95% bootstrap intervals (`uncertainty.intervals`); None when
     `metrics.bootstrap_samples` is 0; intervals of None, with a `note`, for a run of one unit."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         return None
     units = uncertainty.units_of(ev.plan, ev.totals)
     if units.count < 2:  # said inside the object (`notes` is for the metrics)
         return {
             "method": units.method,
-            "samples": settings.bootstrap_samples,
-            "seed": settings.seed,
+            "samples": spec.bootstrap_samples,
+            "seed": spec.seed,
             "unit": units.kind,
             "units": units.count,
             "perplexity": None,
             "bits_per_byte": None,
             "note": f"undefined (one {units.kind}: nothing to resample)",
         }
-    return uncertainty.intervals(units, settings.bootstrap_samples, settings.seed)
+    return uncertainty.intervals(units, spec.bootstrap_samples, spec.seed)
 
 
 def _resumed_tokens(ev: Evaluation) -> int:
     return ev.recorder.resumed_tokens if ev.recorder is not None else 0
 
 
-def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
+def protocol_dict(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
     plan = ev.plan
     return {
@@ -185,7 +185,7 @@ def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
         "reference": PROTOCOL_NOTES[plan.protocol],
         "seq_len": ev.protocol_spec.seq_len,
         "stride": ev.protocol_spec.stride if plan.protocol in STRIDED_PROTOCOLS else None,
-        "packing": settings.batch.packing,
+        "packing": spec.batch.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,
