@@ -4,7 +4,7 @@ sweep, and the divergence from a reference model (`config.DiagnosticsSpec`).
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
 host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
 `divergence.Divergence`; the position sums are in `ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
-(`windows.context_windows`). `prepare` makes every check that needs no weights; `write` writes
+(`windows.context_windows`). `check` makes every check that needs no weights (called by `ppl_jax.evaluation.setup.set_up`); `write` writes
 the files once the run is done.
 
 A run with any of these keeps no journal: its per-token rows and position sums are not in one, so

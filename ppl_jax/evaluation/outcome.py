@@ -33,7 +33,7 @@ class Evaluation:
         `metrics.GZIP_SAMPLE_BYTES` bytes), or None if not asked for; gzip_sample_bytes: the
         bytes it compressed.
       wall_seconds: the run so far, from reading the checkpoint to this dataset's last sum.
-      fingerprint: what decides the numbers (`Prepared.fingerprint`).
+      fingerprint: what decides the numbers (`RunSetup.fingerprint`).
       tokenizer_note: why a tokenizer that does not fit the model was allowed, or None.
       tokenizer_is_checkpoints: whether the tokenizer is the checkpoint's own.
       resumed_batches: batches taken from a journal rather than scored in this process.

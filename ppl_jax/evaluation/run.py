@@ -3,7 +3,7 @@
 A single run is the one-step, one-dataset case of a training run; the command line, a sweep,
 watch mode and `evaluate` all run `run`:
 
-    prepare (checkpoint, tokenizer, plans, checks; no weights) -> Evaluator ->
+    set_up (checkpoint, tokenizer, plans, checks; no weights) -> Evaluator ->
     for each step: restore -> for each dataset: journaled score -> record -> sinks
 
 Every dataset of every step gets the same outputs: its record (with its 95% intervals, gzip
@@ -30,7 +30,7 @@ from ppl_jax.errors import Interrupted
 from ppl_jax.evaluation import diagnostics, summary
 from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.evaluation.outcome import Evaluation, per_document
-from ppl_jax.evaluation.prepare import Prepared, prepare
+from ppl_jax.evaluation.setup import RunSetup, set_up
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.evaluation.steps import agree, steps_to_score
 from ppl_jax.metrics import sums as metrics
@@ -83,7 +83,7 @@ def run(
       resumes it).
     """
     started = time.perf_counter()
-    p = prepare(spec, out)
+    p = set_up(spec, out)
     evaluator = Evaluator(
         p.model,
         p.mesh,
@@ -157,11 +157,11 @@ def _has_averages(results: store.ResultsStore, step: int | None) -> bool:
 
 @dataclasses.dataclass
 class _Job:
-    """One run's scoring: what `prepare` built, the evaluator, the params of the step being
+    """One run's scoring: what `set_up` built, the evaluator, the params of the step being
     scored, and what every (step, dataset) pair adds to (its evaluations, the files written)."""
 
     spec: RunSpec
-    setup: Prepared
+    setup: RunSetup
     evaluator: Evaluator
     out: OutputDir | None
     progress_factory: Callable[[int, int], Any] | None

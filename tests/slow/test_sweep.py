@@ -21,7 +21,7 @@ from test_tensorboard import scalars_in
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluation import prepare, run
+from ppl_jax.evaluation import run, setup
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.outputs import files as output_files
 from ppl_jax.outputs import store
@@ -383,7 +383,7 @@ def test_training_run_settings_are_checked_before_work(run_dir, tmp_path):
         from_config(config(ckpt, tmp_path, [{**entries(files)[0], "colour": "red"}]))
     s = from_config(config(ckpt, tmp_path, entries(files), output__tokens=True))
     with pytest.raises(ConfigError, match="one checkpoint step on one dataset"):
-        prepare.check(s, "orbax")
+        setup.check(s, "orbax")
     with pytest.raises(ConfigError, match="step 7"):
         run_sweep(config(ckpt, tmp_path / "o", entries(files), checkpoint__step="1,7"))
     spec = from_config(config(ckpt, tmp_path, checkpoint__step="0:1000:500")).steps

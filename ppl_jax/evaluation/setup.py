@@ -1,6 +1,7 @@
-"""Everything a run builds before any weight is read (`prepare`), in the order that reports a
-user's mistake soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the
-plans, the diagnostics, the reference model, the processes' agreement on the plans."""
+"""Everything a run builds before any weight is read (`set_up(spec, out) -> RunSetup`), in the
+order that reports a user's mistake soonest: settings, mesh, the corpora's files, the
+architecture, the tokenizer, the plans, the diagnostics, the reference model, the processes'
+agreement on the plans; and what decides each pair's numbers (`RunSetup.fingerprint`)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ class Reference:
 
 
 @dataclasses.dataclass
-class Prepared:
-    """What a run builds before any weight is read (`prepare`).
+class RunSetup:
+    """What a run builds before any weight is read (`set_up`).
 
     Attributes:
       attention: the attention implementation the model runs (recorded in the fingerprint and
@@ -171,7 +172,7 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
         )
 
 
-def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
+def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     """Every step of a run that needs no weights, in the order that reports a user's mistake
     soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the plans,
     the diagnostics, the reference model, the processes' agreement on the plans."""
@@ -237,7 +238,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
     )
-    return Prepared(
+    return RunSetup(
         spec,
         mesh,
         ckpt,
