@@ -29,7 +29,7 @@ import numpy as np
 from ppl_jax.errors import Interrupted
 from ppl_jax.evaluation import diagnostics, summary
 from ppl_jax.evaluation.evaluator import Evaluator
-from ppl_jax.evaluation.outcome import Evaluation, per_document
+from ppl_jax.evaluation.result import Evaluation, per_document
 from ppl_jax.evaluation.setup import RunSetup, set_up
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.evaluation.steps import agree, steps_to_score

@@ -8,7 +8,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from ppl_jax.evaluation.outcome import Evaluation
+from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import published, uncertainty
 from ppl_jax.outputs import results_json, store

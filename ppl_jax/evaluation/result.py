@@ -1,4 +1,4 @@
-"""What scoring one dataset at one checkpoint step produced (`Evaluation`), and its per-document
+"""The result of scoring one dataset at one checkpoint step (`Evaluation`), and its per-document
 records: the unit the one job path (`ppl_jax.evaluation.run`) turns into records."""
 
 from __future__ import annotations
