@@ -46,7 +46,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("model.dtype", c.model.dtype, DTYPES)
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
-    data, eval_ = _dataset(c.data, c.eval, c, "data", "eval")
+    data, protocol = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
         packing=bool(c.eval.packing),
@@ -72,7 +72,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
         data=data,
-        eval=eval_,
+        protocol=protocol,
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         mesh=MeshSpec(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
@@ -85,7 +85,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         resume=_bool("output.resume", c.output.resume),
         bootstrap_samples=samples,
         seed=int(c.metrics.seed),
-        diagnostics=_diagnostics(c, eval_.seq_len),
+        diagnostics=_diagnostics(c, protocol.seq_len),
         steps=steps,
         batch=batch,
         suite=_suite(c),

@@ -98,7 +98,7 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
 def step_options(spec: RunSpec) -> StepOptions:
     d = spec.diagnostics
     return StepOptions(
-        positions=spec.eval.seq_len + 1 if d.position_curve else 0,
+        positions=spec.protocol.seq_len + 1 if d.position_curve else 0,
         per_token=d.tokens,
         top_k=d.top_k,
         reference=d.reference is not None,

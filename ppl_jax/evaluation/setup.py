@@ -165,10 +165,10 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
             f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
             f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
         )
-    if spec.per_document and spec.eval.protocol != "lm_eval_rolling":
+    if spec.per_document and spec.protocol.protocol != "lm_eval_rolling":
         raise ConfigError(
             f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
-            f"windows of {spec.eval.protocol} span documents."
+            f"windows of {spec.protocol.protocol} span documents."
         )
 
 
@@ -201,7 +201,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     first_step = ckpt.resolve_step(spec.checkpoint_step)
     attention = ckpt.attention(spec.attention, spec.dtype, first_step)
     model = ckpt.model(spec.dtype, attention, first_step)
-    check_window(spec.eval.seq_len, model)
+    check_window(spec.protocol.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
         raise ConfigError(
@@ -216,13 +216,15 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
     )
     datasets, documents = [], {}
-    for (ds, ev), read_first in zip(spec.datasets, raw, strict=True):
+    for (ds, protocol), read_first in zip(spec.datasets, raw, strict=True):
         check_window(
-            ev.seq_len, model, f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len"
+            protocol.seq_len,
+            model,
+            f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len",
         )
-        plan, docs, _ = suite.planned(ds, ev, tok, model.vocab_size, read_first)
+        plan, docs, _ = suite.planned(ds, protocol, tok, model.vocab_size, read_first)
         datasets.append(
-            Dataset(ds, ev, plan, suite.batches(plan, spec.batch, model.honours_segments))
+            Dataset(ds, protocol, plan, suite.batches(plan, spec.batch, model.honours_segments))
         )
         documents[ds.name] = docs
     if not spec.is_training_run:

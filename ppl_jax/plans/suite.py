@@ -115,7 +115,7 @@ def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.nda
 
 def plan(
     ds: DatasetSpec,
-    ev: ProtocolSpec,
+    protocol: ProtocolSpec,
     docs: list[data.Document],
     counts: Any,
     tok: Tokenizer,
@@ -123,13 +123,13 @@ def plan(
 ) -> Plan:
     """The dataset's protocol plan (`protocols.plan`)."""
     return protocols.plan(
-        ev.protocol,
+        protocol.protocol,
         docs,
         tok,
         vocab_size,
-        ev.seq_len,
-        ev.stride,
-        protocols.resolve_add_bos(ev.add_bos, tok),
+        protocol.seq_len,
+        protocol.stride,
+        protocols.resolve_add_bos(protocol.add_bos, tok),
         separator=ds.separator,
         doc_counts=counts,
     )
@@ -149,7 +149,7 @@ def batches(p: Plan, batch: BatchSpec, segments: bool = True) -> Layout:
 
 def prepare(
     ds: DatasetSpec,
-    ev: ProtocolSpec,
+    protocol: ProtocolSpec,
     tok: Tokenizer,
     vocab_size: int,
     batch: BatchSpec,
@@ -160,19 +160,19 @@ def prepare(
 
     Args:
       ds: the dataset's data spec.
-      ev: the dataset's protocol spec.
+      protocol: the dataset's protocol spec.
       tok: the model's tokenizer.
       vocab_size: the model's vocabulary size.
       batch: the run's batch layout.
       segments: whether the model keeps segments apart (see `batches`).
     """
-    p = planned(ds, ev, tok, vocab_size)[0]
-    return Dataset(ds, ev, p, batches(p, batch, segments))
+    p = planned(ds, protocol, tok, vocab_size)[0]
+    return Dataset(ds, protocol, p, batches(p, batch, segments))
 
 
 def planned(
     ds: DatasetSpec,
-    ev: ProtocolSpec,
+    protocol: ProtocolSpec,
     tok: Tokenizer,
     vocab_size: int,
     read_first: tuple[list[data.Document], Any] | None = None,
@@ -191,27 +191,27 @@ def planned(
     """
     import jax
 
-    entry = plan_cache.key(ds, ev, tok, vocab_size) if ds.cache_dir else None
+    entry = plan_cache.key(ds, protocol, tok, vocab_size) if ds.cache_dir else None
     if entry is not None:
         found = plan_cache.load(ds.cache_dir, entry)
         # All processes take the same path (the token cache's has barriers): a process that
         # looks after another one wrote the entry must not take it alone.
         if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
-    if entry is not None and read_first is None and token_cache.applies(ds, ev.protocol):
-        return stream_plans.planned(ds, ev, tok, vocab_size, entry), None, {}
+    if entry is not None and read_first is None and token_cache.applies(ds, protocol.protocol):
+        return stream_plans.planned(ds, protocol, tok, vocab_size, entry), None, {}
     if entry is not None and read_first is None and jax.process_count() > 1:
         # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
         def write() -> None:
             plan_cache.save(
-                ds.cache_dir, entry, plan(ds, ev, *cut(*read(ds), ds, tok), tok, vocab_size)
+                ds.cache_dir, entry, plan(ds, protocol, *cut(*read(ds), ds, tok), tok, vocab_size)
             )
 
         found = plan_cache.made_once(ds.cache_dir, entry, write, f"data {ds.name!r}")
         return found[0], None, found[1]
     docs, counts = read_first if read_first is not None else read(ds)
     docs, counts = cut(docs, counts, ds, tok)
-    p = plan(ds, ev, docs, counts, tok, vocab_size)
+    p = plan(ds, protocol, docs, counts, tok, vocab_size)
     if entry is not None:
         p = dataclasses.replace(p, tokens_digest=protocols.tokens_digest(p.windows.tokens))
         plan_cache.save(ds.cache_dir, entry, p)

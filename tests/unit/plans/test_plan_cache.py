@@ -52,8 +52,8 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(1500), helpers.stdlib_text(700)])
     tok = tokenizer.load(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), protocol)
-    plain = suite.plan(s.data, s.eval, *suite.cut(*suite.read(s.data), s.data, tok), tok, 512)
-    built, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    plain = suite.plan(s.data, s.protocol, *suite.cut(*suite.read(s.data), s.data, tok), tok, 512)
+    built, docs, _ = suite.planned(s.data, s.protocol, tok, 512)
     streamed = protocol in token_cache.PROTOCOLS  # planned through the token cache
     assert (docs is None) == streamed
     plain = dataclasses.replace(plain, tokens_digest=built.tokens_digest)
@@ -63,7 +63,7 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
     for method in ("encode_with_bytes", "encode_flat_with_bytes"):
         monkeypatch.setattr(type(tok), method, lambda *a: pytest.fail("tokenized again"))
-    cached, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    cached, docs, _ = suite.planned(s.data, s.protocol, tok, 512)
     assert docs is None and isinstance(cached.windows.tokens, np.memmap)
     same_plan(cached, plain)
     assert len(os.listdir(tmp_path / "cache")) == (2 if streamed else 1)  # + the token cache
@@ -74,17 +74,17 @@ def test_a_changed_file_or_tokenizer_or_setting_is_planned_again(tmp_path, bpe_t
     cache = str(tmp_path / "cache")
     tok = tokenizer.load(bpe_tokenizer, None)
     s = settings(path, cache, "sliding")
-    first = plan_cache.key(s.data, s.eval, tok, 512)
-    suite.planned(s.data, s.eval, tok, 512)
-    assert plan_cache.key(s.data, s.eval, tok, 512) == first
-    assert plan_cache.key(s.data, s.eval, tokenizer.load("byte", None), 512) != first
-    assert plan_cache.key(settings(path, cache, "hf_strided").data, s.eval, tok, 512) == first
+    first = plan_cache.key(s.data, s.protocol, tok, 512)
+    suite.planned(s.data, s.protocol, tok, 512)
+    assert plan_cache.key(s.data, s.protocol, tok, 512) == first
+    assert plan_cache.key(s.data, s.protocol, tokenizer.load("byte", None), 512) != first
+    assert plan_cache.key(settings(path, cache, "hf_strided").data, s.protocol, tok, 512) == first
     other = settings(path, cache, "sliding", max_documents=1)
-    assert plan_cache.key(other.data, other.eval, tok, 512) != first
+    assert plan_cache.key(other.data, other.protocol, tok, 512) != first
     with open(path, "a", encoding="utf-8") as f:
         f.write("\nmore text")
-    changed, _, _ = suite.planned(s.data, s.eval, tok, 512)
-    assert plan_cache.key(s.data, s.eval, tok, 512) != first
+    changed, _, _ = suite.planned(s.data, s.protocol, tok, 512)
+    assert plan_cache.key(s.data, s.protocol, tok, 512) != first
     names = os.listdir(cache)  # plans and token caches, the stale entries too
     assert changed.text_tokens > 0 and len(names) == 4, names
 

@@ -157,19 +157,19 @@ def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokeniz
     tok = tokenizer.load(bpe_tokenizer, None)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
-    first, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    first, docs, _ = suite.planned(s.data, s.protocol, tok, 512)
     assert docs is None and isinstance(first.windows.tokens, np.memmap)
     want = protocols.plan(
-        "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.eval.stride, False
+        "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.protocol.stride, False
     )
     same_plan(first, dataclass_with(want, tokens_digest=first.tokens_digest))
     # From now on nothing is read or tokenized: the token cache serves every protocol and length.
     monkeypatch.setattr(token_cache, "_write_part", lambda *a: pytest.fail("tokenized again"))
     monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
-    again, _, _ = suite.planned(s.data, s.eval, tok, 512)
+    again, _, _ = suite.planned(s.data, s.protocol, tok, 512)
     same_plan(again, first)
     other = settings(path, cache, "lm_eval_rolling", format="jsonl")
-    rolling, _, _ = suite.planned(other.data, dataclass_with(other.eval, seq_len=16), tok, 512)
+    rolling, _, _ = suite.planned(other.data, dataclass_with(other.protocol, seq_len=16), tok, 512)
     assert rolling.protocol == "lm_eval_rolling" and rolling.windows.seq_len == 16
     names = sorted(os.listdir(cache))
     assert sum(n.startswith("tokens-") for n in names) == 1 and len(names) == 3
@@ -180,14 +180,14 @@ def test_a_changed_file_or_tokenizer_is_tokenized_again(tmp_path, bpe_tokenizer)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
     bpe, byte = tokenizer.load(bpe_tokenizer, None), tokenizer.load("byte", None)
-    before = suite.planned(s.data, s.eval, bpe, 512)[0].text_tokens
+    before = suite.planned(s.data, s.protocol, bpe, 512)[0].text_tokens
     assert token_cache.key(s.data, byte) != token_cache.key(s.data, bpe)
-    suite.planned(s.data, s.eval, byte, 512)
+    suite.planned(s.data, s.protocol, byte, 512)
     key = token_cache.key(s.data, bpe)
     with open(tmp_path / "b.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"text": "one more document"}) + "\n")
     assert token_cache.key(s.data, bpe) != key
-    after = suite.planned(s.data, s.eval, bpe, 512)[0]
+    after = suite.planned(s.data, s.protocol, bpe, 512)[0]
     assert after.num_documents == len(TEXTS) + 1 and after.text_tokens > before
     tokens = [n for n in os.listdir(cache) if n.startswith("tokens-")]
     assert len(tokens) == 3  # bpe, byte, and bpe of the changed file; stale entries stay

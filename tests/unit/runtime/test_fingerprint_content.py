@@ -60,10 +60,10 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
     by_content = settings(path, str(tmp_path / "cache"), protocol, fingerprint="content")
     assert by_content.data.fingerprint == "content"
     keys = {
-        name: (plan_cache.key(s.data, s.eval, tok, 512), token_cache.key(s.data, tok))
+        name: (plan_cache.key(s.data, s.protocol, tok, 512), token_cache.key(s.data, tok))
         for name, s in (("stat", by_stat), ("content", by_content))
     }
-    first = suite.planned(by_content.data, by_content.eval, tok, 512)[0]
+    first = suite.planned(by_content.data, by_content.protocol, tok, 512)[0]
     data = open(path, "rb").read()
     at = between_sampled_blocks(path)
     at = next(i for i in range(at, at + 100) if data[i : i + 1].isalpha())
@@ -73,11 +73,11 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
         f.seek(at)
         f.write(old.swapcase())
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert plan_cache.key(by_stat.data, by_stat.eval, tok, 512) == keys["stat"][0]  # unseen
+    assert plan_cache.key(by_stat.data, by_stat.protocol, tok, 512) == keys["stat"][0]  # unseen
     assert token_cache.key(by_stat.data, tok) == keys["stat"][1]
-    assert plan_cache.key(by_content.data, by_content.eval, tok, 512) != keys["content"][0]
+    assert plan_cache.key(by_content.data, by_content.protocol, tok, 512) != keys["content"][0]
     assert token_cache.key(by_content.data, tok) != keys["content"][1]
-    again = suite.planned(by_content.data, by_content.eval, tok, 512)[0]
+    again = suite.planned(by_content.data, by_content.protocol, tok, 512)[0]
     assert again.tokens_digest != first.tokens_digest  # planned anew from the new text
 
 
