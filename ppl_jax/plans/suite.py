@@ -60,14 +60,14 @@ def read(ds: DatasetSpec, tok: Tokenizer | None = None) -> tuple[list[data.Docum
     (`preparations.Prepared.doc_counts`), or None.
 
     Raises:
-      DataError, ConfigError: as `data.read_documents` and `preparations.prepare`.
+      DataError, ConfigError: as `data.read_documents` and `preparations.apply_preparation`.
     """
     docs = data.read_documents(
         ds.path, "text" if ds.preparation else ds.format, ds.errors, ds.jsonl_field
     )
     counts = None
     if ds.preparation:
-        prepared = preparations.prepare(ds.preparation, docs)
+        prepared = preparations.apply_preparation(ds.preparation, docs)
         docs, counts = prepared.documents, prepared.doc_counts
     return (docs, counts) if tok is None else cut(docs, counts, ds, tok)
 
