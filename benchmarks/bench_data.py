@@ -248,11 +248,11 @@ def child_prepare(task: dict) -> dict:
     import jax
 
     jax.process_count()  # JAX's runtime starts before the data, as in `evaluate` (its mesh)
+    from ppl_jax import tokenizer
     from ppl_jax.data.spec import DatasetSpec
     from ppl_jax.plans import protocols, suite
     from ppl_jax.plans.layout import plan_layout
     from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-    from ppl_jax.tokenizer import base as tokenizer
 
     extra = {"cache_dir": task["cache_dir"]} if task.get("cache_dir") else {}
     ds = DatasetSpec(
@@ -285,7 +285,7 @@ def child_prepare(task: dict) -> dict:
         peaks[name] = _status_kb("VmHWM") / 1024
         last = now
 
-    tok = tokenizer.load(ds.tokenizer, None)
+    tok = tokenizer.load_tokenizer(ds.tokenizer, None)
     mark("tokenizer_load")
     docs, counts = [], None
     if not ds.cache_dir:
@@ -485,7 +485,7 @@ def benchmark(
     Raises:
       RuntimeError: a child failed (with its stderr) or ran past `CHILD_TIMEOUT_S`.
     """
-    from ppl_jax.tokenizer.base import HFTokenizer
+    from ppl_jax.tokenizer import HFTokenizer
 
     os.makedirs(work_dir, exist_ok=True)
     tok_path = tokenizer_file or tokenizer_path(work_dir)

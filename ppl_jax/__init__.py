@@ -44,17 +44,14 @@ _EXPORTS = {
     "CheckpointError": "ppl_jax.errors",
     "NumericsError": "ppl_jax.errors",
     "Interrupted": "ppl_jax.errors",
+    "load_tokenizer": "ppl_jax.tokenizer",
 }
-_RENAMED = {"load_tokenizer": ("ppl_jax.tokenizer.base", "load")}
-__all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
-    if name in _RENAMED:
-        module, attr = _RENAMED[name]
-        return getattr(import_module(module), attr)
     raise AttributeError(f"module 'ppl_jax' has no attribute {name!r}")
 
 

@@ -43,7 +43,7 @@ from ppl_jax.plans.suite import Dataset, prepare
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, ScoreTotals, StepOptions
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 def check_window(seq_len: int, model: LanguageModel, where: str = "eval.seq_len") -> None:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
+from ppl_jax import tokenizer
 from ppl_jax.checkpoints import Checkpoint, open_checkpoint, presets
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.data import documents as data
@@ -29,7 +30,6 @@ from ppl_jax.plans.suite import Dataset
 from ppl_jax.runtime import distributed, paths
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -211,7 +211,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     if own is not None and spec.data.tokenizer == "auto":
         tok = own
     else:
-        tok = tokenizer.load(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
+        tok = tokenizer.load_tokenizer(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
     note = tokenizer.check_vocabulary(
         tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
     )

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints.opener import Checkpoint
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
@@ -34,8 +35,7 @@ from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.plans.suite import Dataset, batches
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
 
@@ -233,7 +233,7 @@ def load(
                 f"tokenizer.model); give tokenizer=PATH."
             )
     else:
-        tok = tokenizer_lib.load(tokenizer, ckpt.tokenizer_description(step))
+        tok = tokenizer_lib.load_tokenizer(tokenizer, ckpt.tokenizer_description(step))
     tokenizer_lib.check_vocabulary(tok, model.vocab_size, allow_mismatch=False)
     target, _ = mesh_lib.param_targets(
         model.abstract_params,

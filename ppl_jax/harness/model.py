@@ -28,12 +28,12 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer, load
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 REFUSE_GENERATION = (
     "the ppl_jax model serves loglikelihood requests (log-likelihood and multiple-choice tasks) "

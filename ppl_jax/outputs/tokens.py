@@ -40,7 +40,7 @@ from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import _UMASK, write_error
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.windows import NO_PREFIX
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 NAME = files.TOKENS
 METADATA_KEY = "ppl_jax"

@@ -27,7 +27,7 @@ from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import distributed
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from test_preparations import check_pages_against_articles
 from ppl_jax.data.documents import read_documents
 from ppl_jax.data.preparations import apply_preparation
 from ppl_jax.plans.protocols import plan
-from ppl_jax.tokenizer.base import HFTokenizer
+from ppl_jax.tokenizer import HFTokenizer
 
 import helpers
 

@@ -352,13 +352,13 @@ def test_watch_mode_scores_a_step_saved_while_it_runs(run_dir, tmp_path):
 
 
 def test_budgets_take_the_first_or_a_seeded_sample(tmp_path):
-    from ppl_jax.tokenizer import base as tokenizer
+    from ppl_jax import tokenizer
 
     texts = [f"document {i} " + "word " * (i % 5 + 1) for i in range(20)]
     path = helpers.corpus_files(tmp_path, texts)
     c = get_config()
     c.data.path = path
-    tok = tokenizer.load("byte", None)
+    tok = tokenizer.load_tokenizer("byte", None)
     c.data.max_documents = 5
     first = suite.read(from_config(c).data, tok)[0]
     assert [d.text for d in first] == texts[:5]

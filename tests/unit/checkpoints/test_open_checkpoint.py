@@ -12,13 +12,13 @@ import numpy as np
 import optax
 import pytest
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import Checkpoint, hf, open_checkpoint
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 import helpers
 

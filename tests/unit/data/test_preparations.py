@@ -19,7 +19,7 @@ from ppl_jax.data.preparations import (
 )
 from ppl_jax.errors import ConfigError
 from ppl_jax.plans.protocols import count_harness_words, plan
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 import helpers
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from test_plan_cache import settings
 
+from ppl_jax import tokenizer
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans import plan_cache, suite, token_cache
 from ppl_jax.runtime import temporaries
-from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -27,7 +27,7 @@ import helpers
 def cached(tmp_path, bpe_tokenizer):
     """A corpus planned once through the token cache: (spec, tokenizer, cache folder, plan)."""
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(900), helpers.stdlib_text(500)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding")
     p = suite.planned(s.data, s.protocol, tok, 512)[0]
     return s, tok, tmp_path / "cache", p
@@ -143,7 +143,7 @@ def test_a_plan_window_array_edited_is_refused(cached):
 def test_a_cache_dir_that_is_a_file_is_one_sentence(tmp_path, bpe_tokenizer):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
     (tmp_path / "file").write_text("x")
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     for protocol in ("sliding", "hf_strided"):  # the token cache, and the plan cache alone
         s = settings(path, str(tmp_path / "file"), protocol)
         with pytest.raises(ConfigError, match=r"data.cache_dir=.*file.*could not be written"):
@@ -155,7 +155,7 @@ def test_disk_full_while_caching_is_one_sentence_and_leaves_nothing(
     tmp_path, bpe_tokenizer, monkeypatch, protocol
 ):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), protocol)
 
     def full(*a, **k):
@@ -196,7 +196,7 @@ def test_sigterm_while_tokenizing_is_one_sentence_and_leaves_no_temporary(
     from ppl_jax.errors import Interrupted
 
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding")
     encode = type(tok).encode_flat_with_bytes  # the token cache's batch encoding
 

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from ppl_jax import tokenizer
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.data import documents as data
@@ -17,7 +18,6 @@ from ppl_jax.evaluation.run import evaluate
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import plan_cache, suite, token_cache
-from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -50,7 +50,7 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     tmp_path, bpe_tokenizer, protocol, monkeypatch
 ):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(1500), helpers.stdlib_text(700)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), protocol)
     plain = suite.plan(s.data, s.protocol, *suite.cut(*suite.read(s.data), s.data, tok), tok, 512)
     built, docs, _ = suite.planned(s.data, s.protocol, tok, 512)
@@ -72,12 +72,12 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
 def test_a_changed_file_or_tokenizer_or_setting_is_planned_again(tmp_path, bpe_tokenizer):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(900)])
     cache = str(tmp_path / "cache")
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, cache, "sliding")
     first = plan_cache.key(s.data, s.protocol, tok, 512)
     suite.planned(s.data, s.protocol, tok, 512)
     assert plan_cache.key(s.data, s.protocol, tok, 512) == first
-    assert plan_cache.key(s.data, s.protocol, tokenizer.load("byte", None), 512) != first
+    assert plan_cache.key(s.data, s.protocol, tokenizer.load_tokenizer("byte", None), 512) != first
     assert plan_cache.key(settings(path, cache, "hf_strided").data, s.protocol, tok, 512) == first
     other = settings(path, cache, "sliding", max_documents=1)
     assert plan_cache.key(other.data, other.protocol, tok, 512) != first

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from test_plan_cache import same_plan, settings
 
+from ppl_jax import tokenizer
 from ppl_jax.data import documents as data
 from ppl_jax.errors import DataError
 from ppl_jax.plans import protocols, stream_plans, suite, token_cache
-from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -65,7 +65,7 @@ def small_chunks(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "bpe_with_bos"])
 def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind, small_chunks):
-    tok = tokenizer.load("byte" if kind == "byte" else bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer("byte" if kind == "byte" else bpe_tokenizer, None)
     tok.piece_chars = 256  # the long document is encoded in pieces
     if kind == "bpe_with_bos":
         tok.bos_id = tok.token_id(helpers.EOT)
@@ -104,7 +104,7 @@ def dataclass_with(plan, **changes):
 
 def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     path = corpus(tmp_path, ["ok", "ok too", "ÿ here"])
-    tok = tokenizer.load("byte", None)
+    tok = tokenizer.load_tokenizer("byte", None)
     entry = entry_of(tmp_path, path, tok, 2)
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
         stream_plans.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
@@ -117,7 +117,7 @@ def test_a_part_keeps_its_document_arrays_in_files(tmp_path, bpe_tokenizer, monk
     corpus before tokenizing it."""
     path = corpus(tmp_path)
     docs = data.read_documents(path, "jsonl")
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding", format="jsonl")
     monkeypatch.setattr(data, "count_documents", lambda *a, **k: pytest.fail("counted first"))
     entry = token_cache.build(s.data, tok)
@@ -154,7 +154,7 @@ def test_a_count_past_uint32_turns_its_column_into_int64(tmp_path):
 
 def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokenizer, monkeypatch):
     path = corpus(tmp_path)
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
     first, docs, _ = suite.planned(s.data, s.protocol, tok, 512)
@@ -179,7 +179,10 @@ def test_a_changed_file_or_tokenizer_is_tokenized_again(tmp_path, bpe_tokenizer)
     path = corpus(tmp_path)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
-    bpe, byte = tokenizer.load(bpe_tokenizer, None), tokenizer.load("byte", None)
+    bpe, byte = (
+        tokenizer.load_tokenizer(bpe_tokenizer, None),
+        tokenizer.load_tokenizer("byte", None),
+    )
     before = suite.planned(s.data, s.protocol, bpe, 512)[0].text_tokens
     assert token_cache.key(s.data, byte) != token_cache.key(s.data, bpe)
     suite.planned(s.data, s.protocol, byte, 512)

@@ -12,11 +12,11 @@ import os
 import pytest
 from test_plan_cache import settings
 
+from ppl_jax import tokenizer
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
 from ppl_jax.plans import plan_cache, suite, token_cache
 from ppl_jax.runtime import file_sample, fingerprint
-from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -55,7 +55,7 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
 ):
     text = helpers.stdlib_text(800) * 200  # ~160 KB: larger than the 64 KiB read whole
     path = helpers.corpus_files(tmp_path, [text])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     by_stat = settings(path, str(tmp_path / "cache"), protocol)
     by_content = settings(path, str(tmp_path / "cache"), protocol, fingerprint="content")
     assert by_content.data.fingerprint == "content"

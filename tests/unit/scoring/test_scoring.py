@@ -91,7 +91,7 @@ def test_nonfinite_log_probabilities_are_counted():
 def _plan(tokens, seq_len):
     from ppl_jax.data.documents import Document
     from ppl_jax.plans.protocols import plan
-    from ppl_jax.tokenizer.base import ByteTokenizer
+    from ppl_jax.tokenizer import ByteTokenizer
 
     return plan(
         "sliding",
