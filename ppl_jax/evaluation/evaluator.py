@@ -1,6 +1,6 @@
 """`Evaluator`: a suite of datasets, planned and compiled once, scored with new params per call.
 
-What is built once: every dataset read, prepared, tokenized and planned (`ppl_jax.plans.suite`),
+What is built once: every dataset read, prepared, tokenized and planned (`ppl_jax.plans.planner`),
 its batches laid out, and the scoring step compiled for every batch shape the suite needs (one
 compilation per shape, shared by datasets whose shapes agree), with the step's optional
 statistics (`StepOptions`: per-token arrays, sums by position, top-k, a reference model for KL).
@@ -38,8 +38,8 @@ from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import journal, store
 from ppl_jax.outputs.sinks import Sink
 from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.planner import Dataset, plan_dataset
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-from ppl_jax.plans.suite import Dataset, prepare
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, ScoreTotals, StepOptions
@@ -71,7 +71,7 @@ class Evaluator:
     Args:
       model: the model interface (`ppl_jax.LanguageModel`).
       mesh: the device mesh.
-      suite: the datasets: prepared `plans.suite.Dataset`s, `DatasetSpec`s (scored with
+      suite: the datasets: prepared `plans.planner.Dataset`s, `DatasetSpec`s (scored with
         `protocol`), or `(DatasetSpec, ProtocolSpec)` pairs.
       tokenizer: the model's tokenizer (`ppl_jax.load_tokenizer`); needed unless `suite` holds
         prepared datasets.
@@ -139,7 +139,7 @@ class Evaluator:
                 raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
             check_window(proto.seq_len, model, f"dataset {ds.name!r}: seq_len")
             self.datasets.append(
-                prepare(ds, proto, tokenizer, model.vocab_size, batch, model.honours_segments)
+                plan_dataset(ds, proto, tokenizer, model.vocab_size, batch, model.honours_segments)
             )
         for i, d in enumerate(self.datasets):
             check_batch_size(d.layout.batch_size, mesh)

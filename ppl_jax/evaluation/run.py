@@ -4,13 +4,16 @@ A single run is the one-step, one-dataset case of a training run; the command li
 watch mode and `evaluate` all run `run`:
 
     set_up (checkpoint, tokenizer, plans, checks; no weights) -> Evaluator ->
-    for each step: restore -> for each dataset: journaled score -> record -> sinks
+    for each step: each pair's journal (refused if another run's) -> restore ->
+        for each dataset: score (observers: journal, stop request, progress, diagnostics)
+        -> record -> sinks
 
 Every dataset of every step gets the same outputs: its record (with its 95% intervals, gzip
-baseline, protocol and timings under `details`) for the sinks (`results.jsonl`, the console,
-TensorBoard: `ppl_jax.outputs.sinks`), its `units.npz`, and `results.json` for the run. A
-training run (a suite, several steps, watch, TensorBoard) skips a (step, dataset) pair stored with
-the same fingerprint; each pair keeps its own journal while it is scored, so an interrupted run
+baseline, protocol and timings under `details`) for the sinks the run opens
+(`ppl_jax.outputs.sinks`: `results.jsonl`, the console, TensorBoard, ... and `results.json`,
+written last once the run finished), and its `units.npz`. A training run (a suite, or several
+steps: a sweep, watch; the sinks do not make one) skips a (step, dataset) pair stored with the
+same fingerprint; each pair keeps its own journal while it is scored, so an interrupted run
 resumes the pair it was scoring (a run of one step and one dataset keeps `journal.npz`). On
 several processes, process 0 decides which steps and pairs to score and broadcasts the decision;
 the others write nothing.
@@ -39,8 +42,8 @@ from ppl_jax.outputs import files, journal, sinks, store
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.model_record import model_record
 from ppl_jax.outputs.results_json import ResultsJsonSink
-from ppl_jax.plans import protocols, suite
-from ppl_jax.plans.suite import Dataset
+from ppl_jax.plans import planner, protocols
+from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import preemption
 
@@ -281,7 +284,7 @@ class _Job:
             self._gzip[d.name] = (None, None)
             if self.spec.gzip_baseline and self.out is not None:
                 p = self.setup
-                docs = p.documents.get(d.name) or suite.documents(d.data, p.tok)
+                docs = p.documents.get(d.name) or planner.documents(d.data, p.tok)
                 joined = d.data.separator if d.protocol.protocol == "sliding" else protocols.JOIN
                 self._gzip[d.name] = metrics.gzip_bits_per_byte_of((x.text for x in docs), joined)
         return self._gzip[d.name]

@@ -25,8 +25,8 @@ from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import protocols, suite
-from ppl_jax.plans.suite import Dataset
+from ppl_jax.plans import planner, protocols
+from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import distributed, paths
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
@@ -195,7 +195,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
     raw = []
     for ds, _ in spec.datasets:
-        raw.append(None if ds.cache_dir else suite.read(ds))
+        raw.append(None if ds.cache_dir else planner.read(ds))
         if ds.cache_dir:
             data.resolve_paths(ds.path)
     first_step = ckpt.resolve_step(spec.checkpoint_step)
@@ -222,9 +222,9 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
             model,
             f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len",
         )
-        plan, docs, _ = suite.planned(ds, protocol, tok, model.vocab_size, read_first)
+        plan, docs, _ = planner.planned(ds, protocol, tok, model.vocab_size, read_first)
         datasets.append(
-            Dataset(ds, protocol, plan, suite.batches(plan, spec.batch, model.honours_segments))
+            Dataset(ds, protocol, plan, planner.batches(plan, spec.batch, model.honours_segments))
         )
         documents[ds.name] = docs
     if not spec.is_training_run:

@@ -31,9 +31,9 @@ from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans import requests as requests_lib
 from ppl_jax.plans.layout import MAX_SEGMENTS
+from ppl_jax.plans.planner import Dataset, batches
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-from ppl_jax.plans.suite import Dataset, batches
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import Tokenizer
 
@@ -70,7 +70,7 @@ class RequestScorer:
         positions).
       batch_size: rows per step (global), rounded up to a multiple of the mesh's `data` axis.
       packing: several requests per row (only for a model that keeps segments apart,
-        `LanguageModel.honours_segments`: `ppl_jax.plans.suite.batches`).
+        `LanguageModel.honours_segments`: `ppl_jax.plans.planner.batches`).
 
     Raises:
       ConfigError: a `seq_len` beyond the model's positions.

@@ -26,7 +26,7 @@ from ppl_jax.evaluation.run import evaluate
 from ppl_jax.outputs import files as output_files
 from ppl_jax.outputs import store
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import suite
+from ppl_jax.plans import planner
 
 import helpers
 
@@ -360,15 +360,15 @@ def test_budgets_take_the_first_or_a_seeded_sample(tmp_path):
     c.data.path = path
     tok = tokenizer.load_tokenizer("byte", None)
     c.data.max_documents = 5
-    first = suite.read(from_config(c).data, tok)[0]
+    first = planner.read(from_config(c).data, tok)[0]
     assert [d.text for d in first] == texts[:5]
     c.data.sample_seed = 7
-    sampled = suite.read(from_config(c).data, tok)[0]
+    sampled = planner.read(from_config(c).data, tok)[0]
     chosen = np.sort(np.random.default_rng(7).permutation(20)[:5])
     assert [d.text for d in sampled] == [texts[i] for i in chosen]
     c.data.max_documents, c.data.sample_seed = 0, -1
     c.data.max_tokens = 60
-    kept = suite.read(from_config(c).data, tok)[0]
+    kept = planner.read(from_config(c).data, tok)[0]
     lengths = np.cumsum([len(t.encode()) for t in texts])
     assert len(kept) == int(np.searchsorted(lengths, 60, side="right"))
 

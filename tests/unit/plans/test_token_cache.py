@@ -18,7 +18,7 @@ from test_plan_cache import same_plan, settings
 from ppl_jax import tokenizer
 from ppl_jax.data import documents as data
 from ppl_jax.errors import DataError
-from ppl_jax.plans import protocols, stream_plans, suite, token_cache
+from ppl_jax.plans import planner, protocols, stream_plans, token_cache
 
 import helpers
 
@@ -157,7 +157,7 @@ def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokeniz
     tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
-    first, docs, _ = suite.planned(s.data, s.protocol, tok, 512)
+    first, docs, _ = planner.planned(s.data, s.protocol, tok, 512)
     assert docs is None and isinstance(first.windows.tokens, np.memmap)
     want = protocols.plan(
         "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.protocol.stride, False
@@ -166,10 +166,12 @@ def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokeniz
     # From now on nothing is read or tokenized: the token cache serves every protocol and length.
     monkeypatch.setattr(token_cache, "_write_part", lambda *a: pytest.fail("tokenized again"))
     monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
-    again, _, _ = suite.planned(s.data, s.protocol, tok, 512)
+    again, _, _ = planner.planned(s.data, s.protocol, tok, 512)
     same_plan(again, first)
     other = settings(path, cache, "lm_eval_rolling", format="jsonl")
-    rolling, _, _ = suite.planned(other.data, dataclass_with(other.protocol, seq_len=16), tok, 512)
+    rolling, _, _ = planner.planned(
+        other.data, dataclass_with(other.protocol, seq_len=16), tok, 512
+    )
     assert rolling.protocol == "lm_eval_rolling" and rolling.windows.seq_len == 16
     names = sorted(os.listdir(cache))
     assert sum(n.startswith("tokens-") for n in names) == 1 and len(names) == 3
@@ -183,14 +185,14 @@ def test_a_changed_file_or_tokenizer_is_tokenized_again(tmp_path, bpe_tokenizer)
         tokenizer.load_tokenizer(bpe_tokenizer, None),
         tokenizer.load_tokenizer("byte", None),
     )
-    before = suite.planned(s.data, s.protocol, bpe, 512)[0].text_tokens
+    before = planner.planned(s.data, s.protocol, bpe, 512)[0].text_tokens
     assert token_cache.key(s.data, byte) != token_cache.key(s.data, bpe)
-    suite.planned(s.data, s.protocol, byte, 512)
+    planner.planned(s.data, s.protocol, byte, 512)
     key = token_cache.key(s.data, bpe)
     with open(tmp_path / "b.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"text": "one more document"}) + "\n")
     assert token_cache.key(s.data, bpe) != key
-    after = suite.planned(s.data, s.protocol, bpe, 512)[0]
+    after = planner.planned(s.data, s.protocol, bpe, 512)[0]
     assert after.num_documents == len(TEXTS) + 1 and after.text_tokens > before
     tokens = [n for n in os.listdir(cache) if n.startswith("tokens-")]
     assert len(tokens) == 3  # bpe, byte, and bpe of the changed file; stale entries stay

@@ -15,7 +15,7 @@ from test_plan_cache import settings
 from ppl_jax import tokenizer
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
-from ppl_jax.plans import plan_cache, suite, token_cache
+from ppl_jax.plans import plan_cache, planner, token_cache
 from ppl_jax.runtime import file_sample, fingerprint
 
 import helpers
@@ -63,7 +63,7 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
         name: (plan_cache.key(s.data, s.protocol, tok, 512), token_cache.key(s.data, tok))
         for name, s in (("stat", by_stat), ("content", by_content))
     }
-    first = suite.planned(by_content.data, by_content.protocol, tok, 512)[0]
+    first = planner.planned(by_content.data, by_content.protocol, tok, 512)[0]
     data = open(path, "rb").read()
     at = between_sampled_blocks(path)
     at = next(i for i in range(at, at + 100) if data[i : i + 1].isalpha())
@@ -77,7 +77,7 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
     assert token_cache.key(by_stat.data, tok) == keys["stat"][1]
     assert plan_cache.key(by_content.data, by_content.protocol, tok, 512) != keys["content"][0]
     assert token_cache.key(by_content.data, tok) != keys["content"][1]
-    again = suite.planned(by_content.data, by_content.protocol, tok, 512)[0]
+    again = planner.planned(by_content.data, by_content.protocol, tok, 512)[0]
     assert again.tokens_digest != first.tokens_digest  # planned anew from the new text
 
 

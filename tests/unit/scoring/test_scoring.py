@@ -129,7 +129,7 @@ def test_nonfinite_is_an_error_naming_the_window():
     from ppl_jax.errors import NumericsError
     from ppl_jax.evaluation.evaluator import Evaluator
     from ppl_jax.plans.layout import plan_layout
-    from ppl_jax.plans.suite import Dataset
+    from ppl_jax.plans.planner import Dataset
 
     cfg = helpers.TINY
     model = registry.build(cfg.to_dict(), jnp.float32)

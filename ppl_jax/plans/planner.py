@@ -2,7 +2,8 @@
 
 A dataset is `data.*` (one run, one dataset) or an entry of `suite` (several, each with its own
 name, files, format, tags, preparation, budget and protocol settings; see
-`ppl_jax.evaluation.spec.RunSpec.suite` and `configs/suite_example.py`). `prepare` turns one into a
+`ppl_jax.evaluation.spec.RunSpec.suite` and `configs/suite_example.py`). `plan_dataset` (public as
+`ppl_jax.prepare`) turns one into a
 `Dataset`: its `Plan` (windows and counts, `ppl_jax.plans.protocols`) and batch `Layout`, which every
 checkpoint step of a sweep scores again without reading or tokenizing anything.
 
@@ -147,7 +148,7 @@ def batches(p: Plan, batch: BatchSpec, segments: bool = True) -> Layout:
     )
 
 
-def prepare(
+def plan_dataset(
     ds: DatasetSpec,
     protocol: ProtocolSpec,
     tok: Tokenizer,
@@ -156,7 +157,7 @@ def prepare(
     segments: bool = True,
 ) -> Dataset:
     """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
-    see `planned`), and lays out its batches.
+    see `planned`), and lays out its batches: public as `ppl_jax.prepare`.
 
     Args:
       ds: the dataset's data spec.
