@@ -94,12 +94,12 @@ def _setup(attention: str, token_chunk: int = 0):
     import jax.numpy as jnp
 
     from ppl_jax.config.defaults import DEFAULT_RULES
-    from ppl_jax.models import nnx as nnx_lib
+    from ppl_jax.models import registry
     from ppl_jax.models.llama import LlamaConfig
     from ppl_jax.runtime import mesh as mesh_lib
     from ppl_jax.scoring.scorer import Scorer, StepOptions
 
-    model = nnx_lib.build(LlamaConfig(**_config()).to_dict(), jnp.bfloat16, attention)
+    model = registry.build(LlamaConfig(**_config()).to_dict(), jnp.bfloat16, attention)
     mesh = mesh_lib.make_mesh(1, 1, devices=jax.devices()[:1])
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

@@ -1,7 +1,7 @@
-"""`python -m ppl_jax.report RESULTS_DIR`: a run's results store as a table, a CSV and a plot.
+"""`ppl-jax report RESULTS_DIR`: a run's results store as a table, a CSV and a figure.
 
-    python -m ppl_jax.report results/sweep                       # bits per byte by step
-    python -m ppl_jax.report results/sweep --metric perplexity --png ppl.png
+    ppl-jax report results/sweep                          # bits per byte by step
+    ppl-jax report results/sweep --metric perplexity --figure ppl.pdf --size 7x3
 
 Reads `RESULTS_DIR/results.jsonl` (`ppl_jax.outputs.store`: one record per checkpoint step and dataset,
 plus the micro and macro averages of each step) and
@@ -12,14 +12,15 @@ plus the micro and macro averages of each step) and
 - writes a CSV of every metric in long form, `step,dataset,kind,metric,value` (default
   `RESULTS_DIR/report.csv`; a null step or value is an empty cell; values as Python's shortest
   repr of the stored float64, so they read back exactly);
-- writes a PNG of the metric against the step (default `RESULTS_DIR/report.png`; `plot`):
+- writes a figure of the metric against the step (default `RESULTS_DIR/report.png`; `figure`):
   small multiples, a panel per dataset with its stored 95% interval as a band and a panel of
-  the averages, a null step (a checkpoint without one) drawn at step 0, as in TensorBoard.
+  the averages, a null step (a checkpoint without one) drawn at step 0, as in TensorBoard. The
+  file's extension picks the format (`--figure report.pdf` or `.svg`: vector; `.png`: raster at
+  `--dpi`); `--size WIDTHxHEIGHT` in inches overrides the size (`ppl_jax.outputs.figures`).
 
-Files are written atomically (temporary file, fsync, rename). The plot needs matplotlib (`pip
-install 'ppl_jax[diagnostics]'`; `ppl_jax.metrics.plotting`). A user's mistake (a record
-without `metrics` included: named by its file and line) prints one line,
-`ppl-jax report: error: ...`, and exits with status 2.
+Files are written atomically (temporary file, fsync, rename). The figure needs matplotlib (`pip
+install 'ppl_jax[diagnostics]'`). A user's mistake (a record without `metrics` included: named
+by its file and line) prints one line, `ppl-jax report: error: ...`, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
-from ppl_jax.metrics import plotting
-from ppl_jax.outputs import files
+from ppl_jax.outputs import figures, files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.store import FILENAME, ResultsStore
 
@@ -176,11 +175,11 @@ def label(metric: str) -> str:
 
 
 def _figure(panels: int) -> Any:
-    """A bare matplotlib Figure sized for `panels` small multiples (`plotting.figure`)."""
+    """A bare matplotlib Figure sized for `panels` small multiples (`figures.new_figure`)."""
     cols = min(PANEL_COLUMNS, panels)
     rows = -(-panels // cols)
-    return plotting.figure(
-        PANEL_WIDTH * cols, PANEL_HEIGHT * rows + 0.5, "the report", "or pass --png none"
+    return figures.new_figure(
+        PANEL_WIDTH * cols, PANEL_HEIGHT * rows + 0.5, "the report", "or pass --figure none"
     )
 
 
@@ -213,10 +212,10 @@ def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
     """Steps on a log axis when the positive ones span more than a factor of 10 (symmetric-log
     with a linear stretch below the first positive step when step 0 is drawn too)."""
     positive = [s for s in steps if s > 0]
-    log = plotting.log_if_wide(positive)
+    log = figures.log_if_wide(positive)
     if log and len(positive) < len(steps):
         ax.set_xscale("symlog", linthresh=min(positive), linscale=0.5)
-    plotting.count_axis(ax, "x", log and len(positive) == len(steps))
+    figures.count_axis(ax, "x", log and len(positive) == len(steps))
     if not log and len(steps) <= 6:  # a few steps: a tick at each
         ax.set_xticks(steps)
     ax.tick_params(labelbottom=True)
@@ -229,29 +228,16 @@ def _draw(ax: Any, series: list, name: str, j: int, hollow: bool) -> list[float]
     returns the values drawn, for the value axis's scale."""
     x = [s for s, _, _ in series]
     y = [v for _, v, _ in series]
-    color, marker = plotting.COLORS[j % 8], plotting.MARKERS[j % 8]
+    color, marker = figures.COLORS[j % 8], figures.MARKERS[j % 8]
     face, size = ("white", max(3.5, 7.0 - 0.7 * j)) if hollow else (color, 4.5)  # nested
     ax.plot(x, y, color=color, marker=marker, markersize=size, mfc=face, linewidth=1.5, label=name)
-    lo = [iv[0] if iv else math.nan for _, _, iv in series]
-    hi = [iv[1] if iv else math.nan for _, _, iv in series]
-    shown = [v for v in lo + hi if not math.isnan(v)]
-    if len(shown) > 2:
-        ax.fill_between(x, lo, hi, color=color, alpha=0.25, linewidth=0)
-    elif shown:
-        (k,) = [k for k, v in enumerate(lo) if not math.isnan(v)]
-        ax.errorbar(x[k], y[k], [[y[k] - lo[k]], [hi[k] - y[k]]], color=color, capsize=3)
-    return y + shown
+    lo = [iv[0] if iv else None for _, _, iv in series]
+    hi = [iv[1] if iv else None for _, _, iv in series]
+    figures.band(ax, x, lo, hi, color, y)
+    return y + [v for v in lo + hi if v is not None]
 
 
-def plot(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> bytes:
-    """PNG of `figure(records, metric, title)`.
-
-    Raises:
-      ConfigError: matplotlib is not installed.
-    """
-    return plotting.png(figure(records, metric, title))
-
-
+@figures.styled
 def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any:
     """The matplotlib Figure of `metric` against the step, as small multiples: a panel per dataset, with its 95%
     interval as a band where the records store one (`details.intervals`, for perplexity and
@@ -280,12 +266,12 @@ def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any
             banded |= any(iv for _, _, iv in series)
             if series:
                 drawn += _draw(ax, series, col[1], j, hollow=group is averages)
-        ax.set_title("averages" if group is averages else group[0][1], fontsize="medium")
-        if "perplexity" in metric and plotting.log_if_wide(drawn):
+        ax.set_title("averages" if group is averages else group[0][1])
+        if "perplexity" in metric and figures.log_if_wide(drawn):
             ax.set_yscale("log")
         if i % ncols == 0:
             ax.set_ylabel(label(metric))
-        ax.grid(True, **plotting.GRID)
+        ax.grid(True, **figures.GRID)
         if not drawn:
             ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
         _step_axis(ax, steps, label=i + ncols >= len(panels))
@@ -296,14 +282,12 @@ def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any
         if banded:
             from matplotlib.patches import Patch
 
-            handles.append(Patch(color="gray", alpha=0.25, linewidth=0))
+            handles.append(Patch(color="gray", alpha=figures.BAND_ALPHA, linewidth=0))
             labels.append("95% interval (bootstrap)")
         free = len(panels) < len(axes)
         axes[len(panels) if free else len(panels) - 1].legend(
             handles,
             labels,
-            fontsize="small",
-            frameon=False,
             **(
                 {"loc": "center left"}
                 if free
@@ -327,39 +311,51 @@ def _write(path: str, data: bytes, flag: str) -> str:
 
 
 def report(
-    path: str, metric: str = DEFAULT_METRIC, csv_path: str | None = None, png: str | None = None
+    path: str,
+    metric: str = DEFAULT_METRIC,
+    csv_path: str | None = None,
+    figure_path: str | None = None,
+    size: tuple[float, float] | None = None,
+    dpi: int | None = None,
 ) -> tuple[str, str, str | None]:
-    """Reads the results store at `path` and writes its CSV and PNG (see the module docstring).
+    """Reads the results store at `path` and writes its CSV and figure (see the module
+    docstring).
 
     Args:
       path: a results folder (`output.dir`) or its results.jsonl.
-      metric: the metric of the table and the plot.
+      metric: the metric of the table and the figure.
       csv_path: the CSV (default `report.csv` beside results.jsonl).
-      png: the PNG (default `report.png` beside it); "none" for no plot.
+      figure_path: the figure (default `report.png` beside it), its format by its extension
+        (`.png`, `.pdf`, `.svg`); "none" for no figure.
+      size: `(width, height)` in inches, or None for the figure's own (3.6 x 2.8 per panel).
+      dpi: a PNG's pixels per inch (default `figures.DEFAULT_DPI`).
 
     Returns:
-      `(the table, the CSV's path, the PNG's path or None)`.
+      `(the table, the CSV's path, the figure's path or None)`.
 
     Raises:
       DataError: the store is missing, empty or malformed.
-      ConfigError: an unknown metric, matplotlib missing, or an output that cannot be written.
+      ConfigError: an unknown metric or figure extension, matplotlib missing, or an output that
+        cannot be written (checked before anything is written).
     """
     store_path, records = load(path)
     known = metric_names(records)
     if metric not in known:
         raise ConfigError(f"--metric={metric} is not in {store_path}; choose one of {known}.")
     folder = os.path.dirname(os.path.abspath(store_path))
-    want_png = png is None or png.lower() != "none"
-    if want_png:
-        _figure(1)  # matplotlib missing: stop before writing anything
+    want_figure = figure_path is None or figure_path.lower() != "none"
+    if want_figure:  # stop before writing anything
+        figure_path = figure_path or os.path.join(folder, PNG_NAME)
+        figures.format_of(figure_path, "--figure")
+        figures.check_available("the report", "or pass --figure none")
     text = table(records, metric)
     csv_out = _write(csv_path or os.path.join(folder, CSV_NAME), csv_bytes(records), "--csv")
-    png_out = None
-    if want_png:
+    figure_out = None
+    if want_figure:
         name = os.path.basename(folder) or folder
-        image = plot(records, metric, f"{label(metric)} by checkpoint step: {name}")
-        png_out = _write(png or os.path.join(folder, PNG_NAME), image, "--png")
-    return text, csv_out, png_out
+        fig = figure(records, metric, f"{label(metric)} by checkpoint step: {name}")
+        figure_out = figures.save_figure(fig, figure_path, dpi, size, "--figure")
+    return text, csv_out, figure_out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -371,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="ppl-jax report",
         description="A run's results store (results.jsonl: every checkpoint step and dataset, "
-        "and their averages) as a table of one metric, a CSV of all metrics and a plot.",
+        "and their averages) as a table of one metric, a CSV of all metrics and a figure.",
     )
     parser.add_argument(
         "results", metavar="RESULTS_DIR", help="the run's output.dir (or its results.jsonl)"
@@ -379,24 +375,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metric",
         default=DEFAULT_METRIC,
-        help="the metric of the table and the plot (default %(default)s)",
+        help="the metric of the table and the figure (default %(default)s)",
     )
     parser.add_argument(
         "--csv", metavar="PATH", help=f"every metric in long form (default RESULTS_DIR/{CSV_NAME})"
     )
     parser.add_argument(
+        "--figure",
         "--png",
+        dest="figure",
         metavar="PATH",
-        help=f"the metric against the step (default RESULTS_DIR/{PNG_NAME}; 'none': no plot)",
+        help=f"the metric against the step (default RESULTS_DIR/{PNG_NAME}): .pdf or .svg "
+        f"(vector) or .png, by the extension; 'none': no figure (--png: the same flag)",
+    )
+    parser.add_argument(
+        "--size", metavar="WxH", help="the figure's width and height in inches, e.g. 7x3"
+    )
+    parser.add_argument(
+        "--dpi",
+        metavar="N",
+        default=str(figures.DEFAULT_DPI),
+        help="a PNG figure's pixels per inch (default %(default)s)",
     )
     args = parser.parse_args(argv)
     try:
-        text, csv_out, png_out = report(args.results, args.metric, args.csv, args.png)
+        size = figures.parse_size(args.size, "--size")
+        dpi = figures.parse_dpi(args.dpi, "--dpi")
+        text, csv_out, figure_out = report(
+            args.results, args.metric, args.csv, args.figure, size, dpi
+        )
     except PplJaxError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     print(text)
-    print(f"report: {csv_out}" + (f", {png_out}" if png_out else ""))
+    print(f"report: {csv_out}" + (f", {figure_out}" if figure_out else ""))
     return 0
 
 

@@ -15,7 +15,10 @@ and, from a reference model, KL(reference || model) and the change of log-probab
 
 With `--compare OTHER`, both runs must have scored the same tokens (the same dataset, documents,
 offsets and token ids); the page colours each token by the change of surprisal B - A in bits
-(blue: B is less surprised, red: more) and lists each document's mean change.
+(blue: B is less surprised, red: more) on a scale fitted to the page's changes (its outer bin at
+the 99th percentile of |B - A|, rounded up to 1, 2 or 5 times a power of ten, at most 4 bits;
+`view_data.diff_scale`), printed with the decimals that scale needs, and lists each document's
+mean change.
 
 Size: the page holds at most `--max_documents` documents (default 200) and `--max_tokens`
 tokens (default 100,000). It keeps the documents with the highest mean surprisal (with
@@ -45,11 +48,21 @@ from ppl_jax.analysis.view_data import (
     select,
 )
 from ppl_jax.analysis.view_page import render
+from ppl_jax.analysis.view_scale import DIFF_EDGES
 from ppl_jax.errors import ConfigError, PplJaxError
 from ppl_jax.outputs.folder import OutputDir
 
 PROG = "ppl-jax view"
-__all__ = ["Run", "first_difference", "main", "page_data", "select", "view", "write"]
+__all__ = [
+    "DIFF_EDGES",
+    "Run",
+    "first_difference",
+    "main",
+    "page_data",
+    "select",
+    "view",
+    "write",
+]
 
 
 def write(html_text: str, out: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.analysis.view_page import DECIMALS, SCALE
+from ppl_jax.analysis.view_scale import DECIMALS, SCALE, diff_scale
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.outputs import files
 
@@ -288,7 +288,7 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
     sel = select(runs, max_documents, max_tokens)
     tables = [_Rows(r, sel["order"]) for r in runs]
     vocab: dict[str, str] = {}
-    documents = []
+    documents, deltas = [], []
     for d in sel["order"]:
         rows = [t.rows(d, sel["shown"][d]) for t in tables]
         a = tables[0].np
@@ -312,8 +312,14 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
             sa, sb = (
                 t.np["surprisal"][r].astype(np.float64) for t, r in zip(tables, rows, strict=True)
             )
-            entry["delta"] = _floats(sb - sa)
+            entry["delta"] = sb - sa
+            deltas.append(entry["delta"])
         documents.append(entry)
+    scale = dict(SCALE)
+    if len(runs) == 2:
+        scale["diff"] = diff_scale(np.concatenate(deltas) if deltas else np.zeros(0))
+        for entry in documents:
+            entry["delta"] = _floats(entry["delta"], scale["diff"]["decimals"])
     return {
         "runs": [_describe(r, "AB"[i] if len(runs) == 2 else "") for i, r in enumerate(runs)],
         "selection": {
@@ -333,7 +339,7 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
             "cut_documents": sel["cut"][0],
             "cut_tokens": sel["cut"][1],
         },
-        "scale": SCALE,
+        "scale": scale,
         "vocab": vocab,
         "documents": documents,
     }

@@ -6,7 +6,8 @@ style and script only) makes the browser refuse any request, and the data sits i
 `<script type="application/json" id="ppl-data">`, its `<`, `>` and `&` written as JSON escapes so
 that no token text can end the element. The script builds the page with `textContent` only (a
 token's text is never parsed as HTML): the document list, the tokens of the chosen document
-coloured by bins of a fixed scale with a legend, whitespace made visible (a newline as a mark
+coloured by bins of a scale with a legend (surprisal: fixed; the change B - A: fitted to the
+page's changes, `view_data.diff_scale`), whitespace made visible (a newline as a mark
 and a line break), and the details of a token under the pointer.
 """
 
@@ -18,19 +19,7 @@ import os
 import re
 from typing import Any
 
-DECIMALS = 4  # bits and nats in the page
-
-# Colour scales: bin i holds values in [edges[i-1], edges[i]). Surprisal in bits (ColorBrewer
-# YlOrRd); the change B - A in bits (ColorBrewer RdBu, blue where B is less surprised).
-SURPRISAL_EDGES = (1, 2, 4, 6, 8, 10, 12, 16)
-SURPRISAL_COLORS = "#ffffcc #ffeda0 #fed976 #feb24c #fd8d3c #fc4e2a #e31a1c #bd0026 #800026"
-DIFF_EDGES = (-4, -2, -1, -0.5, -0.1, 0.1, 0.5, 1, 2, 4)
-DIFF_COLORS = "#053061 #2166ac #4393c3 #92c5de #d1e5f0 #f7f7f7 #fddbc7 #f4a582 #d6604d #b2182b"
-DIFF_COLORS += " #67001f"
-SCALE = {
-    "surprisal": {"edges": list(SURPRISAL_EDGES), "colors": SURPRISAL_COLORS.split()},
-    "diff": {"edges": list(DIFF_EDGES), "colors": DIFF_COLORS.split()},
-}
+from ppl_jax.analysis.view_scale import DECIMALS
 
 
 def _n(count: int, noun: str) -> str:
@@ -199,6 +188,8 @@ _SCRIPT = r"""
   function bin(edges, x) { let i = 0; while (i < edges.length && x >= edges[i]) i++; return i; }
   function f(x) { return x === null || x === undefined ? "n/a" : x.toFixed(4); }
   function sg(x) { return x === null ? "n/a" : (x > 0 ? "+" : "") + x.toFixed(4); }
+  const dd = two ? D.scale.diff.decimals : 4;  // the change B - A: the scale's decimals
+  function sgd(x) { return x === null ? "n/a" : (x > 0 ? "+" : "") + x.toFixed(dd); }
   function pr(p) { return p >= 0.001 ? p.toFixed(4) : p.toExponential(3); }
   function shown(t) {  // whitespace made visible: a mark, then the line break or tab itself
     if (t === "") return "\u2205";
@@ -211,7 +202,8 @@ _SCRIPT = r"""
     const s = colour === "delta" ? D.scale.diff : D.scale.surprisal;
     const p = colour === "delta" ? "d" : "s";
     box.appendChild(el("span", colour === "delta"
-      ? "surprisal B \u2212 A, bits (blue: B less surprised, red: more):"
+      ? "surprisal B \u2212 A, bits (blue: B less surprised, red: more" +
+        (s.adapted ? "; scale fitted to this page's changes" : "") + "):"
       : "surprisal" + (two ? " " + colour.toUpperCase() : "") + ", bits:"));
     for (let i = 0; i <= s.edges.length; i++) {
       const lo = i ? s.edges[i - 1] : null, hi = i < s.edges.length ? s.edges[i] : null;
@@ -270,7 +262,7 @@ _SCRIPT = r"""
       r.appendChild(el("td", f(d.mean[0])));
       if (two) {
         r.appendChild(el("td", f(d.mean[1])));
-        r.appendChild(el("td", sg(d.diff)));
+        r.appendChild(el("td", sgd(d.diff)));
       }
       if (d === current) r.className = "sel";
       r.onclick = () => { current = d; list(); show(d); };
@@ -290,7 +282,7 @@ _SCRIPT = r"""
     head.appendChild(el("p", d.title, "doctitle"));
     let line = "document " + d.document + " (" + d.source + "), " + d.tokens +
       " scored tokens, mean " + f(d.mean[0]) + " bits/token";
-    if (two) line += " (A), " + f(d.mean[1]) + " (B), B \u2212 A " + sg(d.diff);
+    if (two) line += " (A), " + f(d.mean[1]) + " (B), B \u2212 A " + sgd(d.diff);
     if (d.shown < d.tokens) line += "; only its first " + d.shown + " tokens are in this page";
     head.appendChild(el("p", line));
     const box = $("tokens"), frag = document.createDocumentFragment();
@@ -344,7 +336,7 @@ _SCRIPT = r"""
     tip.appendChild(el("div", JSON.stringify(d.text[i]), "tt"));
     tip.appendChild(el("div", "document " + d.document + ", offset " + d.offset[i] +
       ", context " + d.position[i] + " tokens, token id " + d.id[i]));
-    if (two) tip.appendChild(el("div", "surprisal B \u2212 A: " + sg(d.delta[i]) + " bits"));
+    if (two) tip.appendChild(el("div", "surprisal B \u2212 A: " + sgd(d.delta[i]) + " bits"));
     const row = el("div", undefined, "sides");
     d.sides.forEach((v, k) => row.appendChild(side(d, i, v, two ? "AB"[k] : "")));
     tip.appendChild(row);

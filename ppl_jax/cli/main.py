@@ -8,12 +8,19 @@ Wiring only.
 The config file (`--config`, default: the built-in `ppl_jax/config/defaults.py`, which
 `configs/default.py` re-exports) returns an `ml_collections.ConfigDict`; `--config.a.b=value`
 overrides a key. `--help` lists every config key with its default and meaning.
+
+A reader that stops early (`ppl-jax report DIR | head -3`) ends the output quietly: a write to a
+closed pipe is dropped (`PipeSafe`), so no BrokenPipeError traceback is printed and the run still
+writes its files (results.json last). A word that is neither a flag nor a tool
+(`ppl-jax some/dir`) is one sentence saying what ppl-jax takes.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+from typing import Any, TextIO
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -35,14 +42,76 @@ def _tool(name: str, argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        unexpected(argv[1:])
     from ppl_jax.cli import job
 
     job.main(argv, _CONFIG)
 
 
+def unexpected(words: list[str]) -> None:
+    """One sentence for words on the command line that are neither flags nor a tool (absl printed
+    its usage text), and exit status 2."""
+    word = words[0]
+    close = difflib.get_close_matches(word, list(help_lib.SUBCOMMANDS), n=1, cutoff=0.7)
+    if close:
+        hint = f"did you mean ppl-jax {close[0]}?"
+    elif os.path.isdir(word) and os.path.exists(os.path.join(word, "results.jsonl")):
+        hint = f"to read that run's results: ppl-jax report {word}"
+    elif os.path.isdir(word):
+        hint = f"to score a checkpoint there: ppl-jax --config.checkpoint.dir={word}"
+    else:
+        hint = "ppl-jax --help lists the config keys and the tools"
+    print(
+        f"ppl-jax: error: unexpected argument {word!r}: ppl-jax takes --config=FILE and "
+        f"--config.KEY=VALUE, or a tool first ({', '.join(help_lib.SUBCOMMANDS)}); {hint}"
+        + ("" if hint.endswith("?") else "."),
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+class PipeSafe:
+    """A text stream whose writes to a closed pipe are dropped instead of raising
+    BrokenPipeError: the first such write points the file descriptor at /dev/null (so the
+    interpreter's last flush is quiet too) and later writes go nowhere. Everything else is the
+    wrapped stream's."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._closed_pipe = False
+
+    def _dropped(self) -> None:
+        self._closed_pipe = True
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
+            pass
+
+    def write(self, text: str) -> int:
+        if not self._closed_pipe:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._dropped()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._dropped()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def run() -> None:
     """Console-script entry point."""
     global _CONFIG
+    if not isinstance(sys.stdout, PipeSafe):
+        sys.stdout, sys.stderr = PipeSafe(sys.stdout), PipeSafe(sys.stderr)
     if len(sys.argv) > 1 and sys.argv[1] in help_lib.SUBCOMMANDS:
         _tool(sys.argv[1], sys.argv[2:])
     if _CONFIG is None:

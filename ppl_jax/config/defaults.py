@@ -145,7 +145,11 @@ def get_config() -> config_dict.ConfigDict:
     c.output.tokens = False
     c.output.top_k = 0
     c.output.position_curve = False
-    c.output.tensorboard = False
+    c.output.figures = "png"  # the curves' figure files: png, pdf, svg, or several ("pdf,png")
+    c.output.figure_size = ""  # WIDTHxHEIGHT in inches; "": each figure's own
+    c.output.figure_dpi = 100  # pixels per inch of a PNG
+    c.output.sinks = ""  # record sinks beyond results.json and results.jsonl: "tensorboard"
+    c.output.tensorboard = False  # shorthand for output.sinks=tensorboard
     return c
 
 
@@ -195,9 +199,11 @@ KEY_MEANINGS = {
     "data.sample_seed": "the budgets take the first documents in file order (-1) or a sample "
     "drawn with this seed",
     "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "
-    "shares across processes, and each plan cached (memory-mapped by later runs); '': no cache",
+    "shares across processes, and each plan cached (memory-mapped by later runs; matched to the "
+    "files by data.fingerprint); '': no cache",
     "data.fingerprint": "how corpus files are identified in the cache keys and the journal: "
-    "'stat' (path, size, modification time) or 'content' (SHA-256 of the bytes, ~2 s per GB)",
+    "'stat' (path, size, modification time and 16 sampled 4 KiB blocks: an edit between them "
+    "that keeps the size and time is missed) or 'content' (SHA-256 of every byte, 2.4-3.5 s per GiB)",
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",
@@ -241,10 +247,17 @@ KEY_MEANINGS = {
     "output.resume": "resume from a matching journal in output.dir",
     "output.tokens": "also write tokens.parquet: every scored token's NLL, surprisal, entropy",
     "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
-    "output.position_curve": "also write position_curve.json and .png: perplexity by position "
-    "in the window",
+    "output.position_curve": "also write position_curve.json and its figure: perplexity by "
+    "position in the window, with 95% bands",
+    "output.figures": "the file formats of the curves' figures, by extension: png (raster), pdf, "
+    "svg (vector), or several, comma-separated (pdf,png)",
+    "output.figure_size": "the curves' figures' WIDTHxHEIGHT in inches (e.g. 3.5x2.5); empty: "
+    "7x4.5",
+    "output.figure_dpi": "pixels per inch of a PNG figure (1..1200)",
+    "output.sinks": "where records go beyond results.json and results.jsonl, comma-separated: "
+    "'tensorboard' (scalars eval/<dataset>/<metric> in output.dir/tensorboard)",
     "output.tensorboard": "also write TensorBoard scalars eval/<dataset>/<metric> in "
-    "output.dir/tensorboard",
+    "output.dir/tensorboard (the same as output.sinks=tensorboard)",
 }
 
 # Defaults too long to print whole in `--help`.

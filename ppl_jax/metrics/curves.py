@@ -1,7 +1,8 @@
 """How context helps: loss by position in the window, and perplexity against context length.
 
 Host-side float64/int64 arithmetic on sums the scoring step returns (never means), turned into
-strict-JSON tables (`position_curve.json`, the context-length sweep) and PNG plots.
+strict-JSON tables (`position_curve.json`, the context-length sweep); their figures are
+`ppl_jax.outputs.curve_figures`.
 
 - Loss by position: the step returns, per batch, the NLL summed over the scored targets at each
   position of the window (`[P] float32`, nats; `P = seq_len + 1`) and how many targets were
@@ -15,9 +16,6 @@ strict-JSON tables (`position_curve.json`, the context-length sweep) and PNG plo
 The formulas are those of `ppl_jax.metrics.sums`: perplexity = exp(nll_sum / num_tokens), bits per
 token = nll_sum / (num_tokens ln 2). A value that is infinite (an overflowing exp) or undefined is
 null in the JSON, and `notes` maps its path to the reason, as in `results.json`.
-
-The plots need matplotlib (`pip install 'ppl_jax[diagnostics]'`); it is imported only when a plot
-is drawn, and drawn on a bare `matplotlib.figure.Figure` rendered by Agg (no pyplot, no display).
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.metrics import plotting
 from ppl_jax.metrics import sums as metrics
 
 _STAT_KEYS = ("nll_per_token", "perplexity", "bits_per_token")
@@ -228,140 +225,3 @@ def context_table(curve: Mapping[str, Any]) -> str:
     text = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     text += ["  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) for cells in lines]
     return "\n".join(text)
-
-
-def check_available() -> None:
-    """Raises ConfigError (before any work) if matplotlib, which the plots need, is missing."""
-    _figure()
-
-
-def _figure() -> Any:
-    """A bare matplotlib Figure (`plotting.figure`)."""
-    return plotting.figure(7.0, 4.5, "the position and context-length curves")
-
-
-def _perplexity_axis(ax: Any, values: list[float]) -> None:
-    """Log y axis when perplexity spans more than a factor of 10 (early positions often do)."""
-    if plotting.log_if_wide(values):
-        ax.set_yscale("log")
-    ax.set_ylabel("perplexity")
-    ax.grid(True, **plotting.GRID)
-
-
-def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int) -> None:
-    """What the plot shows as its title; the data (`label`: a dataset's name) and how many
-    targets it holds below it."""
-    fig.suptitle(what, fontsize="large")
-    ax.set_title(
-        f"{label}: {tokens:,} scored tokens" if label else f"{tokens:,} scored tokens",
-        fontsize="medium",
-        color="#444444",
-    )
-
-
-def plot_position_curve(curve: Mapping[str, Any], label: str) -> bytes:
-    """PNG of `position_figure(curve, label)`.
-
-    Raises:
-      ConfigError: matplotlib is not installed.
-    """
-    return plotting.png(position_figure(curve, label))
-
-
-def position_figure(curve: Mapping[str, Any], label: str) -> Any:
-    """The Figure of perplexity against position in the window (`position_curve`'s result).
-
-    One point per bucket, at its position (one-position buckets) or the geometric middle of its
-    first and last position, with a light bar over the positions it covers; a log x axis with
-    ticks `1, 10, 100, 1k` when the positions are bucketed; the overall perplexity as a dashed
-    line. Null (infinite) perplexities are not drawn. Title: "Perplexity by position in the
-    window", then `label` (the dataset's name) and the scored tokens.
-
-    Raises:
-      ConfigError: matplotlib is not installed.
-    """
-    fig = _figure()
-    ax = fig.add_subplot()
-    log_x = curve["bucketing"] == "log"
-    points = [
-        b for b in curve["buckets"] if b["perplexity"] is not None and (b["first"] > 0 or not log_x)
-    ]
-    x = [
-        math.sqrt(b["first"] * b["last"]) if log_x else (b["first"] + b["last"]) / 2 for b in points
-    ]
-    y = [b["perplexity"] for b in points]
-    blue, grey = plotting.COLORS[0], "#777777"
-    ax.plot(
-        x, y, marker="o", markersize=3, linewidth=1.5, color=blue, label="perplexity at position"
-    )
-    wide = [b for b in points if b["last"] > b["first"]]
-    if wide:
-        ax.hlines(
-            [b["perplexity"] for b in wide],
-            [b["first"] for b in wide],
-            [b["last"] for b in wide],
-            linewidth=4,
-            color=blue,
-            alpha=0.25,
-            label="positions of a bucket",
-        )
-    overall = curve["total"]["perplexity"]
-    if overall is not None:
-        ax.axhline(overall, linestyle="--", color=grey, label=f"overall {overall:.4g}")
-    plotting.count_axis(ax, "x", log_x)
-    ax.set_xlabel("position in window (tokens of context)" + (", log scale" if log_x else ""))
-    _perplexity_axis(ax, y)
-    _titles(fig, ax, "Perplexity by position in the window", label, curve["total"]["num_tokens"])
-    ax.legend(fontsize="small")
-    return fig
-
-
-def plot_context_curve(curve: Mapping[str, Any], label: str) -> bytes:
-    """PNG of `context_figure(curve, label)`.
-
-    Raises:
-      ConfigError: matplotlib is not installed.
-    """
-    return plotting.png(context_figure(curve, label))
-
-
-def context_figure(curve: Mapping[str, Any], label: str) -> Any:
-    """The Figure of perplexity against context length (`context_curve`'s result), log2 x axis.
-
-    Each point sits at its context length, joined by a line; when the curve gives the context
-    range, the range of context its targets saw (`min_context` to `max_context`) is a light,
-    thick bar under the point, named in the legend (not a second line). Null perplexities are
-    not drawn. Title: "Perplexity against context length", then `label` and the scored tokens.
-
-    Raises:
-      ConfigError: matplotlib is not installed.
-    """
-    fig = _figure()
-    ax = fig.add_subplot()
-    rows = [r for r in curve["context_lengths"] if r["perplexity"] is not None]
-    x = [r["context_length"] for r in rows]
-    y = [r["perplexity"] for r in rows]
-    blue = plotting.COLORS[0]
-    if rows and "max_context" in rows[0]:
-        ax.hlines(
-            y,
-            [r["min_context"] for r in rows],
-            [r["max_context"] for r in rows],
-            linewidth=7,
-            color=plotting.COLORS[3],
-            alpha=0.35,
-            label="context the scored tokens saw",
-            zorder=1,
-        )
-    ax.plot(x, y, marker="o", markersize=5, linewidth=1.5, color=blue, label="perplexity", zorder=2)
-    plotting.count_axis(ax, "x", True, base=2)
-    if x:
-        from matplotlib.ticker import FixedLocator, NullLocator
-
-        ax.xaxis.set_major_locator(FixedLocator(x))
-        ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("context length (tokens), log scale")
-    _perplexity_axis(ax, y)
-    _titles(fig, ax, "Perplexity against context length", label, curve["num_targets"])
-    ax.legend(fontsize="small")
-    return fig

@@ -127,9 +127,9 @@ def derive(sums: Sums) -> Metrics:
 
     Returns:
       `Metrics` with `perplexity`, `bits_per_token`, `bits_per_byte`, `byte_perplexity`,
-      `word_perplexity`, `nll_per_token` (nats), `entropy_per_token` (nats, the model's mean
-      predictive entropy), `predictive_perplexity` (exp of it: the model's own uncertainty,
-      distinct from the data perplexity) and `top1_accuracy`.
+        `word_perplexity`, `nll_per_token` (nats), `entropy_per_token` (nats, the model's mean
+        predictive entropy), `predictive_perplexity` (exp of it: the model's own uncertainty,
+        distinct from the data perplexity) and `top1_accuracy`.
     """
     values: dict[str, float | None] = {}
     notes: dict[str, str] = {}

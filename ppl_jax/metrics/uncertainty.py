@@ -116,7 +116,9 @@ def _replicate_sums(units: Units, columns: np.ndarray, samples: int, seed: int) 
     starts, draws = columns.shape[0], math.ceil(units.count / b)
     rng = np.random.default_rng(seed)
     out = np.empty((samples, columns.shape[1]), np.float64)
-    step = max(1, _CHUNK // draws)
+    # Samples per chunk: the gathered `[step, draws, C]` stays near `_CHUNK * 6` values. (The
+    # draws do not depend on the chunking: `integers` takes one 64-bit draw after another.)
+    step = max(1, _CHUNK // draws // max(1, columns.shape[1] // 6))
     for lo in range(0, samples, step):
         hi = min(samples, lo + step)
         picks = rng.integers(0, starts, size=(hi - lo, draws))
@@ -171,6 +173,50 @@ def intervals(units: Units, samples: int, seed: int) -> dict[str, Any] | None:
         "perplexity": [_exp(v) for v in nll_per_token],
         "bits_per_byte": _percentiles(sums[:, 0] / sums[:, 2] / LN2),
     }
+
+
+def curve_intervals(
+    nll: np.ndarray, tokens: np.ndarray, samples: int, seed: int, block_length: int = 1
+) -> list[list[float] | None]:
+    """95% bootstrap intervals of perplexity for each point of a curve, from per-unit sums.
+
+    Each replicate draws units (or blocks of `block_length` consecutive units: the moving-block
+    bootstrap, as `intervals` does for windows) with replacement, sums every column's NLL and
+    tokens over them and takes their ratio, as the point estimate is taken; the interval is the
+    2.5th and 97.5th percentiles of `exp` of that ratio over the replicates in which the column
+    has a token (the percentile interval, Efron & Tibshirani ch. 13).
+
+    Args:
+      nll: `[U, K] float64`, nats: NLL summed per unit (a batch of windows, a window) and point
+        of the curve (a position bucket, a context length).
+      tokens: `[U, K]` int, the scored targets counted there.
+      samples: replicates (at least 1); seed: of `numpy.random.default_rng`.
+      block_length: units per resampled block (1: units resampled one by one).
+
+    Returns:
+      per point, `[lo, hi]` perplexity (float64; inf where exp overflows), or None where fewer
+      than two units hold a token of that point (nothing to resample).
+
+    Raises:
+      ValueError: arrays of other shapes than `[U, K]` and `[U, K]`, or no unit.
+    """
+    nll = np.asarray(nll, np.float64)
+    tokens = np.asarray(tokens, np.float64)
+    if nll.ndim != 2 or nll.shape != tokens.shape or nll.shape[0] == 0:
+        raise ValueError(f"per-unit sums of shapes {nll.shape}, {tokens.shape}: need [U, K] twice")
+    u, k = nll.shape
+    block = max(1, min(int(block_length), u))
+    units = Units("window", nll[:, 0], tokens[:, 0], tokens[:, 0], block)
+    sums = _replicate_sums(units, np.concatenate([nll, tokens], axis=1), samples, seed)
+    out: list[list[float] | None] = []
+    for j in range(k):
+        if int(np.count_nonzero(tokens[:, j])) < 2:
+            out.append(None)
+            continue
+        have = sums[:, k + j] > 0
+        ratio = sums[have, j] / sums[have, k + j]
+        out.append([_exp(v) for v in _percentiles(ratio)])
+    return out
 
 
 def _exp(x: float) -> float:
@@ -273,10 +319,33 @@ def to_npz(units: Units, identity: dict[str, Any]) -> bytes:
 
 def units_npz(ev: Any) -> bytes:
     """`units.npz` of an `Evaluation`: its units and identity (`to_npz`), with the digest of
-    the plan's token stream (the plan's own `tokens_digest` when it has one, else computed)."""
+    the plan's token stream (the plan's own `tokens_digest` when it has one, else computed),
+    and the checkpoint `step` and `dataset` name it holds (how `ppl-jax compare` finds a step
+    of a sweep or a dataset of a suite)."""
     plan = ev.plan
     digest = getattr(plan, "tokens_digest", None) or scored_digest(plan.windows.tokens)
-    return to_npz(units_of(plan, ev.totals), identity_of(ev.fingerprint, digest))
+    identity = identity_of(ev.fingerprint, digest)
+    identity.update(step=ev.step, dataset=ev.dataset.name)
+    return to_npz(units_of(plan, ev.totals), identity)
+
+
+def read_identity(path: str) -> dict[str, Any]:
+    """The identity of a `units.npz` alone (its arrays are not read).
+
+    Raises:
+      DataError: as `read_npz`.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            identity = json.loads(str(z["identity"]))
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(
+            f"{path} is not a readable units file ({type(e).__name__}: {e}); it may be truncated "
+            f"or damaged: score that run again to write it."
+        ) from None
+    if not isinstance(identity, dict):
+        raise DataError(f"{path} holds no identity object; score that run again to write it.")
+    return identity
 
 
 def read_npz(path: str) -> tuple[Units, dict[str, Any]]:

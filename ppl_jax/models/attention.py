@@ -40,6 +40,16 @@ from ppl_jax.models import flash
 from ppl_jax.models import fused_attention as fused
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
+# The implementations that keep the segments of a packed row apart (segment ids in the mask);
+# cuDNN's does through its packed layout on Hopper or newer only (`fused_attention.cudnn_packs`),
+# before that it takes per-row sequence lengths, so each of its rows holds one window.
+KEEP_SEGMENTS = ("xla", "splash")
+
+
+def keeps_segments(implementation: str) -> bool:
+    """Whether `implementation` keeps packed windows apart: a model running it may have several
+    windows per row (`LanguageModel.honours_segments`): all but `cudnn` before Hopper."""
+    return implementation in KEEP_SEGMENTS or (implementation == "cudnn" and fused.cudnn_packs())
 
 
 def unsupported(
@@ -138,12 +148,6 @@ def resolve_for(setting: str, dtype, description: dict, context: int = 1, **mesh
         context=context,
         **mesh,
     )
-
-
-def packs(implementation: str) -> bool:
-    """Whether `implementation` keeps several segments of a row apart (the layout packs windows
-    into rows only then): all but `cudnn` before Hopper (`fused_attention.cudnn_packs`)."""
-    return implementation != "cudnn" or fused.cudnn_packs()
 
 
 def attend(

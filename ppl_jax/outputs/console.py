@@ -10,6 +10,7 @@ from typing import Any
 
 from ppl_jax.metrics import divergence
 from ppl_jax.metrics import sums as metrics
+from ppl_jax.outputs import model_record
 
 
 def record_line(record: dict[str, Any]) -> str:
@@ -44,6 +45,37 @@ def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
             f"perplexity {pair('perplexity')}, bits per byte {pair('bits_per_byte')}   "
             f"({iv['method'].split(' (')[0]}, {plural(iv['units'], iv['unit'])}, "
             f"{iv['samples']:,} samples)",
+        )
+    ]
+
+
+def _cache_row(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where a cached corpus is reused: how it is matched to its files (`data.fingerprint`)."""
+    if not data.get("cache_dir"):
+        return []
+    if data.get("fingerprint") == "content":
+        how = "by the SHA-256 of every byte (data.fingerprint=content)"
+    else:
+        how = (
+            "by path, size, modification time and 16 sampled 4 KiB blocks (data.fingerprint="
+            "stat): an edit between the blocks of a file over 64 KiB that keeps its size and "
+            "time is not seen; data.fingerprint=content hashes every byte"
+        )
+    return [("cache", f"{data['cache_dir']}: a cached corpus is matched to its files {how}")]
+
+
+def _published_row(proto: dict[str, Any]) -> list[tuple[str, str]]:
+    """hf_strided: the guide's loop as published, beside the exact perplexity above it."""
+    found = proto.get("published")
+    if not found:
+        return []
+    value = f"{found['perplexity']:.4f}" if found.get("perplexity") is not None else "null"
+    why = f"; {found['note']}" if found.get("note") else ""
+    return [
+        (
+            "  as published",
+            f"{value}   (the guide's loop: each window's mean loss weighted by num_valid - 1; "
+            f"protocol.published in results.json{why})",
         )
     ]
 
@@ -84,11 +116,7 @@ def budget_text(budget: dict[str, Any]) -> str:
 
 def summary_table(results: dict[str, Any]) -> str:
     """A two-column text table of the run, for the terminal."""
-    model = results["model"]
-    arch = (
-        f"{model.get('family', '?')} {model.get('num_layers', '?')}L "
-        f"d{model.get('embed_dim', '?')} vocab {model.get('vocab_size', '?')}"
-    )
+    arch = model_record.describe(results["model"])
     proto = results["protocol"]
     stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
     bos = (
@@ -125,6 +153,7 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "
             f"{plural(results['num_bytes'], 'byte')})",
         ),
+        *_cache_row(results.get("data") or {}),
         *(
             [("preparation", results["data"]["preparation"])]
             if _shaped(results, "preparation")
@@ -152,6 +181,7 @@ def summary_table(results: dict[str, Any]) -> str:
             ),
         ),
         ("perplexity", _metric(results, "perplexity")),
+        *_published_row(proto),
         ("bits per token", _metric(results, "bits_per_token")),
         (
             "bits per byte",
@@ -211,33 +241,45 @@ def _gzip_sample(results: dict[str, Any]) -> str:
     return ""
 
 
-def progress_bar(enabled: bool):
-    """A factory for `evaluate`'s progress callback: a tqdm bar of windows with tokens/s."""
+class ProgressBar:
+    """A tqdm bar of windows with tokens/s on stderr: an observer of the scoring loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
-    def factory(num_windows: int):
-        if not enabled:
-            return None
+    Args:
+      num_windows: the windows to score; done: those a journal already holds (the bar starts
+        there).
+    """
+
+    def __init__(self, num_windows: int, done: int = 0):
         from tqdm import tqdm
 
-        bar = tqdm(
+        self.bar = tqdm(
             total=num_windows,
+            initial=done,
             unit="window",
             file=sys.stderr,
             dynamic_ncols=True,
             mininterval=0.5,
             leave=False,
         )
-        start = time.perf_counter()
-        seen = [0]
+        self.tokens = 0
+        self.start = time.perf_counter()
 
-        def update(tokens: int, windows: int) -> None:
-            seen[0] += tokens
-            bar.update(windows)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{seen[0] / elapsed:,.0f} tok/s", refresh=False)
-            if bar.n >= num_windows:
-                bar.close()
+    def should_stop(self, i: int) -> bool:
+        return False
 
-        return update
+    def on_batch(self, i: int, rows: Any, host: Any) -> None:
+        """Advances by the batch's windows; the rate is of the tokens scored since the start."""
+        self.tokens += int(host.num_tokens.sum())
+        self.bar.update(sum(len(row) for row in rows))
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
 
-    return factory
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(enabled: bool):
+    """The run's progress factory: `(windows, windows done) -> ProgressBar`, or None when not
+    `enabled` (`ppl_jax.evaluation.run.run`'s `progress_factory`)."""
+    return ProgressBar if enabled else None

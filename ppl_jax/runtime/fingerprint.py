@@ -1,19 +1,28 @@
 """One fingerprint of everything that decides a run's numbers.
 
-The journal (resume), the results and the cross-process checks all use the fingerprint built
-here, so that "the same run" means one thing everywhere. A fingerprint is a JSON-able dict of
-named parts (`checkpoint`, `data`, `tokenizer`, `protocol`, `model`, `layout`, `mesh`); two runs
+The journal (resume), the results and the cross-process checks all use the fingerprint joined
+here (`run_fingerprint`), so that "the same run" means one thing everywhere. A fingerprint is a
+JSON-able dict of named parts (`PARTS`), each given by the layer that owns what it names: the
+checkpoint (its path, step, files and the settings that choose its weights: mapping, item,
+params, architecture), the model (description, dtype, attention), the data
+(`DatasetSpec.fingerprint_part()`: how the files are read and cut, and the files), the tokenizer,
+the protocol (`ProtocolSpec.fingerprint_part()` and what its plan resolved), the layout
+(`BatchSpec.fingerprint_part()`), the mesh (axes, processes, sharding rules) and the environment
+(`environment()`: platform, device kind, the versions of ppl_jax, jax and jaxlib). Two runs
 agree when every part agrees, and `differences` names the parts (and their fields) that do not,
 for a message a user can act on. `digest` is the SHA-256 of its canonical JSON.
 
-Files are identified by path, size and modification time (nanoseconds), not by content (the
-default rule, `data.fingerprint=stat`): a file rewritten with the same size and its modification
-time set back (`touch -d`, `os.utime`, a copy that keeps times) is not noticed. Corpus files may be
+Corpus files are identified by path, size, modification time (nanoseconds) and the SHA-256 of
+16 sampled blocks of 4 KiB (`ppl_jax.runtime.file_sample`: a file of at most 64 KiB whole), not
+by all their content (the default rule, `data.fingerprint=stat`): a large file rewritten with the
+same size and its modification time set back (`touch -d`, `os.utime`, a copy that keeps times)
+is noticed only if the edit touches a sampled block. Corpus files may be
 identified by their content instead (`data.fingerprint=content`: path, size and the SHA-256 of
 their bytes, as stored, compressed or not), for the cache keys and the journal's fingerprint
 alike; that reads every byte once per run and process (measured: 1.8 to 2.3 s per GB on one
 shared core, the file in the page cache; SHA-256 is the cost), memoized within the process. Checkpoints are always identified by path, size and
-modification time: reading every weight again to hash it would cost as much as the restore.
+modification time (no sample): reading every weight again to hash it would cost as much as
+the restore.
 
 A remote file (`gs://`, `s3://`, ... see `ppl_jax.runtime.paths`) is identified by what its store says
 of it (fsspec's `info`, the backend of `etils.epath` for these schemes): its size and, where
@@ -26,11 +35,13 @@ is identified by size alone.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from ppl_jax.runtime import paths
+from ppl_jax.runtime import file_sample, paths
 
 # What fsspec's `info` may tell of an object's version, per store (gcsfs, s3fs, adlfs, local).
 _VERSION_KEYS = (
@@ -54,14 +65,16 @@ _CONTENT_CHUNK = 1 << 22
 _content_memo: dict[tuple[Any, ...], str] = {}
 
 
-def file_identity(path: str, content: bool = False) -> dict[str, Any]:
-    """`{"path", "size", "mtime_ns"}` of a file (absolute path), or `{"path", "missing": True}`.
+def file_identity(path: str, content: bool = False, sample: bool = True) -> dict[str, Any]:
+    """`{"path", "size", "mtime_ns", "sample"}` of a local file (absolute path; `sample`: the
+    digest of its sampled blocks, `file_sample.sampled_digest`, left out with `sample=False`),
+    or `{"path", "missing": True}`.
 
     A remote file gives `{"path", "size", "version": {...}}` instead (see the module docstring).
     With `content`: `{"path", "size", "sha256"}`, the SHA-256 of the file's bytes (`content_digest`).
     """
     if content:
-        found = file_identity(path)
+        found = file_identity(path, sample=False)
         if found.get("missing"):
             return found
         return {"path": found["path"], "size": found["size"], "sha256": content_digest(path)}
@@ -72,7 +85,13 @@ def file_identity(path: str, content: bool = False) -> dict[str, Any]:
         st = os.stat(path)
     except OSError:
         return {"path": path, "missing": True}
-    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    found = {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if sample:
+        try:
+            found["sample"] = file_sample.sampled_digest(path)
+        except OSError:  # unreadable (permissions): the reader of the data says so
+            found["sample"] = None
+    return found
 
 
 def content_digest(path: str) -> str:
@@ -104,7 +123,7 @@ def tree_identity(directory: str) -> list[dict[str, Any]]:
         return sorted(_remote_identities(directory, tree=True).values(), key=lambda f: f["path"])
     found = []
     for root, _, files in os.walk(directory):
-        found.extend(file_identity(os.path.join(root, name)) for name in files)
+        found.extend(file_identity(os.path.join(root, name), sample=False) for name in files)
     return sorted(found, key=lambda f: f["path"])
 
 
@@ -146,7 +165,8 @@ def digest(parts: dict[str, Any]) -> str:
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What changed from `old` to `new`, one phrase per changed field, e.g.
-    `"protocol.seq_len: 256 -> 128"` or `"data.files: changed"` (long values are not spelled)."""
+    `"protocol.seq_len: 256 -> 128"` or `"data.files changed"` (long values, such as digests,
+    are not spelled)."""
     out = []
     for name in sorted(set(old) | set(new)):
         a, b = old.get(name), new.get(name)
@@ -155,50 +175,48 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             for field in sorted(set(a) | set(b)):
                 if a.get(field) != b.get(field):
-                    out.append(f"{name}.{field}: {_short(a.get(field))} -> {_short(b.get(field))}")
+                    out.append(_change(f"{name}.{field}", a.get(field), b.get(field)))
         else:
-            out.append(f"{name}: {_short(a)} -> {_short(b)}")
+            out.append(_change(name, a, b))
     return out
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else "changed"
+def _change(where: str, old: Any, new: Any) -> str:
+    a, b = json.dumps(old, sort_keys=True), json.dumps(new, sort_keys=True)
+    return f"{where}: {a} -> {b}" if max(len(a), len(b)) <= 60 else f"{where} changed"
 
 
-def of_run(
-    *,
-    checkpoint: dict[str, Any],
-    checkpoint_files: str,
-    model: dict[str, Any],
-    data: dict[str, Any],
-    data_paths: list[str],
-    tokenizer: dict[str, Any],
-    protocol: dict[str, Any],
-    layout: dict[str, Any],
-    mesh: dict[str, Any],
-) -> dict[str, Any]:
-    """The fingerprint of a run, from its parts.
+PARTS = ("checkpoint", "model", "data", "tokenizer", "protocol", "layout", "mesh", "environment")
+ENVIRONMENT_PACKAGES = ("ppl_jax", "jax", "jaxlib")
 
-    Args:
-      checkpoint: `{"path", "format", "step"}`; checkpoint_files: the folder whose files hold
-        the weights (identified by path, size and modification time, or for a remote folder
-        by path, size and object version).
-      model: the architecture description, dtype and attention implementation.
-      data: the settings that shape the documents (format, field, errors, separator; with
-        `"fingerprint": "content"` the files are identified by their content);
-        data_paths: the corpus files (identified like the checkpoint's, or by content).
-      tokenizer: the tokenizer's `describe()` (digested).
-      protocol: name, seq_len, stride, BOS policy and window count.
-      layout: batch size, packing, buckets and batch count; mesh: axis sizes and processes.
+
+def run_fingerprint(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The fingerprint of a run: its named parts (`PARTS`, every one), each a JSON-able dict,
+    as canonical JSON values (tuples are lists, keys strings), so that a fingerprint read back
+    from a journal compares equal to the one computed.
+
+    Raises:
+      ValueError: a part missing or unknown, or a value that is not JSON (a bug of the caller).
     """
-    content = data.get("fingerprint") == "content"
+    if set(parts) != set(PARTS):
+        raise ValueError(f"run_fingerprint takes the parts {PARTS}, got {sorted(parts)}")
+    return {name: json.loads(json.dumps(dict(parts[name]), sort_keys=True)) for name in PARTS}
+
+
+def environment() -> dict[str, Any]:
+    """What of the machine and the software decides the numbers beside the settings: JAX's
+    `platform` (cpu, gpu, tpu), the `device_kind`s (joined by `, `) and the `versions` of
+    `ENVIRONMENT_PACKAGES` (None where not installed)."""
+    import jax
+
+    versions: dict[str, str | None] = {}
+    for package in ENVIRONMENT_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     return {
-        "checkpoint": {**checkpoint, "files": text_digest(tree_identity(checkpoint_files))},
-        "model": {k: (text_digest(v) if isinstance(v, dict) else v) for k, v in model.items()},
-        "data": {**data, "files": text_digest([file_identity(p, content) for p in data_paths])},
-        "tokenizer": {"description": text_digest(tokenizer)},
-        "protocol": protocol,
-        "layout": layout,
-        "mesh": mesh,
+        "platform": jax.default_backend(),
+        "device_kind": ", ".join(sorted({d.device_kind for d in jax.devices()})),
+        "versions": versions,
     }

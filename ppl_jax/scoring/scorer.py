@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -20,14 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax.errors import ConfigError, NumericsError
+from ppl_jax.errors import ConfigError
+from ppl_jax.metrics import curves
 from ppl_jax.models import context as context_lib
+from ppl_jax.models import registry
 from ppl_jax.models.interface import HiddenStates, LanguageModel, Logits
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import observers as observers_lib
 from ppl_jax.scoring.feed import Feed
 from ppl_jax.scoring.nll import token_stats
+from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
 
@@ -243,6 +247,11 @@ def check_context(model: LanguageModel, mesh: Mesh, what: str = "the model") -> 
     if n > 1 and not model.context_parallel:
         family = model.description.get("family") if isinstance(model.description, dict) else None
         name = f"{what} (family {family!r})" if family else what
+        reason = registry.context_refusal(model.description) if family else None
+        if reason:
+            raise ConfigError(
+                f"mesh.context={n} is refused for {name}: {reason}; set mesh.context=1."
+            )
         raise ConfigError(
             f"mesh.context={n} splits each window's tokens over devices in another order, which "
             f"{name} is not built for (only ppl_jax's own families, whose attention is "
@@ -281,6 +290,7 @@ class ScoreTotals:
     stopped_at: int | None = None
     nll_by_position: np.ndarray | None = None
     tokens_by_position: np.ndarray | None = None
+    batch_buckets: np.ndarray | None = None  # [batches, 2, K] float64: the above by batch, bucket
 
     @staticmethod
     def zeros(num_windows: int, positions: int = 0) -> ScoreTotals:
@@ -419,13 +429,9 @@ class Scorer:
         params: Any,
         windows: Windows,
         layout: Layout,
-        progress: Callable[[int, int], None] | None = None,
-        describe_window: Callable[[int], str] | None = None,
         totals: ScoreTotals | None = None,
         skip: np.ndarray | None = None,
-        on_fetched: Callable[[int], None] | None = None,
-        should_stop: Callable[[int], bool] | None = None,
-        on_tokens: Callable[[list[tuple[int, ...]], dict[str, np.ndarray]], None] | None = None,
+        observers: Sequence[ScoreObserver] = (),
     ) -> ScoreTotals:
         """Scores every window; every process runs the same steps.
 
@@ -434,20 +440,17 @@ class Scorer:
           windows: the windows (the same on every process).
           layout: their placement in batches (`ppl_jax.plans.layout.plan_layout`); its batch size must
             be divisible by the mesh's `data` axis.
-          progress: called after each fetched batch with (batch tokens, windows in it).
-          describe_window: names a window's place in the corpus, for error messages.
           totals: per-window sums to fill in place (a resumed run's), or None for new zeros.
           skip: `[num_batches] bool`, batches whose sums `totals` already holds (not run).
-          on_fetched: called with a batch's index once its sums are in `totals`.
-          should_stop: called with a batch's index before it is dispatched, identically on
-            every process; True stops the loop there (the batches in flight are fetched first)
-            and sets `totals.stopped_at` to that index.
-          on_tokens: with per-token arrays (`StepOptions.token_arrays`), called with each
-            fetched batch's rows (window ids per row) and its per-token host arrays (see
-            `StepSums.extras`), in batch order.
+          observers: what watches the loop (`ppl_jax.scoring.observers.ScoreObserver`): each is
+            asked before each batch whether to stop (True from any stops the loop there, the
+            batches in flight fetched first, and sets `totals.stopped_at` to that index), and
+            told of each fetched batch once its sums are in `totals`, in batch order (with
+            `StepOptions.token_arrays`, its per-token arrays are in `host.extras`).
 
         Raises:
-          NumericsError: a NaN or infinity at a scored position (naming the window).
+          NonFiniteScores (a NumericsError): a NaN or infinity at a scored position (naming the
+            window's index; `NonFiniteScores.naming` names its place in the corpus).
         """
         num_windows = windows.num_windows
         if totals is None:
@@ -457,6 +460,9 @@ class Scorer:
         steps = {w: self.compiled(b, w, slots) for w in sorted(set(layout.widths))}
         totals.compile_seconds = time.perf_counter() - t0
         local = mesh_lib.local_rows(self.batch_sharding, (b, layout.widths[0]))
+        if self.options.positions:  # (NLL, count) per batch and position bucket
+            starts = curves.bucket_edges(self.options.positions)[:-1]
+            totals.batch_buckets = np.zeros((layout.num_batches, 2, starts.size))
 
         def fetch(i: int, rows: list[tuple[int, ...]], sums: StepSums) -> None:
             host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), sums)
@@ -468,13 +474,7 @@ class Scorer:
                 raise AssertionError("an empty slot scored tokens")
             bad = np.flatnonzero(host.num_nonfinite.ravel())
             if bad.size:
-                k = int(ids.ravel()[bad[0]])
-                where = describe_window(k) if describe_window else f"window {k}"
-                raise NumericsError(
-                    f"the model gave {int(host.num_nonfinite.sum())} NaN or infinite "
-                    f"log-probabilities at scored positions, first in {where}; no result is "
-                    f"reported. Check the checkpoint's weights and model.dtype."
-                )
+                raise NonFiniteScores(int(host.num_nonfinite.sum()), int(ids.ravel()[bad[0]]))
             real = ids >= 0
             k = ids[real]
             totals.window_nll[k] = host.nll_sum[real]
@@ -485,14 +485,12 @@ class Scorer:
             if self.options.positions:
                 totals.nll_by_position += extras["nll_by_position"]
                 totals.tokens_by_position += extras["tokens_by_position"]
+                both = np.stack([extras["nll_by_position"], extras["tokens_by_position"]])
+                totals.batch_buckets[i] = np.add.reduceat(both, starts, axis=1, dtype=float)
             if self.options.token_arrays:
                 _window_sums_from_tokens(totals, ids, extras)
-                if on_tokens is not None:
-                    on_tokens(rows, extras)
-            if on_fetched is not None:
-                on_fetched(i)
-            if progress is not None:
-                progress(int(host.num_tokens.sum()), int(real.sum()))
+            for observer in observers:
+                observer.on_batch(i, rows, host)
 
         def prepare(i: int) -> tuple[list[tuple[int, ...]], dict[str, jax.Array]]:
             rows, width = layout.batch_rows(i), layout.widths[i]
@@ -511,7 +509,7 @@ class Scorer:
         pending = None
         try:
             for i in order:
-                if should_stop is not None and should_stop(i):
+                if observers_lib.should_stop(observers, i):
                     totals.stopped_at = i
                     break
                 rows, batch = feed.get(i)

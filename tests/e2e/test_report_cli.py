@@ -1,4 +1,4 @@
-"""`python -m ppl_jax.report`: the table, the long CSV and the PNG of a results store."""
+"""`ppl-jax report`: the table, the long CSV and the figure (PNG, PDF or SVG) of a results store."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from ppl_jax.analysis import report
 from ppl_jax.metrics.sums import Sums
-from ppl_jax.outputs import store
+from ppl_jax.outputs import figures, store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NAMES = ("web", "code", "books")
@@ -130,6 +130,24 @@ def test_another_metric_and_paths(tmp_path, capsys):
     assert not (tmp_path / "report.png").exists()
 
 
+@pytest.mark.parametrize("flag", ["--figure", "--png"])
+@pytest.mark.parametrize("ext, magic", [("pdf", b"%PDF-"), ("svg", b"<?xml"), ("png", PNG_MAGIC)])
+def test_the_figure_is_written_in_the_format_of_its_extension(tmp_path, capsys, flag, ext, magic):
+    """`--png report.pdf` wrote PNG bytes into a .pdf; the extension now picks the format."""
+    make_store(tmp_path)
+    path = tmp_path / f"report.{ext}"
+    assert report.main([str(tmp_path), flag, str(path)]) == 0
+    assert path.read_bytes().startswith(magic)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f", {path}")
+
+
+def test_size_and_dpi_of_the_figure(tmp_path):
+    make_store(tmp_path)
+    path = tmp_path / "small.png"
+    assert report.main([str(tmp_path), "--figure", str(path), "--size", "4x3", "--dpi", "150"]) == 0
+    assert matplotlib.image.imread(str(path)).shape[:2] == (450, 600)
+
+
 def test_large_values_and_the_table_function():
     record = store.dataset_record(
         step=1, dataset="x", sums=Sums(nll_sum=20.0 * 10, num_tokens=10), fingerprint="f"
@@ -154,6 +172,10 @@ def test_mistakes_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
         ([str(tmp_path / "run"), "--metric", "ppl"], "--metric=ppl is not in"),
         ([str(tmp_path / "run"), "--csv", str(tmp_path / "no" / "a.csv")], "create it first"),
         ([str(tmp_path / "run"), "--bogus"], "unrecognized arguments: --bogus"),
+        ([str(tmp_path / "run"), "--figure", str(tmp_path / "r.jpg")], ".png (raster), .pdf"),
+        ([str(tmp_path / "run"), "--png", str(tmp_path / "r.eps")], ".png (raster), .pdf"),
+        ([str(tmp_path / "run"), "--size", "7"], "--size='7': give the width and height"),
+        ([str(tmp_path / "run"), "--dpi", "0"], "--dpi='0': give a whole number"),
     ):
         assert exit_code(argv) == 2
         err = capsys.readouterr().err
@@ -176,7 +198,7 @@ def exit_message(capsys, argv: list[str]) -> str:
 
 def test_the_command_line_entry_point(tmp_path):
     make_store(tmp_path)
-    cmd = [sys.executable, "-m", "ppl_jax.report"]
+    cmd = [sys.executable, "-m", "ppl_jax", "report"]
     ok = subprocess.run([*cmd, str(tmp_path), "--png", "none"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines()[-1] == f"report: {tmp_path}/report.csv"
@@ -190,7 +212,8 @@ def test_plot_draws_a_single_point(tmp_path, step):
     record = store.dataset_record(
         step=step, dataset="x", sums=Sums(nll_sum=3.0, num_tokens=1, num_bytes=1), fingerprint="f"
     )
-    assert report.plot([record], "bits_per_byte", "t")[:8] == PNG_MAGIC
+    fig = report.figure([record], "bits_per_byte", "t")
+    assert figures.figure_bytes(fig, "png")[:8] == PNG_MAGIC
 
 
 def test_a_record_without_metrics_is_one_sentence_naming_the_line(tmp_path, capsys):
@@ -202,7 +225,7 @@ def test_a_record_without_metrics_is_one_sentence_naming_the_line(tmp_path, caps
     (tmp_path / "results.jsonl").write_text("\n".join(["", *lines]) + "\n")  # a blank line 1
     err = exit_message(capsys, [str(tmp_path)])
     assert err.startswith(f"ppl-jax report: error: {tmp_path}/results.jsonl line 4 has no metrics")
-    cmd = [sys.executable, "-m", "ppl_jax.report", str(tmp_path)]
+    cmd = [sys.executable, "-m", "ppl_jax", "report", str(tmp_path)]
     bad = subprocess.run(cmd, capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "line 4" in bad.stderr
 

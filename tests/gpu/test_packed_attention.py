@@ -16,7 +16,7 @@ import pytest
 from test_attention import packed_rows, reference
 
 from ppl_jax.models import fused_attention as fused
-from ppl_jax.models.attention import attend, packs
+from ppl_jax.models.attention import attend, keeps_segments
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -86,8 +86,8 @@ def test_unpacked_batches_keep_the_lengths_path():
 
 def test_packing_follows_the_gpu():
     """The layout packs windows for cuDNN exactly where cuDNN can keep them apart."""
-    assert packs("cudnn") == _hopper()
-    assert packs("xla")
+    assert keeps_segments("cudnn") == _hopper()
+    assert keeps_segments("xla")
 
 
 @pytest.mark.parametrize("mask", [{}, {"window": 64, "chunk": 96}, {"softcap": 5.0}])

@@ -293,6 +293,36 @@ def hf_guide(family: Family, texts: list[str], max_length: int, stride: int) -> 
     return ref
 
 
+def hf_guide_as_published(family: Family, texts: list[str], max_length: int, stride: int) -> float:
+    """The Hugging Face guide's loop exactly as published (transformers docs, perplexity.md):
+    `outputs.loss` weighted by `num_valid_tokens - batch_size`, accumulated in torch, `exp` of
+    the ratio."""
+    encodings = family.tokenizer("\n\n".join(texts), return_tensors="pt")
+    seq_len = encodings.input_ids.size(1)
+    nll_sum, n_tokens, prev_end_loc = 0.0, 0, 0
+    for begin_loc in range(0, seq_len, stride):
+        end_loc = min(begin_loc + max_length, seq_len)
+        trg_len = end_loc - prev_end_loc  # may be different from stride on last loop
+        input_ids = encodings.input_ids[:, begin_loc:end_loc]
+        target_ids = input_ids.clone()
+        target_ids[:, :-trg_len] = -100
+        with torch.no_grad():
+            outputs = family.model(input_ids, labels=target_ids)
+            # loss is calculated using CrossEntropyLoss which averages over valid labels
+            neg_log_likelihood = outputs.loss
+        num_valid_tokens = (target_ids != -100).sum().item()  # number of valid tokens in target_ids
+        batch_size = target_ids.size(0)
+        num_loss_tokens = (
+            num_valid_tokens - batch_size
+        )  # subtract batch_size due to internal label shift
+        nll_sum += neg_log_likelihood * num_loss_tokens
+        n_tokens += num_loss_tokens
+        prev_end_loc = end_loc
+        if end_loc == seq_len:
+            break
+    return float(torch.exp(nll_sum / n_tokens))
+
+
 def gptq_recipe(family: Family, texts: list[str], seqlen: int) -> Reference:
     """GPTQ/AWQ's evaluation loop, summing (not averaging) the NLL of each chunk's
     `seqlen - 1` targets."""

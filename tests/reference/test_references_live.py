@@ -48,6 +48,21 @@ def test_hf_strided_matches_the_hf_guide_live(families, stream_corpus, family, m
     golden.check_hf_strided(fam.path, stream_corpus, ref, fam.bos, max_length, stride)
 
 
+@pytest.mark.parametrize("family,max_length,stride", recipes.HF_STRIDED_CASES)
+def test_hf_strided_reports_the_guides_loop_as_published_live(
+    families, stream_corpus, family, max_length, stride
+):
+    fam = families[family]
+    expected = recipes.hf_guide_as_published(fam, recipes.STREAM_TEXTS, max_length, stride)
+    _, results = golden.run(
+        fam.path, "hf_strided", stream_corpus["jsonl"], seq_len=max_length, stride=stride
+    )
+    found = results["protocol"]["published"]["perplexity"]
+    assert golden.rel(found, expected) < 1e-5  # the loop runs in float32
+    if stride < max_length:  # the exact count is another number
+        assert golden.rel(results["perplexity"], expected) > 1e-7
+
+
 @pytest.mark.parametrize("family,seqlen", recipes.GPTQ_CASES)
 def test_gptq_chunks_match_the_gptq_recipe_live(families, stream_corpus, family, seqlen):
     fam = families[family]

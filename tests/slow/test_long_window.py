@@ -21,7 +21,7 @@ import numpy as np
 import jax, jax.numpy as jnp
 from ppl_jax.checkpoints import hf
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime import mesh as mesh_lib
@@ -29,7 +29,7 @@ from ppl_jax.scoring.scorer import Scorer, StepOptions
 
 model_dir, tokens_path, out_path, data, context, model_axis = sys.argv[1:7]
 tokens = np.load(tokens_path)
-model = nnx_lib.build(hf.read_description(model_dir), jnp.float32, "xla")
+model = registry.build(hf.read_description(model_dir), jnp.float32, "xla")
 mesh = mesh_lib.make_mesh(int(data), int(model_axis), context=int(context))
 target, shardings = mesh_lib.param_targets(
     model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jnp.float32
@@ -39,9 +39,15 @@ n = tokens.size - 1
 wins = windows.make(np.tile(tokens, 2), [0, tokens.size], [tokens.size] * 2, [1, 1], n)
 scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True, token_chunk=8192))
 nll = []
-def keep(rows, extras):
-    nll.append(np.asarray(extras["nll"])[np.asarray(extras["scored"])].reshape(len(rows), -1))
-totals = scorer.score(params, wins, plan_layout(wins, 2), on_tokens=keep)
+class Keep:  # an observer of the loop: each batch's scored NLL
+    def should_stop(self, i):
+        return False
+    def on_batch(self, i, rows, host):
+        x = host.extras
+        nll.append(np.asarray(x["nll"])[np.asarray(x["scored"])].reshape(len(rows), -1))
+    def close(self):
+        pass
+totals = scorer.score(params, wins, plan_layout(wins, 2), observers=[Keep()])
 np.save(out_path, np.concatenate(nll))
 print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "nll_sum": totals.nll_sum}))

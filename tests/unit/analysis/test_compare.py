@@ -1,4 +1,4 @@
-"""Intervals of real runs on the tiny checkpoint, their units.npz, and `python -m ppl_jax.compare`:
+"""Intervals of real runs on the tiny checkpoint, their units.npz, and `ppl-jax compare`:
 units that add up to the run, a run compared with itself, another model, and other data."""
 
 import dataclasses
@@ -137,7 +137,7 @@ def test_another_model_differs_by_its_metrics(runs, pair):
 def test_compare_refuses_runs_of_other_data(runs, checkpoints, bpe_tokenizer, tmp_path, capsys):
     assert compare.main([runs["a"][0], runs["docs"][0]]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("ppl_jax.analysis.compare: error:") and "\n" not in err
+    assert err.startswith("ppl-jax compare: error:") and "\n" not in err
     assert 'protocol.name: "sliding" -> "lm_eval_rolling"' in err
     # The same settings on other text: the units' bytes differ.
     other = tmp_path / "other.txt"

@@ -1,4 +1,4 @@
-"""The token view (`python -m ppl_jax.view`): the page holds what tokens.parquet holds.
+"""The token view (`ppl-jax view`): the page holds what tokens.parquet holds.
 
 Each test writes a small tokens.parquet by the schema of the issue 9 spec, builds the page, parses
 it back with the standard library (html.parser, json) and checks it against the file.
@@ -372,7 +372,7 @@ def test_without_pyarrow_the_error_says_what_to_install(tmp_path, monkeypatch, c
 def test_the_command_line_entry_point(tmp_path):
     cols, types, num_docs = corpus(7)
     folder = write(tmp_path / "run", cols, types, num_docs)
-    cmd = [sys.executable, "-m", "ppl_jax.view"]
+    cmd = [sys.executable, "-m", "ppl_jax", "view"]
     ok = subprocess.run([*cmd, folder, "--max_documents", "2"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     docs = by_document(cols)
@@ -457,3 +457,41 @@ def test_view_modules_stay_short():
     for name in ("view.py", "view_data.py", "view_page.py"):
         with open(os.path.join(root, name)) as f:
             assert len(f.readlines()) <= 400, name
+
+
+@pytest.mark.parametrize(
+    "scale, outer, decimals", [(1.5e-3, 0.002, 6), (0.04, 0.05, 4), (0.6, 1.0, 4), (30.0, 4.0, 4)]
+)
+def test_compare_scale_fits_the_pages_changes(tmp_path, scale, outer, decimals):
+    """A bfloat16-against-float32 page changes each token by thousandths of a bit: on the fixed
+    scale (-0.1 to 0.1 bits the middle bin) every token was white. The bins now follow the
+    page's changes; the values are printed with the decimals the scale needs."""
+    cols_a, types, num_docs = corpus(4)
+    rng = np.random.default_rng(2)
+    cols_b = dict(cols_a)
+    surprisal_b = cols_a["surprisal"].astype(np.float64) + scale * rng.uniform(
+        -1, 1, len(cols_a["nll"])
+    )
+    cols_b["surprisal"] = surprisal_b.astype(np.float32)
+    cols_b["nll"] = (surprisal_b * math.log(2)).astype(np.float32)
+    a = write(tmp_path / "a", cols_a, types, num_docs)
+    b = write(tmp_path / "b", cols_b, types, num_docs)
+    _, data = view.view(a, compare=b, out=str(tmp_path / "c.html"))
+    diff = data["scale"]["diff"]
+    assert diff["edges"][-1] == pytest.approx(outer) and diff["edges"][0] == pytest.approx(-outer)
+    assert diff["adapted"] == (outer < 4.0) and diff["decimals"] == decimals
+    ratios = np.asarray(diff["edges"]) / outer
+    np.testing.assert_allclose(ratios, np.asarray(view.DIFF_EDGES) / 4.0)
+    deltas = np.concatenate([e["delta"] for e in data["documents"]])
+    # Both colours are used, not one white bin (the middle bin is |B - A| < outer / 40).
+    bins = np.searchsorted(diff["edges"], deltas, side="right")
+    assert (bins < 5).any() and (bins > 5).any()
+    # The deltas keep the digits that tell them apart.
+    true = np.concatenate(
+        [
+            np.asarray(by_document(cols_b)[e["document"]]["surprisal"], np.float64)
+            - np.asarray(by_document(cols_a)[e["document"]]["surprisal"], np.float64)
+            for e in data["documents"]
+        ]
+    )
+    np.testing.assert_allclose(deltas, true, rtol=0, atol=0.51 * 10.0**-decimals)

@@ -1,6 +1,6 @@
-"""Loss by position and perplexity against context length: sums, buckets, windows, plots."""
+"""Loss by position and perplexity against context length: sums, buckets, windows (their figures:
+tests/unit/outputs/test_figures.py)."""
 
-import io
 import json
 import math
 import subprocess
@@ -281,129 +281,6 @@ def test_context_table_without_ranges_and_with_a_null_perplexity():
 def test_context_curve_rejects_an_unfair_or_empty_sweep(results):
     with pytest.raises(ValueError):
         curves.context_curve(results)
-
-
-# ---- plots -----------------------------------------------------------------------------------
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-LINE_BLUE = np.array([0x00, 0x72, 0xB2]) / 255  # Okabe-Ito blue, the curve's
-
-
-def decode(png: bytes) -> np.ndarray:
-    import matplotlib.image
-
-    assert png[:8] == PNG_MAGIC
-    return matplotlib.image.imread(io.BytesIO(png), format="png")
-
-
-def curve_pixels(image: np.ndarray) -> int:
-    return int((np.abs(image[..., :3] - LINE_BLUE).max(axis=-1) < 0.1).sum())
-
-
-@pytest.mark.parametrize("p", [33, 4097])
-def test_position_plot_is_a_png_of_the_curve(p):
-    nll, count = random_sums(p, seed=1, empty_fraction=0.0)
-    nll = count * (2.0 + 3.0 / np.sqrt(np.arange(p) + 1.0))
-    curve = curves.position_curve(nll, count)
-    image = decode(curves.plot_position_curve(curve, "loss by position"))
-    assert image.shape == (450, 700, 4)
-    assert curve_pixels(image) > 200  # the curve is drawn
-    flat = curves.position_curve(count * 2.0, count)
-    assert not np.array_equal(image, decode(curves.plot_position_curve(flat, "loss by position")))
-
-
-def test_context_plot_is_a_png_of_the_curve():
-    curve = curves.context_curve(
-        [(256, 3500.0, 1000), (512, 3200.0, 1000), (1024, 3000.0, 1000)], targets_per_window=64
-    )
-    image = decode(curves.plot_context_curve(curve, "perplexity against context length"))
-    assert image.shape == (450, 700, 4)
-    assert curve_pixels(image) > 200
-    assert image[..., :3].std() > 0.05
-
-
-def test_plots_without_matplotlib_say_how_to_install_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails
-    curve = curves.position_curve(np.array([0.0, 1.0]), np.array([0, 1]))
-    with pytest.raises(ConfigError, match=r"pip install 'ppl_jax\[diagnostics\]'"):
-        curves.plot_position_curve(curve, "x")
-
-
-def tick_texts(axis) -> list[str]:
-    """The labels of the major ticks in view."""
-    lo, hi = sorted(axis.get_view_interval())
-    return [
-        t.get_text()
-        for t, x in zip(axis.get_ticklabels(), axis.get_ticklocs(), strict=True)
-        if lo <= x <= hi and t.get_text()
-    ]
-
-
-def test_position_plot_ticks_read_as_counts_and_its_title_says_what_it_shows():
-    p = 4097
-    nll, count = random_sums(p, seed=2, empty_fraction=0.0)
-    fig = curves.position_figure(curves.position_curve(nll, count), "wiki")
-    fig.draw_without_rendering()
-    (ax,) = fig.axes
-    assert ax.get_xscale() == "log"
-    labels = tick_texts(ax.xaxis)
-    assert {"1", "10", "100", "1k"} <= set(labels), labels
-    assert not any("." in t for t in labels), labels  # not 1.0, 10.0, 100.0
-    assert fig.get_suptitle() == "Perplexity by position in the window"
-    assert ax.get_title() == f"wiki: {int(count.sum()):,} scored tokens"
-
-
-def test_context_plot_draws_one_line_and_the_ranges_as_named_bars():
-    from matplotlib.collections import LineCollection
-
-    rows = [(256, 3500.0, 1000), (512, 3200.0, 1000), (1024, 3000.0, 1000)]
-    fig = curves.context_figure(curves.context_curve(rows, targets_per_window=64), "wiki")
-    fig.draw_without_rendering()
-    (ax,) = fig.axes
-    (line,) = ax.lines  # the curve, and no other line (errorbar drew a second one)
-    np.testing.assert_array_equal(line.get_xdata(), [256, 512, 1024])
-    np.testing.assert_allclose(line.get_ydata(), [math.exp(s / 1000) for _, s, _ in rows])
-    (bars,) = [c for c in ax.collections if isinstance(c, LineCollection)]
-    spans = [seg[:, 0].tolist() for seg in bars.get_segments()]
-    assert spans == [[256, 319], [512, 575], [1024, 1087]]
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["context the scored tokens saw", "perplexity"]
-    assert tick_texts(ax.xaxis) == ["256", "512", "1,024"]
-    assert fig.get_suptitle() == "Perplexity against context length"
-
-
-@pytest.mark.parametrize(
-    "x, text",
-    [
-        (0, "0"),
-        (1, "1"),
-        (512, "512"),
-        (1000, "1k"),
-        (1024, "1,024"),
-        (4096, "4,096"),
-        (10_000, "10k"),
-        (131_072, "131k"),
-        (2_000_000, "2M"),
-        (0.5, "0.5"),
-        (2.0, "2"),
-    ],
-)
-def test_count_labels(x, text):
-    from ppl_jax.metrics import plotting
-
-    assert plotting.count_label(x) == text
-
-
-def test_report_and_curves_share_one_figure_helper(monkeypatch):
-    from ppl_jax.analysis import report
-    from ppl_jax.metrics import plotting
-
-    made = []
-    real = plotting.figure
-    monkeypatch.setattr(plotting, "figure", lambda *a, **k: made.append(a[2]) or real(*a, **k))
-    curves.check_available()
-    report._figure(1)
-    assert made == ["the position and context-length curves", "the report"]
 
 
 def test_importing_curves_does_not_import_matplotlib():

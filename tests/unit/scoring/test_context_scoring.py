@@ -17,7 +17,7 @@ from test_one_job import config, run
 from ppl_jax.checkpoints import hf
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import ConfigError
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.gpt2 import GPT2Config
 from ppl_jax.models.gpt_neox import GPTNeoXConfig
 from ppl_jax.plans import windows
@@ -40,14 +40,27 @@ def score(model, params_host, wins, layout, mesh_shape, **options):
     )
     params = jax.device_put(params_host, shardings)
     scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True, **options))
-    tokens: dict[str, list] = {}
+    keep = KeepTokens()
+    totals = scorer.score(params, wins, layout, observers=[keep])
+    return totals, {k: np.concatenate(v) for k, v in keep.tokens.items()}
 
-    def on_tokens(rows, extras):
-        for name, value in extras.items():
-            tokens.setdefault(name, []).append(np.asarray(value))
 
-    totals = scorer.score(params, wins, layout, on_tokens=on_tokens)
-    return totals, {k: np.concatenate(v) for k, v in tokens.items()}
+class KeepTokens:
+    """An observer of the loop (`ppl_jax.scoring.observers.ScoreObserver`) that keeps each
+    batch's per-token arrays by name."""
+
+    def __init__(self):
+        self.tokens: dict[str, list] = {}
+
+    def should_stop(self, i):
+        return False
+
+    def on_batch(self, i, rows, host):
+        for name, value in host.extras.items():
+            self.tokens.setdefault(name, []).append(np.asarray(value))
+
+    def close(self):
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +72,7 @@ def golden():
 def _hf_model(name):
     path = os.path.join(CONTEXT_GOLDEN, name)
     description = hf.read_description(path)
-    model = nnx_lib.build(description, jnp.float32, "xla")
+    model = registry.build(description, jnp.float32, "xla")
     mesh = mesh_lib.make_mesh(-1, 1)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jnp.float32
@@ -112,7 +125,7 @@ def test_packed_rows_and_every_output_in_row_order(mesh_shape, options):
     """Packed rows (several documents per row), the position curve, top-k and the per-token
     arrays: the same as one device, the per-token arrays back in row order."""
     cfg = dataclasses.replace(TINY, max_positions=1024)
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32, "xla")
+    model = registry.build(cfg.to_dict(), jnp.float32, "xla")
     params = random_params(cfg, seed=3)
     wins, layout = _packed_case()
     assert layout.max_segments > 1
@@ -144,7 +157,7 @@ def test_packed_rows_and_every_output_in_row_order(mesh_shape, options):
 def test_every_family_runs_under_context(description):
     """GPT-2 (learned positions), GPT-NeoX (parallel residual) and a mixture of experts (routed
     per (data, context) shard) under context=4 equal one device."""
-    model = nnx_lib.build(description, jnp.float32, "xla")
+    model = registry.build(description, jnp.float32, "xla")
     assert model.context_parallel
     rng = np.random.default_rng(0)
     params = jax.tree.map(
@@ -158,7 +171,7 @@ def test_every_family_runs_under_context(description):
 
 
 def test_a_model_not_built_for_context_is_refused():
-    model = nnx_lib.build(TINY.to_dict(), jnp.float32, "xla")
+    model = registry.build(TINY.to_dict(), jnp.float32, "xla")
     own = dataclasses.replace(model, context_parallel=False)
     mesh = mesh_lib.make_mesh(2, 1, context=4)
     shardings = mesh_lib.param_shardings(own.abstract_params, own.logical_axes, mesh, DEFAULT_RULES)
@@ -167,6 +180,25 @@ def test_a_model_not_built_for_context_is_refused():
     with pytest.raises(ConfigError, match="the reference model"):
         Scorer(model, mesh, shardings, StepOptions(reference=True), reference=(own, shardings))
     Scorer(own, mesh_lib.make_mesh(8, 1), shardings)  # without a context axis: fine
+
+
+def test_a_family_with_a_context_limit_is_refused_with_its_reason(monkeypatch):
+    """A family opts out of the context axis by a `Limit("context", reason)`: its models are
+    built with `context_parallel=False` and the scorer's sentence gives the family's reason."""
+    llama = registry.families()["llama"]
+    limited = dataclasses.replace(
+        llama, limits=(*llama.limits, registry.Limit("context", "its toy layer runs in row order"))
+    )
+    monkeypatch.setitem(registry.families(), "llama", limited)
+    model = registry.build(TINY.to_dict(), jnp.float32, "xla")
+    assert not model.context_parallel
+    mesh = mesh_lib.make_mesh(2, 1, context=4)
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
+    with pytest.raises(ConfigError, match=r"^mesh.context=4 is refused for the model \(family "
+                       r"'llama'\): its toy layer runs in row order; set mesh.context=1\.$"):  # fmt: skip
+        Scorer(model, mesh, shardings)
 
 
 def test_the_command_line_runs_a_context_axis(tiny_checkpoint, tmp_path):

@@ -1,0 +1,163 @@
+"""The figures of the curves: perplexity by position in the window, and against context length.
+
+They draw the strict-JSON curves of `ppl_jax.metrics.curves` (`position_curve`, `context_curve`)
+in the house style of `ppl_jax.outputs.figures`, with each point's 95% interval as a band where
+the curve holds one (`perplexity_interval: [lo, hi]` in a bucket or a row; see
+`ppl_jax.metrics.uncertainty.curve_intervals`). Written by the run as `position_curve.<format>`
+and `context_curve.<format>` (`output.figures`); redrawn from the JSON with
+
+    from ppl_jax.outputs import curve_figures, figures
+    fig = curve_figures.position_figure(json.load(open("position_curve.json")), "wiki")
+    figures.save_figure(fig, "position.pdf", size=(3.5, 2.4))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ppl_jax.outputs import figures
+from ppl_jax.outputs.console import plural
+
+WHAT = "the position and context-length curves"
+WIDTH, HEIGHT = 7.0, 4.5  # inches
+INTERVAL = "perplexity_interval"  # a bucket's or a row's 95% interval of perplexity, [lo, hi]
+
+
+def check_available() -> None:
+    """Raises ConfigError (before any work) if matplotlib, which the figures need, is missing."""
+    figures.check_available(WHAT)
+
+
+def _interval(entry: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    pair = entry.get(INTERVAL)
+    if isinstance(pair, (list, tuple)) and len(pair) == 2 and None not in pair:
+        return float(pair[0]), float(pair[1])
+    return None, None
+
+
+def _interval_note(curve: Mapping[str, Any]) -> str:
+    """The legend's name of the bands: `95% interval (bootstrap over 12 batches)`."""
+    about = curve.get("intervals") or {}
+    units, unit = about.get("units"), about.get("unit")
+    if isinstance(units, list) and unit:  # per point (the sweep: each length's own windows)
+        return f"95% interval (bootstrap over each point's {unit}s)"
+    if isinstance(units, int) and unit:
+        return f"95% interval (bootstrap over {plural(units, unit, unit + 'es' if unit.endswith('ch') else None)})"
+    return "95% interval (bootstrap)"
+
+
+def _perplexity_axis(ax: Any, values: list[float]) -> None:
+    """Log y axis when perplexity spans more than a factor of 10 (early positions often do)."""
+    if figures.log_if_wide(values):
+        ax.set_yscale("log")
+    ax.set_ylabel("perplexity")
+    ax.grid(True, **figures.GRID)
+
+
+def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int) -> None:
+    """What the plot shows as its title; the data (`label`: a dataset's name) and how many
+    targets it holds below it."""
+    fig.suptitle(what)
+    ax.set_title(
+        f"{label}: {tokens:,} scored tokens" if label else f"{tokens:,} scored tokens",
+        color=figures.SUBTITLE,
+    )
+
+
+@figures.styled
+def position_figure(curve: Mapping[str, Any], label: str) -> Any:
+    """The Figure of perplexity against position in the window (`position_curve`'s result).
+
+    One point per bucket, at its position (one-position buckets) or the geometric middle of its
+    first and last position, with a light bar over the positions it covers; the buckets' 95%
+    intervals as a band when the curve holds them; a log x axis with ticks `1, 10, 100, 1k` when
+    the positions are bucketed; the overall perplexity as a dashed line. Null (infinite)
+    perplexities are not drawn. Title: "Perplexity by position in the window", then `label`
+    (the dataset's name) and the scored tokens.
+
+    Raises:
+      ConfigError: matplotlib is not installed.
+    """
+    fig = figures.new_figure(WIDTH, HEIGHT, WHAT)
+    ax = fig.add_subplot()
+    log_x = curve["bucketing"] == "log"
+    points = [
+        b for b in curve["buckets"] if b["perplexity"] is not None and (b["first"] > 0 or not log_x)
+    ]
+    x = [
+        math.sqrt(b["first"] * b["last"]) if log_x else (b["first"] + b["last"]) / 2 for b in points
+    ]
+    y = [b["perplexity"] for b in points]
+    blue = figures.COLORS[0]
+    ax.plot(x, y, marker="o", markersize=3, color=blue, label="perplexity at position")
+    lo, hi = zip(*(_interval(b) for b in points), strict=True) if points else ((), ())
+    banded = figures.band(ax, x, lo, hi, blue, y, _interval_note(curve))
+    wide = [b for b in points if b["last"] > b["first"]]
+    if wide:
+        ax.hlines(
+            [b["perplexity"] for b in wide],
+            [b["first"] for b in wide],
+            [b["last"] for b in wide],
+            linewidth=4,
+            color=blue,
+            alpha=0.25,
+            label="positions of a bucket",
+        )
+    overall = curve["total"]["perplexity"]
+    if overall is not None:
+        ax.axhline(overall, linestyle="--", color=figures.GREY, label=f"overall {overall:.4g}")
+    figures.count_axis(ax, "x", log_x)
+    ax.set_xlabel("position in window (tokens of context)" + (", log scale" if log_x else ""))
+    _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
+    _titles(fig, ax, "Perplexity by position in the window", label, curve["total"]["num_tokens"])
+    ax.legend()
+    return fig
+
+
+@figures.styled
+def context_figure(curve: Mapping[str, Any], label: str) -> Any:
+    """The Figure of perplexity against context length (`context_curve`'s result), log2 x axis.
+
+    Each point sits at its context length, joined by a line; its 95% interval (when the curve
+    holds one) as a band (error bars for fewer than three lengths); when the curve gives the
+    context range, the range of context its targets saw (`min_context` to `max_context`) is a
+    light, thick bar under the point, named in the legend (not a second line). Null
+    perplexities are not drawn. Title: "Perplexity against context length", then `label` and
+    the scored tokens.
+
+    Raises:
+      ConfigError: matplotlib is not installed.
+    """
+    fig = figures.new_figure(WIDTH, HEIGHT, WHAT)
+    ax = fig.add_subplot()
+    rows = [r for r in curve["context_lengths"] if r["perplexity"] is not None]
+    x = [r["context_length"] for r in rows]
+    y = [r["perplexity"] for r in rows]
+    blue = figures.COLORS[0]
+    if rows and "max_context" in rows[0]:
+        ax.hlines(
+            y,
+            [r["min_context"] for r in rows],
+            [r["max_context"] for r in rows],
+            linewidth=7,
+            color=figures.COLORS[3],
+            alpha=0.35,
+            label="context the scored tokens saw",
+            zorder=1,
+        )
+    ax.plot(x, y, marker="o", markersize=5, color=blue, label="perplexity", zorder=2)
+    lo, hi = zip(*(_interval(r) for r in rows), strict=True) if rows else ((), ())
+    banded = figures.band(ax, x, lo, hi, blue, y, _interval_note(curve))
+    figures.count_axis(ax, "x", True, base=2)
+    if x:
+        from matplotlib.ticker import FixedLocator, NullLocator
+
+        ax.xaxis.set_major_locator(FixedLocator(x))
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("context length (tokens), log scale")
+    _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
+    _titles(fig, ax, "Perplexity against context length", label, curve["num_targets"])
+    ax.legend()
+    return fig

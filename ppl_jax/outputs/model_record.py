@@ -1,0 +1,121 @@
+"""What results.json keeps of the model scored (`model`), and its line in the summary.
+
+A model is recorded from what its `LanguageModel` offers, whoever built it: its `description`
+(a family's config, or an adapter's `{"family": "linen", "module": ...}`), plus
+
+- `vocab_size` and `max_positions` (the model's own, where the description does not say them);
+- `num_params`: the elements of every params leaf (`abstract_params`), whatever the dtype;
+- `entry_point`: how it was built, where the description does not say it: the
+  `checkpoint.architecture` entry point `module:function` of the run, else, for a model made by
+  `ppl_jax.from_linen` / `from_nnx`, the adapter and the user's module class
+  (`ppl_jax.from_linen(mylm.MyLM)`), else None. A model may name it itself with
+  `description["entry_point"]`.
+
+So a user's own model is not `linen ?L d? vocab ?` in the summary, nor only a module name in
+results.json.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+from typing import Any
+
+import jax
+
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def entry_point_of(architecture: str | None) -> str | None:
+    """`checkpoint.architecture` if it names a Python entry point `module:function` (not a
+    `maxtext:` model, not a file or folder), else None."""
+    text = str(architecture or "").strip()
+    if not _ENTRY.match(text) or text.startswith("maxtext:") or os.path.exists(text):
+        return None
+    return text
+
+
+def _owner(fn: Any) -> str | None:
+    """`pkg.mod.Class` of a method `Class.__call__`."""
+    qual = getattr(fn, "__qualname__", "")
+    if not qual.endswith(".__call__"):
+        return None
+    return f"{fn.__module__}.{qual[: -len('.__call__')]}"
+
+
+def _adapter_of(apply: Any) -> str | None:
+    """`ppl_jax.from_linen(pkg.MyLM)` for a model made by an adapter, from its `apply`'s name
+    and the module class it closes over; None for any other `apply`."""
+    qual = getattr(apply, "__qualname__", "")
+    if not qual.endswith(".<locals>.apply") or "adapters" not in getattr(apply, "__module__", ""):
+        return None
+    adapter = qual.split(".", 1)[0]
+    try:
+        closed = inspect.getclosurevars(apply).nonlocals
+    except (TypeError, ValueError):
+        closed = {}
+    cls = None
+    for value in closed.values():
+        cls = cls or _owner(value)  # from_nnx: the module class's __call__
+        if cls is None and hasattr(value, "apply") and hasattr(value, "init"):  # a Linen module
+            cls = f"{type(value).__module__}.{type(value).__qualname__}"
+    return f"ppl_jax.{adapter}({cls})" if cls else f"ppl_jax.{adapter}"
+
+
+def num_params(abstract_params: Any) -> int:
+    """The elements of every leaf of a params tree (arrays or `jax.ShapeDtypeStruct`s)."""
+    return int(sum(math.prod(getattr(x, "shape", ())) for x in jax.tree.leaves(abstract_params)))
+
+
+def model_record(model: Any, architecture: str | None = None) -> dict[str, Any]:
+    """The `model` of results.json (see the module docstring).
+
+    Args:
+      model: a `ppl_jax.LanguageModel`.
+      architecture: the run's `checkpoint.architecture` setting, if any.
+
+    Returns:
+      the description, with `vocab_size`, `max_positions`, `num_params` and `entry_point`
+      added where it does not hold them (JSON-able).
+    """
+    record = dict(model.description or {})
+    record.setdefault("vocab_size", int(model.vocab_size))
+    record.setdefault("max_positions", int(model.max_positions))
+    record["num_params"] = num_params(model.abstract_params)
+    if record.get("entry_point") is None:
+        record["entry_point"] = entry_point_of(architecture) or _adapter_of(model.apply)
+    return record
+
+
+def _count(n: int) -> str:
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(n)
+
+
+def describe(record: dict[str, Any]) -> str:
+    """The model in one line: `llama 16L d2048 vocab 128,256, 1.24B params` for a family, or
+    `linen module MyLM(...), vocab 512, 256 positions, 98.3k params (mylm:model)` for a model
+    whose description has no layers and width (an adapter's); keys it lacks are left out."""
+    family = record.get("family") or "model"
+    parts = []
+    if "num_layers" in record and "embed_dim" in record:
+        head = f"{family} {record['num_layers']}L d{record['embed_dim']}"
+        if "vocab_size" in record:
+            head += f" vocab {record['vocab_size']:,}"
+        parts.append(head)
+    else:
+        module = str(record.get("module") or "")
+        module = module if len(module) <= 60 else module[:57] + "..."
+        parts.append(f"{family} module {module}" if module else family)
+        if "vocab_size" in record:
+            parts.append(f"vocab {record['vocab_size']:,}")
+        if "max_positions" in record:
+            parts.append(f"{record['max_positions']:,} positions")
+    if record.get("num_params"):
+        parts.append(f"{_count(record['num_params'])} params")
+    text = ", ".join(parts)
+    return text + (f" ({record['entry_point']})" if record.get("entry_point") else "")

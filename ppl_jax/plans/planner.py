@@ -1,0 +1,219 @@
+"""The datasets of a run, each read, prepared, cut to its budget and planned once.
+
+A dataset is `data.*` (one run, one dataset) or an entry of `suite` (several, each with its own
+name, files, format, tags, preparation, budget and protocol settings; see
+`ppl_jax.evaluation.spec.RunSpec.suite` and `configs/suite_example.py`). `plan_dataset` (public as
+`ppl_jax.prepare`) turns one into a
+`Dataset`: its `Plan` (windows and counts, `ppl_jax.plans.protocols`) and batch `Layout`, which every
+checkpoint step of a sweep scores again without reading or tokenizing anything.
+
+Budgets (`max_documents`, `max_tokens`) are deterministic: the first documents in file order
+(`sample_seed=-1`), or those of a seeded permutation (`numpy.random.default_rng(seed)`), kept in
+file order; `max_tokens` keeps documents while their token total stays within it (at least one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ppl_jax.data import documents as data
+from ppl_jax.data import preparations
+from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.plans import plan_cache, protocols, stream_plans, token_cache
+from ppl_jax.plans.layout import Layout, plan_layout
+from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
+from ppl_jax.runtime import distributed
+from ppl_jax.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class Dataset:
+    """One dataset, ready to score.
+
+    Attributes:
+      data, protocol: its specs.
+      plan: what its protocol scores (windows, bytes, words).
+      layout: the windows' batches (`ppl_jax.plans.layout`).
+    """
+
+    data: DatasetSpec
+    protocol: ProtocolSpec
+    plan: Plan
+    layout: Layout
+
+    @property
+    def name(self) -> str:
+        return self.data.name
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.data.tags)
+
+
+def read(ds: DatasetSpec, tok: Tokenizer | None = None) -> tuple[list[data.Document], Any]:
+    """The dataset's documents after its preparation (and its budget, given the tokenizer), and
+    the per-document counts a preparation reports in place of the text's
+    (`preparations.Prepared.doc_counts`), or None.
+
+    Raises:
+      DataError, ConfigError: as `data.read_documents` and `preparations.apply_preparation`.
+    """
+    docs = data.read_documents(
+        ds.path, "text" if ds.preparation else ds.format, ds.errors, ds.jsonl_field
+    )
+    counts = None
+    if ds.preparation:
+        prepared = preparations.apply_preparation(ds.preparation, docs)
+        docs, counts = prepared.documents, prepared.doc_counts
+    return (docs, counts) if tok is None else cut(docs, counts, ds, tok)
+
+
+def documents(ds: DatasetSpec, tok: Tokenizer) -> Iterable[data.Document]:
+    """The dataset's documents after its preparation and budget, streamed
+    (`data.iter_documents`) where it has neither, else read whole."""
+    if not ds.preparation and not ds.has_budget:
+        return data.iter_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
+    return cut(*read(ds), ds, tok)[0]
+
+
+def cut(
+    docs: list[data.Document], counts: Any, ds: DatasetSpec, tok: Tokenizer
+) -> tuple[list[data.Document], Any]:
+    """`docs` (and `counts`) cut to the dataset's budget (all of them when it has none)."""
+    if ds.has_budget:
+        keep = budget(docs, ds, tok)
+        docs = [docs[i] for i in keep]
+        if counts is not None:
+            counts = tuple(np.asarray(c)[keep] for c in counts)
+    return docs, counts
+
+
+def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.ndarray:
+    """The indices (ascending) of the documents `ds.max_documents` and `ds.max_tokens` keep."""
+    order = np.arange(len(docs))
+    if ds.sample_seed >= 0:
+        order = np.random.default_rng(ds.sample_seed).permutation(len(docs))
+    if ds.max_documents:
+        order = order[: ds.max_documents]
+    if ds.max_tokens:
+        kept, total, chunk = [], 0, 64
+        for at in range(0, len(order), chunk):
+            ids = order[at : at + chunk]
+            lengths = [t.size for t in tok.encode([docs[i].text for i in ids])]
+            for i, n in zip(ids, lengths, strict=True):
+                if kept and total + n > ds.max_tokens:
+                    return np.sort(np.asarray(kept, np.int64))
+                kept.append(int(i))
+                total += n
+        order = np.asarray(kept, np.int64)
+    return np.sort(order)
+
+
+def plan(
+    ds: DatasetSpec,
+    protocol: ProtocolSpec,
+    docs: list[data.Document],
+    counts: Any,
+    tok: Tokenizer,
+    vocab_size: int,
+) -> Plan:
+    """The dataset's protocol plan (`protocols.plan`)."""
+    return protocols.plan(
+        protocol.protocol,
+        docs,
+        tok,
+        vocab_size,
+        protocol.seq_len,
+        protocol.stride,
+        protocols.resolve_add_bos(protocol.add_bos, tok),
+        separator=ds.separator,
+        doc_counts=counts,
+    )
+
+
+def batches(p: Plan, batch: BatchSpec, segments: bool = True) -> Layout:
+    """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
+    Windows are packed only for a model that keeps segments apart (`segments`:
+    `LanguageModel.honours_segments`, False for one whose attention cannot, as cuDNN's)."""
+    return plan_layout(
+        p.windows,
+        batch.batch_size,
+        pack=batch.packing and segments,
+        num_buckets=batch.length_buckets,
+    )
+
+
+def plan_dataset(
+    ds: DatasetSpec,
+    protocol: ProtocolSpec,
+    tok: Tokenizer,
+    vocab_size: int,
+    batch: BatchSpec,
+    segments: bool = True,
+) -> Dataset:
+    """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
+    see `planned`), and lays out its batches: public as `ppl_jax.prepare`.
+
+    Args:
+      ds: the dataset's data spec.
+      protocol: the dataset's protocol spec.
+      tok: the model's tokenizer.
+      vocab_size: the model's vocabulary size.
+      batch: the run's batch layout.
+      segments: whether the model keeps segments apart (see `batches`).
+    """
+    p = planned(ds, protocol, tok, vocab_size)[0]
+    return Dataset(ds, protocol, p, batches(p, batch, segments))
+
+
+def planned(
+    ds: DatasetSpec,
+    protocol: ProtocolSpec,
+    tok: Tokenizer,
+    vocab_size: int,
+    read_first: tuple[list[data.Document], Any] | None = None,
+) -> tuple[Plan, list[data.Document] | None, dict[str, Any]]:
+    """The dataset's plan: from `ds.cache_dir` when an entry of the same key is there
+    (`ppl_jax.plans.plan_cache`; its token stream memory-mapped, nothing read or tokenized); else,
+    where the token cache applies (`ppl_jax.plans.token_cache`: no preparation, no budget, a
+    per-document protocol), from the token cache, tokenized in shares across processes in
+    bounded memory; else read (or `read_first`, the documents already read), cut to its budget,
+    planned, and cached (with several processes and a cache, by process 0 alone while the others
+    wait, and then memory-mapped by all).
+
+    Returns:
+      (the plan, the documents when they were read here or given, else None, the cache entry's
+      extras: {} unless the entry was read).
+    """
+    import jax
+
+    entry = plan_cache.key(ds, protocol, tok, vocab_size) if ds.cache_dir else None
+    if entry is not None:
+        found = plan_cache.load(ds.cache_dir, entry)
+        # All processes take the same path (the token cache's has barriers): a process that
+        # looks after another one wrote the entry must not take it alone.
+        if all(distributed.flags_of_all(found is not None)):
+            return found[0], None, found[1]
+    if entry is not None and read_first is None and token_cache.applies(ds, protocol.protocol):
+        return stream_plans.planned(ds, protocol, tok, vocab_size, entry), None, {}
+    if entry is not None and read_first is None and jax.process_count() > 1:
+        # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
+        def write() -> None:
+            plan_cache.save(
+                ds.cache_dir, entry, plan(ds, protocol, *cut(*read(ds), ds, tok), tok, vocab_size)
+            )
+
+        found = plan_cache.made_once(ds.cache_dir, entry, write, f"data {ds.name!r}")
+        return found[0], None, found[1]
+    docs, counts = read_first if read_first is not None else read(ds)
+    docs, counts = cut(docs, counts, ds, tok)
+    p = plan(ds, protocol, docs, counts, tok, vocab_size)
+    if entry is not None:
+        p = dataclasses.replace(p, tokens_digest=protocols.tokens_digest(p.windows.tokens))
+        plan_cache.save(ds.cache_dir, entry, p)
+    return p, docs, {}
