@@ -19,7 +19,7 @@ from ppl_jax.data.documents import FORMATS  # noqa: F401  (the config's choices,
 from ppl_jax.data.spec import DEMO_CORPUS_NAME  # noqa: F401
 from ppl_jax.data.spec import corpus_name as spec_corpus_name
 from ppl_jax.evaluation.spec import CHECKPOINT_FORMATS, DTYPES  # noqa: F401
-from ppl_jax.plans.spec import PROTOCOL_NOTES, PROTOCOLS, STRIDED_PROTOCOLS  # noqa: F401
+from ppl_jax.plans.protocols import PROTOCOLS, SLIDING
 from ppl_jax.runtime.mesh import DEFAULT_RULES  # noqa: F401
 
 # Modules of the CPython standard library that the demo model never saw in training; the default
@@ -99,7 +99,7 @@ def get_config() -> config_dict.ConfigDict:
     c.suite = ()
 
     c.eval = config_dict.ConfigDict()
-    c.eval.protocol = "sliding"
+    c.eval.protocol = SLIDING.name
     c.eval.seq_len = 256
     c.eval.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
     c.eval.batch_size = 8

@@ -28,6 +28,7 @@ from ppl_jax.evaluation.spec import (
     StepSpec,
 )
 from ppl_jax.outputs.figures import FigureSpec
+from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
@@ -273,10 +274,12 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
             f"--config.output.tokens=true too."
         )
     lengths = _int_list("eval.context_lengths", c.eval.context_lengths)
-    if lengths and c.eval.protocol == "lm_eval_rolling":
+    rules = protocols.PROTOCOLS.get(str(c.eval.protocol))
+    if lengths and rules is not None and rules.document_level:
+        streams = [name for name, p in protocols.PROTOCOLS.items() if not p.document_level]
         raise ConfigError(
-            "eval.context_lengths needs a stream protocol (sliding, hf_strided, gptq_chunks); "
-            "lm_eval_rolling scores documents one by one."
+            f"eval.context_lengths needs a stream protocol ({', '.join(streams)}); "
+            f"{rules.name} scores documents one by one."
         )
     targets = int(c.eval.context_targets)
     if targets < 0:

@@ -70,10 +70,11 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
             f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
             f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
         )
-    if spec.per_document and spec.eval.protocol != "lm_eval_rolling":
+    if spec.per_document and not spec.eval.rules.document_level:
+        levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
-            f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
-            f"windows of {spec.eval.protocol} span documents."
+            f"output.per_document=true needs a document-level protocol ({', '.join(levels)}); "
+            f"the windows of {spec.eval.protocol} span documents."
         )
 
 

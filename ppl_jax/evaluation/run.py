@@ -38,7 +38,7 @@ from ppl_jax.metrics import uncertainty
 from ppl_jax.outputs import files, journal, sinks, store, tensorboard
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.model_record import model_record
-from ppl_jax.plans import protocols, suite
+from ppl_jax.plans import suite
 from ppl_jax.plans.suite import Dataset
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import preemption
@@ -231,7 +231,7 @@ def _score(
         gzip[d.name] = (None, None)
         if spec.gzip_baseline and out is not None:  # process 0 only, on a bounded sample
             docs = p.documents.get(d.name) or suite.documents(d.data, p.tok)
-            joined = d.data.separator if d.protocol.protocol == "sliding" else protocols.JOIN
+            joined = d.protocol.rules.joiner(d.data)
             gzip[d.name] = metrics.gzip_bits_per_byte_of((x.text for x in docs), joined)
     return Evaluation(
         sums=sums,

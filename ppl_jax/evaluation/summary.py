@@ -17,7 +17,6 @@ from ml_collections import config_dict
 from ppl_jax.evaluation.outcome import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import published, uncertainty
-from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
 METRIC_KEYS = (
@@ -257,19 +256,19 @@ def _strict_json(value: Any, path: str, notes: dict[str, str]) -> Any:
 
 def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
-    plan = ev.plan
+    plan, rules = ev.plan, ev.protocol_spec.rules
     return {
         "name": plan.protocol,
-        "reference": PROTOCOL_NOTES[plan.protocol],
+        "reference": rules.note,
         "seq_len": ev.protocol_spec.seq_len,
-        "stride": ev.protocol_spec.stride if plan.protocol in STRIDED_PROTOCOLS else None,
+        "stride": ev.protocol_spec.stride if rules.strided else None,
         "packing": settings.batch.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,
         "add_bos_setting": ev.protocol_spec.add_bos,
         "prefix_token_id": plan.prefix_id,
-        "separator": ev.dataset.separator if plan.protocol == "sliding" else "\n\n",
+        "separator": rules.joiner(ev.dataset),
         "text_tokens": plan.text_tokens,
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,

@@ -7,16 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.plans import protocols
+from ppl_jax.plans.protocols import Protocol
 
-PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
-STRIDED_PROTOCOLS = ("sliding", "hf_strided")  # the protocols that use a stride
-# One line per protocol: the convention each reproduces (`--help`, and results.json's reference).
-PROTOCOL_NOTES = {
-    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
-    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
-    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
-    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
-}
 MAX_LENGTH_BUCKETS = 8
 
 
@@ -25,7 +18,7 @@ class ProtocolSpec:
     """A scoring protocol (see `ppl_jax.plans.protocols` for each convention and its source).
 
     Attributes:
-      protocol: 'sliding', 'hf_strided', 'lm_eval_rolling' or 'gptq_chunks'.
+      protocol: a name of `ppl_jax.plans.protocols.PROTOCOLS` (its object: `rules`).
       seq_len: tokens the model reads per window (at least 1).
       stride: tokens a window advances by, 1..seq_len, for the strided protocols; None there
         means seq_len // 2 (at least 1). Always None for the other protocols (they use none).
@@ -36,7 +29,7 @@ class ProtocolSpec:
       ConfigError: a value out of range, naming the setting.
     """
 
-    protocol: str = "sliding"
+    protocol: str = protocols.SLIDING.name
     seq_len: int = 256
     stride: int | None = None
     add_bos: str = "auto"
@@ -44,10 +37,7 @@ class ProtocolSpec:
 
     def __post_init__(self) -> None:
         w = self.where
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(
-                f"{w}.protocol={self.protocol!r} is not one of {', '.join(PROTOCOLS)}."
-            )
+        protocols.get(self.protocol, w)
         add_bos = str(self.add_bos).lower()
         if add_bos not in ("auto", "true", "false"):
             raise ConfigError(f"{w}.add_bos={add_bos!r} is not one of auto, true, false.")
@@ -58,10 +48,15 @@ class ProtocolSpec:
         object.__setattr__(self, "seq_len", seq_len)
         object.__setattr__(self, "stride", self._stride())
 
+    @property
+    def rules(self) -> Protocol:
+        """The protocol's object (`ppl_jax.plans.protocols.Protocol`): ask it, not the name."""
+        return protocols.PROTOCOLS[self.protocol]
+
     def _stride(self) -> int | None:
         """The stride as used: unset is seq_len // 2 (at least 1); None where the protocol has
         none. Only a stride that a protocol uses is checked; a stride never set never fails."""
-        if self.protocol not in STRIDED_PROTOCOLS:
+        if not self.rules.strided:
             return None
         if self.stride is None:
             return max(self.seq_len // 2, 1)

@@ -22,7 +22,7 @@ import numpy as np
 from ppl_jax.data import documents as data
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.plans import plan_cache, protocols, stream_plans, token_cache
+from ppl_jax.plans import plan_cache, protocols, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
@@ -121,9 +121,8 @@ def plan(
     tok: Tokenizer,
     vocab_size: int,
 ) -> Plan:
-    """The dataset's protocol plan (`protocols.plan`)."""
-    return protocols.plan(
-        ev.protocol,
+    """The dataset's protocol plan (`Protocol.plan`)."""
+    return ev.rules.plan(
         docs,
         tok,
         vocab_size,
@@ -201,8 +200,8 @@ def planned(
         # looks after another one wrote the entry must not take it alone.
         if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
-    if entry is not None and read_first is None and token_cache.applies(ds, ev.protocol):
-        return stream_plans.planned(ds, ev, tok, vocab_size, entry), None, {}
+    if entry is not None and read_first is None and token_cache.applies(ds, ev.rules):
+        return streamed(ds, ev, tok, vocab_size, entry), None, {}
     if entry is not None and read_first is None and jax.process_count() > 1:
         # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
         def write() -> None:
@@ -219,3 +218,35 @@ def planned(
         p = dataclasses.replace(p, tokens_digest=protocols.tokens_digest(p.windows.tokens))
         plan_cache.save(ds.cache_dir, entry, p)
     return p, docs, {}
+
+
+def streamed(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int, key: str) -> Plan:
+    """The dataset's plan through the token cache: the corpus tokenized (in shares, unless its
+    entry is complete: `token_cache.build`), then the plan (`Protocol.stream_plan`) written by
+    process 0 into the plan cache (`ppl_jax.plans.plan_cache`, entry `key`) and memory-mapped by
+    every process.
+
+    Raises:
+      DataError, ConfigError: as `token_cache.build` and the plan; on the other processes, a
+        DataError that points to process 0's log when its planning failed.
+    """
+    import jax
+
+    # Only process 0 plans. The entry is dropped once it has (`write` returns), before every
+    # process reads the plan back: the two are not held at once.
+    held = [token_cache.build(ds, tok)]
+    if jax.process_index() != 0:
+        held.clear()
+    add_bos = protocols.resolve_add_bos(ev.add_bos, tok)
+
+    def write() -> None:
+        entry = held.pop()
+        plan_cache.save_built(
+            ds.cache_dir,
+            key,
+            lambda path: ev.rules.stream_plan(
+                entry, tok, vocab_size, ev.seq_len, ev.stride, add_bos, ds.separator, path
+            ),
+        )
+
+    return plan_cache.made_once(ds.cache_dir, key, write, f"data {ds.name!r}")[0]

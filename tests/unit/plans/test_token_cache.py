@@ -93,8 +93,8 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
                 protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator
             )
             stream = str(tmp_path / f"stream-{count}.npy")
-            got = stream_plans.plan(
-                entry, protocol, tok, 600, seq_len, stride, add_bos, separator, stream
+            got = protocols.get(protocol).stream_plan(
+                entry, tok, 600, seq_len, stride, add_bos, separator, stream
             )
             assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
             same_plan(got, dataclass_with(want, tokens_digest=got.tokens_digest))
@@ -111,7 +111,7 @@ def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     tok = tokenizer.load("byte", None)
     entry = entry_of(tmp_path, path, tok, 2)
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
-        stream_plans.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
+        protocols.SLIDING.stream_plan(entry, tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
     assert "document 2 (" in str(e.value) and "b.jsonl:2" in str(e.value)
 
 
