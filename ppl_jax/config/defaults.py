@@ -95,7 +95,7 @@ def get_config() -> config_dict.ConfigDict:
 
     # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
     # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
-    # `add_bos`); empty: the one dataset of `data`. See configs/suite_example.py.
+    # `add_bos`, `long_documents`); empty: the one dataset of `data`. See configs/suite_example.py.
     c.suite = ()
 
     c.eval = config_dict.ConfigDict()
@@ -104,6 +104,7 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
     c.eval.batch_size = 8
     c.eval.add_bos = "auto"
+    c.eval.long_documents = ""  # whole_documents: sliding or truncate a longer one ("": refuse)
     c.eval.packing = True
     c.eval.length_buckets = 1
     c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
@@ -203,10 +204,13 @@ KEY_MEANINGS = {
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",
-    "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided; unset: "
-    "seq_len // 2; ignored by the other protocols",
+    "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided (and "
+    "eval.long_documents=sliding); unset: seq_len // 2; ignored by the other protocols",
     "eval.batch_size": "windows per step, global over all processes; a multiple of mesh.data",
     "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
+    "eval.long_documents": "whole_documents: the rule for a document longer than a window, "
+    "'sliding' (windows every eval.stride tokens within it) or 'truncate' (its first window); "
+    "empty: such a document is refused",
     "eval.packing": "several short windows per row (segments, no attention across them)",
     "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
     "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "

@@ -106,7 +106,7 @@ SUITE_DATA_KEYS = (
     "max_tokens",
     "sample_seed",
 )
-SUITE_EVAL_KEYS = ("protocol", "seq_len", "stride", "add_bos")
+SUITE_EVAL_KEYS = ("protocol", "seq_len", "stride", "add_bos", "long_documents")
 
 
 def _dataset(
@@ -140,6 +140,7 @@ def _dataset(
         seq_len=int(eval_["seq_len"]),
         stride=None if eval_["stride"] is None else int(eval_["stride"]),
         add_bos=str(eval_["add_bos"]),
+        long_documents=str(eval_["long_documents"] or ""),
         where=eval_key,
     )
     if ds.preparation:

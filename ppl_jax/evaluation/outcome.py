@@ -148,6 +148,7 @@ def run_fingerprint(
             "name": plan.protocol,
             "seq_len": ev.seq_len,
             "stride": ev.stride,
+            **ev.options,
             "add_bos": plan.add_bos,
             "prefix_id": plan.prefix_id,
             "num_windows": plan.windows.num_windows,

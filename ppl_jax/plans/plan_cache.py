@@ -84,6 +84,7 @@ def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> s
             "seq_len": ev.seq_len,
             "stride": ev.stride,
             "add_bos": protocols.resolve_add_bos(ev.add_bos, tok),
+            **ev.options,
         },
     }
     return fingerprint.digest(parts)

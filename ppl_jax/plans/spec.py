@@ -9,6 +9,7 @@ import dataclasses
 from ppl_jax.errors import ConfigError
 from ppl_jax.plans import protocols
 from ppl_jax.plans.protocols import Protocol
+from ppl_jax.plans.protocols.whole_documents import LONG_DOCUMENTS
 
 MAX_LENGTH_BUCKETS = 8
 
@@ -23,6 +24,10 @@ class ProtocolSpec:
       stride: tokens a window advances by, 1..seq_len, for the strided protocols; None there
         means seq_len // 2 (at least 1). Always None for the other protocols (they use none).
       add_bos: 'auto' (the tokenizer's own policy), 'true' or 'false'.
+      long_documents: the rule for a document longer than a window, for the protocols that
+        score documents whole (`Protocol.splits_documents`): '' (none: such a document is
+        refused), 'sliding' (windows every `stride` tokens within it) or 'truncate' (its first
+        window only). Refused with the other protocols.
       where: the setting's name in error messages ('eval', 'suite[2]'); not compared.
 
     Raises:
@@ -33,6 +38,7 @@ class ProtocolSpec:
     seq_len: int = 256
     stride: int | None = None
     add_bos: str = "auto"
+    long_documents: str = ""
     where: str = dataclasses.field(default="eval", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -46,6 +52,7 @@ class ProtocolSpec:
         if seq_len < 1:
             raise ConfigError(f"{w}.seq_len={seq_len} must be at least 1.")
         object.__setattr__(self, "seq_len", seq_len)
+        self._check_long_documents()
         object.__setattr__(self, "stride", self._stride())
 
     @property
@@ -53,10 +60,35 @@ class ProtocolSpec:
         """The protocol's object (`ppl_jax.plans.protocols.Protocol`): ask it, not the name."""
         return protocols.PROTOCOLS[self.protocol]
 
+    @property
+    def options(self) -> dict[str, str]:
+        """The keywords of the protocol's `plan` and `stream_plan` beyond the common ones."""
+        return {"long_documents": self.long_documents} if self.long_documents else {}
+
+    def _check_long_documents(self) -> None:
+        rule = str(self.long_documents or "")
+        object.__setattr__(self, "long_documents", rule)
+        if not rule:
+            return
+        if not self.rules.splits_documents:
+            names = [n for n, p in protocols.PROTOCOLS.items() if p.splits_documents]
+            raise ConfigError(
+                f"{self.where}.long_documents={rule!r} is the rule of the protocols that score "
+                f"documents whole ({', '.join(names)}); {self.protocol} cuts its own windows. "
+                f"Unset it, or use one of those."
+            )
+        if rule not in LONG_DOCUMENTS:
+            raise ConfigError(
+                f"{self.where}.long_documents={rule!r} is not one of {', '.join(LONG_DOCUMENTS)} "
+                f"(or unset: a document longer than a window is refused)."
+            )
+
     def _stride(self) -> int | None:
         """The stride as used: unset is seq_len // 2 (at least 1); None where the protocol has
-        none. Only a stride that a protocol uses is checked; a stride never set never fails."""
-        if not self.rules.strided:
+        none (or, for a protocol that scores documents whole, where no long document is split
+        into sliding windows). Only a stride that is used is checked; a stride never set never
+        fails."""
+        if not (self.rules.strided or self.long_documents == "sliding"):
             return None
         if self.stride is None:
             return max(self.seq_len // 2, 1)

@@ -131,6 +131,7 @@ def plan(
         protocols.resolve_add_bos(ev.add_bos, tok),
         separator=ds.separator,
         doc_counts=counts,
+        **ev.options,
     )
 
 
@@ -245,7 +246,15 @@ def streamed(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int,
             ds.cache_dir,
             key,
             lambda path: ev.rules.stream_plan(
-                entry, tok, vocab_size, ev.seq_len, ev.stride, add_bos, ds.separator, path
+                entry,
+                tok,
+                vocab_size,
+                ev.seq_len,
+                ev.stride,
+                add_bos,
+                ds.separator,
+                path,
+                **ev.options,
             ),
         )
 

@@ -17,6 +17,7 @@ import numpy as np
 from ppl_jax.errors import ConfigError, DataError
 
 NO_PREFIX = -1
+FIELDS = ("starts", "lengths", "prefix", "first_scored", "document")  # per-window arrays
 
 
 @dataclasses.dataclass(frozen=True)

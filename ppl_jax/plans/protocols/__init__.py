@@ -24,6 +24,8 @@ protocol's windows are scored the same way (batched, padded, masked); they diffe
   wikitext task counts them.
 - `gptq_chunks`: the GPTQ/AWQ evaluation: documents joined with "\\n\\n", tokenized as one string,
   cut into `n // seq_len` chunks (the tail dropped), each scored from its second token.
+- `whole_documents`: each document in one window from its first token to its last (long
+  context); a longer document by the rule `eval.long_documents` names, never silently.
 
 Bytes are those of the scored tokens (per-token UTF-8 lengths from the tokenizer) except for
 `lm_eval_rolling`, which follows the harness. Words are those of the text from the first to the
@@ -54,10 +56,11 @@ from ppl_jax.plans.protocols.lm_eval_rolling import (  # noqa: F401
     rolling_windows,
 )
 from ppl_jax.plans.protocols.sliding import SLIDING
+from ppl_jax.plans.protocols.whole_documents import WHOLE_DOCUMENTS
 from ppl_jax.tokenizer.base import Tokenizer
 
 PROTOCOLS: dict[str, Protocol] = {
-    p.name: p for p in (SLIDING, HF_STRIDED, LM_EVAL_ROLLING, GPTQ_CHUNKS)
+    p.name: p for p in (SLIDING, HF_STRIDED, LM_EVAL_ROLLING, GPTQ_CHUNKS, WHOLE_DOCUMENTS)
 }
 
 
@@ -83,13 +86,14 @@ def plan(
     add_bos: bool,
     separator: str = JOIN,
     doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
+    **options: str,
 ) -> Plan:
     """`get(protocol).plan(...)` (`Protocol.plan`): the windows and counts of the protocol
-    named `protocol` for `docs`.
+    named `protocol` for `docs` (`options`: its own keywords, `ProtocolSpec.options`).
 
     Raises:
       ConfigError: an unknown protocol; and as `Protocol.plan`.
     """
     return get(protocol).plan(
-        docs, tokenizer, vocab_size, seq_len, stride, add_bos, separator, doc_counts
+        docs, tokenizer, vocab_size, seq_len, stride, add_bos, separator, doc_counts, **options
     )

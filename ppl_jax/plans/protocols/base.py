@@ -27,6 +27,9 @@ class Protocol:
         (`output.per_document`, the bootstrap over documents) and no stream runs through the
         corpus (the context-length sweep needs one: it is refused with these).
       strided: it reads `eval.stride` (unset: `seq_len // 2`).
+      splits_documents: it reads `eval.long_documents`, the rule for a document longer than a
+        window (`plan` and `stream_plan` take it as the keyword `long_documents`; the other
+        protocols never receive it).
       stream_plan: `stream_plan(entry, tokenizer, vocab_size, seq_len, stride, add_bos,
         separator, stream_path) -> Plan` where the protocol can be planned from the token cache's
         document lengths in bounded memory (`ppl_jax.plans.token_cache`), identical array for
@@ -37,6 +40,7 @@ class Protocol:
     note: ClassVar[str] = ""
     document_level: ClassVar[bool] = False
     strided: ClassVar[bool] = False
+    splits_documents: ClassVar[bool] = False
     stream_plan: Any = None
 
     def joiner(self, ds: Any) -> str:

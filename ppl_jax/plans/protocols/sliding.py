@@ -105,10 +105,7 @@ class Sliding(StreamProtocol):
         tokens = np.load(stream_path, mmap_mode="r")
         windows = windows_lib.Windows(
             tokens=tokens,
-            **{
-                f: getattr(windows, f)
-                for f in ("starts", "lengths", "prefix", "first_scored", "document")
-            },
+            **{f: getattr(windows, f) for f in windows_lib.FIELDS},
             seq_len=seq_len,
         )
         return Plan(

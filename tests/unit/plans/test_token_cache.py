@@ -79,25 +79,39 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
         entry = entry_of(tmp_path, path, tok, count)
         assert entry.num_documents == len(docs)
         assert entry.sources == [d.source for d in docs]  # the parts' file lists merged
+        streamed = [n for n, p in protocols.PROTOCOLS.items() if p.stream_plan is not None]
+        ran = set()
+        assert "sliding" in streamed and "whole_documents" in streamed
         cases = itertools.product(
-            ["sliding"] + (["lm_eval_rolling"] if rolling else []),
+            [n for n in streamed if rolling or n != "lm_eval_rolling"],
             ["\n\n", "", "|"],
             [False, True] if tok.bos_id is not None else [False],
-            [(8, 3), (16, 16)],
+            [(8, 3), (16, 16), (1000, 500)],
+            ["", "sliding", "truncate"],
         )
-        for protocol, separator, add_bos, (seq_len, stride) in cases:
-            if protocol == "lm_eval_rolling" and separator != "\n\n":
-                continue  # no separator in a per-document stream
-            stride = stride if protocol == "sliding" else None
+        for protocol, separator, add_bos, (seq_len, stride), rule in cases:
+            rules = protocols.get(protocol)
+            if rules.document_level and separator != "\n\n":
+                continue  # no separator between documents scored one by one
+            # whole_documents: every document in one window, or the long one cut by a rule
+            if (bool(rule) != (rules.splits_documents and seq_len < 1000)) or (
+                seq_len == 1000 and not rules.splits_documents
+            ):
+                continue
+            options = {"long_documents": rule} if rule else {}
+            ran.add((protocol, rule))
+            used = rules.strided or options.get("long_documents") == "sliding"
+            stride = stride if used else None
             want = protocols.plan(
-                protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator
+                protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator, **options
             )
             stream = str(tmp_path / f"stream-{count}.npy")
-            got = protocols.get(protocol).stream_plan(
-                entry, tok, 600, seq_len, stride, add_bos, separator, stream
+            got = rules.stream_plan(
+                entry, tok, 600, seq_len, stride, add_bos, separator, stream, **options
             )
             assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
             same_plan(got, dataclass_with(want, tokens_digest=got.tokens_digest))
+        assert {("whole_documents", r) for r in ("", "sliding", "truncate")} <= ran
 
 
 def dataclass_with(plan, **changes):
@@ -236,9 +250,10 @@ def test_every_protocol_on_two_processes_with_the_cache_scores_as_one_without(
     texts = [helpers.stdlib_text(200 + 50 * i)[i * 30 :] for i in range(10)]
     path = corpus(tmp_path, texts)
     entries = ",\n".join(
-        f"        config_dict.ConfigDict(dict(name={p!r}, path={path!r}, format='jsonl', "
-        f"protocol={p!r}, seq_len=64))"
-        for p in protocols.PROTOCOLS
+        f"        config_dict.ConfigDict(dict(name={name!r}, path={path!r}, format='jsonl', "
+        f"protocol={name!r}, seq_len=64"
+        f"{', long_documents=' + repr('sliding') if p.splits_documents else ''}))"
+        for name, p in protocols.PROTOCOLS.items()
     )
     config = tmp_path / "four.py"
     config.write_text(
