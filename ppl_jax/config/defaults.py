@@ -109,6 +109,8 @@ def get_config() -> config_dict.ConfigDict:
     c.eval.length_buckets = 1
     c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
     c.eval.context_targets = 0  # targets per window of the sweep; 0: min(L, positions - L + 1)
+    c.eval.short_context = 0  # whole_documents: context gains and LongPPL's short context (0: off)
+    c.eval.short_targets = 1024  # targets per short-context window (contexts C..C+S-1)
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
@@ -132,6 +134,15 @@ def get_config() -> config_dict.ConfigDict:
 
     c.runtime = config_dict.ConfigDict()
     c.runtime.compilation_cache_dir = ""
+
+    c.longppl = config_dict.ConfigDict()  # LongPPL (Fang et al. 2025), with eval.short_context
+    c.longppl.alpha = 2.0  # nats: a key token's loss drops by more than this with long context
+    c.longppl.beta = -2.0  # ... and its long-context loss is below -beta nats
+    c.longppl.evaluator = config_dict.ConfigDict()
+    c.longppl.evaluator.dir = ""  # empty: the scored model finds its own key tokens
+    c.longppl.evaluator.step = "latest"
+    c.longppl.evaluator.format = "auto"
+    c.longppl.evaluator.dtype = "float32"
 
     c.output = config_dict.ConfigDict()
     c.output.dir = "results"
@@ -225,6 +236,19 @@ KEY_MEANINGS = {
     "metrics.bootstrap_samples": "resamples of the 95% bootstrap intervals of perplexity and "
     "bits per byte (0: no intervals; else at least 100)",
     "metrics.seed": "seed of the bootstrap's resampling (the intervals are reproducible)",
+    "eval.short_context": "whole_documents: tokens of a short context C; every target with more "
+    "context is scored again with C..C+S-1 tokens, for its context gain (short NLL - full NLL) "
+    "and LongPPL's key tokens (0: off)",
+    "eval.short_targets": "S, targets per short-context window (each sees C..C+S-1 tokens; the "
+    "LongPPL reference's sliding_window)",
+    "longppl.alpha": "LongPPL: a key token's NLL with the short context exceeds its full-context "
+    "NLL by more than alpha nats",
+    "longppl.beta": "LongPPL: and its full-context NLL is below -beta nats",
+    "longppl.evaluator.dir": "the model that finds LongPPL's key tokens (its own tokenizer; "
+    "tokens matched by characters); empty: the scored model, on its own tokens",
+    "longppl.evaluator.step": "the evaluator's step: 'latest' or a step number",
+    "longppl.evaluator.format": "the evaluator's format: 'orbax', 'hf', or 'auto'",
+    "longppl.evaluator.dtype": "the evaluator's parameter dtype, 'float32' or 'bfloat16'",
     "reference.checkpoint.dir": "a reference model (same tokenizer) scored beside the model "
     "for KL(reference || model); empty: none",
     "reference.checkpoint.step": "the reference's step: 'latest' or a step number",

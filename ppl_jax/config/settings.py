@@ -8,6 +8,7 @@ values; nothing downstream (and nothing under `jax.jit`) sees a ConfigDict. A ba
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -23,6 +24,7 @@ from ppl_jax.evaluation.spec import (
     DTYPES,
     MAX_TOP_K,
     DiagnosticsSpec,
+    LongContextSpec,
     ReferenceSpec,
     RunSpec,
     StepSpec,
@@ -305,7 +307,51 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
         figures=FigureSpec.parse(
             c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
         ),
+        long_context=_long_context(c, rules, seq_len),
     )
+
+
+def _long_context(c: config_dict.ConfigDict, rules: Any, seq_len: int) -> LongContextSpec | None:
+    """`eval.short_context`, `eval.short_targets` and `longppl.*` (None: short_context 0)."""
+    short = int(c.eval.short_context)
+    evaluator_dir = str(c.longppl.evaluator.dir)
+    if short == 0:
+        if evaluator_dir:
+            raise ConfigError(
+                "longppl.evaluator.dir names the model that finds LongPPL's key tokens from a "
+                "short and a long context; set eval.short_context too (e.g. 4096)."
+            )
+        return None
+    whole = [name for name, p in protocols.PROTOCOLS.items() if p.long_context]
+    if rules is not None and not rules.long_context:
+        raise ConfigError(
+            f"eval.short_context={short} needs a protocol that scores documents whole "
+            f"({', '.join(whole)}), so that a token's context is its document's; "
+            f"eval.protocol is {rules.name}."
+        )
+    if not 1 <= short < seq_len:
+        raise ConfigError(
+            f"eval.short_context={short} must be between 1 and eval.seq_len - 1 ({seq_len - 1}): "
+            f"the targets with more context than it are scored again with it."
+        )
+    targets = int(c.eval.short_targets)
+    if targets < 1:
+        raise ConfigError(f"eval.short_targets={targets} must be at least 1.")
+    alpha, beta = float(c.longppl.alpha), float(c.longppl.beta)
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise ConfigError(f"longppl.alpha={alpha} and longppl.beta={beta} must be finite.")
+    evaluator = None
+    if evaluator_dir:
+        e = c.longppl.evaluator
+        _choice("longppl.evaluator.format", e.format, CHECKPOINT_FORMATS)
+        _choice("longppl.evaluator.dtype", e.dtype, DTYPES)
+        evaluator = ReferenceSpec(
+            checkpoint_dir=os.path.expanduser(evaluator_dir),
+            checkpoint_step=_step("longppl.evaluator.step", e.step),
+            checkpoint_format=str(e.format),
+            dtype=str(e.dtype),
+        )
+    return LongContextSpec(short, targets, alpha, beta, evaluator)
 
 
 def _int_list(name: str, value: Any) -> tuple[int, ...]:

@@ -1,5 +1,6 @@
 """What a run reports beyond its sums: per-token output, loss by position, the context-length
-sweep, and the divergence from a reference model (`config.DiagnosticsSpec`).
+sweep, the divergence from a reference model, and the long-context measures of a protocol that
+scores documents whole (`ppl_jax.evaluation.long_context`) (`config.DiagnosticsSpec`).
 
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) feeding a sink
 on the host: `tokens.TokenWriter` (tokens.parquet), `divergence.Divergence`, the position sums in
@@ -14,17 +15,19 @@ an interrupted run starts again from its first batch (README, "Diagnostics").
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.evaluation import long_context
 from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
 from ppl_jax.metrics import curves, divergence, uncertainty
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import curve_figures, figures, files
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import windows
+from ppl_jax.plans import suite, windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.scoring.scorer import Scorer, StepOptions
@@ -32,6 +35,7 @@ from ppl_jax.scoring.scorer import Scorer, StepOptions
 POSITION_CURVE = files.POSITION_CURVE
 CONTEXT_CURVE = files.CONTEXT_CURVE
 TOKENS = files.TOKENS
+LONG_CONTEXT = "long_context"  # results.json's key of the context gains and LongPPL
 
 
 @dataclasses.dataclass
@@ -42,11 +46,23 @@ class Sinks:
       options: the step's optional statistics.
       token_writer: the tokens.parquet writer (process 0 with output.tokens), else None.
       divergence: the divergence gatherer (with a reference model), else None.
+      gather: the run's per-token NLLs by stream index, for the long-context measures (a
+        protocol that scores documents whole, with the position curve or a short context).
+      short: the short-context NLLs by stream index (`before`), else None.
+      keys: LongPPL's key tokens found by another evaluator (`before`): `(mask, found, name)`.
+      match: with the model as its own evaluator, `long_context.matched_keys` of its plan and
+        tokenizer, given its key tokens once its pass is done.
+      tokens_pending: the token writer's arguments while the short pass has not run.
     """
 
     options: StepOptions
     token_writer: Any = None
     divergence: divergence.Divergence | None = None
+    gather: long_context.Gather | None = None
+    short: np.ndarray | None = None
+    keys: tuple[np.ndarray, int, str] | None = None
+    match: Any = None
+    tokens_pending: dict[str, Any] | None = None
 
     def on_tokens(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
         """`Scorer.score`'s per-token callback: feeds every sink."""
@@ -54,6 +70,8 @@ class Sinks:
             self.token_writer.add(rows, arrays)
         if self.divergence is not None:
             self.divergence.add(rows, arrays)
+        if self.gather is not None:
+            self.gather(rows, arrays)
 
     def abort(self) -> None:
         """Removes a partial token file (an error or a signal stopped the run)."""
@@ -62,19 +80,23 @@ class Sinks:
             self.token_writer = None
 
 
-def check(settings: RunSpec, plan: Plan, model: LanguageModel) -> None:
-    """Every check of the diagnostics that needs no weights.
+def check(
+    settings: RunSpec, plan: Plan, model: LanguageModel, mesh: Any = None, docs: Any = None
+) -> long_context.KeyEvaluator | None:
+    """Every check of the diagnostics that needs no weights; returns LongPPL's evaluator, opened
+    and planned, when one is named (`docs`: the run's documents, or None to read them again).
 
     Raises:
-      ConfigError: a package the output needs is missing, or the context-length sweep does not
-        fit the protocol, the corpus or the model's positions.
+      ConfigError: a package the output needs is missing, the context-length sweep does not
+        fit the protocol, the corpus or the model's positions, or the long-context measures do
+        not fit them (`long_context.check`).
     """
     d = settings.diagnostics
     if d.tokens:
         from ppl_jax.outputs import tokens
 
         tokens.check_available()
-    if d.position_curve or d.context_lengths:
+    if d.position_curve or d.context_lengths or d.long_context:
         curve_figures.check_available()
     if d.context_lengths:  # a stream protocol (`config.RunSpec` checks)
         for length in d.context_lengths:
@@ -85,6 +107,7 @@ def check(settings: RunSpec, plan: Plan, model: LanguageModel) -> None:
                     f"{d.context_targets} needs windows of {longest} tokens, beyond the model's "
                     f"{model.max_positions} positions; use shorter lengths."
                 )
+    return long_context.check(settings, plan, model, mesh, docs)
 
 
 def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> int:
@@ -94,11 +117,19 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
+def by_document(settings: RunSpec) -> bool:
+    """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
+    that scores documents whole, with the position curve or a short context."""
+    d = settings.diagnostics
+    return settings.eval.rules.long_context and (d.position_curve or d.long_context is not None)
+
+
 def step_options(settings: RunSpec) -> StepOptions:
     d = settings.diagnostics
+    document = by_document(settings)  # the curve from per-token NLLs, by document, on the host
     return StepOptions(
-        positions=settings.eval.seq_len + 1 if d.position_curve else 0,
-        per_token=d.tokens,
+        positions=settings.eval.seq_len + 1 if d.position_curve and not document else 0,
+        per_token=d.tokens or document,
         top_k=d.top_k,
         reference=d.reference is not None,
     )
@@ -109,19 +140,74 @@ def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sin
     d = settings.diagnostics
     result = Sinks(step_options(settings))
     if d.tokens and out is not None:
-        from ppl_jax.outputs import tokens
-
-        result.token_writer = tokens.TokenWriter(
-            out.file(TOKENS),
-            plan,
-            tok,
-            settings.data.name,
+        pending = dict(
+            path=out.file(TOKENS),
+            plan=plan,
+            tokenizer=tok,
+            dataset=settings.data.name,
             top_k=d.top_k,
             reference=d.reference is not None,
         )
+        if d.long_context is None:
+            result.token_writer = _token_writer(pending)
+        else:  # opened once the short pass has run (`before`): it writes the context gains
+            result.tokens_pending = pending
     if d.reference is not None:
         result.divergence = divergence.Divergence(plan.describe_window)
+    if by_document(settings):
+        result.gather = long_context.Gather(plan.windows)
     return result
+
+
+def _token_writer(arguments: dict[str, Any], **long: Any) -> Any:
+    from ppl_jax.outputs import tokens
+
+    return tokens.TokenWriter(**arguments, **long)
+
+
+def before(
+    prepared: Any, params: Any, dataset: Any, settings: RunSpec, sinks_: Sinks, should_stop: Any
+) -> bool:
+    """What runs before the run's pass, for the long-context measures: the short-context pass
+    (`long_context.short_pass`) and, when LongPPL's evaluator is another model, its weights,
+    its two passes and its key tokens matched to the run's by characters; the token writer,
+    opened here, then writes the short NLL, the context gain and the key flag of each token.
+    Returns False if `should_stop` ended it.
+    """
+    lc = settings.diagnostics.long_context
+    if lc is None:
+        return True
+    p = prepared
+    pack = settings.batch.packing and p.attention != "cudnn" and p.model.honours_segments
+    short = long_context.short_pass(
+        p.model, params, p.mesh, p.shardings, dataset.plan.windows, settings, should_stop, pack
+    )
+    if short is None:
+        return False
+    sinks_.short = short
+    docs = p.documents.get(dataset.name)
+    if docs is None:
+        docs = list(suite.documents(dataset.data, p.tok))
+    key_eval = getattr(p, "long_context", None)
+    if key_eval is None:  # the model is its own evaluator: its key tokens once its pass is done
+        sinks_.match = functools.partial(
+            long_context.matched_keys, dataset.plan, p.tok, dataset.plan, p.tok, docs
+        )
+    else:
+        restored = key_eval.ckpt.restore(key_eval.step, key_eval.target)
+        keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, settings, should_stop)
+        del restored
+        if keys_e is None:
+            return False
+        mask = long_context.matched_keys(
+            dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
+        )
+        sinks_.keys = (mask, int(keys_e.sum()), key_eval.name)
+    if sinks_.tokens_pending is not None:
+        columns = long_context.TokenColumns(short)
+        sinks_.token_writer = _token_writer(sinks_.tokens_pending, extra_columns=columns)
+        sinks_.tokens_pending = None
+    return True
 
 
 def context_sweep(
@@ -221,12 +307,28 @@ def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) ->
 def collect(
     settings: RunSpec, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
-    `tokens_file` (the path of tokens.parquet), each present only when asked for."""
+    """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`,
+    `long_context` (context gains, LongPPL) and `tokens_file` (the path of tokens.parquet), each
+    present only when asked for; with LongPPL also `longppl_keys`, `[N] bool` over the plan's
+    token stream, its key tokens (for a library caller; no file holds it)."""
     out: dict[str, Any] = {}
     if totals.nll_by_position is not None:
         curve = curves.position_curve(totals.nll_by_position, totals.tokens_by_position)
         out[POSITION_CURVE] = position_intervals(curve, totals, settings)
+    if sinks_.gather is not None:
+        found = long_context.measures(
+            settings,
+            sinks_.gather.windows,
+            sinks_.gather.nll,
+            sinks_.short,
+            sinks_.keys,
+            sinks_.match,
+        )
+        if settings.diagnostics.position_curve:  # with the gains by position bucket
+            out[POSITION_CURVE] = found["position_curve"]
+        if "long_context" in found:
+            out[LONG_CONTEXT] = found["long_context"]
+            out["longppl_keys"] = found["keys"]
     if sweep:
         out[CONTEXT_CURVE] = sweep
     if sinks_.divergence is not None:
@@ -255,6 +357,8 @@ def write(
             lines.append(f"{name.replace('_', ' ')}: {path} (and {also})")
     if CONTEXT_CURVE in found:
         lines.insert(0, curves.context_table(found[CONTEXT_CURVE]))
+    if LONG_CONTEXT in found:
+        lines = long_context.summary_lines(found[LONG_CONTEXT]) + lines
     if "tokens_file" in found:
         lines.append(f"tokens: {found['tokens_file']}")
     return lines

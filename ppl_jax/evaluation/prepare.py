@@ -46,6 +46,7 @@ class Prepared:
     target: Any
     shardings: Any
     reference: tuple[Checkpoint, int | None, LanguageModel, Any, Any] | None
+    long_context: Any = None  # LongPPL's evaluator (`long_context.KeyEvaluator`), if named
 
 
 def check(spec: RunSpec, ckpt_format: str) -> None:
@@ -58,12 +59,17 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
     """
     d = spec.diagnostics
     if spec.is_training_run and (
-        d.tokens or d.position_curve or d.context_lengths or d.reference or spec.per_document
+        d.tokens
+        or d.position_curve
+        or d.context_lengths
+        or d.reference
+        or d.long_context
+        or spec.per_document
     ):
         raise ConfigError(
-            "output.tokens, output.position_curve, eval.context_lengths, reference.* and "
-            "output.per_document score one checkpoint step on one dataset; run them without "
-            "suite, a step sweep, checkpoint.watch or output.tensorboard."
+            "output.tokens, output.position_curve, eval.context_lengths, eval.short_context, "
+            "reference.* and output.per_document score one checkpoint step on one dataset; run "
+            "them without suite, a step sweep, checkpoint.watch or output.tensorboard."
         )
     if spec.steps.is_sweep and ckpt_format == "hf":
         raise ConfigError(
@@ -134,8 +140,10 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
             )
         )
         documents[ds.name] = docs
+    key_eval = None
     if not spec.is_training_run:
-        diagnostics.check(spec, datasets[0].plan, model)
+        first = datasets[0]
+        key_eval = diagnostics.check(spec, first.plan, model, mesh, documents[first.name])
     reference = None
     if spec.diagnostics.reference is not None:
         reference = _reference(spec, model, mesh, tok)
@@ -160,6 +168,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         target,
         shardings,
         reference,
+        key_eval,
     )
 
 

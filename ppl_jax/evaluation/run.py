@@ -212,6 +212,8 @@ def _score(
     params_in = params if ref_params is None else (params, ref_params)
     try:
         with preemption.StopRequest() as stop:
+            if not diagnostics.before(p, params, d, spec, sinks, stop.requested):
+                raise _interrupted(recorder, stop, step, d.name, 0, journal_out is None, spec)
             sums, totals = evaluator.score(params_in, d, recorder, stop, progress, sinks.on_tokens)
             sweep = None
             if totals.stopped_at is None and spec.diagnostics.context_lengths:

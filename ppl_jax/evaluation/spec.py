@@ -81,6 +81,27 @@ class ReferenceSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LongContextSpec:
+    """The long-context measures of a protocol that scores documents whole (`eval.short_context`,
+    `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.long_context`).
+
+    Attributes:
+      short_context: C, tokens of the short context: each target at position >= C is scored
+        again with C to C + S - 1 tokens of context (context gain, LongPPL's key tokens).
+      short_targets: S, targets per short-context window.
+      alpha, beta: LongPPL's thresholds, nats (key: short - long > alpha, long < -beta).
+      evaluator: the model that finds the key tokens (another checkpoint, its own tokenizer;
+        tokens matched by characters), or None: the scored model, on its own tokens.
+    """
+
+    short_context: int
+    short_targets: int = 1024
+    alpha: float = 2.0
+    beta: float = -2.0
+    evaluator: ReferenceSpec | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class DiagnosticsSpec:
     """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
 
@@ -91,11 +112,17 @@ class DiagnosticsSpec:
     context_targets: int = 0  # targets per window of the sweep; 0: by length (diagnostics)
     reference: ReferenceSpec | None = None
     figures: FigureSpec = FigureSpec()  # the curves' figure files (output.figures, ...)
+    long_context: LongContextSpec | None = None  # context gain and LongPPL (short_context > 0)
 
     @property
     def any_beyond_sums(self) -> bool:
         """Whether the run gathers more than the per-window sums a journal keeps."""
-        return self.tokens or self.position_curve or self.reference is not None
+        return (
+            self.tokens
+            or self.position_curve
+            or self.reference is not None
+            or self.long_context is not None
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,6 +79,7 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
         "intervals": intervals_dict(ev, settings),
         "divergence": _divergence_dict(ev, settings),
         "context_curve": ev.diagnostics.get("context_curve"),
+        "long_context": ev.diagnostics.get("long_context"),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),

@@ -30,6 +30,10 @@ class Protocol:
       splits_documents: it reads `eval.long_documents`, the rule for a document longer than a
         window (`plan` and `stream_plan` take it as the keyword `long_documents`; the other
         protocols never receive it).
+      long_context: it scores documents whole from their first token, so that a target's
+        position is its place in its document: the long-context measures apply (the position
+        curve to the full length with bands over documents, context gains, LongPPL:
+        `ppl_jax.evaluation.long_context`).
       stream_plan: `stream_plan(entry, tokenizer, vocab_size, seq_len, stride, add_bos,
         separator, stream_path) -> Plan` where the protocol can be planned from the token cache's
         document lengths in bounded memory (`ppl_jax.plans.token_cache`), identical array for
@@ -41,6 +45,7 @@ class Protocol:
     document_level: ClassVar[bool] = False
     strided: ClassVar[bool] = False
     splits_documents: ClassVar[bool] = False
+    long_context: ClassVar[bool] = False
     stream_plan: Any = None
 
     def joiner(self, ds: Any) -> str:

@@ -45,6 +45,7 @@ class WholeDocuments(Protocol):
     note = "each document in one window, first token to last (long context)"
     document_level = True
     splits_documents = True
+    long_context = True
 
     def plan(
         self,

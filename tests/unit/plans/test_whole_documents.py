@@ -107,3 +107,43 @@ def test_the_rule_is_checked_with_the_protocol():
         ProtocolSpec("sliding", 16, long_documents="sliding")
     rules = protocols.get("whole_documents")
     assert rules.document_level and rules.splits_documents and not rules.strided
+
+
+def reference_short_windows(ids: list[int], trunc_len: int, sliding_window: int):
+    """The LongPPL reference's short windows (`find_key_token`), restated: (row, targets)."""
+    out, max_len = [], len(ids)
+    for start in range(0, max_len - trunc_len, sliding_window):
+        if start + trunc_len + sliding_window > max_len:
+            sliding_window = max_len - start - trunc_len
+        row = ids[start : start + trunc_len + sliding_window]
+        out.append((row, row[trunc_len:]))
+    return out
+
+
+@pytest.mark.parametrize("add_bos", [False, True])
+@pytest.mark.parametrize("c, s", [(4, 3), (8, 8), (1, 1), (15, 100)])
+def test_short_windows_are_the_longppl_references(add_bos, c, s):
+    docs = docs_of(LENGTHS)
+    p = whole(docs, 64, add_bos)
+    got = rows_as_lists(windows_lib.short_windows(p.windows, c, s))
+    bos = [256] if add_bos else []
+    want = []
+    for d in docs:
+        ids = bos + list(d.text.encode())
+        if len(ids) >= 2:
+            want += reference_short_windows(ids, c, s)
+    assert got == want
+    # every target at position >= C is scored again, once
+    short = windows_lib.short_windows(p.windows, c, s)
+    assert int(short.num_scored().sum()) == sum(max(0, n + len(bos) - max(c, 1)) for n in LENGTHS)
+
+
+def test_short_windows_of_split_documents_stay_in_their_window():
+    docs = docs_of([55])
+    p = whole(docs, 16, True, "sliding", 8)  # windows read from 8 tokens before their targets
+    short = windows_lib.short_windows(p.windows, 4, 3)
+    scored = short.scored_token_mask()
+    assert (scored == p.windows.scored_token_mask() & (np.arange(56) >= 4)).all()
+    for k in range(short.num_windows):  # a short window lies inside a window of the run
+        lo, hi = short.starts[k], short.starts[k] + short.lengths[k]
+        assert ((p.windows.starts <= lo) & (hi <= p.windows.starts + p.windows.lengths)).any()
