@@ -29,6 +29,7 @@ from ppl_jax.evaluation.spec import (
     RunSpec,
     StepSpec,
 )
+from ppl_jax.models.rope import ANGLES
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
@@ -48,6 +49,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("model.dtype", c.model.dtype, DTYPES)
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
+    _choice("model.rope_angles", c.model.rope_angles, ANGLES)
     data, eval_ = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
@@ -77,6 +79,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         eval=eval_,
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
+        rope_angles=str(c.model.rope_angles),
         mesh=MeshSpec(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
         output_dir=os.path.expanduser(str(c.output.dir)),
         progress=bool(c.output.progress),

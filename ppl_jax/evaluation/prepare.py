@@ -18,6 +18,7 @@ from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import check_batch_size, check_window
 from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import files, tensorboard
 from ppl_jax.outputs.folder import OutputDir
@@ -114,6 +115,8 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     first_step = ckpt.resolve_step(spec.checkpoint_step)
     attention = ckpt.attention(spec.attention, spec.dtype, first_step)
     model = ckpt.model(spec.dtype, attention, first_step)
+    if spec.rope_angles != "float32":
+        model = _rope_angles(model, spec, attention)
     check_window(spec.eval.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
@@ -170,6 +173,23 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         reference,
         key_eval,
     )
+
+
+def _rope_angles(model: LanguageModel, spec: RunSpec, attention: str) -> LanguageModel:
+    """The model with `model.rope_angles` (`ppl_jax.models.rope.cos_sin`).
+
+    Raises:
+      ConfigError: a model without rotary embeddings, or not of ppl_jax's own families.
+    """
+    description = dict(model.description or {})
+    if description.get("family") not in registry.families() or "rope_theta" not in description:
+        raise ConfigError(
+            f"model.rope_angles={spec.rope_angles} sets how ppl_jax's own rotary families form "
+            f"their angles; this model ({description.get('family') or 'a model of your own'}) "
+            f"has no such rotary embeddings. Unset it."
+        )
+    description["rope_angles"] = spec.rope_angles
+    return registry.build(description, DTYPES[spec.dtype], attention)
 
 
 def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer):

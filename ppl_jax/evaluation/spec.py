@@ -167,6 +167,7 @@ class RunSpec:
     tensorboard: bool = False
     # `open_checkpoint`'s keyword options (architecture, mapping, item, params, allow_download).
     checkpoint_options: tuple[tuple[str, object], ...] = ()
+    rope_angles: str = "float32"  # `model.rope_angles`: `ppl_jax.models.rope.ANGLES`
 
     @property
     def datasets(self) -> tuple[tuple[DatasetSpec, ProtocolSpec], ...]:
