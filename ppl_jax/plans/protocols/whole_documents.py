@@ -16,9 +16,10 @@ unless `eval.long_documents` names the rule:
 - `truncate`: the document's first `seq_len + 1` tokens (BOS included) only; the rest is
   counted in `unscored_tokens` (the LongPPL reference's `--max-length`).
 
-Bytes are the UTF-8 bytes of the scored tokens (so bits per byte are exact); words are each
-document's own `str.split()` words, whole (its context-only first token and a truncated tail
-included), as the token cache counts them.
+Bytes are the UTF-8 bytes of the scored tokens (so bits per byte are exact). Words are each
+document's own `str.split()` words where every token of every document is scored (with BOS, and
+no document truncated); otherwise they are not counted (0: word perplexity n/a), since the words
+of part of a text (after a context-only first token, before a cut) are not in the token cache.
 """
 
 from __future__ import annotations
@@ -81,18 +82,20 @@ class WholeDocuments(Protocol):
         windows = document_windows(tokens, offsets, seq_len, stride, long_documents, sources)
         scored = windows.scored_token_mask()
         doc_bytes = _per_document(np.where(scored, byte_lens, 0), offsets)
+        words = np.asarray([len(d.text.split()) for d in docs], np.int64)
+        words = _counted(words, add_bos, long_documents, sizes, seq_len)
         return Plan(
             protocol=self.name,
             windows=windows,
             num_bytes=int(doc_bytes.sum()),
-            num_words=sum(len(d.text.split()) for d in docs),
+            num_words=int(words.sum()),
             num_documents=len(docs),
             text_tokens=int(tokens.size) - len(bos) * len(docs),
             unscored_tokens=int((~scored).sum()) - len(bos) * len(docs),
             add_bos=bool(add_bos),
             prefix_id=None,
             doc_bytes=doc_bytes,
-            doc_words=np.asarray([len(d.text.split()) for d in docs], np.int64),
+            doc_words=words,
             sources=sources,
             doc_starts=offsets[:-1],
         )
@@ -140,18 +143,20 @@ class WholeDocuments(Protocol):
             seq_len=seq_len,
         )
         text_tokens = n - bos * sizes.size
+        words = entry.doc_array("doc_words").astype(np.int64)
+        words = _counted(words, add_bos, long_documents, sizes, seq_len)
         return Plan(
             protocol=self.name,
             windows=windows,
             num_bytes=int(doc_bytes.sum()),
-            num_words=int(entry.doc_array("doc_words").sum()),
+            num_words=int(words.sum()),
             num_documents=int(sizes.size),
             text_tokens=text_tokens,
             unscored_tokens=text_tokens - int(windows.num_scored().sum()),
             add_bos=bool(add_bos),
             prefix_id=None,
             doc_bytes=doc_bytes,
-            doc_words=entry.doc_array("doc_words").astype(np.int64),
+            doc_words=words,
             sources=entry.sources,
             doc_starts=offsets[:-1],
             tokens_digest=digest,
@@ -211,6 +216,14 @@ def document_windows(
     return windows_lib.make(
         tokens, starts[order], lengths[order], first[order], seq_len, document=document[order]
     )
+
+
+def _counted(
+    words: np.ndarray, add_bos: bool, long_documents: str, sizes: np.ndarray, seq_len: int
+) -> np.ndarray:
+    """The documents' words where every token is scored, else zeros (see the module docstring)."""
+    cut = long_documents == "truncate" and bool((sizes > seq_len + 1).any())
+    return words if add_bos and not cut else np.zeros_like(words)
 
 
 def _per_document(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -41,7 +41,9 @@ def test_each_document_is_one_window_from_its_first_token(add_bos):
     assert p.unscored_tokens == first and p.text_tokens == sum(LENGTHS)
     assert p.doc_bytes.tolist() == [max(0, len(d.text) - (0 if add_bos else 1)) for d in docs]
     assert p.num_bytes == int(p.doc_bytes.sum()) and p.per_document
-    assert p.doc_words.tolist() == [len(d.text.split()) for d in docs]
+    # words only where every token is scored (with BOS)
+    words = [len(d.text.split()) if add_bos else 0 for d in docs]
+    assert p.doc_words.tolist() == words and p.num_words == sum(words)
     # A token's position in its window is its index in the document (plus one with BOS).
     assert (p.windows.starts == p.doc_starts[p.windows.document]).all()
 
@@ -86,6 +88,8 @@ def test_truncate_scores_the_first_window_and_counts_the_rest():
     cut = sum(max(0, n - 17) for n in LENGTHS)
     assert p.unscored_tokens == cut + sum(1 for n in LENGTHS if n)
     assert p.doc_bytes.tolist() == [max(0, min(n, 17) - 1) for n in LENGTHS]
+    assert p.num_words == 0  # the words of a cut text are not counted
+    assert whole(docs, 16, True, "sliding", 8).num_words == sum(len(d.text.split()) for d in docs)
 
 
 def test_nothing_to_score_is_one_sentence():
