@@ -81,10 +81,16 @@ class Sinks:
 
 
 def check(
-    settings: RunSpec, plan: Plan, model: LanguageModel, mesh: Any = None, docs: Any = None
+    settings: RunSpec,
+    plan: Plan,
+    model: LanguageModel,
+    mesh: Any = None,
+    docs: Any = None,
+    tok: Any = None,
 ) -> long_context.KeyEvaluator | None:
     """Every check of the diagnostics that needs no weights; returns LongPPL's evaluator, opened
-    and planned, when one is named (`docs`: the run's documents, or None to read them again).
+    and planned, when one is named (`docs`: the run's documents, or None to read them again
+    with the run's tokenizer `tok`).
 
     Raises:
       ConfigError: a package the output needs is missing, the context-length sweep does not
@@ -107,7 +113,7 @@ def check(
                     f"{d.context_targets} needs windows of {longest} tokens, beyond the model's "
                     f"{model.max_positions} positions; use shorter lengths."
                 )
-    return long_context.check(settings, plan, model, mesh, docs)
+    return long_context.check(settings, plan, model, mesh, docs, tok)
 
 
 def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> int:

@@ -72,10 +72,16 @@ class KeyEvaluator:
 
 
 def check(
-    settings: RunSpec, plan: Plan, model: LanguageModel, mesh: Any, docs: list | None
+    settings: RunSpec,
+    plan: Plan,
+    model: LanguageModel,
+    mesh: Any,
+    docs: list | None,
+    tok: Tokenizer,
 ) -> KeyEvaluator | None:
     """Every check of the long-context measures that needs no weights; opens and plans LongPPL's
-    evaluator when one is named (`docs`: the run's documents, or None to read them again).
+    evaluator when one is named (`docs`: the run's documents, or None to read them again, cut
+    to the dataset's budget by the run's tokenizer `tok`, as the run's plan was).
 
     Raises:
       ConfigError: short-context windows beyond the model's (or the evaluator's) positions, an

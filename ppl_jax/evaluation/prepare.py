@@ -146,7 +146,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     key_eval = None
     if not spec.is_training_run:
         first = datasets[0]
-        key_eval = diagnostics.check(spec, first.plan, model, mesh, documents[first.name])
+        key_eval = diagnostics.check(spec, first.plan, model, mesh, documents[first.name], tok)
     reference = None
     if spec.diagnostics.reference is not None:
         reference = _reference(spec, model, mesh, tok)
