@@ -18,6 +18,8 @@ from ppl_jax.runtime.mesh import DEFAULT_RULES, make_mesh, param_targets
 
 import helpers
 
+pytestmark = pytest.mark.slow  # the tier of its folder
+
 LONG = dataclasses.replace(helpers.TINY, max_positions=2048)
 LENGTHS = (2048, 1500, 700, 90)
 C, S = 512, 256
