@@ -26,6 +26,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import foreign, hf, hub, orbax, presets
 from ppl_jax.checkpoints import mapping as mapping_lib
@@ -34,7 +35,6 @@ from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel, weight_paths
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 FORMATS = ("auto", "orbax", "hf")
@@ -311,7 +311,7 @@ class Checkpoint:
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer (BOS/EOS ids and policy included), or None when it
-        stores none: `hf.load_tokenizer` of a Hugging Face directory (or hub revision) with
+        stores none: `hf.read_tokenizer` of a Hugging Face directory (or hub revision) with
         `tokenizer.json` or `tokenizer.model`; the tokenizer described in an Orbax step's
         metadata.
 
@@ -321,13 +321,13 @@ class Checkpoint:
         """
         if self.kind() in ("hf", "hub"):
             folder = self._hf_dir(step)
-            return hf.load_tokenizer(folder) if hf.has_tokenizer(folder) else None
+            return hf.read_tokenizer(folder) if hf.has_tokenizer(folder) else None
         description = self.tokenizer_description(step)
         return tokenizer_lib.from_description(description) if description else None
 
     def tokenizer_description(self, step: int | None = None) -> dict[str, Any] | None:
         """An Orbax step's stored tokenizer description (`Tokenizer.describe()` output, what
-        `ppl_jax.tokenizer.base.load(spec, description)` takes), or None when it stores none.
+        `ppl_jax.tokenizer.load_tokenizer(spec, description)` takes), or None when it stores none.
         A Hugging Face directory stores files, not a description: None (use `tokenizer()`).
 
         Raises:

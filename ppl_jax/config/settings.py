@@ -30,6 +30,7 @@ from ppl_jax.evaluation.spec import (
     StepSpec,
 )
 from ppl_jax.models.rope import ANGLES
+from ppl_jax.outputs import sinks
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
@@ -50,7 +51,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
     _choice("model.rope_angles", c.model.rope_angles, ANGLES)
-    data, eval_ = _dataset(c.data, c.eval, c, "data", "eval")
+    data, protocol = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
         packing=bool(c.eval.packing),
@@ -76,7 +77,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
         data=data,
-        eval=eval_,
+        protocol=protocol,
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         rope_angles=str(c.model.rope_angles),
@@ -90,11 +91,11 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         resume=_bool("output.resume", c.output.resume),
         bootstrap_samples=samples,
         seed=int(c.metrics.seed),
-        diagnostics=_diagnostics(c, eval_.seq_len),
+        diagnostics=_diagnostics(c, protocol.seq_len),
         steps=steps,
         batch=batch,
         suite=_suite(c),
-        tensorboard=_bool("output.tensorboard", c.output.tensorboard),
+        sinks=_sinks(c),
     )
 
 
@@ -355,6 +356,14 @@ def _long_context(c: config_dict.ConfigDict, rules: Any, seq_len: int) -> LongCo
             dtype=str(e.dtype),
         )
     return LongContextSpec(short, targets, alpha, beta, evaluator)
+
+
+def _sinks(c: config_dict.ConfigDict) -> tuple[str, ...]:
+    """`output.sinks`, with `tensorboard` added by `output.tensorboard=true` (its shorthand)."""
+    found = sinks.names(c.output.sinks)
+    if _bool("output.tensorboard", c.output.tensorboard) and "tensorboard" not in found:
+        found += ("tensorboard",)
+    return found
 
 
 def _int_list(name: str, value: Any) -> tuple[int, ...]:

@@ -2,11 +2,14 @@
 sweep, the divergence from a reference model, and the long-context measures of a protocol that
 scores documents whole (`ppl_jax.evaluation.long_context`) (`config.DiagnosticsSpec`).
 
-Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) feeding a sink
-on the host: `tokens.TokenWriter` (tokens.parquet), `divergence.Divergence`, the position sums in
-`ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
-(`windows.context_windows`). `prepare` makes every check that needs no weights; `write` writes
-the files once the run is done.
+Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
+host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
+`divergence.Divergence`, `long_context.Gather` (the per-token NLLs of the long-context
+measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
+sets with the same model and params (`windows.context_windows`); the long-context measures'
+short-context pass (and LongPPL's evaluator) runs before the run's pass (`before`). `check`
+makes every check that needs no weights (called by `ppl_jax.evaluation.setup.set_up`); `write`
+writes the files once the run is done.
 
 A run with any of these keeps no journal: its per-token rows and position sums are not in one, so
 an interrupted run starts again from its first batch (README, "Diagnostics").
@@ -27,9 +30,11 @@ from ppl_jax.metrics import curves, divergence, uncertainty
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import curve_figures, figures, files
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import suite, windows
+from ppl_jax.plans import planner, windows
 from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 
 POSITION_CURVE = files.POSITION_CURVE
@@ -39,8 +44,10 @@ LONG_CONTEXT = "long_context"  # results.json's key of the context gains and Lon
 
 
 @dataclasses.dataclass
-class Sinks:
-    """The host-side sinks of one run (process 0 writes; the others gather what they must).
+class StepObservers:
+    """What watches the step's optional outputs on the host (process 0 writes; the others
+    gather what they must): observers of the scoring loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
     Attributes:
       options: the step's optional statistics.
@@ -64,14 +71,10 @@ class Sinks:
     match: Any = None
     tokens_pending: dict[str, Any] | None = None
 
-    def on_tokens(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
-        """`Scorer.score`'s per-token callback: feeds every sink."""
-        if self.token_writer is not None:
-            self.token_writer.add(rows, arrays)
-        if self.divergence is not None:
-            self.divergence.add(rows, arrays)
-        if self.gather is not None:
-            self.gather(rows, arrays)
+    @property
+    def observers(self) -> list[Any]:
+        """The loop's observers among them, in order."""
+        return [o for o in (self.token_writer, self.divergence, self.gather) if o is not None]
 
     def abort(self) -> None:
         """Removes a partial token file (an error or a signal stopped the run)."""
@@ -81,7 +84,7 @@ class Sinks:
 
 
 def check(
-    settings: RunSpec,
+    spec: RunSpec,
     plan: Plan,
     model: LanguageModel,
     mesh: Any = None,
@@ -97,7 +100,7 @@ def check(
         fit the protocol, the corpus or the model's positions, or the long-context measures do
         not fit them (`long_context.check`).
     """
-    d = settings.diagnostics
+    d = spec.diagnostics
     if d.tokens:
         from ppl_jax.outputs import tokens
 
@@ -113,7 +116,7 @@ def check(
                     f"{d.context_targets} needs windows of {longest} tokens, beyond the model's "
                     f"{model.max_positions} positions; use shorter lengths."
                 )
-    return long_context.check(settings, plan, model, mesh, docs, tok)
+    return long_context.check(spec, plan, model, mesh, docs, tok)
 
 
 def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> int:
@@ -123,34 +126,35 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
-def by_document(settings: RunSpec) -> bool:
+def by_document(spec: RunSpec) -> bool:
     """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
     that scores documents whole, with the position curve or a short context."""
-    d = settings.diagnostics
-    return settings.eval.rules.long_context and (d.position_curve or d.long_context is not None)
+    d = spec.diagnostics
+    return spec.protocol.rules.long_context and (d.position_curve or d.long_context is not None)
 
 
-def step_options(settings: RunSpec) -> StepOptions:
-    d = settings.diagnostics
-    document = by_document(settings)  # the curve from per-token NLLs, by document, on the host
+def step_options(spec: RunSpec) -> StepOptions:
+    d = spec.diagnostics
+    document = by_document(spec)  # the curve from per-token NLLs, by document, on the host
     return StepOptions(
-        positions=settings.eval.seq_len + 1 if d.position_curve and not document else 0,
+        positions=spec.protocol.seq_len + 1 if d.position_curve and not document else 0,
         per_token=d.tokens or document,
         top_k=d.top_k,
         reference=d.reference is not None,
     )
 
 
-def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sinks:
-    """The run's sinks; the token file is opened on process 0 (`out` given) only."""
-    d = settings.diagnostics
-    result = Sinks(step_options(settings))
+def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
+    """The run's observers of the step's optional outputs; the token file is opened on process 0
+    (`out` given) only."""
+    d = spec.diagnostics
+    result = StepObservers(step_options(spec))
     if d.tokens and out is not None:
         pending = dict(
             path=out.file(TOKENS),
             plan=plan,
             tokenizer=tok,
-            dataset=settings.data.name,
+            dataset=spec.data.name,
             top_k=d.top_k,
             reference=d.reference is not None,
         )
@@ -160,7 +164,7 @@ def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sin
             result.tokens_pending = pending
     if d.reference is not None:
         result.divergence = divergence.Divergence(plan.describe_window)
-    if by_document(settings):
+    if by_document(spec):
         result.gather = long_context.Gather(plan.windows)
     return result
 
@@ -172,47 +176,62 @@ def _token_writer(arguments: dict[str, Any], **long: Any) -> Any:
 
 
 def before(
-    prepared: Any, params: Any, dataset: Any, settings: RunSpec, sinks_: Sinks, should_stop: Any
+    setup: Any,
+    params: Any,
+    dataset: Dataset,
+    spec: RunSpec,
+    watch: StepObservers,
+    stop: ScoreObserver | None = None,
 ) -> bool:
     """What runs before the run's pass, for the long-context measures: the short-context pass
     (`long_context.short_pass`) and, when LongPPL's evaluator is another model, its weights,
     its two passes and its key tokens matched to the run's by characters; the token writer,
     opened here, then writes the short NLL, the context gain and the key flag of each token.
-    Returns False if `should_stop` ended it.
+
+    Args:
+      setup: the run's `ppl_jax.evaluation.setup.RunSetup` (model, mesh, tokenizer, documents,
+        LongPPL's evaluator).
+      params: the model's params, on the mesh.
+      dataset: the pair's dataset (its plan and documents).
+      watch: the pair's observers (`step_observers`), given the short NLLs, the key tokens (or
+        how to find them) and the token writer.
+      stop: the run's `StopRequest`, an observer of each pass, or None.
+
+    Returns False if `stop` ended it.
     """
-    lc = settings.diagnostics.long_context
+    lc = spec.diagnostics.long_context
     if lc is None:
         return True
-    p = prepared
-    pack = settings.batch.packing and p.attention != "cudnn" and p.model.honours_segments
+    p = setup
+    pack = spec.batch.packing and p.model.honours_segments  # as `planner.batches`
     short = long_context.short_pass(
-        p.model, params, p.mesh, p.shardings, dataset.plan.windows, settings, should_stop, pack
+        p.model, params, p.mesh, p.shardings, dataset.plan.windows, spec, stop, pack
     )
     if short is None:
         return False
-    sinks_.short = short
+    watch.short = short
     docs = p.documents.get(dataset.name)
     if docs is None:
-        docs = list(suite.documents(dataset.data, p.tok))
-    key_eval = getattr(p, "long_context", None)
+        docs = list(planner.documents(dataset.data, p.tok))
+    key_eval = p.long_context
     if key_eval is None:  # the model is its own evaluator: its key tokens once its pass is done
-        sinks_.match = functools.partial(
+        watch.match = functools.partial(
             long_context.matched_keys, dataset.plan, p.tok, dataset.plan, p.tok, docs
         )
     else:
-        restored = key_eval.ckpt.restore(key_eval.step, key_eval.target)
-        keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, settings, should_stop)
+        restored = key_eval.restore()
+        keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop)
         del restored
         if keys_e is None:
             return False
         mask = long_context.matched_keys(
             dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
         )
-        sinks_.keys = (mask, int(keys_e.sum()), key_eval.name)
-    if sinks_.tokens_pending is not None:
+        watch.keys = (mask, int(keys_e.sum()), key_eval.name)
+    if watch.tokens_pending is not None:
         columns = long_context.TokenColumns(short)
-        sinks_.token_writer = _token_writer(sinks_.tokens_pending, extra_columns=columns)
-        sinks_.tokens_pending = None
+        watch.token_writer = _token_writer(watch.tokens_pending, extra_columns=columns)
+        watch.tokens_pending = None
     return True
 
 
@@ -222,8 +241,8 @@ def context_sweep(
     mesh: Any,
     shardings: Any,
     plan: Plan,
-    settings: RunSpec,
-    should_stop: Any = None,
+    spec: RunSpec,
+    stop: ScoreObserver | None = None,
     progress_factory: Any = None,
 ) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
@@ -231,52 +250,54 @@ def context_sweep(
     The targets are every token of the stream from position `max(context_lengths)` on, in
     windows of S targets (`context_targets`); with context length L each target sees between L
     and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
-    95% interval (`with_intervals`), or None if `should_stop` ended it. `progress_factory`
-    (given the number of windows of every length together, returns a `(tokens, windows)`
-    callback, as for the run's own scoring) shows the sweep's progress.
+    95% interval (`with_intervals`), or None if `stop` (the run's `StopRequest`) ended it.
+    `progress_factory` (given the number of windows of every length together and 0 done,
+    returns an observer of the loop, as for the run's own scoring) shows the sweep's progress.
 
     Raises:
       DataError: the stream is not longer than the longest context length.
     """
-    d: DiagnosticsSpec = settings.diagnostics
+    d: DiagnosticsSpec = spec.diagnostics
     scorer = Scorer(model, mesh, shardings)
     first = d.context_lengths[-1]
     results, targets, units, sweep = [], {}, [], []
     for length in d.context_lengths:
         targets[length] = context_targets(d, length, model)
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
-        sweep.append((length, w, plan_layout(w, settings.batch.batch_size, pack=False)))
-    progress = (
-        progress_factory(sum(w.num_windows for _, w, _ in sweep)) if progress_factory else None
-    )
-    for length, w, layout in sweep:
-        totals = scorer.score(params, w, layout, progress=progress, should_stop=should_stop)
-        if totals.stopped_at is not None:
-            return None
-        results.append((length, totals.nll_sum, totals.num_tokens))
-        units.append((totals.window_nll, totals.window_tokens))
+        sweep.append((length, w, plan_layout(w, spec.batch.batch_size, pack=False)))
+    total = sum(w.num_windows for _, w, _ in sweep)
+    progress = progress_factory(total, 0) if progress_factory else None
+    observers = [o for o in (stop, progress) if o is not None]
+    try:
+        for length, w, layout in sweep:
+            totals = scorer.score(params, w, layout, observers=observers)
+            if totals.stopped_at is not None:
+                return None
+            results.append((length, totals.nll_sum, totals.num_tokens))
+            units.append((totals.window_nll, totals.window_tokens))
+    finally:
+        if progress is not None:
+            progress.close()
     curve = curves.context_curve(results, targets_per_window=targets)
     for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
         block = uncertainty.block_length(nll.size)
-        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], settings, block)[0]
-    return with_intervals(curve, settings, "window", [w.num_windows for _, w, _ in sweep])
+        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], spec, block)[0]
+    return with_intervals(curve, spec, "window", [w.num_windows for _, w, _ in sweep])
 
 
-def _interval(nll: np.ndarray, tokens: np.ndarray, settings: RunSpec, block: int) -> list:
+def _interval(nll: np.ndarray, tokens: np.ndarray, spec: RunSpec, block: int) -> list:
     """`uncertainty.curve_intervals`, or Nones when `metrics.bootstrap_samples` is 0."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         return [None] * nll.shape[1]
-    return uncertainty.curve_intervals(
-        nll, tokens, settings.bootstrap_samples, settings.seed, block
-    )
+    return uncertainty.curve_intervals(nll, tokens, spec.bootstrap_samples, spec.seed, block)
 
 
 def with_intervals(
-    curve: dict[str, Any], settings: RunSpec, unit: str, units: int | list[int]
+    curve: dict[str, Any], spec: RunSpec, unit: str, units: int | list[int]
 ) -> dict[str, Any]:
     """`curve` with `intervals`: how its points' `perplexity_interval`s were drawn (`method`,
     `unit`, `units`, `samples`, `seed`, `level`), or None when `metrics.bootstrap_samples` is 0."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         curve["intervals"] = None
         return curve
     method = {
@@ -287,14 +308,14 @@ def with_intervals(
         "method": method,
         "unit": unit,
         "units": units,
-        "samples": settings.bootstrap_samples,
-        "seed": settings.seed,
+        "samples": spec.bootstrap_samples,
+        "seed": spec.seed,
         "level": uncertainty.LEVEL,
     }
     return curve
 
 
-def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) -> dict[str, Any]:
+def position_intervals(curve: dict[str, Any], totals: Any, spec: RunSpec) -> dict[str, Any]:
     """The position curve with each bucket's 95% interval of perplexity (`perplexity_interval`),
     from its per-batch sums (`ScoreTotals.batch_buckets`: the batches of windows as they were
     scored are the resampled units), and `intervals` saying how (`with_intervals`)."""
@@ -302,16 +323,16 @@ def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) ->
     if buckets is None:
         return curve
     used = buckets[:, 1].sum(axis=1) > 0  # batches that scored something (all, unless resumed)
-    found = _interval(buckets[used, 0], buckets[used, 1], settings, 1)
+    found = _interval(buckets[used, 0], buckets[used, 1], spec, 1)
     starts = curves.bucket_edges(curve["num_positions"], curve["max_points"])[:-1].tolist()
     by_first = dict(zip(starts, found, strict=True))
     for b in curve["buckets"]:
         b[curve_figures.INTERVAL] = by_first[b["first"]]
-    return with_intervals(curve, settings, "batch", int(used.sum()))
+    return with_intervals(curve, spec, "batch", int(used.sum()))
 
 
 def collect(
-    settings: RunSpec, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
+    spec: RunSpec, totals: Any, watch: StepObservers, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`,
     `long_context` (context gains, LongPPL) and `tokens_file` (the path of tokens.parquet), each
@@ -320,28 +341,28 @@ def collect(
     out: dict[str, Any] = {}
     if totals.nll_by_position is not None:
         curve = curves.position_curve(totals.nll_by_position, totals.tokens_by_position)
-        out[POSITION_CURVE] = position_intervals(curve, totals, settings)
-    if sinks_.gather is not None:
+        out[POSITION_CURVE] = position_intervals(curve, totals, spec)
+    if watch.gather is not None:
         found = long_context.measures(
-            settings,
-            sinks_.gather.windows,
-            sinks_.gather.nll,
-            sinks_.short,
-            sinks_.keys,
-            sinks_.match,
+            spec,
+            watch.gather.windows,
+            watch.gather.nll,
+            watch.short,
+            watch.keys,
+            watch.match,
         )
-        if settings.diagnostics.position_curve:  # with the gains by position bucket
+        if spec.diagnostics.position_curve:  # with the gains by position bucket
             out[POSITION_CURVE] = found["position_curve"]
         if "long_context" in found:
             out[LONG_CONTEXT] = found["long_context"]
             out["longppl_keys"] = found["keys"]
     if sweep:
         out[CONTEXT_CURVE] = sweep
-    if sinks_.divergence is not None:
-        out["divergence"] = sinks_.divergence.summary()
-    if sinks_.token_writer is not None:
-        out["tokens_file"] = sinks_.token_writer.close()
-        sinks_.token_writer = None
+    if watch.divergence is not None:
+        out["divergence"] = watch.divergence.summary()
+    if watch.token_writer is not None:
+        out["tokens_file"] = watch.token_writer.close()
+        watch.token_writer = None
     return out
 
 

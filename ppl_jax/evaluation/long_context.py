@@ -2,8 +2,9 @@
 loss by position in the document to its full length with 95% bands over documents, the context
 gain of every token, and LongPPL (Fang et al., ICLR 2025), from one job.
 
-- **Full context**: the run's own pass. `Gather`, a sink of the per-token arrays the step returns
-  (`StepOptions.per_token`), keeps each target's NLL by its index in the plan's token stream.
+- **Full context**: the run's own pass. `Gather`, an observer of the per-token arrays the step
+  returns (`StepOptions.per_token`), keeps each target's NLL by its index in the plan's token
+  stream.
 - **Short context** (`eval.short_context` C, `eval.short_targets` S): before the run's pass, the
   model scores every target at position >= C again, with C to C + S - 1 tokens of context taken
   from its own window (`windows.short_windows`, the LongPPL reference's `trunc_len` and
@@ -38,16 +39,17 @@ from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.plans import protocols, suite
+from ppl_jax.plans import planner, protocols
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.windows import NO_PREFIX, Windows
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, StepOptions
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # params, as `prepare` restores them
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # params, as `set_up`'s targets
 
 
 @dataclasses.dataclass
@@ -70,9 +72,13 @@ class KeyEvaluator:
     plan: Plan
     name: str
 
+    def restore(self) -> Any:
+        """Its params, on the mesh."""
+        return self.ckpt.restore(self.step, self.target)
+
 
 def check(
-    settings: RunSpec,
+    spec: RunSpec,
     plan: Plan,
     model: LanguageModel,
     mesh: Any,
@@ -87,7 +93,7 @@ def check(
       ConfigError: short-context windows beyond the model's (or the evaluator's) positions, an
         evaluator without a tokenizer or with too few positions for the run's windows.
     """
-    lc: LongContextSpec | None = settings.diagnostics.long_context
+    lc: LongContextSpec | None = spec.diagnostics.long_context
     if lc is None:
         return None
     width = lc.short_context + lc.short_targets - 1
@@ -109,7 +115,7 @@ def check(
             f"longppl.evaluator.dir={e.checkpoint_dir!r} holds no tokenizer (tokenizer.json or "
             f"tokenizer.model); LongPPL's evaluator reads the text with its own tokenizer."
         )
-    seq_len = settings.eval.seq_len
+    seq_len = spec.protocol.seq_len
     for what, n in (("eval.seq_len", seq_len), ("the short-context windows", width)):
         if n > model_e.max_positions:
             raise ConfigError(
@@ -117,27 +123,28 @@ def check(
                 f"positions, fewer than {what} ({n}); choose a lower eval.seq_len."
             )
     if docs is None:
-        docs = list(suite.documents(settings.data, tok))
+        docs = list(planner.documents(spec.data, tok))
     add_bos = protocols.resolve_add_bos("auto", tok)
-    plan_e = plan_of(settings, docs, tok, model_e.vocab_size, add_bos)
+    plan_e = plan_of(spec, docs, tok, model_e.vocab_size, add_bos)
     target, shardings = mesh_lib.param_targets(
-        model_e.abstract_params, model_e.logical_axes, mesh, settings.mesh.rules, DTYPES[e.dtype]
+        model_e.abstract_params, model_e.logical_axes, mesh, spec.mesh.rules, DTYPES[e.dtype]
     )
     return KeyEvaluator(ckpt, step, model_e, tok, target, shardings, plan_e, e.checkpoint_dir)
 
 
-def plan_of(settings: RunSpec, docs: list, tok: Tokenizer, vocab_size: int, add_bos: bool) -> Plan:
+def plan_of(spec: RunSpec, docs: list, tok: Tokenizer, vocab_size: int, add_bos: bool) -> Plan:
     """The run's protocol over `docs` with another tokenizer (LongPPL's evaluator)."""
-    ev = settings.eval
-    return ev.rules.plan(
-        docs, tok, vocab_size, ev.seq_len, ev.stride, add_bos, settings.data.separator,
-        **ev.options,
+    protocol = spec.protocol
+    return protocol.rules.plan(
+        docs, tok, vocab_size, protocol.seq_len, protocol.stride, add_bos, spec.data.separator,
+        **protocol.options,
     )  # fmt: skip
 
 
 class Gather:
-    """A sink of `Scorer.score`'s per-token arrays: each target's NLL by its index in the
-    windows' token stream.
+    """Keeps each target's NLL by its index in the windows' token stream, from the per-token
+    arrays of `Scorer.score`'s step (`StepOptions.per_token`): an observer of the loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
     Attributes:
       nll: `[N] float32`, nats; NaN where no target of the pass was seen.
@@ -149,7 +156,19 @@ class Gather:
         self._rows = windows.row_lengths()
         self._prefix = (windows.prefix != NO_PREFIX).astype(np.int64)
 
-    def __call__(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
+    def should_stop(self, i: int) -> bool:
+        return False
+
+    def on_batch(self, i: int, rows: list[tuple[int, ...]], host: Any) -> None:
+        """`add(rows, host.extras)`."""
+        self.add(rows, host.extras)
+
+    def close(self) -> None:
+        pass
+
+    def add(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
+        """One batch: `rows` its rows' window ids, `arrays` its per-token host arrays
+        (`[batch, seq]`: `scored`, `slot`, `nll`)."""
         r, c = np.nonzero(arrays["scored"])
         slot = arrays["slot"][r, c].astype(np.int64) - 1
         width = max((len(row) for row in rows), default=0) or 1
@@ -205,18 +224,19 @@ def score_pass(
     mesh: Any,
     shardings: Any,
     windows: Windows,
-    settings: RunSpec,
-    should_stop: Callable[[int], bool] | None,
+    spec: RunSpec,
+    stop: ScoreObserver | None,
     pack: bool,
 ) -> np.ndarray | None:
     """`[N] float32` nats: the NLL of every target of `windows` by stream index (NaN
-    elsewhere), scored by `model` on its own scorer; None if `should_stop` ended the pass."""
+    elsewhere), scored by `model` on its own scorer; None if `stop` (the run's `StopRequest`) ended the pass."""
     if not windows.num_windows:
         return np.full(windows.tokens.size, np.nan, np.float32)
     scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True))
-    layout = plan_layout(windows, settings.batch.batch_size, pack=pack)
+    layout = plan_layout(windows, spec.batch.batch_size, pack=pack)
     gather = Gather(windows)
-    totals = scorer.score(params, windows, layout, should_stop=should_stop, on_tokens=gather)
+    observers = [gather] if stop is None else [stop, gather]
+    totals = scorer.score(params, windows, layout, observers=observers)
     return None if totals.stopped_at is not None else gather.nll
 
 
@@ -226,39 +246,35 @@ def short_pass(
     mesh: Any,
     shardings: Any,
     windows: Windows,
-    settings: RunSpec,
-    should_stop: Callable[[int], bool] | None,
+    spec: RunSpec,
+    stop: ScoreObserver | None,
     pack: bool,
 ) -> np.ndarray | None:
     """The short-context NLL of every target of `windows` at position >= C, by stream index
     (NaN elsewhere); None if stopped."""
-    lc = settings.diagnostics.long_context
+    lc = spec.diagnostics.long_context
     short = windows_lib.short_windows(windows, lc.short_context, lc.short_targets)
-    return score_pass(model, params, mesh, shardings, short, settings, should_stop, pack)
+    return score_pass(model, params, mesh, shardings, short, spec, stop, pack)
 
 
 def evaluator_keys(
     key_eval: KeyEvaluator,
     params: Any,
     mesh: Any,
-    settings: RunSpec,
-    should_stop: Callable[[int], bool] | None,
+    spec: RunSpec,
+    stop: ScoreObserver | None,
 ) -> np.ndarray | None:
     """`[N_e] bool`: the evaluator's key tokens over its own plan's stream (its full and short
     passes, with its params); None if stopped."""
     w = key_eval.plan.windows
-    pack = settings.batch.packing and key_eval.model.honours_segments
-    full = score_pass(
-        key_eval.model, params, mesh, key_eval.shardings, w, settings, should_stop, pack
-    )
+    pack = spec.batch.packing and key_eval.model.honours_segments
+    full = score_pass(key_eval.model, params, mesh, key_eval.shardings, w, spec, stop, pack)
     if full is None:
         return None
-    short = short_pass(
-        key_eval.model, params, mesh, key_eval.shardings, w, settings, should_stop, pack
-    )
+    short = short_pass(key_eval.model, params, mesh, key_eval.shardings, w, spec, stop, pack)
     if short is None:
         return None
-    lc = settings.diagnostics.long_context
+    lc = spec.diagnostics.long_context
     return longppl.key_tokens(full, short, lc.alpha, lc.beta)
 
 
@@ -298,7 +314,7 @@ def matched_keys(
 
 
 def measures(
-    settings: RunSpec,
+    spec: RunSpec,
     windows: Windows,
     full: np.ndarray,
     short: np.ndarray | None,
@@ -325,7 +341,7 @@ def measures(
     nll = full[g]
     if np.isnan(nll).any():
         raise ValueError("a target of the plan has no NLL from the run's pass")
-    lc = settings.diagnostics.long_context
+    lc = spec.diagnostics.long_context
     short_g = None if short is None else short[g]
     curve = position.document_curve(
         nll,
@@ -333,8 +349,8 @@ def measures(
         doc,
         windows.seq_len + 1,
         short_g,
-        settings.bootstrap_samples,
-        settings.seed,
+        spec.bootstrap_samples,
+        spec.seed,
     )
     # A position is one in the document unless a long document was cut into several windows.
     split = windows.num_windows != np.unique(windows.document).size

@@ -9,6 +9,7 @@ ConfigDict, and nothing under `jax.jit` sees a spec.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
@@ -100,6 +101,18 @@ class LongContextSpec:
     beta: float = -2.0
     evaluator: ReferenceSpec | None = None
 
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The settings that decide the measures' numbers (in the run's fingerprint, with the
+        evaluator's identity: `ppl_jax.evaluation.setup.RunSetup.fingerprint`)."""
+        e = self.evaluator
+        return {
+            "short_context": self.short_context,
+            "short_targets": self.short_targets,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "evaluator": None if e is None else {"dtype": e.dtype, "format": e.checkpoint_format},
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class DiagnosticsSpec:
@@ -133,11 +146,14 @@ class RunSpec:
       checkpoint_dir, checkpoint_format: the checkpoint (`ppl_jax.checkpoints.open_checkpoint`).
       checkpoint_step: the step of a one-step run (None: the latest finalized); `steps` says
         which steps a run scores.
-      data, eval: the first dataset and its protocol; `suite` every dataset of a suite run.
+      data, protocol: the first dataset and its protocol (`data.*`, `eval.*`); `suite` every
+        dataset of a suite run.
       batch: the batch layout of every dataset.
       dtype ('float32' or 'bfloat16'), attention ('auto', 'xla', 'cudnn', 'splash'), mesh.
-      output_dir, progress, gzip_baseline, per_document, journal_every, resume, tensorboard:
-        the outputs; compilation_cache_dir: JAX's persistent compilation cache ("": off).
+      output_dir, progress, gzip_baseline, per_document, journal_every, resume: the outputs;
+        sinks: the record sinks beyond results.json and results.jsonl, by name
+        (`ppl_jax.outputs.sinks.SINKS`: `tensorboard`); compilation_cache_dir: JAX's
+        persistent compilation cache ("": off).
       bootstrap_samples, seed: the 95% bootstrap intervals (0 samples: none).
       diagnostics: per-token output, position curve, context lengths, a reference model.
     """
@@ -146,7 +162,7 @@ class RunSpec:
     checkpoint_step: int | None  # None: the latest finalized step
     checkpoint_format: str
     data: DatasetSpec
-    eval: ProtocolSpec
+    protocol: ProtocolSpec
     dtype: str
     attention: str
     mesh: MeshSpec
@@ -162,18 +178,19 @@ class RunSpec:
     diagnostics: DiagnosticsSpec = DiagnosticsSpec()
     steps: StepSpec = StepSpec()
     batch: BatchSpec = BatchSpec()
-    # Every dataset of the run, (data, eval) each; the first is `data`/`eval` when no suite.
+    # Every dataset of the run, (data, protocol) each; the first is `data`/`protocol` when no suite.
     suite: tuple[tuple[DatasetSpec, ProtocolSpec], ...] = ()
-    tensorboard: bool = False
+    sinks: tuple[str, ...] = ()
     # `open_checkpoint`'s keyword options (architecture, mapping, item, params, allow_download).
     checkpoint_options: tuple[tuple[str, object], ...] = ()
     rope_angles: str = "float32"  # `model.rope_angles`: `ppl_jax.models.rope.ANGLES`
 
     @property
     def datasets(self) -> tuple[tuple[DatasetSpec, ProtocolSpec], ...]:
-        return self.suite or ((self.data, self.eval),)
+        return self.suite or ((self.data, self.protocol),)
 
     @property
     def is_training_run(self) -> bool:
-        """A run over a suite, several checkpoint steps, or with TensorBoard (no diagnostics)."""
-        return bool(self.suite) or self.steps.is_sweep or self.tensorboard
+        """A run over a suite or several checkpoint steps (no diagnostics; a pair stored with the
+        same fingerprint is skipped; a journal per pair). The sinks do not change it."""
+        return bool(self.suite) or self.steps.is_sweep

@@ -14,7 +14,7 @@ import numpy as np
 from ppl_jax.data.words import count_words
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import distributed, fingerprint, temporaries
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 VERSION = 4  # 3: plan.json holds its arrays' digests, checked on load; 4: compact sources
 _WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")
@@ -59,7 +59,7 @@ _SCALARS = (
 )
 
 
-def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> str:
+def key(ds: DatasetSpec, protocol: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> str:
     """The cache key of a dataset's plan (SHA-256 hex; see the module docstring)."""
     parts = {
         "version": VERSION,
@@ -80,11 +80,11 @@ def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> s
         "tokenizer": fingerprint.text_digest(tok.describe()),
         "vocab_size": vocab_size,
         "protocol": {
-            "name": ev.protocol,
-            "seq_len": ev.seq_len,
-            "stride": ev.stride,
-            "add_bos": protocols.resolve_add_bos(ev.add_bos, tok),
-            **ev.options,
+            "name": protocol.protocol,
+            "seq_len": protocol.seq_len,
+            "stride": protocol.stride,
+            "add_bos": protocols.resolve_add_bos(protocol.add_bos, tok),
+            **protocol.options,
         },
     }
     return fingerprint.digest(parts)

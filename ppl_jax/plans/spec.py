@@ -5,6 +5,7 @@ laid into fixed-shape batches): the plans layer's settings, checked when made.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.plans import protocols
@@ -83,6 +84,16 @@ class ProtocolSpec:
                 f"(or unset: a document longer than a window is refused)."
             )
 
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The protocol's settings that decide a run's numbers, as used (its part of the run's
+        fingerprint; the plan adds what it resolved: BOS, prefix, windows)."""
+        return {
+            "name": self.protocol,
+            "seq_len": self.seq_len,
+            "stride": self.stride,
+            **self.options,
+        }
+
     def _stride(self) -> int | None:
         """The stride as used: unset is seq_len // 2 (at least 1); None where the protocol has
         none (or, for a protocol that scores documents whole, where no long document is split
@@ -129,3 +140,12 @@ class BatchSpec:
         object.__setattr__(self, "batch_size", int(self.batch_size))
         object.__setattr__(self, "length_buckets", int(self.length_buckets))
         object.__setattr__(self, "packing", bool(self.packing))
+
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The layout's settings (its part of the run's fingerprint; every batch's sums depend
+        on which windows share it and on its shape)."""
+        return {
+            "batch_size": self.batch_size,
+            "packing": self.packing,
+            "length_buckets": self.length_buckets,
+        }

@@ -6,7 +6,7 @@ counts alone, its token stream (with separators and BOS, as the protocol's `plan
 written chunk by chunk into a plan-cache entry (`ppl_jax.plans.plan_cache`) and memory-mapped, and
 its counts from the per-document counts. The result is identical, array for array, to the
 protocol's `plan` on the same documents (tested). Process 0 writes the plan entry; the others wait
-and memory-map it (`ppl_jax.plans.suite.planned`).
+and memory-map it (`ppl_jax.plans.planner.streamed`).
 
 The stream is written chunk by chunk (`numpy.lib.format` header, then the data: `Stream`) and its
 parts are read with `numpy.fromfile`, not memory-mapped (`segments`), so that the pages read stay
@@ -27,7 +27,7 @@ import numpy as np
 from ppl_jax.plans import token_cache
 from ppl_jax.plans.plan import check_ids
 from ppl_jax.plans.token_entry import Entry
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 DOCS_CHUNK = 1 << 16  # documents per chunk of per-document arrays (temporaries of ~10 MB)
 

@@ -57,7 +57,7 @@ from ppl_jax.plans.protocols.lm_eval_rolling import (  # noqa: F401
 )
 from ppl_jax.plans.protocols.sliding import SLIDING
 from ppl_jax.plans.protocols.whole_documents import WHOLE_DOCUMENTS
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 PROTOCOLS: dict[str, Protocol] = {
     p.name: p for p in (SLIDING, HF_STRIDED, LM_EVAL_ROLLING, GPTQ_CHUNKS, WHOLE_DOCUMENTS)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ppl_jax.data.documents import Document
 from ppl_jax.plans.plan import Plan
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 JOIN = "\n\n"  # how hf_strided and gptq_chunks join documents (their reference recipes' choice)
 

@@ -19,7 +19,7 @@ from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.plan import Plan, check_ids
 from ppl_jax.plans.protocols.base import JOIN, Protocol
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 class LmEvalRolling(Protocol):

@@ -15,7 +15,7 @@ from ppl_jax.plans.plan import Plan, check_ids
 from ppl_jax.plans.protocols.stream import StreamProtocol
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 class Sliding(StreamProtocol):

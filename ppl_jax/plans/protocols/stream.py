@@ -13,7 +13,7 @@ from ppl_jax.data.documents import Document
 from ppl_jax.plans.plan import Plan, check_ids, join_ids, span_words, window_spans
 from ppl_jax.plans.protocols.base import JOIN, Protocol
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 class StreamProtocol(Protocol):
