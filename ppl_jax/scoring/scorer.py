@@ -49,9 +49,10 @@ class StepOptions:
       top_k: with per_token, the k most probable tokens and their log-probabilities (<= 20).
       reference: the params are `(model params, reference params)`; the step also scores the
         reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
-      context_attention, token_chunk: how the step lays out one window's work
-        (`ppl_jax.models.context.Settings`: attention across the context axis by all-gather or
-        ring; tokens per chunk of the per-token layers, 0 for all at once).
+      context_attention: how attention crosses the context axis, `all_gather` or `ring`
+        (`ppl_jax.models.context.Settings`).
+      token_chunk: tokens per chunk of the per-token layers on each device (the MLP, the NLL;
+        `ppl_jax.models.context.per_token`), 0 for all at once.
     """
 
     positions: int = 0
