@@ -246,7 +246,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     model = ckpt.model(spec.dtype, attention, first_step)
     if spec.rope_angles != "float32":
         model = _rope_angles(model, spec, attention)
-    scorer_lib.check_context(model, mesh)
+    _check_context(model, mesh)
     check_window(spec.protocol.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
@@ -306,6 +306,24 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     )
 
 
+def _check_context(model: LanguageModel, mesh: Any, what: str = "the model") -> None:
+    """`scorer.check_context`, with the reason of a family whose `Limit("context")` refuses
+    this description (`registry.context_refusal`), before any weight is read.
+
+    Raises:
+      ConfigError: `mesh.context > 1` for a model that cannot run under it.
+    """
+    n = int(dict(mesh.shape).get("context", 1))
+    family = model.description.get("family") if isinstance(model.description, dict) else None
+    reason = registry.context_refusal(model.description) if n > 1 and family else None
+    if reason and not model.context_parallel:
+        raise ConfigError(
+            f"mesh.context={n} is refused for {what} (family {family!r}): {reason}; set "
+            f"mesh.context=1."
+        )
+    scorer_lib.check_context(model, mesh, what)
+
+
 def _rope_angles(model: LanguageModel, spec: RunSpec, attention: str) -> LanguageModel:
     """The model with `model.rope_angles` (`ppl_jax.models.rope.cos_sin`).
 
@@ -338,7 +356,7 @@ def _reference(
     step = ckpt.resolve_step(ref.checkpoint_step)
     context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
-    scorer_lib.check_context(ref_model, mesh, "the reference model")
+    _check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "
