@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax.checkpoints import hub
+from ppl_jax.checkpoints import Checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.evaluation.spec import RunSpec
@@ -21,7 +21,6 @@ from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import fingerprint as fingerprint_lib
-from ppl_jax.runtime import paths
 from ppl_jax.scoring.scorer import ScoreTotals
 from ppl_jax.tokenizer.base import Tokenizer
 
@@ -103,27 +102,20 @@ def run_fingerprint(
     plan: Plan,
     layout: Layout,
     mesh: Mesh,
-    fmt: str,
+    ckpt: Checkpoint,
     step: int | None,
     attention: str,
     dataset: tuple[DatasetSpec, ProtocolSpec],
     batch: BatchSpec,
 ) -> dict[str, Any]:
     """The fingerprint (`ppl_jax.runtime.fingerprint.of_run`) of everything that decides the
-    numbers of `dataset` scored at `step`."""
+    numbers of `dataset` scored at `step`: the checkpoint's part is what its reader names the
+    weights by (`Checkpoint.identity`: a hub revision's resolved commit too, as a branch such as
+    step1000 may move) and the files that hold them (`Checkpoint.files`)."""
     ds, ev = dataset
-    ckpt_dir = paths.absolute(spec.checkpoint_dir)
     return fingerprint_lib.of_run(
-        checkpoint={
-            "path": ckpt_dir,
-            "format": fmt,
-            "step": step,
-            # A hub revision's resolved commit (a branch such as step1000 may move).
-            **(
-                {"commit": hub.repo_of_folder(ckpt_dir, False).commit(step)} if fmt == "hub" else {}
-            ),
-        },
-        checkpoint_files=ckpt_dir if step is None else paths.join(ckpt_dir, str(step)),
+        checkpoint=ckpt.identity(step),
+        checkpoint_files=ckpt.files(step),
         model={"description": model.description, "dtype": spec.dtype, "attention": attention},
         data={
             "format": ds.format,

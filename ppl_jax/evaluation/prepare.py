@@ -9,10 +9,9 @@ import json
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+from ppl_jax.checkpoints import DTYPES, Checkpoint, open_checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
@@ -26,8 +25,6 @@ from ppl_jax.plans.suite import Dataset
 from ppl_jax.runtime import distributed
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import base as tokenizer
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass
@@ -48,13 +45,13 @@ class Prepared:
     reference: tuple[Checkpoint, int | None, LanguageModel, Any, Any] | None
 
 
-def check(spec: RunSpec, ckpt_format: str) -> None:
+def check(spec: RunSpec, ckpt: Checkpoint) -> None:
     """Refuses what a training run does not do (before anything is read).
 
     Raises:
       ConfigError: diagnostics, per-document output or a reference model with a sweep or a
-        suite; several steps of a Hugging Face directory; per-document output of a protocol
-        whose windows span documents.
+        suite; a sweep over a checkpoint of one set of weights (`Checkpoint.check_sweep`);
+        per-document output of a protocol whose windows span documents.
     """
     d = spec.diagnostics
     if spec.is_training_run and (
@@ -65,11 +62,8 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
             "output.per_document score one checkpoint step on one dataset; run them without "
             "suite, a step sweep, checkpoint.watch or output.tensorboard."
         )
-    if spec.steps.is_sweep and ckpt_format == "hf":
-        raise ConfigError(
-            f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
-            f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
-        )
+    if spec.steps.is_sweep:
+        ckpt.check_sweep(spec.steps.kind)
     if spec.per_document and spec.eval.protocol != "lm_eval_rolling":
         raise ConfigError(
             f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
@@ -93,7 +87,7 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     ckpt = open_checkpoint(
         spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
     )
-    check(spec, ckpt.format)
+    check(spec, ckpt)
     if spec.tensorboard and out is not None:
         tensorboard.check_available(files.tensorboard_dir(out.path))
     mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
@@ -108,18 +102,8 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     attention = ckpt.attention(spec.attention, spec.dtype, first_step)
     model = ckpt.model(spec.dtype, attention, first_step)
     check_window(spec.eval.seq_len, model)
-    own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
-    if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
-        raise ConfigError(
-            f"data.tokenizer=auto, but {spec.checkpoint_dir!r} holds no tokenizer "
-            f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."
-        )
-    if own is not None and spec.data.tokenizer == "auto":
-        tok = own
-    else:
-        tok = tokenizer.load(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
-    note = tokenizer.check_vocabulary(
-        tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
+    tok, note = ckpt.tokenizer_for(
+        spec.data.tokenizer, spec.data.allow_tokenizer_mismatch, step=first_step, model=model
     )
     datasets, documents = [], {}
     for (ds, ev), read_first in zip(spec.datasets, raw, strict=True):

@@ -108,7 +108,7 @@ def run(
         for step in steps_to_score(spec, p.ckpt, p.first_step):
             parts = {
                 d.name: run_fingerprint(
-                    spec, p.model, p.tok, d.plan, d.layout, p.mesh, p.ckpt.format, step,
+                    spec, p.model, p.tok, d.plan, d.layout, p.mesh, p.ckpt, step,
                     p.attention, (d.data, d.protocol), spec.batch,
                 )
                 for d in p.datasets

@@ -30,7 +30,8 @@ from lm_eval.api.registry import register_model
 
 from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
 from ppl_jax.errors import ConfigError
-from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer, load
+from ppl_jax.harness import backend
+from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import base as tokenizer_lib
@@ -43,6 +44,47 @@ REFUSE_GENERATION = (
 
 
 COMMAND_LINE_MODELS: list[PplJaxLM] = []  # built by the harness's command line (closed on errors)
+COMMAND_LINE = "give prefix_token_id=ID in --model_args"
+LIBRARY = "pass prefix_token_id=ID to PplJaxLM (or PplJaxLM.from_params)"
+
+
+def _check_prefix(tok: tokenizer_lib.Tokenizer, prefix_token_id: int | None, words: str) -> None:
+    """Refuses, before anything is scored (or read), a tokenizer with neither BOS nor EOS and no
+    `prefix_token_id`: an empty context and a rolling document's first token need a prefix
+    token (HFLM's `prefix_token_id`).
+
+    Raises:
+      ConfigError: in the caller's words (`COMMAND_LINE`, `LIBRARY`).
+    """
+    if prefix_token_id is None and tok.bos_id is None and tok.eos_id is None:
+        raise ConfigError(
+            f"the tokenizer ({tok.name}) has neither a BOS nor an EOS token to stand for an empty "
+            f"context or precede a document; {words}."
+        )
+
+
+def _int(key: str, value: Any, default: int | None = None) -> int | None:
+    """A model_args value as an integer (`default` for None or ''), in one sentence if not."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    try:
+        if isinstance(value, bool) or float(str(value)) != int(str(value).strip()):
+            raise ValueError(value)
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        raise ConfigError(f"model_args: {key}={value!r} is not an integer.") from None
+
+
+def _step(value: Any) -> int | None:
+    """The `step` model_arg: None for None, '' or 'latest'; else a step number >= 0."""
+    if isinstance(value, str) and value.strip().lower() in ("", "latest"):
+        return None
+    step = _int("step", value)
+    if step is not None and step < 0:
+        raise ConfigError(
+            f"model_args: step={value!r} is not a step number (0 or more, or latest)."
+        )
+    return step
 
 
 def _flag(value: Any) -> bool | None:
@@ -55,6 +97,46 @@ def _flag(value: Any) -> bool | None:
     if text in ("false", "0", "no"):
         return False
     raise ConfigError(f"model_args: {value!r} is not true or false.")
+
+
+def checkpoint_of(model_args: Any) -> str | None:
+    """The `checkpoint` of `--model_args` (a `k=v,...` string or a dict), or None."""
+    if isinstance(model_args, dict):
+        value = model_args.get("checkpoint")
+        return None if value is None or isinstance(value, Checkpoint) else str(value)
+    if isinstance(model_args, str):
+        for part in model_args.split(","):
+            key, _, value = part.partition("=")
+            if key.strip() == "checkpoint" and value.strip():
+                return value.strip()
+    return None
+
+
+def _name_runs_by_checkpoint() -> None:
+    """Names the harness's output subfolder (`--output_path`) after the checkpoint, as it names an
+    HF model's after `pretrained=`: lm-eval's `GeneralConfigTracker` looks for `pretrained=`,
+    `model=`, `path=`, ... in `--model_args` (so `mesh_model=1` read as the model `1`) and else
+    names it with a random id. Only runs of the model `ppl_jax` are renamed."""
+    from lm_eval.loggers import evaluation_tracker
+    from lm_eval.utils import sanitize_model_name
+
+    tracker = evaluation_tracker.GeneralConfigTracker
+    original = tracker.log_experiment_args
+    if getattr(original, "ppl_jax", False):
+        return
+
+    def log_experiment_args(self, model_source, model_args, *args, **kwargs):
+        original(self, model_source, model_args, *args, **kwargs)
+        checkpoint = checkpoint_of(model_args) if model_source == "ppl_jax" else None
+        if checkpoint:
+            self.model_name = checkpoint
+            self.model_name_sanitized = sanitize_model_name(checkpoint)
+
+    log_experiment_args.ppl_jax = True  # type: ignore[attr-defined]
+    tracker.log_experiment_args = log_experiment_args
+
+
+_name_runs_by_checkpoint()
 
 
 @register_model("ppl_jax")
@@ -103,6 +185,7 @@ class PplJaxLM(TemplateLM):
         prefix_token_id: int | None = None,
         device: str | None = None,
         max_batch_size: int | None = None,
+        _from_command_line: bool = False,
         **kwargs: Any,
     ):
         super().__init__()
@@ -121,24 +204,33 @@ class PplJaxLM(TemplateLM):
             if isinstance(checkpoint, Checkpoint)
             else open_checkpoint(str(checkpoint), format)
         )
-        step = None if step in (None, "", "latest") else int(step)
-        mesh = mesh_lib.make_mesh(int(mesh_data), int(mesh_model))
+        step = _step(step)
+        seq_len = _int("seq_len", seq_len)
+        batch_size = 8 if str(batch_size).startswith("auto") else _int("batch_size", batch_size, 8)
+        prefix_token_id = _int("prefix_token_id", prefix_token_id)
+        mesh = mesh_lib.make_mesh(
+            _int("mesh_data", mesh_data, -1), _int("mesh_model", mesh_model, 1)
+        )
         step = ckpt.resolve_step(step)
         attention = ckpt.attention(attention, dtype, step)
-        model, params, tok = load(ckpt, step, mesh, dtype, attention, tokenizer)
+        model = ckpt.model(dtype, attention, step)
+        tok, _ = ckpt.tokenizer_for(tokenizer, step=step, model=model, key="tokenizer")
+        words = COMMAND_LINE if _from_command_line else LIBRARY
+        _check_prefix(tok, prefix_token_id, words)  # before any weight is read
+        params = backend.restore(ckpt, step, model, mesh, dtype)
         self._setup(
             RequestScorer(
                 model,
                 params,
                 mesh,
                 tok,
-                seq_len=None if seq_len in (None, "") else int(seq_len),
-                batch_size=8 if str(batch_size).startswith("auto") else int(batch_size),
+                seq_len=seq_len,
+                batch_size=batch_size,
                 packing=bool(_flag(packing)),
                 attention=attention,
             ),
             _flag(add_bos_token),
-            None if prefix_token_id in (None, "") else int(prefix_token_id),
+            prefix_token_id,
         )
 
     def _setup(
@@ -191,6 +283,7 @@ class PplJaxLM(TemplateLM):
           mesh: the global mesh; tokenizer: the model's (`ppl_jax.load_tokenizer`).
           seq_len, batch_size, packing, add_bos_token, prefix_token_id: as the constructor's.
         """
+        _check_prefix(tokenizer, prefix_token_id, LIBRARY)
         lm = cls.__new__(cls)
         TemplateLM.__init__(lm)
         lm._setup(
@@ -221,14 +314,14 @@ class PplJaxLM(TemplateLM):
 
         args = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args.update(utils.simple_parse_args_string(arg_string))
-        return cls(**args)._for_the_command_line()
+        return cls(**args, _from_command_line=True)._for_the_command_line()
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         """As `create_from_arg_string`, from a dict."""
         args = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args.update(arg_dict)
-        return cls(**args)._for_the_command_line()
+        return cls(**args, _from_command_line=True)._for_the_command_line()
 
     def _for_the_command_line(self) -> PplJaxLM:
         """Process 0 ends the others' `serve` at exit; they serve, then exit (status 0)."""
@@ -270,11 +363,8 @@ class PplJaxLM(TemplateLM):
           ConfigError: the tokenizer has neither BOS nor EOS and no prefix_token_id was given.
         """
         prefix = self._prefix_or_none()
-        if prefix is None:
-            raise ConfigError(
-                f"the tokenizer ({self.ppl_tokenizer.name}) has neither a BOS nor an EOS token "
-                f"to stand for an empty context; give prefix_token_id=ID in --model_args."
-            )
+        if prefix is None:  # checked when the model was made; set to None since
+            _check_prefix(self.ppl_tokenizer, None, LIBRARY)
         return prefix
 
     @property
@@ -329,6 +419,7 @@ class PplJaxLM(TemplateLM):
             [r[1] for r in requests],
             [r[2] for r in requests],
             [len((r[0][1] if r[0] else "").encode("utf-8")) for r in requests],
+            progress=not kwargs.get("disable_tqdm", False),
         )
         self.last_loglikelihood = result
         self.loglikelihood_history.append(result)
@@ -350,6 +441,7 @@ class PplJaxLM(TemplateLM):
             [self.tok_encode(t) for t in texts],
             [len(t.encode("utf-8")) for t in texts],
             self.prefix_token_id,
+            progress=not disable_tqdm,
         )
         out = [float(v) for v in values]
         for text, value in zip(texts, out, strict=True):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ppl_jax.checkpoints import hub, open_checkpoint
+from ppl_jax.checkpoints.huggingface import HubRepo
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import CheckpointError, ConfigError
 
@@ -52,13 +53,16 @@ def cache(tmp_path, monkeypatch):
 
 def test_hub_id_resolves_offline_with_its_commit(cache):
     ckpt = open_checkpoint("hf://org/tiny@step1000")
-    assert ckpt.kind() == "hub" and ckpt.format == "hub"
+    assert isinstance(ckpt, HubRepo) and ckpt.format == "hub"
     commit = hashlib.sha1(b"org/tiny@step1000").hexdigest()
-    assert ckpt.source() == {"repo": "org/tiny", "revision": "step1000", "commit": commit}
+    identity = ckpt.identity(None)
+    assert {k: identity[k] for k in ("repo", "revision", "commit", "format")} == {
+        "repo": "org/tiny", "revision": "step1000", "commit": commit, "format": "hub"
+    }
     assert ckpt.description() == open_checkpoint(HF_LLAMA).description()
     # A bare org/name that is not a path is a hub id too.
     assert hub.is_hub_id("org/tiny") and not hub.is_hub_id(HF_LLAMA)
-    assert open_checkpoint("org/tiny").source()["revision"] == "main"
+    assert open_checkpoint("org/tiny").identity(None)["revision"] == "main"
 
 
 def test_revisions_are_steps_and_restore_like_the_directory(cache):
@@ -103,7 +107,7 @@ def test_settings_resolve_a_hub_id_to_a_local_folder(cache):
     spec = settings.from_config(c)
     assert spec.steps.steps == (1000, 2000) and spec.steps.kind == "list"
     assert os.path.basename(spec.checkpoint_dir) == "models--org--tiny"
-    assert open_checkpoint(spec.checkpoint_dir).kind() == "hub"
+    assert isinstance(open_checkpoint(spec.checkpoint_dir), HubRepo)
     # The sweep's fingerprint records each revision's commit, read from its ref.
     assert (
         hub.cached_commit(spec.checkpoint_dir, 1000)
