@@ -116,3 +116,27 @@ def test_settings_resolve_a_hub_id_to_a_local_folder(cache):
     shutil.rmtree(cache / "models--org--tiny")
     with pytest.raises(CheckpointError, match="'org/tiny' is not in the local hub cache"):
         settings.from_config(c)
+
+
+def test_a_ref_naming_a_folder_outside_the_cache_is_refused(cache, tmp_path):
+    # refs/main names '../../../elsewhere', a folder of weights outside the cache (issue 26: it
+    # was read and scored as the hub id): one sentence, from the library and the settings.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(HF_LLAMA, elsewhere)
+    ref = cache / "models--org--tiny" / "refs" / "main"
+    ref.write_text(os.path.relpath(elsewhere, cache / "models--org--tiny" / "snapshots"))
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint("hf://org/tiny").description()
+    assert str(e.value).startswith("hub revision 'main' of 'org/tiny' resolves to ")
+    assert "outside the hub cache's snapshots" in str(e.value) and "refs/main" in str(e.value)
+    c = defaults.get_config()
+    c.checkpoint.dir = "hf://org/tiny"
+    with pytest.raises(CheckpointError, match="outside the hub cache's snapshots"):
+        settings.from_config(c)
+    # A snapshot that is itself a link out of the cache is refused the same way.
+    commit = ref.read_text()
+    ref.write_text("b" * 40)
+    os.symlink(elsewhere, cache / "models--org--tiny" / "snapshots" / ("b" * 40))
+    with pytest.raises(CheckpointError, match="outside the hub cache's snapshots"):
+        open_checkpoint("hf://org/tiny").description()
+    assert commit
