@@ -76,3 +76,39 @@ def test_an_emptied_tree_metadata_is_damage(run):
 def test_the_intact_copy_restores(run):
     assert _restore(run)
     assert glob.glob(os.path.join(_items(run), "ocdbt.process_0", "d", "*"))
+
+
+def test_after_a_failed_read_only_orbax_leftovers_are_dropped(monkeypatch):
+    # The shutdown reports after a damage sentence ("Exception ignored in: <coroutine object
+    # _read_array_index_and_device_put>", hundreds of lines, issue 26) come from Orbax's own
+    # coroutines; from the first failed read on they are dropped, and nothing else is.
+    import sys
+    import types
+
+    from orbax.checkpoint._src.serialization import serialization
+
+    from ppl_jax.checkpoints import damage
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    with damage.quiet_failed_reads():
+        pass
+    read = serialization._read_array_index_and_device_put
+    code = read.__code__
+    keywords = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    leftover = read(*[None] * code.co_argcount, **dict.fromkeys(keywords))  # never awaited
+    try:
+        sys.unraisablehook(types.SimpleNamespace(object=leftover, exc_traceback=None))
+    finally:
+        leftover.close()
+
+    async def mine():
+        return 1
+
+    own = mine()
+    try:
+        sys.unraisablehook(types.SimpleNamespace(object=own, exc_traceback=None))
+    finally:
+        own.close()
+    assert [u.object for u in seen] == [own]
+    assert damage.is_failed_read_leftover(leftover) and not damage.is_failed_read_leftover(own)
