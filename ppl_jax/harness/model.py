@@ -28,12 +28,11 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
-from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
+from ppl_jax.checkpoints.opener import Checkpoint
 from ppl_jax.errors import ConfigError
-from ppl_jax.harness import backend
+from ppl_jax.harness import arguments, backend
 from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import base as tokenizer_lib
 
 REFUSE_GENERATION = (
@@ -44,59 +43,6 @@ REFUSE_GENERATION = (
 
 
 COMMAND_LINE_MODELS: list[PplJaxLM] = []  # built by the harness's command line (closed on errors)
-COMMAND_LINE = "give prefix_token_id=ID in --model_args"
-LIBRARY = "pass prefix_token_id=ID to PplJaxLM (or PplJaxLM.from_params)"
-
-
-def _check_prefix(tok: tokenizer_lib.Tokenizer, prefix_token_id: int | None, words: str) -> None:
-    """Refuses, before anything is scored (or read), a tokenizer with neither BOS nor EOS and no
-    `prefix_token_id`: an empty context and a rolling document's first token need a prefix
-    token (HFLM's `prefix_token_id`).
-
-    Raises:
-      ConfigError: in the caller's words (`COMMAND_LINE`, `LIBRARY`).
-    """
-    if prefix_token_id is None and tok.bos_id is None and tok.eos_id is None:
-        raise ConfigError(
-            f"the tokenizer ({tok.name}) has neither a BOS nor an EOS token to stand for an empty "
-            f"context or precede a document; {words}."
-        )
-
-
-def _int(key: str, value: Any, default: int | None = None) -> int | None:
-    """A model_args value as an integer (`default` for None or ''), in one sentence if not."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return default
-    try:
-        if isinstance(value, bool) or float(str(value)) != int(str(value).strip()):
-            raise ValueError(value)
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        raise ConfigError(f"model_args: {key}={value!r} is not an integer.") from None
-
-
-def _step(value: Any) -> int | None:
-    """The `step` model_arg: None for None, '' or 'latest'; else a step number >= 0."""
-    if isinstance(value, str) and value.strip().lower() in ("", "latest"):
-        return None
-    step = _int("step", value)
-    if step is not None and step < 0:
-        raise ConfigError(
-            f"model_args: step={value!r} is not a step number (0 or more, or latest)."
-        )
-    return step
-
-
-def _flag(value: Any) -> bool | None:
-    """A model_args value as a bool (`true`, `false`, 1, 0), or None for None."""
-    if value is None or isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"model_args: {value!r} is not true or false.")
 
 
 def checkpoint_of(model_args: Any) -> str | None:
@@ -144,8 +90,9 @@ class PplJaxLM(TemplateLM):
     """ppl_jax as a harness model (see the module docstring).
 
     Args (the `--model_args` keys):
-      checkpoint: a checkpoint directory ppl_jax opens (Orbax steps or a Hugging Face
-        directory), or a `ppl_jax.Checkpoint` from `ppl_jax.open_checkpoint`; step: an Orbax step (None: the latest).
+      checkpoint: a checkpoint ppl_jax opens (`ppl_jax.open_checkpoint`: Orbax steps, a Hugging
+        Face directory, a hub id `hf://org/name[@revision]`, ...), or a `ppl_jax.Checkpoint`;
+        step: a step (None or `latest`: the latest).
       format: `auto`, `orbax` or `hf`; dtype: `float32` or `bfloat16`; attention: `auto`, `xla`,
         `cudnn`, `splash`.
       tokenizer: `auto` (the checkpoint's own), or a path (`ppl_jax.load_tokenizer`).
@@ -165,7 +112,9 @@ class PplJaxLM(TemplateLM):
       loglikelihood_history: every call's result, in order (`clear_history()` empties it).
 
     Raises:
-      ConfigError, CheckpointError: as `open_checkpoint`, the mesh and `RequestScorer`.
+      ConfigError, CheckpointError: as `ppl_jax.harness.arguments.open_model` (before any
+        weight is read: a bad key or value, a tokenizer without BOS or EOS and no
+        prefix_token_id), the checkpoint's `restore` and `RequestScorer`.
     """
 
     def __init__(
@@ -189,49 +138,22 @@ class PplJaxLM(TemplateLM):
         **kwargs: Any,
     ):
         super().__init__()
-        if kwargs:
-            raise ConfigError(
-                f"model_args: unknown key(s) {', '.join(sorted(kwargs))} for --model ppl_jax; "
-                f"see docs/harness.md for the keys it takes."
-            )
-        if not checkpoint:
-            raise ConfigError(
-                "model_args: --model ppl_jax needs checkpoint=DIR (an Orbax or Hugging Face "
-                "checkpoint directory)."
-            )
-        ckpt = (
-            checkpoint
-            if isinstance(checkpoint, Checkpoint)
-            else open_checkpoint(str(checkpoint), format)
-        )
-        step = _step(step)
-        seq_len = _int("seq_len", seq_len)
-        batch_size = 8 if str(batch_size).startswith("auto") else _int("batch_size", batch_size, 8)
-        prefix_token_id = _int("prefix_token_id", prefix_token_id)
-        mesh = mesh_lib.make_mesh(
-            _int("mesh_data", mesh_data, -1), _int("mesh_model", mesh_model, 1)
-        )
-        step = ckpt.resolve_step(step)
-        attention = ckpt.attention(attention, dtype, step)
-        model = ckpt.model(dtype, attention, step)
-        tok, _ = ckpt.tokenizer_for(tokenizer, step=step, model=model, key="tokenizer")
-        words = COMMAND_LINE if _from_command_line else LIBRARY
-        _check_prefix(tok, prefix_token_id, words)  # before any weight is read
-        params = backend.restore(ckpt, step, model, mesh, dtype)
+        opened = arguments.open_model(
+            arguments.COMMAND_LINE if _from_command_line else arguments.LIBRARY,
+            checkpoint=checkpoint, step=step, format=format, dtype=dtype, attention=attention,
+            tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size, packing=packing,
+            mesh_data=mesh_data, mesh_model=mesh_model, add_bos_token=add_bos_token,
+            prefix_token_id=prefix_token_id, device=device, max_batch_size=max_batch_size,
+            **kwargs,
+        )  # fmt: skip
+        o = opened
+        params = backend.restore(o.ckpt, o.step, o.model, o.mesh, o.dtype)  # checked: read
         self._setup(
-            RequestScorer(
-                model,
-                params,
-                mesh,
-                tok,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                packing=bool(_flag(packing)),
-                attention=attention,
-            ),
-            _flag(add_bos_token),
-            prefix_token_id,
-        )
+            RequestScorer(o.model, params, o.mesh, o.tokenizer, seq_len=o.seq_len,
+                          batch_size=o.batch_size, packing=o.packing, attention=o.attention),
+            o.add_bos_token,
+            o.prefix_token_id,
+        )  # fmt: skip
 
     def _setup(
         self, scorer: RequestScorer, add_bos_token: bool | None, prefix_token_id: int | None
@@ -283,7 +205,7 @@ class PplJaxLM(TemplateLM):
           mesh: the global mesh; tokenizer: the model's (`ppl_jax.load_tokenizer`).
           seq_len, batch_size, packing, add_bos_token, prefix_token_id: as the constructor's.
         """
-        _check_prefix(tokenizer, prefix_token_id, LIBRARY)
+        arguments.check_prefix(tokenizer, prefix_token_id, arguments.LIBRARY)
         lm = cls.__new__(cls)
         TemplateLM.__init__(lm)
         lm._setup(
@@ -364,7 +286,7 @@ class PplJaxLM(TemplateLM):
         """
         prefix = self._prefix_or_none()
         if prefix is None:  # checked when the model was made; set to None since
-            _check_prefix(self.ppl_tokenizer, None, LIBRARY)
+            arguments.check_prefix(self.ppl_tokenizer, None, arguments.LIBRARY)
         return prefix
 
     @property
