@@ -42,7 +42,7 @@ def sources(ckpt: Any, step: int | None, target: Any) -> dict[str, mapping_lib.S
     """
     step = ckpt.resolve_step(step)
     return mapping_lib.resolve(
-        rules(ckpt, step), ckpt.stored(step), weight_paths(target), ckpt.known(step),
+        ckpt.rules(step), ckpt.stored(step), weight_paths(target), ckpt.known(step),
         ckpt.naming(step),
     )  # fmt: skip
 

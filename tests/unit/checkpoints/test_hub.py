@@ -57,7 +57,10 @@ def test_hub_id_resolves_offline_with_its_commit(cache):
     commit = hashlib.sha1(b"org/tiny@step1000").hexdigest()
     identity = ckpt.identity(None)
     assert {k: identity[k] for k in ("repo", "revision", "commit", "format")} == {
-        "repo": "org/tiny", "revision": "step1000", "commit": commit, "format": "hub"
+        "repo": "org/tiny",
+        "revision": "step1000",
+        "commit": commit,
+        "format": "hub",
     }
     assert ckpt.description() == open_checkpoint(HF_LLAMA).description()
     # A bare org/name that is not a path is a hub id too.

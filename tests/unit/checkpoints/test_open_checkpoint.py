@@ -13,8 +13,8 @@ import optax
 import pytest
 
 from ppl_jax.checkpoints import hf, open_checkpoint
-from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models.interface import weight_paths
