@@ -28,12 +28,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"ppl-jax: error: bad flag: {message} (see ppl-jax inspect --help)\n")
 
 
-def inspect(directory: str, args: argparse.Namespace, out=sys.stdout) -> None:
-    """Prints the report (see the module docstring).
+def inspect(directory: str, args: argparse.Namespace, out=None) -> None:
+    """Prints the report (see the module docstring) to `out` (None: stdout).
 
     Raises:
       PplJaxError: an unreadable checkpoint or a faulty setting.
     """
+    out = out or sys.stdout
     from ppl_jax.checkpoints.checkpoint import Options
     from ppl_jax.checkpoints.opener import choose
     from ppl_jax.errors import PplJaxError
@@ -59,6 +60,8 @@ def inspect(directory: str, args: argparse.Namespace, out=sys.stdout) -> None:
     try:
         model = ckpt.model(step=step)
     except PplJaxError as e:
+        if args.architecture:
+            raise  # the user's setting is faulty: one sentence, status 2
         print(f"architecture: {e}", file=out)
         print("mapping: give --architecture (and --mapping) to see the mapped weights", file=out)
         return
