@@ -49,6 +49,7 @@ DTYPES = {
     "BOOL": np.dtype(np.bool_),
 }
 HEADER_WORKERS = 16  # shards whose headers are fetched at once
+BATCH_BYTES = 4 << 20  # bytes of ranges asked of a remote file in one `cat_ranges` call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,9 +207,29 @@ def byte_runs(
     return out_shape, runs
 
 
+def _batches(runs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """`runs` in batches of about `BATCH_BYTES` each, a run longer than that cut in pieces of
+    `BATCH_BYTES` (each its own request, so that a large block is fetched concurrently too)."""
+    pieces = [
+        (a, min(a + BATCH_BYTES, end))
+        for start, end in runs
+        for a in range(start, end, BATCH_BYTES)
+    ]
+    batches: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for a, b in pieces:
+        if batches[-1] and size + b - a > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append((a, b))
+        size += b - a
+    return batches
+
+
 def read_block(folder: str, entry: Entry, index: tuple[slice, ...]) -> np.ndarray:
     """The block `index` of a stored tensor, fetching only its byte ranges (a remote file's in
-    one `cat_ranges` call, which asynchronous filesystems such as gcsfs run concurrently).
+    `cat_ranges` calls of about `BATCH_BYTES`, whose requests asynchronous filesystems such as
+    gcsfs run concurrently; so the block, plus one batch, is what it holds on the host).
 
     Raises:
       CheckpointError: the file ends early or cannot be read (naming it).
@@ -230,12 +251,15 @@ def read_block(folder: str, entry: Entry, index: tuple[slice, ...]) -> np.ndarra
         else:
             fs, inner = remote
             at = 0
-            pieces = fs.cat_ranges([inner] * len(runs), [s for s, _ in runs], [e for _, e in runs])
-            for (start, end), piece in zip(runs, pieces, strict=True):
-                if isinstance(piece, Exception) or len(piece) != end - start:
-                    raise OSError(f"a read of bytes {start}-{end} failed ({piece!r:.100})")
-                out[at : at + end - start] = np.frombuffer(piece, np.uint8)
-                at += end - start
+            for batch in _batches(runs):  # the bytes held at once beyond `out`: one batch
+                pieces = fs.cat_ranges([inner] * len(batch), [a for a, _ in batch],
+                                       [b for _, b in batch])  # fmt: skip
+                for (start, end), piece in zip(batch, pieces, strict=True):
+                    if isinstance(piece, Exception) or len(piece) != end - start:
+                        raise OSError(f"a read of bytes {start}-{end} failed ({piece!r:.100})")
+                    out[at : at + end - start] = np.frombuffer(piece, np.uint8)
+                    at += end - start
+                del pieces
     except OSError as e:
         raise CheckpointError(
             f"{path!r} cannot be read ({e}); the file is damaged or was replaced while read."

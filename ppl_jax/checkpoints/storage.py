@@ -100,7 +100,7 @@ class DeviceArrays:
         )
 
 
-READ_WORKERS = 16
+READ_WORKERS = 8  # blocks read at once (a remote block's ranges are fetched concurrently too)
 MIN_BUDGET, MAX_BUDGET = 16 << 20, 1 << 30
 BUDGET_SHARE = 0.1  # of the process's own share of the bytes
 
