@@ -175,3 +175,111 @@ def test_two_processes_each_fetch_their_half_within_bounded_memory(tmp_path):
         # Its half of every split weight, and the (tiny) replicated norms whole.
         assert 0.49 * stored < r["asked"] < 0.51 * stored, (r, stored)
         assert r["grew"] <= 1.2 * r["own"] + CONSTANT, r
+
+
+TS_WORKER = textwrap.dedent(
+    """
+    import json, os, threading, time
+    from absl import app
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def bytes_read():
+        import tensorstore as ts
+        found = ts.experimental_collect_matching_metrics("/tensorstore/kvstore/file/bytes_read")
+        return sum(v["value"] for m in found for v in m["values"])
+
+    def main(argv):
+        from ppl_jax.runtime import distributed
+        assert distributed.initialize_from_env()
+        import jax, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from ppl_jax.checkpoints import storage
+        from ppl_jax.runtime import mesh as mesh_lib
+        names = json.loads(os.environ["NAMES"])
+        mesh = mesh_lib.make_mesh(1, 8)
+        specs, abstract = {}, {}
+        for name, (shape, axis) in names.items():
+            spec = [None, None]
+            spec[axis] = "model"
+            specs[name] = {"driver": "zarr", "kvstore": storage.tensorstore_kvstore(
+                os.path.join(os.environ["TREE"], name))}
+            abstract[name] = jax.ShapeDtypeStruct(tuple(shape), np.float32,
+                                                  sharding=NamedSharding(mesh, P(*spec)))
+        before_bytes, before, peak, done = bytes_read(), rss(), [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], rss())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        got = jax.block_until_ready(storage.place(abstract, storage.tensorstore_read(specs)))
+        done.set()
+        sampler.join()
+        peak[0] = max(peak[0], rss())
+        own = sum(s.data.nbytes for x in got.values() for s in x.addressable_shards)
+        for name, x in got.items():
+            for s in x.addressable_shards:
+                want = np.load(os.path.join(os.environ["TREE"], name + ".npy"), mmap_mode="r")
+                np.testing.assert_array_equal(np.asarray(s.data), want[s.index], name)
+        print("RESULT " + json.dumps({"process": jax.process_index(), "own": own,
+              "asked": bytes_read() - before_bytes, "grew": peak[0] - before}), flush=True)
+
+    app.run(main)
+    """
+)
+
+
+def test_two_processes_each_read_their_half_of_tensorstore_arrays(tmp_path):
+    # A tree of TensorStore (zarr, uncompressed) arrays, one per leaf, as levanter, EasyDeL and
+    # T5X keep them, chunked as a pod writes them (one chunk per shard of 8): placed on the
+    # `model`=8 mesh by `storage.place` over `storage.tensorstore_read`, each process reads the
+    # chunks of its own 4 shards (TensorStore's own count of the file bytes it read).
+    import tensorstore as ts
+
+    tree = tmp_path / "tree"
+    rng = np.random.default_rng(0)
+    names, stored = {}, 0
+    for i in range(8):
+        shape, axis = (2048, 2048), i % 2
+        chunks = [2048, 2048]
+        chunks[axis] = 256
+        data = rng.standard_normal(shape).astype(np.float32)
+        spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(tree / f"w{i}") + "/"},
+                "metadata": {"shape": list(shape), "chunks": chunks, "dtype": "<f4",
+                             "compressor": None}}  # fmt: skip
+        array = ts.open(spec, create=True, delete_existing=True).result()
+        array[...] = data
+        np.save(tree / f"w{i}.npy", data)
+        names[f"w{i}"] = (shape, axis)
+        stored += data.nbytes
+    script = tmp_path / "worker.py"
+    script.write_text(TS_WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for i in range(2):
+        env = {**helpers.process_env(i, 2, port), "TREE": str(tree), "NAMES": json.dumps(names)}
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=540)
+        assert p.returncode == 0, err[-3000:]
+        results += [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    mib = 1 << 20
+    for r in results:
+        print(
+            f"process {r['process']}: read {r['asked'] / mib:.1f} MiB of {stored / mib:.1f} MiB "
+            f"({r['asked'] / stored:.3f}); own shard {r['own'] / mib:.1f} MiB; resident set grew "
+            f"{r['grew'] / mib:.1f} MiB ({r['grew'] / r['own']:.2f}x own)"
+        )
+    assert len(results) == 2
+    for r in results:
+        assert 0.49 * stored < r["asked"] < 0.52 * stored, (r, stored)
+        assert r["grew"] <= 1.2 * r["own"] + CONSTANT, r
