@@ -75,8 +75,9 @@ class Checkpoint(abc.ABC):
     step is None throughout.
 
     Attributes:
-      path: the checkpoint, as given. options: its `Options`. why: the markers that chose the
-        reader (`ppl-jax inspect` prints them).
+      path: the checkpoint, as given.
+      options: its `Options`.
+      why: the markers that chose the reader (`ppl-jax inspect` prints them).
       format: what the records call the layout (`orbax`, `hf`, `hub`, ...).
       formats: the `checkpoint.format` values that choose this reader (empty: any).
       layout_name: the layout in words, for sentences.
@@ -199,8 +200,8 @@ class Checkpoint(abc.ABC):
 
         Raises:
           CheckpointError: as `resolve_step`; a checkpoint that carries none and no
-            `checkpoint.architecture`; a stored description that cannot be read. ConfigError: a
-            faulty `checkpoint.architecture`.
+            `checkpoint.architecture`; a stored description that cannot be read.
+          ConfigError: a faulty `checkpoint.architecture`.
         """
         kind, value = self._given_architecture()
         if kind == "entry":
@@ -222,7 +223,8 @@ class Checkpoint(abc.ABC):
         `splash` (`ppl_jax.models.attention.resolve_for`).
 
         Raises:
-          ConfigError: an unknown dtype. CheckpointError: as `description`.
+          ConfigError: an unknown dtype.
+          CheckpointError: as `description`.
         """
         if self._given_architecture()[0] == "entry":
             return "xla"  # a model of the user's own attends its own way; batches as for XLA
@@ -242,8 +244,9 @@ class Checkpoint(abc.ABC):
           step: as in `resolve_step`.
 
         Raises:
-          ConfigError: an unknown dtype; an entry point that cannot be loaded. CheckpointError:
-            as `description`, or a description of an unknown family or with unknown keys.
+          ConfigError: an unknown dtype; an entry point that cannot be loaded.
+          CheckpointError: as `description`, or a description of an unknown family or with
+            unknown keys.
         """
         kind, value = self._given_architecture()
         if kind == "entry":
@@ -304,7 +307,8 @@ class Checkpoint(abc.ABC):
             SentencePiece `.model`, a folder holding one; `ppl_jax.tokenizer.base.load`).
           allow_mismatch: score with a tokenizer whose vocabulary does not fit the model's
             (`data.allow_tokenizer_mismatch`), noting why.
-          step: as in `resolve_step`. model: the model scored (None: `self.model(step=step)`).
+          step: as in `resolve_step`.
+          model: the model scored (None: `self.model(step=step)`).
           key: the setting's name in the caller's words, for the sentence.
 
         Returns:
@@ -332,7 +336,8 @@ class Checkpoint(abc.ABC):
         """Refuses a sweep (`checkpoint.step=setting`) over a checkpoint of one set of weights.
 
         Raises:
-          ConfigError: naming the checkpoint and what it is. CheckpointError: as `resolve_step`.
+          ConfigError: naming the checkpoint and what it is.
+          CheckpointError: as `resolve_step`.
         """
         if self.resolve_step(None) is None:
             raise ConfigError(

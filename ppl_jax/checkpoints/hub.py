@@ -246,7 +246,8 @@ def local_dir(path: str, sweep: bool, allow_download: bool) -> str:
     whose step revisions `Repo.steps` lists.
 
     Raises:
-      ConfigError: a malformed id. CheckpointError: as `Repo.snapshot`.
+      ConfigError: a malformed id.
+      CheckpointError: as `Repo.snapshot`.
     """
     repo = open_repo(path, allow_download)
     if not sweep:

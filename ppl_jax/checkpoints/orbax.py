@@ -124,7 +124,8 @@ def finalized_steps(directory: str) -> list[int]:
     `<step>.orbax-checkpoint-tmp-*`, or on object stores lacks `commit_success.txt`).
 
     Raises:
-      CheckpointError: no such directory. ConfigError: a remote path without its package.
+      CheckpointError: no such directory.
+      ConfigError: a remote path without its package.
     """
     with _manager(directory) as manager:
         return sorted(int(s) for s in manager.all_steps())

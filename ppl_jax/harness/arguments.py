@@ -111,7 +111,8 @@ def open_model(words: str = LIBRARY, **args: Any) -> Opened:
     Raises:
       ConfigError: an unknown key, no checkpoint, a value of the wrong kind (naming the key), a
         tokenizer without BOS or EOS and no prefix token (in `words`); as `open_checkpoint`,
-        `Checkpoint.tokenizer_for` and the mesh. CheckpointError: as the checkpoint's reader.
+        `Checkpoint.tokenizer_for` and the mesh.
+      CheckpointError: as the checkpoint's reader.
     """
     unknown = sorted(set(args) - set(KEYS))
     if unknown:
