@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppl_jax.checkpoints import blocks, hf, hub, mapping, storage
+from ppl_jax.checkpoints import blocks, hf, hub, mapped, mapping, storage
 from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
 from ppl_jax.errors import CheckpointError
@@ -158,10 +158,18 @@ class HFDirectory(Checkpoint):
         return None  # config.json is checked against the headers by hf.read_description
 
     def mapping_report(self, step: int | None, target: Any) -> list[str]:
-        return [
-            "mapping: the rules of config.json's family (ppl_jax.models.registry.hf_mapping), "
-            "applied as the weights are read"
-        ]
+        """Each model weight with the stored tensor it comes from, by the rules of config.json's
+        family (`registry.hf_mapping`), or the sentence naming what does not match."""
+        folder = self.folder(step)
+        weights, stored, rules, desc = _mapped_headers(folder, self.entries(step))
+        try:
+            found = mapping.resolve(
+                rules, stored, weight_paths(target), desc,
+                f"the weights in {folder!r} do not match its config.json", shown=weights.real,
+            )  # fmt: skip
+        except CheckpointError as e:
+            return [f"mapping: {e}"]
+        return mapped.listing(found, "the rules of config.json's family", weights.real)
 
     def layout_lines(self, step: int | None) -> list[str]:
         folder = self.folder(step)
@@ -197,6 +205,18 @@ class RangedSafetensors(hf.Safetensors):
         return self.slice(self.real(stored_name))[index]
 
 
+def _mapped_headers(
+    folder: str, entries: dict[str, ranges.Entry]
+) -> tuple[RangedSafetensors, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """(the storage, its tensors by the rules' names, the family's rules, the description) of a
+    directory, from `config.json` and the headers."""
+    desc = hf.read_description(folder)
+    text_only = hf._config(folder)[1]  # a multimodal checkpoint: its text tower only
+    prefixes, rules = registry.hf_mapping(desc)
+    weights = RangedSafetensors(folder, entries)
+    return weights, weights.stored(prefixes, text_only), rules, desc
+
+
 def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> Any:
     """A remote Hugging Face directory's weights into the target shardings, by byte ranges:
     `hf.load_params`' mapping (its family's rules, `registry.hf_mapping`) and blocks
@@ -208,12 +228,8 @@ def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> A
       CheckpointError: as `hf.load_params` (non-float weights; missing, misshapen or unused
         weights, named); a damaged file.
     """
-    desc = hf.read_description(folder)
-    text_only = hf._config(folder)[1]  # a multimodal checkpoint: its text tower only
-    prefixes, rules = registry.hf_mapping(desc)
+    weights, stored, rules, desc = _mapped_headers(folder, entries)
     expected = weight_paths(target)
-    weights = RangedSafetensors(folder, entries)
-    stored = weights.stored(prefixes, text_only)
     quantized = [n for n, (_, dtype) in stored.items() if dtype not in hf.FLOAT_DTYPES]
     if quantized:
         raise CheckpointError(

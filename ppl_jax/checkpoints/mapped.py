@@ -120,8 +120,7 @@ def describe(src: mapping_lib.Source) -> str:
 
 def report(ckpt: Any, step: int | None, target: Any) -> list[str]:
     """Each model weight of `target` with the stored tensor it comes from and the operations
-    (`describe`), one line each, under a heading; or the one sentence naming the first
-    unmatched names.
+    (`listing`), or the one sentence naming the first unmatched names.
 
     Raises:
       CheckpointError: as `sources`, other than the mapping's own mistakes.
@@ -130,9 +129,17 @@ def report(ckpt: Any, step: int | None, target: Any) -> list[str]:
         found = sources(ckpt, step, target)
     except CheckpointError as e:
         return [f"mapping: {e}"]
-    lines = [f"mapped weights ({len(found)}, every stored array used):"]
+    return listing(found, "every stored array used")
+
+
+def listing(found: dict[str, mapping_lib.Source], how: str, shown: Any = None) -> list[str]:
+    """`found` (model weight -> Source) one line each under a heading that says `how`: the
+    weight, the stored tensor (`shown(name)`: the name as stored) and the operations."""
+    shown = shown or (lambda name: name)
+    lines = [f"mapped weights ({len(found)}, {how}):"]
     width = max((len(n) for n in found), default=0)
     for weight, src in found.items():
         ops = describe(src)
-        lines.append(f"  {weight:<{width}} <- {src.stored}" + (f"  [{ops}]" if ops else ""))
+        stored = shown(src.stored) + (f" .. ({len(src.parts)} parts)" if src.parts else "")
+        lines.append(f"  {weight:<{width}} <- {stored}" + (f"  [{ops}]" if ops else ""))
     return lines

@@ -80,7 +80,8 @@ def test_hugging_face_directory(capsys):
     assert "config.json: model_type 'qwen3'" in out
     assert "weights: model.safetensors.index.json -> 6 shards, 36 tensors" in out
     assert "model.layers.0.self_attn.q_norm.weight" in out and "bfloat16" in out
-    assert "mapping: the stored names of config.json's model type" in out
+    assert "mapped weights (36, the rules of config.json's family):" in out
+    assert re.search(r"layers/0/attn/q_norm +<- model.layers.0.self_attn.q_norm.weight", out)
 
 
 def test_hub_repository(capsys, tmp_path, monkeypatch):
