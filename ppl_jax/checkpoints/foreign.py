@@ -191,6 +191,7 @@ class ForeignOrbax(Checkpoint):
         super().__init__(path, options, why)
         self._layout: Layout | None = None
         self._trees: dict[int | None, tuple[Stored, dict[str, str], str]] = {}
+        self._finalized: set[int] = set()  # steps seen finalized (a finalized step stays so)
 
     def _tree(self, step: int | None) -> tuple[Stored, dict[str, str], str]:
         """`stored_params` of a resolved step, read once (a finalized step does not change)."""
@@ -227,8 +228,15 @@ class ForeignOrbax(Checkpoint):
         return [] if layout.bare else orbax.finalized_steps(layout.root)
 
     def resolve_step(self, step: int | None) -> int | None:
+        """As `Checkpoint.resolve_step`; a step seen finalized before is not looked up again
+        (each look opens an Orbax `CheckpointManager`, a barrier of every process)."""
         layout = self.layout()
-        return None if layout.bare else orbax.pick_step(layout.root, step)
+        if layout.bare:
+            return None
+        if step is None or step not in self._finalized:
+            step = orbax.pick_step(layout.root, step)
+            self._finalized.add(step)
+        return step
 
     def stored(self, step: int | None) -> Stored:
         return self._tree(self.resolve_step(step))[0]

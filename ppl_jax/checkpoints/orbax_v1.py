@@ -77,6 +77,7 @@ class OrbaxV1(Checkpoint):
         super().__init__(path, options, why)
         self.bare = paths.isfile(paths.join(path, MARKER)) or bool(_handlers(path))
         self._trees: dict[int | None, tuple[Stored, dict[str, str], str]] = {}
+        self._finalized: set[int] = set()  # steps seen finalized (a finalized step stays so)
 
     @classmethod
     def claims(cls, path: str, options: Options) -> str | None:
@@ -93,7 +94,14 @@ class OrbaxV1(Checkpoint):
         return [] if self.bare else orbax.finalized_steps(self.path)
 
     def resolve_step(self, step: int | None) -> int | None:
-        return None if self.bare else orbax.pick_step(self.path, step)
+        """As `Checkpoint.resolve_step`; a step seen finalized before is not looked up again
+        (each look opens an Orbax `CheckpointManager`, a barrier of every process)."""
+        if self.bare:
+            return None
+        if step is None or step not in self._finalized:
+            step = orbax.pick_step(self.path, step)
+            self._finalized.add(step)
+        return step
 
     def _checkpoint(self, step: int | None) -> str:
         return self.path if step is None else paths.join(self.path, str(step))
