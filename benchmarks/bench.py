@@ -134,7 +134,7 @@ def make_tokens(vocab: int, seq_len: int, num: int) -> str:
     """`[num, seq_len]` token chunks of the text, saved as .npy; returns the path."""
     import numpy as np
 
-    from ppl_jax.tokenizer.base import HFTokenizer
+    from ppl_jax.tokenizer import HFTokenizer
 
     folder = _data_folder()
     text_path = _DATA.value or os.path.join(folder, "wikitext-2", "test.txt")

@@ -37,7 +37,7 @@ from ppl_jax.models.adapters import params_of_nnx
 from ppl_jax.models.llama import Llama, LlamaConfig
 from ppl_jax.runtime.mesh import make_mesh, param_targets
 from ppl_jax.scoring.nll import token_nll
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 FLAGS = flags.DEFINE
 _STEPS = flags.DEFINE_integer("steps", 1500, "Training steps.")

@@ -26,7 +26,7 @@ _EXPORTS = {
     "DatasetSpec": "ppl_jax.data.spec",
     "ProtocolSpec": "ppl_jax.plans.spec",
     "BatchSpec": "ppl_jax.plans.spec",
-    "prepare": "ppl_jax.plans.suite",
+    "prepare": "ppl_jax.plans.planner:plan_dataset",
     "LanguageModel": "ppl_jax.models.interface",
     "HiddenStates": "ppl_jax.models.interface",
     "Logits": "ppl_jax.models.interface",
@@ -44,17 +44,15 @@ _EXPORTS = {
     "CheckpointError": "ppl_jax.errors",
     "NumericsError": "ppl_jax.errors",
     "Interrupted": "ppl_jax.errors",
+    "load_tokenizer": "ppl_jax.tokenizer",
 }
-_RENAMED = {"load_tokenizer": ("ppl_jax.tokenizer.base", "load")}
-__all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    if name in _RENAMED:
-        module, attr = _RENAMED[name]
-        return getattr(import_module(module), attr)
+    if name in _EXPORTS:  # "module" (the same name there) or "module:name"
+        module, _, attr = _EXPORTS[name].partition(":")
+        return getattr(import_module(module), attr or name)
     raise AttributeError(f"module 'ppl_jax' has no attribute {name!r}")
 
 

@@ -12,8 +12,9 @@ the first that claims the path. Each reader answers:
   process reading only the chunks (or byte ranges) of its own shards;
 - `carried_description(step)` and `stored_tokenizer(step)`: the architecture and the tokenizer
   the checkpoint itself carries, or None;
-- `identity(step)` and `files(step)`: what names the weights in a run's fingerprint, and the
-  folder whose files hold them;
+- `files(step)`: the folder whose files hold the weights of a step, and, for a reader that
+  names its weights by more than its path, format, step and files, `identity(step)` (a hub
+  revision's commit): the `checkpoint` part of a run's fingerprint;
 - `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
 
 From these answers every `Checkpoint` gives the architecture (`description`, `model`,
@@ -28,11 +29,13 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
+import importlib.util
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
 from ppl_jax.checkpoints import mapping as mapping_lib
@@ -40,8 +43,8 @@ from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -172,10 +175,41 @@ class Checkpoint(abc.ABC):
         return None
 
     def identity(self, step: int | None) -> dict[str, Any]:
-        """What names the weights of `step` in a run's fingerprint and records: `path`
-        (absolute), `format`, `step` (and for a hub revision its repository, revision and
-        40-hex commit)."""
-        return {"path": paths.absolute(self.path), "format": self.format, "step": step}
+        """What identifies the weights a run scores at `step` (the `checkpoint` part of its
+        fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute),
+        `format` and `step`; the `files` that hold the weights (`files(step)`: path, size and
+        modification time or object version, digested); and what chooses or transforms the
+        weights read: `mapping` (a preset by name, a mapping file by its content, wherever it
+        lies), `item` and `params` (as set), and for a `checkpoint.architecture` entry point its
+        module's file (`entry_module`, by content: the user's own model code). Any other
+        architecture is in the model's description (the fingerprint's `model` part). A reader
+        adds what else names its weights (a hub revision's repository, revision and commit).
+
+        Raises:
+          CheckpointError: as `resolve_step` (a reader that must resolve the step to name it).
+        """
+        found: dict[str, Any] = {
+            "path": paths.absolute(self.path),
+            "format": self.format,
+            "step": step,
+            "files": fingerprint_lib.text_digest(
+                fingerprint_lib.tree_identity(paths.absolute(self.files(step)))
+            ),
+        }
+        kind, entry = self._given_architecture()
+        if kind == "entry":
+            module = importlib.util.find_spec(entry.partition(":")[0])
+            origin = module.origin if module is not None else None
+            found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
+        if self.mapping:
+            preset = self.mapping in presets.PRESETS
+            found["mapping"] = (
+                self.mapping if preset else fingerprint_lib.content_digest(self.mapping)
+            )
+        found.update(
+            {k: getattr(self.options, k) for k in ("item", "params") if getattr(self.options, k)}
+        )
+        return found
 
     def files(self, step: int | None) -> str:
         """The folder whose files hold the weights of `step` (identified in the fingerprint by
@@ -304,7 +338,7 @@ class Checkpoint(abc.ABC):
 
         Args:
           setting: `auto` (the checkpoint's own), `byte`, or a path (a `tokenizer.json`, a
-            SentencePiece `.model`, a folder holding one; `ppl_jax.tokenizer.base.load`).
+            SentencePiece `.model`, a folder holding one; `ppl_jax.tokenizer.load_tokenizer`).
           allow_mismatch: score with a tokenizer whose vocabulary does not fit the model's
             (`data.allow_tokenizer_mismatch`), noting why.
           step: as in `resolve_step`.
@@ -317,7 +351,7 @@ class Checkpoint(abc.ABC):
         Raises:
           ConfigError: `auto` for a checkpoint that carries no tokenizer; a bad path; a
             vocabulary that does not fit without `allow_mismatch`
-            (`ppl_jax.tokenizer.base.check_vocabulary`).
+            (`ppl_jax.tokenizer.check_vocabulary`).
         """
         if setting == "auto":
             tok = self.tokenizer(step)
@@ -328,7 +362,7 @@ class Checkpoint(abc.ABC):
                     f".model, a folder holding one, or 'byte'."
                 )
         else:
-            tok = tokenizer_lib.load(setting)
+            tok = tokenizer_lib.load_tokenizer(setting)
         vocab = (model or self.model(step=step)).vocab_size
         return tok, tokenizer_lib.check_vocabulary(tok, vocab, allow_mismatch=allow_mismatch)
 

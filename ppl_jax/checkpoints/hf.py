@@ -14,7 +14,7 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
   stored tensor where the layout allows, otherwise one weight at most on the host), converted to
   the target dtype and placed straight into its sharding. A model is never gathered whole in one
   host's memory.
-- `load_tokenizer` reads the tokenizer and its BOS/EOS policy.
+- `read_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
 A remote directory (`gs://...`, see `ppl_jax.runtime.paths`) is recognised, and its `config.json`,
 index (its shard names checked to lie inside it) and tokenizer are read through `etils.epath`;
@@ -369,15 +369,15 @@ def load_params(path: str, target: Any) -> Any:
 # ---------------------------------------------------------------------------------- tokenizer
 
 
-def load_tokenizer(path: str):
-    """`ppl_jax.tokenizer.directory.load_tokenizer` of the directory, after refusing tokenizer
+def read_tokenizer(path: str):
+    """`ppl_jax.tokenizer.directory.read_tokenizer` of the directory, after refusing tokenizer
     files that are links leading out of it (see `_check_inside`).
 
     Raises:
-      CheckpointError: such a link; else as `tokenizer.directory.load_tokenizer`.
+      CheckpointError: such a link; else as `tokenizer.directory.read_tokenizer`.
     """
     if paths.is_local(path):
         for file in TOKENIZER_FILES:
             if os.path.lexists(os.path.join(path, file)):
                 _check_inside(path, None, file, what=file)
-    return tokenizer_directory.load_tokenizer(path)
+    return tokenizer_directory.read_tokenizer(path)

@@ -4,7 +4,7 @@ hub repository (`HubRepo`: a hub id `hf://org/name[@revision]` or a hub cache's 
 folder, whose step revisions are its steps; `ppl_jax.checkpoints.hub`).
 
 The architecture is `config.json`'s (`ppl_jax.checkpoints.hf.read_description`), the tokenizer
-the directory's own (`hf.load_tokenizer`). A local directory's weights are read as
+the directory's own (`hf.read_tokenizer`). A local directory's weights are read as
 `hf.load_params` reads them (each device's block from the memory-mapped file); a remote one's
 (`gs://`, `s3://`, `az://`) by byte ranges (`ppl_jax.checkpoints.safetensors_ranges`): each
 process fetches only the ranges of its own devices' blocks, in parallel, within a bound on host
@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import blocks, hf, hub, mapped, mapping, storage
 from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
@@ -26,7 +27,6 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 
 def weight_files(folder: str) -> list[str]:
@@ -136,7 +136,7 @@ class HFDirectory(Checkpoint):
 
     def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
         folder = self.folder(step)
-        return hf.load_tokenizer(folder) if hf.has_tokenizer(folder) else None
+        return hf.read_tokenizer(folder) if hf.has_tokenizer(folder) else None
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The weights through `config.json`'s family's mapping rules, each device's block read on

@@ -11,12 +11,12 @@ from typing import Any
 
 import jax
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import foreign, orbax
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 PARAMS = "params/"
 

@@ -33,7 +33,7 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
 
     Raises:
       CheckpointError: not a Hugging Face directory, an output directory with files in it, or
-        any error of `hf.read_description` / `hf.load_params` / `hf.load_tokenizer`.
+        any error of `hf.read_description` / `hf.load_params` / `hf.read_tokenizer`.
       ConfigError: an unknown dtype.
     """
     import jax.numpy as jnp
@@ -58,7 +58,7 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
             f"--out={out_dir!r} exists and is not an empty directory; give a new path."
         )
     model = registry.build(hf.read_description(hf_dir), dtypes[dtype])
-    tok = hf.load_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
+    tok = hf.read_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
     mesh = mesh_lib.make_mesh(-1, 1)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import Checkpoint, open_checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 COMMAND_LINE = "give prefix_token_id=ID in --model_args"
 LIBRARY = "pass prefix_token_id=ID to PplJaxLM (or PplJaxLM.from_params)"

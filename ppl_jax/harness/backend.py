@@ -20,21 +20,21 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh
-from tqdm import tqdm
 
 from ppl_jax.checkpoints.opener import Checkpoint, dtype_of
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.evaluation.evaluator import Evaluator, check_window
 from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.outputs.console import ProgressBar
 from ppl_jax.plans import requests as requests_lib
 from ppl_jax.plans.layout import MAX_SEGMENTS
+from ppl_jax.plans.planner import Dataset, batches
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-from ppl_jax.plans.suite import Dataset, batches
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.scoring import observers
+from ppl_jax.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
 
@@ -69,9 +69,7 @@ class RequestScorer:
         positions).
       batch_size: rows per step (global), rounded up to a multiple of the mesh's `data` axis.
       packing: several requests per row (only for a model that keeps segments apart,
-        `LanguageModel.honours_segments`, and not with cuDNN attention: `ppl_jax.plans.suite
-        .batches`).
-      attention: the model's attention implementation (`xla`, `cudnn`, `splash`).
+        `LanguageModel.honours_segments`: `ppl_jax.plans.planner.batches`).
 
     Raises:
       ConfigError: a `seq_len` beyond the model's positions.
@@ -88,14 +86,12 @@ class RequestScorer:
         batch_size: int = 8,
         packing: bool = True,
         param_shardings: Any = None,
-        attention: str = "xla",
     ):
         self.seq_len = int(seq_len or model.max_positions)
         check_window(self.seq_len, model, "seq_len")
         data = mesh.shape["data"]
         self.batch = BatchSpec(batch_size=-(-int(batch_size) // data) * data, packing=packing)
         self.model, self.params, self.mesh, self.tokenizer = model, params, mesh, tokenizer
-        self.attention = attention
         self.evaluator = Evaluator(
             model,
             mesh,
@@ -112,11 +108,10 @@ class RequestScorer:
     def _score(self, plan: Plan, bar: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window NLL sums `[W] float64` nats, scored targets `[W] int64`, top-1 correct `[W]
         int64`) of a plan; every process calls it with the same plan. With `bar` (its text),
-        process 0 shows a progress bar over the plan's windows (tqdm, on stderr, as the
+        process 0 shows a progress bar over the plan's windows (the run's
+        `ppl_jax.outputs.console.ProgressBar`, an observer of the loop, on stderr, as the
         harness's HF backend shows one over its requests)."""
-        layout = batches(
-            plan, self.batch, self.attention, getattr(self.model, "honours_segments", True)
-        )
+        layout = batches(plan, self.batch, self.model.honours_segments)
         # Segment slots rounded up to a power of two: a few compiled shapes across calls.
         slots = min(MAX_SEGMENTS, 1 << max(0, layout.max_segments - 1).bit_length())
         layout = dataclasses.replace(layout, max_segments=max(slots, layout.max_segments))
@@ -126,21 +121,14 @@ class RequestScorer:
             plan,
             layout,
         )
-        shown = None
+        shown = []
         if bar and jax.process_index() == 0:
-            shown = tqdm(total=plan.windows.num_windows, desc=bar, unit="window")
+            shown.append(ProgressBar(plan.windows.num_windows, leave=True, desc=bar))
         try:
-            _, totals = self.evaluator.score(
-                self.params, dataset, progress=None if shown is None else self._advance(shown)
-            )
+            _, totals = self.evaluator.score(self.params, dataset, observers=shown)
         finally:
-            if shown is not None:
-                shown.close()
+            observers.close(shown)
         return totals.window_nll, totals.window_tokens, totals.window_correct
-
-    @staticmethod
-    def _advance(shown: Any):
-        return lambda tokens, windows: shown.update(windows)
 
     def loglikelihood_tokens(
         self,
@@ -240,7 +228,7 @@ def load(
     dtype: str = "float32",
     attention: str = "auto",
     tokenizer: str = "auto",
-) -> tuple[LanguageModel, Any, tokenizer_lib.Tokenizer]:
+) -> tuple[LanguageModel, Any, Tokenizer]:
     """The model, its params on `mesh` (read straight into their shardings) and its tokenizer
     (`Checkpoint.tokenizer_for`, as the command line resolves it: the checkpoint's own for
     `auto`, whatever its layout, a hub id included).

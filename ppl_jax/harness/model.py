@@ -28,12 +28,12 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints.opener import Checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.harness import arguments, backend
 from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 REFUSE_GENERATION = (
     "the ppl_jax model serves loglikelihood requests (log-likelihood and multiple-choice tasks) "
@@ -150,7 +150,7 @@ class PplJaxLM(TemplateLM):
         params = backend.restore(o.ckpt, o.step, o.model, o.mesh, o.dtype)  # checked: read
         self._setup(
             RequestScorer(o.model, params, o.mesh, o.tokenizer, seq_len=o.seq_len,
-                          batch_size=o.batch_size, packing=o.packing, attention=o.attention),
+                          batch_size=o.batch_size, packing=o.packing),
             o.add_bos_token,
             o.prefix_token_id,
         )  # fmt: skip

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
 from ppl_jax.models.interface import LanguageModel
@@ -271,7 +272,8 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         `ppl_jax.checkpoints.hf.read_description` returns).
       dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
       attention: the attention implementation, `xla`, `cudnn` or `splash`
-        (`ppl_jax.models.attention`).
+        (`ppl_jax.models.attention`); the model keeps packed windows apart
+        (`honours_segments`) where it does (`attention.keeps_segments`).
 
     Raises:
       CheckpointError: an unknown family, unknown keys, or a size out of bounds.
@@ -291,7 +293,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         cfg.vocab_size,
         cfg.max_positions,
         returns="hidden_states",
-        honours_segments=True,
+        honours_segments=attention_lib.keeps_segments(attention),
         description=cfg.to_dict(),
         dtype=jnp.dtype(dtype),
     )

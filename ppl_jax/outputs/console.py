@@ -125,11 +125,7 @@ def summary_table(results: dict[str, Any]) -> str:
         else f", BOS {'on' if proto['add_bos'] else 'off'}"
     )
     ckpt = results["checkpoint"]
-    where = (
-        "HF directory"
-        if ckpt.get("format") == "hf" or ckpt["step"] is None
-        else f"step {ckpt['step']}"
-    )
+    where = "one set of weights" if ckpt["step"] is None else f"step {ckpt['step']}"
     gzip_bpb = results["gzip_bits_per_byte"]
     rows = [
         (
@@ -241,33 +237,47 @@ def _gzip_sample(results: dict[str, Any]) -> str:
     return ""
 
 
-def progress_bar(enabled: bool):
-    """A factory for `evaluate`'s progress callback: a tqdm bar of windows with tokens/s."""
+class ProgressBar:
+    """A tqdm bar of windows with tokens/s on stderr: an observer of the scoring loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
-    def factory(num_windows: int):
-        if not enabled:
-            return None
+    Args:
+      num_windows: the windows to score; done: those a journal already holds (the bar starts
+        there).
+      leave: keep the finished bar on the terminal; desc: its text (the harness's requests).
+    """
+
+    def __init__(self, num_windows: int, done: int = 0, *, leave: bool = False, desc: str = ""):
         from tqdm import tqdm
 
-        bar = tqdm(
+        self.bar = tqdm(
             total=num_windows,
+            initial=done,
             unit="window",
             file=sys.stderr,
             dynamic_ncols=True,
             mininterval=0.5,
-            leave=False,
+            leave=leave,
+            desc=desc or None,
         )
-        start = time.perf_counter()
-        seen = [0]
+        self.tokens = 0
+        self.start = time.perf_counter()
 
-        def update(tokens: int, windows: int) -> None:
-            seen[0] += tokens
-            bar.update(windows)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{seen[0] / elapsed:,.0f} tok/s", refresh=False)
-            if bar.n >= num_windows:
-                bar.close()
+    def should_stop(self, i: int) -> bool:
+        return False
 
-        return update
+    def on_batch(self, i: int, rows: Any, host: Any) -> None:
+        """Advances by the batch's windows; the rate is of the tokens scored since the start."""
+        self.tokens += int(host.num_tokens.sum())
+        self.bar.update(sum(len(row) for row in rows))
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
 
-    return factory
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(enabled: bool):
+    """The run's progress factory: `(windows, windows done) -> ProgressBar`, or None when not
+    `enabled` (`ppl_jax.evaluation.run.run`'s `progress_factory`)."""
+    return ProgressBar if enabled else None

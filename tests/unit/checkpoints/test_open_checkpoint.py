@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import hf, open_checkpoint
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.checkpoints.own import OwnOrbax
@@ -19,7 +20,6 @@ from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 import helpers
 
@@ -159,7 +159,7 @@ def test_hf_tokenizer_is_read_when_there(tmp_path):
     np.testing.assert_array_equal(tok.encode([TEXT])[0], expected)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_orbax_restore_is_restore_params(orbax_dir, dtype):
     path, saved = orbax_dir
     ckpt = open_checkpoint(path)

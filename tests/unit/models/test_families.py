@@ -143,6 +143,7 @@ def check_matches(path: str, g: dict, protocol: str) -> tuple[float, float]:
     return per_token, total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_within_1e3_of_float32(family):
     g = golden(family)
@@ -236,6 +237,7 @@ def test_descriptions_read_every_feature():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_converts_to_orbax_and_scores_the_same(family, tmp_path):
     from ppl_jax.cli.convert import convert

@@ -226,6 +226,7 @@ EXPERT_RULES = tuple(r for r in mesh_lib.DEFAULT_RULES if r[0] != "mlp") + (
 )
 
 
+@pytest.mark.slow
 def test_invariant_to_batch_size_order_and_mesh():
     spec = moe.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=16, top_k=4, shared_mlp_dim=24)
     module = moe.MoeMLP(spec, nnx.Rngs(0))

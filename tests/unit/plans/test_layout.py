@@ -14,7 +14,7 @@ from ppl_jax.plans.layout import bucket_widths, plan_layout
 from ppl_jax.plans.protocols import plan
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.scorer import Scorer
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 import helpers
 

@@ -91,7 +91,7 @@ def test_nonfinite_log_probabilities_are_counted():
 def _plan(tokens, seq_len):
     from ppl_jax.data.documents import Document
     from ppl_jax.plans.protocols import plan
-    from ppl_jax.tokenizer.base import ByteTokenizer
+    from ppl_jax.tokenizer import ByteTokenizer
 
     return plan(
         "sliding",
@@ -129,7 +129,7 @@ def test_nonfinite_is_an_error_naming_the_window():
     from ppl_jax.errors import NumericsError
     from ppl_jax.evaluation.evaluator import Evaluator
     from ppl_jax.plans.layout import plan_layout
-    from ppl_jax.plans.suite import Dataset
+    from ppl_jax.plans.planner import Dataset
 
     cfg = helpers.TINY
     model = registry.build(cfg.to_dict(), jnp.float32)
