@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import abc
 import copy
-import dataclasses
 import importlib.util
 from typing import Any, ClassVar
 
@@ -39,6 +38,7 @@ from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
 from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import registry
@@ -46,28 +46,7 @@ from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-# name -> (shape, dtype): a stored tree, as `stored` gives it and `mapping.resolve` takes it.
-Stored = dict[str, tuple[tuple[int, ...], Any]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """The `checkpoint.*` settings a checkpoint is opened with (`open_checkpoint`'s keywords):
-    `architecture`, `mapping` (a preset or a YAML/JSON file), `item` and `params` (where the
-    params are inside another trainer's tree), `allow_download` (a hub id may be downloaded)."""
-
-    architecture: str = ""
-    mapping: str = ""
-    item: str = ""
-    params: str = ""
-    allow_download: bool = False
-
-    @property
-    def names_a_tree(self) -> bool:
-        """A mapping, item or params path was given: the tree is another trainer's."""
-        return bool(self.mapping or self.item or self.params)
+__all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
 
 class Checkpoint(abc.ABC):
@@ -458,14 +437,3 @@ class Checkpoint(abc.ABC):
             names of the mapping.
         """
         return mapped.restore(self, step, target)
-
-
-def dtype_of(name: str) -> Any:
-    """The JAX dtype of `model.dtype` (`float32`, `bfloat16`).
-
-    Raises:
-      ConfigError: another name.
-    """
-    if name not in DTYPES:
-        raise ConfigError(f"model.dtype={name!r} is not one of {', '.join(DTYPES)}.")
-    return DTYPES[name]
