@@ -85,8 +85,13 @@ def runs():
         ),  # fmt: skip
         "qwen3_scanned": (
             "qwen3",
-            Qwen3Config(**SIZES, scan_layers=True, tie_word_embeddings=True,
-                        layer_norm_epsilon=1e-6, rope=rope),
+            Qwen3Config(
+                **SIZES,
+                scan_layers=True,
+                tie_word_embeddings=True,
+                layer_norm_epsilon=1e-6,
+                rope=rope,
+            ),
             1,
         ),  # fmt: skip
     }
