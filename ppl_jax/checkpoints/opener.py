@@ -9,6 +9,7 @@ Nothing outside `ppl_jax.checkpoints` asks which reader it is. The readers, in t
 | --- | --- | --- |
 | `HubRepo` | a hub id by revision, or a hub cache's repository folder | `hf://org/name[@rev]`; `models--org--name/refs`, `snapshots` |
 | `OrbaxV1` | a checkpoint (or run of steps) of the Orbax v1 API | the empty file `orbax.checkpoint`; v1 handlers in `_CHECKPOINT_METADATA` |
+| `LevanterRun` | a levanter (marin) run of `step-<N>/` folders, or one step | `step-<N>/metadata.json` |
 | `HFDirectory` | a Hugging Face directory, local or on a bucket | `config.json` (+ `model.safetensors` or `model.safetensors.index.json`) |
 | `OwnOrbax` | ppl_jax's own Orbax steps | numbered steps whose latest has a `metadata` item |
 | `ForeignOrbax` | MaxText, gemma, Linen and NNX loops' Orbax trees | an item folder (`_METADATA`, `manifest.ocdbt`); steps without `metadata`; `checkpoints/` |
@@ -26,12 +27,20 @@ from ppl_jax.checkpoints import hf, orbax
 from ppl_jax.checkpoints.checkpoint import DTYPES, Checkpoint, Options, dtype_of
 from ppl_jax.checkpoints.foreign import ForeignOrbax
 from ppl_jax.checkpoints.huggingface import HFDirectory, HubRepo
+from ppl_jax.checkpoints.levanter import LevanterRun
 from ppl_jax.checkpoints.orbax_v1 import OrbaxV1
 from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.errors import ConfigError
 from ppl_jax.runtime import paths
 
-READERS: tuple[type[Checkpoint], ...] = (HubRepo, OrbaxV1, HFDirectory, OwnOrbax, ForeignOrbax)
+READERS: tuple[type[Checkpoint], ...] = (
+    HubRepo,
+    OrbaxV1,
+    LevanterRun,
+    HFDirectory,
+    OwnOrbax,
+    ForeignOrbax,
+)
 FORMATS = ("auto", *dict.fromkeys(f for r in READERS for f in r.formats))
 
 __all__ = ["DTYPES", "FORMATS", "READERS", "Checkpoint", "choose", "dtype_of", "open_checkpoint"]
