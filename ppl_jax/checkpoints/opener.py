@@ -10,6 +10,8 @@ Nothing outside `ppl_jax.checkpoints` asks which reader it is. The readers, in t
 | `HubRepo` | a hub id by revision, or a hub cache's repository folder | `hf://org/name[@rev]`; `models--org--name/refs`, `snapshots` |
 | `OrbaxV1` | a checkpoint (or run of steps) of the Orbax v1 API | the empty file `orbax.checkpoint`; v1 handlers in `_CHECKPOINT_METADATA` |
 | `LevanterRun` | a levanter (marin) run of `step-<N>/` folders, or one step | `step-<N>/metadata.json` |
+| `EasyDeLCheckpoint` | an EasyDeL checkpoint, or a run of `run-<step>/` milestones | `tensorstore_index.json` (+ `config.json`) |
+| `T5XCheckpoint` | a T5X model directory of `checkpoint_<step>/` steps, or one step | the msgpack file `checkpoint` in `checkpoint_<step>` |
 | `HFDirectory` | a Hugging Face directory, local or on a bucket | `config.json` (+ `model.safetensors` or `model.safetensors.index.json`) |
 | `OwnOrbax` | ppl_jax's own Orbax steps | numbered steps whose latest has a `metadata` item |
 | `ForeignOrbax` | MaxText, gemma, Linen and NNX loops' Orbax trees | an item folder (`_METADATA`, `manifest.ocdbt`); steps without `metadata`; `checkpoints/` |
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 from ppl_jax.checkpoints import hf, orbax
 from ppl_jax.checkpoints.checkpoint import DTYPES, Checkpoint, Options, dtype_of
+from ppl_jax.checkpoints.easydel import EasyDeLCheckpoint
 from ppl_jax.checkpoints.foreign import ForeignOrbax
 from ppl_jax.checkpoints.huggingface import HFDirectory, HubRepo
 from ppl_jax.checkpoints.levanter import LevanterRun
 from ppl_jax.checkpoints.orbax_v1 import OrbaxV1
 from ppl_jax.checkpoints.own import OwnOrbax
+from ppl_jax.checkpoints.t5x import T5XCheckpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.runtime import paths
 
@@ -37,6 +41,8 @@ READERS: tuple[type[Checkpoint], ...] = (
     HubRepo,
     OrbaxV1,
     LevanterRun,
+    EasyDeLCheckpoint,
+    T5XCheckpoint,
     HFDirectory,
     OwnOrbax,
     ForeignOrbax,

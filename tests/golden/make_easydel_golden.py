@@ -17,7 +17,9 @@ EasyDeL's forward) and saved after each step as EasyDeL's trainer saves a milest
 under `model/` and the optimizer under `tx/`, a zarr folder per leaf) and the checkpointer's
 `metadata.json`. The logits of each step are EasyDeL's forward pass
 (`model(input_ids=...).logits`) of the state saved at that step, read back by EasyDeL's own
-`EasyDeLState.load_state`. Writes `logits.npz` (`tokens`, `step_<N>`).
+`EasyDeLState.load_state`. EasyDeL attends in bfloat16 by default (`attn_dtype`); these
+models attend in float32 (`attn_dtype=float32`, passed again on loading since `config.json`
+drops it), which removes that rounding from the writer's logits. Writes `logits.npz` (`tokens`, `step_<N>`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ OUT = os.path.join(HERE, "trainers", "easydel")
 VOCAB, BATCH, SEQ, STEPS = 300, 2, 16, 2
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-             max_position_embeddings=64, attn_mechanism="vanilla")  # fmt: skip
+             max_position_embeddings=64, attn_mechanism="vanilla",
+             attn_dtype="float32")  # fmt: skip
 
 
 def tokens() -> np.ndarray:
@@ -85,6 +88,7 @@ def write_run(name: str) -> None:
         restored = ed.EasyDeLState.load_state(
             os.path.join(run, f"run-{step}"), dtype=jnp.float32, param_dtype=jnp.float32,
             precision=jax.lax.Precision.HIGHEST, auto_shard_model=False,
+            config_kwargs={"attn_dtype": jnp.float32},
         )  # fmt: skip
         m = restored.model
         with m.mesh:
