@@ -1,6 +1,6 @@
 """Writes tests/golden/trainers/levanter/: tiny checkpoints written by marin's levanter itself (the
 `marin-levanter` package), with levanter's own logits on a fixed token batch, for
-tests/unit/checkpoints/test_levanter_golden.py.
+tests/unit/checkpoints/test_trainer_layouts.py.
 
 Runs inside a side environment that has levanter (never ppl_jax's own):
 

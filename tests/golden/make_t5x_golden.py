@@ -1,6 +1,6 @@
 """Writes tests/golden/trainers/t5x/: a tiny decoder-only model's training checkpoints written by
 T5X's own `t5x.checkpoints.Checkpointer`, with the model's logits on a fixed token batch, for
-tests/unit/checkpoints/test_t5x_golden.py.
+tests/unit/checkpoints/test_trainer_layouts.py.
 
 T5X is not on PyPI and pins its dependencies to git URLs; it runs here from a snapshot of
 google-research/t5x (commit cc342d419ec3, 2026-04-21) installed without dependencies into a side
