@@ -28,11 +28,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import hf, presets, storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 INDEX = "tensorstore_index.json"
 STEP = re.compile(r"run-(\d+)")
@@ -170,7 +170,7 @@ class EasyDeLCheckpoint(Checkpoint):
 
     def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
         folder = self._folder(self.resolve_step(step))
-        return hf.load_tokenizer(folder) if hf.has_tokenizer(folder) else None
+        return hf.read_tokenizer(folder) if hf.has_tokenizer(folder) else None
 
     def rules(self, step: int | None = None) -> list[dict[str, Any]]:
         file = self.mapping_file()
