@@ -19,11 +19,14 @@ under `model/` and the optimizer under `tx/`, a zarr folder per leaf) and the ch
 (`model(input_ids=...).logits`) of the state saved at that step, read back by EasyDeL's own
 `EasyDeLState.load_state`. EasyDeL attends in bfloat16 by default (`attn_dtype`); these
 models attend in float32 (`attn_dtype=float32`, passed again on loading since `config.json`
-drops it), which removes that rounding from the writer's logits. Writes `logits.npz` (`tokens`, `step_<N>`).
+drops it), which removes that rounding from the writer's logits; so is its RoPE table, which
+EasyDeL keeps in bfloat16 whatever the dtype (`rope_tables_in_float32`). Writes `logits.npz`
+(`tokens`, `step_<N>`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,6 +46,39 @@ SIZES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_
 def tokens() -> np.ndarray:
     """The fixed token batch, `[2, 16] int32`."""
     return ((np.arange(BATCH * SEQ).reshape(BATCH, SEQ) * 37 + 5) % VOCAB).astype(np.int32)
+
+
+@contextlib.contextmanager
+def rope_tables_in_float32():
+    """EasyDeL casts its precomputed RoPE table (cos and sin of position x frequency) to bfloat16
+    whatever the model's dtype (`EasyDeLBaseConfig.get_basic_frequencies`, `.astype(bfloat16)`):
+    cos(1) is 0.539 instead of 0.5403. The logits are computed with the same table in float32,
+    which removes that rounding from the writer's forward (as `attn_dtype` does for attention).
+    Measured: with the bfloat16 table, a Qwen3 with QK-norm (attention scores of order one)
+    differs from float32 RoPE by ~3e-4 of the largest logit; without RoPE in both, by 2e-7."""
+    import jax
+    import jax.numpy as jnp
+    from easydel.infra.base_config import EasyDeLBaseConfig
+    from easydel.infra.utils import ModuleCaches
+    from easydel.layers import get_frequencies
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def get_basic_frequencies(self, head_size=None, rotary_dim=None, base=None):
+        head_size = head_size or self.head_dim
+        frequencies = get_frequencies(
+            head_size=head_size, rotary_dim=rotary_dim or head_size,
+            max_position=self.granted_freq_max_position_embedding,
+            base=base or self.rope_theta, rope_scaling=self._get_rope_config().to_dict(),
+            partial_rotary_factor=getattr(self, "partial_rotary_factor", 1.0),
+        ).astype(jnp.float32)  # fmt: skip
+        return ModuleCaches(jax.device_put(frequencies, NamedSharding(self.mesh, PartitionSpec())))
+
+    original = EasyDeLBaseConfig.get_basic_frequencies
+    EasyDeLBaseConfig.get_basic_frequencies = get_basic_frequencies
+    try:
+        yield
+    finally:
+        EasyDeLBaseConfig.get_basic_frequencies = original
 
 
 def write_run(name: str) -> None:
@@ -84,15 +120,16 @@ def write_run(name: str) -> None:
         state.save_state(folder, step=step)
         _write_checkpoint_metadata(folder, step=step, is_temporary=False)
     out = {"tokens": tokens()}
-    for step in range(1, STEPS + 1):
-        restored = ed.EasyDeLState.load_state(
-            os.path.join(run, f"run-{step}"), dtype=jnp.float32, param_dtype=jnp.float32,
-            precision=jax.lax.Precision.HIGHEST, auto_shard_model=False,
-            config_kwargs={"attn_dtype": jnp.float32},
-        )  # fmt: skip
-        m = restored.model
-        with m.mesh:
-            out[f"step_{step}"] = np.asarray(m(input_ids=ids).logits, np.float32)
+    with rope_tables_in_float32():  # only here: the weights are trained as before
+        for step in range(1, STEPS + 1):
+            restored = ed.EasyDeLState.load_state(
+                os.path.join(run, f"run-{step}"), dtype=jnp.float32, param_dtype=jnp.float32,
+                precision=jax.lax.Precision.HIGHEST, auto_shard_model=False,
+                config_kwargs={"attn_dtype": jnp.float32},
+            )  # fmt: skip
+            m = restored.model
+            with m.mesh:
+                out[f"step_{step}"] = np.asarray(m(input_ids=ids).logits, np.float32)
     assert not np.allclose(out["step_1"], out[f"step_{STEPS}"])
     np.savez(os.path.join(target, "logits.npz"), **out)
 
