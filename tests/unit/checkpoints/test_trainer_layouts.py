@@ -2,7 +2,8 @@
 {levanter,easydel,t5x}, from tests/golden/make_{levanter,easydel,t5x}_golden.py), read in place
 by their readers: ppl_jax's float32 logits equal the writer's own within 1e-5 of the largest
 logit, each layout is found by its markers, incomplete steps are not steps, names that lead out
-of the checkpoint are refused, and a sweep over a levanter run equals single runs exactly."""
+of the checkpoint are refused, a sweep over a levanter or EasyDeL run equals single runs exactly,
+and `ppl-jax inspect` names each reader and maps every stored array."""
 
 from __future__ import annotations
 
@@ -127,17 +128,20 @@ def test_names_leading_out_are_refused(name):
         tensorstore_tree.check_inside(name, "here")
 
 
-def test_levanter_sweep_equals_single_runs(tmp_path):
+@pytest.mark.parametrize("layout", ["levanter", "easydel"])
+def test_a_sweep_over_a_trainers_steps_equals_single_runs(tmp_path, layout):
     from test_one_job import config, run, without_timings
 
     import helpers
 
     (tmp_path / "data").mkdir()
     corpus = helpers.corpus_files(tmp_path / "data", [helpers.stdlib_text(600)])
-    folder = os.path.join(LEVANTER, "llama_scanned")
-    extra = dict(checkpoint__architecture=os.path.join(folder, "description.json"),
-                 data__tokenizer="byte", data__allow_tokenizer_mismatch=True,
-                 eval__seq_len=16)  # fmt: skip
+    extra = dict(data__tokenizer="byte", data__allow_tokenizer_mismatch=True, eval__seq_len=16)
+    if layout == "levanter":
+        folder = os.path.join(LEVANTER, "llama_scanned")
+        extra["checkpoint__architecture"] = os.path.join(folder, "description.json")
+    else:  # EasyDeL's milestones carry their config.json
+        folder = os.path.join(EASYDEL, "qwen3")
     _, sweep_dir = run(config(os.path.join(folder, "run"), corpus, tmp_path / "sweep",
                               checkpoint__step="all", **extra))  # fmt: skip
     swept = {r["step"]: r for r in store.ResultsStore.in_dir(sweep_dir).records()}
@@ -150,3 +154,31 @@ def test_levanter_sweep_equals_single_runs(tmp_path):
     assert swept[1]["metrics"]["perplexity"] != swept[2]["metrics"]["perplexity"]
     with open(os.path.join(sweep_dir, "results.json")) as f:
         assert json.load(f)["checkpoint"]
+
+
+@pytest.mark.parametrize(
+    "layout, reader, args, stored",
+    [
+        ("levanter/llama_scanned/run", "LevanterRun",
+         ["--architecture", "levanter/llama_scanned/description.json"],
+         "transformer/layers/stacked/self_attn/q_proj/weight  [layer 1 of axis 0"),
+        ("easydel/qwen3/run", "EasyDeLCheckpoint", [], "model/layers/1/self_attn/q_proj/kernel"),
+        ("t5x/model_dir", "T5XCheckpoint",
+         ["--architecture", "t5x/description.json", "--mapping", "t5x/mapping.yaml"],
+         "decoder/layers_1/self_attention/query/kernel"),
+    ],
+)  # fmt: skip
+def test_inspect_names_the_trainer_reader_and_maps_every_stored_array(
+    capsys, layout, reader, args, stored
+):
+    from ppl_jax.cli import inspect as inspect_cli
+
+    argv = [os.path.join(TRAINERS, layout)]
+    argv += [a if a.startswith("--") else os.path.join(TRAINERS, a) for a in args]
+    assert inspect_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert f"reader: {reader} (" in out and "steps: 1, 2" in out
+    assert "every stored array used" in out
+    assert any(line.strip().startswith("layers/1/attn/q") and stored in line
+               for line in out.splitlines())  # fmt: skip
