@@ -95,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mapping", help="as checkpoint.mapping")
     parser.add_argument("--item", help="as checkpoint.item")
     parser.add_argument("--params", help="as checkpoint.params")
-    parser.add_argument("--format", default="auto", help="as checkpoint.format (auto, orbax, hf)")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        help="as checkpoint.format (auto, orbax, hf, levanter, easydel, t5x)",
+    )
     parser.add_argument("--step", type=int, default=None, help="a step (default: the latest)")
     args = parser.parse_args(argv)
     logging.set_verbosity(logging.ERROR)  # Orbax's informational logs are not for users

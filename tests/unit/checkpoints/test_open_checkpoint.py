@@ -65,7 +65,7 @@ def test_the_format_is_detected_or_as_given(orbax_dir):
     assert open_checkpoint(llama).format == "hf"
     assert open_checkpoint(llama, "orbax").format == "orbax"  # as given, not looked at
     assert open_checkpoint(path, "hf").format == "hf"
-    with pytest.raises(ConfigError, match=r"checkpoint.format='pt' is not one of auto, orbax, hf"):
+    with pytest.raises(ConfigError, match=r"checkpoint.format='pt' is not one of auto, orbax, "):
         open_checkpoint(path, "pt")
 
 
