@@ -173,13 +173,11 @@ def run_jax(
     import numpy as np
 
     from ppl_jax.checkpoints import hf
-    from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models import attention as attention_lib
     from ppl_jax.models import registry
-    from ppl_jax.plans import windows
-    from ppl_jax.plans.layout import plan_layout
-    from ppl_jax.runtime import mesh as mesh_lib
-    from ppl_jax.scoring.scorer import Scorer
+    from ppl_jax.plans import plan_layout, windows
+    from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
+    from ppl_jax.scoring import Scorer
 
     chunks = np.load(tokens_path)
     num, seq_len = chunks.shape
@@ -190,8 +188,8 @@ def run_jax(
         attention_lib.QUERY_BLOCK = attention_lib.GPU_QUERY_BLOCK = int(query_block)
     attention = attention_lib.resolve_for(attention, jdtype, description)
     model = registry.build(description, jdtype, attention)
-    mesh = mesh_lib.make_mesh(-1, 1)
-    target, shardings = mesh_lib.param_targets(
+    mesh = make_mesh(-1, 1)
+    target, shardings = param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jdtype
     )
     params = hf.load_params(model_dir, target)
@@ -231,7 +229,7 @@ def run_jax(
 
 
 def _temp_bytes(scorer) -> int | None:
-    analyses = [c.memory_analysis() for c in scorer._compiled.values()]
+    analyses = scorer.memory_analysis().values()
     return max((a.temp_size_in_bytes for a in analyses if a is not None), default=None)
 
 
