@@ -172,12 +172,13 @@ def run_jax(
     import jax.numpy as jnp
     import numpy as np
 
+    from ppl_jax import plans, scoring
     from ppl_jax.checkpoints import hf
+    from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models import attention as attention_lib
     from ppl_jax.models import registry
-    from ppl_jax.plans import plan_layout, windows
-    from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
-    from ppl_jax.scoring import Scorer
+    from ppl_jax.plans import windows
+    from ppl_jax.runtime import mesh as mesh_lib
 
     chunks = np.load(tokens_path)
     num, seq_len = chunks.shape
@@ -188,8 +189,8 @@ def run_jax(
         attention_lib.QUERY_BLOCK = attention_lib.GPU_QUERY_BLOCK = int(query_block)
     attention = attention_lib.resolve_for(attention, jdtype, description)
     model = registry.build(description, jdtype, attention)
-    mesh = make_mesh(-1, 1)
-    target, shardings = param_targets(
+    mesh = mesh_lib.make_mesh(-1, 1)
+    target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jdtype
     )
     params = hf.load_params(model_dir, target)
@@ -198,7 +199,7 @@ def run_jax(
         chunks.ravel(), np.arange(num) * seq_len, np.full(num, seq_len), np.ones(num), seq_len - 1
     )
     batch_size = max(mesh.shape["data"], batch_size - batch_size % mesh.shape["data"])
-    scorer = Scorer(model, mesh, shardings)
+    scorer = scoring.Scorer(model, mesh, shardings)
     warm = windows.make(
         win.tokens,
         win.starts[:batch_size],
@@ -207,9 +208,9 @@ def run_jax(
         win.seq_len,
     )
     t0 = time.perf_counter()
-    scorer.score(params, warm, plan_layout(warm, batch_size))  # compile and warm up
+    scorer.score(params, warm, plans.plan_layout(warm, batch_size))  # compile and warm up
     compile_seconds = time.perf_counter() - t0
-    totals = scorer.score(params, win, plan_layout(win, batch_size))
+    totals = scorer.score(params, win, plans.plan_layout(win, batch_size))
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform == "gpu" else None
     return {
