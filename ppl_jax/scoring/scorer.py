@@ -310,7 +310,7 @@ class Scorer:
                 for k in BATCH_KEYS
             }
             # The mesh is set while tracing, so that layers that split work by hand over `data`
-            # (the MoE layer's routing, `ppl_jax.models.moe.data_shards`) see it.
+            # (the MoE layer's routing, `ppl_jax.models.experts.data_shards`) see it.
             with jax.set_mesh(self.mesh):
                 lowered = jitted.lower(abstract_params, abstract_batch)
             self._compiled[key] = lowered.compile()
