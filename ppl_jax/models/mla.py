@@ -33,7 +33,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import qk
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
-from ppl_jax.models.llama import normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.layers import normal_param, ones_param, rms_norm, zeros_param
 
 LATENT_NORM_EPS = 1e-6
 

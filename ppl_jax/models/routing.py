@@ -37,7 +37,7 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.experts import SWIGLU, ClampedSwiGLU, per_token_shard, swiglu, weighted_sum
-from ppl_jax.models.llama import normal_param, zeros_param
+from ppl_jax.models.layers import normal_param, zeros_param
 
 
 def _logits(x, router, bias=None):

@@ -171,6 +171,7 @@ def test_llama4_scales_the_experts_input_not_output():
         assert (rel_diff(y, g["y"]) < 1e-6) == close
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ROUTED)
 def test_routed_block_in_bfloat16_is_close(name):
     g = golden(name)
