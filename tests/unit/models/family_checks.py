@@ -8,8 +8,16 @@ import json
 import os
 
 import numpy as np
-from test_families import FAMILY_DIR, ROWS, golden, load_dir, loaded, ppl_windows, protocol_nll
-from test_families import score_rows
+from test_families import (
+    FAMILY_DIR,
+    ROWS,
+    golden,
+    load_dir,
+    loaded,
+    ppl_windows,
+    protocol_nll,
+    score_rows,
+)
 
 from ppl_jax.checkpoints import hf
 from ppl_jax.config.defaults import DEFAULT_RULES
