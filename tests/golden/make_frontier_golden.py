@@ -7,9 +7,9 @@ perturbation and the numbers).
     python tests/golden/make_frontier_golden.py --numbers-only  # keeps the committed models
     python tests/golden/make_frontier_golden.py --only gpt_oss
 
-Each family of `FAMILIES` gets `tests/golden/frontier/<name>/` (`OUT`; they move to
-tests/golden/families/, where tests/unit/models/test_families.py finds them, with the family
-modules that read them): a tiny random transformers 5
+Each family of `FAMILIES` gets `tests/golden/families/<name>/` (`OUT`, where
+tests/unit/models/test_families.py finds them; `<name>` is the ppl_jax family that reads it): a
+tiny random transformers 5
 model (seed 0, 1-D weights perturbed, and the weights named below drawn so that their feature
 bites) as `save_pretrained` writes it, and `golden.json` with transformers' float32
 log-probabilities of every scored target of the `sliding`, `hf_strided` and `lm_eval_rolling`
@@ -20,7 +20,7 @@ windows (24 inputs each). What each exercises inside the scored windows:
   the chosen router logits (router bias); expert biases; the clamped SwiGLU (alpha 1.702, limit
   7) with the experts' gate-and-up weights scaled so that about a tenth of the pre-activations
   pass the limit; YaRN (factor 4, no truncation) past an original length of 16; untied.
-- `llama4_text` (`Llama4ForCausalLM`): layers 0-2 rotary (interleaved pairs, llama3 scaling past
+- `llama4` (`Llama4ForCausalLM`, model type `llama4_text`): layers 0-2 rotary (interleaved pairs, llama3 scaling past
   an original length of 16) with chunked attention of 8 and L2 QK-norm, layer 3 NoPE with
   attention temperature tuning (`floor_scale` 4, `attn_scale` 0.25, so that the scale grows
   inside the window); MoE on layers 1 and 3 (`interleave_moe_layer_step` 2): 4 experts, a
@@ -55,7 +55,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_family_golden as family  # noqa: E402
 
-OUT = os.path.join(HERE, "frontier")
+OUT = os.path.join(HERE, "families")
 SMALL = dict(
     vocab_size=family.VOCAB,
     hidden_size=32,
@@ -164,7 +164,7 @@ def _deepseek_v3():
     return model
 
 
-FAMILIES = {"gpt_oss": _gpt_oss, "llama4_text": _llama4_text, "deepseek_v3": _deepseek_v3}
+FAMILIES = {"gpt_oss": _gpt_oss, "llama4": _llama4_text, "deepseek_v3": _deepseek_v3}
 
 
 def _add_mtp_layer(path: str) -> None:
