@@ -267,7 +267,7 @@ def child_prepare(task: dict) -> dict:
         **extra,
     )
     sliding = task["protocol"] == "sliding"
-    ev = ProtocolSpec(
+    protocol = ProtocolSpec(
         protocol=task["protocol"],
         seq_len=task["seq_len"],
         stride=task["stride"] if sliding else None,
@@ -312,9 +312,9 @@ def child_prepare(task: dict) -> dict:
         if hasattr(tok, name):
             setattr(tok, name, timed(getattr(tok, name)))
     if ds.cache_dir:  # as `evaluate` does: the plan cache, else the token cache, else read
-        p = planner.planned(ds, ev, tok, tok.vocab_size)[0]
+        p = planner.planned(ds, protocol, tok, tok.vocab_size)[0]
     else:
-        p = planner.plan(ds, ev, docs, counts, tok, tok.vocab_size)
+        p = planner.plan(ds, protocol, docs, counts, tok, tok.vocab_size)
     mark("plan")
     phases["tokenize"] = encode_s[0]
     phases["plan"] -= encode_s[0]
