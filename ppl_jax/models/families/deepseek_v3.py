@@ -122,6 +122,10 @@ class DeepseekV3(Llama):
     """The Llama decoder (pre-norms, dense SwiGLU) whose every layer attends by MLA
     (`mla.LatentAttention`) and whose `moe_layers` hold a routed block (`routing.RoutedMLP`)."""
 
+    # Not verified under a context-parallel mesh axis (the load-balanced order): refused there
+    # (`ppl_jax.models.attention`'s contract for `LanguageModel.context_parallel`).
+    context_parallel = False
+
     def __init__(
         self,
         cfg: DeepseekV3Config,

@@ -100,6 +100,10 @@ class GptOss(Llama):
     """The Llama decoder whose layers attend with sinks (`SinkAttention`) and hold a routed
     block (`routing.RoutedMLP`)."""
 
+    # Not verified under a context-parallel mesh axis (the load-balanced order): refused there
+    # (`ppl_jax.models.attention`'s contract for `LanguageModel.context_parallel`).
+    context_parallel = False
+
     def __init__(
         self,
         cfg: GptOssConfig,

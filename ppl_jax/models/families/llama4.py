@@ -1,5 +1,5 @@
-"""Llama 4's text model (Hugging Face `llama4_text`, and the text tower of a `llama4` checkpoint;
-Meta 2025), as transformers 5.24's `modeling_llama4` computes it:
+"""Llama 4's text model (Hugging Face `llama4_text`; Meta 2025), as transformers 5.24's
+`modeling_llama4` computes it:
 
 - rotary layers (`no_rope_layers` 1; by default all but every fourth, `no_rope_layer_interval`)
   rotate adjacent pairs of each head (complex multiplication, `ppl_jax.models.qk.rotate_pairs`)
@@ -115,6 +115,10 @@ def routed_spec(cfg: Llama4Config) -> routing.RoutedSpec:
 class Llama4(Llama):
     """The Llama decoder with `Llama4Attention` on every layer and a routed block on
     `moe_layers`."""
+
+    # Not verified under a context-parallel mesh axis (the load-balanced order): refused there
+    # (`ppl_jax.models.attention`'s contract for `LanguageModel.context_parallel`).
+    context_parallel = False
 
     def __init__(
         self,
