@@ -93,9 +93,9 @@ def test_refusals_before_reading_weights():
     "change",
     [
         {"attn_chunk": None, "chunk_layers": []},
-        {"nope_layers": []},
+        pytest.param({"nope_layers": []}, marks=pytest.mark.slow),
         {"temperature_tuning": False},
-        {"qk_l2_norm": False},
+        pytest.param({"qk_l2_norm": False}, marks=pytest.mark.slow),
         pytest.param({"rope_type": "default"}, marks=pytest.mark.slow),
         pytest.param({"moe_top_k": 2}, marks=pytest.mark.slow),
     ],
