@@ -20,7 +20,7 @@ The description is a `LlamaConfig` whose `head_dim` is the rotary head dim (tran
 `head_dim`), `num_kv_heads` the heads (MLA has no key-value groups) and `query_scale` the
 softmax scale; the fields of its own are below.
 
-Refused: a context-parallel mesh axis (the routed blocks route the tokens of the data axis only).
+Refused: a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`).
 """
 
 from __future__ import annotations
@@ -121,10 +121,6 @@ def routed_spec(cfg: DeepseekV3Config) -> routing.RoutedSpec:
 class DeepseekV3(Llama):
     """The Llama decoder (pre-norms, dense SwiGLU) whose every layer attends by MLA
     (`mla.LatentAttention`) and whose `moe_layers` hold a routed block (`routing.RoutedMLP`)."""
-
-    # Not verified under a context-parallel mesh axis (the load-balanced order): refused there
-    # (`ppl_jax.models.attention`'s contract for `LanguageModel.context_parallel`).
-    context_parallel = False
 
     def __init__(
         self,
@@ -231,11 +227,5 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(
-        Limit(
-            "context",
-            "its routed blocks route the tokens of the data axis only",
-            lambda cfg: bool(cfg.moe_layers),
-        ),
-    ),
+    limits=(Limit("context", routing.CONTEXT_REFUSAL),),
 )

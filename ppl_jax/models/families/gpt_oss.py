@@ -14,8 +14,8 @@ transformers 5.24's `modeling_gpt_oss` computes it:
   in the stored `gate_up_proj`); untied embeddings.
 
 Refused: MXFP4-quantized weights (`quantization_config`, as the published checkpoints store
-their experts; a dequantized copy reads), and a context-parallel mesh axis (the routed blocks
-route the tokens of the data axis only).
+their experts; a dequantized copy reads), a context-parallel mesh axis
+(`routing.CONTEXT_REFUSAL`), and cuDNN attention (no sinks).
 """
 
 from __future__ import annotations
@@ -99,10 +99,6 @@ def routed_spec(cfg: GptOssConfig) -> routing.RoutedSpec:
 class GptOss(Llama):
     """The Llama decoder whose layers attend with sinks (`SinkAttention`) and hold a routed
     block (`routing.RoutedMLP`)."""
-
-    # Not verified under a context-parallel mesh axis (the load-balanced order): refused there
-    # (`ppl_jax.models.attention`'s contract for `LanguageModel.context_parallel`).
-    context_parallel = False
 
     def __init__(
         self,
@@ -195,7 +191,7 @@ FAMILY = Family(
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
     limits=(
-        Limit("context", "its routed blocks route the tokens of the data axis only"),
+        Limit("context", routing.CONTEXT_REFUSAL),
         Limit("cudnn", "cuDNN attention has no learned sinks", lambda cfg: cfg.attn_sinks),
     ),
 )

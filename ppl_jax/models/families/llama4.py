@@ -14,8 +14,8 @@
   `sigmoid_of_chosen`): the top `num_experts_per_tok` router logits through a sigmoid scale
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
-Refused: a context-parallel mesh axis when routed blocks are present (they route the tokens of
-the data axis only).
+Refused: `attention_bias`, a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN
+attention when chunked layers are present (no chunks).
 """
 
 from __future__ import annotations
@@ -116,10 +116,6 @@ class Llama4(Llama):
     """The Llama decoder with `Llama4Attention` on every layer and a routed block on
     `moe_layers`."""
 
-    # Not verified under a context-parallel mesh axis (the load-balanced order): refused there
-    # (`ppl_jax.models.attention`'s contract for `LanguageModel.context_parallel`).
-    context_parallel = False
-
     def __init__(
         self,
         cfg: Llama4Config,
@@ -218,11 +214,7 @@ FAMILY = Family(
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
     limits=(
-        Limit(
-            "context",
-            "its routed blocks route the tokens of the data axis only",
-            lambda cfg: bool(cfg.moe_layers),
-        ),
+        Limit("context", routing.CONTEXT_REFUSAL),
         Limit("cudnn", "cuDNN attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
     ),
 )

@@ -83,7 +83,7 @@ def test_configs_it_cannot_match_are_one_sentence(tmp_path, change, message):
 def test_refusals_before_reading_weights():
     d = hf.read_description(PATH)
     family = registry.for_description(d)
-    assert "data axis only" in family.refusal(registry.config_of(d), "context")
+    assert "not yet verified" in family.refusal(registry.config_of(d), "context")
     with pytest.raises(ConfigError, match="model.attention=cudnn is refused .* no chunks"):
         registry.build(d, jnp.float32, "cudnn")
 
