@@ -20,7 +20,8 @@ The description is a `LlamaConfig` whose `head_dim` is the rotary head dim (tran
 `head_dim`), `num_kv_heads` the heads (MLA has no key-value groups) and `query_scale` the
 softmax scale; the fields of its own are below.
 
-Refused: a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`).
+Refused: a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and the cuDNN and splash
+attention implementations (values narrower than the keys).
 """
 
 from __future__ import annotations
@@ -227,5 +228,9 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(Limit("context", routing.CONTEXT_REFUSAL),),
+    limits=(
+        Limit("context", routing.CONTEXT_REFUSAL),
+        Limit("cudnn", "cuDNN attention needs values as wide as the keys (MLA's are not)"),
+        Limit("splash", "splash attention is not verified with values narrower than the keys"),
+    ),
 )

@@ -15,7 +15,7 @@
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
 Refused: `attention_bias`, a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN
-attention when chunked layers are present (no chunks).
+and splash attention when chunked layers are present (no chunks).
 """
 
 from __future__ import annotations
@@ -216,5 +216,6 @@ FAMILY = Family(
     limits=(
         Limit("context", routing.CONTEXT_REFUSAL),
         Limit("cudnn", "cuDNN attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
+        Limit("splash", "splash attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
     ),
 )

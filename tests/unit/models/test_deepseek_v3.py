@@ -20,7 +20,7 @@ import pytest
 from test_families import FAMILY_DIR, golden, loaded, protocol_nll
 
 from ppl_jax.checkpoints import hf
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
 
 FAMILY = "deepseek_v3"
@@ -109,6 +109,9 @@ def test_refuses_a_context_axis_before_reading_weights():
     d = hf.read_description(PATH)
     family = registry.for_description(d)
     assert "not yet verified" in family.refusal(registry.config_of(d), "context")
+    for attention, why in (("cudnn", "as wide as the keys"), ("splash", "not verified")):
+        with pytest.raises(ConfigError, match=f"model.attention={attention} is refused .*{why}"):
+            registry.build(d, jnp.float32, attention)
 
 
 @pytest.mark.slow

@@ -84,8 +84,11 @@ def test_refusals_before_reading_weights():
     d = hf.read_description(PATH)
     family = registry.for_description(d)
     assert "not yet verified" in family.refusal(registry.config_of(d), "context")
-    with pytest.raises(ConfigError, match="model.attention=cudnn is refused .* no chunks"):
-        registry.build(d, jnp.float32, "cudnn")
+    for attention in ("cudnn", "splash"):
+        with pytest.raises(
+            ConfigError, match=f"model.attention={attention} is refused .* no chunks"
+        ):
+            registry.build(d, jnp.float32, attention)
 
 
 # Each feature turned off moves the result well past the tolerance: the comparison sees it.
