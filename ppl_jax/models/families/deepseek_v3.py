@@ -20,8 +20,8 @@ The description is a `LlamaConfig` whose `head_dim` is the rotary head dim (tran
 `head_dim`), `num_kv_heads` the heads (MLA has no key-value groups) and `query_scale` the
 softmax scale; the fields of its own are below.
 
-Refused: a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and the cuDNN and splash
-attention implementations (values narrower than the keys).
+Refused: a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN attention (values
+narrower than the keys).
 """
 
 from __future__ import annotations
@@ -231,6 +231,5 @@ FAMILY = Family(
     limits=(
         Limit("context", routing.CONTEXT_REFUSAL),
         Limit("cudnn", "cuDNN attention needs values as wide as the keys (MLA's are not)"),
-        Limit("splash", "splash attention is not verified with values narrower than the keys"),
     ),
 )
