@@ -20,7 +20,8 @@ The description is a `LlamaConfig` whose `head_dim` is the rotary head dim (tran
 `head_dim`), `num_kv_heads` the heads (MLA has no key-value groups) and `query_scale` the
 softmax scale; the fields of its own are below.
 
-Refused: a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN attention (values
+Refused: FP8-quantized weights (`quantization_config`, as published; a dequantized copy reads),
+a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN attention (values
 narrower than the keys).
 """
 
@@ -141,9 +142,10 @@ def read_config(c: dict[str, Any]) -> DeepseekV3Config:
     """The architecture of a `deepseek_v3` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: an activation other than silu, an unsupported rope scaling, sizes or
+      CheckpointError: quantized weights, an activation other than silu, an unsupported rope scaling, sizes or
         groups that do not fit. KeyError: a required field is missing.
     """
+    llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
     rope_dim = int(c.get("qk_rope_head_dim", 64))

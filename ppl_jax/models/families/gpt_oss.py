@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.errors import CheckpointError
 from ppl_jax.models import llama_hf, routing
 from ppl_jax.models.attention import attend
 from ppl_jax.models.layers import zeros_param
@@ -123,12 +122,7 @@ def read_config(c: dict[str, Any]) -> GptOssConfig:
       CheckpointError: quantized weights, an activation other than silu, an unsupported rope
         scaling, bad `layer_types`. KeyError: a required field is missing.
     """
-    if c.get("quantization_config"):
-        method = (c["quantization_config"] or {}).get("quant_method", "quantized")
-        raise CheckpointError(
-            f"the weights are {str(method)[:20]}-quantized (quantization_config), which ppl_jax "
-            f"does not read; give a dequantized (bfloat16 or float32) copy of the model."
-        )
+    llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     n = int(c["num_hidden_layers"])
     alternate = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]

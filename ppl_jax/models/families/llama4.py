@@ -14,7 +14,7 @@
   `sigmoid_of_chosen`): the top `num_experts_per_tok` router logits through a sigmoid scale
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
-Refused: `attention_bias`, a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN
+Refused: quantized weights (`quantization_config`), `attention_bias`, a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN
 and splash attention when chunked layers are present (no chunks).
 """
 
@@ -134,10 +134,11 @@ def read_config(c: dict[str, Any]) -> Llama4Config:
     """The architecture of a `llama4_text` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: an activation other than silu, attention biases, `no_rope_layers` or
+      CheckpointError: quantized weights, an activation other than silu, attention biases, `no_rope_layers` or
         `layer_types` that do not mark every layer, an unsupported rope scaling. KeyError: a
         required field is missing.
     """
+    llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     if c.get("attention_bias"):
         raise CheckpointError("attention_bias is not supported for Llama 4 (no model uses it).")

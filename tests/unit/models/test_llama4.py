@@ -72,6 +72,10 @@ def test_defaults_follow_transformers(tmp_path):
         ({"layer_types": ["sliding_attention"] * 4}, "layer_types are not 4 of chunked"),
         ({"attention_chunk_size": None}, "chunked layers without an attention_chunk_size"),
         ({"attention_bias": True}, "attention_bias is not supported"),
+        (
+            {"quantization_config": {"quant_method": "fbgemm_fp8"}},
+            "fbgemm_fp8-quantized .* dequantized",
+        ),
     ],
 )
 def test_configs_it_cannot_match_are_one_sentence(tmp_path, change, message):
