@@ -204,33 +204,46 @@ def weighted_sum(
 
 
 def data_shards() -> int:
-    """Devices along the `data` axis of the mesh set by `jax.set_mesh` (1 without one): the
-    shards a MoE layer routes and groups apart (`per_token_shard`).
+    """Devices along the `data` axis of the mesh set by `jax.set_mesh` (1 without one).
     `ppl_jax.scoring.scorer.Scorer` sets its mesh while it compiles the step."""
     mesh = jax.sharding.get_abstract_mesh()
     return 1 if mesh.empty else int(dict(mesh.shape).get("data", 1))
 
 
+def token_axes(shape: tuple[int, ...]) -> tuple[str | None, ...]:
+    """The mesh axes the leading dims of `x` (`[B, T, ..., embed]`) are split over and routed
+    apart: `data` for the rows, `context` for the tokens of a row (the long-context issue's
+    context axis), each where the mesh set by `jax.set_mesh` has it (size > 1) and it divides
+    the dim."""
+    mesh = jax.sharding.get_abstract_mesh()
+    sizes = {} if mesh.empty else dict(mesh.shape)
+    data, context = sizes.get("data", 1), sizes.get("context", 1)
+    rows = "data" if data > 1 and shape[0] % data == 0 else None
+    tokens = "context" if len(shape) > 2 and context > 1 and shape[1] % context == 0 else None
+    return (rows, tokens) if tokens else (rows,)
+
+
 def per_token_shard(fn, x: jax.Array, *replicated: jax.Array) -> jax.Array:
-    """`fn(x, *replicated)`, run on each `data` shard of `x` apart.
+    """`fn(x, *replicated)`, run on each `data` (and `context`) shard of `x` apart.
 
     Under a mesh (`jax.set_mesh`) whose `data` axis has n > 1 devices dividing `x.shape[0]`, the
-    leading axis of `x` is taken as sharded over `data`, and `fn` (a MoE layer's routing, sort by
-    expert and grouped experts) runs on each shard on its own device (`jax.shard_map` over `data`
-    only; the other axes stay with the partitioner), so each device sorts and computes only its
-    own rows' assignments: a sort over the whole batch would make the partitioner gather the
-    routing and run every token's experts on every device of the axis. `fn` must act on each
-    token alone (a dropless MoE layer does), so the result is the same as unsharded. The output
-    has `x`'s leading axes.
+    leading axis of `x` is taken as sharded over `data` (and for `[B, T, embed]` the second over
+    `context`, where the mesh has one that divides `T`: `token_axes`), and `fn` (a MoE layer's
+    routing, sort by expert and grouped experts) runs on each shard on its own device
+    (`jax.shard_map` over those axes only; `model` stays with the partitioner), so each device
+    sorts and computes only its own tokens' assignments: a sort over the whole batch would make
+    the partitioner gather the routing and run every token's experts on every device of the
+    axis. `fn` must act on each token alone (a dropless MoE layer does), so the result is the
+    same as unsharded. The output has `x`'s leading axes.
     """
-    shards = data_shards()
-    if shards > 1 and x.ndim > 1 and x.shape[0] % shards == 0:
-        spec = jax.sharding.PartitionSpec("data")
+    split = token_axes(x.shape) if x.ndim > 1 else ()
+    if any(split):
+        spec = jax.sharding.PartitionSpec(*split)
         fn = jax.shard_map(
             fn,
             in_specs=(spec,) + (jax.sharding.PartitionSpec(),) * len(replicated),
             out_specs=spec,
-            axis_names={"data"},
+            axis_names={a for a in split if a},
             check_vma=False,
         )
     return fn(x, *replicated)

@@ -31,10 +31,11 @@ The mesh has the axes `data` and `model` only; to shard the experts themselves, 
 ("mlp", None))` with `mesh.model=2` (the `data=4, expert=2` layout of the tests). XLA's
 partitioner then stores each expert on one device at rest and all-gathers the expert weights for
 the step: results are identical, but this is not all-to-all expert parallelism. The batch is
-split over `data`: under the mesh that `ppl_jax.scoring.scorer.Scorer` sets while compiling, the
-routing, the sort by expert and the grouped computation run per `data` shard (`jax.shard_map`
-over `data` alone, the `model` axis left to the partitioner), so each device sorts and computes
-only its own rows' assignments; a sort over the whole batch would make the partitioner gather
+split over `data` (and a row's tokens over `context`): under the mesh that
+`ppl_jax.scoring.scorer.Scorer` sets while compiling, the routing, the sort by expert and the
+grouped computation run per shard (`ppl_jax.models.experts.per_token_shard`: `jax.shard_map` over
+`data` and `context`, the `model` axis left to the partitioner), so each device sorts and
+computes only its own tokens' assignments; a sort over the whole batch would make the partitioner gather
 the routing and run every token's experts on every device of the axis.
 """
 

@@ -23,7 +23,8 @@ either (see `ppl_jax.models.moe`); only exactly equal values at the k-th place c
 
 The blocks add their shared expert (Llama 4, DeepSeek-V3: a SwiGLU, ungated) to the routed sum.
 Params carry `logical_axes` as `ppl_jax.models.moe.MoeMLP`'s do (`experts`, `embed`, `mlp`); the
-routing and the grouped experts run per `data` shard (`ppl_jax.models.experts.per_token_shard`).
+routing and the grouped experts run per `data` (and `context`) shard
+(`ppl_jax.models.experts.per_token_shard`).
 """
 
 from __future__ import annotations
@@ -152,10 +153,7 @@ class RoutedSpec:
 
 ROUTERS = ("softmax_of_chosen", "sigmoid_of_chosen", "grouped_sigmoid")
 # Why the families built on these blocks refuse a context-parallel mesh axis (their `Limit`).
-CONTEXT_REFUSAL = (
-    "its layers are not yet verified under the context axis's token order (its routed blocks "
-    "route per data shard only)"
-)
+CONTEXT_REFUSAL = "its layers are not yet verified under the context axis's token order"
 
 
 class RoutedMLP(nnx.Module):
