@@ -15,10 +15,9 @@ import tempfile
 
 import numpy as np
 
-from ppl_jax.config.defaults import get_config
-from ppl_jax.config.settings import from_config
-from ppl_jax.evaluation.run import evaluate
-from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.config import from_config, get_config
+from ppl_jax.evaluation import evaluate
+from ppl_jax.outputs import OutputDir
 
 FOLDER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tests", "golden", "longppl")
 

@@ -24,11 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl_jax.checkpoints import open_checkpoint
-from ppl_jax.config.defaults import demo_checkpoint_dir, held_out_paths
-from ppl_jax.models import registry, rope
-from ppl_jax.models.llama import LlamaConfig
-from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.scoring.nll import token_stats
+from ppl_jax.config import demo_checkpoint_dir, held_out_paths
+from ppl_jax.models import LlamaConfig, registry, rope
+from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
+from ppl_jax.scoring import token_stats
 
 POSITIONS = [1 << k for k in range(21)]
 OFFSETS = [0] + [1 << k for k in range(10, 21)]
@@ -66,9 +65,9 @@ def nll_drift(num_tokens: int = 1000) -> dict[str, dict[str, list[float]]]:
     out = {}
     for mode in rope.ANGLES:
         model = registry.build({**description, "rope_angles": mode}, jnp.float32, "xla")
-        target, _ = mesh_lib.param_targets(
-            model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1),
-            mesh_lib.DEFAULT_RULES,
+        target, _ = param_targets(
+            model.abstract_params, model.logical_axes, make_mesh(-1, 1),
+            DEFAULT_RULES,
         )  # fmt: skip
         params = ckpt.restore(step, target)
 
