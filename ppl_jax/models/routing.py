@@ -152,8 +152,6 @@ class RoutedSpec:
 
 
 ROUTERS = ("softmax_of_chosen", "sigmoid_of_chosen", "grouped_sigmoid")
-# Why the families built on these blocks refuse a context-parallel mesh axis (their `Limit`).
-CONTEXT_REFUSAL = "its layers are not yet verified under the context axis's token order"
 
 
 class RoutedMLP(nnx.Module):

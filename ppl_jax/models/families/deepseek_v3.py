@@ -21,8 +21,8 @@ The description is a `LlamaConfig` whose `head_dim` is the rotary head dim (tran
 softmax scale; the fields of its own are below.
 
 Refused: FP8-quantized weights (`quantization_config`, as published; a dequantized copy reads),
-a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN attention (values
-narrower than the keys).
+and cuDNN attention (values narrower than the keys). Verified under a context axis
+(tests/slow/test_frontier_context.py).
 """
 
 from __future__ import annotations
@@ -230,8 +230,5 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(
-        Limit("context", routing.CONTEXT_REFUSAL),
-        Limit("cudnn", "cuDNN attention needs values as wide as the keys (MLA's are not)"),
-    ),
+    limits=(Limit("cudnn", "cuDNN attention needs values as wide as the keys (MLA's are not)"),),
 )

@@ -14,8 +14,8 @@ transformers 5.24's `modeling_gpt_oss` computes it:
   in the stored `gate_up_proj`); untied embeddings.
 
 Refused: MXFP4-quantized weights (`quantization_config`, as the published checkpoints store
-their experts; a dequantized copy reads), a context-parallel mesh axis
-(`routing.CONTEXT_REFUSAL`), and cuDNN attention (no sinks).
+their experts; a dequantized copy reads) and cuDNN attention (no sinks). Verified under a
+context axis (tests/slow/test_frontier_context.py).
 """
 
 from __future__ import annotations
@@ -184,8 +184,5 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(
-        Limit("context", routing.CONTEXT_REFUSAL),
-        Limit("cudnn", "cuDNN attention has no learned sinks", lambda cfg: cfg.attn_sinks),
-    ),
+    limits=(Limit("cudnn", "cuDNN attention has no learned sinks", lambda cfg: cfg.attn_sinks),),
 )

@@ -14,8 +14,9 @@
   `sigmoid_of_chosen`): the top `num_experts_per_tok` router logits through a sigmoid scale
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
-Refused: quantized weights (`quantization_config`), `attention_bias`, a context-parallel mesh axis (`routing.CONTEXT_REFUSAL`), and cuDNN
-and splash attention when chunked layers are present (no chunks).
+Refused: quantized weights (`quantization_config`), `attention_bias`, and cuDNN and splash
+attention when chunked layers are present (no chunks). Verified under a context axis
+(tests/slow/test_frontier_context.py).
 """
 
 from __future__ import annotations
@@ -215,7 +216,6 @@ FAMILY = Family(
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
     limits=(
-        Limit("context", routing.CONTEXT_REFUSAL),
         Limit("cudnn", "cuDNN attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
         Limit("splash", "splash attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
     ),

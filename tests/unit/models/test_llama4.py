@@ -87,7 +87,7 @@ def test_configs_it_cannot_match_are_one_sentence(tmp_path, change, message):
 def test_refusals_before_reading_weights():
     d = hf.read_description(PATH)
     family = registry.for_description(d)
-    assert "not yet verified" in family.refusal(registry.config_of(d), "context")
+    assert family.refusal(registry.config_of(d), "context") is None  # tests/slow
     for attention in ("cudnn", "splash"):
         with pytest.raises(
             ConfigError, match=f"model.attention={attention} is refused .* no chunks"
