@@ -35,8 +35,8 @@ split over `data` (and a row's tokens over `context`): under the mesh that
 `ppl_jax.scoring.scorer.Scorer` sets while compiling, the routing, the sort by expert and the
 grouped computation run per shard (`ppl_jax.models.experts.per_token_shard`: `jax.shard_map` over
 `data` and `context`, the `model` axis left to the partitioner), so each device sorts and
-computes only its own tokens' assignments; a sort over the whole batch would make the partitioner gather
-the routing and run every token's experts on every device of the axis.
+computes only its own tokens' assignments; a sort over the whole batch would make the
+partitioner gather the routing and run every token's experts on every device of the axis.
 """
 
 from __future__ import annotations

@@ -142,8 +142,8 @@ def read_config(c: dict[str, Any]) -> DeepseekV3Config:
     """The architecture of a `deepseek_v3` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: quantized weights, an activation other than silu, an unsupported rope scaling, sizes or
-        groups that do not fit. KeyError: a required field is missing.
+      CheckpointError: quantized weights, an activation other than silu, an unsupported rope
+        scaling, sizes or groups that do not fit. KeyError: a required field is missing.
     """
     llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))

@@ -135,9 +135,9 @@ def read_config(c: dict[str, Any]) -> Llama4Config:
     """The architecture of a `llama4_text` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: quantized weights, an activation other than silu, attention biases, `no_rope_layers` or
-        `layer_types` that do not mark every layer, an unsupported rope scaling. KeyError: a
-        required field is missing.
+      CheckpointError: quantized weights, an activation other than silu, attention biases,
+        `no_rope_layers` or `layer_types` that do not mark every layer, an unsupported rope
+        scaling. KeyError: a required field is missing.
     """
     llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
