@@ -245,10 +245,11 @@ class Checkpoint:
             ) from None
         return description
 
-    def attention(self, setting: str, dtype: str, step: int | None = None) -> str:
+    def attention(self, setting: str, dtype: str, step: int | None = None, **mesh: Any) -> str:
         """The attention implementation that `model.attention=setting` runs for this architecture
         in `dtype` (`float32` or `bfloat16`) on this platform: `xla`, `cudnn` or `splash`
-        (`ppl_jax.models.attention.resolve_for`).
+        (`ppl_jax.models.attention.resolve_for`, which `mesh` may tell the context axis's
+        `context` size and `context_attention`).
 
         Raises:
           ConfigError: an unknown dtype.
@@ -258,7 +259,7 @@ class Checkpoint:
             return "xla"  # a model of the user's own attends its own way; batches as for XLA
         description = self.description(step)
         registry.config_of(description)  # sizes checked before anything reads them
-        return attention_lib.resolve_for(setting, _dtype(dtype), description)
+        return attention_lib.resolve_for(setting, _dtype(dtype), description, **mesh)
 
     def model(
         self, dtype: str = "float32", attention: str = "auto", step: int | None = None

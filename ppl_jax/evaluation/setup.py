@@ -31,6 +31,7 @@ from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import distributed, paths
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import scorer as scorer_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -105,13 +106,27 @@ class RunSetup:
                     "num_batches": d.layout.num_batches,
                 },
                 "mesh": {
-                    **{k: int(v) for k, v in self.mesh.shape.items()},
+                    **{k: int(v) for k, v in self.mesh.shape.items() if k != "context"},
                     "processes": jax.process_count(),
                     "rules": [list(rule) for rule in self.spec.mesh.rules],
+                    **self._context_part(),
                 },
                 "environment": fingerprint_lib.environment(),
             }
         )
+
+    def _context_part(self) -> dict[str, Any]:
+        """The context axis's settings (they change the order of float32 additions), where a
+        run sets them; empty otherwise (the fingerprints of other runs as before)."""
+        m = self.spec.mesh
+        part: dict[str, Any] = {}
+        if int(self.mesh.shape.get("context", 1)) > 1:
+            part.update(
+                context=int(self.mesh.shape["context"]), context_attention=m.context_attention
+            )
+        if m.token_chunk:
+            part["token_chunk"] = m.token_chunk
+        return part
 
     def _long_context_part(self) -> dict[str, Any]:
         """The long-context measures' settings (`LongContextSpec.fingerprint_part`) and their
@@ -217,7 +232,8 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     )
     check(spec, ckpt.format)
     sinks.check(spec.sinks, out)
-    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
+    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model, context=spec.mesh.context)
+    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     check_batch_size(spec.batch.batch_size, mesh)
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
     raw = []
@@ -226,10 +242,11 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         if ds.cache_dir:
             data.resolve_paths(ds.path)
     first_step = ckpt.resolve_step(spec.checkpoint_step)
-    attention = ckpt.attention(spec.attention, spec.dtype, first_step)
+    attention = ckpt.attention(spec.attention, spec.dtype, first_step, **context)
     model = ckpt.model(spec.dtype, attention, first_step)
     if spec.rope_angles != "float32":
         model = _rope_angles(model, spec, attention)
+    scorer_lib.check_context(model, mesh)
     check_window(spec.protocol.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
@@ -319,7 +336,9 @@ def _reference(
     ref = spec.diagnostics.reference
     ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
     step = ckpt.resolve_step(ref.checkpoint_step)
-    ref_model = ckpt.model(ref.dtype, "auto", step)
+    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
+    ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
+    scorer_lib.check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "

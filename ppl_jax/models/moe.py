@@ -25,7 +25,7 @@ Sharding. Weights carry `logical_axes`: router `("embed", "experts")`, expert we
 `("experts", "embed", "mlp")` and `("experts", "mlp", "embed")`, the shared expert as the dense
 MLP, its gate `("embed",)`. `ppl_jax.runtime.mesh.DEFAULT_RULES` maps `experts` to None, so by
 default the experts are replicated and split along `mlp` over the `model` axis, as dense MLPs are.
-The mesh has the axes `data` and `model` only; to shard the experts themselves, map them to
+The mesh's weights are split over `model` only; to shard the experts themselves, map them to
 `model` and unmap `mlp` (one weight cannot use `model` twice), e.g. in a config file
 `c.mesh.rules = tuple(r for r in DEFAULT_RULES if r[0] != "mlp") + (("experts", "model"),
 ("mlp", None))` with `mesh.model=2` (the `data=4, expert=2` layout of the tests). XLA's
@@ -132,10 +132,11 @@ def moe_mlp(
     Args:
       x: `[..., embed]`, float32 or bfloat16; every leading position is a token. Under a mesh
         (`jax.set_mesh`) whose `data` axis has n > 1 devices and divides `x.shape[0]`, the
-        leading axis is taken as sharded over `data`, and each shard is routed, sorted by expert
-        and grouped on its own device (`jax.shard_map` over `data` only; the other axes stay
-        with the partitioner): every token still reaches its top-k experts, so the result is
-        the same as unsharded.
+        leading axis is taken as sharded over `data` (and for `[B, T, embed]` the second over
+        `context`, where the mesh has one that divides `T`: the context axis's token split),
+        and each shard is routed, sorted by expert and grouped on its own device
+        (`jax.shard_map` over those axes only; `model` stays with the partitioner): every token
+        still reaches its top-k experts, so the result is the same as unsharded.
       router: `[embed, experts]`; gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`.
       top_k, norm_topk_prob: the routing (see `route`).
       shared_expert: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],

@@ -167,7 +167,9 @@ def summary_table(results: dict[str, Any]) -> str:
         ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
         (
             "mesh",
-            f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
+            f"data={results['mesh']['data']} x "
+            + (f"context={results['mesh']['context']} x " if "context" in results["mesh"] else "")
+            + f"model={results['mesh']['model']}, "
             f"{plural(results['num_processes'], 'process', 'processes')}",
         ),
         (

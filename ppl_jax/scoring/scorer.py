@@ -20,8 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from ppl_jax.errors import ConfigError
 from ppl_jax.metrics import curves
-from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models import context as context_lib
+from ppl_jax.models import registry
+from ppl_jax.models.interface import HiddenStates, LanguageModel, Logits
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import mesh as mesh_lib
@@ -46,12 +49,18 @@ class StepOptions:
       top_k: with per_token, the k most probable tokens and their log-probabilities (<= 20).
       reference: the params are `(model params, reference params)`; the step also scores the
         reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
+      context_attention: how attention crosses the context axis, `all_gather` or `ring`
+        (`ppl_jax.models.context.Settings`).
+      token_chunk: tokens per chunk of the per-token layers on each device (the MLP, the NLL;
+        `ppl_jax.models.context.per_token`), 0 for all at once.
     """
 
     positions: int = 0
     per_token: bool = False
     top_k: int = 0
     reference: bool = False
+    context_attention: str = "all_gather"
+    token_chunk: int = 0
 
     @property
     def token_arrays(self) -> bool:
@@ -92,6 +101,7 @@ def score_step(
     num_slots: int = 1,
     options: StepOptions = StepOptions(),
     reference_apply: Callable[..., Any] | None = None,
+    context: int = 1,
 ) -> StepSums:
     """Scores one batch of rows, each holding up to `num_slots` windows (segments).
 
@@ -105,27 +115,51 @@ def score_step(
       num_slots: segment slots per row.
       options: the optional statistics; with `options.reference`, `params` is the pair
         `(params, reference params)` and `reference_apply` the reference's apply.
+      context: devices along the mesh's `context` axis. Above 1, the rows (after the shift) are
+        padded to a multiple of `2 * context` and laid out in the load-balanced order split
+        over `data` and `context` (`ppl_jax.models.context`); per-token outputs are put back in
+        row order before they leave the step, and the sums do not depend on the order.
 
     Returns:
       `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
       never materialised for a model that returns `HiddenStates` (see `ppl_jax.scoring.nll`).
     """
     tokens = batch["tokens"]
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # the next-token shift
-    mask = batch["target_mask"][:, 1:]
+    # The next-token shift: position j reads token j and predicts token j + 1.
+    row = {
+        "inputs": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "mask": batch["target_mask"][:, 1:],
+        "read_positions": batch["positions"][:, :-1],
+        "read_segments": batch["segment_ids"][:, :-1],
+        "positions": batch["positions"][:, 1:],
+        "segments": batch["segment_ids"][:, 1:],
+    }
+    width = tokens.shape[1] - 1
+    if context > 1:  # the load-balanced order, split over `context`
+        row, order = _context_order(row, context)
     model_params, reference_params = params if options.reference else (params, None)
-    read = (inputs, batch["positions"][:, :-1], batch["segment_ids"][:, :-1])
+    read = (row["inputs"], row["read_positions"], row["read_segments"])
     output = apply(model_params, *read)
     reference = reference_apply(reference_params, *read) if options.reference else None
-    wanted: dict[str, Any] = {}
-    if options.per_token and options.top_k:
-        wanted["top_k"] = options.top_k
-    if reference is not None:
-        wanted["reference"] = reference
-    stats = token_stats(output, targets, **wanted)
+    top_k = options.top_k if options.per_token else 0
+    stats = context_lib.per_token(
+        lambda x: token_stats(
+            _rebuilt(output, x["output"]),
+            x["targets"],
+            top_k=top_k,
+            reference=_rebuilt(reference, x["reference"]),
+        ),
+        {
+            "output": _per_token(output),
+            "targets": row["targets"],
+            "reference": _per_token(reference),
+        },
+    )
+    mask = row["mask"]
     finite_BxT = jnp.isfinite(stats.nll) & jnp.isfinite(stats.entropy)
     # slot_BxTxS: which slot each target belongs to (none for padding).
-    slot_BxTxS = batch["segment_ids"][:, 1:, None] == jnp.arange(1, num_slots + 1)
+    slot_BxTxS = row["segments"][..., None] == jnp.arange(1, num_slots + 1)
     ok_BxTxS = slot_BxTxS & (mask & finite_BxT)[..., None]
 
     def per_slot(values_BxT):
@@ -137,8 +171,8 @@ def score_step(
     extras: dict[str, jax.Array] = {}
     if options.positions:
         # A target's position in its window is the number of tokens before it there.
-        ok_BxT = (batch["segment_ids"][:, 1:] > 0) & mask & finite_BxT
-        where_BxT = batch["positions"][:, 1:].ravel()
+        ok_BxT = (row["segments"] > 0) & mask & finite_BxT
+        where_BxT = row["positions"].ravel()
         extras["nll_by_position"] = jax.ops.segment_sum(
             jnp.where(ok_BxT, stats.nll, 0.0).ravel(), where_BxT, options.positions
         )
@@ -146,8 +180,8 @@ def score_step(
             ok_BxT.astype(jnp.int32).ravel(), where_BxT, options.positions
         )
     if options.token_arrays:
-        extras["scored"] = (batch["segment_ids"][:, 1:] > 0) & mask
-        extras["slot"] = batch["segment_ids"][:, 1:]
+        extras["scored"] = (row["segments"] > 0) & mask
+        extras["slot"] = row["segments"]
         extras["nll"], extras["entropy"], extras["correct"] = (
             stats.nll,
             stats.entropy,
@@ -156,6 +190,11 @@ def score_step(
         for name in ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1"):
             if getattr(stats, name, None) is not None:
                 extras[name] = getattr(stats, name)
+        if context > 1:  # per-token outputs leave the step in row order
+            back = jnp.asarray(np.argsort(order)[:width])
+            for name in ("scored", "slot", "nll", "entropy", "correct", *_TOKEN_EXTRAS):
+                if name in extras:
+                    extras[name] = jnp.take(extras[name], back, axis=1)
     return StepSums(
         nll_sum=per_slot(stats.nll),
         entropy_sum=per_slot(stats.entropy),
@@ -164,6 +203,62 @@ def score_step(
         num_nonfinite=count(slot_BxTxS & (mask & ~finite_BxT)[..., None]),
         extras=extras,
     )
+
+
+_TOKEN_EXTRAS = ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1")
+
+
+def _context_order(row: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], np.ndarray]:
+    """The step's `[B, T]` row arrays padded to a multiple of `2n` (segment 0, not scored) and
+    laid out in the load-balanced order (`ppl_jax.models.context.load_balanced_order`), split
+    over `data` and `context`; and the order."""
+    width = row["inputs"].shape[1]
+    padded = -(-width // (2 * n)) * 2 * n
+    order = context_lib.load_balanced_order(padded, n)
+    spec = jax.sharding.PartitionSpec("data", context_lib.AXIS)
+
+    def lay_out(x):
+        x = jnp.pad(x, ((0, 0), (0, padded - width)))
+        return jax.lax.with_sharding_constraint(jnp.take(x, jnp.asarray(order), axis=1), spec)
+
+    return {k: lay_out(x) for k, x in row.items()}, order
+
+
+def _per_token(output: HiddenStates | Logits | None) -> jax.Array | None:
+    """The per-token part of a model's output (`[B, T, ...]`)."""
+    if output is None:
+        return None
+    return output.logits if isinstance(output, Logits) else output.hidden
+
+
+def _rebuilt(output, rows):
+    """`output` with its per-token part replaced by `rows` (a chunk of its tokens)."""
+    if output is None:
+        return None
+    return Logits(rows) if isinstance(output, Logits) else output._replace(hidden=rows)
+
+
+def check_context(model: LanguageModel, mesh: Mesh, what: str = "the model") -> None:
+    """Refuses a context axis for a model that cannot run under it (before any weight is read).
+
+    Raises:
+      ConfigError: `mesh.context > 1` for a model whose `context_parallel` is False.
+    """
+    n = int(dict(mesh.shape).get(context_lib.AXIS, 1))
+    if n > 1 and not model.context_parallel:
+        family = model.description.get("family") if isinstance(model.description, dict) else None
+        name = f"{what} (family {family!r})" if family else what
+        reason = registry.context_refusal(model.description) if family else None
+        if reason:
+            raise ConfigError(
+                f"mesh.context={n} is refused for {name}: {reason}; set mesh.context=1."
+            )
+        raise ConfigError(
+            f"mesh.context={n} splits each window's tokens over devices in another order, which "
+            f"{name} is not built for (only ppl_jax's own families, whose attention is "
+            f"ppl_jax.models.attention.attend, set LanguageModel.context_parallel); set "
+            f"mesh.context=1."
+        )
 
 
 @dataclasses.dataclass
@@ -251,8 +346,12 @@ class Scorer:
     ):
         if options.reference != (reference is not None):
             raise ValueError("StepOptions.reference needs the reference model, and only then")
+        check_context(model, mesh)
+        if reference is not None:
+            check_context(reference[0], mesh, "the reference model")
         self.model = model
         self.mesh = mesh
+        self.context = int(dict(mesh.shape).get(context_lib.AXIS, 1))
         self.param_shardings = param_shardings
         self.options = options
         self.reference = reference
@@ -288,7 +387,13 @@ class Scorer:
             def step(params, batch):
                 self.traces += 1  # runs at trace time only
                 return score_step(
-                    self.model.apply, params, batch, num_slots, self.options, reference_apply
+                    self.model.apply,
+                    params,
+                    batch,
+                    num_slots,
+                    self.options,
+                    reference_apply,
+                    self.context,
                 )
 
             shardings, abstract_params = self._abstract_params()
@@ -310,8 +415,12 @@ class Scorer:
                 for k in BATCH_KEYS
             }
             # The mesh is set while tracing, so that layers that split work by hand over `data`
-            # (the MoE layer's routing, `ppl_jax.models.experts.data_shards`) see it.
-            with jax.set_mesh(self.mesh):
+            # or `context` (the MoE layer's routing, `ppl_jax.models.experts.per_token_shard`;
+            # `attend` under a context axis) see it, and the step's layout settings.
+            settings = context_lib.Settings(
+                self.options.context_attention, self.options.token_chunk
+            )
+            with jax.set_mesh(self.mesh), context_lib.settings(settings):
                 lowered = jitted.lower(abstract_params, abstract_batch)
             self._compiled[key] = lowered.compile()
         return self._compiled[key]
