@@ -6,17 +6,14 @@ agreement on the plans; and what decides each pair's numbers (`RunSetup.fingerpr
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
 from ppl_jax import tokenizer
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint, presets
-from ppl_jax.checkpoints import architecture as architecture_lib
+from ppl_jax.checkpoints import DTYPES, Checkpoint, open_checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
@@ -28,12 +25,10 @@ from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import planner, protocols
 from ppl_jax.plans.planner import Dataset
-from ppl_jax.runtime import distributed, paths
+from ppl_jax.runtime import distributed
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring import scorer as scorer_lib
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +80,7 @@ class RunSetup:
         model, plan = self.model, d.plan
         return fingerprint_lib.run_fingerprint(
             {
-                "checkpoint": checkpoint_identity(self.ckpt, step),
+                "checkpoint": self.ckpt.identity(step),
                 "model": {
                     "description": fingerprint_lib.text_digest(model.description),
                     "dtype": self.spec.dtype,
@@ -140,52 +135,20 @@ class RunSetup:
         if e is not None:
             part["evaluator"] = {
                 **part["evaluator"],
-                "checkpoint": checkpoint_identity(e.ckpt, e.step),
+                "checkpoint": e.ckpt.identity(e.step),
                 "model": fingerprint_lib.text_digest(e.model.description),
                 "tokenizer": fingerprint_lib.text_digest(e.tokenizer.describe()),
             }
         return {"long_context": part}
 
 
-def checkpoint_identity(ckpt: Checkpoint, step: int | None) -> dict[str, Any]:
-    """What identifies the weights a run scores at `step` (the `checkpoint` part of its
-    fingerprint): the folder (absolute), its format and the step; a hub revision's resolved
-    commit; the files of the step (path, size, modification time, digested); and what chooses
-    or transforms the weights read: `checkpoint.mapping` (a preset by name, a mapping file by
-    its content, wherever it lies), `checkpoint.item` and `checkpoint.params` (as set), and for
-    a `checkpoint.architecture` entry point its module's file (by content: the user's own model
-    code). Any other architecture is in the model's description (the `model` part).
-
-    (What `Checkpoint.identity(step)` will answer once each reader knows its own identity.)
-    """
-    folder = paths.absolute(ckpt.path)
-    files = folder if step is None else paths.join(folder, str(step))
-    found: dict[str, Any] = {
-        "path": folder,
-        "format": ckpt.format,
-        "step": step,
-        **({"commit": ckpt.source(step)["commit"]} if ckpt.format == "hub" else {}),
-        "files": fingerprint_lib.text_digest(fingerprint_lib.tree_identity(files)),
-    }
-    kind, entry = architecture_lib.parse(ckpt.architecture)
-    if kind == "entry":
-        spec = importlib.util.find_spec(entry.partition(":")[0])
-        origin = spec.origin if spec is not None else None
-        found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
-    if ckpt.mapping:
-        preset = ckpt.mapping in presets.PRESETS
-        found["mapping"] = ckpt.mapping if preset else fingerprint_lib.content_digest(ckpt.mapping)
-    found.update({k: getattr(ckpt, k) for k in ("item", "params") if getattr(ckpt, k)})
-    return found
-
-
-def check(spec: RunSpec, ckpt_format: str) -> None:
+def check(spec: RunSpec, ckpt: Checkpoint) -> None:
     """Refuses what a training run does not do (before anything is read).
 
     Raises:
       ConfigError: diagnostics, per-document output or a reference model with a sweep or a
-        suite; several steps of a Hugging Face directory; per-document output of a protocol
-        whose windows span documents.
+        suite; a sweep over a checkpoint of one set of weights (`Checkpoint.check_sweep`);
+        per-document output of a protocol whose windows span documents.
     """
     d = spec.diagnostics
     if spec.is_training_run and (
@@ -201,11 +164,8 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
             "reference.* and output.per_document score one checkpoint step on one dataset; run "
             "them without suite, a step sweep or checkpoint.watch."
         )
-    if spec.steps.is_sweep and ckpt_format == "hf":
-        raise ConfigError(
-            f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
-            f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
-        )
+    if spec.steps.is_sweep:
+        ckpt.check_sweep(spec.steps.kind)
     if spec.per_document and not spec.protocol.rules.document_level:
         levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
@@ -230,7 +190,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     ckpt = open_checkpoint(
         spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
     )
-    check(spec, ckpt.format)
+    check(spec, ckpt)
     sinks.check(spec.sinks, out)
     mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model, context=spec.mesh.context)
     context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
@@ -248,18 +208,8 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         model = _rope_angles(model, spec, attention)
     scorer_lib.check_context(model, mesh)
     check_window(spec.protocol.seq_len, model)
-    own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
-    if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
-        raise ConfigError(
-            f"data.tokenizer=auto, but {spec.checkpoint_dir!r} holds no tokenizer "
-            f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."
-        )
-    if own is not None and spec.data.tokenizer == "auto":
-        tok = own
-    else:
-        tok = tokenizer.load_tokenizer(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
-    note = tokenizer.check_vocabulary(
-        tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
+    tok, note = ckpt.tokenizer_for(
+        spec.data.tokenizer, spec.data.allow_tokenizer_mismatch, step=first_step, model=model
     )
     datasets, documents = [], {}
     for (ds, protocol), read_first in zip(spec.datasets, raw, strict=True):
