@@ -58,10 +58,9 @@ def measure(t: int, n: int, strategy: str, token_chunk: int, timed: bool) -> dic
     import numpy as np
 
     from ppl_jax.config.defaults import DEFAULT_RULES
-    from ppl_jax.models import registry
-    from ppl_jax.models.llama import LlamaConfig
+    from ppl_jax.models import LlamaConfig, registry
     from ppl_jax.runtime import mesh as mesh_lib
-    from ppl_jax.scoring.scorer import Scorer, StepOptions
+    from ppl_jax.scoring import Scorer, StepOptions
 
     model = registry.build(LlamaConfig(**MODEL).to_dict(), jnp.float32, "xla")
     mesh = mesh_lib.make_mesh(1, 1, devices=jax.devices()[:n], context=n)

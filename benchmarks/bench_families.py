@@ -1,4 +1,4 @@
-"""Benchmark: tokens/s of each model family of issue 17 in ppl_jax against transformers on the same
+"""Benchmark: tokens/s of each model family of issues 17 and 24 in ppl_jax against transformers on the same
 weights, on this machine, in one run.
 
     python -m benchmarks.bench_families                      # every family, float32
@@ -17,7 +17,11 @@ round; the largest per-token difference between them is printed as a check. Writ
 Shapes: hidden 512, 8 layers, 8 heads (2 key-value heads where the family has GQA), MLP 1408,
 vocabulary 32,000 (39-59M parameters), with each family's own features (Gemma 2's soft-caps
 and windows of 256, Phi-3's longrope past 256 positions, GPT-NeoX's partial rotary); Mixtral and
-Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width).
+Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width); GPT-OSS
+(sinks, windows of 128 on alternate layers, YaRN past 256), Llama 4 (chunks of 256, every fourth
+layer NoPE, routed blocks on alternate layers: top 1 plus a shared expert) and DeepSeek-V3 (MLA
+with ranks 256/128, YaRN with its softmax scale, 4 groups of which 2 kept, a dense first layer)
+with the same experts.
 """
 
 from __future__ import annotations
@@ -50,6 +54,16 @@ COMMON = dict(
 )
 
 
+_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "original_max_position_embeddings": 256,
+}
+
+
 def _configs() -> dict:
     longrope = {
         "rope_type": "longrope",
@@ -79,6 +93,41 @@ def _configs() -> dict:
         ),
         "qwen3_moe": tf.Qwen3MoeConfig(
             **COMMON, head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704
+        ),
+        # issue 24: the same 8 experts of width 704, top 2 (Llama 4: top 1 plus its shared
+        # expert), with each family's attention
+        "gpt_oss": tf.GptOssConfig(
+            **{**COMMON, "intermediate_size": 704},
+            head_dim=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=128,
+            rope_parameters={**_YARN, "truncate": False},
+        ),
+        "llama4": tf.Llama4TextConfig(
+            **{**COMMON, "intermediate_size": 704},
+            head_dim=64,
+            intermediate_size_mlp=1408,
+            num_local_experts=8,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            attention_chunk_size=256,
+            floor_scale=128,
+        ),
+        "deepseek_v3": tf.DeepseekV3Config(
+            **{**COMMON, "num_key_value_heads": 8},
+            moe_intermediate_size=704,
+            q_lora_rank=256,
+            kv_lora_rank=128,
+            qk_nope_head_dim=64,
+            qk_rope_head_dim=32,
+            v_head_dim=64,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            rope_parameters={**_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
         ),
     }
 

@@ -94,10 +94,9 @@ def _setup(attention: str, token_chunk: int = 0):
     import jax.numpy as jnp
 
     from ppl_jax.config.defaults import DEFAULT_RULES
-    from ppl_jax.models import registry
-    from ppl_jax.models.llama import LlamaConfig
+    from ppl_jax.models import LlamaConfig, registry
     from ppl_jax.runtime import mesh as mesh_lib
-    from ppl_jax.scoring.scorer import Scorer, StepOptions
+    from ppl_jax.scoring import Scorer, StepOptions
 
     model = registry.build(LlamaConfig(**_config()).to_dict(), jnp.bfloat16, attention)
     mesh = mesh_lib.make_mesh(1, 1, devices=jax.devices()[:1])
@@ -165,8 +164,7 @@ def packed(pack: bool) -> dict:
     import jax
     import numpy as np
 
-    from ppl_jax.plans import windows
-    from ppl_jax.plans.layout import plan_layout
+    from ppl_jax.plans import plan_layout, windows
 
     scorer, params = _setup("cudnn" if jax.default_backend() == "gpu" else "xla")
     rng = np.random.default_rng(1)

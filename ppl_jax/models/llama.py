@@ -23,7 +23,9 @@ with the table in the config. The rotary embedding rotates the two halves of eac
 
 A family that changes a layer (layers without rotary embedding, "NoPE") subclasses the config
 (its own `FAMILY` and fields) and the module, and adjusts the built layers: `Attention.rotary`
-turns a layer's rotary embedding off.
+turns a layer's rotary embedding off; a subclass of `Attention` may override `position_qk` (what
+happens to queries and keys before attention) and `attend_heads` (the call of `attend`: sinks,
+chunks).
 """
 
 from __future__ import annotations
@@ -253,6 +255,17 @@ class Attention(nnx.Module):
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...])
         if cfg.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        q, k = self.position_qk(q, k, positions, segment_ids)
+        out = self.attend_heads(q, k, v, positions, segment_ids)
+        out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
+        return out + self.o_bias[...] if cfg.o_bias else out
+
+    def position_qk(
+        self, q: jax.Array, k: jax.Array, positions: jax.Array, segment_ids: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Queries `[B, T, heads, head_dim]` and keys `[B, T, kv_heads, head_dim]` after the
+        QK-norm and the rotary embedding (a family that treats them otherwise overrides it)."""
+        cfg = self.cfg
         if cfg.qk_norm == "head":  # after projection, before RoPE (Qwen3, Gemma 3)
             q = rms_norm(q, self.q_norm[...], cfg.norm_eps, cfg.norm_offset)
             k = rms_norm(k, self.k_norm[...], cfg.norm_eps, cfg.norm_offset)
@@ -262,20 +275,29 @@ class Attention(nnx.Module):
         if self.rotary:
             q = rope_lib.rotary(q, positions, segment_ids, cfg)
             k = rope_lib.rotary(k, positions, segment_ids, cfg)
-        # Causal attention within a segment (and within the window, where there is one).
-        out = attend(
+        return q, k
+
+    def attend_heads(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+    ) -> jax.Array:
+        """`[B, T, heads, head_dim]`: causal attention within a segment (and within the window,
+        where there is one); a family with sinks or chunks overrides it."""
+        return attend(
             q,
             k,
             v,
             segment_ids=segment_ids,
             positions=positions,
             window=self.window,
-            scale=cfg.query_scale,
-            softcap=cfg.attn_softcap,
+            scale=self.cfg.query_scale,
+            softcap=self.cfg.attn_softcap,
             implementation=self.attention,
         )
-        out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
-        return out + self.o_bias[...] if cfg.o_bias else out
 
 
 class MLP(nnx.Module):

@@ -17,17 +17,9 @@ row (measured: the lower index in 40-60% of random boundary ties). Ties inside t
 same set in both; only exactly equal probabilities at the k-th place can differ (identical router
 rows, or bfloat16 logits rounded to the same value).
 
-Dropless and grouped (`_weighted_sum`): every (token, slot) assignment reaches its expert
-whatever the batch, with no capacity. Assignments are sorted by expert (stable), the experts'
-SwiGLU runs on the sorted rows with group sizes = tokens per expert, and the rows are unsorted and
-combined with the routing weights in float32. On TPU and GPU this is `jax.lax.ragged_dot`. On CPU
-`ragged_dot` lowers (jax 0.10) to a masked dense product that holds an `[experts, rows, k]`
-buffer and does every expert's work for every row, so there (`jax.lax.platform_dependent`) the
-sorted assignments are padded per expert to whole tiles, and a loop over the experts runs a loop
-over each expert's tiles (`_tiled_sum`): gather the tile's tokens, the three matmuls, add into
-the tokens' float32 sums. The largest buffers are the `[tokens, embed]` sums and a few
-`[tokens * top_k + experts * tile]` index vectors; no `[tokens, experts, mlp]` buffer exists on
-any path.
+Dropless and grouped: every (token, slot) assignment reaches its expert whatever the batch, with
+no capacity; the grouped computation (`jax.lax.ragged_dot` on TPU and GPU, tiles per expert on
+CPU) is `ppl_jax.models.experts.weighted_sum`, shared with the other MoE families.
 
 Sharding. Weights carry `logical_axes`: router `("embed", "experts")`, expert weights
 `("experts", "embed", "mlp")` and `("experts", "mlp", "embed")`, the shared expert as the dense
@@ -41,10 +33,10 @@ partitioner then stores each expert on one device at rest and all-gathers the ex
 the step: results are identical, but this is not all-to-all expert parallelism. The batch is
 split over `data` (and a row's tokens over `context`): under the mesh that
 `ppl_jax.scoring.scorer.Scorer` sets while compiling, the routing, the sort by expert and the
-grouped computation run per shard (`jax.shard_map` over `data` and `context`, the `model` axis
-left to the partitioner), so each device sorts and computes
-only its own rows' assignments; a sort over the whole batch would make the partitioner gather
-the routing and run every token's experts on every device of the axis.
+grouped computation run per shard (`ppl_jax.models.experts.per_token_shard`: `jax.shard_map` over
+`data` and `context`, the `model` axis left to the partitioner), so each device sorts and
+computes only its own tokens' assignments; a sort over the whole batch would make the
+partitioner gather the routing and run every token's experts on every device of the axis.
 """
 
 from __future__ import annotations
@@ -55,9 +47,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import PartitionSpec
 
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models.experts import per_token_shard, swiglu, weighted_sum
 from ppl_jax.models.layers import normal_param
 
 
@@ -114,126 +106,12 @@ def route(
     return weights, experts.astype(jnp.int32)
 
 
-def default_tile(rows: int, num_experts: int) -> int:
-    """The CPU path's rows per tile: the power of two at or below a quarter of the mean rows per
-    expert, 16 to 128. Padding then wastes at most about 1/8 of the rows; on the 2-core CPU of
-    BENCHMARKS.md, tiles of 128-256 rows ran fastest for 8 experts (64 ran 0.9x as fast, 512
-    0.9x), and 32-256 alike for 64 narrow experts; a quarter rather than an eighth of the mean
-    made the MoE families' whole model 1.04-1.05x as fast (tiles of 128 rather than 64)."""
-    quarter = max(1, rows // (4 * num_experts))
-    return int(min(128, max(16, 1 << (quarter.bit_length() - 1))))
-
-
-def _swiglu(x, gate, up, down):
-    return jnp.dot(jax.nn.silu(jnp.dot(x, gate)) * jnp.dot(x, up), down)
-
-
-def _ragged_swiglu(xs, gate, up, down, group_sizes):
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, gate, group_sizes))
-    return jax.lax.ragged_dot(h * jax.lax.ragged_dot(xs, up, group_sizes), down, group_sizes)
-
-
-def _tile_layout(group_sizes, rows, tile):
-    """Each expert's rows padded to whole tiles. Returns (padded row of each sorted row `[rows]`,
-    each expert's first tile `[experts]`, each expert's tile count `[experts]`, tiles allocated
-    (static))."""
-    num_experts = group_sizes.shape[0]
-    num_tiles = -(-rows // tile) + num_experts  # an upper bound on the tiles needed
-    padded = (group_sizes + tile - 1) // tile * tile
-    padded_ends = jnp.cumsum(padded)
-    ends = jnp.cumsum(group_sizes)
-    # Row r belongs to the expert whose group holds it: the number of groups ending at or before r.
-    expert_of_row = jnp.cumsum(jnp.zeros(rows + 1, jnp.int32).at[ends[:-1]].add(1))[:rows]
-    shift = (padded_ends - padded) - (ends - group_sizes)
-    dest = jnp.arange(rows, dtype=jnp.int32) + shift[expert_of_row]
-    return dest, (padded_ends - padded) // tile, padded // tile, num_tiles
-
-
-def _tiled_sum(x, token, weight, gate, up, down, group_sizes, tile):
-    """The CPU path: `[tokens, embed] float32`, each token's sum of `weight * swiglu_e(x[token])`
-    over its assignments.
-
-    `token`, `weight`: `[rows]`, each assignment's token and routing weight, sorted by expert
-    (`group_sizes` rows each). Each expert's assignments are padded to whole tiles (token index
-    `tokens`: a zero row in, dropped out); a loop over the experts takes each expert's three
-    weights once, and a loop inside it runs that expert's tiles: gather the tile's rows of `x`,
-    the SwiGLU in `x.dtype`, scale by the weights in float32 and add into the tokens' sums. A
-    token's sum is taken in the order of its experts' indices, whatever the batch. Measured
-    (BENCHMARKS.md, 64 experts of width 128): a flat loop over tiles, which copies an expert's
-    weights at every tile, and sorted copies of `x` and of the outputs (`[rows, embed]` each)
-    made the layer 0.7x as fast.
-    """
-    tokens = x.shape[0]
-    dest, first, count, num_tiles = _tile_layout(group_sizes, token.shape[0], tile)
-    padded_token = jnp.full((num_tiles * tile,), tokens, jnp.int32)
-    padded_token = padded_token.at[dest].set(token, unique_indices=True)
-    padded_weight = jnp.zeros((num_tiles * tile,), jnp.float32)
-    padded_weight = padded_weight.at[dest].set(weight, unique_indices=True)
-
-    def expert(e, out):
-        weights = (gate[e], up[e], down[e])
-
-        def step(t, out):
-            rows = jax.lax.dynamic_slice_in_dim(padded_token, t * tile, tile)
-            xt = jnp.take(x, rows, axis=0, mode="fill", fill_value=0)
-            yt = _swiglu(xt, *weights).astype(jnp.float32)
-            wt = jax.lax.dynamic_slice_in_dim(padded_weight, t * tile, tile)
-            return out.at[rows].add(yt * wt[:, None], mode="drop")
-
-        return jax.lax.fori_loop(first[e], first[e] + count[e], step, out)
-
-    out = jnp.zeros((tokens, x.shape[1]), jnp.float32)
-    return jax.lax.fori_loop(0, gate.shape[0], expert, out)
-
-
-def _weighted_sum(x, weights, experts, gate, up, down, tile):
-    """`[tokens, embed] float32`: each token's experts' outputs times their routing weights,
-    summed. `weights`, `experts`: `[tokens, top_k]` (`route`)."""
-    tokens, top_k = experts.shape
-    flat = experts.reshape(-1)  # [tokens * top_k], assignment j = (token j // top_k, slot)
-    order = jnp.argsort(flat, stable=True)
-    group_sizes = jnp.bincount(flat, length=gate.shape[0]).astype(jnp.int32)
-    tile = tile or default_tile(flat.shape[0], gate.shape[0])
-
-    def ragged(x, order, group_sizes, weights, gate, up, down):
-        ys = _ragged_swiglu(x[order // top_k], gate, up, down, group_sizes)
-        y = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True)
-        return jnp.einsum("tkd,tk->td", y.reshape(tokens, top_k, -1).astype(jnp.float32), weights)
-
-    def tiled(x, order, group_sizes, weights, gate, up, down):
-        w = weights.reshape(-1)[order]
-        return _tiled_sum(x, order // top_k, w, gate, up, down, group_sizes, tile)
-
-    args = (x, order, group_sizes, weights, gate, up, down)
-    return jax.lax.platform_dependent(*args, cpu=tiled, default=ragged)
-
-
-def data_shards() -> int:
-    """Devices along the `data` axis of the mesh set by `jax.set_mesh` (1 without one): the
-    shards `moe_mlp` routes and groups apart. `ppl_jax.scoring.scorer.Scorer` sets its mesh
-    while it compiles the step."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return 1 if mesh.empty else int(dict(mesh.shape).get("data", 1))
-
-
-def _token_axes(shape: tuple[int, ...]) -> tuple[str | None, ...]:
-    """The mesh axes the leading dims of `x` (`[B, T, ..., embed]`) are split over and routed
-    apart: `data` for the rows, `context` for the tokens of a row (`ppl_jax.models.context`),
-    each where the mesh has it (size > 1) and it divides the dim."""
-    mesh = jax.sharding.get_abstract_mesh()
-    sizes = {} if mesh.empty else dict(mesh.shape)
-    data, context = sizes.get("data", 1), sizes.get("context", 1)
-    rows = "data" if data > 1 and shape[0] % data == 0 else None
-    tokens = "context" if len(shape) > 2 and context > 1 and shape[1] % context == 0 else None
-    return (rows, tokens) if tokens else (rows,)
-
-
 def _routed(x, router, gate, up, down, *, top_k, norm_topk_prob, tile):
     """`[..., embed]` -> the routed experts' weighted sum, `[..., embed] float32`."""
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     weights, experts = route(x, router, top_k, norm_topk_prob)
-    out = _weighted_sum(x, weights, experts, gate, up, down, tile)
+    out = weighted_sum(x, weights, experts, (gate, up, down), tile=tile)
     return out.reshape(shape)
 
 
@@ -263,30 +141,20 @@ def moe_mlp(
       top_k, norm_topk_prob: the routing (see `route`).
       shared_expert: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
         shared_gate [embed])`, added as `sigmoid(x @ shared_gate) * swiglu(x)`; or None.
-      tile: rows per tile on CPU (default `default_tile`; see `_tiled_sum`).
+      tile: rows per tile on CPU (see `ppl_jax.models.experts.weighted_sum`).
 
     Returns:
       `x.shape`, in `x.dtype`. Routing weights multiply the experts' outputs and the sum over
       experts is taken in float32, then cast once (transformers rounds each expert's weighted
       output to the model dtype and adds in that dtype: the same in float32).
     """
-    shape, dtype = x.shape, x.dtype
+    dtype = x.dtype
     routed = functools.partial(_routed, top_k=top_k, norm_topk_prob=norm_topk_prob, tile=tile)
-    split = _token_axes(shape) if x.ndim > 1 else ()
-    if any(split):
-        spec = PartitionSpec(*split)
-        routed = jax.shard_map(
-            routed,
-            in_specs=(spec, PartitionSpec(), PartitionSpec(), PartitionSpec(), PartitionSpec()),
-            out_specs=spec,
-            axis_names={a for a in split if a},
-            check_vma=False,
-        )
-    out = routed(x, router, gate, up, down)
+    out = per_token_shard(routed, x, router, gate, up, down)
     if shared_expert is not None:
         s_gate, s_up, s_down, s_scale = shared_expert
         scale = jax.nn.sigmoid(jnp.dot(x, s_scale.astype(dtype)).astype(jnp.float32))
-        out = out + scale[..., None] * _swiglu(x, s_gate, s_up, s_down).astype(jnp.float32)
+        out = out + scale[..., None] * swiglu(x, s_gate, s_up, s_down).astype(jnp.float32)
     return out.astype(dtype)
 
 

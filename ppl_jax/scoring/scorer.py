@@ -194,7 +194,7 @@ class Scorer:
                 for k in BATCH_KEYS
             }
             # The mesh is set while tracing, so that layers that split work by hand over `data`
-            # or `context` (the MoE layer's routing, `ppl_jax.models.moe.data_shards`;
+            # or `context` (the MoE layer's routing, `ppl_jax.models.experts.per_token_shard`;
             # `attend` under a context axis) see it, and the step's layout settings.
             settings = context_lib.Settings(
                 self.options.context_attention, self.options.token_chunk

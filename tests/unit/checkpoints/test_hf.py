@@ -256,8 +256,9 @@ def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(
         CheckpointError,
-        match=r"model_type 'bert' is not supported; .* gpt2, gpt_neox, llama, mistral, "
-        r"mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe",
+        match=r"model_type 'bert' is not supported; .* deepseek_v3, .* gpt2, gpt_neox, gpt_oss, "
+        r"llama, llama4_text, mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, "
+        r"qwen3, qwen3_moe",
     ):
         hf.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(

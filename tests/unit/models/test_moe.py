@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 
 from ppl_jax.checkpoints import blocks, mapping, storage
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import moe
+from ppl_jax.models import experts, moe
 from ppl_jax.models.families import mixture
 from ppl_jax.runtime import mesh as mesh_lib
 
@@ -116,10 +116,10 @@ def test_cpu_tiles_equal_ragged_dot(sizes, tile):
     gs = jnp.asarray(sizes, jnp.int32)
     rows = jnp.arange(xs.shape[0], dtype=jnp.int32)  # each row its own token, weight 1
     ones = jnp.ones(xs.shape[0], jnp.float32)
-    tiled = jax.jit(moe._tiled_sum, static_argnums=7)(
-        xs, rows, ones, p["gate"], p["up"], p["down"], gs, tile
-    )
-    ragged = jax.jit(moe._ragged_swiglu)(xs, p["gate"], p["up"], p["down"], gs)
+    weights = (p["gate"], p["up"], p["down"])
+    tiled = jax.jit(experts._tiled_sum, static_argnums=5)(xs, rows, ones, weights, gs, tile)
+    row_expert = jnp.repeat(jnp.arange(len(sizes)), gs, total_repeat_length=xs.shape[0])
+    ragged = jax.jit(experts.SWIGLU.ragged)(xs, gs, row_expert, *weights)
     np.testing.assert_allclose(tiled, ragged, rtol=1e-5, atol=1e-6)
 
 
@@ -288,10 +288,10 @@ def test_each_data_shard_is_routed_and_sorted_on_its_own():
     layer = jax.jit(functools.partial(moe.moe_mlp, top_k=4, norm_topk_prob=True))
     assert _sort_sizes(layer.lower(x, **params).compile().as_text()) == {512}
     with jax.set_mesh(mesh):
-        assert moe.data_shards() == 8
+        assert experts.data_shards() == 8
         compiled = layer.lower(x, **params).compile()
     assert _sort_sizes(compiled.as_text()) == {64}
-    assert moe.data_shards() == 1
+    assert experts.data_shards() == 1
     assert rel_diff(np.asarray(compiled(x, **params)), np.asarray(layer(x, **params))) < 1e-6
 
 
