@@ -1,0 +1,209 @@
+"""Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025, "Gated Delta Networks"), the linear-attention
+layer of Qwen3-Next and Qwen3.5, forward only, with its state in float32.
+
+The recurrence, per value head (transformers' `torch_recurrent_gated_delta_rule`), with the state
+`S [Dk, Dv]` zero at each segment start (`ppl_jax.models.recurrence`):
+
+    S = exp(g_t) * S
+    S = S + k_t (beta_t * (v_t - S^T k_t))^T       (the delta rule)
+    o_t = S^T q_t
+
+`chunk_gated_delta_rule` computes it by chunks of C tokens (Yang et al. 2024, "Parallelizing
+Linear Transformers with the Delta Rule over Sequence Length"; transformers'
+`torch_chunk_gated_delta_rule`): inside a chunk, the C delta-rule updates are folded into one
+lower-triangular solve (the UT transform, `jax.scipy.linalg.solve_triangular`) and a masked
+`[C, C]` product; across chunks a `lax.scan` carries the state. Only `[C, C]` blocks exist per
+head, never `[T, T]`. The chunk size changes no number beyond float32 rounding.
+
+`GatedDeltaNet` is the whole layer of Qwen3.5 (`Qwen3_5GatedDeltaNet`): projections to q, k, v,
+the output gate z, beta (`b`) and the decay's input (`a`); the depthwise causal convolution with
+SiLU over q, k and v; q and k L2-normalised (`x * rsqrt(sum(x^2) + 1e-6)`, in float32) and q
+scaled by `Dk ** -0.5`; `beta = sigmoid(b)`, `g = -exp(A_log) * softplus(a + dt_bias)`; the
+delta rule; the gated RMSNorm per value head (`w * rms_norm(o) * silu(z)`); the output
+projection. Each key head serves `Hv / Hk` consecutive value heads (grouped value attention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ppl_jax.models import recurrence
+from ppl_jax.models.llama import normal_param, ones_param
+
+DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule and FLA's chunk size
+
+
+def chunk_gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    starts: jax.Array,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    initial_state: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule over a batch of rows, by chunks (see the module docstring).
+
+    Args:
+      q, k: `[B, T, Hk, Dk]`, as the recurrence uses them (normalised and scaled by the caller).
+      v: `[B, T, Hv, Dv]`, `Hv` a multiple of `Hk`; key head `h` serves value heads
+        `h * Hv/Hk ... (h + 1) * Hv/Hk - 1` (transformers' `repeat_interleave`).
+      g: `[B, T, Hv]`, the log of the state's decay at each token (`<= 0`).
+      beta: `[B, T, Hv]`, the delta rule's step size.
+      starts: `[B, T] bool`, where segments start (`recurrence.segment_starts`): the state is
+        zero before each.
+      chunk: tokens per chunk (any positive size; T is padded to a multiple).
+      initial_state: `[B, Hv, Dk, Dv]`, the state before the first token, or None for zeros;
+        it reaches the tokens before the row's first start only (none when `starts[:, 0]`, as
+        `segment_starts` always says: it serves a row continued from an earlier part).
+
+    Returns:
+      (o `[B, T, Hv, Dv] float32`, the state after the last token `[B, Hv, Dk, Dv] float32`).
+    """
+    b, t, hk, dk = k.shape
+    hv, dv = v.shape[2:]
+    r = hv // hk
+    f32 = jnp.float32
+    # [B, N, C, ...] chunks; value heads split as (key head, r).
+    q, k = (recurrence.to_chunks(x.astype(f32), chunk) for x in (q, k))
+    v = recurrence.to_chunks(v.astype(f32), chunk).reshape(q.shape[:3] + (hk, r, dv))
+    g = recurrence.to_chunks(g.astype(f32), chunk)
+    beta = recurrence.to_chunks(beta.astype(f32), chunk).reshape(q.shape[:3] + (hk, r))
+    pair, from_start, to_end, through = recurrence.chunk_decays(
+        g, recurrence.to_chunks(starts, chunk)
+    )
+    n, c = q.shape[1], q.shape[2]
+    pair = pair.reshape(b, n, hk, r, c, c)
+    from_start, to_end = (x.reshape(b, n, c, hk, r) for x in (from_start, to_end))
+
+    kk = jnp.einsum("bnihd,bnjhd->bnhij", k, k)  # [B, N, Hk, C, C]
+    qk = jnp.einsum("bnihd,bnjhd->bnhij", q, k)
+    strict = jnp.tril(jnp.ones((c, c), bool), -1)
+    beta_i = jnp.moveaxis(beta, 2, 4)[..., :, None]  # [B, N, Hk, r, C, 1]
+    ut = jnp.where(strict, beta_i * kk[:, :, :, None] * pair, 0.0)  # strictly lower
+    intra = qk[:, :, :, None] * pair  # [B, N, Hk, r, C, C], lower with the diagonal
+    # The UT transform: (I + ut) [u | w] = [beta v | beta k exp(G)], unit lower triangular.
+    k_beta = k[:, :, :, :, None, :] * beta[..., None]  # [B, N, C, Hk, r, Dk]
+    rhs = jnp.concatenate([v * beta[..., None], k_beta * from_start[..., None]], axis=-1)
+    rhs = jnp.moveaxis(rhs, 2, 4)  # [B, N, Hk, r, C, Dv + Dk]
+    eye = jnp.eye(c, dtype=f32)
+    solved = jax.scipy.linalg.solve_triangular(ut + eye, rhs, lower=True, unit_diagonal=True)
+    u, w = solved[..., :dv], solved[..., dv:]
+    q_in = jnp.moveaxis(q[:, :, :, :, None, :] * from_start[..., None], 2, 4)  # [B,N,Hk,r,C,Dk]
+    k_out = jnp.moveaxis(k[:, :, :, :, None, :] * to_end[..., None], 2, 4)
+    through = through.reshape(b, n, hk, r)
+
+    def step(state, xs):  # state [B, Hk, r, Dk, Dv]
+        u, w, q_in, k_out, intra, through = xs
+        v_new = u - w @ state
+        o = q_in @ state + intra @ v_new
+        state = state * through[..., None, None] + jnp.swapaxes(k_out, -1, -2) @ v_new
+        return state, o
+
+    state = (
+        jnp.zeros((b, hk, r, dk, dv), f32)
+        if initial_state is None
+        else initial_state.astype(f32).reshape(b, hk, r, dk, dv)
+    )
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (u, w, q_in, k_out, intra, through))
+    state, o = jax.lax.scan(step, state, xs)  # o [N, B, Hk, r, C, Dv]
+    o = jnp.moveaxis(o, (0, 4), (1, 2)).reshape(b, n, c, hv, dv)
+    return recurrence.from_chunks(o, t), state.reshape(b, hv, dk, dv)
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """`x * rsqrt(sum(x^2) + eps)` over the last dim, in float32 (FLA's and transformers'
+    `l2norm`)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedDeltaSpec:
+    """Shape of one Gated DeltaNet layer (transformers' `linear_*` config fields).
+
+    Attributes:
+      embed_dim: `hidden_size`.
+      key_heads, key_dim: `linear_num_key_heads`, `linear_key_head_dim`.
+      value_heads, value_dim: `linear_num_value_heads`, `linear_value_head_dim`.
+      conv_kernel: `linear_conv_kernel_dim`.
+      norm_eps: the gated RMSNorm's epsilon (`rms_norm_eps`).
+      chunk: tokens per chunk of the scan (changes no number).
+    """
+
+    embed_dim: int
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+    conv_kernel: int = 4
+    norm_eps: float = 1e-6
+    chunk: int = DEFAULT_CHUNK
+
+
+class GatedDeltaNet(nnx.Module):
+    """The Gated DeltaNet layer (see the module docstring).
+
+    Params (transformers' Qwen3.5 names in brackets): `q`, `k [embed, Hk, Dk]` and
+    `v [embed, Hv, Dv]` (`in_proj_qkv`, in that order), `z [embed, Hv, Dv]` (`in_proj_z`),
+    `b`, `a [embed, Hv]` (`in_proj_b`, `in_proj_a`), `conv_q`, `conv_k [K, Hk, Dk]` and
+    `conv_v [K, Hv, Dv]` (`conv1d.weight`, channels in the order q, k, v), `dt_bias`,
+    `a_log [Hv]`, `norm [Dv]` (the gated norm's weight, shared by the heads), `out
+    [Hv, Dv, embed]` (`out_proj`).
+    """
+
+    def __init__(self, spec: GatedDeltaSpec, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        d, hk, dk, hv, dv, kern = (
+            spec.embed_dim,
+            spec.key_heads,
+            spec.key_dim,
+            spec.value_heads,
+            spec.value_dim,
+            spec.conv_kernel,
+        )
+        self.spec = spec
+        key, value = ("embed", "heads", "head_dim"), ("embed", "heads", "head_dim")
+        self.q = normal_param(rngs, (d, hk, dk), key, d**-0.5, dtype)
+        self.k = normal_param(rngs, (d, hk, dk), key, d**-0.5, dtype)
+        self.v = normal_param(rngs, (d, hv, dv), value, d**-0.5, dtype)
+        self.z = normal_param(rngs, (d, hv, dv), value, d**-0.5, dtype)
+        self.b = normal_param(rngs, (d, hv), ("embed", "heads"), d**-0.5, dtype)
+        self.a = normal_param(rngs, (d, hv), ("embed", "heads"), d**-0.5, dtype)
+        conv = ("conv", "heads", "head_dim")
+        self.conv_q = normal_param(rngs, (kern, hk, dk), conv, kern**-0.5, dtype)
+        self.conv_k = normal_param(rngs, (kern, hk, dk), conv, kern**-0.5, dtype)
+        self.conv_v = normal_param(rngs, (kern, hv, dv), conv, kern**-0.5, dtype)
+        self.dt_bias = ones_param((hv,), ("heads",), dtype)
+        self.a_log = nnx.Param(jnp.zeros((hv,), dtype), logical_axes=("heads",))
+        self.norm = ones_param((dv,), ("head_dim",), dtype)
+        self.out = normal_param(
+            rngs, (hv, dv, d), ("heads", "head_dim", "embed"), (hv * dv) ** -0.5, dtype
+        )
+
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """`x [B, T, embed]` -> `[B, T, embed]` in `x.dtype`; `segment_ids [B, T]` int."""
+        spec = self.spec
+        starts = recurrence.segment_starts(segment_ids)
+        proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w[...])  # noqa: E731
+        q = recurrence.causal_conv(proj(self.q), self.conv_q[...], None, starts)
+        k = recurrence.causal_conv(proj(self.k), self.conv_k[...], None, starts)
+        v = recurrence.causal_conv(proj(self.v), self.conv_v[...], None, starts)
+        z = proj(self.z)
+        b = jnp.einsum("btd,dh->bth", x, self.b[...])
+        a = jnp.einsum("btd,dh->bth", x, self.a[...]).astype(jnp.float32)
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        dt_bias = self.dt_bias[...].astype(jnp.float32)
+        g = -jnp.exp(self.a_log[...].astype(jnp.float32)) * jax.nn.softplus(a + dt_bias)
+        q = l2_normalize(q) * spec.key_dim**-0.5
+        o, _ = chunk_gated_delta_rule(q, l2_normalize(k), v, g, beta, starts, chunk=spec.chunk)
+        o = o.astype(x.dtype)
+        o = recurrence.gated_rms_norm(
+            o, z, self.norm[...], spec.norm_eps, groups=1, norm_before_gate=True
+        )
+        return jnp.einsum("bthk,hkd->btd", o, self.out[...])

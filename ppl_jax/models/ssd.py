@@ -1,0 +1,245 @@
+"""The Mamba2 layer: the selective state-space model computed by state-space duality (SSD; Dao &
+Gu 2024, "Transformers are SSMs"), forward only, with its state in float32; shared by the
+Hugging Face `mamba2`, `nemotron_h` and `falcon_h1` model types.
+
+The recurrence, per head h with state `S [P, N]` zero at each segment start
+(`ppl_jax.models.recurrence`), B and C shared by the `H / G` heads of each of G groups
+(transformers' `mamba2_selective_state_update`):
+
+    S = exp(dt_t * A_h) * S + dt_t * x_t B_t^T
+    y_t = S C_t + D_h * x_t
+
+`ssd_scan` computes it by chunks of C tokens (transformers' `mamba2_chunk_scan`, the torch path
+of `Mamba2Mixer.torch_forward` in older releases): inside a chunk the masked `[C, C]` products
+`(C_i . B_j) exp(sum_{j<t<=i} dt_t A)` (the decays summed directly, as `segment_sum` does); across
+chunks a `lax.scan` carries the state (where transformers multiplies by an `[N+1, N+1]` matrix
+over all chunks). Only `[C, C]` blocks exist per head, never `[T, T]`. The chunk size changes no
+number beyond float32 rounding.
+
+`Mamba2Mixer` is the whole layer: the input projection to the gate z, x, B, C and dt (each part
+optionally scaled: Falcon-H1's `ssm_multipliers`); the depthwise causal convolution with SiLU
+over x, B and C; `dt = clamp(softplus(dt + dt_bias), *dt_limit)`, `A = -exp(A_log)`; the scan
+with the D skip; the gate (`norm`: `gated` is Mamba2's and Nemotron-H's `w * rms_norm(y *
+silu(z))` over G groups, `gated_first_norm` Falcon-H1's `w * rms_norm(y) * silu(z)`, `none`
+Falcon-H1's plain `y * silu(z)`); the output projection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ppl_jax.errors import CheckpointError
+from ppl_jax.models import recurrence
+from ppl_jax.models.llama import normal_param, ones_param, zeros_param
+
+NORMS = ("gated", "gated_first_norm", "none")
+
+
+def ssd_scan(
+    x: jax.Array,
+    dt: jax.Array,
+    a: jax.Array,
+    b: jax.Array,
+    c: jax.Array,
+    starts: jax.Array,
+    *,
+    chunk: int,
+    initial_state: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """The SSD scan (the recurrence of the module docstring without the D skip), by chunks.
+
+    Args:
+      x: `[B, T, H, P]`, any float dtype.
+      dt: `[B, T, H]`, the step (after softplus and limits).
+      a: `[H]`, the (negative) A of each head.
+      b, c: `[B, T, G, N]`, G dividing H; head h reads group `h // (H / G)`.
+      starts: `[B, T] bool`, where segments start (`recurrence.segment_starts`): the state is
+        zero before each.
+      chunk: tokens per chunk (any positive size; T is padded to a multiple).
+      initial_state: `[B, H, P, N]`, the state before the first token, or None for zeros; it
+        reaches the tokens before the row's first start only (a row continued from an earlier
+        part).
+
+    Returns:
+      (y `[B, T, H, P] float32`, the state after the last token `[B, H, P, N] float32`).
+    """
+    bsz, t, h, p = x.shape
+    g, n_state = b.shape[2:]
+    hg = h // g
+    f32 = jnp.float32
+    dt = dt.astype(f32)
+    xdt = recurrence.to_chunks(x.astype(f32) * dt[..., None], chunk)
+    xdt = xdt.reshape(xdt.shape[:3] + (g, hg, p))  # [B, N, C, G, hg, P]
+    log_decay = recurrence.to_chunks(dt * a.astype(f32), chunk)
+    pair, from_start, to_end, through = recurrence.chunk_decays(
+        log_decay, recurrence.to_chunks(starts, chunk)
+    )
+    n, cs = xdt.shape[1], xdt.shape[2]
+    pair = pair.reshape(bsz, n, g, hg, cs, cs)
+    from_start, to_end = (v.reshape(bsz, n, cs, g, hg) for v in (from_start, to_end))
+    through = through.reshape(bsz, n, g, hg)
+    b, c = (recurrence.to_chunks(v.astype(f32), chunk) for v in (b, c))  # [B, N, C, G, N]
+
+    cb = jnp.einsum("bnigs,bnjgs->bngij", c, b)  # [B, N, G, C, C]
+    y_diag = jnp.einsum("bngkij,bnjgkp->bnigkp", cb[:, :, :, None] * pair, xdt)
+
+    def step(state, xs):  # state [B, G, hg, P, N]
+        c, b, xdt, from_start, to_end, through = xs
+        y_off = jnp.einsum("bigs,bgkps->bigkp", c, state) * from_start[..., None]
+        update = jnp.einsum("bigs,bigkp->bgkps", b, xdt * to_end[..., None])
+        return state * through[..., None, None] + update, y_off
+
+    state = (
+        jnp.zeros((bsz, g, hg, p, n_state), f32)
+        if initial_state is None
+        else initial_state.astype(f32).reshape(bsz, g, hg, p, n_state)
+    )
+    xs = tuple(jnp.moveaxis(v, 1, 0) for v in (c, b, xdt, from_start, to_end, through))
+    state, y_off = jax.lax.scan(step, state, xs)
+    y = y_diag + jnp.moveaxis(y_off, 0, 1)
+    return recurrence.from_chunks(y.reshape(bsz, n, cs, h, p), t), state.reshape(bsz, h, p, n_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mamba2Spec:
+    """Shape of one Mamba2 layer (transformers' field names in brackets).
+
+    Attributes:
+      embed_dim: `hidden_size`.
+      heads, head_dim: `num_heads`, `head_dim` (Nemotron-H `mamba_num_heads`,
+        `mamba_head_dim`; Falcon-H1 `mamba_n_heads`, `mamba_d_head`).
+      groups: `n_groups` (`mamba_n_groups`), dividing `heads`.
+      state_dim: `state_size` (`ssm_state_size`, `mamba_d_state`).
+      conv_kernel: `conv_kernel` (`mamba_d_conv`).
+      chunk: tokens per chunk of the scan (`chunk_size`; changes no number).
+      norm_eps: the gated norm's epsilon.
+      dt_limit: `(low, high)` clamp of dt (`time_step_limit`; Nemotron-H's low is
+        `time_step_min`).
+      conv_bias: the convolution has a bias (`use_conv_bias`, `mamba_conv_bias`).
+      in_bias, out_bias: the input and output projections have biases (`use_bias`; Falcon-H1
+        `mamba_proj_bias`, `projectors_bias`).
+      norm: one of `NORMS` (see the module docstring).
+      part_scales: factors of the projection's parts z, x, B, C, dt (Falcon-H1's
+        `ssm_multipliers`, its `mup_vector`).
+    """
+
+    embed_dim: int
+    heads: int
+    head_dim: int
+    groups: int
+    state_dim: int
+    conv_kernel: int = 4
+    chunk: int = 256
+    norm_eps: float = 1e-5
+    dt_limit: tuple[float, float] = (0.0, float("inf"))
+    conv_bias: bool = True
+    in_bias: bool = False
+    out_bias: bool = False
+    norm: str = "gated"
+    part_scales: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)
+
+    def __post_init__(self):
+        if self.norm not in NORMS:
+            raise CheckpointError(f"the Mamba2 norm {self.norm!r} is not one of {NORMS}.")
+        if self.heads % self.groups:
+            raise CheckpointError(
+                f"the Mamba2 layer's {self.heads} heads are not a multiple of its "
+                f"{self.groups} groups (n_groups)."
+            )
+
+
+class Mamba2Mixer(nnx.Module):
+    """The Mamba2 layer (see the module docstring).
+
+    Params (the parts of transformers' fused `in_proj` in brackets, in its order): `z [embed, H,
+    P]` (the gate), `x [embed, H, P]`, `b`, `c [embed, G, N]`, `dt [embed, H]`; with `in_bias`
+    their biases `z_bias`, ...; `conv_x [K, H, P]`, `conv_b`, `conv_c [K, G, N]` (`conv1d.weight`,
+    channels x, B, C) and with `conv_bias` their biases; `dt_bias`, `a_log`, `d [H]`; `norm [H, P]`
+    (the gated norm's weight, unless `norm` is `none`); `out [H, P, embed]` (`out_proj`) and with
+    `out_bias` `out_bias [embed]`.
+    """
+
+    def __init__(self, spec: Mamba2Spec, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        d, h, p, g, n, kern = (
+            spec.embed_dim,
+            spec.heads,
+            spec.head_dim,
+            spec.groups,
+            spec.state_dim,
+            spec.conv_kernel,
+        )
+        self.spec = spec
+        heads, groups = ("heads", "head_dim"), ("ssm_groups", "ssm_state")
+        for name, dims, axes in (
+            ("z", (h, p), heads),
+            ("x", (h, p), heads),
+            ("b", (g, n), groups),
+            ("c", (g, n), groups),
+            ("dt", (h,), ("heads",)),
+        ):
+            setattr(self, name, normal_param(rngs, (d, *dims), ("embed", *axes), d**-0.5, dtype))
+            if spec.in_bias:
+                setattr(self, f"{name}_bias", zeros_param(dims, axes, dtype))
+        for name, dims, axes in (
+            ("x", (h, p), heads),
+            ("b", (g, n), groups),
+            ("c", (g, n), groups),
+        ):
+            w = normal_param(rngs, (kern, *dims), ("conv", *axes), kern**-0.5, dtype)
+            setattr(self, f"conv_{name}", w)
+            if spec.conv_bias:
+                setattr(self, f"conv_{name}_bias", zeros_param(dims, axes, dtype))
+        self.dt_bias = zeros_param((h,), ("heads",), dtype)
+        self.a_log = zeros_param((h,), ("heads",), dtype)
+        self.d = ones_param((h,), ("heads",), dtype)
+        if spec.norm != "none":
+            self.norm = ones_param((h, p), heads, dtype)
+        self.out = normal_param(
+            rngs, (h, p, d), ("heads", "head_dim", "embed"), (h * p) ** -0.5, dtype
+        )
+        if spec.out_bias:
+            self.out_bias = zeros_param((d,), ("embed",), dtype)
+
+    def _project(self, x: jax.Array, name: str, scale: float) -> jax.Array:
+        w = getattr(self, name)[...]
+        out = jnp.einsum("btd,d...->bt...", x, w)
+        if self.spec.in_bias:
+            out = out + getattr(self, f"{name}_bias")[...]
+        return out if scale == 1.0 else out * jnp.asarray(scale, out.dtype)
+
+    def _conv(self, x: jax.Array, name: str, starts: jax.Array) -> jax.Array:
+        bias = getattr(self, f"conv_{name}_bias")[...] if self.spec.conv_bias else None
+        return recurrence.causal_conv(x, getattr(self, f"conv_{name}")[...], bias, starts)
+
+    def __call__(self, hidden: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """`hidden [B, T, embed]` -> `[B, T, embed]` in `hidden.dtype`; `segment_ids [B, T]`."""
+        spec = self.spec
+        starts = recurrence.segment_starts(segment_ids)
+        z, x, b, c, dt = (
+            self._project(hidden, name, scale)
+            for name, scale in zip(("z", "x", "b", "c", "dt"), spec.part_scales, strict=True)
+        )
+        x, b, c = (self._conv(v, name, starts) for v, name in ((x, "x"), (b, "b"), (c, "c")))
+        dt = dt.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        dt = jnp.clip(jax.nn.softplus(dt), *spec.dt_limit)
+        a = -jnp.exp(self.a_log[...].astype(jnp.float32))
+        y, _ = ssd_scan(x, dt, a, b, c, starts, chunk=spec.chunk)
+        y = y + self.d[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
+        bsz, t, h, p = y.shape
+        if spec.norm == "none":
+            y = y * jax.nn.silu(z.astype(jnp.float32))
+        else:
+            y = recurrence.gated_rms_norm(
+                y.reshape(bsz, t, h * p),
+                z.reshape(bsz, t, h * p),
+                self.norm[...].reshape(h * p),
+                spec.norm_eps,
+                groups=spec.groups,
+                norm_before_gate=spec.norm == "gated_first_norm",
+            ).reshape(bsz, t, h, p)
+        out = jnp.einsum("bthp,hpd->btd", y.astype(hidden.dtype), self.out[...])
+        return out + self.out_bias[...] if spec.out_bias else out
