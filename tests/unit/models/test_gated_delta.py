@@ -33,9 +33,9 @@ def inputs(seed=0, decay=1.0):
 
 def scan(args, segments=SEGMENTS, chunk=8, initial_state=None, starts=None):
     starts = recurrence.segment_starts(jnp.asarray(segments)) if starts is None else starts
-    o, state = jax.jit(
-        gated_delta.chunk_gated_delta_rule, static_argnames="chunk"
-    )(*map(jnp.asarray, args), starts, chunk=chunk, initial_state=initial_state)
+    o, state = jax.jit(gated_delta.chunk_gated_delta_rule, static_argnames="chunk")(
+        *map(jnp.asarray, args), starts, chunk=chunk, initial_state=initial_state
+    )
     return np.asarray(o, np.float64), np.asarray(state, np.float64)
 
 
