@@ -7,7 +7,8 @@ weight perturbation and the numbers).
     python tests/golden/make_hybrid_golden.py --numbers-only  # keeps the committed models
     python tests/golden/make_hybrid_golden.py --only mamba2
 
-Each family of `FAMILIES` gets `tests/golden/families/<name>/`: a tiny random transformers 5 model
+Each family of `FAMILIES` gets `tests/golden/hybrid/<name>/` (`OUT`; they move to
+tests/golden/families/ when the family registry reads them): a tiny random transformers 5 model
 (seed 0, 1-D weights perturbed) as `save_pretrained` writes it, and `golden.json` with
 transformers' float32 log-probabilities of every scored target of the `sliding`, `hf_strided` and
 `lm_eval_rolling` windows (24 inputs each). transformers runs its PyTorch fallbacks of the scans
@@ -22,7 +23,7 @@ inside the scored windows:
   experts (3 chosen, renormalised) with a gated shared expert on layers 0, 2 and 3 (layer 1 dense,
   `mlp_only_layers`); untied.
 - `mamba2`: 2 Mamba2 layers (8 heads of 8 in 2 groups, state 8, conv 4, chunks of 8 < 24, dt
-  clamped at 1.0), tied.
+  clamped to [0.01, 0.05], both bounds biting), tied.
 - `nemotron_h`: the pattern `M E * - M`: Mamba2 (dt clamped below at `time_step_min` 0.05),
   sigmoid-routed MoE of squared-ReLU experts (3 of 8, group-limited to 1 of 2 groups, the
   correction bias, `routed_scaling_factor` 2.5, a latent projection, a shared expert),
@@ -46,8 +47,11 @@ import sys
 import torch
 import transformers as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import make_family_golden as family  # noqa: E402
+
+OUT = os.path.join(HERE, "hybrid")
 
 SMALL = dict(
     vocab_size=family.VOCAB,
@@ -104,7 +108,7 @@ def _mamba2():
         num_heads=8,
         head_dim=8,
         state_size=8,
-        time_step_limit=(0.0, 1.0),
+        time_step_limit=(0.01, 0.05),
         tie_word_embeddings=True,
     )
     return tf.Mamba2ForCausalLM(config)
@@ -198,7 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     for name in args.only or FAMILIES:
-        path = os.path.join(family.FAMILY_DIR, name)
+        path = os.path.join(OUT, name)
         if not args.numbers_only:
             shutil.rmtree(path, ignore_errors=True)
             os.makedirs(path)

@@ -18,6 +18,7 @@ from flax import nnx
 from ppl_jax.models import gated_delta, ssd
 
 import helpers
+import hybrid_weights
 
 CASES = ("qwen3_5", "qwen3_next", "mamba2", "nemotron_h", "falcon_h1", "falcon_h1_plain")
 GDN_CASES = ("qwen3_5", "qwen3_next")
@@ -37,39 +38,11 @@ def gdn_layer(z: dict, model_type: str, chunk: int, dtype=jnp.float32):
     """A `GatedDeltaNet` holding a golden file's transformers-layout weights."""
     hk, dk = _field(z, "linear_num_key_heads"), _field(z, "linear_key_head_dim")
     hv, dv = _field(z, "linear_num_value_heads"), _field(z, "linear_value_head_dim")
-    d, r = _field(z, "hidden_size"), hv // hk
+    d = _field(z, "hidden_size")
     spec = gated_delta.GatedDeltaSpec(
         d, hk, dk, hv, dv, _field(z, "linear_conv_kernel_dim"), _field(z, "rms_norm_eps"), chunk
     )
-    kd = hk * dk
-    if model_type == "qwen3_5":
-        qkv = z["in_proj_qkv.weight"]
-        q, k, v = qkv[:kd], qkv[kd : 2 * kd], qkv[2 * kd :]
-        zz, b, a = z["in_proj_z.weight"], z["in_proj_b.weight"], z["in_proj_a.weight"]
-    else:  # per key head: q, k, r value heads, r gates; then r betas, r decay inputs
-        qkvz = z["in_proj_qkvz.weight"].reshape(hk, 2 * dk + 2 * r * dv, d)
-        q, k = qkvz[:, :dk].reshape(kd, d), qkvz[:, dk : 2 * dk].reshape(kd, d)
-        v = qkvz[:, 2 * dk : 2 * dk + r * dv].reshape(hv * dv, d)
-        zz = qkvz[:, 2 * dk + r * dv :].reshape(hv * dv, d)
-        ba = z["in_proj_ba.weight"].reshape(hk, 2 * r, d)
-        b, a = ba[:, :r].reshape(hv, d), ba[:, r:].reshape(hv, d)
-    conv = z["conv1d.weight"][:, 0, :].T  # [K, channels q | k | v]
-    kern = conv.shape[0]
-    params = {
-        "q": q.T.reshape(d, hk, dk),
-        "k": k.T.reshape(d, hk, dk),
-        "v": v.T.reshape(d, hv, dv),
-        "z": zz.T.reshape(d, hv, dv),
-        "b": b.T,
-        "a": a.T,
-        "conv_q": conv[:, :kd].reshape(kern, hk, dk),
-        "conv_k": conv[:, kd : 2 * kd].reshape(kern, hk, dk),
-        "conv_v": conv[:, 2 * kd :].reshape(kern, hv, dv),
-        "dt_bias": z["dt_bias"],
-        "a_log": z["A_log"],
-        "norm": z["norm.weight"],
-        "out": z["out_proj.weight"].T.reshape(hv, dv, d),
-    }
+    params = hybrid_weights.gdn(z.__getitem__, spec, model_type)
     return _filled(gated_delta.GatedDeltaNet(spec, nnx.Rngs(0), dtype), params)
 
 
@@ -112,36 +85,7 @@ def mamba_spec(z: dict, model_type: str, chunk: int | None = None) -> ssd.Mamba2
 def mamba_layer(z: dict, model_type: str, chunk: int | None = None, dtype=jnp.float32):
     """A `Mamba2Mixer` holding a golden file's transformers-layout weights."""
     spec = mamba_spec(z, model_type, chunk)
-    h, p, g, n, d = spec.heads, spec.head_dim, spec.groups, spec.state_dim, spec.embed_dim
-    inner, gn = h * p, g * n
-    w = z["in_proj.weight"]  # [z | x | B | C | dt, embed]
-    cuts = np.cumsum([0, inner, inner, gn, gn, h])
-    parts = [w[cuts[i] : cuts[i + 1]].T for i in range(5)]
-    conv = z["conv1d.weight"][:, 0, :].T  # [K, x | B | C]
-    kern = conv.shape[0]
-    params = {
-        "z": parts[0].reshape(d, h, p),
-        "x": parts[1].reshape(d, h, p),
-        "b": parts[2].reshape(d, g, n),
-        "c": parts[3].reshape(d, g, n),
-        "dt": parts[4],
-        "conv_x": conv[:, :inner].reshape(kern, h, p),
-        "conv_b": conv[:, inner : inner + gn].reshape(kern, g, n),
-        "conv_c": conv[:, inner + gn :].reshape(kern, g, n),
-        "dt_bias": z["dt_bias"],
-        "a_log": z["A_log"],
-        "d": z["D"],
-        "out": z["out_proj.weight"].T.reshape(h, p, d),
-    }
-    if spec.conv_bias:
-        bias = z["conv1d.bias"]
-        params.update(
-            conv_x_bias=bias[:inner].reshape(h, p),
-            conv_b_bias=bias[inner : inner + gn].reshape(g, n),
-            conv_c_bias=bias[inner + gn :].reshape(g, n),
-        )
-    if spec.norm != "none":
-        params["norm"] = z["norm.weight"].reshape(h, p)
+    params = hybrid_weights.mamba(z.__getitem__, spec)
     return _filled(ssd.Mamba2Mixer(spec, nnx.Rngs(0), dtype), params)
 
 

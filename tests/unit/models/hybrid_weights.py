@@ -1,0 +1,138 @@
+"""transformers' weights of the hybrid families as ppl_jax params, written out by hand from the
+`modeling_*` files (the test side's own reading of the layouts): each function takes `get`,
+the stored tensor of a name relative to the layer (`in_proj.weight`), and returns the layer's
+params as NumPy arrays under ppl_jax's names."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from safetensors import safe_open
+
+from ppl_jax.models import ssd
+
+
+def linear(get, name, *out_dims):
+    """An `nn.Linear` weight `[out, in]` as `[in, *out_dims]`."""
+    w = get(f"{name}.weight")
+    return w.T.reshape((w.shape[1],) + tuple(out_dims))
+
+
+def gdn(get, spec, layout: str) -> dict[str, np.ndarray]:
+    """A Gated DeltaNet layer (`Qwen3_5GatedDeltaNet` for layout `qwen3_5`,
+    `Qwen3NextGatedDeltaNet` for `qwen3_next`)."""
+    hk, dk, hv, dv = spec.key_heads, spec.key_dim, spec.value_heads, spec.value_dim
+    d, r, kd = spec.embed_dim, hv // hk, hk * dk
+    if layout == "qwen3_5":
+        qkv = get("in_proj_qkv.weight")
+        q, k, v = qkv[:kd], qkv[kd : 2 * kd], qkv[2 * kd :]
+        z, b, a = get("in_proj_z.weight"), get("in_proj_b.weight"), get("in_proj_a.weight")
+    else:  # per key head: q, k, r value heads, r gates; then r betas, r decay inputs
+        qkvz = get("in_proj_qkvz.weight").reshape(hk, 2 * dk + 2 * r * dv, d)
+        q, k = qkvz[:, :dk].reshape(kd, d), qkvz[:, dk : 2 * dk].reshape(kd, d)
+        v = qkvz[:, 2 * dk : 2 * dk + r * dv].reshape(hv * dv, d)
+        z = qkvz[:, 2 * dk + r * dv :].reshape(hv * dv, d)
+        ba = get("in_proj_ba.weight").reshape(hk, 2 * r, d)
+        b, a = ba[:, :r].reshape(hv, d), ba[:, r:].reshape(hv, d)
+    conv = get("conv1d.weight")[:, 0, :].T  # [K, channels q | k | v]
+    kern = conv.shape[0]
+    return {
+        "q": q.T.reshape(d, hk, dk),
+        "k": k.T.reshape(d, hk, dk),
+        "v": v.T.reshape(d, hv, dv),
+        "z": z.T.reshape(d, hv, dv),
+        "b": b.T,
+        "a": a.T,
+        "conv_q": conv[:, :kd].reshape(kern, hk, dk),
+        "conv_k": conv[:, kd : 2 * kd].reshape(kern, hk, dk),
+        "conv_v": conv[:, 2 * kd :].reshape(kern, hv, dv),
+        "dt_bias": get("dt_bias"),
+        "a_log": get("A_log"),
+        "norm": get("norm.weight"),
+        "out": get("out_proj.weight").T.reshape(hv, dv, d),
+    }
+
+
+def mamba(get, spec: ssd.Mamba2Spec) -> dict[str, np.ndarray]:
+    """A Mamba2 layer (`Mamba2Mixer`, `NemotronHMamba2Mixer`, `FalconH1Mixer`)."""
+    h, p, g, n, d = spec.heads, spec.head_dim, spec.groups, spec.state_dim, spec.embed_dim
+    inner, gn = h * p, g * n
+    cuts = np.cumsum([0, inner, inner, gn, gn, h])
+    w = get("in_proj.weight")  # [z | x | B | C | dt, embed]
+    parts = [w[cuts[i] : cuts[i + 1]].T for i in range(5)]
+    conv = get("conv1d.weight")[:, 0, :].T  # [K, x | B | C]
+    kern = conv.shape[0]
+    out = {
+        "z": parts[0].reshape(d, h, p),
+        "x": parts[1].reshape(d, h, p),
+        "b": parts[2].reshape(d, g, n),
+        "c": parts[3].reshape(d, g, n),
+        "dt": parts[4],
+        "conv_x": conv[:, :inner].reshape(kern, h, p),
+        "conv_b": conv[:, inner : inner + gn].reshape(kern, g, n),
+        "conv_c": conv[:, inner + gn :].reshape(kern, g, n),
+        "dt_bias": get("dt_bias"),
+        "a_log": get("A_log"),
+        "d": get("D"),
+        "out": get("out_proj.weight").T.reshape(h, p, d),
+    }
+    if spec.conv_bias:
+        bias = get("conv1d.bias")
+        out.update(
+            conv_x_bias=bias[:inner].reshape(h, p),
+            conv_b_bias=bias[inner : inner + gn].reshape(g, n),
+            conv_c_bias=bias[inner + gn :].reshape(g, n),
+        )
+    if spec.in_bias:
+        b = get("in_proj.bias")
+        for i, (name, shape) in enumerate(
+            (("z", (h, p)), ("x", (h, p)), ("b", (g, n)), ("c", (g, n)), ("dt", (h,)))
+        ):
+            out[f"{name}_bias"] = b[cuts[i] : cuts[i + 1]].reshape(shape)
+    if spec.out_bias:
+        out["out_bias"] = get("out_proj.bias")
+    if spec.norm != "none":
+        out["norm"] = get("norm.weight").reshape(h, p)
+    return out
+
+
+class Stored:
+    """The tensors of a transformers directory (`model.safetensors`) and its `config.json`."""
+
+    def __init__(self, path: str):
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            self.config = json.load(f)
+        with safe_open(os.path.join(path, "model.safetensors"), "np") as f:
+            self.tensors = {k: f.get_tensor(k) for k in f.keys()}
+        self.used: set[str] = set()
+
+    def under(self, prefix: str):
+        def get(name):
+            self.used.add(prefix + name)
+            return self.tensors[prefix + name]
+
+        return get
+
+    def unused(self) -> set[str]:
+        return set(self.tensors) - self.used
+
+
+def mamba2_params(stored: Stored, cfg) -> dict:
+    """A `mamba2` directory as `ppl_jax.models.mamba2.Mamba2` params."""
+    get = stored.under("backbone.")
+    params = {
+        "embedding": get("embeddings.weight"),
+        "final_norm": get("norm_f.weight"),
+        "layers": {
+            str(i): {
+                "norm": get(f"layers.{i}.norm.weight"),
+                "mixer": mamba(stored.under(f"backbone.layers.{i}.mixer."), cfg.ssm),
+            }
+            for i in range(cfg.num_layers)
+        },
+    }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = stored.under("")("lm_head.weight").T
+    return params
