@@ -12,84 +12,102 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import ssd
+from ppl_jax.models import hybrid, ssd
 from ppl_jax.models.llama import normal_param, ones_param
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
 
 
-@dataclasses.dataclass(frozen=True)
-class Mamba2Config:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SsmFields:
+    """The Mamba2 layer's fields of a family's flat config (Mamba2, Nemotron-H, Falcon-H1);
+    `mixer_spec` makes the layer's `ppl_jax.models.ssd.Mamba2Spec` of them.
+
+    Attributes:
+      ssm_heads, ssm_head_dim, ssm_groups, ssm_state, ssm_conv, ssm_chunk: the layer's heads, head
+        width, groups of B and C, state width, convolution width and scan chunk (see
+        `Mamba2Spec`).
+      ssm_dt_min, ssm_dt_max: dt's clamp (`time_step_limit`; None: no upper bound).
+      ssm_conv_bias, ssm_in_bias, ssm_out_bias: the convolution's and projections' biases.
+      ssm_norm: the gate and norm of the output (`ppl_jax.models.ssd.NORMS`).
+      ssm_scales: factors of the input projection's parts z, x, B, C, dt.
+    """
+
+    ssm_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_groups: int = 1
+    ssm_state: int = 0
+    ssm_conv: int = 4
+    ssm_chunk: int = 256
+    ssm_dt_min: float = 0.0
+    ssm_dt_max: float | None = None
+    ssm_conv_bias: bool = True
+    ssm_in_bias: bool = False
+    ssm_out_bias: bool = False
+    ssm_norm: str = "gated"
+    ssm_scales: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)
+
+
+def mixer_spec(cfg: Any) -> ssd.Mamba2Spec:
+    """The Mamba2 layer of a config with `SsmFields` (and `embed_dim`, `norm_eps`)."""
+    return ssd.Mamba2Spec(
+        embed_dim=cfg.embed_dim,
+        heads=cfg.ssm_heads,
+        head_dim=cfg.ssm_head_dim,
+        groups=cfg.ssm_groups,
+        state_dim=cfg.ssm_state,
+        conv_kernel=cfg.ssm_conv,
+        chunk=cfg.ssm_chunk,
+        norm_eps=cfg.norm_eps,
+        dt_limit=(cfg.ssm_dt_min, float("inf") if cfg.ssm_dt_max is None else cfg.ssm_dt_max),
+        conv_bias=cfg.ssm_conv_bias,
+        in_bias=cfg.ssm_in_bias,
+        out_bias=cfg.ssm_out_bias,
+        norm=cfg.ssm_norm,
+        part_scales=tuple(cfg.ssm_scales),
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mamba2Config(SsmFields):
     """Architecture of a Mamba2 language model (stored as JSON beside each checkpoint).
 
     Attributes:
       vocab_size, embed_dim, num_layers: the sizes.
-      ssm: every layer's Mamba2 mixer.
+      ssm_*: every layer's Mamba2 layer (`SsmFields`).
       norm_eps: the RMSNorms' epsilon (`layer_norm_epsilon`).
       tie_embeddings: the output matrix is the embedding's transpose.
       residual_in_fp32: the residual stream in float32 (`residual_in_fp32`).
       max_positions: the longest window scored.
+      model_type: the Hugging Face model type it was read from.
     """
 
+    FAMILY: ClassVar[str] = "mamba2"
     vocab_size: int
     embed_dim: int
     num_layers: int
-    ssm: ssd.Mamba2Spec
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     residual_in_fp32: bool = True
     max_positions: int = NO_POSITION_LIMIT
+    model_type: str = "mamba2"
+
+    def __post_init__(self):
+        mixer_spec(self)  # raises for an impossible layer
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["ssm"] = spec_to_dict(self.ssm)
-        return {"family": "mamba2", **d}
+        return hybrid.config_to_dict(self)
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Mamba2Config:
-        fields = {f.name for f in dataclasses.fields(Mamba2Config)}
-        unknown = set(d) - fields - {"family"}
-        if d.get("family") != "mamba2" or unknown:
-            raise CheckpointError(
-                f"the stored architecture (family {str(d.get('family'))[:40]!r}) is not a "
-                f"Mamba2 description (unknown keys: {sorted(unknown)[:5]})."
-            )
-        kwargs = {k: v for k, v in d.items() if k in fields and k != "family"}
-        kwargs["ssm"] = spec_from_dict(d["ssm"])
-        return Mamba2Config(**kwargs)
-
-
-def spec_to_dict(spec: ssd.Mamba2Spec) -> dict[str, Any]:
-    """A `Mamba2Spec` as JSON-able data (an infinite dt limit as None)."""
-    d = dataclasses.asdict(spec)
-    d["dt_limit"] = [None if math.isinf(v) else v for v in spec.dt_limit]
-    d["part_scales"] = list(spec.part_scales)
-    return d
-
-
-def spec_from_dict(d: dict[str, Any]) -> ssd.Mamba2Spec:
-    """The inverse of `spec_to_dict`.
-
-    Raises:
-      CheckpointError: unknown keys.
-    """
-    fields = {f.name for f in dataclasses.fields(ssd.Mamba2Spec)}
-    if set(d) - fields:
-        raise CheckpointError(f"unknown keys of a Mamba2 layer: {sorted(set(d) - fields)[:5]}.")
-    d = dict(d)
-    if "dt_limit" in d:
-        low, high = d["dt_limit"]
-        d["dt_limit"] = (float(low or 0.0), float("inf") if high is None else float(high))
-    if "part_scales" in d:
-        d["part_scales"] = tuple(float(v) for v in d["part_scales"])
-    return ssd.Mamba2Spec(**d)
+        return hybrid.config_from_dict(Mamba2Config, d)
 
 
 def dt_limit(value: Any, low_default: float = 0.0) -> tuple[float, float]:
@@ -134,26 +152,22 @@ def from_hf_config(c: dict[str, Any]) -> Mamba2Config:
             f"{int(c.get('expand', 2)) * d} (transformers refuses such a config too)."
         )
     eps = float(c.get("layer_norm_epsilon", 1e-5))
-    spec = ssd.Mamba2Spec(
-        embed_dim=d,
-        heads=heads,
-        head_dim=head_dim,
-        groups=int(c.get("n_groups", 8)),
-        state_dim=int(c.get("state_size", 128)),
-        conv_kernel=int(c.get("conv_kernel", 4)),
-        chunk=int(c.get("chunk_size", 256)),
-        norm_eps=eps,
-        dt_limit=dt_limit(c.get("time_step_limit")),
-        conv_bias=bool(c.get("use_conv_bias", True)),
-        in_bias=bool(c.get("use_bias", False)),
-        out_bias=bool(c.get("use_bias", False)),
-        norm="gated",
-    )
+    low, high = dt_limit(c.get("time_step_limit"))
     return Mamba2Config(
         vocab_size=int(c["vocab_size"]),
         embed_dim=d,
         num_layers=int(c["num_hidden_layers"]),
-        ssm=spec,
+        ssm_heads=heads,
+        ssm_head_dim=head_dim,
+        ssm_groups=int(c.get("n_groups", 8)),
+        ssm_state=int(c.get("state_size", 128)),
+        ssm_conv=int(c.get("conv_kernel", 4)),
+        ssm_chunk=int(c.get("chunk_size", 256)),
+        ssm_dt_min=low,
+        ssm_dt_max=None if math.isinf(high) else high,
+        ssm_conv_bias=bool(c.get("use_conv_bias", True)),
+        ssm_in_bias=bool(c.get("use_bias", False)),
+        ssm_out_bias=bool(c.get("use_bias", False)),
         norm_eps=eps,
         tie_embeddings=bool(c.get("tie_word_embeddings", False)),
         residual_in_fp32=bool(c.get("residual_in_fp32", True)),
@@ -172,7 +186,7 @@ class Block(nnx.Module):
     def __init__(self, cfg: Mamba2Config, rngs: nnx.Rngs, dtype: jnp.dtype):
         self.eps = cfg.norm_eps
         self.norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
-        self.mixer = ssd.Mamba2Mixer(cfg.ssm, rngs, dtype)
+        self.mixer = ssd.Mamba2Mixer(mixer_spec(cfg), rngs, dtype)
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         h = norm_then_cast(x.astype(self.norm.dtype), self.norm[...], self.eps)

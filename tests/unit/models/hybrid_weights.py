@@ -11,7 +11,7 @@ import os
 import numpy as np
 from safetensors import safe_open
 
-from ppl_jax.models import ssd
+from ppl_jax.models import mamba2, ssd
 
 
 def linear(get, name, *out_dims):
@@ -128,7 +128,7 @@ def mamba2_params(stored: Stored, cfg) -> dict:
         "layers": {
             str(i): {
                 "norm": get(f"layers.{i}.norm.weight"),
-                "mixer": mamba(stored.under(f"backbone.layers.{i}.mixer."), cfg.ssm),
+                "mixer": mamba(stored.under(f"backbone.layers.{i}.mixer."), mamba2.mixer_spec(cfg)),
             }
             for i in range(cfg.num_layers)
         },
