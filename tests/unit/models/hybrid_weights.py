@@ -136,3 +136,58 @@ def mamba2_params(stored: Stored, cfg) -> dict:
     if not cfg.tie_embeddings:
         params["lm_head"] = stored.under("")("lm_head.weight").T
     return params
+
+
+def attention(get, spec) -> dict[str, np.ndarray]:
+    """An attention layer (`hybrid.Attention`): q, k, v, o projections, Qwen3.5's query-and-gate
+    `q_proj` (each head's query then its gate), QK-norms, biases."""
+    h, kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    out = {}
+    if spec.output_gate:
+        qg = get("q_proj.weight").reshape(h, 2, hd, -1)
+        out["q"], out["gate"] = qg[:, 0].transpose(2, 0, 1), qg[:, 1].transpose(2, 0, 1)
+    else:
+        out["q"] = linear(get, "q_proj", h, hd)
+    out["k"], out["v"] = linear(get, "k_proj", kv, hd), linear(get, "v_proj", kv, hd)
+    out["o"] = get("o_proj.weight").T.reshape(h, hd, -1)
+    if spec.qk_norm:
+        out["q_norm"], out["k_norm"] = get("q_norm.weight"), get("k_norm.weight")
+    if spec.bias:
+        for p, heads in (("q", h), ("k", kv), ("v", kv)):
+            out[f"{p}_bias"] = get(f"{p}_proj.bias").reshape(heads, hd)
+        out["o_bias"] = get("o_proj.bias")
+    return out
+
+
+def mlp(get, spec, names=("gate_proj", "up_proj", "down_proj")) -> dict[str, np.ndarray]:
+    """A dense MLP (`hybrid.MLP`): `gate`, `up`, `down` transposed (and biases)."""
+    out = {}
+    for ours, theirs in zip(("gate", "up", "down"), names, strict=True):
+        if ours == "gate" and not spec.gated:
+            continue
+        out[ours] = get(f"{theirs}.weight").T
+        if spec.bias:
+            out[f"{ours}_bias"] = get(f"{theirs}.bias")
+    return out
+
+
+def falcon_h1_params(stored: Stored, cfg) -> dict:
+    """A `falcon_h1` directory as `ppl_jax.models.falcon_h1.FalconH1` params."""
+    get = stored.under("model.")
+    params = {
+        "embedding": get("embed_tokens.weight"),
+        "final_norm": get("final_layernorm.weight"),
+        "layers": {},
+    }
+    for i in range(cfg.num_layers):
+        layer = f"model.layers.{i}."
+        params["layers"][str(i)] = {
+            "input_norm": get(f"layers.{i}.input_layernorm.weight"),
+            "mlp_norm": get(f"layers.{i}.pre_ff_layernorm.weight"),
+            "ssm": mamba(stored.under(layer + "mamba."), mamba2.mixer_spec(cfg)),
+            "attn": attention(stored.under(layer + "self_attn."), cfg.attention_spec()),
+            "mlp": mlp(stored.under(layer + "feed_forward."), cfg.mlp_spec()),
+        }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = stored.under("")("lm_head.weight").T
+    return params

@@ -18,7 +18,7 @@ import pytest
 import test_families
 from flax import nnx
 
-from ppl_jax.models import mamba2
+from ppl_jax.models import falcon_h1, mamba2
 from ppl_jax.models import nnx as nnx_lib
 
 import helpers
@@ -27,6 +27,7 @@ import hybrid_weights
 # family -> (config reader, module, weights reader)
 FAMILIES = {
     "mamba2": (mamba2.from_hf_config, mamba2.Mamba2, hybrid_weights.mamba2_params),
+    "falcon_h1": (falcon_h1.from_hf_config, falcon_h1.FalconH1, hybrid_weights.falcon_h1_params),
 }
 PROTOCOLS = test_families.PROTOCOLS
 HYBRID_DIR = os.path.join(helpers.GOLDEN, "hybrid")
@@ -130,3 +131,27 @@ def test_the_scans_chunk_size_changes_no_nll(family):
     for chunk in (3, 5, 64):
         ours = nll(family, change=json.dumps({"ssm_chunk": chunk}))
         assert np.max(np.abs(ours - base) / base) < 1e-6
+
+
+# Each feature turned off moves some token's NLL well past the tolerance: the comparison sees it.
+CHANGES = [
+    ("mamba2", {"ssm_dt_min": 0.0}),
+    ("mamba2", {"ssm_dt_max": None}),
+    ("falcon_h1", {"embedding_scale": 1.0}),
+    ("falcon_h1", {"lm_head_scale": 1.0}),
+    ("falcon_h1", {"key_scale": 1.0}),
+    ("falcon_h1", {"attention_in_scale": 1.0}),
+    ("falcon_h1", {"attention_out_scale": 1.0}),
+    ("falcon_h1", {"ssm_in_scale": 1.0}),
+    ("falcon_h1", {"ssm_out_scale": 1.0}),
+    ("falcon_h1", {"mlp_gate_scale": 1.0}),
+    ("falcon_h1", {"mlp_down_scale": 1.0}),
+    ("falcon_h1", {"ssm_scales": [1.0] * 5}),
+    ("falcon_h1", {"ssm_norm": "gated"}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,change", CHANGES)
+def test_the_comparison_sees_each_feature(family, change):
+    assert np.max(np.abs(nll(family, change=json.dumps(change)) - reference(family))) > 1e-3
