@@ -25,7 +25,7 @@ def gdn(get, spec, layout: str) -> dict[str, np.ndarray]:
     `Qwen3NextGatedDeltaNet` for `qwen3_next`)."""
     hk, dk, hv, dv = spec.key_heads, spec.key_dim, spec.value_heads, spec.value_dim
     d, r, kd = spec.embed_dim, hv // hk, hk * dk
-    if layout == "qwen3_5":
+    if layout != "qwen3_next":
         qkv = get("in_proj_qkv.weight")
         q, k, v = qkv[:kd], qkv[kd : 2 * kd], qkv[2 * kd :]
         z, b, a = get("in_proj_z.weight"), get("in_proj_b.weight"), get("in_proj_a.weight")
@@ -188,6 +188,50 @@ def falcon_h1_params(stored: Stored, cfg) -> dict:
             "attn": attention(stored.under(layer + "self_attn."), cfg.attention_spec()),
             "mlp": mlp(stored.under(layer + "feed_forward."), cfg.mlp_spec()),
         }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = stored.under("")("lm_head.weight").T
+    return params
+
+
+def softmax_moe(get, spec) -> dict[str, np.ndarray]:
+    """A `moe.MoeMLP` of transformers' per-expert tensors (`experts.{e}.*_proj.weight`, as
+    transformers 5 saves them), the router `gate.weight`, the shared expert and its gate."""
+
+    def stacked(name):
+        return np.stack([get(f"experts.{e}.{name}.weight").T for e in range(spec.num_experts)])
+
+    out = {"router": get("gate.weight").T}
+    out.update(gate=stacked("gate_proj"), up=stacked("up_proj"), down=stacked("down_proj"))
+    if spec.shared_mlp_dim:
+        for ours, theirs in (("gate_proj", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+            out[f"shared_{ours}"] = get(f"shared_expert.{theirs}.weight").T
+        out["shared_scale"] = get("shared_expert_gate.weight")[0]
+    return out
+
+
+def qwen3_5_params(stored: Stored, cfg) -> dict:
+    """A `qwen3_5_text` or `qwen3_next` directory as `ppl_jax.models.qwen3_5.Qwen35` params."""
+    from ppl_jax.models import hybrid
+
+    get = stored.under("model.")
+    params = {"embedding": get("embed_tokens.weight"), "final_norm": get("norm.weight")}
+    layers = {}
+    for i in range(cfg.num_layers):
+        under = lambda part, i=i: stored.under(f"model.layers.{i}.{part}.")  # noqa: E731
+        layer = {
+            "attn_norm": get(f"layers.{i}.input_layernorm.weight"),
+            "mlp_norm": get(f"layers.{i}.post_attention_layernorm.weight"),
+        }
+        if i in cfg.linear_layers:
+            layer["linear_attn"] = gdn(under("linear_attn"), cfg.gdn_spec(), cfg.model_type)
+        else:
+            layer["attn"] = attention(under("self_attn"), cfg.attention_spec())
+        if i in cfg.moe_layers:
+            layer["mlp"] = softmax_moe(under("mlp"), cfg.moe_spec())
+        else:
+            layer["mlp"] = mlp(under("mlp"), hybrid.MLPSpec(cfg.embed_dim, cfg.mlp_dim))
+        layers[str(i)] = layer
+    params["layers"] = layers
     if not cfg.tie_embeddings:
         params["lm_head"] = stored.under("")("lm_head.weight").T
     return params

@@ -1,9 +1,21 @@
 """The hybrid families (issue 24: Qwen3.5, Qwen3-Next, Mamba2, Nemotron-H, Falcon-H1) against
-transformers 5's own log-probabilities, stored with tiny random models in tests/golden/families/
-by tests/golden/make_hybrid_golden.py, under the three protocols of test_families.py: per-token
-NLL within 1e-5 relative of transformers' float32, nll_sum within 1e-6 relative, bfloat16 within
-1e-3 of float32; the scans' chunk size and packing change no NLL by more than 1e-6; each feature
-turned off moves the numbers."""
+transformers 5's own log-probabilities, stored with tiny random models in tests/golden/hybrid/
+by tests/golden/make_hybrid_golden.py, under the three protocols of test_families.py: nll_sum
+within 1e-6 relative of transformers' float32, bfloat16 within 1e-3 of float32; each feature
+turned off (a config field, or weights that undo it) moves the numbers.
+
+Per token, and under another chunk size of the scans, the tolerance is float32's: 1e-5 relative
+of transformers' float32 and 1e-6 between chunk sizes for the Mamba2 families (measured 2e-7
+to 3e-7). The Gated DeltaNet families are less well conditioned: each head's output `S^T q`
+can be small by cancellation and the gated norm scales it to unit size, so float32's rounding
+of a layer's input reaches its output multiplied by up to ~25 (measured at a token of
+qwen3_5's lm_eval_rolling windows, where ppl_jax's float32 and transformers' float32 are 9.7e-6
+and 4e-7 from transformers' float64, and ppl_jax's Gated DeltaNet layer fed the float64 input is
+4x closer to float64 than transformers' layer). Their tolerances are 2e-5 against
+transformers' float32 and 5e-6 between chunk sizes (measured 9.3e-6 and 2.6e-6), with the
+sums within 1e-6 and 1e-7 (measured 5e-8 and 2e-8); the golden files carry transformers'
+float64 numbers that show it.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +30,7 @@ import pytest
 import test_families
 from flax import nnx
 
-from ppl_jax.models import falcon_h1, mamba2
+from ppl_jax.models import falcon_h1, mamba2, qwen3_5
 from ppl_jax.models import nnx as nnx_lib
 
 import helpers
@@ -28,6 +40,8 @@ import hybrid_weights
 FAMILIES = {
     "mamba2": (mamba2.from_hf_config, mamba2.Mamba2, hybrid_weights.mamba2_params),
     "falcon_h1": (falcon_h1.from_hf_config, falcon_h1.FalconH1, hybrid_weights.falcon_h1_params),
+    "qwen3_5": (qwen3_5.from_hf_config, qwen3_5.Qwen35, hybrid_weights.qwen3_5_params),
+    "qwen3_next": (qwen3_5.from_hf_config, qwen3_5.Qwen35, hybrid_weights.qwen3_5_params),
 }
 PROTOCOLS = test_families.PROTOCOLS
 HYBRID_DIR = os.path.join(helpers.GOLDEN, "hybrid")
@@ -49,16 +63,20 @@ def stored_dir(family: str) -> hybrid_weights.Stored:
     return hybrid_weights.Stored(os.path.join(HYBRID_DIR, family))
 
 
-def loaded(family: str, dtype=jnp.float32, change: str = "{}"):
+def loaded(family: str, dtype=jnp.float32, change: str = "{}", edit: str = "{}"):
     """(LanguageModel, params) of the committed directory; `change`: JSON of config fields
-    replaced (`{"ssm_chunk": 5}`)."""
-    return _loaded(family, jnp.dtype(dtype).name, change)
+    replaced (`{"ssm_chunk": 5}`; `rope` as a dict); `edit`: JSON of weights set to a constant
+    (`{"layers/3/attn/gate": 0.0}`)."""
+    return _loaded(family, jnp.dtype(dtype).name, change, edit)
 
 
 @functools.cache
-def _loaded(family: str, dtype: str, change: str):
+def _loaded(family: str, dtype: str, change: str, edit: str):
     cfg = config_of(family)
-    cfg = dataclasses.replace(cfg, **json.loads(change))
+    fields = json.loads(change)
+    if "rope" in fields:
+        fields["rope"] = tuple(sorted({**dict(cfg.rope), **fields["rope"]}.items()))
+    cfg = dataclasses.replace(cfg, **fields)
     _, module_class, weights = FAMILIES[family]
     dtype = jnp.dtype(dtype)
     model = nnx_lib.from_nnx(
@@ -72,6 +90,8 @@ def _loaded(family: str, dtype: str, change: str):
     assert sorted(flat) == sorted(expected)
     for name, leaf in expected.items():
         assert flat[name].shape == leaf.shape, name
+    for name, value in json.loads(edit).items():
+        flat[name] = np.full_like(flat[name], value)
     params = {k: jnp.asarray(v, dtype) for k, v in flat.items()}
     return model, _nest(params)
 
@@ -97,9 +117,10 @@ def _nest(flat):
     return out
 
 
-def nll(family, protocol="sliding", dtype=jnp.float32, change="{}"):
+def nll(family, protocol="sliding", dtype=jnp.float32, change="{}", edit="{}"):
     g = golden(family)
-    return np.concatenate(test_families.protocol_nll(g, protocol, *loaded(family, dtype, change)))
+    model = loaded(family, dtype, change, edit)
+    return np.concatenate(test_families.protocol_nll(g, protocol, *model))
 
 
 def reference(family, protocol="sliding"):
@@ -109,6 +130,9 @@ def reference(family, protocol="sliding"):
     )
 
 
+GATED_DELTA = ("qwen3_5", "qwen3_next")  # the less well conditioned (module docstring)
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_matches_transformers(family, protocol):
@@ -116,7 +140,8 @@ def test_matches_transformers(family, protocol):
     assert ours.shape == ref.shape
     per_token = np.max(np.abs(ours - ref) / np.abs(ref))
     total = abs(ours.sum() - ref.sum()) / ref.sum()
-    assert per_token < 1e-5 and total < 1e-6, (per_token, total)
+    assert per_token < (2e-5 if family in GATED_DELTA else 1e-5), per_token
+    assert total < 1e-6, total
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -128,30 +153,42 @@ def test_bfloat16_within_1e3_of_float32(family):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_scans_chunk_size_changes_no_nll(family):
     base = nll(family)
+    field = "gdn_chunk" if family in GATED_DELTA else "ssm_chunk"
     for chunk in (3, 5, 64):
-        ours = nll(family, change=json.dumps({"ssm_chunk": chunk}))
-        assert np.max(np.abs(ours - base) / base) < 1e-6
+        ours = nll(family, change=json.dumps({field: chunk}))
+        assert np.max(np.abs(ours - base) / base) < (5e-6 if family in GATED_DELTA else 1e-6)
+        assert abs(ours.sum() - base.sum()) / base.sum() < 1e-7
 
 
 # Each feature turned off moves some token's NLL well past the tolerance: the comparison sees it.
+# (family, config fields replaced, weights set to a constant)
 CHANGES = [
-    ("mamba2", {"ssm_dt_min": 0.0}),
-    ("mamba2", {"ssm_dt_max": None}),
-    ("falcon_h1", {"embedding_scale": 1.0}),
-    ("falcon_h1", {"lm_head_scale": 1.0}),
-    ("falcon_h1", {"key_scale": 1.0}),
-    ("falcon_h1", {"attention_in_scale": 1.0}),
-    ("falcon_h1", {"attention_out_scale": 1.0}),
-    ("falcon_h1", {"ssm_in_scale": 1.0}),
-    ("falcon_h1", {"ssm_out_scale": 1.0}),
-    ("falcon_h1", {"mlp_gate_scale": 1.0}),
-    ("falcon_h1", {"mlp_down_scale": 1.0}),
-    ("falcon_h1", {"ssm_scales": [1.0] * 5}),
-    ("falcon_h1", {"ssm_norm": "gated"}),
+    ("qwen3_5", {"rope": {"rotary_dim": 0}}, {}),  # partial rotary -> all dims
+    ("qwen3_5", {}, {"layers/3/attn/gate": 0.0}),  # the output gate at 1/2 everywhere
+    ("qwen3_5", {}, {"layers/3/attn/q_norm": 3.0}),  # QK-norm's (1 + w)
+    ("qwen3_5", {}, {"layers/1/linear_attn/norm": 3.0}),  # the gated norm's weight
+    ("qwen3_next", {"moe_top_k": 1}, {}),
+    ("qwen3_next", {"moe_norm_topk_prob": False}, {}),
+    ("qwen3_next", {}, {"layers/0/mlp/shared_scale": -30.0}),  # the shared expert's gate shut
+    ("qwen3_next", {}, {"layers/0/linear_attn/conv_v": 0.25}),  # the convolution's weights
+    ("mamba2", {"ssm_dt_min": 0.0}, {}),
+    ("mamba2", {"ssm_dt_max": None}, {}),
+    ("falcon_h1", {"embedding_scale": 1.0}, {}),
+    ("falcon_h1", {"lm_head_scale": 1.0}, {}),
+    ("falcon_h1", {"key_scale": 1.0}, {}),
+    ("falcon_h1", {"attention_in_scale": 1.0}, {}),
+    ("falcon_h1", {"attention_out_scale": 1.0}, {}),
+    ("falcon_h1", {"ssm_in_scale": 1.0}, {}),
+    ("falcon_h1", {"ssm_out_scale": 1.0}, {}),
+    ("falcon_h1", {"mlp_gate_scale": 1.0}, {}),
+    ("falcon_h1", {"mlp_down_scale": 1.0}, {}),
+    ("falcon_h1", {"ssm_scales": [1.0] * 5}, {}),
+    ("falcon_h1", {"ssm_norm": "gated"}, {}),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,change", CHANGES)
-def test_the_comparison_sees_each_feature(family, change):
-    assert np.max(np.abs(nll(family, change=json.dumps(change)) - reference(family))) > 1e-3
+@pytest.mark.parametrize("family,change,edit", CHANGES)
+def test_the_comparison_sees_each_feature(family, change, edit):
+    ours = nll(family, change=json.dumps(change), edit=json.dumps(edit))
+    assert np.max(np.abs(ours - reference(family))) > 1e-3
