@@ -186,24 +186,77 @@ class GatedDeltaNet(nnx.Module):
             rngs, (hv, dv, d), ("heads", "head_dim", "embed"), (hv * dv) ** -0.5, dtype
         )
 
+    def initial_state(self, batch: int) -> dict[str, jax.Array]:
+        """The state before a row's first token (`scan_chunk`'s): zero convolution tails and
+        recurrent state, no previous segment."""
+        spec = self.spec
+        tail = (batch, spec.conv_kernel - 1)
+        dtype = self.q.dtype
+        return {
+            "q": jnp.zeros(tail + (spec.key_heads, spec.key_dim), dtype),
+            "k": jnp.zeros(tail + (spec.key_heads, spec.key_dim), dtype),
+            "v": jnp.zeros(tail + (spec.value_heads, spec.value_dim), dtype),
+            "tail_segments": jnp.full(tail, -1, jnp.int32),
+            "last_segment": jnp.full((batch,), -1, jnp.int32),
+            "delta": jnp.zeros(
+                (batch, spec.value_heads, spec.key_dim, spec.value_dim), jnp.float32
+            ),
+        }
+
+    def scan_chunk(self, inputs: tuple, state: dict) -> tuple[jax.Array, dict]:
+        """The layer's sequence part over consecutive tokens of each row, from `state`
+        (`initial_state`, or the state after the tokens before them): the convolution of q, k
+        and v, their normalisation, and the gated delta rule.
+
+        Args:
+          inputs: `(q, k [B, L, Hk, Dk], v [B, L, Hv, Dv]` before the convolution, `g`,
+            `beta [B, L, Hv]` float32, `segment_ids [B, L])`.
+          state: as `initial_state`.
+
+        Returns:
+          (o `[B, L, Hv, Dv] float32`, the state after the last token).
+        """
+        q, k, v, g, beta, segment_ids = inputs
+        tails = state["tail_segments"]
+        convolved, new = [], {}
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            out, new[name], tail_segments = recurrence.conv_after(
+                x, getattr(self, f"conv_{name}")[...], None, segment_ids, state[name], tails
+            )
+            convolved.append(out)
+        q, k, v = convolved
+        starts = recurrence.starts_after(segment_ids, state["last_segment"])
+        q = l2_normalize(q) * self.spec.key_dim**-0.5
+        o, delta = chunk_gated_delta_rule(
+            q,
+            l2_normalize(k),
+            v,
+            g,
+            beta,
+            starts,
+            chunk=self.spec.chunk,
+            initial_state=state["delta"],
+        )
+        new.update(tail_segments=tail_segments, last_segment=segment_ids[:, -1], delta=delta)
+        return o, new
+
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`x [B, T, embed]` -> `[B, T, embed]` in `x.dtype`; `segment_ids [B, T]` int."""
         spec = self.spec
-        starts = recurrence.segment_starts(segment_ids)
         proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w[...])  # noqa: E731
-        q = recurrence.causal_conv(proj(self.q), self.conv_q[...], None, starts)
-        k = recurrence.causal_conv(proj(self.k), self.conv_k[...], None, starts)
-        v = recurrence.causal_conv(proj(self.v), self.conv_v[...], None, starts)
-        z = proj(self.z)
         b = jnp.einsum("btd,dh->bth", x, self.b[...])
         a = jnp.einsum("btd,dh->bth", x, self.a[...]).astype(jnp.float32)
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         dt_bias = self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.a_log[...].astype(jnp.float32)) * jax.nn.softplus(a + dt_bias)
-        q = l2_normalize(q) * spec.key_dim**-0.5
-        o, _ = chunk_gated_delta_rule(q, l2_normalize(k), v, g, beta, starts, chunk=spec.chunk)
-        o = o.astype(x.dtype)
+        inputs = (proj(self.q), proj(self.k), proj(self.v), g, beta, segment_ids)
+        o, _ = recurrence.run(self.scan_chunk, inputs, self.initial_state(x.shape[0]))
         o = recurrence.gated_rms_norm(
-            o, z, self.norm[...], spec.norm_eps, groups=1, norm_before_gate=True
+            o.astype(x.dtype),
+            proj(self.z),
+            self.norm[...],
+            spec.norm_eps,
+            groups=1,
+            norm_before_gate=True,
         )
         return jnp.einsum("bthk,hkd->btd", o, self.out[...])

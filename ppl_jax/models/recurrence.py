@@ -3,6 +3,11 @@ DeltaNet in `ppl_jax.models.gated_delta`): where each document starts, the withi
 that stop there, the depthwise causal ("short") convolution that does not look across a document
 start, and the gated RMSNorm of their outputs.
 
+A layer runs its sequence part as `scan_chunk(inputs, state) -> (outputs, state)` over
+consecutive tokens of each row (the contract of the context axis's state passing): the state
+holds the recurrence's state, the last `K - 1` inputs of the convolution (`conv_after`) and the
+segment id of the last token (`starts_after`), so a row cut in parts scores as one.
+
 A row of the scorer may hold several segments (packed windows or documents, `segment_ids`, 0
 for padding). A recurrent layer restarts at every segment start, as if each segment were alone
 in its row: its state is zero before the segment's first token, and its convolution sees zeros
@@ -21,6 +26,13 @@ def segment_starts(segment_ids: jax.Array) -> jax.Array:
     """`[B, T] bool`: True where a segment starts (the row's first token, and every token whose
     segment id differs from the previous token's). `segment_ids`: `[B, T]` int."""
     previous = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+    return segment_ids != previous
+
+
+def starts_after(segment_ids: jax.Array, last_segment: jax.Array) -> jax.Array:
+    """`[B, T] bool`: `segment_starts` of tokens that follow, in their row, a token of segment
+    `last_segment` (`[B]`; -1 where nothing precedes: the row's first token starts)."""
+    previous = jnp.concatenate([last_segment[:, None], segment_ids[:, :-1]], axis=1)
     return segment_ids != previous
 
 
@@ -66,6 +78,32 @@ def causal_conv(
     return jax.nn.silu(out).astype(x.dtype)
 
 
+def conv_after(
+    x: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None,
+    segment_ids: jax.Array,
+    tail: jax.Array,
+    tail_segments: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`causal_conv` of tokens that follow, in their row, the tokens `tail` (the `K - 1` inputs
+    before them, with their segment ids `tail_segments`, -1 for none): a row cut in parts.
+
+    Args:
+      x: `[B, L, *channels]`; weight, bias: as `causal_conv`; segment_ids: `[B, L]` int.
+      tail: `[B, K - 1, *channels]`; tail_segments: `[B, K - 1]` int.
+
+    Returns:
+      (the convolution `[B, L, *channels]`, the new tail: the last `K - 1` inputs of
+      `tail + x` and their segment ids).
+    """
+    keep = tail.shape[1]
+    xs = jnp.concatenate([tail.astype(x.dtype), x], axis=1)
+    segments = jnp.concatenate([tail_segments, segment_ids], axis=1)
+    out = causal_conv(xs, weight, bias, segment_starts(segments))[:, keep:]
+    return out, xs[:, xs.shape[1] - keep :], segments[:, segments.shape[1] - keep :]
+
+
 def gated_rms_norm(
     x: jax.Array,
     gate: jax.Array,
@@ -101,6 +139,11 @@ def gated_rms_norm(
     if norm_before_gate:
         h = h * g
     return h.astype(x.dtype)
+
+
+def run(scan_chunk, inputs, initial_state):
+    """A layer's `scan_chunk(inputs, initial_state)` over whole rows (`[B, T, ...]` inputs)."""
+    return scan_chunk(inputs, initial_state)
 
 
 def chunk_decays(log_decay: jax.Array, starts: jax.Array) -> tuple[jax.Array, ...]:

@@ -211,24 +211,62 @@ class Mamba2Mixer(nnx.Module):
             out = out + getattr(self, f"{name}_bias")[...]
         return out if scale == 1.0 else out * jnp.asarray(scale, out.dtype)
 
-    def _conv(self, x: jax.Array, name: str, starts: jax.Array) -> jax.Array:
-        bias = getattr(self, f"conv_{name}_bias")[...] if self.spec.conv_bias else None
-        return recurrence.causal_conv(x, getattr(self, f"conv_{name}")[...], bias, starts)
+    def initial_state(self, batch: int) -> dict[str, jax.Array]:
+        """The state before a row's first token (`scan_chunk`'s): zero convolution tails and
+        recurrent state, no previous segment."""
+        spec = self.spec
+        tail = (batch, spec.conv_kernel - 1)
+        dtype = self.x.dtype
+        return {
+            "x": jnp.zeros(tail + (spec.heads, spec.head_dim), dtype),
+            "b": jnp.zeros(tail + (spec.groups, spec.state_dim), dtype),
+            "c": jnp.zeros(tail + (spec.groups, spec.state_dim), dtype),
+            "tail_segments": jnp.full(tail, -1, jnp.int32),
+            "last_segment": jnp.full((batch,), -1, jnp.int32),
+            "ssm": jnp.zeros((batch, spec.heads, spec.head_dim, spec.state_dim), jnp.float32),
+        }
+
+    def scan_chunk(self, inputs: tuple, state: dict) -> tuple[jax.Array, dict]:
+        """The layer's sequence part over consecutive tokens of each row, from `state`
+        (`initial_state`, or the state after the tokens before them): the convolution of x, B
+        and C, the scan and the D skip.
+
+        Args:
+          inputs: `(x [B, L, H, P], b, c [B, L, G, N]` before the convolution, `dt [B, L, H]`
+            float32 after softplus and limits, `segment_ids [B, L])`.
+          state: as `initial_state`.
+
+        Returns:
+          (`y + D x` `[B, L, H, P] float32`, the state after the last token).
+        """
+        x, b, c, dt, segment_ids = inputs
+        tails = state["tail_segments"]
+        convolved, new = [], {}
+        for name, v in (("x", x), ("b", b), ("c", c)):
+            bias = getattr(self, f"conv_{name}_bias")[...] if self.spec.conv_bias else None
+            out, new[name], tail_segments = recurrence.conv_after(
+                v, getattr(self, f"conv_{name}")[...], bias, segment_ids, state[name], tails
+            )
+            convolved.append(out)
+        x, b, c = convolved
+        starts = recurrence.starts_after(segment_ids, state["last_segment"])
+        a = -jnp.exp(self.a_log[...].astype(jnp.float32))
+        y, ssm = ssd_scan(x, dt, a, b, c, starts, chunk=self.spec.chunk, initial_state=state["ssm"])
+        y = y + self.d[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
+        new.update(tail_segments=tail_segments, last_segment=segment_ids[:, -1], ssm=ssm)
+        return y, new
 
     def __call__(self, hidden: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`hidden [B, T, embed]` -> `[B, T, embed]` in `hidden.dtype`; `segment_ids [B, T]`."""
         spec = self.spec
-        starts = recurrence.segment_starts(segment_ids)
         z, x, b, c, dt = (
             self._project(hidden, name, scale)
             for name, scale in zip(("z", "x", "b", "c", "dt"), spec.part_scales, strict=True)
         )
-        x, b, c = (self._conv(v, name, starts) for v, name in ((x, "x"), (b, "b"), (c, "c")))
         dt = dt.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         dt = jnp.clip(jax.nn.softplus(dt), *spec.dt_limit)
-        a = -jnp.exp(self.a_log[...].astype(jnp.float32))
-        y, _ = ssd_scan(x, dt, a, b, c, starts, chunk=spec.chunk)
-        y = y + self.d[...].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
+        inputs = (x, b, c, dt, segment_ids)
+        y, _ = recurrence.run(self.scan_chunk, inputs, self.initial_state(hidden.shape[0]))
         bsz, t, h, p = y.shape
         if spec.norm == "none":
             y = y * jax.nn.silu(z.astype(jnp.float32))

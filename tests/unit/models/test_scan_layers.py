@@ -184,3 +184,38 @@ def test_no_chunk_by_chunk_buffer():
     fn = jax.jit(lambda s, x, seg: nnx.merge(graphdef, s)(x, seg))
     text = fn.lower(state, x, seg).compile().as_text()
     assert "512,512" not in text.replace(" ", "")
+
+
+def _run_in_parts(cuts, forget=False):
+    """A `recurrence.run` that cuts each row at `cuts` and runs the parts one after the other,
+    each from the state the previous one left (as the context axis's `pass_state` does), or
+    from the initial state (`forget`)."""
+
+    def run(scan_chunk, inputs, state):
+        bounds = [0, *cuts, inputs[-1].shape[1]]
+        outs, initial = [], state
+        for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+            out, state = scan_chunk(tuple(x[:, begin:end] for x in inputs), state)
+            outs.append(out)
+            state = initial if forget else state
+        return jnp.concatenate(outs, axis=1), state
+
+    return run
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "falcon_h1"])
+def test_a_row_cut_in_parts_scores_as_one(name, monkeypatch):
+    """Parts cut inside a document (2 tokens after its start, inside the convolution's reach)
+    and at a document start: the convolution's tail, the segment id and the recurrent state
+    cross each cut."""
+    from ppl_jax.models import recurrence
+
+    z = load_golden(name)
+    layer, scale = layer_of(name, z, 8)
+    x = z["x"]
+    segments = np.array([[1] * 30 + [2] * 40, [1] * 70])
+    whole = run(layer, x, segments, scale)
+    monkeypatch.setattr(recurrence, "run", _run_in_parts([13, 30, 32]))
+    assert rel_diff(run(layer, x, segments, scale), whole) < 1e-6
+    monkeypatch.setattr(recurrence, "run", _run_in_parts([13, 30, 32], forget=True))
+    assert rel_diff(run(layer, x, segments, scale), whole) > 1e-3
