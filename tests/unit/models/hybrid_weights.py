@@ -235,3 +235,43 @@ def qwen3_5_params(stored: Stored, cfg) -> dict:
     if not cfg.tie_embeddings:
         params["lm_head"] = stored.under("")("lm_head.weight").T
     return params
+
+
+def nemotron_h_params(stored: Stored, cfg) -> dict:
+    """A `nemotron_h` directory as `ppl_jax.models.nemotron_h.NemotronH` params."""
+    from ppl_jax.models import hybrid
+
+    get = stored.under("backbone.")
+    params = {"embedding": get("embeddings.weight"), "final_norm": get("norm_f.weight")}
+    layers = {}
+    for i, kind in enumerate(cfg.layer_kinds):
+        under = stored.under(f"backbone.layers.{i}.mixer.")
+        if kind == "mamba":
+            mixer = mamba(under, mamba2.mixer_spec(cfg))
+        elif kind == "attention":
+            mixer = attention(under, cfg.attention_spec())
+        elif kind == "mlp":
+            spec = hybrid.MLPSpec(cfg.embed_dim, cfg.mlp_dim, "relu2", gated=False)
+            mixer = mlp(under, spec)
+        else:
+
+            def stacked(name, under=under):
+                experts = range(cfg.moe_experts)
+                return np.stack([under(f"experts.{e}.{name}.weight").T for e in experts])
+
+            spec = hybrid.MLPSpec(cfg.embed_dim, cfg.moe_shared_mlp_dim, "relu2", gated=False)
+            mixer = {
+                "router": under("gate.weight").T,
+                "bias": under("gate.e_score_correction_bias"),
+                "up": stacked("up_proj"),
+                "down": stacked("down_proj"),
+                "shared": mlp(stored.under(f"backbone.layers.{i}.mixer.shared_experts."), spec),
+            }
+            if cfg.moe_latent_dim:
+                mixer["latent_in"] = under("fc1_latent_proj.weight").T
+                mixer["latent_out"] = under("fc2_latent_proj.weight").T
+        layers[str(i)] = {"norm": get(f"layers.{i}.norm.weight"), "mixer": mixer}
+    params["layers"] = layers
+    if not cfg.tie_embeddings:
+        params["lm_head"] = stored.under("")("lm_head.weight").T
+    return params

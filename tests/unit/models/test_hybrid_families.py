@@ -30,7 +30,7 @@ import pytest
 import test_families
 from flax import nnx
 
-from ppl_jax.models import falcon_h1, mamba2, qwen3_5
+from ppl_jax.models import falcon_h1, mamba2, nemotron_h, qwen3_5
 from ppl_jax.models import nnx as nnx_lib
 
 import helpers
@@ -42,6 +42,11 @@ FAMILIES = {
     "falcon_h1": (falcon_h1.from_hf_config, falcon_h1.FalconH1, hybrid_weights.falcon_h1_params),
     "qwen3_5": (qwen3_5.from_hf_config, qwen3_5.Qwen35, hybrid_weights.qwen3_5_params),
     "qwen3_next": (qwen3_5.from_hf_config, qwen3_5.Qwen35, hybrid_weights.qwen3_5_params),
+    "nemotron_h": (
+        nemotron_h.from_hf_config,
+        nemotron_h.NemotronH,
+        hybrid_weights.nemotron_h_params,
+    ),
 }
 PROTOCOLS = test_families.PROTOCOLS
 HYBRID_DIR = os.path.join(helpers.GOLDEN, "hybrid")
@@ -171,6 +176,13 @@ CHANGES = [
     ("qwen3_next", {"moe_norm_topk_prob": False}, {}),
     ("qwen3_next", {}, {"layers/0/mlp/shared_scale": -30.0}),  # the shared expert's gate shut
     ("qwen3_next", {}, {"layers/0/linear_attn/conv_v": 0.25}),  # the convolution's weights
+    ("nemotron_h", {"ssm_dt_min": 0.0}, {}),  # time_step_min's floor
+    ("nemotron_h", {"moe_top_groups": 2}, {}),  # group-limited routing
+    ("nemotron_h", {"moe_scale": 1.0}, {}),
+    ("nemotron_h", {"moe_norm_topk_prob": False}, {}),
+    ("nemotron_h", {"moe_top_k": 1}, {}),
+    ("nemotron_h", {}, {"layers/1/mixer/bias": 0.0}),  # the correction bias
+    ("nemotron_h", {}, {"layers/1/mixer/latent_in": 0.1}),  # the latent projection
     ("mamba2", {"ssm_dt_min": 0.0}, {}),
     ("mamba2", {"ssm_dt_max": None}, {}),
     ("falcon_h1", {"embedding_scale": 1.0}, {}),
