@@ -92,8 +92,7 @@ def chunk_gated_delta_rule(
     k_beta = k[:, :, :, :, None, :] * beta[..., None]  # [B, N, C, Hk, r, Dk]
     rhs = jnp.concatenate([v * beta[..., None], k_beta * from_start[..., None]], axis=-1)
     rhs = jnp.moveaxis(rhs, 2, 4)  # [B, N, Hk, r, C, Dv + Dk]
-    eye = jnp.eye(c, dtype=f32)
-    solved = jax.scipy.linalg.solve_triangular(ut + eye, rhs, lower=True, unit_diagonal=True)
+    solved = unit_lower_inverse(ut) @ rhs
     u, w = solved[..., :dv], solved[..., dv:]
     q_in = jnp.moveaxis(q[:, :, :, :, None, :] * from_start[..., None], 2, 4)  # [B,N,Hk,r,C,Dk]
     k_out = jnp.moveaxis(k[:, :, :, :, None, :] * to_end[..., None], 2, 4)
@@ -104,7 +103,7 @@ def chunk_gated_delta_rule(
         v_new = u - w @ state
         o = q_in @ state + intra @ v_new
         state = state * through[..., None, None] + jnp.swapaxes(k_out, -1, -2) @ v_new
-        return state, o
+        return recurrence.flush(state), o
 
     state = (
         jnp.zeros((b, hk, r, dk, dv), f32)
@@ -115,6 +114,33 @@ def chunk_gated_delta_rule(
     state, o = jax.lax.scan(step, state, xs)  # o [N, B, Hk, r, C, Dv]
     o = jnp.moveaxis(o, (0, 4), (1, 2)).reshape(b, n, c, hv, dv)
     return recurrence.from_chunks(o, t), state.reshape(b, hv, dk, dv)
+
+
+SOLVE_BLOCK = 16  # the largest triangular solve XLA's CPU backend runs fast (0.3 ms; 32: 70 ms)
+
+
+def unit_lower_inverse(strict: jax.Array) -> jax.Array:
+    """`(I + strict)^-1` for strictly lower triangular `strict` (`[..., C, C]`), by blocks:
+    `[[A, 0], [B, D]]^-1 = [[A^-1, 0], [-D^-1 B A^-1, D^-1]]` halving down to blocks of
+    `SOLVE_BLOCK`, each inverted by a unit triangular solve (C padded with the identity to
+    `SOLVE_BLOCK * 2^k`). The same numbers as one solve of the whole block to float32's
+    rounding, in matrix products; on the CPU one solve of 64 took 800 ms where this takes 14."""
+    c = strict.shape[-1]
+    size = SOLVE_BLOCK
+    while size < c:
+        size *= 2
+    if size != c:
+        pad = [(0, 0)] * (strict.ndim - 2) + [(0, size - c), (0, size - c)]
+        return unit_lower_inverse(jnp.pad(strict, pad))[..., :c, :c]
+    if c <= SOLVE_BLOCK:
+        eye = jnp.broadcast_to(jnp.eye(c, dtype=strict.dtype), strict.shape)
+        return jax.scipy.linalg.solve_triangular(strict + eye, eye, lower=True, unit_diagonal=True)
+    h = c // 2
+    a = unit_lower_inverse(strict[..., :h, :h])
+    d = unit_lower_inverse(strict[..., h:, h:])
+    b = -(d @ (strict[..., h:, :h] @ a))
+    top = jnp.concatenate([a, jnp.zeros_like(a)], axis=-1)
+    return jnp.concatenate([top, jnp.concatenate([b, d], axis=-1)], axis=-2)
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:

@@ -91,7 +91,7 @@ def ssd_scan(
         c, b, xdt, from_start, to_end, through = xs
         y_off = jnp.einsum("bigs,bgkps->bigkp", c, state) * from_start[..., None]
         update = jnp.einsum("bigs,bigkp->bgkps", b, xdt * to_end[..., None])
-        return state * through[..., None, None] + update, y_off
+        return recurrence.flush(state * through[..., None, None] + update), y_off
 
     state = (
         jnp.zeros((bsz, g, hg, p, n_state), f32)
