@@ -134,7 +134,7 @@ def make_tokens(vocab: int, seq_len: int, num: int) -> str:
     """`[num, seq_len]` token chunks of the text, saved as .npy; returns the path."""
     import numpy as np
 
-    from ppl_jax.tokenizer.base import HFTokenizer
+    from ppl_jax.tokenizer import HFTokenizer
 
     folder = _data_folder()
     text_path = _DATA.value or os.path.join(folder, "wikitext-2", "test.txt")
@@ -175,7 +175,7 @@ def run_jax(
     from ppl_jax.checkpoints import hf
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models import attention as attention_lib
-    from ppl_jax.models import nnx as nnx_lib
+    from ppl_jax.models import registry
     from ppl_jax.plans import windows
     from ppl_jax.plans.layout import plan_layout
     from ppl_jax.runtime import mesh as mesh_lib
@@ -189,7 +189,7 @@ def run_jax(
     if query_block:
         attention_lib.QUERY_BLOCK = attention_lib.GPU_QUERY_BLOCK = int(query_block)
     attention = attention_lib.resolve_for(attention, jdtype, description)
-    model = nnx_lib.build(description, jdtype, attention)
+    model = registry.build(description, jdtype, attention)
     mesh = mesh_lib.make_mesh(-1, 1)
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jdtype

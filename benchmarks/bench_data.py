@@ -4,10 +4,10 @@
     python -m benchmarks.bench --data_scale --data_sizes_mb=1,10 --data_processes=1
 
 What is measured is what `ppl_jax.evaluation.job.evaluate` does with the data before it scores: load
-the tokenizer; with `data.cache_dir` (the default here), `suite.planned`: a plan-cache hit, else
+the tokenizer; with `data.cache_dir` (the default here), `planner.planned`: a plan-cache hit, else
 the token cache (each process reads and tokenizes its share of the documents, `ppl_jax.plans.token_cache`)
 and the plan from its lengths (`ppl_jax.plans.stream_plans`); without one, read the documents
-(`suite.read`), apply the budget (`suite.cut`), tokenize and plan (`suite.plan`). Then lay out the
+(`planner.read`), apply the budget (`planner.cut`), tokenize and plan (`planner.plan`). Then lay out the
 batches (`layout.plan_layout`) and check that every process planned the same windows
 (`protocols.plan_digest`, `distributed.check_same_plan`). Modes: `cold` (a fresh cache folder),
 `cached` (the same folder again: the plan is found), `replan` (the plans removed, the token cache
@@ -248,11 +248,11 @@ def child_prepare(task: dict) -> dict:
     import jax
 
     jax.process_count()  # JAX's runtime starts before the data, as in `evaluate` (its mesh)
+    from ppl_jax import tokenizer
     from ppl_jax.data.spec import DatasetSpec
-    from ppl_jax.plans import protocols, suite
+    from ppl_jax.plans import planner, protocols
     from ppl_jax.plans.layout import plan_layout
     from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-    from ppl_jax.tokenizer import base as tokenizer
 
     extra = {"cache_dir": task["cache_dir"]} if task.get("cache_dir") else {}
     ds = DatasetSpec(
@@ -285,13 +285,13 @@ def child_prepare(task: dict) -> dict:
         peaks[name] = _status_kb("VmHWM") / 1024
         last = now
 
-    tok = tokenizer.load(ds.tokenizer, None)
+    tok = tokenizer.load_tokenizer(ds.tokenizer, None)
     mark("tokenizer_load")
     docs, counts = [], None
     if not ds.cache_dir:
-        docs, counts = suite.read(ds)
+        docs, counts = planner.read(ds)
         mark("read")
-        docs, counts = suite.cut(docs, counts, ds, tok)
+        docs, counts = planner.cut(docs, counts, ds, tok)
     encode_s, depth = [0.0], [0]
 
     def timed(method):
@@ -312,9 +312,9 @@ def child_prepare(task: dict) -> dict:
         if hasattr(tok, name):
             setattr(tok, name, timed(getattr(tok, name)))
     if ds.cache_dir:  # as `evaluate` does: the plan cache, else the token cache, else read
-        p = suite.planned(ds, ev, tok, tok.vocab_size)[0]
+        p = planner.planned(ds, ev, tok, tok.vocab_size)[0]
     else:
-        p = suite.plan(ds, ev, docs, counts, tok, tok.vocab_size)
+        p = planner.plan(ds, ev, docs, counts, tok, tok.vocab_size)
     mark("plan")
     phases["tokenize"] = encode_s[0]
     phases["plan"] -= encode_s[0]
@@ -485,7 +485,7 @@ def benchmark(
     Raises:
       RuntimeError: a child failed (with its stderr) or ran past `CHILD_TIMEOUT_S`.
     """
-    from ppl_jax.tokenizer.base import HFTokenizer
+    from ppl_jax.tokenizer import HFTokenizer
 
     os.makedirs(work_dir, exist_ok=True)
     tok_path = tokenizer_file or tokenizer_path(work_dir)

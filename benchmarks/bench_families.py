@@ -36,7 +36,7 @@ from absl import app, flags
 
 from ppl_jax.checkpoints import hf
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
 
@@ -108,7 +108,7 @@ def run_family(name: str, config, batch: int, seq_len: int, repeats: int) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         desc = hf.read_description(tmp)
-        ours = nnx_lib.build(desc, jnp.float32)
+        ours = registry.build(desc, jnp.float32)
         target, _ = mesh_lib.param_targets(
             ours.abstract_params, ours.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
         )

@@ -32,11 +32,12 @@ from ppl_jax.config.defaults import (
     demo_checkpoint_dir,
     held_out_paths,
 )
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
+from ppl_jax.models.adapters import params_of_nnx
 from ppl_jax.models.llama import Llama, LlamaConfig
 from ppl_jax.runtime.mesh import make_mesh, param_targets
 from ppl_jax.scoring.nll import token_nll
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 FLAGS = flags.DEFINE
 _STEPS = flags.DEFINE_integer("steps", 1500, "Training steps.")
@@ -85,8 +86,8 @@ def main(argv: list[str]) -> None:
     corpus = ByteTokenizer().encode([text])[0]
     print(f"training on {len(files)} files, {corpus.size:,} bytes")
 
-    lm = nnx_lib.build(CONFIG.to_dict(), jnp.float32)
-    params = nnx_lib.params_of_nnx(Llama(CONFIG, nnx.Rngs(_SEED.value)))
+    lm = registry.build(CONFIG.to_dict(), jnp.float32)
+    params = params_of_nnx(Llama(CONFIG, nnx.Rngs(_SEED.value)))
     schedule = optax.warmup_cosine_decay_schedule(
         0.0,
         _LR.value,

@@ -9,7 +9,8 @@ The public API (imported on first use, so `import ppl_jax` stays light):
 - `DatasetSpec`, `ProtocolSpec`, `BatchSpec`: a corpus, a scoring protocol, a batch layout.
 - `prepare`: one dataset read, tokenized, planned and laid out (what `Evaluator` does for each).
 - `LanguageModel`, `HiddenStates`, `Logits`, `from_nnx`, `from_linen`: the model interface and
-  its adapters (`from_linen`: a Linen module whose `__call__(tokens)` returns logits).
+  its adapters (a Flax NNX or Linen module whose `__call__(tokens)` returns logits, or with
+  `returns="hidden_states"` hidden states and an `unembedding()`).
 - `StepOptions`: what the step gathers beyond its sums (per-token arrays, top-k, positions, KL).
 - `load_tokenizer`, `make_mesh`, `Sums`, `derive`: tokenizers, meshes, sums and their metrics.
 - the errors: `PplJaxError` and its kinds.
@@ -25,11 +26,11 @@ _EXPORTS = {
     "DatasetSpec": "ppl_jax.data.spec",
     "ProtocolSpec": "ppl_jax.plans.spec",
     "BatchSpec": "ppl_jax.plans.spec",
-    "prepare": "ppl_jax.plans.suite",
+    "prepare": "ppl_jax.plans.planner:plan_dataset",
     "LanguageModel": "ppl_jax.models.interface",
     "HiddenStates": "ppl_jax.models.interface",
     "Logits": "ppl_jax.models.interface",
-    "from_nnx": "ppl_jax.models.nnx",
+    "from_nnx": "ppl_jax.models.adapters",
     "from_linen": "ppl_jax.models.adapters",
     "open_checkpoint": "ppl_jax.checkpoints.opener",
     "Checkpoint": "ppl_jax.checkpoints.opener",
@@ -43,17 +44,15 @@ _EXPORTS = {
     "CheckpointError": "ppl_jax.errors",
     "NumericsError": "ppl_jax.errors",
     "Interrupted": "ppl_jax.errors",
+    "load_tokenizer": "ppl_jax.tokenizer",
 }
-_RENAMED = {"load_tokenizer": ("ppl_jax.tokenizer.base", "load")}
-__all__ = sorted([*_EXPORTS, *_RENAMED, "__version__"])
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    if name in _RENAMED:
-        module, attr = _RENAMED[name]
-        return getattr(import_module(module), attr)
+    if name in _EXPORTS:  # "module" (the same name there) or "module:name"
+        module, _, attr = _EXPORTS[name].partition(":")
+        return getattr(import_module(module), attr or name)
     raise AttributeError(f"module 'ppl_jax' has no attribute {name!r}")
 
 

@@ -23,7 +23,7 @@ import optax
 from flax import nnx
 
 from ppl_jax.checkpoints import orbax
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models.adapters import params_of_nnx
 from ppl_jax.models.llama import Llama, LlamaConfig
 
 # A 2-layer Llama with grouped-query attention and an untied head over byte ids (21k params).
@@ -45,7 +45,7 @@ TEXT_MODULES = ("argparse.py", "difflib.py", "pprint.py", "calendar.py", "string
 
 def random_params(cfg: LlamaConfig = TINY, seed: int = 0) -> dict[str, Any]:
     """Random params of `cfg` (float32), with norm weights perturbed away from 1 so they matter."""
-    params = nnx_lib.params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
+    params = params_of_nnx(Llama(cfg, nnx.Rngs(seed)))
     rng = np.random.default_rng(seed)
 
     def perturb(path, x):

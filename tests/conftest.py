@@ -77,6 +77,7 @@ def pytest_ignore_collect(collection_path, config):
 
 HARNESS_PATHS = {
     os.path.join(HERE, "unit", "harness"),
+    os.path.join(HERE, "e2e", "test_harness_cli.py"),
     os.path.join(HERE, "multiprocess", "test_harness_processes.py"),
 }
 
@@ -137,42 +138,32 @@ def test_data() -> str:
     return path
 
 
-# Tiers (pyproject.toml declares the markers; `python -m pytest` runs the default tiers, without
-# `slow` and `multiprocess`; `python -m pytest -m "slow or multiprocess"` runs the rest).
-E2E_FILES = {  # run the command line in a subprocess
-    "test_cli.py", "test_errors_cli.py", "test_help.py", "test_fail_early.py",
-    "test_report_cli.py", "test_launchers.py", "test_resume_cli.py", "test_wikitext_cli.py",
-    "test_examples.py", "test_other_trainers_cli.py",
-}  # fmt: skip
-MULTIPROCESS_FILES = {
-    "test_distributed.py", "test_plan_agreement.py", "test_bench_data.py", "test_harness_processes.py",
-    "test_stacked_reads.py", "test_hub_processes.py",
-}  # fmt: skip
-MULTIPROCESS_NAMES = ("two_processes", "2p]", "a_bad_share_stops_both")
-SLOW_NAMES = (  # the costliest cases of files whose other tests stay in the default tiers
-    "test_bfloat16_within_1e3_of_float32",
-    "test_converts_to_orbax_and_scores_the_same",
-    "test_invariant_to_batch_size_order_and_mesh",
-    "test_nearly_identical_models_kl_within_1e_8",
-    "test_different_models_kl_within_float32_rounding",
-    "test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little",
-    "test_maxtext_converted_to_own_layout_restores_bit_for_bit",
-    "test_conversion_to_orbax_restores_the_same_params[bfloat16]",
-    "test_orbax_restore_is_restore_params[bfloat16]",
-)
-SLOW_FILES = {
-    "test_resume_cli.py", "test_sweep.py", "test_invariance.py", "test_compare_trust.py",
-    "test_other_trainers_cli.py", "test_examples.py",
-    "test_harness_cli.py", "test_other_trainers_sweep.py",
-}  # fmt: skip
+# Tiers: the top folder under tests/ is the tier (pyproject.toml declares the markers; `python -m
+# pytest` runs the default tiers, without `slow` and `multiprocess`; `python -m pytest -m "slow or
+# multiprocess"` runs the rest). Beside the folder, a test file may add `slow` itself
+# (`@pytest.mark.slow` on a case, or a module's `pytestmark`): the costliest variants of checks
+# whose other cases stay in the default tiers, and the long e2e scenarios. `multiprocess` is the
+# folder and nothing else: a case marked so elsewhere stops the collection, and a test elsewhere
+# that starts several processes fails (`helpers.process_env`).
+TIER_FOLDERS = ("e2e", "multiprocess", "slow")
+
+
+def tier_of(path) -> str | None:
+    """The tier of a test file: its top folder under tests/ if that is a tier's, else None."""
+    top = os.path.relpath(os.path.abspath(str(path)), HERE).split(os.sep)[0]
+    return top if top in TIER_FOLDERS else None
 
 
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
-        name = os.path.basename(str(item.fspath))
-        if name in E2E_FILES:
-            item.add_marker(pytest.mark.e2e)
-        if name in MULTIPROCESS_FILES or any(s in item.nodeid for s in MULTIPROCESS_NAMES):
-            item.add_marker(pytest.mark.multiprocess)
-        if name in SLOW_FILES or any(s in item.nodeid for s in SLOW_NAMES):
-            item.add_marker(pytest.mark.slow)
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+        elif item.get_closest_marker("multiprocess") is not None:
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            f"{misplaced[0]} is marked multiprocess outside tests/multiprocess/ "
+            f"({len(misplaced)} such cases): move it there (the tier is the folder)."
+        )

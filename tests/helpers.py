@@ -4,6 +4,7 @@ byte-level BPE trained at test time, and a NumPy reference model."""
 from __future__ import annotations
 
 import os
+import socket
 
 import numpy as np
 
@@ -129,10 +130,30 @@ def reference_logits(params: dict, cfg: LlamaConfig, inputs: np.ndarray) -> np.n
     return x @ w
 
 
+MULTIPROCESS_FOLDER = "tests/multiprocess/"
+
+
+def free_port() -> int:
+    """A free TCP port on localhost (the coordinator of a run on several processes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> dict[str, str]:
     """The environment of one command-line process of a CPU run over 8 fake devices in all: on
     several processes, each gets `8 // num_processes` and joins through `jax.distributed` on
-    localhost (`ppl_jax.runtime.distributed.initialize_from_env`)."""
+    localhost (`ppl_jax.runtime.distributed.initialize_from_env`).
+
+    A test that starts several processes lives in tests/multiprocess/ (its tier, by folder:
+    tests/conftest.py); one elsewhere fails here, whatever its name or markers.
+    """
+    running = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if num_processes > 1 and running and not running.startswith(MULTIPROCESS_FOLDER):
+        raise AssertionError(
+            f"{running.split(' ')[0]} starts {num_processes} processes: move it to "
+            f"{MULTIPROCESS_FOLDER} (the multiprocess tier is the folder)"
+        )
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
     if num_processes > 1:

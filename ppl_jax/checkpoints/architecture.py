@@ -86,7 +86,7 @@ def maxtext_description(name: str, overrides: dict[str, str]) -> dict[str, Any]:
     model_vocab = None
     for key, raw in overrides.items():
         if key == "model_vocab_size":
-            model_vocab = int(raw)
+            model_vocab = _positive(key, raw)
             continue
         if key not in c:
             raise ConfigError(
@@ -97,8 +97,17 @@ def maxtext_description(name: str, overrides: dict[str, str]) -> dict[str, Any]:
             c[key] = _typed(raw, c[key])
         except ValueError:
             raise ConfigError(
-                f"checkpoint.architecture: {key}={raw!r} is not a {type(c[key]).__name__}."
+                f"checkpoint.architecture: {key}={raw[:40]!r} is not "
+                f"{_KINDS.get(type(c[key]).__name__, 'a ' + type(c[key]).__name__)}."
             ) from None
+        if key in _POSITIVE:
+            _positive(key, c[key])
+    if model_vocab is not None and model_vocab > int(c["vocab_size"]):
+        raise ConfigError(
+            f"checkpoint.architecture: model_vocab_size={model_vocab} is more than the stored "
+            f"vocabulary (vocab_size={c['vocab_size']}); it scores the tokenizer's first ids of "
+            f"a vocabulary padded past them."
+        )
     unsupported = [
         (k, c[k], want)
         for k, want in (("decoder_block", MAXTEXT_BLOCKS), ("rope_type", ("default",)))
@@ -134,6 +143,30 @@ def maxtext_description(name: str, overrides: dict[str, str]) -> dict[str, Any]:
     return d
 
 
+_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+# The MaxText settings that are sizes (and the scales that must be positive).
+_POSITIVE = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
+             "base_num_decoder_layers", "head_dim", "vocab_size", "max_target_length",
+             "rope_max_timescale", "normalization_layer_epsilon")  # fmt: skip
+
+
+def _positive(key: str, value: Any) -> Any:
+    """`value` (a string is read as a whole number) if it is greater than 0.
+
+    Raises:
+      ConfigError: not a number greater than 0, naming the setting.
+    """
+    try:
+        number = int(value.replace("_", "")) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
+        raise ConfigError(
+            f"checkpoint.architecture: {key}={str(value)[:40]} is not a number greater than 0."
+        )
+    return number
+
+
 def _typed(raw: str, like: Any) -> Any:
     if isinstance(like, bool):
         if raw.lower() not in ("true", "false"):
@@ -160,7 +193,13 @@ def parse(setting: str) -> tuple[str, Any]:
     if not setting:
         return "none", None
     if setting.startswith("maxtext:"):
-        name, *rest = setting[len("maxtext:") :].split()
+        words = setting[len("maxtext:") :].split()
+        if not words or "=" in words[0]:
+            raise ConfigError(
+                f"checkpoint.architecture={setting[:80]!r} names no MaxText model; write "
+                f"'maxtext:<model> key=value ...' (models: {', '.join(sorted(MAXTEXT_MODELS))})."
+            )
+        name, *rest = words
         bad = [r for r in rest if "=" not in r]
         if bad:
             raise ConfigError(

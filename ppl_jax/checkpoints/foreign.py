@@ -24,8 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppl_jax.checkpoints import damage, mapping, orbax
-from ppl_jax.checkpoints.checksums import cast_groups
+from ppl_jax.checkpoints import blocks, damage, mapping, orbax, storage
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
@@ -188,10 +187,11 @@ def restore(
 ) -> Any:
     """The model's params from the stored item through `rules`, in the target shardings.
 
-    Each stored tensor is restored once, with the sharding its model weights need
-    (`mapping.stored_sharding`: each process reads only the chunks of its own shards), turned
-    into its model weights on the devices (`mapping.transform`), and dropped; tensors are read in
-    groups of about `READ_GROUP_BYTES`.
+    Each stored tensor is restored once onto the devices, with the sharding under which each
+    device's shard holds what its blocks of the model weights need (`blocks.stored_sharding`:
+    each process reads only the chunks of its own shards), and the model weights are made block
+    by block from it (`blocks.place`, reading through `storage.DeviceArrays`); tensors are read
+    in groups of about `READ_GROUP_BYTES`, each dropped once its weights are made.
 
     Raises:
       CheckpointError: as `mapping.resolve` (unmatched names, shapes) and `orbax.read_arrays`.
@@ -199,32 +199,35 @@ def restore(
     shapes, stored_names, _ = stored_params(layout, directory, step)
     expected = weight_paths(target)
     sources = mapping.resolve(rules, shapes, expected, architecture, where)
-    by_stored: dict[str, list[str]] = defaultdict(list)
-    for out, src in sources.items():
-        by_stored[src.stored].append(out)
-    abstract = {}
-    for name, outs in by_stored.items():
-        first = sources[outs[0]]
-        shape, dtype = shapes[name]
-        sharding = mapping.stored_sharding(first, shape, expected[outs[0]].sharding)
-        abstract[stored_names[name]] = jax.ShapeDtypeStruct(
-            shape, np.dtype(dtype), sharding=sharding
-        )
-    names = {v: k for k, v in stored_names.items()}
     numbers = {k: v for k, v in architecture.items() if isinstance(v, int | float)}
+    names = {v: k for k, v in stored_names.items()}
     out: dict[str, Any] = {}
     item_dir = layout.item_dir(step)
-    for group in cast_groups(abstract, READ_GROUP_BYTES):
-        read = orbax.read_arrays(item_dir, directory, step, group, layout.item)
+    for group in blocks.read_groups(sources, shapes, READ_GROUP_BYTES):
+        pieces: dict[str, list] = defaultdict(list)
+        for weight in group:
+            for piece in sources[weight].pieces:
+                pieces[piece.stored].append((piece, expected[weight]))
+        abstract = {}
+        for name, used in pieces.items():
+            shape, dtype = shapes[name]
+            sharding = blocks.stored_sharding(used, shape, shapes, numbers)
+            abstract[stored_names[name]] = jax.ShapeDtypeStruct(
+                shape, np.dtype(dtype), sharding=sharding
+            )
+        read = orbax.read_arrays(item_dir, directory, step, abstract, layout.item)
         for full, array in read.items():
             if not isinstance(array, jax.Array):
                 raise CheckpointError(
                     f"{where}: stored '{names[full]}' did not restore as an array "
                     f"(got {type(array).__name__})."
                 )
-            for target_name in by_stored[names[full]]:
-                src = sources[target_name]
-                out[target_name] = mapping.transform(src, array, expected[target_name], numbers)
+        arrays = storage.DeviceArrays({names[full]: array for full, array in read.items()})
+        made = blocks.place(
+            {w: sources[w] for w in group}, shapes, {w: expected[w] for w in group}, arrays, numbers
+        )
+        out.update(jax.block_until_ready(made))
+        for array in read.values():
             array.delete()
     damage.check_restored(out, expected, where)
     return nest_weights(out)

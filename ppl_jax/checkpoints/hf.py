@@ -4,14 +4,17 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
 `model.safetensors` or as shards listed in `model.safetensors.index.json`, and usually a tokenizer
 (`tokenizer.json` or a SentencePiece `tokenizer.model`, with `tokenizer_config.json`).
 
-- `read_description` turns `config.json` into the architecture dict of `ppl_jax.models.nnx.build`
-  (the model types of `MODEL_TYPES`; a multimodal checkpoint's nested `text_config`).
-- `load_params` reads each weight lazily with `safetensors.safe_open(...).get_slice`, converts it
-  to the target layout and dtype, and places it straight into its sharding with
-  `jax.make_array_from_callback`: each device's block is read on its own where the layout allows
-  (a contiguous range of the stored tensor), otherwise one weight at most is read on the host.
-  A model is never gathered whole in one host's memory.
-- `load_tokenizer` reads the tokenizer and its BOS/EOS policy.
+- `read_description` turns `config.json` into the architecture dict of
+  `ppl_jax.models.registry.build` (the model types the families read,
+  `ppl_jax.models.registry.model_types`; a multimodal checkpoint's nested `text_config`).
+- `load_params` reads the weights through their family's mapping rules
+  (`ppl_jax.models.registry.hf_mapping`, the one mapping language of
+  `ppl_jax.checkpoints.mapping`) from the `Safetensors` storage: each device's block is read on
+  its own as the stored region it needs (`ppl_jax.checkpoints.blocks`; a contiguous range of the
+  stored tensor where the layout allows, otherwise one weight at most on the host), converted to
+  the target dtype and placed straight into its sharding. A model is never gathered whole in one
+  host's memory.
+- `read_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
 A remote directory (`gs://...`, see `ppl_jax.runtime.paths`) is recognised, and its `config.json`,
 index (its shard names checked to lie inside it) and tokenizer are read through `etils.epath`;
@@ -20,7 +23,7 @@ its weights are not (safetensors memory-maps local files): `load_params` asks fo
 Pickled weights (`pytorch_model.bin`, `.pt`, `.pth`) are refused and never unpickled: unpickling
 runs arbitrary code, and so is a `config.json`, `tokenizer.json` or weight file reached through a
 link that leads out of the directory (or, in the hub cache, out of the repository's `blobs`).
-Weight names and layouts are in `ppl_jax.checkpoints.hf_layouts`.
+Weight names and layouts are in each family's module (`ppl_jax.models.families`).
 """
 
 from __future__ import annotations
@@ -30,16 +33,13 @@ import os
 import re
 from typing import Any
 
-import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so safetensors can read BF16)
 import numpy as np
 from safetensors import safe_open
 
-from ppl_jax.checkpoints import hf_layouts as layouts
+from ppl_jax.checkpoints import blocks, mapping
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import gemma, hf_config, mixture, olmo, phi3, qwen3
-from ppl_jax.models.gpt2 import GPT2Config
-from ppl_jax.models.gpt_neox import GPTNeoXConfig
+from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import directory as tokenizer_directory
@@ -48,35 +48,12 @@ from ppl_jax.tokenizer.directory import (
     has_tokenizer,  # noqa: F401  (re-exported)
 )
 
-# Hugging Face model type -> its config reader (each returns a config with `to_dict()`).
-MODEL_TYPES = {
-    "llama": hf_config.llama,
-    "mistral": hf_config.llama,
-    "qwen2": hf_config.llama,
-    "gpt2": GPT2Config.from_hf_config,
-    "qwen3": qwen3.from_hf_config,
-    "olmo2": olmo.from_hf_config,
-    "olmo3": olmo.from_hf_config,
-    "gemma2": gemma.from_hf_config,
-    "gemma3_text": gemma.from_hf_config,
-    "phi3": phi3.from_hf_config,
-    "gpt_neox": GPTNeoXConfig.from_hf_config,
-    "mixtral": mixture.from_hf_config,
-    "qwen2_moe": mixture.from_hf_config,
-    "qwen3_moe": mixture.from_hf_config,
-    "olmoe": mixture.from_hf_config,
-}
-SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
-# A stored name of a decoder layer's weight, its layer number in group 1.
-_LAYER_NAME = re.compile(
-    r"^(?:model\.|model\.language_model\.|language_model\.model\.|gpt_neox\.|transformer\.)?"
-    r"(?:layers|h)\.(\d+)\."
-)
+# A model weight's layer number (group 1), in the names the mapping rules give.
+_LAYER_WEIGHT = re.compile(r"^layers/(\d+)/")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-BUFFER_SUFFIXES = layouts.BUFFER_SUFFIXES
 
 
 def _weight_files(path: str) -> list[str]:
@@ -114,7 +91,7 @@ def _config(path: str) -> tuple[dict[str, Any], bool]:
         where, "a Hugging Face checkpoint directory needs its config.json."
     )
     text = cfg.get("text_config")
-    if cfg.get("model_type") not in MODEL_TYPES and isinstance(text, dict):
+    if registry.for_model_type(cfg.get("model_type")) is None and isinstance(text, dict):
         inherited = {k: cfg[k] for k in ("tie_word_embeddings",) if k in cfg}
         return {**inherited, **text}, True
     return cfg, False
@@ -126,73 +103,73 @@ def _is_text_tower(name: str) -> bool:
 
 
 def read_description(path: str) -> dict[str, Any]:
-    """The architecture description of a Hugging Face directory, for `ppl_jax.models.nnx.build`.
+    """The architecture description of a Hugging Face directory, for
+    `ppl_jax.models.registry.build`.
 
     Reads `config.json` (or the `text_config` it nests, for the text tower of a multimodal
-    checkpoint) of a model type in `MODEL_TYPES`: `llama`, `mistral`, `qwen2`, `qwen3`, `olmo2`,
-    `olmo3`, `gemma2`, `gemma3_text`, `phi3` and the mixtures `mixtral`, `qwen2_moe`, `qwen3_moe`
-    and `olmoe` become the `llama` family (see `ppl_jax.models.hf_config` and the family
-    modules), `gpt2` and `gpt_neox` their own. For a
-    local directory the config is compared with the safetensors headers (layers, embedding
-    shape) before anything is built.
+    checkpoint) of a model type some family reads (`ppl_jax.models.registry.model_types`): the
+    Llama-like ones become the `llama` description family, the others their own. Its sizes are
+    checked (`registry.check_sizes`) and, for a local directory, compared with the safetensors
+    headers (the layers, the embedding's shape) before anything is built.
 
     Returns:
-      A JSON-able dict with `family` `llama`, `gpt2` or `gpt_neox` (the config's `to_dict()`).
+      A JSON-able dict with the `family` that builds it (its config's `to_dict()`).
 
     Raises:
       CheckpointError: no or bad `config.json` (or one reached through a link out of the
         directory), a missing field, an unsupported `model_type` (naming the supported ones),
-        activation or rope scaling, or a config that the weights contradict.
+        activation or rope scaling, an absurd size, or a config that the weights contradict.
     """
     where = paths.join(path, "config.json")
-    cfg, _ = _config(path)
+    cfg, text_only = _config(path)
     model_type = cfg.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise CheckpointError(
-            f"{where}: model_type {_short(model_type)} is not supported; ppl_jax loads Hugging "
-            f"Face model types {', '.join(MODEL_TYPES)}."
-        )
     try:
-        desc = MODEL_TYPES[model_type](cfg).to_dict()
+        desc = registry.read_hf_config(cfg)
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {str(e)[:300]}") from None
     except KeyError as e:
         raise CheckpointError(
-            f"{where}: the {model_type} config lacks the field {_short(e.args[0])}."
+            f"{where}: the {_short(model_type)[1:-1]} config lacks the field {_short(e.args[0])}."
         ) from None
-    except (TypeError, ValueError, OverflowError) as e:
+    except (TypeError, ValueError, OverflowError, AttributeError) as e:
         raise CheckpointError(
             f"{where}: a field has the wrong type or value ({str(e)[:120]})."
         ) from None
     if paths.is_local(path) and _weight_files(path):
-        _check_against_headers(path, where, desc)
+        _check_against_headers(path, where, desc, text_only)
     return desc
 
 
-def _check_against_headers(path: str, where: str, desc: dict[str, Any]) -> None:
+def _check_against_headers(path: str, where: str, desc: dict[str, Any], text_only: bool) -> None:
     """Refuses a config that the safetensors headers contradict (the number of layers, the
-    embedding's shape), reading the headers only."""
+    embedding's shape), reading the headers only: what the family's rules make of the stored
+    names and shapes (`mapping.produced`)."""
     with contextlib.ExitStack() as stack:
         try:
-            weights = _Weights(path, stack)
-        except CheckpointError:  # damaged weights: load_params says how
+            weights = Safetensors(path, stack)
+            prefixes, rules = registry.hf_mapping(desc)
+            stored = weights.stored(prefixes, text_only)
+            made = mapping.produced(rules, stored, desc, where)
+        except CheckpointError:  # damaged weights or names: load_params says how
             return
-        names = list(weights.file_of)
-        layers = {int(match.group(1)) for n in names if (match := _LAYER_NAME.match(n)) is not None}
+        layers = {int(m.group(1)) for n in made if (m := _LAYER_WEIGHT.match(n)) is not None}
         if layers and len(layers) != desc["num_layers"]:
             raise CheckpointError(
                 f"{where} describes {desc['num_layers']} layers but the safetensors weights "
                 f"hold {len(layers)}; fix config.json to describe these weights."
             )
-        embedding = layouts.sources(desc)["embedding"]
-        name = next((n for n in embedding.names if n in weights.file_of), None)
-        if name is not None:
-            shape = tuple(weights.slice(name).get_shape())
-            if shape != embedding.shape:
-                raise CheckpointError(
-                    f"{where} implies an embedding of shape {embedding.shape} but the weights "
-                    f"store {name!r} as {shape}; fix config.json to describe these weights."
-                )
+        want = (desc["vocab_size"], desc["embed_dim"])
+        if "embedding" in made and made["embedding"] != want:
+            name = next(
+                n
+                for n in stored
+                if "embedding" in mapping.produced(rules, {n: stored[n]}, desc, where)
+            )
+            raise CheckpointError(
+                f"{where} implies an embedding of shape {want} but the weights store "
+                f"{weights.real(name)!r} as {tuple(stored[name][0])}; fix config.json to "
+                f"describe these weights."
+            )
 
 
 # ------------------------------------------------------------------------------------ weights
@@ -244,8 +221,15 @@ def _local_only(path: str) -> None:
         )
 
 
-class _Weights:
-    """The stored tensors of a directory: name -> file, opened lazily with `safe_open`."""
+class Safetensors:
+    """A directory's safetensors tensors as a `ppl_jax.checkpoints.storage.Storage`: the stored
+    name -> file map (from the index, or the single file's header), the headers read lazily
+    with `safe_open`, and each region read on its own with a short-lived handle (the file pages
+    it touched leave this process's memory once the block is placed).
+
+    Names are the mapping rules' (`stored`): a family's prefix removed (`model.`), and for the
+    text tower of a multimodal checkpoint only its own weights.
+    """
 
     def __init__(self, path: str, stack: contextlib.ExitStack):
         self.path, self._stack, self._open = path, stack, {}
@@ -293,6 +277,43 @@ class _Weights:
     def slice(self, name: str):
         return self._handle(self.file_of[name]).get_slice(name)
 
+    def stored(self, prefixes: tuple[str, ...], text_only: bool) -> dict[str, tuple[tuple, str]]:
+        """The rules' names -> (shape, safetensors dtype), read from the headers: each name with
+        the first of `prefixes` it starts with removed; `text_only`: only the text tower's.
+
+        Raises:
+          CheckpointError: an unreadable file; two stored names that become one.
+        """
+        self._real: dict[str, str] = {}
+        self._prefix = ""  # the head stored names carry (for names the rules expect)
+        out = {}
+        for name in self.file_of:
+            if text_only and not _is_text_tower(name):
+                continue
+            short = next((name[len(p) :] for p in prefixes if name.startswith(p)), name)
+            if short in self._real:
+                raise CheckpointError(
+                    f"{self.path!r} stores both {self._real[short]!r} and {name!r}, one weight "
+                    f"under two names; keep one of them."
+                )
+            self._real[short] = name
+            self._prefix = name[: len(name) - len(short)] if short != name else self._prefix
+            sl = self.slice(name)
+            out[short] = (tuple(sl.get_shape()), sl.get_dtype())
+        return out
+
+    def real(self, name: str) -> str:
+        """The stored name of a rules' name (for a name not stored, with the head the stored
+        names carry)."""
+        real = getattr(self, "_real", {})
+        return real[name] if name in real else getattr(self, "_prefix", "") + name
+
+    def read(self, stored_name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The region `index` of a stored tensor (`storage.Storage.read`)."""
+        real = self.real(stored_name)
+        with _open_slice(os.path.join(self.path, self.file_of[real]), real) as sl:
+            return np.asarray(sl[index] if index else sl[:])
+
 
 @contextlib.contextmanager
 def _open_slice(file: str, name: str):
@@ -306,7 +327,7 @@ def load_params(path: str, target: Any) -> Any:
 
     Args:
       path: the directory (see `is_hf_checkpoint`).
-      target: the params tree of `nnx_lib.build(read_description(path), dtype)`, with
+      target: the params tree of `registry.build(read_description(path), dtype)`, with
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
         float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even).
 
@@ -314,102 +335,49 @@ def load_params(path: str, target: Any) -> Any:
       The params tree of `jax.Array`s, each with its target sharding.
 
     Raises:
-      CheckpointError: pickled-only or missing weights files, a missing shard, and (all named at
-        once) missing, misshapen or non-float weights and stored weights the architecture does
-        not use.
+      CheckpointError: pickled-only or missing weights files, a missing shard, non-float
+        weights, and (all named at once) missing or misshapen weights and stored weights the
+        architecture does not use.
     """
     desc = read_description(path)
     text_only = _config(path)[1]  # a multimodal checkpoint: its text tower only
-    sources = layouts.sources(desc)
-    leaves = list(weight_paths(target).items())
+    prefixes, rules = registry.hf_mapping(desc)
+    expected = weight_paths(target)
     with contextlib.ExitStack() as stack:
-        weights = _Weights(path, stack)
-        resolved, problems, used = {}, [], set()
-        for key, _ in leaves:
-            src = sources.get(key)
-            if src is None:
-                raise CheckpointError(
-                    f"the target weight '{key}' is not part of the architecture "
-                    f"in {path!r}; build the target from read_description."
-                )
-            found = []
-            for candidates in src.stack or (src.names,):
-                name = next((n for n in candidates if n in weights.file_of), None)
-                if name is None:
-                    problems.append(f"'{candidates[0]}' is missing")
-                    break
-                used.add(name)
-                found.append(name)
-                sl = weights.slice(name)
-                if tuple(sl.get_shape()) != src.shape:
-                    problems.append(
-                        f"'{name}' has shape {tuple(sl.get_shape())}, config.json implies "
-                        f"{src.shape}"
-                    )
-                elif sl.get_dtype() not in FLOAT_DTYPES:
-                    problems.append(
-                        f"'{name}' is {sl.get_dtype()}, not a float type (quantized "
-                        f"checkpoints are not supported)"
-                    )
-            resolved[key] = (found, src)
-        unused = sorted(
-            n
-            for n in set(weights.file_of) - used
-            if not n.endswith(layouts.BUFFER_SUFFIXES)
-            and n not in layouts.TIED_HEADS
-            and (not text_only or _is_text_tower(n))
-        )
-        if unused:
-            problems.append(
-                f"{len(unused)} stored weights are not used by this architecture "
-                f"(e.g. {', '.join(repr(n) for n in unused[:3])})"
-            )
-        if problems:
+        weights = Safetensors(path, stack)
+        stored = weights.stored(prefixes, text_only)
+        quantized = [n for n, (_, dtype) in stored.items() if dtype not in FLOAT_DTYPES]
+        if quantized:
             raise CheckpointError(
-                f"the weights in {path!r} do not match its config.json: "
-                + "; ".join(problems)
-                + ". Re-download the checkpoint, or fix config.json to describe these weights."
+                f"the weights in {path!r} are not all floats: {weights.real(quantized[0])!r} is "
+                f"{stored[quantized[0]][1]} (quantized checkpoints are not supported)."
             )
-    # The headers were read above; each weight's data is read below with its own short-lived
-    # handle, so the file pages it touched leave this process's memory once it is placed.
-    out = {}
-    for key, leaf in leaves:
-        names, src = resolved[key]
-        files = [os.path.join(path, weights.file_of[n]) for n in names]
-        cache: dict[tuple, np.ndarray] = {}
-
-        def block(index, names=names, files=files, src=src, leaf=leaf, cache=cache):
-            k = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
-            if k not in cache:  # devices holding the same block share one read
-                if src.stack:  # one stored tensor per slice of the first axis
-                    parts = []
-                    for e in range(*index[0].indices(leaf.shape[0])):
-                        with _open_slice(files[e], names[e]) as sl:
-                            parts.append(layouts.read_block(sl, src, index[1:], leaf.shape[1:]))
-                    data = np.stack(parts)
-                else:
-                    with _open_slice(files[0], names[0]) as sl:
-                        data = layouts.read_block(sl, src, index, leaf.shape)
-                cache[k] = data.astype(leaf.dtype, copy=False)
-            return cache[k]
-
-        out[key] = jax.make_array_from_callback(leaf.shape, leaf.sharding, block)
-        cache.clear()
-    return nest_weights(out)
+        sources = mapping.resolve(
+            rules,
+            stored,
+            expected,
+            desc,
+            f"the weights in {path!r} do not match its config.json",
+            shown=weights.real,
+            remedy="Re-download the checkpoint, or fix config.json to describe these weights.",
+        )
+    # The headers were read above; each block's data is read below with its own handle.
+    numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
+    return nest_weights(blocks.place(sources, stored, expected, weights, numbers))
 
 
 # ---------------------------------------------------------------------------------- tokenizer
 
 
-def load_tokenizer(path: str):
-    """`ppl_jax.tokenizer.directory.load_tokenizer` of the directory, after refusing tokenizer
+def read_tokenizer(path: str):
+    """`ppl_jax.tokenizer.directory.read_tokenizer` of the directory, after refusing tokenizer
     files that are links leading out of it (see `_check_inside`).
 
     Raises:
-      CheckpointError: such a link; else as `tokenizer.directory.load_tokenizer`.
+      CheckpointError: such a link; else as `tokenizer.directory.read_tokenizer`.
     """
     if paths.is_local(path):
         for file in TOKENIZER_FILES:
             if os.path.lexists(os.path.join(path, file)):
                 _check_inside(path, None, file, what=file)
-    return tokenizer_directory.load_tokenizer(path)
+    return tokenizer_directory.read_tokenizer(path)

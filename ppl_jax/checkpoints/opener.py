@@ -26,15 +26,15 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import foreign, hf, hub, orbax, presets
 from ppl_jax.checkpoints import mapping as mapping_lib
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel, weight_paths
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 FORMATS = ("auto", "orbax", "hf")
@@ -213,7 +213,7 @@ class Checkpoint:
                 "commit": self.repo.commit(step)}  # fmt: skip
 
     def description(self, step: int | None = None) -> dict[str, Any]:
-        """The architecture description (`ppl_jax.models.nnx.build`'s argument): from
+        """The architecture description (`ppl_jax.models.registry.build`'s argument): from
         `checkpoint.architecture` when set (it wins), else the stored `metadata["model"]` of
         the step (as saved, not normalized), or `hf.read_description`.
 
@@ -236,14 +236,13 @@ class Checkpoint:
                 f"'maxtext:<model> key=value ...' or a Python entry point 'module:function'."
             )
         description = copy.deepcopy(self._read(step)[1]["model"])
-        family = description.get("family")
-        known = getattr(nnx_lib, "FAMILIES", ("llama", "gpt2"))
-        if family not in known:
+        try:
+            registry.for_description(description)
+        except CheckpointError as e:
             raise CheckpointError(
-                f"the stored architecture of {self.path!r} is of the unknown model family "
-                f"{family!r} (known: {', '.join(known)}); it was saved by another "
-                f"ppl_jax, or its metadata item is damaged."
-            )
+                f"the stored architecture of {self.path!r}: {str(e).removesuffix('.')}; it was "
+                f"saved by another ppl_jax, or its metadata item is damaged."
+            ) from None
         return description
 
     def attention(self, setting: str, dtype: str, step: int | None = None) -> str:
@@ -257,7 +256,9 @@ class Checkpoint:
         """
         if architecture_lib.parse(self.architecture)[0] == "entry":
             return "xla"  # a model of the user's own attends its own way; batches as for XLA
-        return attention_lib.resolve_for(setting, _dtype(dtype), self.description(step))
+        description = self.description(step)
+        registry.config_of(description)  # sizes checked before anything reads them
+        return attention_lib.resolve_for(setting, _dtype(dtype), description)
 
     def model(
         self, dtype: str = "float32", attention: str = "auto", step: int | None = None
@@ -280,12 +281,37 @@ class Checkpoint:
         if kind == "entry":
             return architecture_lib.entry_model(value, _dtype(dtype))
         description = self.description(step)
+        registry.config_of(description)  # sizes checked before anything reads them
+        self._check_stored_layers(step, description)
         resolved = attention_lib.resolve_for(attention, _dtype(dtype), description)
-        return nnx_lib.build(description, _dtype(dtype), resolved)
+        return registry.build(description, _dtype(dtype), resolved)
+
+    def _check_stored_layers(self, step: int | None, description: dict[str, Any]) -> None:
+        """Refuses an architecture whose layer count the stored weights contradict, before the
+        model is built (a description of 1,000 layers would take minutes to build): ppl_jax's
+        own layout by its stored names, another trainer's by what its mapping makes of them. A
+        Hugging Face directory is checked by `hf.read_description`."""
+        kind = self.kind()
+        if kind not in ("own", "foreign"):
+            return
+        try:
+            if kind == "own":
+                resolved = self.resolve_step(step)
+                tree = orbax.tree_metadata(paths.join(self.path, str(resolved), orbax.STATE))
+                names = [n.removeprefix("params/") for n in tree if n.startswith("params/")]
+            else:
+                resolved = self.resolve_step(step)
+                shapes = foreign.stored_params(self.layout(), self.path, resolved)[0]
+                names = list(mapping_lib.produced(self.rules(resolved), shapes, description, ""))
+        except CheckpointError:
+            return  # restore names the damage or the mapping's mismatch in its own words
+        except Exception:  # Orbax's own errors for unreadable metadata: restore says how
+            return
+        registry.check_stored_layers(description, names, repr(self.path))
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer (BOS/EOS ids and policy included), or None when it
-        stores none: `hf.load_tokenizer` of a Hugging Face directory (or hub revision) with
+        stores none: `hf.read_tokenizer` of a Hugging Face directory (or hub revision) with
         `tokenizer.json` or `tokenizer.model`; the tokenizer described in an Orbax step's
         metadata.
 
@@ -295,13 +321,13 @@ class Checkpoint:
         """
         if self.kind() in ("hf", "hub"):
             folder = self._hf_dir(step)
-            return hf.load_tokenizer(folder) if hf.has_tokenizer(folder) else None
+            return hf.read_tokenizer(folder) if hf.has_tokenizer(folder) else None
         description = self.tokenizer_description(step)
         return tokenizer_lib.from_description(description) if description else None
 
     def tokenizer_description(self, step: int | None = None) -> dict[str, Any] | None:
         """An Orbax step's stored tokenizer description (`Tokenizer.describe()` output, what
-        `ppl_jax.tokenizer.base.load(spec, description)` takes), or None when it stores none.
+        `ppl_jax.tokenizer.load_tokenizer(spec, description)` takes), or None when it stores none.
         A Hugging Face directory stores files, not a description: None (use `tokenizer()`).
 
         Raises:
@@ -395,7 +421,7 @@ class Checkpoint:
         """
         if self.architecture or self.kind() == "foreign":
             return
-        stored = nnx_lib.build(self.description(step), jnp.float32, "xla").description
+        stored = registry.build(self.description(step), jnp.float32, "xla").description
         if stored != model.description:
             raise CheckpointError(
                 f"step {step} of {self.path!r} holds another architecture than the model being "

@@ -33,7 +33,7 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
 
     Raises:
       CheckpointError: not a Hugging Face directory, an output directory with files in it, or
-        any error of `hf.read_description` / `hf.load_params` / `hf.load_tokenizer`.
+        any error of `hf.read_description` / `hf.load_params` / `hf.read_tokenizer`.
       ConfigError: an unknown dtype.
     """
     import jax.numpy as jnp
@@ -42,7 +42,7 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
     from ppl_jax.checkpoints import orbax as checkpoint
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.errors import CheckpointError, ConfigError
-    from ppl_jax.models import nnx as nnx_lib
+    from ppl_jax.models import registry
     from ppl_jax.runtime import mesh as mesh_lib
 
     dtypes = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -57,8 +57,8 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
         raise CheckpointError(
             f"--out={out_dir!r} exists and is not an empty directory; give a new path."
         )
-    model = nnx_lib.build(hf.read_description(hf_dir), dtypes[dtype])
-    tok = hf.load_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
+    model = registry.build(hf.read_description(hf_dir), dtypes[dtype])
+    tok = hf.read_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
     mesh = mesh_lib.make_mesh(-1, 1)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

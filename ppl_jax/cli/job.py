@@ -11,8 +11,9 @@ from ppl_jax.runtime import distributed
 
 
 def main(argv: list[str], config_flag) -> None:
-    """Runs `ppl_jax.evaluation.run.run` on the `--config` ConfigDict; a user's mistake prints one
-    line and exits with status 2; process 0 writes the results."""
+    """Runs `ppl_jax.evaluation.run.run` on the `--config` ConfigDict (which writes the run's
+    files, results.json last, on process 0) and prints its summary; a user's mistake prints one
+    line and exits with status 2."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from ppl_jax.errors import PplJaxError
@@ -26,9 +27,8 @@ def main(argv: list[str], config_flag) -> None:
 
     from ppl_jax.config.settings import from_config
     from ppl_jax.errors import Interrupted
-    from ppl_jax.evaluation import summary
     from ppl_jax.evaluation.run import run
-    from ppl_jax.outputs import console, files
+    from ppl_jax.outputs import console
     from ppl_jax.outputs.folder import OutputDir
 
     logging.set_verbosity(logging.ERROR)  # Orbax's informational warnings are not for users
@@ -45,19 +45,14 @@ def main(argv: list[str], config_flag) -> None:
         out = OutputDir.open(spec.output_dir) if is_main else None
         progress = console.progress_bar(spec.progress and is_main)
         printer = print if is_main else (lambda line: None)
-        config_json = json_of(config)
-        found = run(spec, out, progress, printer, config_json)
+        found = run(spec, out, progress, printer, json_of(config))
         if out is None or found.results is None:
             return
         if not spec.is_training_run:
-            ev = found.evaluations[-1]
-            results = {**summary.results_dict(ev, spec, config_json), **found.results}
-            print(console.summary_table(results))
+            print(console.summary_table(found.results))
             for line in found.files:
                 print(line)
-            found.results.update(results)
-        # results.json last: once it is there, the run's files are all there.
-        print(f"results: {out.write_json(files.RESULTS_JSON, found.results)}")
+        print(f"results: {found.results_path}")
     except Interrupted as e:
         if is_main:
             print(f"ppl-jax: {e}", file=sys.stderr)

@@ -145,7 +145,8 @@ def get_config() -> config_dict.ConfigDict:
     c.output.figures = "png"  # the curves' figure files: png, pdf, svg, or several ("pdf,png")
     c.output.figure_size = ""  # WIDTHxHEIGHT in inches; "": each figure's own
     c.output.figure_dpi = 100  # pixels per inch of a PNG
-    c.output.tensorboard = False
+    c.output.sinks = ""  # record sinks beyond results.json and results.jsonl: "tensorboard"
+    c.output.tensorboard = False  # shorthand for output.sinks=tensorboard
     return c
 
 
@@ -244,8 +245,10 @@ KEY_MEANINGS = {
     "output.figure_size": "the curves' figures' WIDTHxHEIGHT in inches (e.g. 3.5x2.5); empty: "
     "7x4.5",
     "output.figure_dpi": "pixels per inch of a PNG figure (1..1200)",
+    "output.sinks": "where records go beyond results.json and results.jsonl, comma-separated: "
+    "'tensorboard' (scalars eval/<dataset>/<metric> in output.dir/tensorboard)",
     "output.tensorboard": "also write TensorBoard scalars eval/<dataset>/<metric> in "
-    "output.dir/tensorboard",
+    "output.dir/tensorboard (the same as output.sinks=tensorboard)",
 }
 
 # Defaults too long to print whole in `--help`.

@@ -27,6 +27,7 @@ from ppl_jax.evaluation.spec import (
     RunSpec,
     StepSpec,
 )
+from ppl_jax.outputs import sinks
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
@@ -45,7 +46,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("model.dtype", c.model.dtype, DTYPES)
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
-    data, eval_ = _dataset(c.data, c.eval, c, "data", "eval")
+    data, protocol = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
         packing=bool(c.eval.packing),
@@ -71,7 +72,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
         data=data,
-        eval=eval_,
+        protocol=protocol,
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         mesh=MeshSpec(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
@@ -84,11 +85,11 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         resume=_bool("output.resume", c.output.resume),
         bootstrap_samples=samples,
         seed=int(c.metrics.seed),
-        diagnostics=_diagnostics(c, eval_.seq_len),
+        diagnostics=_diagnostics(c, protocol.seq_len),
         steps=steps,
         batch=batch,
         suite=_suite(c),
-        tensorboard=_bool("output.tensorboard", c.output.tensorboard),
+        sinks=_sinks(c),
     )
 
 
@@ -302,6 +303,14 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
             c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
         ),
     )
+
+
+def _sinks(c: config_dict.ConfigDict) -> tuple[str, ...]:
+    """`output.sinks`, with `tensorboard` added by `output.tensorboard=true` (its shorthand)."""
+    found = sinks.names(c.output.sinks)
+    if _bool("output.tensorboard", c.output.tensorboard) and "tensorboard" not in found:
+        found += ("tensorboard",)
+    return found
 
 
 def _int_list(name: str, value: Any) -> tuple[int, ...]:

@@ -95,7 +95,9 @@ def check(name: str, fmt: str, protocol: str) -> None:
         )
 
 
-def prepare(name: str, documents: list[Document], allow_tokenized: bool = False) -> Prepared:
+def apply_preparation(
+    name: str, documents: list[Document], allow_tokenized: bool = False
+) -> Prepared:
     """The documents to score and the counts to report for a standard preparation.
 
     Args:

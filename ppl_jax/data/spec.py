@@ -12,7 +12,7 @@ import glob
 import os
 from typing import Any
 
-from ppl_jax.data.documents import FORMATS, uncompressed_name
+from ppl_jax.data.documents import FORMATS, resolve_paths, uncompressed_name
 from ppl_jax.errors import ConfigError
 from ppl_jax.runtime import fingerprint, paths
 
@@ -192,3 +192,35 @@ class DatasetSpec:
     @property
     def has_budget(self) -> bool:
         return bool(self.max_documents or self.max_tokens)
+
+    def fingerprint_part(self) -> dict[str, Any]:
+        """What of this dataset decides a run's numbers (its part of the run's fingerprint,
+        `ppl_jax.runtime.fingerprint.run_fingerprint`): how its files are read (format, field,
+        errors), joined (separator), prepared and cut to a budget (the seed only with one), and
+        the files themselves, digested: path, size and modification time of each, or with
+        `fingerprint='content'` its SHA-256 (`fingerprint.file_identity`). Not its name, tags or
+        cache folder (they do not change a number).
+
+        Raises:
+          DataError, ConfigError: as `resolve_paths` (a path that matches no file).
+        """
+        content = self.fingerprint == "content"
+        files = [fingerprint.file_identity(p, content) for p in resolve_paths(self.path)]
+        return {
+            "format": self.format,
+            "jsonl_field": self.jsonl_field,
+            "errors": self.errors,
+            "separator": self.separator,
+            **({"preparation": self.preparation} if self.preparation else {}),
+            **({"fingerprint": "content"} if content else {}),
+            **(
+                {
+                    "max_documents": self.max_documents,
+                    "max_tokens": self.max_tokens,
+                    "sample_seed": self.sample_seed,
+                }
+                if self.has_budget
+                else {}
+            ),
+            "files": fingerprint.text_digest(files),
+        }

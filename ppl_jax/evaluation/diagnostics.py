@@ -1,10 +1,10 @@
 """What a run reports beyond its sums: per-token output, loss by position, the context-length
 sweep, and the divergence from a reference model (`config.DiagnosticsSpec`).
 
-Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) feeding a sink
-on the host: `tokens.TokenWriter` (tokens.parquet), `divergence.Divergence`, the position sums in
-`ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
-(`windows.context_windows`). `prepare` makes every check that needs no weights; `write` writes
+Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
+host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
+`divergence.Divergence`; the position sums are in `ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
+(`windows.context_windows`). `check` makes every check that needs no weights (called by `ppl_jax.evaluation.setup.set_up`); `write` writes
 the files once the run is done.
 
 A run with any of these keeps no journal: its per-token rows and position sums are not in one, so
@@ -27,6 +27,7 @@ from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 
 POSITION_CURVE = files.POSITION_CURVE
@@ -35,8 +36,10 @@ TOKENS = files.TOKENS
 
 
 @dataclasses.dataclass
-class Sinks:
-    """The host-side sinks of one run (process 0 writes; the others gather what they must).
+class StepObservers:
+    """What watches the step's optional outputs on the host (process 0 writes; the others
+    gather what they must): observers of the scoring loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
     Attributes:
       options: the step's optional statistics.
@@ -48,12 +51,10 @@ class Sinks:
     token_writer: Any = None
     divergence: divergence.Divergence | None = None
 
-    def on_tokens(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
-        """`Scorer.score`'s per-token callback: feeds every sink."""
-        if self.token_writer is not None:
-            self.token_writer.add(rows, arrays)
-        if self.divergence is not None:
-            self.divergence.add(rows, arrays)
+    @property
+    def observers(self) -> list[Any]:
+        """The loop's observers among them, in order."""
+        return [o for o in (self.token_writer, self.divergence) if o is not None]
 
     def abort(self) -> None:
         """Removes a partial token file (an error or a signal stopped the run)."""
@@ -62,14 +63,14 @@ class Sinks:
             self.token_writer = None
 
 
-def check(settings: RunSpec, plan: Plan, model: LanguageModel) -> None:
+def check(spec: RunSpec, plan: Plan, model: LanguageModel) -> None:
     """Every check of the diagnostics that needs no weights.
 
     Raises:
       ConfigError: a package the output needs is missing, or the context-length sweep does not
         fit the protocol, the corpus or the model's positions.
     """
-    d = settings.diagnostics
+    d = spec.diagnostics
     if d.tokens:
         from ppl_jax.outputs import tokens
 
@@ -94,20 +95,21 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
-def step_options(settings: RunSpec) -> StepOptions:
-    d = settings.diagnostics
+def step_options(spec: RunSpec) -> StepOptions:
+    d = spec.diagnostics
     return StepOptions(
-        positions=settings.eval.seq_len + 1 if d.position_curve else 0,
+        positions=spec.protocol.seq_len + 1 if d.position_curve else 0,
         per_token=d.tokens,
         top_k=d.top_k,
         reference=d.reference is not None,
     )
 
 
-def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sinks:
-    """The run's sinks; the token file is opened on process 0 (`out` given) only."""
-    d = settings.diagnostics
-    result = Sinks(step_options(settings))
+def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
+    """The run's observers of the step's optional outputs; the token file is opened on process 0
+    (`out` given) only."""
+    d = spec.diagnostics
+    result = StepObservers(step_options(spec))
     if d.tokens and out is not None:
         from ppl_jax.outputs import tokens
 
@@ -115,7 +117,7 @@ def sinks(settings: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> Sin
             out.file(TOKENS),
             plan,
             tok,
-            settings.data.name,
+            spec.data.name,
             top_k=d.top_k,
             reference=d.reference is not None,
         )
@@ -130,8 +132,8 @@ def context_sweep(
     mesh: Any,
     shardings: Any,
     plan: Plan,
-    settings: RunSpec,
-    should_stop: Any = None,
+    spec: RunSpec,
+    stop: ScoreObserver | None = None,
     progress_factory: Any = None,
 ) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
@@ -139,52 +141,54 @@ def context_sweep(
     The targets are every token of the stream from position `max(context_lengths)` on, in
     windows of S targets (`context_targets`); with context length L each target sees between L
     and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
-    95% interval (`with_intervals`), or None if `should_stop` ended it. `progress_factory`
-    (given the number of windows of every length together, returns a `(tokens, windows)`
-    callback, as for the run's own scoring) shows the sweep's progress.
+    95% interval (`with_intervals`), or None if `stop` (the run's `StopRequest`) ended it.
+    `progress_factory` (given the number of windows of every length together and 0 done,
+    returns an observer of the loop, as for the run's own scoring) shows the sweep's progress.
 
     Raises:
       DataError: the stream is not longer than the longest context length.
     """
-    d: DiagnosticsSpec = settings.diagnostics
+    d: DiagnosticsSpec = spec.diagnostics
     scorer = Scorer(model, mesh, shardings)
     first = d.context_lengths[-1]
     results, targets, units, sweep = [], {}, [], []
     for length in d.context_lengths:
         targets[length] = context_targets(d, length, model)
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
-        sweep.append((length, w, plan_layout(w, settings.batch.batch_size, pack=False)))
-    progress = (
-        progress_factory(sum(w.num_windows for _, w, _ in sweep)) if progress_factory else None
-    )
-    for length, w, layout in sweep:
-        totals = scorer.score(params, w, layout, progress=progress, should_stop=should_stop)
-        if totals.stopped_at is not None:
-            return None
-        results.append((length, totals.nll_sum, totals.num_tokens))
-        units.append((totals.window_nll, totals.window_tokens))
+        sweep.append((length, w, plan_layout(w, spec.batch.batch_size, pack=False)))
+    total = sum(w.num_windows for _, w, _ in sweep)
+    progress = progress_factory(total, 0) if progress_factory else None
+    observers = [o for o in (stop, progress) if o is not None]
+    try:
+        for length, w, layout in sweep:
+            totals = scorer.score(params, w, layout, observers=observers)
+            if totals.stopped_at is not None:
+                return None
+            results.append((length, totals.nll_sum, totals.num_tokens))
+            units.append((totals.window_nll, totals.window_tokens))
+    finally:
+        if progress is not None:
+            progress.close()
     curve = curves.context_curve(results, targets_per_window=targets)
     for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
         block = uncertainty.block_length(nll.size)
-        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], settings, block)[0]
-    return with_intervals(curve, settings, "window", [w.num_windows for _, w, _ in sweep])
+        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], spec, block)[0]
+    return with_intervals(curve, spec, "window", [w.num_windows for _, w, _ in sweep])
 
 
-def _interval(nll: np.ndarray, tokens: np.ndarray, settings: RunSpec, block: int) -> list:
+def _interval(nll: np.ndarray, tokens: np.ndarray, spec: RunSpec, block: int) -> list:
     """`uncertainty.curve_intervals`, or Nones when `metrics.bootstrap_samples` is 0."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         return [None] * nll.shape[1]
-    return uncertainty.curve_intervals(
-        nll, tokens, settings.bootstrap_samples, settings.seed, block
-    )
+    return uncertainty.curve_intervals(nll, tokens, spec.bootstrap_samples, spec.seed, block)
 
 
 def with_intervals(
-    curve: dict[str, Any], settings: RunSpec, unit: str, units: int | list[int]
+    curve: dict[str, Any], spec: RunSpec, unit: str, units: int | list[int]
 ) -> dict[str, Any]:
     """`curve` with `intervals`: how its points' `perplexity_interval`s were drawn (`method`,
     `unit`, `units`, `samples`, `seed`, `level`), or None when `metrics.bootstrap_samples` is 0."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         curve["intervals"] = None
         return curve
     method = {
@@ -195,14 +199,14 @@ def with_intervals(
         "method": method,
         "unit": unit,
         "units": units,
-        "samples": settings.bootstrap_samples,
-        "seed": settings.seed,
+        "samples": spec.bootstrap_samples,
+        "seed": spec.seed,
         "level": uncertainty.LEVEL,
     }
     return curve
 
 
-def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) -> dict[str, Any]:
+def position_intervals(curve: dict[str, Any], totals: Any, spec: RunSpec) -> dict[str, Any]:
     """The position curve with each bucket's 95% interval of perplexity (`perplexity_interval`),
     from its per-batch sums (`ScoreTotals.batch_buckets`: the batches of windows as they were
     scored are the resampled units), and `intervals` saying how (`with_intervals`)."""
@@ -210,30 +214,30 @@ def position_intervals(curve: dict[str, Any], totals: Any, settings: RunSpec) ->
     if buckets is None:
         return curve
     used = buckets[:, 1].sum(axis=1) > 0  # batches that scored something (all, unless resumed)
-    found = _interval(buckets[used, 0], buckets[used, 1], settings, 1)
+    found = _interval(buckets[used, 0], buckets[used, 1], spec, 1)
     starts = curves.bucket_edges(curve["num_positions"], curve["max_points"])[:-1].tolist()
     by_first = dict(zip(starts, found, strict=True))
     for b in curve["buckets"]:
         b[curve_figures.INTERVAL] = by_first[b["first"]]
-    return with_intervals(curve, settings, "batch", int(used.sum()))
+    return with_intervals(curve, spec, "batch", int(used.sum()))
 
 
 def collect(
-    settings: RunSpec, totals: Any, sinks_: Sinks, sweep: dict[str, Any] | None
+    spec: RunSpec, totals: Any, watch: StepObservers, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
     `tokens_file` (the path of tokens.parquet), each present only when asked for."""
     out: dict[str, Any] = {}
     if totals.nll_by_position is not None:
         curve = curves.position_curve(totals.nll_by_position, totals.tokens_by_position)
-        out[POSITION_CURVE] = position_intervals(curve, totals, settings)
+        out[POSITION_CURVE] = position_intervals(curve, totals, spec)
     if sweep:
         out[CONTEXT_CURVE] = sweep
-    if sinks_.divergence is not None:
-        out["divergence"] = sinks_.divergence.summary()
-    if sinks_.token_writer is not None:
-        out["tokens_file"] = sinks_.token_writer.close()
-        sinks_.token_writer = None
+    if watch.divergence is not None:
+        out["divergence"] = watch.divergence.summary()
+    if watch.token_writer is not None:
+        out["tokens_file"] = watch.token_writer.close()
+        watch.token_writer = None
     return out
 
 

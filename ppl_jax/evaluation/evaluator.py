@@ -1,6 +1,6 @@
 """`Evaluator`: a suite of datasets, planned and compiled once, scored with new params per call.
 
-What is built once: every dataset read, prepared, tokenized and planned (`ppl_jax.plans.suite`),
+What is built once: every dataset read, prepared, tokenized and planned (`ppl_jax.plans.planner`),
 its batches laid out, and the scoring step compiled for every batch shape the suite needs (one
 compilation per shape, shared by datasets whose shapes agree), with the step's optional
 statistics (`StepOptions`: per-token arrays, sums by position, top-k, a reference model for KL).
@@ -23,7 +23,7 @@ for step in range(...):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,15 +36,14 @@ from ppl_jax.metrics import divergence
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import journal, store
+from ppl_jax.outputs.sinks import Sink
 from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.planner import Dataset, plan_dataset
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-from ppl_jax.plans.suite import Dataset, prepare
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.runtime import preemption
+from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, ScoreTotals, StepOptions
-from ppl_jax.tokenizer.base import Tokenizer
-
-OnTokens = Callable[[list[tuple[int, ...]], dict[str, np.ndarray]], None]
+from ppl_jax.tokenizer import Tokenizer
 
 
 def check_window(seq_len: int, model: LanguageModel, where: str = "eval.seq_len") -> None:
@@ -72,16 +71,15 @@ class Evaluator:
     Args:
       model: the model interface (`ppl_jax.LanguageModel`).
       mesh: the device mesh.
-      suite: the datasets: prepared `plans.suite.Dataset`s, `DatasetSpec`s (scored with
+      suite: the datasets: prepared `plans.planner.Dataset`s, `DatasetSpec`s (scored with
         `protocol`), or `(DatasetSpec, ProtocolSpec)` pairs.
       tokenizer: the model's tokenizer (`ppl_jax.load_tokenizer`); needed unless `suite` holds
         prepared datasets.
       param_shardings: the params' shardings on `mesh`, or None for those of the logical axis
         `rules` (`ppl_jax.runtime.mesh.DEFAULT_RULES` by default).
       protocol: the protocol of bare `DatasetSpec`s.
-      batch: the batch layout of every dataset.
-      attention: the model's attention implementation; 'cudnn' lays out one window per row
-        (cuDNN takes per-row sequence lengths, not segments).
+      batch: the batch layout of every dataset (windows packed several to a row only for a
+        model that keeps them apart, `LanguageModel.honours_segments`).
       options: the step's optional statistics (`StepOptions`: `per_token`, `top_k`,
         `positions`, `reference`); `options.reference` follows `reference`.
       reference: a reference model (its params sharded by `rules`; restore them into
@@ -112,7 +110,6 @@ class Evaluator:
         param_shardings: Any = None,
         protocol: ProtocolSpec | None = None,
         batch: BatchSpec | None = None,
-        attention: str = "xla",
         options: StepOptions | None = None,
         reference: LanguageModel | tuple[LanguageModel, Any] | None = None,
         compile: bool = True,
@@ -142,11 +139,8 @@ class Evaluator:
                 raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
             check_window(proto.seq_len, model, f"dataset {ds.name!r}: seq_len")
             self.datasets.append(
-                prepare(
-                    ds, proto, tokenizer, model.vocab_size, batch, attention,
-                    model.honours_segments,
-                )
-            )  # fmt: skip
+                plan_dataset(ds, proto, tokenizer, model.vocab_size, batch, model.honours_segments)
+            )
         for i, d in enumerate(self.datasets):
             check_batch_size(d.layout.batch_size, mesh)
             if d.layout.max_segments > 1 and not model.honours_segments:  # laid out elsewhere
@@ -169,26 +163,25 @@ class Evaluator:
         self,
         params: Any,
         dataset: Dataset,
-        recorder: journal.Recorder | None = None,
-        stop: preemption.StopRequest | None = None,
-        progress: Callable[[int, int], None] | None = None,
-        on_tokens: OnTokens | None = None,
+        observers: Sequence[ScoreObserver] = (),
+        resume: journal.State | None = None,
     ) -> tuple[metrics.Sums, ScoreTotals]:
         """Scores one dataset.
 
         Args:
           params: the params (with a reference model, the pair `(params, reference params)`).
-          recorder: a journal to fill (its finished batches are skipped), or None.
-          stop: asked before each batch whether to stop (signals), or None.
-          progress: a `(tokens, windows)` callback per fetched batch, or None.
-          on_tokens: the per-token callback of a step with per-token arrays (`Scorer.score`).
+          observers: what watches the loop (`ppl_jax.scoring.observers.ScoreObserver`: the
+            journal's `Recorder`, a `StopRequest`, a progress bar, the per-token writer, the
+            divergence gatherer), in order.
+          resume: a journal's state (`Recorder.state`): the loop fills its arrays in place and
+            skips its finished batches; None scores every batch into new totals.
 
         Returns:
-          (the sufficient statistics, the per-window sums and timings). If `stop` ended the
-            loop, `totals.stopped_at` is set and the sums cover the batches done so far.
+          (the sufficient statistics, the per-window sums and timings). If an observer stopped
+            the loop, `totals.stopped_at` is set and the sums cover the batches done so far.
 
         Raises:
-          NumericsError: NaN or infinity scored.
+          NumericsError: NaN or infinity scored (naming the document and token).
           ConfigError: a model that claims to keep packed windows apart but does not
             (`ppl_jax.evaluation.segments`).
         """
@@ -197,30 +190,28 @@ class Evaluator:
             own = params if self.scorer.reference is None else params[0]
             segments.check(self.model, own, self.mesh)
             self._segments_checked = True
-        state = recorder.state if recorder is not None else None
         resumed = None
-        if state is not None:
+        if resume is not None:
             empty = ScoreTotals.zeros(0, self.options.positions)
             resumed = ScoreTotals(
-                state.window_nll,
-                state.window_tokens,
-                state.window_entropy,
-                state.window_correct,
+                resume.window_nll,
+                resume.window_tokens,
+                resume.window_entropy,
+                resume.window_correct,
                 nll_by_position=empty.nll_by_position,
                 tokens_by_position=empty.tokens_by_position,
             )
-        totals = self.scorer.score(
-            params,
-            plan.windows,
-            layout,
-            progress=progress,
-            describe_window=plan.describe_window,
-            totals=resumed,
-            skip=None if state is None else state.batch_done.copy(),
-            on_fetched=None if recorder is None else recorder.on_fetched,
-            should_stop=None if stop is None else stop.requested,
-            on_tokens=on_tokens,
-        )
+        try:
+            totals = self.scorer.score(
+                params,
+                plan.windows,
+                layout,
+                totals=resumed,
+                skip=None if resume is None else resume.batch_done.copy(),
+                observers=observers,
+            )
+        except NonFiniteScores as e:
+            raise e.naming(plan.describe_window) from None
         if totals.stopped_at is None and not np.array_equal(
             totals.window_tokens, plan.windows.num_scored()
         ):
@@ -241,19 +232,18 @@ class Evaluator:
         self,
         params: Any,
         step: int | None = None,
-        results: store.ResultsStore | None = None,
-        tensorboard: Any = None,
+        sinks: Sequence[Sink] = (),
         reference_params: Any = None,
     ) -> dict[str, float | None]:
-        """Scores every dataset with `params`.
+        """Scores every dataset with `params`; writes nothing itself (big_vision's rule: the
+        evaluator returns, the caller's sinks write).
 
         Args:
           params: the model's params, placed with `param_shardings`.
           step: the training step, for the records.
-          results: a results store (`ppl_jax.outputs.store.ResultsStore`) to append the records
-            to, or None. Give it on process 0 only.
-          tensorboard: a `ppl_jax.outputs.tensorboard.TensorBoardSink`, or None. Give it on
-            process 0 only.
+          sinks: where the step's records go (`ppl_jax.outputs.sinks.Sink`: a
+            `ResultsStore`'s `StoreSink`, a `TensorBoardSink`, ...): each gets `write` of the
+            records and `end_step`; the caller closes them. Give them on process 0 only.
           reference_params: the reference model's params, with a reference model.
 
         Returns:
@@ -273,9 +263,7 @@ class Evaluator:
                 if reference_params is not None
                 else None
             )
-            sums, totals = self.score(
-                params_in, d, on_tokens=None if gather is None else gather.add
-            )
+            sums, totals = self.score(params_in, d, [gather] if gather is not None else [])
             records.append(
                 store.dataset_record(
                     step=step,
@@ -291,10 +279,9 @@ class Evaluator:
                     if isinstance(value, (int, float)):
                         extra[f"{d.name}/kl/{key}"] = value
         averages = store.average_records(records) if len(records) > 1 else []
-        if results is not None:
-            results.append(records + averages)
-        if tensorboard is not None:
-            tensorboard.write(records + averages)
+        for sink in sinks:
+            sink.write(records + averages)
+            sink.end_step(step, records + averages)
         return {**flat(records + averages), **extra}
 
 

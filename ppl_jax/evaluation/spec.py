@@ -106,11 +106,14 @@ class RunSpec:
       checkpoint_dir, checkpoint_format: the checkpoint (`ppl_jax.checkpoints.open_checkpoint`).
       checkpoint_step: the step of a one-step run (None: the latest finalized); `steps` says
         which steps a run scores.
-      data, eval: the first dataset and its protocol; `suite` every dataset of a suite run.
+      data, protocol: the first dataset and its protocol (`data.*`, `eval.*`); `suite` every
+        dataset of a suite run.
       batch: the batch layout of every dataset.
       dtype ('float32' or 'bfloat16'), attention ('auto', 'xla', 'cudnn', 'splash'), mesh.
-      output_dir, progress, gzip_baseline, per_document, journal_every, resume, tensorboard:
-        the outputs; compilation_cache_dir: JAX's persistent compilation cache ("": off).
+      output_dir, progress, gzip_baseline, per_document, journal_every, resume: the outputs;
+        sinks: the record sinks beyond results.json and results.jsonl, by name
+        (`ppl_jax.outputs.sinks.SINKS`: `tensorboard`); compilation_cache_dir: JAX's
+        persistent compilation cache ("": off).
       bootstrap_samples, seed: the 95% bootstrap intervals (0 samples: none).
       diagnostics: per-token output, position curve, context lengths, a reference model.
     """
@@ -119,7 +122,7 @@ class RunSpec:
     checkpoint_step: int | None  # None: the latest finalized step
     checkpoint_format: str
     data: DatasetSpec
-    eval: ProtocolSpec
+    protocol: ProtocolSpec
     dtype: str
     attention: str
     mesh: MeshSpec
@@ -135,17 +138,18 @@ class RunSpec:
     diagnostics: DiagnosticsSpec = DiagnosticsSpec()
     steps: StepSpec = StepSpec()
     batch: BatchSpec = BatchSpec()
-    # Every dataset of the run, (data, eval) each; the first is `data`/`eval` when no suite.
+    # Every dataset of the run, (data, protocol) each; the first is `data`/`protocol` when no suite.
     suite: tuple[tuple[DatasetSpec, ProtocolSpec], ...] = ()
-    tensorboard: bool = False
+    sinks: tuple[str, ...] = ()
     # `open_checkpoint`'s keyword options (architecture, mapping, item, params, allow_download).
     checkpoint_options: tuple[tuple[str, object], ...] = ()
 
     @property
     def datasets(self) -> tuple[tuple[DatasetSpec, ProtocolSpec], ...]:
-        return self.suite or ((self.data, self.eval),)
+        return self.suite or ((self.data, self.protocol),)
 
     @property
     def is_training_run(self) -> bool:
-        """A run over a suite, several checkpoint steps, or with TensorBoard (no diagnostics)."""
-        return bool(self.suite) or self.steps.is_sweep or self.tensorboard
+        """A run over a suite or several checkpoint steps (no diagnostics; a pair stored with the
+        same fingerprint is skipped; a journal per pair). The sinks do not change it."""
+        return bool(self.suite) or self.steps.is_sweep

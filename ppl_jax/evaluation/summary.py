@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import math
 import os
-import platform
-import sys
 from typing import Any
 
-import numpy as np
 from ml_collections import config_dict
 
-from ppl_jax.evaluation.outcome import Evaluation
+from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import published, uncertainty
+from ppl_jax.outputs import results_json, store
 from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
@@ -31,13 +26,14 @@ METRIC_KEYS = (
     "predictive_perplexity",
     "top1_accuracy",
 )
-VERSIONED_PACKAGES = ("ppl_jax", "jax", "jaxlib", "flax", "orbax-checkpoint")
 
 
 def results_dict(
-    ev: Evaluation, settings: RunSpec, config: config_dict.ConfigDict | dict | None = None
+    ev: Evaluation, spec: RunSpec, config: config_dict.ConfigDict | dict | None = None
 ) -> dict:
-    """Everything `results.json` of one dataset holds: `dataset_dict` plus `run` and `config`.
+    """`results.json` of a run of this one dataset (`ppl_jax.outputs.results_json.assemble`, the
+    one assembly: the file a run writes): `dataset_dict` at the top level, plus `step`,
+    `datasets` (its record), `averages` (none), `run`, `config` and `notes`.
 
     The dict is strict JSON (`json.dumps(results, allow_nan=False)` works): a metric that is
     undefined (a zero denominator) or infinite (an overflowing exp) is null, and `notes` maps
@@ -46,18 +42,29 @@ def results_dict(
     line, package versions, platform, device kind and count, process count. `intervals` holds
     the 95% bootstrap intervals of perplexity and bits per byte (`intervals_dict`), or null.
     """
-    results = dataset_dict(ev, settings)
-    notes = results.pop("notes")
-    results["run"] = run_dict(ev.wall_seconds)
     if isinstance(config, config_dict.ConfigDict):
         config = json.loads(config.to_json_best_effort())
-    results["config"] = config
-    results = _strict_json(results, "", notes)
-    results["notes"] = notes
-    return results
+    checkpoint = {"path": spec.checkpoint_dir, "format": ev.checkpoint_format}
+    record = dataset_record(ev, spec)
+    return results_json.assemble(ev.step, [record], checkpoint, None, ev.wall_seconds, config)
 
 
-def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
+def dataset_record(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
+    """The record of the dataset at its step (`ppl_jax.outputs.store.dataset_record`), with its
+    fingerprint's digest and `dataset_dict` as its `details`."""
+    return store.dataset_record(
+        step=ev.step,
+        dataset=ev.dataset.name,
+        sums=ev.sums,
+        fingerprint=fingerprint_lib.digest(ev.fingerprint),
+        tags=dict(ev.dataset.tags),
+        checkpoint=spec.checkpoint_dir,
+        wall_seconds=ev.totals.scoring_seconds,
+        details=dataset_dict(ev, spec),
+    )
+
+
+def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
     """One dataset's result at one step: metrics, counts, protocol, intervals, gzip baseline,
     diagnostics, timings, checkpoint, model, tokenizer, fingerprint, data, mesh; strict JSON
     (see `results_dict`). The same for a single run and for each dataset of a sweep: it is the
@@ -73,12 +80,12 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
         **{key: m[key] for key in METRIC_KEYS},
         "num_documents": s.num_documents,
         "num_windows": s.num_windows,
-        "protocol": protocol_dict(ev, settings),
+        "protocol": protocol_dict(ev, spec),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
         "gzip_sample_bytes": ev.gzip_sample_bytes,
-        "intervals": intervals_dict(ev, settings),
-        "divergence": _divergence_dict(ev, settings),
+        "intervals": intervals_dict(ev, spec),
+        "divergence": _divergence_dict(ev, spec),
         "context_curve": ev.diagnostics.get("context_curve"),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
@@ -90,13 +97,13 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
         "compile_seconds": ev.totals.compile_seconds,
         "wall_seconds": ev.wall_seconds,
         "checkpoint": {
-            "path": os.path.abspath(settings.checkpoint_dir),
+            "path": os.path.abspath(spec.checkpoint_dir),
             "step": ev.step,
             "format": ev.checkpoint_format,
         },
         "model": ev.model_description,
         "attention": ev.attention,
-        "dtype": settings.dtype,
+        "dtype": spec.dtype,
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints
@@ -125,49 +132,15 @@ def dataset_dict(ev: Evaluation, settings: RunSpec) -> dict:
     }
     if ev.tokenizer_note:
         notes["tokenizer"] = ev.tokenizer_note
-    results = _strict_json(results, "", notes)
+    results = results_json.strict_json(results, "", notes)
     results["notes"] = notes
     return results
 
 
-def results_json(
-    settings: RunSpec,
-    checkpoint: Any,
-    step: int | None,
-    stored: list[dict[str, Any]],
-    averages: list[dict[str, Any]],
-    results_jsonl: str,
-    wall_seconds: float,
-    config: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """`results.json` of a run: the last step's records (`datasets`, `averages`), the store's
-    path, `run` and `config`; for a run of one dataset, also that dataset's result at the top
-    level (`dataset_dict`: the keys a single run has always written)."""
-    top: dict[str, Any] = {}
-    if len(stored) == 1 and "details" in stored[0]:
-        top = dict(stored[0]["details"])
-    top.update(
-        {
-            "step": step,
-            "datasets": {r["dataset"]: r for r in stored},
-            "averages": {r["dataset"]: r for r in averages},
-            "results_jsonl": results_jsonl,
-            "wall_seconds": wall_seconds,
-            "run": run_dict(wall_seconds),
-            "config": config,
-        }
-    )
-    top.setdefault("checkpoint", {"path": checkpoint.path, "format": checkpoint.format})
-    notes = dict(top.pop("notes", {}))
-    top = _strict_json(top, "", notes)
-    top["notes"] = notes
-    return top
-
-
-def _divergence_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
+def _divergence_dict(ev: Evaluation, spec: RunSpec) -> dict | None:
     """The divergence from the reference model (`ppl_jax.metrics.divergence`), with the reference."""
     found = ev.diagnostics.get("divergence")
-    ref = settings.diagnostics.reference
+    ref = spec.diagnostics.reference
     if found is None or ref is None:
         return None
     return {
@@ -180,82 +153,31 @@ def _divergence_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
     }
 
 
-def intervals_dict(ev: Evaluation, settings: RunSpec) -> dict | None:
+def intervals_dict(ev: Evaluation, spec: RunSpec) -> dict | None:
     """The run's 95% bootstrap intervals (`uncertainty.intervals`); None when
     `metrics.bootstrap_samples` is 0; intervals of None, with a `note`, for a run of one unit."""
-    if settings.bootstrap_samples == 0:
+    if spec.bootstrap_samples == 0:
         return None
     units = uncertainty.units_of(ev.plan, ev.totals)
     if units.count < 2:  # said inside the object (`notes` is for the metrics)
         return {
             "method": units.method,
-            "samples": settings.bootstrap_samples,
-            "seed": settings.seed,
+            "samples": spec.bootstrap_samples,
+            "seed": spec.seed,
             "unit": units.kind,
             "units": units.count,
             "perplexity": None,
             "bits_per_byte": None,
             "note": f"undefined (one {units.kind}: nothing to resample)",
         }
-    return uncertainty.intervals(units, settings.bootstrap_samples, settings.seed)
+    return uncertainty.intervals(units, spec.bootstrap_samples, spec.seed)
 
 
 def _resumed_tokens(ev: Evaluation) -> int:
     return ev.recorder.resumed_tokens if ev.recorder is not None else 0
 
 
-def run_dict(wall_seconds: float) -> dict[str, Any]:
-    """What ran, where and when: for a reader of `results.json` months later.
-
-    Returns:
-      `started_utc`/`finished_utc` (ISO 8601, seconds; the end is now, the start `wall_seconds`
-      before), `command` (sys.argv), `versions` (package -> version from
-      `importlib.metadata`, None where not installed), `python`, `platform` (JAX's backend:
-      cpu, gpu, tpu), `device_kind` (e.g. `NVIDIA H100 80GB HBM3`; kinds joined by `, ` on a
-      mixed cluster), `device_count` (global), `process_count`, `host` (`platform.platform()`).
-    """
-    import jax
-
-    finished = datetime.datetime.now(datetime.timezone.utc)
-    started = finished - datetime.timedelta(seconds=wall_seconds)
-    versions = {}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    devices = jax.devices()
-    return {
-        "started_utc": started.isoformat(timespec="seconds"),
-        "finished_utc": finished.isoformat(timespec="seconds"),
-        "command": list(sys.argv),
-        "versions": versions,
-        "python": platform.python_version(),
-        "platform": jax.default_backend(),
-        "device_kind": ", ".join(sorted({d.device_kind for d in devices})),
-        "device_count": len(devices),
-        "process_count": jax.process_count(),
-        "host": platform.platform(),
-    }
-
-
-def _strict_json(value: Any, path: str, notes: dict[str, str]) -> Any:
-    """`value` with NumPy scalars made Python and non-finite floats made None (noted by path)."""
-    if isinstance(value, dict):
-        return {
-            k: _strict_json(v, f"{path}.{k}" if path else str(k), notes) for k, v in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v, f"{path}[{i}]", notes) for i, v in enumerate(value)]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        notes.setdefault(path, "undefined (not a number)" if math.isnan(value) else f"{value}")
-        return None
-    return value
-
-
-def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
+def protocol_dict(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
     plan = ev.plan
     return {
@@ -263,7 +185,7 @@ def protocol_dict(ev: Evaluation, settings: RunSpec) -> dict[str, Any]:
         "reference": PROTOCOL_NOTES[plan.protocol],
         "seq_len": ev.protocol_spec.seq_len,
         "stride": ev.protocol_spec.stride if plan.protocol in STRIDED_PROTOCOLS else None,
-        "packing": settings.batch.packing,
+        "packing": spec.batch.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,

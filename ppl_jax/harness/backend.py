@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints.opener import Checkpoint
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
@@ -30,12 +31,11 @@ from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans import requests as requests_lib
 from ppl_jax.plans.layout import MAX_SEGMENTS
+from ppl_jax.plans.planner import Dataset, batches
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-from ppl_jax.plans.suite import Dataset, batches
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
 
@@ -70,9 +70,7 @@ class RequestScorer:
         positions).
       batch_size: rows per step (global), rounded up to a multiple of the mesh's `data` axis.
       packing: several requests per row (only for a model that keeps segments apart,
-        `LanguageModel.honours_segments`, and not with cuDNN attention: `ppl_jax.plans.suite
-        .batches`).
-      attention: the model's attention implementation (`xla`, `cudnn`, `splash`).
+        `LanguageModel.honours_segments`: `ppl_jax.plans.planner.batches`).
 
     Raises:
       ConfigError: a `seq_len` beyond the model's positions.
@@ -89,14 +87,12 @@ class RequestScorer:
         batch_size: int = 8,
         packing: bool = True,
         param_shardings: Any = None,
-        attention: str = "xla",
     ):
         self.seq_len = int(seq_len or model.max_positions)
         check_window(self.seq_len, model, "seq_len")
         data = mesh.shape["data"]
         self.batch = BatchSpec(batch_size=-(-int(batch_size) // data) * data, packing=packing)
         self.model, self.params, self.mesh, self.tokenizer = model, params, mesh, tokenizer
-        self.attention = attention
         self.evaluator = Evaluator(
             model,
             mesh,
@@ -113,9 +109,7 @@ class RequestScorer:
     def _score(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window NLL sums `[W] float64` nats, scored targets `[W] int64`, top-1 correct `[W]
         int64`) of a plan; every process calls it with the same plan."""
-        layout = batches(
-            plan, self.batch, self.attention, getattr(self.model, "honours_segments", True)
-        )
+        layout = batches(plan, self.batch, self.model.honours_segments)
         # Segment slots rounded up to a power of two: a few compiled shapes across calls.
         slots = min(MAX_SEGMENTS, 1 << max(0, layout.max_segments - 1).bit_length())
         layout = dataclasses.replace(layout, max_segments=max(slots, layout.max_segments))
@@ -239,7 +233,7 @@ def load(
                 f"tokenizer.model); give tokenizer=PATH."
             )
     else:
-        tok = tokenizer_lib.load(tokenizer, ckpt.tokenizer_description(step))
+        tok = tokenizer_lib.load_tokenizer(tokenizer, ckpt.tokenizer_description(step))
     tokenizer_lib.check_vocabulary(tok, model.vocab_size, allow_mismatch=False)
     target, _ = mesh_lib.param_targets(
         model.abstract_params,

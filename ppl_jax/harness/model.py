@@ -28,12 +28,12 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer, load
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 REFUSE_GENERATION = (
     "the ppl_jax model serves loglikelihood requests (log-likelihood and multiple-choice tasks) "
@@ -135,7 +135,6 @@ class PplJaxLM(TemplateLM):
                 seq_len=None if seq_len in (None, "") else int(seq_len),
                 batch_size=8 if str(batch_size).startswith("auto") else int(batch_size),
                 packing=bool(_flag(packing)),
-                attention=attention,
             ),
             _flag(add_bos_token),
             None if prefix_token_id in (None, "") else int(prefix_token_id),

@@ -30,7 +30,8 @@ KL_QUANTILES = {"kl_median": 0.5, "kl_p90": 0.9, "kl_p99": 0.99}
 
 
 class Divergence:
-    """Gathers the per-token divergence of a run, batch by batch (`Scorer.score`'s `on_tokens`).
+    """Gathers the per-token divergence of a run, batch by batch: an observer of the scoring
+    loop (`ppl_jax.scoring.observers.ScoreObserver`) of a step with a reference model.
 
     Args:
       describe_window: names a window's place in the corpus (`Plan.describe_window`).
@@ -46,6 +47,16 @@ class Divergence:
         self.reference_nll_sum = 0.0  # float64 nats, the reference
         self.kl_sum = 0.0  # float64 nats
         self.num_same_top1 = 0
+
+    def should_stop(self, i: int) -> bool:
+        return False
+
+    def on_batch(self, i: int, rows: list[tuple[int, ...]], host: Any) -> None:
+        """`add(rows, host.extras)`."""
+        self.add(rows, host.extras)
+
+    def close(self) -> None:
+        pass
 
     def add(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
         """Adds one batch.

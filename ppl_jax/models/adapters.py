@@ -1,11 +1,16 @@
-"""Plain Flax models as `LanguageModel`s, with no glue: a Linen or NNX module whose
-`__call__(tokens)` returns logits `[batch, seq, vocab]`.
+"""Flax models as `LanguageModel`s: `from_linen` and `from_nnx`, each in one of two forms.
 
-Such a model knows nothing of positions or segments: it sees each row from position 0, and a
-token attends to every earlier token of its row. So windows are never packed into one row for it
-(`honours_segments=False`, the default) unless the model says it keeps segments apart, in which
-case its `__call__` must take `segment_ids` (and may take `positions`), and the evaluator checks
-the claim on one row before scoring (`ppl_jax.evaluation.evaluator`).
+- `returns="logits"` (the default): the module's `__call__(tokens)` returns logits `[batch, seq,
+  vocab]`. Such a model knows nothing of positions or segments: it sees each row from position 0,
+  and a token attends to every earlier token of its row. So windows are never packed into one row
+  for it (`honours_segments` defaults to False) unless the model says it keeps segments apart, in
+  which case its `__call__` must take `segment_ids` (and may take `positions`), and the evaluator
+  checks the claim on one row before scoring (`ppl_jax.evaluation.evaluator`).
+- `returns="hidden_states"`: `__call__(tokens, positions, segment_ids)` returns the final hidden
+  states `[batch, seq, embed]` and `unembedding()` the `[embed, vocab]` output matrix (a
+  `logit_softcap` attribute, if any, is the final-logit soft-cap); the scorer then computes the
+  logits in vocabulary blocks, never all at once (`HiddenStates`). ppl_jax's own families are
+  built this way (`ppl_jax.models.registry.build`); `honours_segments` defaults to True.
 
 Params are the module's own tree (Linen: the `params` collection; NNX: the `nnx.Param` state as
 a pure dict, `nnx.to_pure_dict` form), so the checkpoint a training loop saved restores with the
@@ -25,7 +30,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
-from ppl_jax.models.interface import LanguageModel, Logits
+from ppl_jax.models.interface import HiddenStates, LanguageModel, Logits
+
+RETURNS = ("logits", "hidden_states")
 
 
 def _call_kwargs(fn: Callable, positions: Any, segment_ids: Any) -> dict[str, Any]:
@@ -43,30 +50,49 @@ def _axes(leaf: Any) -> tuple[str, ...]:
     return tuple(names) if names else ()
 
 
+def _honours(returns: str, honours_segments: bool | None) -> bool:
+    if returns not in RETURNS:
+        raise ValueError(f"returns={returns!r} is not one of {', '.join(RETURNS)}")
+    return returns == "hidden_states" if honours_segments is None else bool(honours_segments)
+
+
 def from_linen(
     module: nn.Module,
     vocab_size: int,
     max_positions: int,
     *,
-    honours_segments: bool = False,
+    returns: str = "logits",
+    honours_segments: bool | None = None,
     description: dict[str, Any] | None = None,
     dtype: Any = jnp.float32,
 ) -> LanguageModel:
-    """A Linen module whose `__call__(tokens)` returns logits `[batch, seq, vocab]`.
+    """A Linen module as a `LanguageModel`.
 
     Args:
       module: the module (not initialised: its params are only traced, `jax.eval_shape`).
       vocab_size: the number of token ids it scores (its logits' last dimension).
       max_positions: the longest row it takes.
-      honours_segments: it takes `segment_ids` and keeps segments apart (packing allowed).
+      returns: `logits` (`__call__(tokens)` returns `[batch, seq, vocab]`) or `hidden_states`
+        (`__call__(tokens, positions, segment_ids)` returns `[batch, seq, embed]`, and the
+        method `unembedding()` the `[embed, vocab]` matrix); see the module docstring.
+      honours_segments: it takes `segment_ids` and keeps segments apart (packing allowed);
+        default False for `logits`, True for `hidden_states`.
       description: a JSON-able description kept with results (default: the module's repr).
       dtype: the params' dtype (a float params leaf is cast; the module computes as it does).
 
     Returns:
       A `LanguageModel` whose params are the module's `params` collection.
+
+    Raises:
+      ValueError: an unknown `returns`.
     """
+    honours = _honours(returns, honours_segments)
     tokens = jnp.zeros((1, min(8, max_positions)), jnp.int32)
-    kwargs = _call_kwargs(module.__call__, tokens, jnp.ones_like(tokens))
+    ones = jnp.ones_like(tokens)
+    if returns == "hidden_states":
+        kwargs = {"positions": tokens, "segment_ids": ones}
+    else:
+        kwargs = _call_kwargs(module.__call__, tokens, ones)
     variables = jax.eval_shape(lambda: module.init(jax.random.key(0), tokens, **kwargs))
     boxed = variables["params"]
     is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
@@ -78,6 +104,10 @@ def from_linen(
     logical = _logical(abstract, names)
 
     def apply(params, tokens, positions, segment_ids):
+        if returns == "hidden_states":
+            hidden = module.apply({"params": params}, tokens, positions, segment_ids)
+            unembedding = module.apply({"params": params}, method="unembedding")
+            return HiddenStates(hidden, unembedding, getattr(module, "logit_softcap", None))
         call = _call_kwargs(module.__call__, positions, segment_ids)
         return Logits(module.apply({"params": params}, tokens, **call))
 
@@ -88,7 +118,7 @@ def from_linen(
         vocab_size=vocab_size,
         max_positions=max_positions,
         description=description or {"family": "linen", "module": repr(module)[:2000]},
-        honours_segments=honours_segments,
+        honours_segments=honours,
     )
 
 
@@ -97,20 +127,37 @@ def from_nnx(
     vocab_size: int,
     max_positions: int,
     *,
-    honours_segments: bool = False,
+    returns: str = "logits",
+    honours_segments: bool | None = None,
     description: dict[str, Any] | None = None,
     dtype: Any = jnp.float32,
 ) -> LanguageModel:
-    """An NNX module whose `__call__(tokens)` returns logits `[batch, seq, vocab]`.
+    """An NNX module as a `LanguageModel`.
 
     Args:
       module_fn: builds the module (called under `nnx.eval_shape`: no weights are allocated).
-      vocab_size, max_positions, honours_segments, description, dtype: as in `from_linen`.
+        Each `nnx.Param` may carry `logical_axes=(...)` (or `sharding=(...)`) metadata, one name
+        per dim; weights without it are replicated.
+      vocab_size: the number of token ids it scores (its logits' last dimension).
+      max_positions: the longest row it takes.
+      returns: `logits` (`__call__(tokens)`, taking `positions` and `segment_ids` when its
+        signature names them, returns `[batch, seq, vocab]`) or `hidden_states`
+        (`__call__(tokens, positions, segment_ids)` returns `[batch, seq, embed]`,
+        `unembedding()` the `[embed, vocab]` matrix, and a `logit_softcap` attribute, if any,
+        the final-logit soft-cap); see the module docstring.
+      honours_segments: it keeps segments apart (packing allowed); default False for `logits`,
+        True for `hidden_states`.
+      description: a JSON-able description kept with results (default: the module's name).
+      dtype: the params' dtype (a float params leaf is cast; the module computes as it does).
 
     Returns:
-      A `LanguageModel` whose params are the module's `nnx.Param` state as a pure dict (string
-      keys; what `nnx.to_pure_dict(nnx.state(model, nnx.Param))` gives, as a training loop saves).
+      A `LanguageModel` whose params are the module's `nnx.Param` state as a pure dict with
+        string keys, the tree a training loop saves (`params_of_nnx`).
+
+    Raises:
+      ValueError: an unknown `returns`.
     """
+    honours = _honours(returns, honours_segments)
     abstract_module = nnx.eval_shape(module_fn)
     graphdef, state, rest = nnx.split(abstract_module, nnx.Param, ...)
     pure = _str_keys(nnx.to_pure_dict(state))
@@ -136,6 +183,9 @@ def from_nnx(
                 node = node[key]
             leaves.append(var.replace(node))
         model = nnx.merge(graphdef, jax.tree.unflatten(flat[1], leaves), rest)
+        if returns == "hidden_states":
+            hidden = model(tokens, positions, segment_ids)
+            return HiddenStates(hidden, model.unembedding(), getattr(model, "logit_softcap", None))
         return Logits(model(tokens, **_call_kwargs(call, positions, segment_ids)))
 
     return LanguageModel(
@@ -145,8 +195,13 @@ def from_nnx(
         vocab_size=vocab_size,
         max_positions=max_positions,
         description=description or {"family": "nnx", "module": type(abstract_module).__name__},
-        honours_segments=honours_segments,
+        honours_segments=honours,
     )
+
+
+def params_of_nnx(module: nnx.Module) -> dict[str, Any]:
+    """The params of a concrete NNX module, as the string-keyed dict `from_nnx` uses."""
+    return _str_keys(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
 
 
 def _path(path: Any) -> str:

@@ -29,6 +29,15 @@ import numpy as np
 from ppl_jax.errors import ConfigError
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
+# The implementations that keep the segments of a packed row apart (segment ids in the mask);
+# cuDNN's takes per-row sequence lengths, so each of its rows holds one window.
+KEEP_SEGMENTS = ("xla", "splash")
+
+
+def keeps_segments(implementation: str) -> bool:
+    """Whether `implementation` keeps packed windows apart: a model running it may have several
+    windows per row (`LanguageModel.honours_segments`)."""
+    return implementation in KEEP_SEGMENTS
 
 
 def resolve(

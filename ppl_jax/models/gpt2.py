@@ -10,7 +10,8 @@ Every parameter names its dims in `logical_axes` metadata with the names of
 `ppl_jax.config.defaults.DEFAULT_RULES` (`vocab`, `embed`, `heads`, `head_dim`, `mlp`), plus `positions`
 for the position table, which the rules do not map (replicated). The fused `c_attn` projection of
 Hugging Face's `GPT2Attention` is held as separate q, k and v weights of shape
-`[embed, heads, head_dim]`; `ppl_jax.checkpoints.hf` splits it on loading. The attention scale and activation
+`[embed, heads, head_dim]`; its family's mapping rules (`ppl_jax.models.families.gpt2`)
+split it on loading. The attention scale and activation
 follow Hugging Face `modeling_gpt2` (`scale_attn_weights`, `scale_attn_by_inverse_layer_idx`,
 `activation_function`).
 """
@@ -18,8 +19,7 @@ follow Hugging Face `modeling_gpt2` (`scale_attn_weights`, `scale_attn_by_invers
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,19 +27,7 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.attention import attend
-from ppl_jax.models.llama import normal_param, ones_param, zeros_param
-
-# Hugging Face `ACT2FN` names -> functions. `gelu_new`, `gelu_fast` and `gelu_pytorch_tanh` are
-# the tanh approximation of GELU (Hendrycks & Gimpel 2016), `gelu` the exact erf form.
-ACTIVATIONS = {
-    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_fast": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-}
+from ppl_jax.models.layers import ACTIVATIONS, layer_norm, normal_param, ones_param, zeros_param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +56,8 @@ class GPT2Config:
     scale_attn_by_inverse_layer_idx: bool = False
     tie_embeddings: bool = True
 
+    FAMILY: ClassVar[str] = "gpt2"
+
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise CheckpointError(
@@ -86,8 +76,8 @@ class GPT2Config:
     def to_dict(self) -> dict[str, Any]:
         return {"family": "gpt2", **dataclasses.asdict(self)}
 
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> GPT2Config:
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPT2Config:
         fields = {f.name for f in dataclasses.fields(GPT2Config)}
         unknown = set(d) - fields - {"family"}
         if d.get("family") != "gpt2" or unknown:
@@ -96,37 +86,6 @@ class GPT2Config:
                 f"(unknown keys: {sorted(unknown)})."
             )
         return GPT2Config(**{k: v for k, v in d.items() if k in fields})
-
-    @staticmethod
-    def from_hf_config(c: dict[str, Any]) -> GPT2Config:
-        """The architecture of a Hugging Face GPT-2 `config.json` (transformers' defaults).
-
-        Raises:
-          CheckpointError: an unsupported activation. KeyError: a required field is missing.
-        """
-        d = int(c["n_embd"])
-        return GPT2Config(
-            vocab_size=int(c["vocab_size"]),
-            embed_dim=d,
-            num_layers=int(c["n_layer"]),
-            num_heads=int(c["n_head"]),
-            mlp_dim=int(c.get("n_inner") or 4 * d),
-            max_positions=int(c.get("n_positions") or c["n_ctx"]),
-            norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
-            activation=c.get("activation_function", "gelu_new"),
-            scale_attn_weights=bool(c.get("scale_attn_weights", True)),
-            scale_attn_by_inverse_layer_idx=bool(c.get("scale_attn_by_inverse_layer_idx", False)),
-            tie_embeddings=bool(c.get("tie_word_embeddings", True)),
-        )
-
-
-def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
-    """LayerNorm (Ba et al. 2016) over the last dim, in float32, returned in `x.dtype`."""
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
-    return (y * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
 
 
 class Attention(nnx.Module):

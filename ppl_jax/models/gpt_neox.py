@@ -8,14 +8,15 @@ transformers does.
 
 The interface is that of `ppl_jax.models.llama.Llama`. The fused `query_key_value` projection,
 laid out per head (`[heads, 3, head_dim]` rows: h0's q, k, v, then h1's, ...), is held as
-separate q, k, v weights `[embed, heads, head_dim]`; `ppl_jax.checkpoints.hf` splits it on reading.
+separate q, k, v weights `[embed, heads, head_dim]`; its family's mapping rules
+(`ppl_jax.models.families.gpt_neox`) split it on reading.
 As transformers 5.23's `modeling_gpt_neox`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +25,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
-from ppl_jax.models.gpt2 import ACTIVATIONS, layer_norm
-from ppl_jax.models.llama import normal_param, ones_param, zeros_param
+from ppl_jax.models.layers import ACTIVATIONS, layer_norm, normal_param, ones_param, zeros_param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ class GPTNeoXConfig:
       rotary_dim: rotated dims per head, `int(head_dim * rotary_pct)`.
       parallel_residual: `use_parallel_residual`.
       bias: biases on q, k, v and the output projection (`attention_bias`).
-      activation: a key of `ppl_jax.models.gpt2.ACTIVATIONS` (`hidden_act`, exact `gelu`).
+      activation: a key of `ppl_jax.models.layers.ACTIVATIONS` (`hidden_act`, exact `gelu`).
     """
 
     vocab_size: int
@@ -54,6 +54,7 @@ class GPTNeoXConfig:
     activation: str = "gelu"
     tie_embeddings: bool = False
 
+    FAMILY: ClassVar[str] = "gpt_neox"
     # The rotary fields `ppl_jax.models.rope` reads, fixed for this family.
     rope_type = "default"
     rope_attention_factor = 1.0
@@ -77,8 +78,8 @@ class GPTNeoXConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"family": "gpt_neox", "head_dim": self.head_dim, **dataclasses.asdict(self)}
 
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> GPTNeoXConfig:
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPTNeoXConfig:
         fields = {f.name for f in dataclasses.fields(GPTNeoXConfig)}
         unknown = set(d) - fields - {"family", "head_dim"}
         if d.get("family") != "gpt_neox" or unknown:
@@ -87,39 +88,6 @@ class GPTNeoXConfig:
                 f"(unknown keys: {sorted(unknown)[:5]})."
             )
         return GPTNeoXConfig(**{k: v for k, v in d.items() if k in fields})
-
-    @staticmethod
-    def from_hf_config(c: dict[str, Any]) -> GPTNeoXConfig:
-        """The architecture of a Hugging Face `gpt_neox` `config.json` (transformers' defaults:
-        `rotary_pct` 0.25, `rotary_emb_base` 10000, parallel residual, biases, exact GELU).
-
-        Raises:
-          CheckpointError: an unsupported activation or rope scaling. KeyError: a required
-            field is missing.
-        """
-        d, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-        rope = {**(c.get("rope_scaling") or {}), **(c.get("rope_parameters") or {})}
-        kind = rope.get("rope_type", rope.get("type")) or "default"
-        if kind != "default":
-            raise CheckpointError(
-                f"GPT-NeoX rope_type {str(kind)[:40]!r} is not supported (only default)."
-            )
-        partial = float(rope.get("partial_rotary_factor", c.get("rotary_pct", 0.25)))
-        return GPTNeoXConfig(
-            vocab_size=int(c["vocab_size"]),
-            embed_dim=d,
-            num_layers=int(c["num_hidden_layers"]),
-            num_heads=heads,
-            mlp_dim=int(c["intermediate_size"]),
-            max_positions=int(c["max_position_embeddings"]),
-            rotary_dim=int(d // heads * partial),
-            rope_theta=float(rope.get("rope_theta", c.get("rotary_emb_base", 10000.0))),
-            norm_eps=float(c.get("layer_norm_eps", 1e-5)),
-            parallel_residual=bool(c.get("use_parallel_residual", True)),
-            bias=bool(c.get("attention_bias", True)),
-            activation=c.get("hidden_act") or "gelu",
-            tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        )
 
 
 class Attention(nnx.Module):

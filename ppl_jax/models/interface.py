@@ -1,4 +1,4 @@
-"""The interface between a model and the scorer (no Flax: `ppl_jax.models.nnx` adapts modules).
+"""The interface between a model and the scorer (no Flax: `ppl_jax.models.adapters` adapts modules).
 
 The scorer never imports Flax. It sees a `LanguageModel`: a pure function from
 `(params, tokens, positions, segment_ids)` to either final hidden states plus an unembedding

@@ -2,7 +2,8 @@
 attention, optionally tied embeddings (Touvron et al. 2023, "LLaMA"; Ainslie et al. 2023, "GQA").
 
 The same module covers the Hugging Face `llama`, `mistral` and `qwen2` model types, and through
-the flags below the decoders of `ppl_jax.models.qwen3`, `olmo`, `gemma` and `phi3`: optional
+the flags below the decoders of the Llama-like families of `ppl_jax.models.families` (Qwen3,
+OLMo 2/3, Gemma 2/3, Phi-3, the mixtures of experts): optional
 q/k/v (and output) projection biases (Qwen2, Llama's `attention_bias`), MLP biases (`mlp_bias`),
 a sliding attention window on chosen layers (Mistral, Jiang et al. 2023; Qwen2's
 `use_sliding_window`), and the rotary scalings `linear` (Chen et al. 2023, position
@@ -19,14 +20,17 @@ Every parameter carries its logical axis names in the `logical_axes` metadata of
 (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`); `ppl_jax.runtime.mesh` maps them to mesh axes
 with the table in the config. The rotary embedding rotates the two halves of each head
 (the Hugging Face `rotate_half` layout), so that Hugging Face Llama weights load unchanged.
+
+A family that changes a layer (layers without rotary embedding, "NoPE") subclasses the config
+(its own `FAMILY` and fields) and the module, and adjusts the built layers: `Attention.rotary`
+turns a layer's rotary embedding off.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,19 +39,13 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
+from ppl_jax.models.layers import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
 
 ROPE_TYPES = rope_lib.ROPE_TYPES
 QK_NORMS = ("none", "head", "projection")
 NORM_LAYOUTS = ("pre", "post", "sandwich")
-# Hugging Face `ACT2FN` names of the gated MLP's activation.
-ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-}
-_TUPLES = ("sliding_layers", "rope_short_factor", "rope_long_factor", "moe_layers")
+# Hugging Face `ACT2FN` names of the gated MLP's activation (`ppl_jax.models.layers`).
+GATED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_new", "gelu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +77,7 @@ class LlamaConfig:
       norm_layout: `pre` (Llama), `post` (OLMo 2: `x + norm(f(x))`, no pre-norm) or `sandwich`
         (Gemma: `x + norm(f(norm(x)))`).
       norm_offset: RMSNorm scales by `offset + w` in float32 (Gemma: 1).
-      activation: the gated MLP's activation, a key of `ACTIVATIONS`.
+      activation: the gated MLP's activation, one of `GATED_ACTIVATIONS`.
       embed_scale: the embedding is multiplied by `sqrt(embed_dim)` rounded to the weight dtype.
       query_scale: the attention logits' scale (None: `head_dim ** -0.5`).
       attn_softcap, final_softcap: `c * tanh(x / c)` on attention scores and on the logits.
@@ -133,12 +131,15 @@ class LlamaConfig:
     moe_norm_topk_prob: bool = True
     moe_shared_mlp_dim: int = 0
 
+    # The description's `family`: a subclass (a family with fields of its own) names its own.
+    FAMILY: ClassVar[str] = "llama"
+
     def __post_init__(self):
         for name, value, allowed in (
             ("rope_type", self.rope_type, ROPE_TYPES),
             ("qk_norm", self.qk_norm, QK_NORMS),
             ("norm_layout", self.norm_layout, NORM_LAYOUTS),
-            ("activation", self.activation, tuple(ACTIVATIONS)),
+            ("activation", self.activation, GATED_ACTIVATIONS),
         ):
             if value not in allowed:
                 raise CheckpointError(
@@ -157,29 +158,35 @@ class LlamaConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for name in _TUPLES:
-            d[name] = list(d[name])
+        for name, value in d.items():
+            if isinstance(value, tuple) and name != "sliding_rope":
+                d[name] = list(value)
         d["sliding_rope"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in self.sliding_rope
         }
-        return {"family": "llama", **d}
+        return {"family": self.FAMILY, **d}
 
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> LlamaConfig:
-        fields = {f.name for f in dataclasses.fields(LlamaConfig)}
-        unknown = set(d) - fields - {"family"}
-        if d.get("family", "llama") != "llama" or unknown:
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """The config of a description (`to_dict`'s form; lists as tuples).
+
+        Raises:
+          CheckpointError: another family, or keys this config does not have.
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(d) - set(fields) - {"family"}
+        if d.get("family", "llama") != cls.FAMILY or unknown:
             raise CheckpointError(
                 f"the stored architecture (family {str(d.get('family'))[:40]!r}) is not a "
-                f"Llama-family description (unknown keys: {sorted(unknown)[:5]})."
+                f"{cls.FAMILY} description (unknown keys: {sorted(unknown)[:5]})."
             )
         kwargs = {k: v for k, v in d.items() if k in fields}
-        for name in _TUPLES:
-            if name in kwargs:
-                kwargs[name] = tuple(kwargs[name])
+        for name, value in kwargs.items():
+            if isinstance(value, list):
+                kwargs[name] = tuple(value)
         kwargs["sliding_layers"] = tuple(int(i) for i in kwargs.get("sliding_layers", ()))
         kwargs["sliding_rope"] = sorted_items(kwargs.get("sliding_rope") or {})
-        return LlamaConfig(**kwargs)
+        return cls(**kwargs)
 
     def layer_rope(self, layer: int) -> LlamaConfig:
         """The config whose `rope_*` fields are those of layer `layer` (`sliding_rope` applied
@@ -192,32 +199,6 @@ class LlamaConfig:
 def sorted_items(d: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """`d` as sorted `(name, value)` pairs, lists as tuples (hashable, for `sliding_rope`)."""
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
-
-
-def normal_param(
-    rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], scale: float, dtype: jnp.dtype
-) -> nnx.Param:
-    """A `shape` param drawn from N(0, scale^2), with `logical_axes=axes` metadata."""
-    value = scale * jax.random.normal(rngs.params(), shape, jnp.float32)
-    return nnx.Param(value.astype(dtype), logical_axes=axes)
-
-
-def ones_param(shape: tuple[int, ...], axes: tuple[str, ...], dtype: jnp.dtype) -> nnx.Param:
-    """A `shape` param of ones (norm scales), with `logical_axes=axes` metadata."""
-    return nnx.Param(jnp.ones(shape, dtype), logical_axes=axes)
-
-
-def zeros_param(shape: tuple[int, ...], axes: tuple[str, ...], dtype: jnp.dtype) -> nnx.Param:
-    """A `shape` param of zeros (biases), with `logical_axes=axes` metadata."""
-    return nnx.Param(jnp.zeros(shape, dtype), logical_axes=axes)
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
-    """RMSNorm (Zhang & Sennrich 2019) over the last dim, computed in float32 and scaled by
-    `offset + weight` (Gemma's `1 + w` with offset 1), returned in `x.dtype`."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * (weight.astype(jnp.float32) + offset)).astype(x.dtype)
 
 
 def _projection_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -240,6 +221,7 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.window = window
         self.attention = attention
+        self.rotary = True  # False: no rotary embedding on this layer (NoPE)
         self.q = normal_param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), d**-0.5, dtype)
         self.k = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
         self.v = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
@@ -272,8 +254,9 @@ class Attention(nnx.Module):
         elif cfg.qk_norm == "projection":
             q = _projection_norm(q, self.q_norm[...], cfg.norm_eps)
             k = _projection_norm(k, self.k_norm[...], cfg.norm_eps)
-        q = rope_lib.rotary(q, positions, segment_ids, cfg)
-        k = rope_lib.rotary(k, positions, segment_ids, cfg)
+        if self.rotary:
+            q = rope_lib.rotary(q, positions, segment_ids, cfg)
+            k = rope_lib.rotary(k, positions, segment_ids, cfg)
         # Causal attention within a segment (and within the window, where there is one).
         out = attend(
             q,

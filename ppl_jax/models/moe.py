@@ -50,19 +50,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.llama import normal_param
-
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+from ppl_jax.models.layers import normal_param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +68,8 @@ class MoeSpec:
       embed_dim: the model width (`hidden_size`).
       mlp_dim: each expert's hidden width (`moe_intermediate_size` for Qwen2/3-MoE,
         `intermediate_size` for Mixtral and OLMoE).
-      num_experts: routed experts (`num_local_experts` or `num_experts`, see `_num_experts`).
+      num_experts: routed experts (`num_local_experts` or `num_experts`; the Hugging Face
+        configs are read by `ppl_jax.models.families.mixture`).
       top_k: experts per token (`num_experts_per_tok`).
       norm_topk_prob: renormalise the top-k weights to sum to 1 (always for Mixtral).
       shared_mlp_dim: the shared expert's hidden width (Qwen2-MoE
@@ -93,93 +89,6 @@ class MoeSpec:
                 f"num_experts_per_tok={self.top_k} must be between 1 and the "
                 f"{self.num_experts} experts."
             )
-
-    @staticmethod
-    def from_hf_config(c: dict[str, Any]) -> MoeSpec:
-        """The MoE layer of a Hugging Face `config.json` (model types in `MOE_MODEL_TYPES`),
-        with transformers 5.23's defaults for missing keys.
-
-        Raises:
-          CheckpointError: another model type, or an activation other than silu.
-        """
-        model_type = c.get("model_type")
-        if model_type not in MOE_MODEL_TYPES:
-            raise CheckpointError(f"model_type {model_type!r} is not a mixture of experts.")
-        if c.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"hidden_act {c['hidden_act']!r} is not supported (only silu).")
-        qwen = model_type in ("qwen2_moe", "qwen3_moe")
-        experts, top_k = _HF_DEFAULTS[model_type]
-        shared = (
-            int(c.get("shared_expert_intermediate_size", 5632)) if model_type == "qwen2_moe" else 0
-        )
-        return MoeSpec(
-            embed_dim=int(c["hidden_size"]),
-            mlp_dim=int(c["moe_intermediate_size"] if qwen else c["intermediate_size"]),
-            num_experts=_num_experts(c, experts),
-            top_k=int(c.get("num_experts_per_tok", top_k)),
-            norm_topk_prob=model_type == "mixtral" or bool(c.get("norm_topk_prob", False)),
-            shared_mlp_dim=shared,
-        )
-
-
-# model type -> (default expert count, default num_experts_per_tok), as in transformers 5.23's
-# configuration classes.
-_HF_DEFAULTS = {"mixtral": (8, 2), "qwen2_moe": (60, 4), "qwen3_moe": (128, 8), "olmoe": (64, 8)}
-
-
-def _num_experts(c: dict[str, Any], default: int) -> int:
-    """The expert count under either name: transformers 5.23 writes `num_local_experts` for
-    Mixtral and Qwen3-MoE (`attribute_map`) and `num_experts` for Qwen2-MoE and OLMoE; older
-    Qwen3-MoE configs on the hub say `num_experts`."""
-    return int(c.get("num_local_experts", c.get("num_experts", default)))
-
-
-def sparse_layers(c: dict[str, Any]) -> tuple[int, ...]:
-    """The layers of a Hugging Face MoE `config.json` that hold a MoE block (the others a dense
-    MLP of `intermediate_size`): all of them for Mixtral and OLMoE; for Qwen2/3-MoE those not in
-    `mlp_only_layers` with `(i + 1) % decoder_sparse_step == 0` (transformers'
-    `Qwen3MoeDecoderLayer`)."""
-    n = int(c["num_hidden_layers"])
-    if c.get("model_type") in ("mixtral", "olmoe"):
-        return tuple(range(n))
-    dense, step = set(c.get("mlp_only_layers") or ()), int(c.get("decoder_sparse_step", 1))
-    if _num_experts(c, 0) <= 0:
-        return ()
-    return tuple(i for i in range(n) if i not in dense and (i + 1) % step == 0)
-
-
-def hf_weights(read: Callable[[str], Any], prefix: str, spec: MoeSpec, model_type: str) -> dict:
-    """One MoE block's params (`MoeMLP`'s names and layouts) from a Hugging Face checkpoint.
-
-    Args:
-      read: the stored tensor of a name, `[out, in]` as `nn.Linear` keeps it (e.g. a lazy
-        safetensors read turned into NumPy).
-      prefix: the block's name, e.g. `model.layers.3.mlp`, or `model.layers.3.block_sparse_moe`
-        for Mixtral.
-      spec, model_type: the layer's `MoeSpec` and the config's `model_type`.
-
-    Returns:
-      NumPy arrays: `router [embed, experts]`, `gate`/`up [experts, embed, mlp]`,
-      `down [experts, mlp, embed]`, and with a shared expert `shared_gate_proj`, `shared_up`,
-      `shared_down` and `shared_scale [embed]`. On disk transformers 5.23 keeps one tensor per
-      expert (`experts.{e}.{gate,up,down}_proj.weight`; Mixtral `experts.{e}.w1/w3/w2.weight` =
-      gate/up/down), which this stacks.
-    """
-    names = ("w1", "w3", "w2") if model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-
-    def stacked(name):
-        experts = [
-            np.asarray(read(f"{prefix}.experts.{e}.{name}.weight")) for e in range(spec.num_experts)
-        ]
-        return np.stack(experts).transpose(0, 2, 1)
-
-    out = {"router": np.asarray(read(f"{prefix}.gate.weight")).T}
-    out.update(zip(("gate", "up", "down"), map(stacked, names), strict=True))
-    if spec.shared_mlp_dim:
-        for ours, theirs in (("gate_proj", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            out[f"shared_{ours}"] = np.asarray(read(f"{prefix}.shared_expert.{theirs}.weight")).T
-        out["shared_scale"] = np.asarray(read(f"{prefix}.shared_expert_gate.weight"))[0]
-    return out
 
 
 def route(

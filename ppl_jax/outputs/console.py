@@ -241,33 +241,45 @@ def _gzip_sample(results: dict[str, Any]) -> str:
     return ""
 
 
-def progress_bar(enabled: bool):
-    """A factory for `evaluate`'s progress callback: a tqdm bar of windows with tokens/s."""
+class ProgressBar:
+    """A tqdm bar of windows with tokens/s on stderr: an observer of the scoring loop
+    (`ppl_jax.scoring.observers.ScoreObserver`).
 
-    def factory(num_windows: int):
-        if not enabled:
-            return None
+    Args:
+      num_windows: the windows to score; done: those a journal already holds (the bar starts
+        there).
+    """
+
+    def __init__(self, num_windows: int, done: int = 0):
         from tqdm import tqdm
 
-        bar = tqdm(
+        self.bar = tqdm(
             total=num_windows,
+            initial=done,
             unit="window",
             file=sys.stderr,
             dynamic_ncols=True,
             mininterval=0.5,
             leave=False,
         )
-        start = time.perf_counter()
-        seen = [0]
+        self.tokens = 0
+        self.start = time.perf_counter()
 
-        def update(tokens: int, windows: int) -> None:
-            seen[0] += tokens
-            bar.update(windows)
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{seen[0] / elapsed:,.0f} tok/s", refresh=False)
-            if bar.n >= num_windows:
-                bar.close()
+    def should_stop(self, i: int) -> bool:
+        return False
 
-        return update
+    def on_batch(self, i: int, rows: Any, host: Any) -> None:
+        """Advances by the batch's windows; the rate is of the tokens scored since the start."""
+        self.tokens += int(host.num_tokens.sum())
+        self.bar.update(sum(len(row) for row in rows))
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
 
-    return factory
+    def close(self) -> None:
+        self.bar.close()
+
+
+def progress_bar(enabled: bool):
+    """The run's progress factory: `(windows, windows done) -> ProgressBar`, or None when not
+    `enabled` (`ppl_jax.evaluation.run.run`'s `progress_factory`)."""
+    return ProgressBar if enabled else None

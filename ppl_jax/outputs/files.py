@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-RESULTS_JSON = "results.json"  # the run's summary (`ppl_jax.evaluation.summary.results_json`)
+RESULTS_JSON = "results.json"  # the run's summary (`ppl_jax.outputs.results_json`)
 RESULTS_JSONL = "results.jsonl"  # a record per (step, dataset) and averages (`outputs.store`)
 UNITS = "units.npz"  # per-unit sums for `ppl-jax compare` (`metrics.uncertainty.to_npz`)
 DOCUMENTS = "documents.jsonl"  # per-document records (`output.per_document`)
@@ -13,7 +13,7 @@ TOKENS = "tokens.parquet"  # per-token rows (`output.tokens`, `outputs.tokens`)
 JOURNAL = "journal.npz"  # the journal of a run of one step and one dataset (`outputs.journal`)
 POSITION_CURVE = "position_curve"  # .json and .png
 CONTEXT_CURVE = "context_curve"  # .json and .png
-TENSORBOARD = "tensorboard"  # the TensorBoard event folder (`output.tensorboard`)
+TENSORBOARD = "tensorboard"  # the TensorBoard event folder (`output.sinks=tensorboard`)
 REPORT_CSV = "report.csv"
 REPORT_PNG = "report.png"
 VIEW_HTML = "view.html"

@@ -170,7 +170,8 @@ def broadcast(
 
 
 class Recorder:
-    """Keeps a run's journal up to date as its batches are fetched.
+    """Keeps a run's journal up to date as its batches are fetched: an observer of the scoring
+    loop (`ppl_jax.scoring.observers.ScoreObserver`) whose `state` the loop fills.
 
     Args:
       out: the output folder (process 0), or None on the other processes (nothing written).
@@ -194,9 +195,12 @@ class Recorder:
         self.resumed_tokens = int(state.window_tokens.sum())
         self._since_flush = 0
 
-    def on_fetched(self, batch: int) -> None:
-        """Marks `batch` done; flushes every `every` batches."""
-        self.state.batch_done[batch] = True
+    def should_stop(self, i: int) -> bool:
+        return False
+
+    def on_batch(self, i: int, rows: Any, host: Any) -> None:
+        """Marks batch `i` done (its sums are in `state`); flushes every `every` batches."""
+        self.state.batch_done[i] = True
         self._since_flush += 1
         if self._since_flush >= self.every:
             self.save()
@@ -205,6 +209,10 @@ class Recorder:
         """Writes the journal now (process 0); returns its path."""
         self._since_flush = 0
         return save(self.out, self.parts, self.state, self.name) if self.out is not None else None
+
+    def close(self) -> None:
+        """Nothing to do: the owner saves the journal (a stopped run) or discards it (once the
+        results are written)."""
 
     def discard(self) -> None:
         """Removes the journal (once the results are written)."""

@@ -1,4 +1,4 @@
-"""A TensorBoard sink: the results store's metrics as scalars, with `output.tensorboard=true`.
+"""A TensorBoard sink: the results store's metrics as scalars (`output.sinks=tensorboard`).
 
 Tags (one scalar per metric of a record, at the record's checkpoint step):
 
@@ -126,9 +126,16 @@ class TensorBoardSink:
                 self._writer.write_event(event)
         self._writer.flush()
 
+    def end_step(self, step: int | None, records: Sequence[Mapping[str, Any]]) -> None:
+        """Nothing more: each record was written as it was made (`write`)."""
+
     def close(self) -> None:
         """Flushes and closes the event file."""
         self._writer.close()
+
+    def abort(self) -> None:
+        """`close()`: what was written stays (each record's scalars were complete)."""
+        self.close()
 
     def __enter__(self) -> TensorBoardSink:
         return self

@@ -40,7 +40,7 @@ from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import _UMASK, write_error
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.windows import NO_PREFIX
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 NAME = files.TOKENS
 METADATA_KEY = "ppl_jax"
@@ -96,7 +96,8 @@ def schema(top_k: int = 0, reference: bool = False) -> Any:
 
 
 class TokenWriter:
-    """Writes `tokens.parquet` while scoring; use as a context manager, or call `close` (or
+    """Writes `tokens.parquet` while scoring (an observer of the scoring loop,
+    `ppl_jax.scoring.observers.ScoreObserver`); use as a context manager, or call `close` (or
     `abort` on failure) yourself.
 
     Args:
@@ -167,6 +168,13 @@ class TokenWriter:
             self.close()
         else:
             self.abort()
+
+    def should_stop(self, i: int) -> bool:
+        return False
+
+    def on_batch(self, i: int, rows: list[tuple[int, ...]], host: Any) -> None:
+        """`add(rows, host.extras)`."""
+        self.add(rows, host.extras)
 
     def add(self, rows: list[tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
         """Adds the scored targets of one batch.

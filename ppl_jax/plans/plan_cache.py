@@ -41,7 +41,7 @@ from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import distributed, fingerprint, temporaries
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 VERSION = 4  # 3: plan.json holds its arrays' digests, checked on load; 4: compact sources
 _WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")

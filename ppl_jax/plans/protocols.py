@@ -37,7 +37,7 @@ from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.spec import PROTOCOLS
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 JOIN = "\n\n"  # how hf_strided and gptq_chunks join documents (their reference recipes' choice)
 

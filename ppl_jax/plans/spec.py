@@ -5,6 +5,7 @@ laid into fixed-shape batches): the plans layer's settings, checked when made.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ppl_jax.errors import ConfigError
 
@@ -58,6 +59,11 @@ class ProtocolSpec:
         object.__setattr__(self, "seq_len", seq_len)
         object.__setattr__(self, "stride", self._stride())
 
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The protocol's settings that decide a run's numbers, as used (its part of the run's
+        fingerprint; the plan adds what it resolved: BOS, prefix, windows)."""
+        return {"name": self.protocol, "seq_len": self.seq_len, "stride": self.stride}
+
     def _stride(self) -> int | None:
         """The stride as used: unset is seq_len // 2 (at least 1); None where the protocol has
         none. Only a stride that a protocol uses is checked; a stride never set never fails."""
@@ -102,3 +108,12 @@ class BatchSpec:
         object.__setattr__(self, "batch_size", int(self.batch_size))
         object.__setattr__(self, "length_buckets", int(self.length_buckets))
         object.__setattr__(self, "packing", bool(self.packing))
+
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The layout's settings (its part of the run's fingerprint; every batch's sums depend
+        on which windows share it and on its shape)."""
+        return {
+            "batch_size": self.batch_size,
+            "packing": self.packing,
+            "length_buckets": self.length_buckets,
+        }

@@ -30,7 +30,7 @@ from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 DOCS_CHUNK = 1 << 16  # documents per chunk of per-document arrays (temporaries of ~10 MB)
 

@@ -58,7 +58,7 @@ from ppl_jax.plans.token_entry import (  # noqa: F401  (re-exported: the entry's
     part_names,
 )
 from ppl_jax.runtime import distributed, fingerprint, preemption, temporaries
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 PROTOCOLS = ("sliding", "lm_eval_rolling")  # protocols whose documents are tokenized one by one
 BATCH_CHARS = 1 << 20  # characters of documents per call of the tokenizer's batch encoding

@@ -1,8 +1,14 @@
 """One fingerprint of everything that decides a run's numbers.
 
-The journal (resume), the results and the cross-process checks all use the fingerprint built
-here, so that "the same run" means one thing everywhere. A fingerprint is a JSON-able dict of
-named parts (`checkpoint`, `data`, `tokenizer`, `protocol`, `model`, `layout`, `mesh`); two runs
+The journal (resume), the results and the cross-process checks all use the fingerprint joined
+here (`run_fingerprint`), so that "the same run" means one thing everywhere. A fingerprint is a
+JSON-able dict of named parts (`PARTS`), each given by the layer that owns what it names: the
+checkpoint (its path, step, files and the settings that choose its weights: mapping, item,
+params, architecture), the model (description, dtype, attention), the data
+(`DatasetSpec.fingerprint_part()`: how the files are read and cut, and the files), the tokenizer,
+the protocol (`ProtocolSpec.fingerprint_part()` and what its plan resolved), the layout
+(`BatchSpec.fingerprint_part()`), the mesh (axes, processes, sharding rules) and the environment
+(`environment()`: platform, device kind, the versions of ppl_jax, jax and jaxlib). Two runs
 agree when every part agrees, and `differences` names the parts (and their fields) that do not,
 for a message a user can act on. `digest` is the SHA-256 of its canonical JSON.
 
@@ -29,8 +35,10 @@ is identified by size alone.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from ppl_jax.runtime import file_sample, paths
@@ -157,7 +165,8 @@ def digest(parts: dict[str, Any]) -> str:
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What changed from `old` to `new`, one phrase per changed field, e.g.
-    `"protocol.seq_len: 256 -> 128"` or `"data.files: changed"` (long values are not spelled)."""
+    `"protocol.seq_len: 256 -> 128"` or `"data.files changed"` (long values, such as digests,
+    are not spelled)."""
     out = []
     for name in sorted(set(old) | set(new)):
         a, b = old.get(name), new.get(name)
@@ -166,50 +175,48 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             for field in sorted(set(a) | set(b)):
                 if a.get(field) != b.get(field):
-                    out.append(f"{name}.{field}: {_short(a.get(field))} -> {_short(b.get(field))}")
+                    out.append(_change(f"{name}.{field}", a.get(field), b.get(field)))
         else:
-            out.append(f"{name}: {_short(a)} -> {_short(b)}")
+            out.append(_change(name, a, b))
     return out
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else "changed"
+def _change(where: str, old: Any, new: Any) -> str:
+    a, b = json.dumps(old, sort_keys=True), json.dumps(new, sort_keys=True)
+    return f"{where}: {a} -> {b}" if max(len(a), len(b)) <= 60 else f"{where} changed"
 
 
-def of_run(
-    *,
-    checkpoint: dict[str, Any],
-    checkpoint_files: str,
-    model: dict[str, Any],
-    data: dict[str, Any],
-    data_paths: list[str],
-    tokenizer: dict[str, Any],
-    protocol: dict[str, Any],
-    layout: dict[str, Any],
-    mesh: dict[str, Any],
-) -> dict[str, Any]:
-    """The fingerprint of a run, from its parts.
+PARTS = ("checkpoint", "model", "data", "tokenizer", "protocol", "layout", "mesh", "environment")
+ENVIRONMENT_PACKAGES = ("ppl_jax", "jax", "jaxlib")
 
-    Args:
-      checkpoint: `{"path", "format", "step"}`; checkpoint_files: the folder whose files hold
-        the weights (identified by path, size and modification time, or for a remote folder
-        by path, size and object version).
-      model: the architecture description, dtype and attention implementation.
-      data: the settings that shape the documents (format, field, errors, separator; with
-        `"fingerprint": "content"` the files are identified by their content);
-        data_paths: the corpus files (identified like the checkpoint's, or by content).
-      tokenizer: the tokenizer's `describe()` (digested).
-      protocol: name, seq_len, stride, BOS policy and window count.
-      layout: batch size, packing, buckets and batch count; mesh: axis sizes and processes.
+
+def run_fingerprint(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The fingerprint of a run: its named parts (`PARTS`, every one), each a JSON-able dict,
+    as canonical JSON values (tuples are lists, keys strings), so that a fingerprint read back
+    from a journal compares equal to the one computed.
+
+    Raises:
+      ValueError: a part missing or unknown, or a value that is not JSON (a bug of the caller).
     """
-    content = data.get("fingerprint") == "content"
+    if set(parts) != set(PARTS):
+        raise ValueError(f"run_fingerprint takes the parts {PARTS}, got {sorted(parts)}")
+    return {name: json.loads(json.dumps(dict(parts[name]), sort_keys=True)) for name in PARTS}
+
+
+def environment() -> dict[str, Any]:
+    """What of the machine and the software decides the numbers beside the settings: JAX's
+    `platform` (cpu, gpu, tpu), the `device_kind`s (joined by `, `) and the `versions` of
+    `ENVIRONMENT_PACKAGES` (None where not installed)."""
+    import jax
+
+    versions: dict[str, str | None] = {}
+    for package in ENVIRONMENT_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     return {
-        "checkpoint": {**checkpoint, "files": text_digest(tree_identity(checkpoint_files))},
-        "model": {k: (text_digest(v) if isinstance(v, dict) else v) for k, v in model.items()},
-        "data": {**data, "files": text_digest([file_identity(p, content) for p in data_paths])},
-        "tokenizer": {"description": text_digest(tokenizer)},
-        "protocol": protocol,
-        "layout": layout,
-        "mesh": mesh,
+        "platform": jax.default_backend(),
+        "device_kind": ", ".join(sorted({d.device_kind for d in jax.devices()})),
+        "versions": versions,
     }

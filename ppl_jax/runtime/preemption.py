@@ -25,7 +25,8 @@ EXIT_CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class StopRequest:
-    """The signal handlers of one run, installed by `with StopRequest() as stop:`.
+    """The signal handlers of one run, installed by `with StopRequest() as stop:`; an observer
+    of the scoring loop (`ppl_jax.scoring.observers.ScoreObserver`) that asks it to stop.
 
     Attributes:
       signal: the first signal received (`signal.SIGINT` or `signal.SIGTERM`), or None.
@@ -64,6 +65,16 @@ class StopRequest:
         self.signal = sig
         if self._multi:  # JAX's preemption notifier handles SIGTERM for every process
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def should_stop(self, i: int) -> bool:
+        """`requested(i)`: the scoring loop asks before each batch."""
+        return self.requested(i)
+
+    def on_batch(self, i: int, rows: Any, host: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def requested(self, step: int) -> bool:
         """Whether to stop before batch `step`; call it with every batch index, in order, on

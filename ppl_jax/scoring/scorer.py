@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -20,14 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax.errors import NumericsError
 from ppl_jax.metrics import curves
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import observers as observers_lib
 from ppl_jax.scoring.feed import Feed
 from ppl_jax.scoring.nll import token_stats
+from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
 
@@ -320,13 +321,9 @@ class Scorer:
         params: Any,
         windows: Windows,
         layout: Layout,
-        progress: Callable[[int, int], None] | None = None,
-        describe_window: Callable[[int], str] | None = None,
         totals: ScoreTotals | None = None,
         skip: np.ndarray | None = None,
-        on_fetched: Callable[[int], None] | None = None,
-        should_stop: Callable[[int], bool] | None = None,
-        on_tokens: Callable[[list[tuple[int, ...]], dict[str, np.ndarray]], None] | None = None,
+        observers: Sequence[ScoreObserver] = (),
     ) -> ScoreTotals:
         """Scores every window; every process runs the same steps.
 
@@ -335,20 +332,17 @@ class Scorer:
           windows: the windows (the same on every process).
           layout: their placement in batches (`ppl_jax.plans.layout.plan_layout`); its batch size must
             be divisible by the mesh's `data` axis.
-          progress: called after each fetched batch with (batch tokens, windows in it).
-          describe_window: names a window's place in the corpus, for error messages.
           totals: per-window sums to fill in place (a resumed run's), or None for new zeros.
           skip: `[num_batches] bool`, batches whose sums `totals` already holds (not run).
-          on_fetched: called with a batch's index once its sums are in `totals`.
-          should_stop: called with a batch's index before it is dispatched, identically on
-            every process; True stops the loop there (the batches in flight are fetched first)
-            and sets `totals.stopped_at` to that index.
-          on_tokens: with per-token arrays (`StepOptions.token_arrays`), called with each
-            fetched batch's rows (window ids per row) and its per-token host arrays (see
-            `StepSums.extras`), in batch order.
+          observers: what watches the loop (`ppl_jax.scoring.observers.ScoreObserver`): each is
+            asked before each batch whether to stop (True from any stops the loop there, the
+            batches in flight fetched first, and sets `totals.stopped_at` to that index), and
+            told of each fetched batch once its sums are in `totals`, in batch order (with
+            `StepOptions.token_arrays`, its per-token arrays are in `host.extras`).
 
         Raises:
-          NumericsError: a NaN or infinity at a scored position (naming the window).
+          NonFiniteScores (a NumericsError): a NaN or infinity at a scored position (naming the
+            window's index; `NonFiniteScores.naming` names its place in the corpus).
         """
         num_windows = windows.num_windows
         if totals is None:
@@ -372,13 +366,7 @@ class Scorer:
                 raise AssertionError("an empty slot scored tokens")
             bad = np.flatnonzero(host.num_nonfinite.ravel())
             if bad.size:
-                k = int(ids.ravel()[bad[0]])
-                where = describe_window(k) if describe_window else f"window {k}"
-                raise NumericsError(
-                    f"the model gave {int(host.num_nonfinite.sum())} NaN or infinite "
-                    f"log-probabilities at scored positions, first in {where}; no result is "
-                    f"reported. Check the checkpoint's weights and model.dtype."
-                )
+                raise NonFiniteScores(int(host.num_nonfinite.sum()), int(ids.ravel()[bad[0]]))
             real = ids >= 0
             k = ids[real]
             totals.window_nll[k] = host.nll_sum[real]
@@ -393,12 +381,8 @@ class Scorer:
                 totals.batch_buckets[i] = np.add.reduceat(both, starts, axis=1, dtype=float)
             if self.options.token_arrays:
                 _window_sums_from_tokens(totals, ids, extras)
-                if on_tokens is not None:
-                    on_tokens(rows, extras)
-            if on_fetched is not None:
-                on_fetched(i)
-            if progress is not None:
-                progress(int(host.num_tokens.sum()), int(real.sum()))
+            for observer in observers:
+                observer.on_batch(i, rows, host)
 
         def prepare(i: int) -> tuple[list[tuple[int, ...]], dict[str, jax.Array]]:
             rows, width = layout.batch_rows(i), layout.widths[i]
@@ -417,7 +401,7 @@ class Scorer:
         pending = None
         try:
             for i in order:
-                if should_stop is not None and should_stop(i):
+                if observers_lib.should_stop(observers, i):
                     totals.stopped_at = i
                     break
                 rows, batch = feed.get(i)

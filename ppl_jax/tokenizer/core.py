@@ -1,7 +1,7 @@
 """The tokenizer interface (`Tokenizer`), the byte tokenizer, and the helpers the others share:
 pieces of long documents cut at spaces (`space_cuts`), the UTF-8 bytes each token covers
 (`spans`, `span_lengths`), compact arrays while a long document is encoded (`compact`, `join`).
-See `ppl_jax.tokenizer.base` for the whole family.
+See `ppl_jax.tokenizer` for the whole family.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def _name(path: str, file: str) -> str:
     return f"{os.path.basename(os.path.normpath(path))}/{file}"
 
 
-def load_tokenizer(path: str) -> Tokenizer:
+def read_tokenizer(path: str) -> Tokenizer:
     """The tokenizer of a Hugging Face directory, with its BOS/EOS ids and BOS policy.
 
     `tokenizer.json` (the `tokenizers` library) is preferred to `tokenizer.model`

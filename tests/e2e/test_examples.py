@@ -8,7 +8,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import helpers
+
+pytestmark = pytest.mark.slow  # trains a model, then a sweep of the command line
 
 
 def test_the_training_loop_example_equals_the_command_line(tmp_path):

@@ -110,7 +110,7 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
 
     from ppl_jax.evaluation import summary
     from ppl_jax.outputs import console
-    from ppl_jax.tokenizer.base import SentencePieceTokenizer
+    from ppl_jax.tokenizer import SentencePieceTokenizer
 
     assert SentencePieceTokenizer.from_file(SP_MODEL).vocab_size == 400
     ckpt = str(tmp_path / "ckpt")

@@ -15,6 +15,8 @@ import pytest
 
 import helpers
 
+pytestmark = pytest.mark.slow  # trains the worked example's model, then sweeps
+
 DOCS = os.path.join(helpers.REPO, "docs", "other-trainers.md")
 
 

@@ -1,11 +1,11 @@
-"""Real command-line runs killed halfway (SIGTERM, SIGINT, SIGKILL; one and two processes) and run
-again with the same command end with the results of an uninterrupted run, bit for bit."""
+"""Real command-line runs killed halfway (SIGTERM, SIGINT, SIGKILL) and run again with the same
+command end with the results of an uninterrupted run, bit for bit (on two processes:
+tests/multiprocess/test_resume_processes.py)."""
 
 from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +17,8 @@ from ppl_jax.config.defaults import held_out_paths
 from ppl_jax.outputs import journal
 
 import helpers
+
+pytestmark = pytest.mark.slow  # each case is two command-line runs
 
 # What may differ between two runs of the same command: clocks, and the command's own words.
 TIMING_KEYS = {
@@ -53,14 +55,8 @@ def start(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(out, num_processes: int = 1, extra: tuple = ()) -> list[subprocess.CompletedProcess]:
-    port = free_port()
+    port = helpers.free_port()
     procs = [start(out, i, num_processes, port, extra) for i in range(num_processes)]
     return [finish(p) for p in procs]
 
@@ -97,35 +93,23 @@ def results(out) -> dict:
     return {k: v for k, v in r.items() if k not in TIMING_KEYS}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The uninterrupted results on one and on two processes."""
-    found = {}
-    for n in (1, 2):
-        out = tmp_path_factory.mktemp(f"whole{n}")
-        done = run(out, n)
-        assert all(p.returncode == 0 for p in done), done[0].stderr[-2000:]
-        assert not (out / journal.NAME).exists()  # removed once the results are written
-        found[n] = results(out)
-    return found
+def whole_run(tmp_path_factory, num_processes: int) -> dict:
+    """The results of an uninterrupted run on `num_processes` processes."""
+    out = tmp_path_factory.mktemp(f"whole{num_processes}")
+    done = run(out, num_processes)
+    assert all(p.returncode == 0 for p in done), done[0].stderr[-2000:]
+    assert not (out / journal.NAME).exists()  # removed once the results are written
+    return results(out)
 
 
-CASES = [
-    (signal.SIGTERM, 1),
-    (signal.SIGINT, 1),
-    (signal.SIGKILL, 1),
-    (signal.SIGTERM, 2),  # a preemption notice reaching one host of two
-    (signal.SIGKILL, 2),  # one host of two lost
-]
-
-
-@pytest.mark.parametrize(("sig", "num_processes"), CASES, ids=[f"{s.name}-{n}p" for s, n in CASES])
-def test_killed_halfway_then_the_same_command_resumes(tmp_path, uninterrupted, sig, num_processes):
+def killed_then_resumed(tmp_path, uninterrupted: dict, sig: int, num_processes: int) -> None:
+    """A run killed halfway by `sig` (on two processes: only the last one gets it), then run
+    again: its results are `uninterrupted`'s."""
     out = tmp_path / "out"
-    port = free_port()
+    port = helpers.free_port()
     procs = [start(out, i, num_processes, port) for i in range(num_processes)]
     wait_for_batches(out, 5, procs)
-    procs[-1].send_signal(sig)  # on two processes: only the last one gets the signal
+    procs[-1].send_signal(sig)
     ended = [finish(p, timeout=60) for p in procs]
     with np.load(out / journal.NAME) as z:
         done = z["batch_done"]
@@ -152,5 +136,18 @@ def test_killed_halfway_then_the_same_command_resumes(tmp_path, uninterrupted, s
 
     again = run(out, num_processes)
     assert all(p.returncode == 0 for p in again), again[0].stderr[-2000:]
-    assert results(out) == uninterrupted[num_processes]
+    assert results(out) == uninterrupted
     assert not (out / journal.NAME).exists()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    return whole_run(tmp_path_factory, 1)
+
+
+SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGKILL]
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=[s.name for s in SIGNALS])
+def test_killed_halfway_then_the_same_command_resumes(tmp_path, uninterrupted, sig):
+    killed_then_resumed(tmp_path, uninterrupted, sig, 1)

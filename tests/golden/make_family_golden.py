@@ -15,7 +15,7 @@ log-probabilities of every scored target. The reference loops are those of the H
 
 The traps each family covers are in `FAMILIES` (sliding windows of 8 shorter than the scored
 windows of 24 targets, yarn and longrope past an original length of 16, a soft-cap that bites,
-tied and untied embeddings, a padded vocabulary). tests/unit/models/test_families.py compares
+tied and untied embeddings, a padded vocabulary, SmolLM3's layers without rotary embedding). tests/unit/models/test_families.py compares
 ppl_jax with these files; tests/reference/test_families_live.py recomputes them live.
 """
 
@@ -226,6 +226,24 @@ def _olmoe():
     )
 
 
+def _smollm3():
+    # 4 layers: NoPE on layers 1 and 3 (no_rope_layers 0), a window of 8 on layers 0 and 1, so
+    # each of the four (rotary or not, windowed or not) is scored; biases on q, k, v and o
+    return tf.SmolLM3ForCausalLM(
+        tf.SmolLM3Config(
+            **{**SMALL, "num_hidden_layers": 4},
+            use_sliding_window=True,
+            sliding_window=8,
+            no_rope_layers=[1, 0, 1, 0],
+            layer_types=["sliding_attention"] * 2 + ["full_attention"] * 2,
+            attention_bias=True,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
+
+
 FAMILIES = {
     "mixtral": _mixtral,
     "qwen2_moe": _qwen2_moe,
@@ -239,6 +257,7 @@ FAMILIES = {
     "gemma3_multimodal": _gemma3_multimodal,
     "gpt_neox": _gpt_neox,
     "phi3": _phi3,
+    "smollm3": _smollm3,
 }
 
 

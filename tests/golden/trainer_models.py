@@ -122,6 +122,6 @@ def linen_model():
 
 def nnx_model():
     """`ppl_jax.from_nnx` of `NnxLM` (an entry point: `trainer_models:nnx_model`)."""
-    from ppl_jax.models.adapters import from_nnx
+    import ppl_jax
 
-    return from_nnx(lambda: NnxLM(nnx.Rngs(0)), VOCAB, SEQ)
+    return ppl_jax.from_nnx(lambda: NnxLM(nnx.Rngs(0)), VOCAB, SEQ)

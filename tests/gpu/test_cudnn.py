@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.attention import attend, resolve
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.windows import sliding
@@ -69,7 +69,7 @@ def test_cudnn_attention_matches_xla(heads, kv_heads, head_dim, window):
 
 
 def _scorer_totals(cfg, attention, params32, tokens, seq_len, batch_size):
-    model = nnx_lib.build(cfg.to_dict(), jnp.bfloat16, attention)
+    model = registry.build(cfg.to_dict(), jnp.bfloat16, attention)
     mesh = mesh_lib.make_mesh(-1, 1)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

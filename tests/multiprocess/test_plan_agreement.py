@@ -6,8 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from test_resume_cli import free_port
-
 import helpers
 
 
@@ -26,7 +24,7 @@ def test_a_process_that_planned_other_windows_stops_every_process(tmp_path, demo
         "    c.data.name = 'held-out'\n"
         "    return c\n"
     )
-    port = free_port()
+    port = helpers.free_port()
     procs = []
     for i in range(2):
         procs.append(

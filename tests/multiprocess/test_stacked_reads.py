@@ -99,17 +99,21 @@ def _write(tmp_path) -> tuple[str, int]:
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)[
         0
     ]
-    from ppl_jax.checkpoints import mapping
+    from ppl_jax.checkpoints import blocks, storage
     from ppl_jax.models.interface import weight_paths
 
     sources = ckpt.mapped(0, target)
     leaves = weight_paths(target)
+    stored = {name: (shape, np.float32) for name, shape in shapes.items()}
+    names = {k: v for k, v in model.description.items() if isinstance(v, int | float)}
     sharded, want = {}, {}
     for out, src in sources.items():
-        sharding = mapping.stored_sharding(src, shapes[src.stored], leaves[out].sharding)
+        sharding = blocks.stored_sharding([(src, leaves[out])], shapes[src.stored], stored, names)
         sharded[src.stored] = jax.device_put(tree[src.stored], sharding)
-        got = mapping.transform(src, sharded[src.stored], leaves[out], dict(model.description))
-        want[out.replace("/", ".")] = np.asarray(got)
+        whole = tuple(range(n) for n in leaves[out].shape)
+        want[out.replace("/", ".")] = blocks.read_block(
+            src, stored, leaves[out].shape, whole, storage.Arrays(tree), names, np.float32
+        )
     np.savez(tmp_path / "want.npz", **want)
     with ocp.CheckpointManager(str(ckpt_dir)) as m:
         m.save(7, args=ocp.args.Composite(items=ocp.args.StandardSave(

@@ -11,6 +11,7 @@ import pytest
 import test_moe
 
 from ppl_jax.models import moe
+from ppl_jax.models.families import mixture
 
 import helpers
 
@@ -62,9 +63,9 @@ def test_layer_equals_transformers_block(make_moe_golden, name):
     assert test_moe.rel_diff(stored["y"], fresh["y"]) < 1e-6
 
 
-@pytest.mark.parametrize("model_type", moe.MOE_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", mixture.MODEL_TYPES)
 def test_spec_and_sparse_layers_as_transformers_builds_them(model_type):
-    """`MoeSpec.from_hf_config` and `sparse_layers` on a saved config (defaults filled by
+    """`mixture.moe_spec` and `sparse_layers` on a saved config (defaults filled by
     transformers) give the shapes and MoE layers of transformers' own decoder layers."""
     import importlib
 
@@ -76,7 +77,7 @@ def test_spec_and_sparse_layers_as_transformers_builds_them(model_type):
         num_attention_heads=2, num_key_value_heads=2, **extra,
     )  # fmt: skip
     c = config.to_dict()
-    spec = moe.MoeSpec.from_hf_config(c)
+    spec = mixture.moe_spec(c)
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     prefix = {
         "mixtral": "Mixtral",
@@ -88,10 +89,10 @@ def test_spec_and_sparse_layers_as_transformers_builds_them(model_type):
     block_class = getattr(modeling, f"{prefix[model_type]}SparseMoeBlock")
     config._experts_implementation = "eager"
     layers = [layer_class(config, i) for i in range(6)]
-    assert moe.sparse_layers(c) == tuple(
+    assert mixture.sparse_layers(c) == tuple(
         i for i, layer in enumerate(layers) if isinstance(layer.mlp, block_class)
     )
-    block = layers[moe.sparse_layers(c)[0]].mlp
+    block = layers[mixture.sparse_layers(c)[0]].mlp
     assert block.gate.weight.shape == (spec.num_experts, spec.embed_dim)
     assert block.gate.top_k == spec.top_k
     assert tuple(block.experts.down_proj.shape) == (spec.num_experts, 16, spec.mlp_dim)
@@ -100,9 +101,9 @@ def test_spec_and_sparse_layers_as_transformers_builds_them(model_type):
     assert (shared.gate_proj.weight.shape[0] if shared else 0) == spec.shared_mlp_dim
 
 
-@pytest.mark.parametrize("model_type", moe.MOE_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", mixture.MODEL_TYPES)
 def test_weights_saved_by_transformers_load_and_score_alike(model_type, tmp_path):
-    """A tiny random model saved by transformers (per-expert tensors on disk): `hf_weights`
+    """A tiny random model saved by transformers (per-expert tensors on disk): the mixture rules
     stacks its first block, whose output on random states equals transformers' block's."""
     import torch
     from safetensors.numpy import load_file
@@ -118,9 +119,10 @@ def test_weights_saved_by_transformers_load_and_score_alike(model_type, tmp_path
     model = AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(tmp_path)
     tensors = load_file(str(tmp_path / "model.safetensors"))
-    spec = moe.MoeSpec.from_hf_config(config.to_dict())
-    block = "block_sparse_moe" if model_type == "mixtral" else "mlp"
-    params = moe.hf_weights(tensors.__getitem__, f"model.layers.0.{block}", spec, model_type)
+    spec = mixture.moe_spec(config.to_dict())
+    tensors = {k.removeprefix("model."): v for k, v in tensors.items() if ".layers.0.mlp" in k
+               or ".layers.0.block_sparse_moe" in k}  # fmt: skip
+    params = test_moe.hf_block_params(tensors, spec, model_type)
     x = np.random.default_rng(0).standard_normal((2, 9, 16)).astype(np.float32)
     with torch.no_grad():
         expected = model.model.layers[0].mlp(torch.from_numpy(x)).numpy()

@@ -10,7 +10,7 @@ from lm_eval.tasks.wikitext import preprocess_wikitext as harness
 from test_preparations import RAW, wikitext_like
 
 from ppl_jax.data.documents import Document
-from ppl_jax.data.preparations import prepare, wikitext_detokenize, wikitext_pages
+from ppl_jax.data.preparations import apply_preparation, wikitext_detokenize, wikitext_pages
 
 import helpers
 
@@ -30,7 +30,7 @@ def assert_as_the_harness(pages: list[str]) -> None:
         doc = {"page": page}
         assert wikitext_detokenize(page) == harness.wikitext_detokenizer(doc), repr(page)
         counts = harness.process_results(doc, [0.0])
-        p = prepare("lm_eval_wikitext", [Document(page, "f")])
+        p = apply_preparation("lm_eval_wikitext", [Document(page, "f")])
         if len(p.documents) == 1:  # the page holds no second level-1 heading
             assert p.num_words.tolist() == [counts["word_perplexity"][1]], repr(page)
             assert p.num_bytes.tolist() == [counts["bits_per_byte"][1]], repr(page)
@@ -46,7 +46,7 @@ def test_wikitext_like_files():
     for text in (RAW, RAW + "\n", wikitext_like(8, seed=3)):
         pages = [p for _, p in wikitext_pages(text)]
         assert_as_the_harness(pages)
-        p = prepare("lm_eval_wikitext", [Document(text, "f")])
+        p = apply_preparation("lm_eval_wikitext", [Document(text, "f")])
         assert [d.text for d in p.documents] == [
             harness.wikitext_detokenizer({"page": page}) for page in pages
         ]

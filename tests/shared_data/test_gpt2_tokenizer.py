@@ -9,7 +9,7 @@ from test_data import stream, token_bytes
 
 from ppl_jax.data.documents import Document
 from ppl_jax.errors import DataError
-from ppl_jax.tokenizer.base import HFTokenizer, from_description
+from ppl_jax.tokenizer import HFTokenizer, from_description
 
 
 @pytest.fixture(scope="module")

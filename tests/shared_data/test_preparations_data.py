@@ -11,9 +11,9 @@ import pytest
 from test_preparations import check_pages_against_articles
 
 from ppl_jax.data.documents import read_documents
-from ppl_jax.data.preparations import prepare
+from ppl_jax.data.preparations import apply_preparation
 from ppl_jax.plans.protocols import plan
-from ppl_jax.tokenizer.base import HFTokenizer
+from ppl_jax.tokenizer import HFTokenizer
 
 import helpers
 
@@ -30,7 +30,9 @@ def test_hf_guide_stream_has_the_guides_token_count(test_data):
     same way (data.format=lines) are 292,942."""
     path = os.path.join(test_data, "wikitext-2", "test.txt")
     gpt2 = HFTokenizer.from_file(os.path.join(test_data, "tokenizers", "gpt2.json"))
-    prepared = prepare("hf_guide_wikitext", read_documents(path, "text"), allow_tokenized=True)
+    prepared = apply_preparation(
+        "hf_guide_wikitext", read_documents(path, "text"), allow_tokenized=True
+    )
     assert len(prepared.documents) == 1
     guide = plan("hf_strided", prepared.documents, gpt2, 50257, 1024, 512, False)
     lines = plan("hf_strided", read_documents(path, "lines"), gpt2, 50257, 1024, 512, False)
@@ -47,7 +49,7 @@ def test_lm_eval_wikitext_pages_as_the_harness(test_data, golden, name):
     raw = open(path, "rb").read()
     expected = golden[name]
     assert hashlib.sha256(raw).hexdigest() == expected["sha256"], f"{path} is another file"
-    p = prepare("lm_eval_wikitext", read_documents(path, "text"), allow_tokenized=True)
+    p = apply_preparation("lm_eval_wikitext", read_documents(path, "text"), allow_tokenized=True)
     assert p.num_words.tolist() == expected["words"]
     assert p.num_bytes.tolist() == expected["bytes"]
     h = hashlib.sha256()

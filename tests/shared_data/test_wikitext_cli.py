@@ -7,6 +7,8 @@ import os
 import pytest
 from test_cli import REQUIRED_KEYS, run_cli
 
+pytestmark = pytest.mark.e2e  # the command line, as tests/e2e/
+
 
 def test_demo_checkpoint_on_wikitext2_test(tmp_path, demo_checkpoint, test_data):
     wikitext = os.path.join(test_data, "wikitext-2", "test.txt")

@@ -14,7 +14,7 @@ import pytest
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib
 
 from helpers import TINY, random_params, save_random_checkpoint
@@ -33,7 +33,7 @@ def flat(tree) -> dict:
 
 def targets(dtype):
     """The TINY model's params as ShapeDtypeStructs sharded over a 2 x 4 mesh."""
-    model = nnx_lib.build(TINY.to_dict(), jnp.float32)
+    model = registry.build(TINY.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(2, 4)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

@@ -22,7 +22,7 @@ from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib
 
 # ------------------------------------------------------------------------------ Orbax: damage
@@ -297,7 +297,7 @@ def _hf_dir(path: str, second: str) -> str:
 
 
 def _hf_target(path: str):
-    model = nnx_lib.build(hf.read_description(path), jnp.float32)
+    model = registry.build(hf.read_description(path), jnp.float32)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(2, 4), DEFAULT_RULES
     )

@@ -5,6 +5,8 @@ NumPy, and one sentence for every mismatch."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
 
 import jax
@@ -13,9 +15,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ppl_jax.checkpoints import mapping, open_checkpoint, presets
+from ppl_jax.checkpoints import blocks, mapping, open_checkpoint, presets, storage
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.testing import TINY, random_params
@@ -125,9 +128,15 @@ def test_mapping_mismatches_are_one_sentence(tmp_path):
     del tree["params/params/decoder/extra/kernel"]
     save_manager(tmp_path / "b", [1], tree)
     ckpt = open_checkpoint(str(tmp_path / "b"), architecture=f"maxtext:default {more}")
+    # Refused before the model is built: what the mapping makes of the stored names has 2 layers.
+    with pytest.raises(CheckpointError, match=r"the architecture describes 3 layers but the "
+                       r"checkpoint stores 2"):  # fmt: skip
+        ckpt.model()
+    # The mapping's own sentence, for a target built anyway.
+    model = registry.build(ckpt.description(), jnp.float32)
     with pytest.raises(CheckpointError, match=r"the model weights 'layers/2/attn/k', .* are given "
                        r"by no stored weight"):  # fmt: skip
-        ckpt.restore(None, targets(ckpt.model()))
+        ckpt.restore(None, targets(model))
     wide = SIZES.replace(f"base_emb_dim={C.embed_dim}", "base_emb_dim=48")
     ckpt = open_checkpoint(str(tmp_path / "b"), architecture=f"maxtext:default {wide}")
     with pytest.raises(
@@ -214,7 +223,10 @@ def test_python_entry_point_and_from_linen(monkeypatch):
     [
         ({"layers": {"axis": 1}, "layer": 2}, lambda x: x[:, 2]),
         ({"layers": {"axis": -1}, "layer": 1}, lambda x: x[..., 1]),
-        ({"split": {"axis": 0, "squeeze": True}, "to": ["a", "b"], "part": 1}, lambda x: x[1]),
+        (
+            {"split": {"axis": 0, "sizes": [1, 2], "squeeze": True}, "to": ["a", "b"], "part": 0},
+            lambda x: x[0],
+        ),  # fmt: skip
         (
             {"split": {"axis": 2, "sizes": [1, 3]}, "to": ["a", "b"], "part": 1},
             lambda x: x[:, :, 1:],
@@ -228,6 +240,8 @@ def test_python_entry_point_and_from_linen(monkeypatch):
     ],
 )
 def test_each_operation_matches_numpy(rule, reference):
+    """Each operation, on the whole tensor and on every block of a 2-way split of each axis of
+    the result (each read as the stored region it needs), equals NumPy's."""
     x = np.random.default_rng(0).standard_normal((3, 4, 4)).astype(np.float32)
     want = reference(x)
     if "cut" in rule:
@@ -237,12 +251,65 @@ def test_each_operation_matches_numpy(rule, reference):
     layer, part = rule.pop("layer", None), rule.pop("part", None)
     scale = float(mapping.evaluate(rule.get("scale", 1.0), {"head_dim": 4}, "scale"))
     src = mapping.Source("w", layer, part, {"from": "w", "to": to, **rule}, scale)
-    mesh = mesh_lib.make_mesh(-1, 1)
-    leaf = jax.ShapeDtypeStruct(want.shape, jnp.float32,
-                                sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))  # fmt: skip
-    assert mapping.out_shape(src, x.shape, want.shape, {"head_dim": 4}) == want.shape
-    got = mapping.transform(src, jnp.asarray(x), leaf, {"head_dim": 4})
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    stored = {"w": (x.shape, x.dtype)}
+    assert mapping.out_shape(src, stored, want.shape, {"head_dim": 4}) == want.shape
+    reads = []
+
+    class Counting(storage.Arrays):
+        def read(self, name, index):
+            reads.append(index)
+            return super().read(name, index)
+
+    names = {"head_dim": 4}
+    for block in itertools.product(*[(range(0, n), range(0, n // 2), range(n // 2, n))
+                                     for n in want.shape]):  # fmt: skip
+        if any(len(r) == 0 for r in block):
+            continue
+        got = blocks.read_block(src, stored, want.shape, block, Counting({"w": x}), names,
+                                np.float32)  # fmt: skip
+        np.testing.assert_allclose(got, want[tuple(slice(r.start, r.stop) for r in block)],
+                                   rtol=1e-6)  # fmt: skip
+    assert min(math.prod(s.stop - s.start for s in r) for r in reads) < x.size  # narrower reads
+
+
+def test_blocks_of_the_hf_layouts_read_only_their_rows():
+    """GPT-NeoX's per-head fused rows (view, split, transpose) and Phi-3's fused qkv_proj (split
+    sizes, transpose, reshape): a block of heads equals NumPy's and reads only its own heads'
+    rows."""
+    rng = np.random.default_rng(3)
+    h, hd, d = 4, 2, 6
+    qkv = rng.standard_normal((h * 3 * hd, d)).astype(np.float32)  # rows [heads, 3, head_dim]
+    rule = {"from": "w", "to": ["q", "k", "v"], "view": ["num_heads", 3, "head_dim", "embed_dim"],
+            "split": {"axis": 1, "squeeze": True}, "transpose": [2, 0, 1]}  # fmt: skip
+    names = {"num_heads": h, "head_dim": hd, "embed_dim": d}
+    rows = qkv.reshape(h, 3, hd, d)
+    reads = []
+
+    class Counting(storage.Arrays):
+        def read(self, name, index):
+            reads.append(index)
+            return super().read(name, index)
+
+    for part in range(3):
+        src = mapping.Source("w", None, part, rule, 1.0)
+        want = np.transpose(rows[:, part], (2, 0, 1))  # [embed, heads, head_dim]
+        block = (range(d), range(1, 3), range(hd))
+        got = blocks.read_block(src, {"w": (qkv.shape, qkv.dtype)}, want.shape, block,
+                                Counting({"w": qkv}), names, np.float32)  # fmt: skip
+        np.testing.assert_array_equal(got, want[:, 1:3])
+        assert reads[-1][0] == slice(1 * 3 * hd, 3 * 3 * hd)  # heads 1-2's rows only
+    # Phi-3: [(h + 2 kv) * hd, d] rows q, k, v; k of 1 kv head.
+    kv = 1
+    fused = rng.standard_normal(((h + 2 * kv) * hd, d)).astype(np.float32)
+    rule = {"from": "w", "to": ["q", "k", "v"], "split": {"axis": 0, "sizes": [h * hd, kv * hd,
+            kv * hd]}, "transpose": [1, 0], "reshape": ["embed_dim", -1, "head_dim"]}  # fmt: skip
+    src = mapping.Source("w", None, 0, rule, 1.0)
+    want = fused[: h * hd].T.reshape(d, h, hd)
+    got = blocks.read_block(src, {"w": (fused.shape, fused.dtype)}, want.shape,
+                            (range(d), range(2, 4), range(hd)), Counting({"w": fused}), names,
+                            np.float32)  # fmt: skip
+    np.testing.assert_array_equal(got, want[:, 2:4])
+    assert reads[-1][0] == slice(2 * hd, 4 * hd)
 
 
 def test_rope_permutation_turns_interleaved_into_rotate_half():
@@ -335,11 +402,23 @@ def test_scanned_blocks_of_layers_with_stride_and_offset():
 def test_stored_sharding_follows_the_weight():
     mesh = mesh_lib.make_mesh(4, 2)
     P = jax.sharding.PartitionSpec
-    leaf = jax.sharding.NamedSharding(mesh, P(None, "model", None))  # q [embed, heads, hd]
+    sharding = jax.sharding.NamedSharding(mesh, P(None, "model", None))  # q [embed, heads, hd]
+    leaf = jax.ShapeDtypeStruct((8, 4, 2), jnp.float32, sharding=sharding)
     src = mapping.Source("q", 0, None, {"from": "q", "to": "q", "layers": {"axis": 1}}, 1.0)
-    assert mapping.stored_sharding(src, (8, 2, 4, 2), leaf).spec == P(None, None, "model", None)
-    src = dataclasses.replace(src, rule={"from": "q", "to": "q", "transpose": [1, 0, 2]})
-    assert mapping.stored_sharding(src, (4, 8, 2), leaf).spec == P("model", None, None)
+    stored = {"q": ((8, 2, 4, 2), np.float32)}
+    got = blocks.stored_sharding([(src, leaf)], (8, 2, 4, 2), stored, {})
+    assert got.spec == P(None, None, "model", None)
+    src = dataclasses.replace(
+        src, layer=None, rule={"from": "q", "to": "q", "transpose": [1, 0, 2]}
+    )
+    stored = {"q": ((4, 8, 2), np.float32)}
+    assert blocks.stored_sharding([(src, leaf)], (4, 8, 2), stored, {}).spec == P(
+        "model", None, None
+    )
+    # A part of a split along the sharded axis: its shards do not line up, replicated.
+    src = mapping.Source("q", None, 1, {"from": "q", "to": ["a", "b"], "split": {"axis": 1}}, 1.0)
+    stored = {"q": ((8, 8, 2), np.float32)}
+    assert blocks.stored_sharding([(src, leaf)], (8, 8, 2), stored, {}).spec == P(None, None, None)
 
 
 def test_watch_an_empty_run_folder_until_steps_appear(tmp_path):
@@ -349,3 +428,114 @@ def test_watch_an_empty_run_folder_until_steps_appear(tmp_path):
     assert ckpt.steps() == []
     save_manager(tmp_path / "run" / "checkpoints", [4], maxtext_tree(random_params(C), True))
     assert ckpt.steps() == [4] and ckpt.kind() == "foreign"
+
+
+# --------------------------------------------------- issue 26: hostile rules and MaxText settings
+
+
+def test_a_pattern_that_would_backtrack_answers_at_once():
+    """`(.*.*)*Z` makes a backtracking matcher run for hours on a long name; RE2 matches in time
+    linear in the name, and constructs that need backtracking are refused in one sentence."""
+    import time
+
+    rules = [{"from": "(.*.*)*Z", "to": "w"}]
+    stored = {"a" * 20_000: ((1,), np.float32)}
+    target = {"w": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match="no mapping rule takes the stored weight"):
+        mapping.resolve(rules, stored, target, {}, "test")
+    assert time.monotonic() - start < 2.0
+    for pattern in (r"(a)\1", r"(?=a)a", r"(?<!b)a"):
+        with pytest.raises(CheckpointError, match="is not a regular expression RE2 accepts"):
+            mapping.resolve([{"from": pattern, "to": "w"}], stored, target, {}, "test")
+    with pytest.raises(CheckpointError, match="longer than 2000 characters"):
+        mapping.check_rules([{"from": "a" * 2001, "to": "w"}], "test")
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ("{from: 5, to: w}", r"rule 1 \('5'\): 'from' must be a regular expression"),
+        ("{from: a, to: [1, 2]}", "'to' must be a weight name, a list of names, or null"),
+        ("{from: a, to: w, layers: 'x'}", "'layers' must be {axis: integer"),
+        ("{from: a, to: w, layers: {axis: x}}", "'layers' must be {axis: integer"),
+        ("{from: a, to: w, layers: {axis: 0, stride: 0}}", "stride: integer >= 1"),
+        ("{from: a, to: w, transpose: [9, 9]}", "'transpose' must be a permutation of the axes"),
+        ("{from: a, to: w, transpose: 'x'}", "'transpose' must be a permutation"),
+        ("{from: a, to: w, split: 3}", "'split' must be {axis: integer"),
+        ("{from: a, to: w, split: {axis: 0}}", "'split' needs 'to' to be a list"),
+        ("{from: a, to: [v, w], split: {axis: 0, sizes: [1]}}", "one per part"),
+        ("{from: a, to: w, reshape: 7}", "'reshape' must be a list of sizes"),
+        ("{from: a, to: w, rope: 1}", "'rope' must be {axis: integer}"),
+        ("{from: a, to: w, cut: [0]}", "'cut' must be an axis"),
+        ("{from: a, to: w, scale: [2]}", "'scale' must be a number or an expression"),
+        ("{from: a, to: w, plus_one: 'yes'}", "'plus_one' must be true or false"),
+        ("{from: a, to: w, stack: {axis: 0}}", "'stack' must be {axis: integer, index:"),
+        ("5", r"'rules' must be a list of rules"),
+    ],
+)
+def test_rules_of_the_wrong_type_are_one_sentence(tmp_path, rule, message):
+    (tmp_path / "bad.yaml").write_text(f"rules: [{rule}]")
+    with pytest.raises(CheckpointError, match=message) as e:
+        presets.read_file(str(tmp_path / "bad.yaml"))
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ({"transpose": [1, 0, 2]}, r"transpose \[1, 0, 2\] of 2 axes"),
+        ({"layers": {"axis": 5}}, "stacks layers on axis 5"),
+        ({"split": {"axis": 4}, "to": ["w", "v"]}, "split axis 4 of 2 axes"),
+        ({"reshape": ["nope", 2]}, "reshape='nope' is not a number"),
+        ({"reshape": [5, 5]}, r"reshape \[5, 5\] cannot hold \[4, 6\]"),
+        ({"scale": "10 ** 10 ** 10"}, "scale='10 \\*\\* 10 \\*\\* 10' is not a number"),
+        ({"rope": {"axis": 0}, "cut": 7}, "cut axis 7 of 2 axes"),
+    ],
+)
+def test_operations_that_do_not_fit_the_stored_tensor_are_one_sentence(rule, message):
+    to = rule.pop("to", "w")
+    rules = [{"from": "a", "to": to, **rule}]
+    stored = {"a": ((4, 6), np.float32)}
+    target = {
+        n: jax.ShapeDtypeStruct((4, 6), jnp.float32) for n in ([to] if isinstance(to, str) else to)
+    }
+    with pytest.raises(CheckpointError, match=message) as e:
+        mapping.resolve(rules, stored, target, {}, "test")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("maxtext:", "names no MaxText model"),
+        ("maxtext: base_emb_dim=64", "names no MaxText model"),
+        ("maxtext:default model_vocab_size=abc", "model_vocab_size=abc is not a number greater"),
+        ("maxtext:default model_vocab_size=-5", "model_vocab_size=-5 is not a number greater"),
+        ("maxtext:default model_vocab_size=0", "model_vocab_size=0 is not a number greater"),
+        ("maxtext:default model_vocab_size=40000", "is more than the stored vocabulary"),
+        ("maxtext:default base_emb_dim=0", "base_emb_dim=0 is not a number greater than 0"),
+        ("maxtext:default base_num_decoder_layers=-2", "base_num_decoder_layers=-2 is not"),
+        ("maxtext:default head_dim=x", "head_dim='x' is not a whole number"),
+        ("maxtext:default rope_max_timescale=-1", "rope_max_timescale=-1 is not a number"),
+    ],
+)
+def test_maxtext_settings_that_are_not_sizes_are_one_sentence(setting, message):
+    from ppl_jax.checkpoints import architecture
+
+    with pytest.raises(ConfigError, match=message) as e:
+        architecture.parse(setting)
+    assert "\n" not in str(e.value)
+
+
+def test_stored_sharding_skips_axes_the_mesh_does_not_divide():
+    """A stacked-layer axis of 4 layers on a model axis of 8: not a candidate (it would not
+    divide), the weight's own axis takes the mesh axis."""
+    mesh = mesh_lib.make_mesh(1, 8)
+    P = jax.sharding.PartitionSpec
+    sharding = jax.sharding.NamedSharding(mesh, P(None, "model"))
+    leaf = jax.ShapeDtypeStruct((64, 512), jnp.float32, sharding=sharding)
+    rule = {"from": "w", "to": "layers/{layer}/w", "layers": {"axis": 1}}
+    pieces = [(mapping.Source("w", i, None, rule, 1.0), leaf) for i in range(4)]
+    stored = {"w": ((64, 4, 512), np.float32)}
+    assert blocks.stored_sharding(pieces, (64, 4, 512), stored, {}).spec == P(None, None, "model")

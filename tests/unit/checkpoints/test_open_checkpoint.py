@@ -12,13 +12,13 @@ import numpy as np
 import optax
 import pytest
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import Checkpoint, hf, open_checkpoint
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 import helpers
 
@@ -160,7 +160,7 @@ def test_hf_tokenizer_is_read_when_there(tmp_path):
     assert ckpt.tokenizer_description() is None
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_orbax_restore_is_restore_params(orbax_dir, dtype):
     path, saved = orbax_dir
     ckpt = open_checkpoint(path)

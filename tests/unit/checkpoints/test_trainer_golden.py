@@ -114,6 +114,7 @@ def test_flax_loops_logits_equal_their_own(name, entry, monkeypatch):
     _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
 
 
+@pytest.mark.slow
 def test_maxtext_converted_to_own_layout_restores_bit_for_bit(tmp_path):
     # The same weights through the MaxText preset and through ppl_jax's own layout (saved with
     # their description): identical params, hence identical scores.

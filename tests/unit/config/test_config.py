@@ -65,7 +65,7 @@ def test_stride_is_derived_and_used_only_where_a_protocol_has_one(
     protocol, seq_len, stride, expected
 ):
     s = settings(eval__protocol=protocol, eval__seq_len=seq_len, eval__stride=stride)
-    assert s.eval.stride == expected
+    assert s.protocol.stride == expected
 
 
 @pytest.mark.parametrize("stride", [0, 65, -1])

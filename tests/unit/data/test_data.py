@@ -13,7 +13,7 @@ import pytest
 from ppl_jax.data.documents import Document, read_documents, resolve_paths
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans.protocols import plan
-from ppl_jax.tokenizer.base import ByteTokenizer, HFTokenizer, from_description
+from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, from_description
 
 import helpers
 
@@ -37,7 +37,7 @@ def token_bytes(tok: HFTokenizer, token_id: int) -> bytes:
 
 def byte_level_token_bytes(token: str) -> bytes:
     """The bytes a GPT-2 byte-level token string stands for (the inverse of GPT-2's
-    `bytes_to_unicode`, written out here independently of `ppl_jax.tokenizer.base`)."""
+    `bytes_to_unicode`, written out here independently of `ppl_jax.tokenizer`)."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))

@@ -11,10 +11,15 @@ import pytest
 
 from ppl_jax.data import preparations
 from ppl_jax.data.documents import Document, read_documents
-from ppl_jax.data.preparations import prepare, wikitext_detokenize, wikitext_pages, wikitext_rows
+from ppl_jax.data.preparations import (
+    apply_preparation,
+    wikitext_detokenize,
+    wikitext_pages,
+    wikitext_rows,
+)
 from ppl_jax.errors import ConfigError
 from ppl_jax.plans.protocols import count_harness_words, plan
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 import helpers
 
@@ -67,7 +72,7 @@ def test_counts_and_texts_match_the_harness(golden):
     for page, expected, words, nbytes in cases(golden):
         if wikitext_pages(page) != [(1, page)]:
             continue  # holds a level-1 heading line: more than one page
-        p = prepare("lm_eval_wikitext", [Document(page, "f.txt")])
+        p = apply_preparation("lm_eval_wikitext", [Document(page, "f.txt")])
         assert [d.text for d in p.documents] == [expected]
         assert p.num_words.tolist() == [words] and p.num_bytes.tolist() == [nbytes], repr(page)
         assert p.num_words.dtype == np.int64 and p.num_bytes.dtype == np.int64
@@ -120,7 +125,7 @@ def test_pages_as_the_document_level_builder_cuts_them():
 
 def test_prepare_lm_eval_wikitext_names_pages_and_files():
     docs = [Document(RAW, "a.txt"), Document(" = Z = \n z . \n", "b.txt")]
-    p = prepare("lm_eval_wikitext", docs)
+    p = apply_preparation("lm_eval_wikitext", docs)
     pages = [*RAW_PAGES, (1, " = Z = \n z . \n")]
     assert [d.source for d in p.documents] == [f"a.txt:{n}" for n, _ in RAW_PAGES] + ["b.txt:1"]
     assert [d.text for d in p.documents] == [wikitext_detokenize(t) for _, t in pages]
@@ -186,7 +191,7 @@ def test_rows_as_the_wikitext_builder_makes_them(tmp_path):
 
 def test_prepare_hf_guide_wikitext_joins_the_rows():
     a, b = " = T = \n \n x y \n", "z\n"
-    p = prepare("hf_guide_wikitext", [Document(a, "a.txt"), Document(b, "b.txt")])
+    p = apply_preparation("hf_guide_wikitext", [Document(a, "a.txt"), Document(b, "b.txt")])
     assert [d.text for d in p.documents] == [" = T = \n\n\n\n\n x y \n\n\nz\n"]
     assert p.documents[0].source == "a.txt,b.txt"
     assert p.num_bytes is None and p.num_words is None and p.doc_counts is None
@@ -197,7 +202,7 @@ def test_prepare_reads_whole_files(tmp_path):
     path = tmp_path / "wiki.test.raw"
     text = wikitext_like(3, seed=1)
     path.write_bytes(text.encode("utf-8"))
-    p = prepare("lm_eval_wikitext", read_documents(str(path), "text"))
+    p = apply_preparation("lm_eval_wikitext", read_documents(str(path), "text"))
     assert len(p.documents) == 3
     assert p.documents[0].source == f"{path}:2"
     assert int(p.num_bytes.sum()) == len(text.encode()) - len(" \n") - 2  # 2 page-end newlines
@@ -205,7 +210,7 @@ def test_prepare_reads_whole_files(tmp_path):
 
 def test_unknown_preparation_lists_the_known_ones():
     for call in (
-        lambda: prepare("wikitext", []),
+        lambda: apply_preparation("wikitext", []),
         lambda: preparations.check("wikitext", "text", "lm_eval_rolling"),
     ):
         with pytest.raises(ConfigError, match="lm_eval_wikitext, hf_guide_wikitext"):
@@ -232,7 +237,7 @@ class RollingTokenizer(ByteTokenizer):
 def test_plan_reports_the_preparations_counts():
     """`plan(..., doc_counts=...)`: the windows of the detokenized pages, the counts of the raw
     pages; and the same windows as without the counts."""
-    p = prepare("lm_eval_wikitext", [Document(RAW, "a.txt")])
+    p = apply_preparation("lm_eval_wikitext", [Document(RAW, "a.txt")])
     tok = RollingTokenizer()
     with_counts = plan(
         "lm_eval_rolling", p.documents, tok, 257, 8, None, False, doc_counts=p.doc_counts

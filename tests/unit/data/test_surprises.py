@@ -74,5 +74,5 @@ def test_the_tokenized_wikitext_is_refused_by_the_raw_preparations():
     raw = data.Document(" = Title = \n \n Some rare words @-@ here . \n", "wiki.test.raw")
     for name in preparations.PREPARATIONS:
         with pytest.raises(DataError, match=r"wiki.test.tokens: holds '<unk>' \(1 times\)"):
-            preparations.prepare(name, [tokens])
-        assert preparations.prepare(name, [raw]).documents
+            preparations.apply_preparation(name, [tokens])
+        assert preparations.apply_preparation(name, [raw]).documents

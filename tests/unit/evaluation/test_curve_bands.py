@@ -114,15 +114,22 @@ def test_the_sweep_shows_its_progress(tiny_checkpoint, corpus, tmp_path):  # noq
     )
     bars = []
 
-    def factory(num_windows: int):
-        bar = {"total": num_windows, "windows": 0, "tokens": 0}
-        bars.append(bar)
+    class Bar:  # the run's progress observer (`ppl_jax.outputs.console.ProgressBar`'s interface)
+        def __init__(self, num_windows: int, done: int):
+            self.bar = {"total": num_windows, "windows": done, "tokens": 0}
+            bars.append(self.bar)
 
-        def update(tokens: int, windows: int) -> None:
-            bar["windows"] += windows
-            bar["tokens"] += tokens
+        def should_stop(self, i):
+            return False
 
-        return update
+        def on_batch(self, i, rows, host):
+            self.bar["windows"] += sum(len(row) for row in rows)
+            self.bar["tokens"] += int(host.num_tokens.sum())
+
+        def close(self):
+            pass
+
+    factory = Bar
 
     with OutputDir.open(s.output_dir) as out:
         ev = run_job(s, out, factory, printer=lambda line: None).evaluations[-1]

@@ -211,6 +211,7 @@ def test_position_curve_adds_up_and_context_sweep_scores_the_same_targets(
     assert np.isclose(rows[0]["nll_sum"], nll, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_demo_model_loss_falls_with_context_and_bfloat16_drifts_a_little(demo_checkpoint, tmp_path):
     """The command line with every diagnostic on, the demo checkpoint against itself in
     bfloat16: the files are written, the curve falls, and the KL is small but positive."""

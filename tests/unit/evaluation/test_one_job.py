@@ -62,15 +62,13 @@ def config(checkpoint: str, corpus: str, out, **overrides):
 
 
 def run(c) -> tuple[run_lib.RunResult, str]:
+    """The run as the command line runs it (`run` writes every file, results.json last)."""
     spec = from_config(c)
-    out = OutputDir.open(spec.output_dir)
-    try:
+    with OutputDir.open(spec.output_dir) as out:
         found = run_lib.run(
             spec, out, printer=lambda line: None, config=json.loads(c.to_json_best_effort())
         )
-        out.write_json(files.RESULTS_JSON, found.results)
-    finally:
-        out.close()
+    assert found.results_path == os.path.join(spec.output_dir, files.RESULTS_JSON)
     return found, spec.output_dir
 
 
@@ -110,11 +108,15 @@ def test_a_sweep_has_every_output_of_a_single_run_and_the_same_records(
     b, ident_b = uncertainty.read_npz(os.path.join(single_dir, files.UNITS))
     assert np.array_equal(a.nll, b.nll) and np.array_equal(a.tokens, b.tokens)
     assert ident_a == ident_b
-    # results.json keeps the keys each path wrote before, for both.
-    for folder in (sweep_dir, single_dir):
+    # results.json, written by the run itself (not by the command line), keeps the keys each
+    # path wrote before, for both; it is what the run returns.
+    for folder, found in ((sweep_dir, swept), (single_dir, single)):
         with open(os.path.join(folder, files.RESULTS_JSON), encoding="utf-8") as f:
-            keys = set(json.load(f))
-        assert SINGLE_RUN_KEYS | SWEEP_KEYS <= keys, sorted(SINGLE_RUN_KEYS | SWEEP_KEYS - keys)
+            written = json.load(f)
+        assert SINGLE_RUN_KEYS | SWEEP_KEYS <= set(written), sorted(
+            SINGLE_RUN_KEYS | SWEEP_KEYS - set(written)
+        )
+        assert written == json.loads(json.dumps(found.results))
     assert single.results["perplexity"] == records[5]["metrics"]["perplexity"]
 
 
@@ -150,11 +152,18 @@ def test_the_evaluator_gives_the_per_token_output_and_kl_of_the_cli(
     assert np.isclose(scalars[f"{name}/kl/kl_mean"], cli_kl, rtol=1e-12, atol=0)
     assert np.isclose(scalars[f"{name}/perplexity"], found.results["perplexity"], rtol=1e-12)
     nll = []
-    evaluator.score(
-        (params, ref_params),
-        evaluator.datasets[0],
-        on_tokens=lambda rows, arrays: nll.append(arrays["nll"][arrays["scored"]]),
-    )
+
+    class Tokens:  # an observer of the loop: the per-token arrays of each batch
+        def should_stop(self, i):
+            return False
+
+        def on_batch(self, i, rows, host):
+            nll.append(host.extras["nll"][host.extras["scored"]])
+
+        def close(self):
+            pass
+
+    evaluator.score((params, ref_params), evaluator.datasets[0], [Tokens()])
     ours = np.sort(np.concatenate(nll).astype(np.float64))
     assert ours.size == table.num_rows
     np.testing.assert_allclose(

@@ -8,10 +8,10 @@ import json
 import pytest
 from test_diagnostics import corpus, run, settings  # noqa: F401  (a fixture)
 
+from ppl_jax import tokenizer
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.errors import ConfigError
-from ppl_jax.evaluation import prepare
-from ppl_jax.tokenizer import base as tokenizer
+from ppl_jax.evaluation import setup
 
 import helpers
 
@@ -43,5 +43,5 @@ def test_the_same_tokenizer_in_another_file_is_the_same_vocabulary():
     pretty = json.dumps(json.loads(bpe.to_str()), indent=2)
     b = tokenizer.from_description({"type": "hf", "name": "b", "tokenizer_json": pretty})
     b.bos_id = 0  # a BOS policy does not change which string an id names
-    assert prepare.vocabulary(a) == prepare.vocabulary(b)
-    assert prepare.vocabulary(a) != prepare.vocabulary(tokenizer.load("byte", None))
+    assert setup.vocabulary(a) == setup.vocabulary(b)
+    assert setup.vocabulary(a) != setup.vocabulary(tokenizer.load_tokenizer("byte", None))

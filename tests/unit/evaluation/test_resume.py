@@ -51,20 +51,29 @@ def settings(checkpoint: str, corpus: str, out: str, **overrides) -> RunSpec:
     return from_config(c)
 
 
+class Progress:
+    """A progress observer of the scoring loop (what `run`'s progress factory returns): counts
+    the windows, and sends `sig` to this process after `batches` batches (if given)."""
+
+    def __init__(self, num_windows, done, batches=0, sig=None):
+        self.windows, self.batches, self.sig, self.seen = [done], batches, sig, 0
+
+    def should_stop(self, i):
+        return False
+
+    def on_batch(self, i, rows, host):
+        self.windows.append(sum(len(row) for row in rows))
+        self.seen += 1
+        if self.seen == self.batches:
+            os.kill(os.getpid(), self.sig)
+
+    def close(self):
+        pass
+
+
 def signal_after(batches: int, sig: int):
-    """A progress factory whose callback sends `sig` to this process after `batches` batches."""
-
-    def factory(num_windows):
-        seen = [0]
-
-        def update(tokens, windows):
-            seen[0] += 1
-            if seen[0] == batches:
-                os.kill(os.getpid(), sig)
-
-        return update
-
-    return factory
+    """A progress factory whose observer sends `sig` to this process after `batches` batches."""
+    return lambda num_windows, done: Progress(num_windows, done, batches, sig)
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +102,18 @@ def test_signal_stops_and_the_same_run_resumes_bit_for_bit(
     # The batch in flight when the signal came is fetched too.
     assert 5 <= done.sum() <= 6 < done.size
 
-    counted = []
+    bars = []
 
-    def count_windows(num_windows):
-        return lambda tokens, windows: counted.append(windows)
+    def count_windows(num_windows, done):
+        bars.append(Progress(num_windows, done))
+        return bars[-1]
 
     with OutputDir.open(s.output_dir) as out:
         resumed = evaluate(s, count_windows, out=out)
     assert resumed.resumed_batches == done.sum()
-    assert sum(counted) == resumed.plan.windows.num_windows  # the bar starts where it stopped
+    (bar,) = bars
+    assert bar.windows[0] > 0  # the bar starts where it stopped
+    assert sum(bar.windows) == resumed.plan.windows.num_windows
     assert resumed.sums == uninterrupted.sums  # float64 NLL sum equal bit for bit
     assert resumed.metrics == uninterrupted.metrics
     for name in ("window_nll", "window_tokens", "window_entropy", "window_correct"):

@@ -90,3 +90,21 @@ def test_a_model_that_says_it_ignores_segments_is_scored_unpacked(tiny_checkpoin
     name = ev.datasets[0].name
     for metric in ("nll_per_token", "bits_per_byte", "top1_accuracy"):
         np.testing.assert_allclose(got[f"{name}/{metric}"], want[f"{name}/{metric}"], rtol=1e-6)
+
+
+def test_a_model_on_cudnn_attention_is_scored_unpacked(tiny_checkpoint, short_documents):
+    """cuDNN's attention takes per-row sequence lengths, not segments: a family model built for
+    it says so (`honours_segments`, `ppl_jax.models.attention.keeps_segments`), and its windows
+    are laid out one per row, with no attention setting passed to the planner."""
+    ckpt = open_checkpoint(tiny_checkpoint)
+    tok = ckpt.tokenizer(5)
+    tok.eos_id = 0
+    for attention, packs in (("xla", True), ("cudnn", False)):
+        model = ckpt.model("bfloat16", attention)  # built abstractly: no GPU needed
+        assert model.honours_segments is packs
+        d = ppl_jax.prepare(
+            ppl_jax.DatasetSpec(path=short_documents),
+            ppl_jax.ProtocolSpec(protocol="lm_eval_rolling", seq_len=64),
+            tok, model.vocab_size, ppl_jax.BatchSpec(batch_size=8), model.honours_segments,
+        )  # fmt: skip
+        assert (d.layout.max_segments > 1) is packs, attention

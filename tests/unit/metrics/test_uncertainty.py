@@ -7,7 +7,7 @@ import pytest
 from ppl_jax.data.documents import Document
 from ppl_jax.metrics import uncertainty
 from ppl_jax.plans.protocols import plan, window_spans
-from ppl_jax.tokenizer.base import load
+from ppl_jax.tokenizer import load_tokenizer
 
 import helpers
 
@@ -124,7 +124,7 @@ def test_window_spans_sum_each_range():
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
-    return load(helpers.bpe_file(str(tmp_path_factory.mktemp("bpe") / "t.json")), None)
+    return load_tokenizer(helpers.bpe_file(str(tmp_path_factory.mktemp("bpe") / "t.json")), None)
 
 
 @pytest.mark.parametrize(

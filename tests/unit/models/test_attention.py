@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.attention import attend, resolve
 from ppl_jax.scoring.nll import token_nll
 
@@ -68,7 +68,7 @@ def test_model_with_splash_attention_scores_like_xla():
     seg = jnp.ones((1, 128), jnp.int32)
     nll = {}
     for impl in ("xla", "splash"):
-        model = nnx_lib.build(cfg.to_dict(), jnp.float32, impl)
+        model = registry.build(cfg.to_dict(), jnp.float32, impl)
         nll[impl] = np.asarray(
             token_nll(model.apply(params, tokens[:, :-1], pos, seg), tokens[:, 1:])
         )

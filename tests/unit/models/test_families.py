@@ -31,7 +31,7 @@ import pytest
 from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans import protocols
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.runtime import mesh as mesh_lib
@@ -73,7 +73,7 @@ def loaded(family: str, dtype=jnp.float32, description: str | None = None):
 @functools.cache
 def load_dir(path: str, dtype=jnp.float32, description: str | None = None):
     desc = {**hf.read_description(path), **json.loads(description or "{}")}
-    model = nnx_lib.build(desc, dtype)
+    model = registry.build(desc, dtype)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )
@@ -143,6 +143,7 @@ def check_matches(path: str, g: dict, protocol: str) -> tuple[float, float]:
     return per_token, total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_within_1e3_of_float32(family):
     g = golden(family)
@@ -236,6 +237,7 @@ def test_descriptions_read_every_feature():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_converts_to_orbax_and_scores_the_same(family, tmp_path):
     from ppl_jax.cli.convert import convert

@@ -14,7 +14,10 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from ppl_jax.checkpoints import blocks, mapping, storage
+from ppl_jax.errors import CheckpointError
 from ppl_jax.models import moe
+from ppl_jax.models.families import mixture
 from ppl_jax.runtime import mesh as mesh_lib
 
 import helpers
@@ -223,6 +226,7 @@ EXPERT_RULES = tuple(r for r in mesh_lib.DEFAULT_RULES if r[0] != "mlp") + (
 )
 
 
+@pytest.mark.slow
 def test_invariant_to_batch_size_order_and_mesh():
     spec = moe.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=16, top_k=4, shared_mlp_dim=24)
     module = moe.MoeMLP(spec, nnx.Rngs(0))
@@ -355,7 +359,7 @@ def test_module_params_and_bfloat16():
 
 
 def test_spec_from_transformers_configs():
-    mixtral = moe.MoeSpec.from_hf_config(
+    mixtral = mixture.moe_spec(
         {
             "model_type": "mixtral",
             "hidden_size": 64,
@@ -379,16 +383,20 @@ def test_spec_from_transformers_configs():
         "decoder_sparse_step": 2,
         "mlp_only_layers": [3],
     }
-    assert moe.MoeSpec.from_hf_config(qwen2) == moe.MoeSpec(64, 32, 60, 4, False, 128)
-    assert moe.sparse_layers(qwen2) == (1, 5)
-    assert moe.sparse_layers({**qwen2, "model_type": "olmoe"}) == tuple(range(6))
+    assert mixture.moe_spec(qwen2) == moe.MoeSpec(64, 32, 60, 4, False, 128)
+    assert mixture.sparse_layers(qwen2) == (1, 5)
+    assert mixture.sparse_layers({**qwen2, "model_type": "olmoe"}) == tuple(range(6))
     # transformers 5.23 writes Qwen3-MoE's expert count as num_local_experts; defaults fill gaps.
     qwen3 = {"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32,
              "num_local_experts": 16, "num_hidden_layers": 2}  # fmt: skip
-    assert moe.MoeSpec.from_hf_config(qwen3) == moe.MoeSpec(64, 32, 16, 8, False, 0)
-    assert moe.sparse_layers(qwen3) == (0, 1)
-    with pytest.raises(moe.CheckpointError, match="num_experts_per_tok"):
+    assert mixture.moe_spec(qwen3) == moe.MoeSpec(64, 32, 16, 8, False, 0)
+    assert mixture.sparse_layers(qwen3) == (0, 1)
+    with pytest.raises(CheckpointError, match="num_experts_per_tok"):
         moe.MoeSpec(64, 32, 4, 5)
+    # decoder_sparse_step 0 was a ZeroDivisionError; now one sentence (issue 26).
+    for step in (0, -2, "x", 1.5):
+        with pytest.raises(CheckpointError, match=r"decoder_sparse_step=.* is not a whole number"):
+            mixture.sparse_layers({**qwen2, "decoder_sparse_step": step})
 
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
@@ -413,12 +421,12 @@ def test_accelerators_lower_to_ragged_dot(platform):
 
 
 @pytest.mark.parametrize("name,model_type", [("mixtral", "mixtral"), ("qwen2_moe", "qwen2_moe")])
-def test_hf_weights_stacks_per_expert_tensors(name, model_type):
+def test_mixture_rules_stack_per_expert_tensors(name, model_type):
     """Per-expert tensors as transformers 5.23 writes them (Mixtral w1/w3/w2, others
     gate/up/down_proj) stack into the layout that the golden file's fused weights give."""
     z = load_golden(name)
     mlp = z["down_proj"].shape[-1]
-    prefix = "layers.0.mlp"
+    prefix = "layers.0.block_sparse_moe" if model_type == "mixtral" else "layers.0.mlp"
     names = ("w1", "w3", "w2") if model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     tensors = {f"{prefix}.gate.weight": z["router"]}
     for e in range(z["router"].shape[0]):
@@ -427,17 +435,39 @@ def test_hf_weights_stacks_per_expert_tensors(name, model_type):
         tensors[f"{prefix}.experts.{e}.{names[2]}.weight"] = z["down_proj"][e]
     for ours in ("gate_proj", "up_proj", "down_proj"):
         if f"shared_{ours}" in z:
-            tensors[f"{prefix}.shared_expert.{ours}.weight"] = z[f"shared_{ours}"]
+            tensors[f"layers.0.mlp.shared_expert.{ours}.weight"] = z[f"shared_{ours}"]
     if "shared_expert_gate" in z:
-        tensors[f"{prefix}.shared_expert_gate.weight"] = z["shared_expert_gate"]
+        tensors["layers.0.mlp.shared_expert_gate.weight"] = z["shared_expert_gate"]
     spec = moe.MoeSpec(
         z["x"].shape[-1], mlp, z["router"].shape[0], int(z["top_k"]), bool(z["norm_topk_prob"]),
         z["shared_down_proj"].shape[-1] if "shared_down_proj" in z else 0,
     )  # fmt: skip
-    got = moe.hf_weights(tensors.__getitem__, prefix, spec, model_type)
+    got = hf_block_params(tensors, spec, model_type)
     want = hf_to_ppl(z)
     if "shared_expert" in want:
         want.update(zip(SHARED_NAMES, want.pop("shared_expert"), strict=True))
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def hf_block_params(tensors: dict, spec: moe.MoeSpec, model_type: str) -> dict:
+    """Layer 0's MoE block (`MoeMLP`'s names and layouts, NumPy) from transformers' stored
+    tensors (names without `model.`), read through the mixture family's mapping rules."""
+    d, f, e, sh = spec.embed_dim, spec.mlp_dim, spec.num_experts, spec.shared_mlp_dim
+    shapes = {"router": (d, e), "gate": (e, d, f), "up": (e, d, f), "down": (e, f, d)}
+    if sh:
+        shapes |= {"shared_gate_proj": (d, sh), "shared_up": (d, sh), "shared_down": (sh, d),
+                   "shared_scale": (d,)}  # fmt: skip
+    desc = {"model_type": model_type, "tie_embeddings": True, "embed_dim": d,
+            "moe_shared_mlp_dim": sh}  # fmt: skip
+    target = {f"layers/0/mlp/{k}": jax.ShapeDtypeStruct(v, jnp.float32) for k, v in shapes.items()}
+    stored = {n: (np.shape(v), np.asarray(v).dtype) for n, v in tensors.items()}
+    sources = mapping.resolve(mixture.rules(desc), stored, target, desc, "test")
+    out = {}
+    for name, leaf in target.items():
+        whole = tuple(range(n) for n in leaf.shape)
+        out[name.rsplit("/", 1)[1]] = blocks.read_block(
+            sources[name], stored, leaf.shape, whole, storage.Arrays(tensors), desc, np.float32
+        )
+    return out

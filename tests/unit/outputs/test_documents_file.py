@@ -9,7 +9,7 @@ import json
 import pytest
 from test_diagnostics import run, settings
 
-from ppl_jax.tokenizer import base as tokenizer
+from ppl_jax import tokenizer
 
 import helpers
 

@@ -21,7 +21,7 @@ from ppl_jax.outputs import tokens as tokens_lib
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import JOIN, plan
 from ppl_jax.plans.windows import NO_PREFIX
-from ppl_jax.tokenizer.base import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
+from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
 import helpers
 

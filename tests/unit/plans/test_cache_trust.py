@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from test_plan_cache import settings
 
+from ppl_jax import tokenizer
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.plans import plan_cache, suite, token_cache
+from ppl_jax.plans import plan_cache, planner, token_cache
 from ppl_jax.runtime import temporaries
-from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -27,9 +27,9 @@ import helpers
 def cached(tmp_path, bpe_tokenizer):
     """A corpus planned once through the token cache: (spec, tokenizer, cache folder, plan)."""
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(900), helpers.stdlib_text(500)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding")
-    p = suite.planned(s.data, s.eval, tok, 512)[0]
+    p = planner.planned(s.data, s.protocol, tok, 512)[0]
     return s, tok, tmp_path / "cache", p
 
 
@@ -60,7 +60,7 @@ def test_parts_json_naming_a_folder_outside_the_cache_is_refused(cached, tmp_pat
     (entry / "parts.json").write_text(json.dumps(meta))
     drop_plans(cache)
     with pytest.raises(DataError, match=r"damaged \(parts.json lists .*elsewhere.*not its own"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
 
 
 def test_a_part_listed_twice_does_not_double_the_corpus(cached):
@@ -71,7 +71,7 @@ def test_a_part_listed_twice_does_not_double_the_corpus(cached):
     (entry / "parts.json").write_text(json.dumps(meta))
     drop_plans(cache)
     with pytest.raises(DataError, match="not its own parts"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
 
 
 def test_parts_must_tile_the_corpus(cached):
@@ -93,7 +93,7 @@ def test_a_truncated_part_is_one_sentence(cached):
     with pytest.raises(
         DataError, match=rf"ids.bin holds {len(raw) // 8} tokens of {len(raw) // 4}"
     ):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
 
 
 def test_a_part_edited_in_place_is_refused(cached):
@@ -104,7 +104,7 @@ def test_a_part_edited_in_place_is_refused(cached):
     values.tofile(ids)  # same size, still valid token ids
     drop_plans(cache)
     with pytest.raises(DataError, match="ids.bin differs from the digest its part.json holds"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
     assert not [n for n in os.listdir(cache) if n.startswith(".")]  # no temporary left
 
 
@@ -116,7 +116,7 @@ def test_a_document_array_edited_in_place_is_refused(cached):
     values.tofile(words)  # same size, a plausible count
     drop_plans(cache)
     with pytest.raises(DataError, match="doc_words.bin differs from the digest its part.json"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
 
 
 def test_a_plan_tokens_npy_edited_in_place_is_refused(cached):
@@ -127,7 +127,7 @@ def test_a_plan_tokens_npy_edited_in_place_is_refused(cached):
     stream[5] = (stream[5] + 1) % 300
     np.save(tokens, stream)  # same size
     with pytest.raises(DataError, match="tokens.npy differs from the digest its plan.json holds"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
 
 
 def test_a_plan_window_array_edited_is_refused(cached):
@@ -137,17 +137,17 @@ def test_a_plan_window_array_edited_is_refused(cached):
     values[-1] -= 1
     np.save(starts, values)
     with pytest.raises(DataError, match="starts.npy differs from the digest"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
 
 
 def test_a_cache_dir_that_is_a_file_is_one_sentence(tmp_path, bpe_tokenizer):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
     (tmp_path / "file").write_text("x")
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     for protocol in ("sliding", "hf_strided"):  # the token cache, and the plan cache alone
         s = settings(path, str(tmp_path / "file"), protocol)
         with pytest.raises(ConfigError, match=r"data.cache_dir=.*file.*could not be written"):
-            suite.planned(s.data, s.eval, tok, 512)
+            planner.planned(s.data, s.protocol, tok, 512)
 
 
 @pytest.mark.parametrize("protocol", ["sliding", "hf_strided"])
@@ -155,7 +155,7 @@ def test_disk_full_while_caching_is_one_sentence_and_leaves_nothing(
     tmp_path, bpe_tokenizer, monkeypatch, protocol
 ):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), protocol)
 
     def full(*a, **k):
@@ -166,11 +166,11 @@ def test_disk_full_while_caching_is_one_sentence_and_leaves_nothing(
     else:
         monkeypatch.setattr(plan_cache.np, "save", full)
     with pytest.raises(ConfigError, match="could not be written there .No space left on device"):
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
     left = [os.path.join(r, n) for r, ds, fs in os.walk(tmp_path / "cache") for n in ds + fs]
     assert not [x for x in left if "part-" in x or ".tmp-" in x or x.endswith(".npy")], left
     monkeypatch.undo()
-    assert suite.planned(s.data, s.eval, tok, 512)[0].text_tokens > 0  # and then it works
+    assert planner.planned(s.data, s.protocol, tok, 512)[0].text_tokens > 0  # and then it works
 
 
 def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
@@ -196,7 +196,7 @@ def test_sigterm_while_tokenizing_is_one_sentence_and_leaves_no_temporary(
     from ppl_jax.errors import Interrupted
 
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding")
     encode = type(tok).encode_flat_with_bytes  # the token cache's batch encoding
 
@@ -206,7 +206,7 @@ def test_sigterm_while_tokenizing_is_one_sentence_and_leaves_no_temporary(
 
     monkeypatch.setattr(type(tok), "encode_flat_with_bytes", killed)
     with pytest.raises(Interrupted, match="SIGTERM while tokenizing data") as e:
-        suite.planned(s.data, s.eval, tok, 512)
+        planner.planned(s.data, s.protocol, tok, 512)
     assert e.value.exit_code == 143
     entry = token_entry(tmp_path / "cache")
     assert os.listdir(entry) == []  # the part's temporary folder is gone

@@ -9,12 +9,12 @@ import pytest
 
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.data.documents import Document
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans.layout import bucket_widths, plan_layout
 from ppl_jax.plans.protocols import plan
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.scorer import Scorer
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 import helpers
 
@@ -30,7 +30,7 @@ CFG = dataclasses.replace(helpers.TINY, vocab_size=260, max_positions=64)
 
 @pytest.fixture(scope="module")
 def setup():
-    model = nnx_lib.build(CFG.to_dict(), jnp.float32)
+    model = registry.build(CFG.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(4, 2)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

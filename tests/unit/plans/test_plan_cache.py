@@ -10,14 +10,14 @@ import os
 import numpy as np
 import pytest
 
+from ppl_jax import tokenizer
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.data import documents as data
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import plan_cache, suite, token_cache
-from ppl_jax.tokenizer import base as tokenizer
+from ppl_jax.plans import plan_cache, planner, token_cache
 
 import helpers
 
@@ -50,10 +50,12 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     tmp_path, bpe_tokenizer, protocol, monkeypatch
 ):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(1500), helpers.stdlib_text(700)])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), protocol)
-    plain = suite.plan(s.data, s.eval, *suite.cut(*suite.read(s.data), s.data, tok), tok, 512)
-    built, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    plain = planner.plan(
+        s.data, s.protocol, *planner.cut(*planner.read(s.data), s.data, tok), tok, 512
+    )
+    built, docs, _ = planner.planned(s.data, s.protocol, tok, 512)
     streamed = protocol in token_cache.PROTOCOLS  # planned through the token cache
     assert (docs is None) == streamed
     plain = dataclasses.replace(plain, tokens_digest=built.tokens_digest)
@@ -63,7 +65,7 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
     monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
     for method in ("encode_with_bytes", "encode_flat_with_bytes"):
         monkeypatch.setattr(type(tok), method, lambda *a: pytest.fail("tokenized again"))
-    cached, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    cached, docs, _ = planner.planned(s.data, s.protocol, tok, 512)
     assert docs is None and isinstance(cached.windows.tokens, np.memmap)
     same_plan(cached, plain)
     assert len(os.listdir(tmp_path / "cache")) == (2 if streamed else 1)  # + the token cache
@@ -72,19 +74,19 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
 def test_a_changed_file_or_tokenizer_or_setting_is_planned_again(tmp_path, bpe_tokenizer):
     path = helpers.corpus_files(tmp_path, [helpers.stdlib_text(900)])
     cache = str(tmp_path / "cache")
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, cache, "sliding")
-    first = plan_cache.key(s.data, s.eval, tok, 512)
-    suite.planned(s.data, s.eval, tok, 512)
-    assert plan_cache.key(s.data, s.eval, tok, 512) == first
-    assert plan_cache.key(s.data, s.eval, tokenizer.load("byte", None), 512) != first
-    assert plan_cache.key(settings(path, cache, "hf_strided").data, s.eval, tok, 512) == first
+    first = plan_cache.key(s.data, s.protocol, tok, 512)
+    planner.planned(s.data, s.protocol, tok, 512)
+    assert plan_cache.key(s.data, s.protocol, tok, 512) == first
+    assert plan_cache.key(s.data, s.protocol, tokenizer.load_tokenizer("byte", None), 512) != first
+    assert plan_cache.key(settings(path, cache, "hf_strided").data, s.protocol, tok, 512) == first
     other = settings(path, cache, "sliding", max_documents=1)
-    assert plan_cache.key(other.data, other.eval, tok, 512) != first
+    assert plan_cache.key(other.data, other.protocol, tok, 512) != first
     with open(path, "a", encoding="utf-8") as f:
         f.write("\nmore text")
-    changed, _, _ = suite.planned(s.data, s.eval, tok, 512)
-    assert plan_cache.key(s.data, s.eval, tok, 512) != first
+    changed, _, _ = planner.planned(s.data, s.protocol, tok, 512)
+    assert plan_cache.key(s.data, s.protocol, tok, 512) != first
     names = os.listdir(cache)  # plans and token caches, the stale entries too
     assert changed.text_tokens > 0 and len(names) == 4, names
 

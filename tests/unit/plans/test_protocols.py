@@ -10,7 +10,7 @@ from ppl_jax.data.documents import Document
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans.protocols import plan, resolve_add_bos
 from ppl_jax.plans.windows import NO_PREFIX
-from ppl_jax.tokenizer.base import ByteTokenizer
+from ppl_jax.tokenizer import ByteTokenizer
 
 import helpers
 

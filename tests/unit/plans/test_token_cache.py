@@ -2,7 +2,7 @@
 into flat memory-mapped arrays, and the per-document protocols planned from document lengths.
 Plans equal `protocols.plan`'s array for array whatever the number of shares and chunk sizes; a
 second run, another protocol or another sequence length tokenizes nothing; a changed file or
-tokenizer is tokenized again; two real processes each tokenize half and score as one does."""
+tokenizer is tokenized again (two real processes: tests/multiprocess/test_token_cache_processes.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,15 @@ import dataclasses
 import itertools
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from test_plan_cache import same_plan, settings
-from test_resume_cli import free_port
 
+from ppl_jax import tokenizer
 from ppl_jax.data import documents as data
 from ppl_jax.errors import DataError
-from ppl_jax.plans import protocols, stream_plans, suite, token_cache
-from ppl_jax.tokenizer import base as tokenizer
+from ppl_jax.plans import planner, protocols, stream_plans, token_cache
 
 import helpers
 
@@ -68,7 +65,7 @@ def small_chunks(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "bpe_with_bos"])
 def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind, small_chunks):
-    tok = tokenizer.load("byte" if kind == "byte" else bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer("byte" if kind == "byte" else bpe_tokenizer, None)
     tok.piece_chars = 256  # the long document is encoded in pieces
     if kind == "bpe_with_bos":
         tok.bos_id = tok.token_id(helpers.EOT)
@@ -101,14 +98,13 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
 
 
 def dataclass_with(plan, **changes):
-    import dataclasses
 
     return dataclasses.replace(plan, **changes)
 
 
 def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     path = corpus(tmp_path, ["ok", "ok too", "ÿ here"])
-    tok = tokenizer.load("byte", None)
+    tok = tokenizer.load_tokenizer("byte", None)
     entry = entry_of(tmp_path, path, tok, 2)
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
         stream_plans.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
@@ -121,7 +117,7 @@ def test_a_part_keeps_its_document_arrays_in_files(tmp_path, bpe_tokenizer, monk
     corpus before tokenizing it."""
     path = corpus(tmp_path)
     docs = data.read_documents(path, "jsonl")
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     s = settings(path, str(tmp_path / "cache"), "sliding", format="jsonl")
     monkeypatch.setattr(data, "count_documents", lambda *a, **k: pytest.fail("counted first"))
     entry = token_cache.build(s.data, tok)
@@ -158,22 +154,24 @@ def test_a_count_past_uint32_turns_its_column_into_int64(tmp_path):
 
 def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokenizer, monkeypatch):
     path = corpus(tmp_path)
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
-    first, docs, _ = suite.planned(s.data, s.eval, tok, 512)
+    first, docs, _ = planner.planned(s.data, s.protocol, tok, 512)
     assert docs is None and isinstance(first.windows.tokens, np.memmap)
     want = protocols.plan(
-        "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.eval.stride, False
+        "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.protocol.stride, False
     )
     same_plan(first, dataclass_with(want, tokens_digest=first.tokens_digest))
     # From now on nothing is read or tokenized: the token cache serves every protocol and length.
     monkeypatch.setattr(token_cache, "_write_part", lambda *a: pytest.fail("tokenized again"))
     monkeypatch.setattr(data, "iter_documents", lambda *a, **k: pytest.fail("read again"))
-    again, _, _ = suite.planned(s.data, s.eval, tok, 512)
+    again, _, _ = planner.planned(s.data, s.protocol, tok, 512)
     same_plan(again, first)
     other = settings(path, cache, "lm_eval_rolling", format="jsonl")
-    rolling, _, _ = suite.planned(other.data, dataclass_with(other.eval, seq_len=16), tok, 512)
+    rolling, _, _ = planner.planned(
+        other.data, dataclass_with(other.protocol, seq_len=16), tok, 512
+    )
     assert rolling.protocol == "lm_eval_rolling" and rolling.windows.seq_len == 16
     names = sorted(os.listdir(cache))
     assert sum(n.startswith("tokens-") for n in names) == 1 and len(names) == 3
@@ -183,120 +181,21 @@ def test_a_changed_file_or_tokenizer_is_tokenized_again(tmp_path, bpe_tokenizer)
     path = corpus(tmp_path)
     cache = str(tmp_path / "cache")
     s = settings(path, cache, "sliding", format="jsonl")
-    bpe, byte = tokenizer.load(bpe_tokenizer, None), tokenizer.load("byte", None)
-    before = suite.planned(s.data, s.eval, bpe, 512)[0].text_tokens
+    bpe, byte = (
+        tokenizer.load_tokenizer(bpe_tokenizer, None),
+        tokenizer.load_tokenizer("byte", None),
+    )
+    before = planner.planned(s.data, s.protocol, bpe, 512)[0].text_tokens
     assert token_cache.key(s.data, byte) != token_cache.key(s.data, bpe)
-    suite.planned(s.data, s.eval, byte, 512)
+    planner.planned(s.data, s.protocol, byte, 512)
     key = token_cache.key(s.data, bpe)
     with open(tmp_path / "b.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"text": "one more document"}) + "\n")
     assert token_cache.key(s.data, bpe) != key
-    after = suite.planned(s.data, s.eval, bpe, 512)[0]
+    after = planner.planned(s.data, s.protocol, bpe, 512)[0]
     assert after.num_documents == len(TEXTS) + 1 and after.text_tokens > before
     tokens = [n for n in os.listdir(cache) if n.startswith("tokens-")]
     assert len(tokens) == 3  # bpe, byte, and bpe of the changed file; stale entries stay
-
-
-def run_two(tmp_path, name, flags):
-    port = free_port()
-    cmd = [sys.executable, "-m", "ppl_jax", *flags, "--config.output.progress=false"]
-    procs = [
-        subprocess.Popen(
-            [*cmd, f"--config.output.dir={tmp_path / name}"],
-            env=helpers.process_env(i, 2, port),
-            cwd=helpers.REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    return [(p.wait(timeout=300), p.stderr.read()) for p in procs]
-
-
-def run_one(tmp_path, name, flags):
-    cmd = [sys.executable, "-m", "ppl_jax", *flags, "--config.output.progress=false"]
-    proc = subprocess.run(
-        [*cmd, f"--config.output.dir={tmp_path / name}"],
-        cwd=helpers.REPO,
-        capture_output=True,
-        text=True,
-        env=helpers.process_env(),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def test_every_protocol_on_two_processes_with_the_cache_scores_as_one_without(
-    tmp_path, bpe_tokenizer
-):
-    """A suite of the four protocols over one corpus: two processes with a shared cache (each
-    tokenizes half of the documents into the token cache for `sliding` and `lm_eval_rolling`;
-    process 0 plans the joined text of `hf_strided` and `gptq_chunks` while process 1 waits) give
-    the records of one process without a cache."""
-    texts = [helpers.stdlib_text(200 + 50 * i)[i * 30 :] for i in range(10)]
-    path = corpus(tmp_path, texts)
-    entries = ",\n".join(
-        f"        config_dict.ConfigDict(dict(name={p!r}, path={path!r}, format='jsonl', "
-        f"protocol={p!r}, seq_len=64))"
-        for p in protocols.PROTOCOLS
-    )
-    config = tmp_path / "four.py"
-    config.write_text(
-        "from ml_collections import config_dict\n"
-        "from ppl_jax.config.defaults import get_config as _default\n"
-        "def get_config():\n"
-        "    c = _default()\n"
-        f"    c.suite = (\n{entries},\n    )\n"
-        "    return c\n"
-    )
-    ckpt = tmp_path / "ckpt"  # a tiny Llama of the BPE's 512 ids (lm_eval_rolling needs EOS)
-    helpers.save_random_checkpoint(str(ckpt), dataclasses.replace(helpers.TINY, vocab_size=512))
-    flags = [
-        f"--config={config}",
-        f"--config.checkpoint.dir={ckpt}",
-        f"--config.data.tokenizer={bpe_tokenizer}",
-        "--config.eval.seq_len=64",
-    ]
-    codes = run_two(tmp_path, "two", [*flags, f"--config.data.cache_dir={tmp_path / 'cache'}"])
-    assert [c for c, _ in codes] == [0, 0], codes[0][1][-2000:] + codes[1][1][-2000:]
-    run_one(tmp_path, "one", flags)
-
-    def records(name):
-        lines = (tmp_path / name / "results.jsonl").read_text().splitlines()
-        return {r["dataset"]: r["sums"] for r in map(json.loads, lines) if r["kind"] == "dataset"}
-
-    one, two = records("one"), records("two")
-    assert sorted(one) == sorted(two) == sorted(protocols.PROTOCOLS)
-    for name in one:
-        assert {k: v for k, v in one[name].items() if k != "nll_sum"} == {
-            k: v for k, v in two[name].items() if k != "nll_sum"
-        }, name
-        assert two[name]["nll_sum"] == pytest.approx(one[name]["nll_sum"], rel=1e-12), name
-    # One token cache (both per-document protocols read the same files with one tokenizer),
-    # written in two shares of five documents; a plan per protocol.
-    cache = tmp_path / "cache"
-    names = os.listdir(cache)
-    (entry,) = [n for n in names if n.startswith("tokens-")]
-    assert len(names) == 1 + len(protocols.PROTOCOLS)
-    parts = json.loads((cache / entry / "parts.json").read_text())["parts"]
-    assert parts == ["part-00000-of-00002", "part-00001-of-00002"]
-    shares = [json.loads((cache / entry / p / "part.json").read_text())["documents"] for p in parts]
-    assert shares == [[0, 5], [5, 10]]
-
-
-def test_a_bad_share_stops_both_processes(tmp_path, demo_checkpoint):
-    path = corpus(tmp_path, ["fine text"] * 3)
-    with open(tmp_path / "b.jsonl", "a", encoding="utf-8") as f:
-        f.write("{not json\n")
-    flags = [
-        f"--config.data.path={path}",
-        "--config.data.format=jsonl",
-        f"--config.data.cache_dir={tmp_path / 'cache'}",
-    ]
-    (c0, e0), (c1, e1) = run_two(tmp_path, "out", flags)
-    assert (c0, c1) == (2, 2), e0[-2000:] + e1[-2000:]
-    assert "b.jsonl:3: not valid JSON" in e1
-    assert "process 1 could not tokenize its share of the corpus" in e0
 
 
 def test_harness_words_from_words_and_edges():

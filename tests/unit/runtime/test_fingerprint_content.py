@@ -12,11 +12,11 @@ import os
 import pytest
 from test_plan_cache import settings
 
+from ppl_jax import tokenizer
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
-from ppl_jax.plans import plan_cache, suite, token_cache
+from ppl_jax.plans import plan_cache, planner, token_cache
 from ppl_jax.runtime import file_sample, fingerprint
-from ppl_jax.tokenizer import base as tokenizer
 
 import helpers
 
@@ -55,15 +55,15 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
 ):
     text = helpers.stdlib_text(800) * 200  # ~160 KB: larger than the 64 KiB read whole
     path = helpers.corpus_files(tmp_path, [text])
-    tok = tokenizer.load(bpe_tokenizer, None)
+    tok = tokenizer.load_tokenizer(bpe_tokenizer, None)
     by_stat = settings(path, str(tmp_path / "cache"), protocol)
     by_content = settings(path, str(tmp_path / "cache"), protocol, fingerprint="content")
     assert by_content.data.fingerprint == "content"
     keys = {
-        name: (plan_cache.key(s.data, s.eval, tok, 512), token_cache.key(s.data, tok))
+        name: (plan_cache.key(s.data, s.protocol, tok, 512), token_cache.key(s.data, tok))
         for name, s in (("stat", by_stat), ("content", by_content))
     }
-    first = suite.planned(by_content.data, by_content.eval, tok, 512)[0]
+    first = planner.planned(by_content.data, by_content.protocol, tok, 512)[0]
     data = open(path, "rb").read()
     at = between_sampled_blocks(path)
     at = next(i for i in range(at, at + 100) if data[i : i + 1].isalpha())
@@ -73,34 +73,25 @@ def test_an_edit_between_the_sampled_blocks_is_seen_by_content_only(
         f.seek(at)
         f.write(old.swapcase())
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert plan_cache.key(by_stat.data, by_stat.eval, tok, 512) == keys["stat"][0]  # unseen
+    assert plan_cache.key(by_stat.data, by_stat.protocol, tok, 512) == keys["stat"][0]  # unseen
     assert token_cache.key(by_stat.data, tok) == keys["stat"][1]
-    assert plan_cache.key(by_content.data, by_content.eval, tok, 512) != keys["content"][0]
+    assert plan_cache.key(by_content.data, by_content.protocol, tok, 512) != keys["content"][0]
     assert token_cache.key(by_content.data, tok) != keys["content"][1]
-    again = suite.planned(by_content.data, by_content.eval, tok, 512)[0]
+    again = planner.planned(by_content.data, by_content.protocol, tok, 512)[0]
     assert again.tokens_digest != first.tokens_digest  # planned anew from the new text
 
 
 def test_the_journal_fingerprint_follows_the_content(tmp_path):
     path = tmp_path / "a.txt"
     path.write_bytes(b"some text here\n")
-    parts = dict(
-        checkpoint={"path": "c", "format": "orbax", "step": 1},
-        checkpoint_files=str(tmp_path / "none"),
-        model={},
-        data_paths=[str(path)],
-        tokenizer={},
-        protocol={},
-        layout={},
-        mesh={},
-    )
-    stat = fingerprint.of_run(data={}, **parts)
-    content = fingerprint.of_run(data={"fingerprint": "content"}, **parts)
+    by_stat = DatasetSpec(path=str(path))
+    by_content = DatasetSpec(path=str(path), fingerprint="content")
+    stat, content = by_stat.fingerprint_part(), by_content.fingerprint_part()
     edit_in_place(str(path), b"some", b"SOME")
     fingerprint._content_memo.clear()  # a new run (a new process)
     # A file of at most 64 KiB is sampled whole: the stat rule sees the edit too.
-    assert fingerprint.of_run(data={}, **parts) != stat
-    assert fingerprint.of_run(data={"fingerprint": "content"}, **parts) != content
+    assert by_stat.fingerprint_part() != stat
+    assert by_content.fingerprint_part() != content
 
 
 def test_an_unknown_rule_is_refused():

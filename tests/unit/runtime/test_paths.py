@@ -27,13 +27,13 @@ from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import _registry as fsspec_registry
 
+from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import CheckpointError, ConfigError, DataError
 from ppl_jax.outputs import folder as outputs
 from ppl_jax.runtime import fingerprint, paths
-from ppl_jax.tokenizer import base as tokenizer_lib
 
 import helpers
 
@@ -334,7 +334,7 @@ def test_remote_hf_directory(bucket):
     helpers.train_bpe(["the cat sat on the mat. " * 20], vocab_size=300).save(str(local))
     shutil.copy(local, bucket / "b" / "llama" / "tokenizer.json")
     assert hf.has_tokenizer(path)
-    tok = hf.load_tokenizer(path)
+    tok = hf.read_tokenizer(path)
     assert tok.name == "llama/tokenizer.json"
     text = ["the cat sat on the mat, a cat."]
     want = tokenizer_lib.HFTokenizer.from_file(str(local)).encode(text)

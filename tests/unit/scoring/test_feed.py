@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.windows import Windows
@@ -23,6 +23,23 @@ from ppl_jax.scoring.scorer import Scorer
 import helpers
 
 BATCH = 8
+
+
+class Watch:
+    """An observer of the loop (`ppl_jax.scoring.observers.ScoreObserver`) from two callbacks."""
+
+    def __init__(self, stop=None, fetched=None):
+        self.stop, self.fetched = stop, fetched
+
+    def should_stop(self, i):
+        return bool(self.stop and self.stop(i))
+
+    def on_batch(self, i, rows, host):
+        if self.fetched:
+            self.fetched(i)
+
+    def close(self):
+        pass
 
 
 class SpyWindows(Windows):
@@ -49,7 +66,7 @@ def setup():
     """A tiny Llama on the 8 fake devices, windows of documents of varied lengths, and their
     layout in batches of two bucket widths (one window per row)."""
     cfg = helpers.TINY
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(-1, 1)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
@@ -77,12 +94,12 @@ def spy(setup):
     scorer.prefetch = Scorer.prefetch
 
 
-def _score(setup, prefetch, layout=None, **kwargs):
+def _score(setup, prefetch, layout=None, stop=None, fetched=None, more=(), **kwargs):
     scorer, params, win, default_layout, _ = setup
     layout = layout or default_layout
     scorer.prefetch = prefetch
     threads = threading.active_count()
-    totals = scorer.score(params, win, layout, **kwargs)
+    totals = scorer.score(params, win, layout, observers=[Watch(stop, fetched), *more], **kwargs)
     assert threading.active_count() == threads  # the feed's thread is joined
     return totals
 
@@ -128,11 +145,11 @@ def test_the_feed_prepares_ahead_of_the_loop(setup, spy):
         return False
 
     seen["timeout"] = 30
-    _score(setup, 2, should_stop=should_stop)
+    _score(setup, 2, stop=should_stop)
     assert seen["ahead"] is True
     ready.clear()
     seen["timeout"] = 0.5
-    _score(setup, 0, should_stop=should_stop)
+    _score(setup, 0, stop=should_stop)
     assert seen["ahead"] is False
 
 
@@ -147,7 +164,7 @@ def test_skipped_batches_are_never_prepared_nor_changed(setup, spy, prefetch):
     resumed.window_nll[skipped] = -7.0  # what a journal held for those batches is kept
     spy["filled"].clear()
     fetched = []
-    totals = _score(setup, prefetch, totals=resumed, skip=skip, on_fetched=fetched.append)
+    totals = _score(setup, prefetch, totals=resumed, skip=skip, fetched=fetched.append)
     assert totals is resumed
     assert sorted(b for b, _ in spy["filled"]) == list(np.flatnonzero(~skip))
     assert fetched == list(np.flatnonzero(~skip))
@@ -167,9 +184,11 @@ def test_a_stop_at_batch_k_ends_the_loop_and_the_thread(setup, spy, prefetch):
         asked.append(i)
         return i == k
 
-    totals = _score(setup, prefetch, should_stop=should_stop, on_fetched=fetched.append)
+    later, told = [], []  # a second observer: asked at every index too, told of every batch
+    second = Watch(lambda i: later.append(i), lambda i: told.append(i))
+    totals = _score(setup, prefetch, stop=should_stop, fetched=fetched.append, more=[second])
     assert totals.stopped_at == k
-    assert asked == list(range(k + 1)) and fetched == list(range(k))
+    assert asked == later == list(range(k + 1)) and fetched == told == list(range(k))
     done = np.asarray([w for i in range(k) for r in layout.batch_rows(i) for w in r])
     _same(full, totals, done)
     rest = np.setdiff1d(np.arange(win.num_windows), done)
@@ -180,7 +199,7 @@ def test_an_error_in_the_feed_is_raised_in_the_loop(setup, spy):
     spy["fail_at"] = 3
     fetched = []
     with pytest.raises(ValueError, match="a bug while filling batch 3"):
-        _score(setup, 2, on_fetched=fetched.append)
+        _score(setup, 2, fetched=fetched.append)
     assert fetched == [0, 1]  # batch 2 was in flight when batch 3 failed to come
 
 
@@ -192,7 +211,7 @@ def test_an_error_in_the_loop_stops_the_feed(setup, spy):
             raise KeyError("the journal failed")
 
     with pytest.raises(KeyError, match="the journal failed"):
-        _score(setup, 3, on_fetched=on_fetched)
+        _score(setup, 3, fetched=on_fetched)
     # The loop took batches 0-2; the thread prepared at most 3 more for the queue and one that
     # waited for room, then stopped.
     assert setup[3].num_batches > 7
@@ -209,6 +228,6 @@ def test_the_host_share_counts_the_waits(setup, spy):
     assert inline.host_seconds >= 0.05 * layout.num_batches
     assert inline.prepare_seconds >= 0.05 * layout.num_batches
     spy["filled"].clear()
-    ahead = _score(setup, 2, progress=lambda *_: time.sleep(0.1))  # a loop slower than the feed
+    ahead = _score(setup, 2, fetched=lambda i: time.sleep(0.1))  # a loop slower than the feed
     assert ahead.prepare_seconds >= 0.05 * layout.num_batches
     assert ahead.host_seconds < ahead.prepare_seconds

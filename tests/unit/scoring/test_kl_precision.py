@@ -45,6 +45,7 @@ def both_paths(r: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
     return {"blocked": np.asarray(blocked.kl[0]), "full": np.asarray(full.kl[0])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma", [1.5e-3, 1.5e-2])
 def test_nearly_identical_models_kl_within_1e_8(sigma):
     rng = np.random.default_rng(0)
@@ -60,6 +61,7 @@ def test_nearly_identical_models_kl_within_1e_8(sigma):
     assert np.abs(kl_naive_float32(r, model) - want).max() > 2e-8
 
 
+@pytest.mark.slow
 def test_different_models_kl_within_float32_rounding():
     rng = np.random.default_rng(1)
     r = (rng.normal(size=(N, V)) * 3).astype(np.float32)

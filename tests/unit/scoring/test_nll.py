@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.models.interface import HiddenStates, Logits
 from ppl_jax.scoring.nll import token_stats
 from ppl_jax.scoring.scorer import score_step
@@ -68,7 +68,7 @@ def _largest_buffer_elements(hlo_text: str) -> int:
 
 def test_compiled_step_holds_no_batch_seq_vocab_buffer():
     cfg = dataclasses.replace(helpers.TINY, vocab_size=65536, max_positions=64)
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     b, t = 4, 32  # b * t * vocab = 8.4M elements; the unembedding is 2.1M
     abstract_batch = {
         "tokens": jax.ShapeDtypeStruct((b, t + 1), jnp.int32),

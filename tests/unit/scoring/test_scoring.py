@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.models import registry
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.windows import sliding
 from ppl_jax.runtime import mesh as mesh_lib
@@ -39,7 +39,7 @@ def _row(tokens):
 )
 def test_per_token_nll_matches_numpy_float64(cfg):
     params = helpers.random_params(cfg, seed=3)
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, cfg.vocab_size, size=40)
     b = _row(tokens)
@@ -56,7 +56,7 @@ def test_per_token_nll_matches_numpy_float64(cfg):
 def test_padding_and_context_never_count():
     cfg = helpers.TINY
     params = helpers.random_params(cfg)
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     step = jax.jit(lambda p, b: score_step(model.apply, p, b))
     rng = np.random.default_rng(2)
     tokens = rng.integers(0, 256, size=33)
@@ -80,7 +80,7 @@ def test_nonfinite_log_probabilities_are_counted():
     cfg = helpers.TINY
     params = helpers.random_params(cfg)
     params["lm_head"] = params["lm_head"].at[0, 5].set(jnp.nan)
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     b = _row(np.arange(10) + 3)
     b["target_mask"][:, :4] = False
     sums = jax.jit(lambda p, b: score_step(model.apply, p, b))(params, b)
@@ -91,7 +91,7 @@ def test_nonfinite_log_probabilities_are_counted():
 def _plan(tokens, seq_len):
     from ppl_jax.data.documents import Document
     from ppl_jax.plans.protocols import plan
-    from ppl_jax.tokenizer.base import ByteTokenizer
+    from ppl_jax.tokenizer import ByteTokenizer
 
     return plan(
         "sliding",
@@ -106,7 +106,7 @@ def _plan(tokens, seq_len):
 
 def test_step_traced_once_per_shape():
     cfg = helpers.TINY
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(-1, 1)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
@@ -129,10 +129,10 @@ def test_nonfinite_is_an_error_naming_the_window():
     from ppl_jax.errors import NumericsError
     from ppl_jax.evaluation.evaluator import Evaluator
     from ppl_jax.plans.layout import plan_layout
-    from ppl_jax.plans.suite import Dataset
+    from ppl_jax.plans.planner import Dataset
 
     cfg = helpers.TINY
-    model = nnx_lib.build(cfg.to_dict(), jnp.float32)
+    model = registry.build(cfg.to_dict(), jnp.float32)
     mesh = mesh_lib.make_mesh(-1, 1)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

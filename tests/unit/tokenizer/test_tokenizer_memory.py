@@ -1,4 +1,4 @@
-"""Long documents are tokenized in pieces cut at provably safe spaces (`ppl_jax.tokenizer.base`): the
+"""Long documents are tokenized in pieces cut at provably safe spaces (`ppl_jax.tokenizer`): the
 ids and per-token byte lengths must be exactly those of the whole document, for every tokenizer
 kind, on random texts with runs of whitespace, newlines, multibyte UTF-8 and cuts every few
 characters. Run as a script to measure peak host memory on a 50 MB one-line document:
@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from ppl_jax.tokenizer.base import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
+from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
 if __name__ == "__main__":  # run as a script: helpers sits in tests/
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -235,7 +235,7 @@ def _peak_rss(tokenizer_path: str, mb: int, whole: bool, plan: bool = False) -> 
     code = f"""
 import resource, random, sys, time
 import numpy as np
-from ppl_jax.tokenizer.base import HFTokenizer
+from ppl_jax.tokenizer import HFTokenizer
 tok = HFTokenizer.from_file({tokenizer_path!r})
 rng = random.Random(0)
 words = [w for w in open({os.path.abspath(__file__)!r}).read().split() if w.isascii()]

@@ -9,7 +9,9 @@ local to one global). Gemma 3 adds a `(1 + w)` RMSNorm on each head of q and k a
 `rope_parameters` per layer type (local θ 10k, global θ 1M, linear ×8 on 4B and larger). As
 transformers 5.23's `modeling_gemma2` and `modeling_gemma3`.
 
-Refused: Gemma 3's `use_bidirectional_attention` (an encoder, not a causal language model).
+The text tower of a multimodal `gemma3` checkpoint is read through its nested `text_config`
+(`ppl_jax.checkpoints.hf`). Refused: Gemma 3's `use_bidirectional_attention` (an encoder, not a
+causal language model); cuDNN attention where the scores are soft-capped (Gemma 2).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import hf_config
+from ppl_jax.models import llama_hf
 from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.registry import Family, Limit
 
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_new", "gelu")
 
 
-def from_hf_config(c: dict[str, Any]) -> LlamaConfig:
+def read_config(c: dict[str, Any]) -> LlamaConfig:
     """The architecture of a `gemma2` or `gemma3_text` `config.json` (the text config of a
     `gemma3` one). Defaults are transformers 5.23's (Gemma 2's soft-caps 50 and 30, head_dim
     256, `query_pre_attn_scalar` 256, tied embeddings).
@@ -38,18 +42,18 @@ def from_hf_config(c: dict[str, Any]) -> LlamaConfig:
             "use_bidirectional_attention makes this Gemma an encoder, not a causal language "
             "model; ppl_jax scores causal models only."
         )
-    act = hf_config.check_activation(c, "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS)
+    act = llama_hf.check_activation(c, "hidden_activation", "gelu_pytorch_tanh", ACTIVATIONS)
     layers = int(c["num_hidden_layers"])
     pattern = 2 if gemma2 else int(c.get("sliding_window_pattern") or 6)
     default = [
         "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
     ]
-    sliding = hf_config.hf_sliding({"sliding_window": 4096, **c}, "gemma", layers, default)
+    sliding = llama_hf.hf_sliding({"sliding_window": 4096, **c}, layers, default)
     caps = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0} if gemma2 else {}
     attn_cap = c.get("attn_logit_softcapping", caps.get("attn_logit_softcapping"))
     final_cap = c.get("final_logit_softcapping", caps.get("final_logit_softcapping"))
     bias = bool(c.get("attention_bias", False))
-    return hf_config.hf_config(
+    return llama_hf.hf_config(
         {"head_dim": 256, **c},
         tie_embeddings=bool(c.get("tie_word_embeddings", True)),
         qkv_bias=bias,
@@ -64,3 +68,22 @@ def from_hf_config(c: dict[str, Any]) -> LlamaConfig:
         final_softcap=None if final_cap is None else float(final_cap),
         **sliding,
     )
+
+
+FAMILY = Family(
+    name="gemma",
+    config=LlamaConfig,
+    module=MixtureLlama,
+    hf_readers={"gemma2": read_config, "gemma3_text": read_config},
+    hf_rules=llama_hf.rules,
+    hf_prefixes=llama_hf.PREFIXES,
+    layers=layer_kinds,
+    limits=LIMITS
+    + (
+        Limit(
+            "cudnn",
+            "cuDNN attention cannot soft-cap attention scores (attn_logit_softcapping)",
+            lambda cfg: cfg.attn_softcap is not None,
+        ),
+    ),
+)

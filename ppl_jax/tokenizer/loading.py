@@ -1,15 +1,12 @@
-"""Tokenizers: UTF-8 bytes, a Hugging Face `tokenizer.json` through the `tokenizers` library, or a
-SentencePiece model (Kudo & Richardson 2018) through the `sentencepiece` library.
+"""Loading a tokenizer: `load_tokenizer` for a setting (`data.tokenizer`: the checkpoint's own
+description, `byte`, a `tokenizer.json`, a SentencePiece model or a Hugging Face directory),
+`from_description` for a stored description, and `check_vocabulary`, which refuses a tokenizer
+that is plausibly not the model's.
 
-A tokenizer is described by a small JSON-able dict (`describe()`), stored beside a checkpoint so
-that evaluation needs only the checkpoint directory, and rebuilt with `from_description`. The
-description keeps the BOS/EOS ids and the BOS policy, which `ppl_jax.checkpoints.hf.load_tokenizer` may have
-taken from a `tokenizer_config.json`.
-
-Long documents are tokenized in pieces of about `Tokenizer.piece_chars` characters, cut only where
-the tokenizer provably gives the same tokens for the pieces as for the whole (`_safe_cuts`), so
-that host memory stays a few times the text instead of the ~70x that one `tokenizers` encoding
-of a long text holds; a tokenizer with no such rule encodes the whole document at once.
+A tokenizer is described by a small JSON-able dict (`Tokenizer.describe()`), stored beside a
+checkpoint so that evaluation needs only the checkpoint directory, and rebuilt with
+`from_description`. The description keeps the BOS/EOS ids and the BOS policy, which
+`ppl_jax.tokenizer.directory.read_tokenizer` may have taken from a `tokenizer_config.json`.
 """
 
 from __future__ import annotations
@@ -20,23 +17,10 @@ from typing import Any
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.runtime import paths
-from ppl_jax.tokenizer.core import META, ByteTokenizer, Tokenizer, specials
-from ppl_jax.tokenizer.directory import TOKENIZER_FILES, apply_tokenizer_config, load_tokenizer
+from ppl_jax.tokenizer.core import ByteTokenizer, Tokenizer
+from ppl_jax.tokenizer.directory import TOKENIZER_FILES, read_tokenizer
 from ppl_jax.tokenizer.hf import HFTokenizer
 from ppl_jax.tokenizer.spm import SentencePieceTokenizer
-
-__all__ = [
-    "META",
-    "ByteTokenizer",
-    "HFTokenizer",
-    "SentencePieceTokenizer",
-    "Tokenizer",
-    "apply_tokenizer_config",
-    "check_vocabulary",
-    "from_description",
-    "load",
-    "specials",
-]
 
 
 def check_vocabulary(tok: Tokenizer, model_vocab_size: int, *, allow_mismatch: bool) -> str | None:
@@ -97,7 +81,7 @@ def from_description(desc: dict[str, Any]) -> Tokenizer:
     return tok
 
 
-def load(spec: str, checkpoint_description: dict[str, Any] | None = None) -> Tokenizer:
+def load_tokenizer(spec: str, checkpoint_description: dict[str, Any] | None = None) -> Tokenizer:
     """The tokenizer for `data.tokenizer`: `auto` (the checkpoint's own), `byte`, or a path: a
     `tokenizer.json`, a SentencePiece `.model`, or a Hugging Face directory (`ppl_jax.checkpoints.hf`).
 
@@ -116,7 +100,7 @@ def load(spec: str, checkpoint_description: dict[str, Any] | None = None) -> Tok
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
         _refuse_links_out(path)
-        return load_tokenizer(path)
+        return read_tokenizer(path)
     if path.endswith(".model"):
         return SentencePieceTokenizer.from_file(path)
     return HFTokenizer.from_file(path)

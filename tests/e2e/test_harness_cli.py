@@ -16,6 +16,7 @@ import pytest
 import helpers
 
 pytest.importorskip("lm_eval")
+pytestmark = pytest.mark.slow  # an lm_eval run of its own tasks
 GOLDEN = tasks.load_golden()["families"]["llama"]
 
 

@@ -9,23 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models import hf_config
+from ppl_jax.models import llama_hf
 from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.registry import Family
 
 
-def from_hf_config(c: dict[str, Any]) -> LlamaConfig:
+def read_config(c: dict[str, Any]) -> LlamaConfig:
     """The architecture of a `qwen3` `config.json`.
 
     Raises:
       CheckpointError: an activation other than silu, an unsupported rope scaling, bad
         `layer_types`. KeyError: a required field is missing.
     """
-    hf_config.check_activation(c, "hidden_act", "silu", ("silu",))
+    llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     bias = bool(c.get("attention_bias", False))
-    return hf_config.hf_config(
-        c,
-        qkv_bias=bias,
-        o_bias=bias,
-        qk_norm="head",
-        **hf_config.hf_sliding(c, "qwen3", int(c["num_hidden_layers"])),
+    sliding = llama_hf.hf_sliding(
+        c, int(c["num_hidden_layers"]), needs_flag=True, max_window_layers=True
     )
+    return llama_hf.hf_config(c, qkv_bias=bias, o_bias=bias, qk_norm="head", **sliding)
+
+
+FAMILY = Family(
+    name="qwen3",
+    config=LlamaConfig,
+    module=MixtureLlama,
+    hf_readers={"qwen3": read_config},
+    hf_rules=llama_hf.rules,
+    hf_prefixes=llama_hf.PREFIXES,
+    layers=layer_kinds,
+    limits=LIMITS,
+)

@@ -1,10 +1,12 @@
-"""Everything a run builds before any weight is read (`prepare`), in the order that reports a
-user's mistake soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the
-plans, the diagnostics, the reference model, the processes' agreement on the plans."""
+"""Everything a run builds before any weight is read (`set_up(spec, out) -> RunSetup`), in the
+order that reports a user's mistake soonest: settings, mesh, the corpora's files, the
+architecture, the tokenizer, the plans, the diagnostics, the reference model, the processes'
+agreement on the plans; and what decides each pair's numbers (`RunSetup.fingerprint`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from typing import Any
 
@@ -12,28 +14,53 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+from ppl_jax import tokenizer
+from ppl_jax.checkpoints import Checkpoint, open_checkpoint, presets
+from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import check_batch_size, check_window
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.outputs import files, tensorboard
+from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import protocols, suite
-from ppl_jax.plans.suite import Dataset
-from ppl_jax.runtime import distributed
+from ppl_jax.plans import planner, protocols
+from ppl_jax.plans.planner import Dataset
+from ppl_jax.runtime import distributed, paths
+from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.tokenizer import base as tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-@dataclasses.dataclass
-class Prepared:
-    """What a run builds before any weight is read (`prepare`)."""
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The reference model of `reference.*` (KL(reference || model)), opened and checked, no
+    weights read: its `checkpoint` and `step`, its `model`, and the `target` tree of
+    `jax.ShapeDtypeStruct`s (with `shardings`) its params are restored into."""
 
+    checkpoint: Checkpoint
+    step: int | None
+    model: LanguageModel
+    target: Any
+    shardings: Any
+
+    def restore(self) -> Any:
+        """The reference's params, on the mesh."""
+        return self.checkpoint.restore(self.step, self.target)
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """What a run builds before any weight is read (`set_up`).
+
+    Attributes:
+      attention: the attention implementation the model runs (recorded in the fingerprint and
+        the results; the model's `honours_segments` already says what it means for packing).
+    """
+
+    spec: RunSpec
     mesh: Any
     ckpt: Checkpoint
     first_step: int | None
@@ -45,7 +72,75 @@ class Prepared:
     documents: dict[str, Any]  # dataset name -> documents read while planning (gzip baseline)
     target: Any
     shardings: Any
-    reference: tuple[Checkpoint, int | None, LanguageModel, Any, Any] | None
+    reference: Reference | None
+
+    def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
+        """What decides the numbers of dataset `d` scored at `step`
+        (`ppl_jax.runtime.fingerprint.run_fingerprint`): every setting, file and version that
+        could change them, so that a journal or a stored record of another is never taken for
+        this pair's."""
+        model, plan = self.model, d.plan
+        return fingerprint_lib.run_fingerprint(
+            {
+                "checkpoint": checkpoint_identity(self.ckpt, step),
+                "model": {
+                    "description": fingerprint_lib.text_digest(model.description),
+                    "dtype": self.spec.dtype,
+                    "attention": self.attention,
+                    "honours_segments": model.honours_segments,
+                },
+                "data": d.data.fingerprint_part(),
+                "tokenizer": {"description": fingerprint_lib.text_digest(self.tok.describe())},
+                "protocol": {
+                    **d.protocol.fingerprint_part(),
+                    "add_bos": plan.add_bos,
+                    "prefix_id": plan.prefix_id,
+                    "num_windows": plan.windows.num_windows,
+                },
+                "layout": {
+                    **self.spec.batch.fingerprint_part(),
+                    "num_batches": d.layout.num_batches,
+                },
+                "mesh": {
+                    **{k: int(v) for k, v in self.mesh.shape.items()},
+                    "processes": jax.process_count(),
+                    "rules": [list(rule) for rule in self.spec.mesh.rules],
+                },
+                "environment": fingerprint_lib.environment(),
+            }
+        )
+
+
+def checkpoint_identity(ckpt: Checkpoint, step: int | None) -> dict[str, Any]:
+    """What identifies the weights a run scores at `step` (the `checkpoint` part of its
+    fingerprint): the folder (absolute), its format and the step; a hub revision's resolved
+    commit; the files of the step (path, size, modification time, digested); and what chooses
+    or transforms the weights read: `checkpoint.mapping` (a preset by name, a mapping file by
+    its content, wherever it lies), `checkpoint.item` and `checkpoint.params` (as set), and for
+    a `checkpoint.architecture` entry point its module's file (by content: the user's own model
+    code). Any other architecture is in the model's description (the `model` part).
+
+    (What `Checkpoint.identity(step)` will answer once each reader knows its own identity.)
+    """
+    folder = paths.absolute(ckpt.path)
+    files = folder if step is None else paths.join(folder, str(step))
+    found: dict[str, Any] = {
+        "path": folder,
+        "format": ckpt.format,
+        "step": step,
+        **({"commit": ckpt.source(step)["commit"]} if ckpt.format == "hub" else {}),
+        "files": fingerprint_lib.text_digest(fingerprint_lib.tree_identity(files)),
+    }
+    kind, entry = architecture_lib.parse(ckpt.architecture)
+    if kind == "entry":
+        spec = importlib.util.find_spec(entry.partition(":")[0])
+        origin = spec.origin if spec is not None else None
+        found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
+    if ckpt.mapping:
+        preset = ckpt.mapping in presets.PRESETS
+        found["mapping"] = ckpt.mapping if preset else fingerprint_lib.content_digest(ckpt.mapping)
+    found.update({k: getattr(ckpt, k) for k in ("item", "params") if getattr(ckpt, k)})
+    return found
 
 
 def check(spec: RunSpec, ckpt_format: str) -> None:
@@ -63,21 +158,21 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
         raise ConfigError(
             "output.tokens, output.position_curve, eval.context_lengths, reference.* and "
             "output.per_document score one checkpoint step on one dataset; run them without "
-            "suite, a step sweep, checkpoint.watch or output.tensorboard."
+            "suite, a step sweep or checkpoint.watch."
         )
     if spec.steps.is_sweep and ckpt_format == "hf":
         raise ConfigError(
             f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
             f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
         )
-    if spec.per_document and spec.eval.protocol != "lm_eval_rolling":
+    if spec.per_document and spec.protocol.protocol != "lm_eval_rolling":
         raise ConfigError(
             f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
-            f"windows of {spec.eval.protocol} span documents."
+            f"windows of {spec.protocol.protocol} span documents."
         )
 
 
-def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
+def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     """Every step of a run that needs no weights, in the order that reports a user's mistake
     soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the plans,
     the diagnostics, the reference model, the processes' agreement on the plans."""
@@ -94,20 +189,19 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
         spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
     )
     check(spec, ckpt.format)
-    if spec.tensorboard and out is not None:
-        tensorboard.check_available(files.tensorboard_dir(out.path))
+    sinks.check(spec.sinks, out)
     mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
     check_batch_size(spec.batch.batch_size, mesh)
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
     raw = []
     for ds, _ in spec.datasets:
-        raw.append(None if ds.cache_dir else suite.read(ds))
+        raw.append(None if ds.cache_dir else planner.read(ds))
         if ds.cache_dir:
             data.resolve_paths(ds.path)
     first_step = ckpt.resolve_step(spec.checkpoint_step)
     attention = ckpt.attention(spec.attention, spec.dtype, first_step)
     model = ckpt.model(spec.dtype, attention, first_step)
-    check_window(spec.eval.seq_len, model)
+    check_window(spec.protocol.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
         raise ConfigError(
@@ -117,20 +211,20 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     if own is not None and spec.data.tokenizer == "auto":
         tok = own
     else:
-        tok = tokenizer.load(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
+        tok = tokenizer.load_tokenizer(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
     note = tokenizer.check_vocabulary(
         tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
     )
     datasets, documents = [], {}
-    for (ds, ev), read_first in zip(spec.datasets, raw, strict=True):
+    for (ds, protocol), read_first in zip(spec.datasets, raw, strict=True):
         check_window(
-            ev.seq_len, model, f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len"
+            protocol.seq_len,
+            model,
+            f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len",
         )
-        plan, docs, _ = suite.planned(ds, ev, tok, model.vocab_size, read_first)
+        plan, docs, _ = planner.planned(ds, protocol, tok, model.vocab_size, read_first)
         datasets.append(
-            Dataset(
-                ds, ev, plan, suite.batches(plan, spec.batch, attention, model.honours_segments)
-            )
+            Dataset(ds, protocol, plan, planner.batches(plan, spec.batch, model.honours_segments))
         )
         documents[ds.name] = docs
     if not spec.is_training_run:
@@ -146,7 +240,8 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
     )
-    return Prepared(
+    return RunSetup(
+        spec,
         mesh,
         ckpt,
         first_step,
@@ -162,7 +257,9 @@ def prepare(spec: RunSpec, out: OutputDir | None) -> Prepared:
     )
 
 
-def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer):
+def _reference(
+    spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer
+) -> Reference:
     """The reference model (`reference.*`): opened and checked against the model, no weights.
 
     Raises:
@@ -194,7 +291,7 @@ def _reference(spec: RunSpec, model: LanguageModel, mesh: Any, tok: tokenizer.To
         spec.mesh.rules,
         DTYPES[ref.dtype],
     )
-    return ckpt, step, ref_model, target, shardings
+    return Reference(ckpt, step, ref_model, target, shardings)
 
 
 def vocabulary(tok: tokenizer.Tokenizer) -> Any:

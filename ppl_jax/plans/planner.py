@@ -2,7 +2,8 @@
 
 A dataset is `data.*` (one run, one dataset) or an entry of `suite` (several, each with its own
 name, files, format, tags, preparation, budget and protocol settings; see
-`ppl_jax.evaluation.spec.RunSpec.suite` and `configs/suite_example.py`). `prepare` turns one into a
+`ppl_jax.evaluation.spec.RunSpec.suite` and `configs/suite_example.py`). `plan_dataset` (public as
+`ppl_jax.prepare`) turns one into a
 `Dataset`: its `Plan` (windows and counts, `ppl_jax.plans.protocols`) and batch `Layout`, which every
 checkpoint step of a sweep scores again without reading or tokenizing anything.
 
@@ -27,7 +28,7 @@ from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import distributed
-from ppl_jax.tokenizer.base import Tokenizer
+from ppl_jax.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -60,14 +61,14 @@ def read(ds: DatasetSpec, tok: Tokenizer | None = None) -> tuple[list[data.Docum
     (`preparations.Prepared.doc_counts`), or None.
 
     Raises:
-      DataError, ConfigError: as `data.read_documents` and `preparations.prepare`.
+      DataError, ConfigError: as `data.read_documents` and `preparations.apply_preparation`.
     """
     docs = data.read_documents(
         ds.path, "text" if ds.preparation else ds.format, ds.errors, ds.jsonl_field
     )
     counts = None
     if ds.preparation:
-        prepared = preparations.prepare(ds.preparation, docs)
+        prepared = preparations.apply_preparation(ds.preparation, docs)
         docs, counts = prepared.documents, prepared.doc_counts
     return (docs, counts) if tok is None else cut(docs, counts, ds, tok)
 
@@ -115,7 +116,7 @@ def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.nda
 
 def plan(
     ds: DatasetSpec,
-    ev: ProtocolSpec,
+    protocol: ProtocolSpec,
     docs: list[data.Document],
     counts: Any,
     tok: Tokenizer,
@@ -123,59 +124,56 @@ def plan(
 ) -> Plan:
     """The dataset's protocol plan (`protocols.plan`)."""
     return protocols.plan(
-        ev.protocol,
+        protocol.protocol,
         docs,
         tok,
         vocab_size,
-        ev.seq_len,
-        ev.stride,
-        protocols.resolve_add_bos(ev.add_bos, tok),
+        protocol.seq_len,
+        protocol.stride,
+        protocols.resolve_add_bos(protocol.add_bos, tok),
         separator=ds.separator,
         doc_counts=counts,
     )
 
 
-def batches(p: Plan, batch: BatchSpec, attention: str = "xla", segments: bool = True) -> Layout:
+def batches(p: Plan, batch: BatchSpec, segments: bool = True) -> Layout:
     """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
     Windows are packed only for a model that keeps segments apart (`segments`:
-    `LanguageModel.honours_segments`); cuDNN attention takes per-row sequence lengths, not
-    segments: one window per row there too."""
+    `LanguageModel.honours_segments`, False for one whose attention cannot, as cuDNN's)."""
     return plan_layout(
         p.windows,
         batch.batch_size,
-        pack=batch.packing and attention != "cudnn" and segments,
+        pack=batch.packing and segments,
         num_buckets=batch.length_buckets,
     )
 
 
-def prepare(
+def plan_dataset(
     ds: DatasetSpec,
-    ev: ProtocolSpec,
+    protocol: ProtocolSpec,
     tok: Tokenizer,
     vocab_size: int,
     batch: BatchSpec,
-    attention: str = "xla",
     segments: bool = True,
 ) -> Dataset:
     """Reads, prepares, budgets, tokenizes and plans one dataset (or finds it in `ds.cache_dir`,
-    see `planned`), and lays out its batches.
+    see `planned`), and lays out its batches: public as `ppl_jax.prepare`.
 
     Args:
       ds: the dataset's data spec.
-      ev: the dataset's protocol spec.
+      protocol: the dataset's protocol spec.
       tok: the model's tokenizer.
       vocab_size: the model's vocabulary size.
       batch: the run's batch layout.
-      attention: the model's attention implementation.
       segments: whether the model keeps segments apart (see `batches`).
     """
-    p = planned(ds, ev, tok, vocab_size)[0]
-    return Dataset(ds, ev, p, batches(p, batch, attention, segments))
+    p = planned(ds, protocol, tok, vocab_size)[0]
+    return Dataset(ds, protocol, p, batches(p, batch, segments))
 
 
 def planned(
     ds: DatasetSpec,
-    ev: ProtocolSpec,
+    protocol: ProtocolSpec,
     tok: Tokenizer,
     vocab_size: int,
     read_first: tuple[list[data.Document], Any] | None = None,
@@ -194,27 +192,27 @@ def planned(
     """
     import jax
 
-    entry = plan_cache.key(ds, ev, tok, vocab_size) if ds.cache_dir else None
+    entry = plan_cache.key(ds, protocol, tok, vocab_size) if ds.cache_dir else None
     if entry is not None:
         found = plan_cache.load(ds.cache_dir, entry)
         # All processes take the same path (the token cache's has barriers): a process that
         # looks after another one wrote the entry must not take it alone.
         if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
-    if entry is not None and read_first is None and token_cache.applies(ds, ev.protocol):
-        return stream_plans.planned(ds, ev, tok, vocab_size, entry), None, {}
+    if entry is not None and read_first is None and token_cache.applies(ds, protocol.protocol):
+        return stream_plans.planned(ds, protocol, tok, vocab_size, entry), None, {}
     if entry is not None and read_first is None and jax.process_count() > 1:
         # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
         def write() -> None:
             plan_cache.save(
-                ds.cache_dir, entry, plan(ds, ev, *cut(*read(ds), ds, tok), tok, vocab_size)
+                ds.cache_dir, entry, plan(ds, protocol, *cut(*read(ds), ds, tok), tok, vocab_size)
             )
 
         found = plan_cache.made_once(ds.cache_dir, entry, write, f"data {ds.name!r}")
         return found[0], None, found[1]
     docs, counts = read_first if read_first is not None else read(ds)
     docs, counts = cut(docs, counts, ds, tok)
-    p = plan(ds, ev, docs, counts, tok, vocab_size)
+    p = plan(ds, protocol, docs, counts, tok, vocab_size)
     if entry is not None:
         p = dataclasses.replace(p, tokens_digest=protocols.tokens_digest(p.windows.tokens))
         plan_cache.save(ds.cache_dir, entry, p)

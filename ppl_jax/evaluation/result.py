@@ -1,29 +1,20 @@
-"""What scoring one dataset at one checkpoint step produced (`Evaluation`), and what decides it
-(`run_fingerprint`): the unit the one job path (`ppl_jax.evaluation.run`) turns into records."""
+"""The result of scoring one dataset at one checkpoint step (`Evaluation`), and its per-document
+records: the unit the one job path (`ppl_jax.evaluation.run`) turns into records."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-import jax
 import numpy as np
-from jax.sharding import Mesh
 
-from ppl_jax.checkpoints import hub
-from ppl_jax.data import documents as data
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import sums as metrics
-from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import journal
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.protocols import Plan
-from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
-from ppl_jax.runtime import fingerprint as fingerprint_lib
-from ppl_jax.runtime import paths
+from ppl_jax.plans.spec import ProtocolSpec
 from ppl_jax.scoring.scorer import ScoreTotals
-from ppl_jax.tokenizer.base import Tokenizer
 
 
 @dataclasses.dataclass
@@ -42,7 +33,7 @@ class Evaluation:
         `metrics.GZIP_SAMPLE_BYTES` bytes), or None if not asked for; gzip_sample_bytes: the
         bytes it compressed.
       wall_seconds: the run so far, from reading the checkpoint to this dataset's last sum.
-      fingerprint: what decides the numbers (`run_fingerprint`).
+      fingerprint: what decides the numbers (`RunSetup.fingerprint`).
       tokenizer_note: why a tokenizer that does not fit the model was allowed, or None.
       tokenizer_is_checkpoints: whether the tokenizer is the checkpoint's own.
       resumed_batches: batches taken from a journal rather than scored in this process.
@@ -94,69 +85,3 @@ def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
-
-
-def run_fingerprint(
-    spec: RunSpec,
-    model: LanguageModel,
-    tok: Tokenizer,
-    plan: Plan,
-    layout: Layout,
-    mesh: Mesh,
-    fmt: str,
-    step: int | None,
-    attention: str,
-    dataset: tuple[DatasetSpec, ProtocolSpec],
-    batch: BatchSpec,
-) -> dict[str, Any]:
-    """The fingerprint (`ppl_jax.runtime.fingerprint.of_run`) of everything that decides the
-    numbers of `dataset` scored at `step`."""
-    ds, ev = dataset
-    ckpt_dir = paths.absolute(spec.checkpoint_dir)
-    return fingerprint_lib.of_run(
-        checkpoint={
-            "path": ckpt_dir,
-            "format": fmt,
-            "step": step,
-            # A hub revision's resolved commit (a branch such as step1000 may move).
-            **(
-                {"commit": hub.repo_of_folder(ckpt_dir, False).commit(step)} if fmt == "hub" else {}
-            ),
-        },
-        checkpoint_files=ckpt_dir if step is None else paths.join(ckpt_dir, str(step)),
-        model={"description": model.description, "dtype": spec.dtype, "attention": attention},
-        data={
-            "format": ds.format,
-            "jsonl_field": ds.jsonl_field,
-            "errors": ds.errors,
-            "separator": ds.separator,
-            **({"preparation": ds.preparation} if ds.preparation else {}),
-            **({"fingerprint": "content"} if ds.fingerprint == "content" else {}),
-            **(
-                {
-                    "max_documents": ds.max_documents,
-                    "max_tokens": ds.max_tokens,
-                    "sample_seed": ds.sample_seed,
-                }
-                if ds.has_budget
-                else {}
-            ),
-        },
-        data_paths=data.resolve_paths(ds.path),
-        tokenizer=tok.describe(),
-        protocol={
-            "name": plan.protocol,
-            "seq_len": ev.seq_len,
-            "stride": ev.stride,
-            "add_bos": plan.add_bos,
-            "prefix_id": plan.prefix_id,
-            "num_windows": plan.windows.num_windows,
-        },
-        layout={
-            "batch_size": batch.batch_size,
-            "packing": batch.packing,
-            "length_buckets": batch.length_buckets,
-            "num_batches": layout.num_batches,
-        },
-        mesh={**{k: int(v) for k, v in mesh.shape.items()}, "processes": jax.process_count()},
-    )

@@ -1,0 +1,59 @@
+"""Llama, Mistral and Qwen2 (Hugging Face `llama`, `mistral`, `qwen2`): the Llama decoder of
+`ppl_jax.models.llama` (with the mixture-of-experts layers of `ppl_jax.models.mixture` where a
+description has them), and the owner of its description family `llama`, which the Llama-like
+families (Qwen3, OLMo, Gemma, Phi-3, the mixtures) build too.
+
+- Llama: optional `attention_bias` (q, k, v and output) and `mlp_bias`; no sliding window.
+- Mistral: a sliding window on every layer (`sliding_window`).
+- Qwen2: q/k/v biases; a window only with `use_sliding_window`, on the layers `layer_types`
+  names (or from `max_window_layers` on).
+
+Defaults are transformers 5.23's (`rms_norm_eps` 1e-6, untied embeddings, `head_dim` = hidden /
+heads).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppl_jax.models import llama_hf
+from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.registry import Family
+
+
+def read_config(c: dict[str, Any]) -> LlamaConfig:
+    """The architecture of a `llama`, `mistral` or `qwen2` `config.json`.
+
+    Raises:
+      CheckpointError: an activation other than silu, an unsupported rope scaling, bad
+        `layer_types`. KeyError: a required field is missing.
+    """
+    model_type = c["model_type"]
+    llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
+    attention_bias = model_type == "llama" and bool(c.get("attention_bias", False))
+    layers = int(c["num_hidden_layers"])
+    sliding = {}
+    if model_type == "mistral":
+        sliding = llama_hf.hf_sliding(c, layers)
+    elif model_type == "qwen2":
+        sliding = llama_hf.hf_sliding(c, layers, needs_flag=True, max_window_layers=True)
+    return llama_hf.hf_config(
+        c,
+        qkv_bias=attention_bias or model_type == "qwen2",
+        o_bias=attention_bias,
+        mlp_bias=model_type == "llama" and bool(c.get("mlp_bias", False)),
+        **sliding,
+    )
+
+
+FAMILY = Family(
+    name="llama",
+    config=LlamaConfig,
+    module=MixtureLlama,
+    hf_readers={"llama": read_config, "mistral": read_config, "qwen2": read_config},
+    hf_rules=llama_hf.rules,
+    hf_prefixes=llama_hf.PREFIXES,
+    layers=layer_kinds,
+    limits=LIMITS,
+)

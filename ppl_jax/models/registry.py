@@ -1,0 +1,342 @@
+"""The model families ppl_jax builds, one module each in `ppl_jax.models.families`.
+
+A family is a `Family` record: its name; the description's config class and its Flax NNX module;
+the Hugging Face `model_type`s it reads, each with its `config.json` reader; its Hugging Face
+weights as rules of the one mapping language (`ppl_jax.checkpoints.mapping`); the kinds of its
+layers; and its limits (what it refuses, and why). The registry finds the families by itself:
+every module of `ppl_jax.models.families` whose name does not start with `_` is imported on first
+use and holds its record as the module attribute `FAMILY`. Nothing else in the package lists
+families: `ppl_jax.checkpoints.hf` asks `for_model_type` and `hf_mapping`, the opener `build`.
+
+Adding a family is one new module `ppl_jax/models/families/<name>.py`:
+
+```python
+FAMILY = Family(
+    name="<name>",
+    config=NameConfig,                    # from_dict / to_dict, class attribute FAMILY
+    module=Name,                          # module(cfg, rngs, dtype, attention), __call__ -> hidden
+    hf_readers={"<type>": read_config},   # config.json dict -> config (raises CheckpointError)
+    hf_rules=llama_hf.rules,              # description dict -> mapping rules (Hugging Face names)
+    hf_prefixes=llama_hf.PREFIXES,        # stored-name heads removed before the rules
+    layers=lambda cfg: ...,               # the kind of each layer (`Layer`)
+    limits=(Limit("context", "why", applies),),
+)
+```
+
+plus its golden files (`tests/golden/make_family_golden.py`) and tests
+(`tests/unit/models/test_families.py` finds the golden folder by itself); see the
+"Adding a family" section of docs/checkpoints.md. Several families may share one config class
+and module (the Llama-like ones all build `LlamaConfig` descriptions, family `llama`); one of them
+owns it (its `name` is the config's `FAMILY`), and a description is built by its owner.
+
+Descriptions are checked before anything is built (`check_sizes`): every size a positive integer
+below `MAX_SIZES` (the largest published models, with room), so that a description or a
+`config.json` claiming a billion experts or layers is one sentence, not minutes of building.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import attention as attention_lib
+from ppl_jax.models import families as families_pkg
+from ppl_jax.models.adapters import from_nnx
+from ppl_jax.models.interface import LanguageModel
+
+MIXERS = ("attention", "linear_attention", "state_space")
+MLPS = ("dense", "moe", "none")
+# Upper bounds of a description's sizes (the largest published models: vocabularies of 262k,
+# 126 layers, widths of 16k-25k, 384 experts, contexts of 10M tokens), each far above them.
+MAX_SIZES = {
+    "vocab_size": 1 << 23,
+    "num_layers": 1024,
+    "embed_dim": 1 << 18,
+    "mlp_dim": 1 << 20,
+    "num_heads": 4096,
+    "num_kv_heads": 4096,
+    "head_dim": 1 << 14,
+    "max_positions": 1 << 28,
+    "moe_experts": 1 << 14,
+    "moe_mlp_dim": 1 << 20,
+    "moe_top_k": 1 << 14,
+    "moe_shared_mlp_dim": 1 << 20,
+    "rotary_dim": 1 << 14,
+    "sliding_window": 1 << 28,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """The kind of one layer: its sequence mixer (`attention`, `linear_attention`,
+    `state_space`) and its MLP (`dense`, `moe`, `none`), and a note (`sliding`, `nope`, ...)."""
+
+    mixer: str = "attention"
+    mlp: str = "dense"
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """Something a family refuses, and why.
+
+    Attributes:
+      setting: what is refused: `context` (a context-parallel mesh axis), an attention
+        implementation (`cudnn`, `splash`), or another name a caller asks about.
+      reason: the sentence's reason ("its MoE layer routes over the data axis only").
+      applies: `config -> bool`, whether this description is refused (default: always).
+    """
+
+    setting: str
+    reason: str
+    applies: Callable[[Any], bool] = lambda cfg: True
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family (see the module docstring).
+
+    Attributes:
+      name: the family's name (its module's); the owner of `config` when equal to its `FAMILY`.
+      config: the description's config class: `FAMILY` (the description's `family`),
+        `from_dict(description)`, `to_dict()`, and `vocab_size`, `max_positions` fields.
+      module: the NNX module, `module(cfg, rngs, dtype, attention)`, whose `__call__(tokens,
+        positions, segment_ids)` returns hidden states and `unembedding()` `[embed, vocab]`.
+      hf_readers: Hugging Face `model_type` -> reader of its `config.json` dict into a `config`
+        (raising `CheckpointError` in one sentence; a KeyError names a missing field).
+      hf_rules: description dict -> the mapping rules of its Hugging Face weights (names with
+        `hf_prefixes` removed), or None when the family reads no Hugging Face weights.
+      hf_prefixes: heads of stored names that the rules do not see (`model.`), longest first.
+      layers: config -> the `Layer` of each layer (default: attention and a dense MLP).
+      limits: what the family refuses (`Limit`).
+    """
+
+    name: str
+    config: type
+    module: type
+    hf_readers: Mapping[str, Callable[[dict[str, Any]], Any]] = dataclasses.field(
+        default_factory=dict
+    )
+    hf_rules: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
+    hf_prefixes: tuple[str, ...] = ()
+    layers: Callable[[Any], tuple[Layer, ...]] | None = None
+    limits: tuple[Limit, ...] = ()
+
+    def layer_kinds(self, cfg: Any) -> tuple[Layer, ...]:
+        """The kind of each of `cfg`'s layers."""
+        if self.layers is not None:
+            return tuple(self.layers(cfg))
+        return tuple(Layer() for _ in range(int(getattr(cfg, "num_layers", 0))))
+
+    def refusal(self, cfg: Any, setting: str) -> str | None:
+        """The reason this family refuses `setting` for `cfg`, or None."""
+        return next(
+            (x.reason for x in self.limits if x.setting == setting and x.applies(cfg)), None
+        )
+
+
+@functools.cache
+def families() -> dict[str, Family]:
+    """Every family, by name: the `FAMILY` of each module of `ppl_jax.models.families`.
+
+    Raises:
+      RuntimeError: a module without a `Family`, two families of one name or model type, or a
+        config class with no owner (a mistake in the package, not in a user's input).
+    """
+    found: dict[str, Family] = {}
+    for info in sorted(pkgutil.iter_modules(families_pkg.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        family = importlib.import_module(f"{families_pkg.__name__}.{info.name}").FAMILY
+        if not isinstance(family, Family) or family.name in found:
+            raise RuntimeError(f"ppl_jax.models.families.{info.name}: FAMILY is not a new Family")
+        found[family.name] = family
+    types = [t for f in found.values() for t in f.hf_readers]
+    if len(types) != len(set(types)):
+        raise RuntimeError(f"two families read one Hugging Face model type: {sorted(types)}")
+    for f in found.values():
+        owner = found.get(f.config.FAMILY)
+        if owner is None or (owner.config, owner.module) != (f.config, f.module):
+            raise RuntimeError(f"family {f.name}: {f.config.FAMILY} does not own its config")
+    return found
+
+
+def model_types() -> tuple[str, ...]:
+    """The Hugging Face model types ppl_jax reads, in the families' order."""
+    return tuple(t for f in families().values() for t in f.hf_readers)
+
+
+def for_model_type(model_type: Any) -> Family | None:
+    """The family that reads Hugging Face `model_type`, or None."""
+    return next((f for f in families().values() if model_type in f.hf_readers), None)
+
+
+def for_description(description: dict[str, Any]) -> Family:
+    """The family of a description: the one that read its `model_type` from a Hugging Face
+    config (a variant's own weight names), else the owner of its `family`.
+
+    Raises:
+      CheckpointError: an unknown family (naming the known ones).
+    """
+    name = description.get("family") if isinstance(description, dict) else None
+    owner = families().get(name) if isinstance(name, str) else None
+    if owner is None or owner.config.FAMILY != name:
+        known = sorted({f.config.FAMILY for f in families().values()})
+        raise CheckpointError(
+            f"unknown model family {str(name)[:40]!r} in the checkpoint (supported: "
+            f"{', '.join(known)})."
+        )
+    variant = for_model_type(description.get("model_type"))
+    return variant if variant is not None and variant.config is owner.config else owner
+
+
+def check_sizes(description: dict[str, Any]) -> None:
+    """Every size of a description (`MAX_SIZES`' keys it has) is a positive integer within its
+    bound, and each layer index list names layers that exist; checked before anything is built.
+
+    Raises:
+      CheckpointError: the first size out of bounds, in one sentence.
+    """
+    for key, bound in MAX_SIZES.items():
+        value = description.get(key)
+        if value is None or (key in ("sliding_window", "rotary_dim", "moe_experts",
+                                     "moe_mlp_dim", "moe_top_k", "moe_shared_mlp_dim")
+                             and value == 0):  # fmt: skip
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+            raise CheckpointError(
+                f"the architecture's {key}={str(value)[:40]} is not a size ppl_jax builds "
+                f"(a whole number from 1 to {bound:,}); check the config or description."
+            )
+    layers = description.get("num_layers")
+    for key, value in description.items():
+        if key.endswith("_layers") and key != "num_layers" and isinstance(value, list | tuple):
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < (layers or 0)
+                   for i in value):  # fmt: skip
+                raise CheckpointError(
+                    f"the architecture's {key} name layers outside 0..{(layers or 0) - 1}."
+                )
+
+
+_LAYER_WEIGHT = re.compile(r"layers/(\d+)/")
+
+
+def check_stored_layers(description: dict[str, Any], weights: Iterable[str], where: str) -> None:
+    """Refuses a description whose `num_layers` the stored model weights contradict (names
+    `layers/{i}/...`, as the checkpoint stores them or its mapping makes them); nothing when no
+    weight names a layer.
+
+    Raises:
+      CheckpointError: another number of layers, naming `where`.
+    """
+    layers = {int(m.group(1)) for n in weights if (m := _LAYER_WEIGHT.match(n)) is not None}
+    want = description.get("num_layers")
+    if layers and want != len(layers):
+        raise CheckpointError(
+            f"{where}: the architecture describes {str(want)[:20]} layers but the checkpoint "
+            f"stores {len(layers)}; give the architecture of these weights."
+        )
+
+
+def config_of(description: dict[str, Any]) -> Any:
+    """The description's config (its family's `config.from_dict`), sizes checked first.
+
+    Raises:
+      CheckpointError: as `for_description` and `check_sizes`; unknown keys or values.
+    """
+    family = for_description(description)
+    check_sizes(description)
+    try:
+        return family.config.from_dict(description)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"the stored {family.config.FAMILY} architecture has a value of the wrong type "
+            f"({str(e)[:120]})."
+        ) from None
+
+
+def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> LanguageModel:
+    """The `LanguageModel` of an architecture description (abstract: no weights allocated).
+
+    Args:
+      description: the JSON-able architecture (`config.to_dict()` of a family; what
+        `ppl_jax.checkpoints.hf.read_description` returns).
+      dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
+      attention: the attention implementation, `xla`, `cudnn` or `splash`
+        (`ppl_jax.models.attention`); the model keeps packed windows apart
+        (`honours_segments`) where it does (`attention.keeps_segments`).
+
+    Raises:
+      CheckpointError: an unknown family, unknown keys, or a size out of bounds.
+      ConfigError: an attention implementation the family refuses for this architecture.
+    """
+    family = for_description(description)
+    cfg = config_of(description)
+    reason = family.refusal(cfg, attention)
+    if reason:
+        raise ConfigError(
+            f"model.attention={attention} is refused for this {family.name} model: {reason}; "
+            f"set model.attention=xla."
+        )
+    module_fn = lambda: family.module(cfg, nnx.Rngs(0), dtype, attention)  # noqa: E731
+    model = from_nnx(
+        module_fn,
+        cfg.vocab_size,
+        cfg.max_positions,
+        returns="hidden_states",
+        honours_segments=attention_lib.keeps_segments(attention),
+        description=cfg.to_dict(),
+        dtype=jnp.dtype(dtype),
+    )
+    adapted = model.apply
+
+    def apply(params, tokens, positions, segment_ids):
+        # The family's own apply, not a user's adapter model (the records tell them apart by
+        # where `apply` is defined: `ppl_jax.outputs.model_record`).
+        return adapted(params, tokens, positions, segment_ids)
+
+    return dataclasses.replace(model, apply=apply)
+
+
+def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The description of a Hugging Face `config.json` dict, its sizes checked.
+
+    Raises:
+      CheckpointError: an unsupported `model_type` (naming the supported ones) or as the
+        family's reader and `check_sizes`; KeyError: a required field is missing.
+    """
+    family = for_model_type(config.get("model_type"))
+    if family is None:
+        raise CheckpointError(
+            f"model_type {_short(config.get('model_type'))} is not supported; ppl_jax loads "
+            f"Hugging Face model types {', '.join(sorted(model_types()))}."
+        )
+    description = family.hf_readers[config["model_type"]](config).to_dict()
+    check_sizes(description)
+    return description
+
+
+def hf_mapping(description: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    """(stored-name prefixes, mapping rules) of a description's Hugging Face weights.
+
+    Raises:
+      CheckpointError: a family that reads no Hugging Face weights.
+    """
+    family = for_description(description)
+    if family.hf_rules is None:
+        raise CheckpointError(f"the {family.name} family reads no Hugging Face weights.")
+    return family.hf_prefixes, family.hf_rules(description)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,59 @@
+"""The test tiers are declared once, by folder (tests/conftest.py): the top folder under tests/ is
+the tier, and a case that starts several processes outside tests/multiprocess/ fails, whether it
+is marked so (at collection) or not (when it starts them)."""
+
+from __future__ import annotations
+
+import os
+
+import conftest
+import pytest
+
+import helpers
+
+
+class _Item:
+    """What the collection hook reads of a collected test."""
+
+    def __init__(self, path: str, markers: tuple[str, ...] = ()):
+        self.path = os.path.join(conftest.HERE, path)
+        self.nodeid = f"tests/{path}::test_case"
+        self.markers = list(markers)
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker.name)
+
+    def get_closest_marker(self, name: str):
+        return name if name in self.markers else None
+
+
+def test_the_top_folder_marks_its_cases_and_a_file_may_add_slow():
+    tiers = {
+        "e2e/test_cli.py": "e2e",
+        "multiprocess/test_distributed.py": "multiprocess",
+        "slow/test_sweep.py": "slow",
+        "unit/plans/test_token_cache.py": None,
+        "unit/slow/test_x.py": None,  # only the top folder counts
+        "shared_data/test_wikitext_cli.py": None,
+    }
+    assert {p: conftest.tier_of(os.path.join(conftest.HERE, p)) for p in tiers} == tiers
+    items = [
+        _Item("multiprocess/test_a.py"),
+        _Item("e2e/test_b.py", ("slow",)),
+        _Item("unit/plans/test_c.py", ("slow",)),
+        _Item("unit/plans/test_d.py"),
+    ]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.markers for i in items] == [["multiprocess"], ["slow", "e2e"], ["slow"], []]
+
+
+def test_a_multiprocess_case_outside_its_folder_stops_the_collection():
+    items = [_Item("unit/plans/test_c.py", ("multiprocess",)), _Item("slow/test_d.py")]
+    with pytest.raises(pytest.UsageError, match=r"tests/unit/plans/test_c.py::test_case is marked"):
+        conftest.pytest_collection_modifyitems(None, items)
+
+
+def test_starting_several_processes_outside_tests_multiprocess_fails():
+    with pytest.raises(AssertionError, match="move it to tests/multiprocess/"):
+        helpers.process_env(0, 2, helpers.free_port())
+    assert helpers.process_env(0, 1)["XLA_FLAGS"].endswith("=8")  # one process: anywhere
