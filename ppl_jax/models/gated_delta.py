@@ -26,6 +26,7 @@ projection. Each key head serves `Hv / Hk` consecutive value heads (grouped valu
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -176,10 +177,11 @@ class GatedDeltaSpec:
 class GatedDeltaNet(nnx.Module):
     """The Gated DeltaNet layer (see the module docstring).
 
-    Params (transformers' Qwen3.5 names in brackets): `q`, `k [embed, Hk, Dk]` and
-    `v [embed, Hv, Dv]` (`in_proj_qkv`, in that order), `z [embed, Hv, Dv]` (`in_proj_z`),
-    `b`, `a [embed, Hv]` (`in_proj_b`, `in_proj_a`), `conv_q`, `conv_k [K, Hk, Dk]` and
-    `conv_v [K, Hv, Dv]` (`conv1d.weight`, channels in the order q, k, v), `dt_bias`,
+    Params (transformers' Qwen3.5 names in brackets; heads flattened head-major, as the parts of
+    a fused tensor are cut): `q`, `k [embed, Hk*Dk]` and `v [embed, Hv*Dv]` (`in_proj_qkv`, in
+    that order), `z [embed, Hv*Dv]` (`in_proj_z`), `b`, `a [embed, Hv]` (`in_proj_b`,
+    `in_proj_a`), `conv_q`, `conv_k [K, Hk*Dk]` and `conv_v [K, Hv*Dv]` (`conv1d.weight`,
+    channels in the order q, k, v), `dt_bias`,
     `a_log [Hv]`, `norm [Dv]` (the gated norm's weight, shared by the heads), `out
     [Hv, Dv, embed]` (`out_proj`).
     """
@@ -194,17 +196,16 @@ class GatedDeltaNet(nnx.Module):
             spec.conv_kernel,
         )
         self.spec = spec
-        key, value = ("embed", "heads", "head_dim"), ("embed", "heads", "head_dim")
-        self.q = normal_param(rngs, (d, hk, dk), key, d**-0.5, dtype)
-        self.k = normal_param(rngs, (d, hk, dk), key, d**-0.5, dtype)
-        self.v = normal_param(rngs, (d, hv, dv), value, d**-0.5, dtype)
-        self.z = normal_param(rngs, (d, hv, dv), value, d**-0.5, dtype)
+        self.dims = {"q": (hk, dk), "k": (hk, dk), "v": (hv, dv), "z": (hv, dv)}
+        for name, (heads, width) in self.dims.items():
+            w = normal_param(rngs, (d, heads * width), ("embed", "heads"), d**-0.5, dtype)
+            setattr(self, name, w)
         self.b = normal_param(rngs, (d, hv), ("embed", "heads"), d**-0.5, dtype)
         self.a = normal_param(rngs, (d, hv), ("embed", "heads"), d**-0.5, dtype)
-        conv = ("conv", "heads", "head_dim")
-        self.conv_q = normal_param(rngs, (kern, hk, dk), conv, kern**-0.5, dtype)
-        self.conv_k = normal_param(rngs, (kern, hk, dk), conv, kern**-0.5, dtype)
-        self.conv_v = normal_param(rngs, (kern, hv, dv), conv, kern**-0.5, dtype)
+        for name in ("q", "k", "v"):
+            heads, width = self.dims[name]
+            w = normal_param(rngs, (kern, heads * width), ("conv", "heads"), kern**-0.5, dtype)
+            setattr(self, f"conv_{name}", w)
         self.dt_bias = ones_param((hv,), ("heads",), dtype)
         self.a_log = nnx.Param(jnp.zeros((hv,), dtype), logical_axes=("heads",))
         self.norm = ones_param((dv,), ("head_dim",), dtype)
@@ -246,8 +247,9 @@ class GatedDeltaNet(nnx.Module):
         tails = state["tail_segments"]
         convolved, new = [], {}
         for name, x in (("q", q), ("k", k), ("v", v)):
+            weight = getattr(self, f"conv_{name}")[...].reshape(-1, *self.dims[name])
             out, new[name], tail_segments = recurrence.conv_after(
-                x, getattr(self, f"conv_{name}")[...], None, segment_ids, state[name], tails
+                x, weight, None, segment_ids, state[name], tails
             )
             convolved.append(out)
         q, k, v = convolved
@@ -269,20 +271,57 @@ class GatedDeltaNet(nnx.Module):
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`x [B, T, embed]` -> `[B, T, embed]` in `x.dtype`; `segment_ids [B, T]` int."""
         spec = self.spec
-        proj = lambda w: jnp.einsum("btd,dhk->bthk", x, w[...])  # noqa: E731
+        proj = lambda n: (x @ getattr(self, n)[...]).reshape(*x.shape[:2], *self.dims[n])  # noqa: E731
         b = jnp.einsum("btd,dh->bth", x, self.b[...])
         a = jnp.einsum("btd,dh->bth", x, self.a[...]).astype(jnp.float32)
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         dt_bias = self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.a_log[...].astype(jnp.float32)) * jax.nn.softplus(a + dt_bias)
-        inputs = (proj(self.q), proj(self.k), proj(self.v), g, beta, segment_ids)
+        inputs = (proj("q"), proj("k"), proj("v"), g, beta, segment_ids)
         o, _ = recurrence.run(self.scan_chunk, inputs, self.initial_state(x.shape[0]))
         o = recurrence.gated_rms_norm(
             o.astype(x.dtype),
-            proj(self.z),
+            proj("z"),
             self.norm[...],
             spec.norm_eps,
             groups=1,
             norm_before_gate=True,
         )
         return jnp.einsum("bthk,hkd->btd", o, self.out[...])
+
+
+def hf_rules(layer: str, to: str, layout: str) -> list[dict[str, Any]]:
+    """The mapping rules (`ppl_jax.checkpoints.mapping`) of transformers' Gated DeltaNet layer
+    whose stored names start with the pattern `layer` (capturing `l`), into the `GatedDeltaNet`
+    params under `to` (`layers/{l}/linear_attn/`). `layout` `qwen3_next` reads
+    `Qwen3NextGatedDeltaNet`'s `in_proj_qkvz` `[Hk, (q, k, r values, r gates), embed]` and
+    `in_proj_ba` `[Hk, (r betas, r decay inputs), embed]` (`r = Hv / Hk`), any other
+    `Qwen3_5GatedDeltaNet`'s `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`; `conv1d` is
+    `[q | k | v, 1, K]` in both. Sizes are expressions over the `gdn_*` fields."""
+    kd, vd = "gdn_key_heads * gdn_key_dim", "gdn_value_heads * gdn_value_dim"
+    linear = {"transpose": [1, 0]}
+    if layout == "qwen3_next":
+        per_head = {"view": ["gdn_key_heads", -1, "embed_dim"], "transpose": [2, 0, 1],
+                    "reshape": ["embed_dim", -1]}  # fmt: skip
+        rv = "gdn_value_heads // gdn_key_heads * gdn_value_dim"
+        projections = [
+            {"from": layer + r"in_proj_qkvz\.weight", "to": [to + n for n in "qkvz"],
+             "split": {"axis": 1, "sizes": ["gdn_key_dim", "gdn_key_dim", rv, rv]}, **per_head},
+            {"from": layer + r"in_proj_ba\.weight", "to": [to + "b", to + "a"],
+             "split": {"axis": 1}, **per_head},
+        ]  # fmt: skip
+    else:
+        projections = [
+            {"from": layer + r"in_proj_qkv\.weight", "to": [to + n for n in "qkv"],
+             "split": {"axis": 0, "sizes": [kd, kd, vd]}, **linear},
+            {"from": layer + r"in_proj_(?P<p>[zba])\.weight", "to": to + "{p}", **linear},
+        ]  # fmt: skip
+    return projections + [
+        {"from": layer + r"conv1d\.weight", "to": [to + f"conv_{n}" for n in "qkv"],
+         "view": [-1, "gdn_conv"], "split": {"axis": 0, "sizes": [kd, kd, vd]}, **linear},
+        {"from": layer + r"dt_bias", "to": to + "dt_bias"},
+        {"from": layer + r"A_log", "to": to + "a_log"},
+        {"from": layer + r"norm\.weight", "to": to + "norm"},
+        {"from": layer + r"out_proj\.weight", "to": to + "out", **linear,
+         "reshape": ["gdn_value_heads", "gdn_value_dim", "embed_dim"]},
+    ]  # fmt: skip

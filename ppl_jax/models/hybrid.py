@@ -1,6 +1,7 @@
-"""The softmax-attention and MLP blocks of the hybrid families (`ppl_jax.models.qwen3_5`,
-`nemotron_h`, `falcon_h1`), whose recurrent layers are in `ppl_jax.models.gated_delta` and
-`ppl_jax.models.ssd`.
+"""The softmax-attention and MLP blocks of the hybrid families (Qwen3.5 and Qwen3-Next,
+Nemotron-H, Falcon-H1, and Mamba2's norms), whose recurrent layers are in
+`ppl_jax.models.gated_delta` and `ppl_jax.models.ssd`, and the Hugging Face mapping rules of
+these blocks.
 
 - `Attention`: grouped-query attention through `ppl_jax.models.attention.attend`, with the
   variants these families use: Qwen3.5's and Qwen3-Next's output gate (`q_proj` packs each
@@ -26,6 +27,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
 from ppl_jax.models.llama import LlamaConfig, normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.registry import Limit
 
 ACTIVATIONS = {"silu": jax.nn.silu, "relu2": lambda x: jnp.square(jax.nn.relu(x))}
 
@@ -246,3 +248,71 @@ def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
             value = tuple(value)
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def norm_then_cast(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """transformers' `Mamba2RMSNorm`/`FalconH1RMSNorm`: `w * x̂` with x̂ (float32) cast to `x`'s
+    dtype first, in the weight's dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * y.astype(x.dtype)
+
+
+def attention_rules(layer: str, to: str, output_gate: bool = False) -> list[dict[str, Any]]:
+    """The mapping rules (`ppl_jax.checkpoints.mapping`) of a transformers attention layer whose
+    stored names start with the pattern `layer` (capturing `l`), into the `Attention` params
+    under `to` (`layers/{l}/attn/`): `nn.Linear`'s `[out, in]` transposed and cut in heads;
+    with `output_gate`, `q_proj` `[H, (query, gate), Dh, embed]` (Qwen3.5, Qwen3-Next)."""
+    heads, kv = ["num_heads", "head_dim"], ["num_kv_heads", "head_dim"]
+    if output_gate:
+        q = {"from": layer + r"q_proj\.weight", "to": [to + "q", to + "gate"],
+             "view": ["num_heads", 2, "head_dim", "embed_dim"],
+             "split": {"axis": 1, "squeeze": True}, "transpose": [2, 0, 1]}  # fmt: skip
+    else:
+        q = {"from": layer + r"q_proj\.weight", "to": to + "q", "transpose": [1, 0],
+             "reshape": ["embed_dim", *heads]}  # fmt: skip
+    return [
+        q,
+        {"from": layer + r"(?P<p>[kv])_proj\.weight", "to": to + "{p}", "transpose": [1, 0],
+         "reshape": ["embed_dim", *kv]},
+        {"from": layer + r"o_proj\.weight", "to": to + "o", "transpose": [1, 0],
+         "reshape": [*heads, "embed_dim"]},
+        {"from": layer + r"q_proj\.bias", "to": to + "q_bias", "reshape": heads},
+        {"from": layer + r"(?P<p>[kv])_proj\.bias", "to": to + "{p}_bias", "reshape": kv},
+        {"from": layer + r"o_proj\.bias", "to": to + "o_bias"},
+        {"from": layer + r"(?P<p>[qk])_norm\.weight", "to": to + "{p}_norm"},
+    ]  # fmt: skip
+
+
+def mlp_rules(layer: str, to: str) -> list[dict[str, Any]]:
+    """The mapping rules of a transformers MLP (`gate_proj`, `up_proj`, `down_proj`, their
+    biases) whose stored names start with the pattern `layer`, into the `MLP` params under `to`."""
+    return [
+        {"from": layer + r"(?P<p>gate|up|down)_proj\.weight", "to": to + "{p}",
+         "transpose": [1, 0]},
+        {"from": layer + r"(?P<p>gate|up|down)_proj\.bias", "to": to + "{p}_bias"},
+    ]  # fmt: skip
+
+
+def scan_limit(layers: str) -> Limit:
+    """The hybrid families' refusal of a context-parallel mesh axis: their `layers` carry a
+    state along the sequence, which is not yet passed between the context shards (each shard
+    would start its scan from zero)."""
+    return Limit(
+        "context",
+        f"its {layers} carry a state along the sequence, which ppl_jax does not yet pass "
+        f"between the shards of a context axis",
+    )
+
+
+def embedding_rules(d: dict[str, Any], embedding: str, final_norm: str) -> list[dict[str, Any]]:
+    """Rules of the stored embedding `embedding`, the final norm `final_norm` (patterns) and
+    `lm_head.weight` (unused when the description ties the embeddings)."""
+    lm_head = {"from": r"lm_head\.weight", "to": "lm_head", "transpose": [1, 0]}
+    if d["tie_embeddings"]:
+        lm_head = {"from": r"lm_head\.weight", "to": None}
+    return [
+        {"from": embedding, "to": "embedding"},
+        {"from": final_norm, "to": "final_norm"},
+        lm_head,
+    ]

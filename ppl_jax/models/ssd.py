@@ -27,6 +27,8 @@ Falcon-H1's plain `y * silu(z)`); the output projection.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -155,12 +157,13 @@ class Mamba2Spec:
 class Mamba2Mixer(nnx.Module):
     """The Mamba2 layer (see the module docstring).
 
-    Params (the parts of transformers' fused `in_proj` in brackets, in its order): `z [embed, H,
-    P]` (the gate), `x [embed, H, P]`, `b`, `c [embed, G, N]`, `dt [embed, H]`; with `in_bias`
-    their biases `z_bias`, ...; `conv_x [K, H, P]`, `conv_b`, `conv_c [K, G, N]` (`conv1d.weight`,
-    channels x, B, C) and with `conv_bias` their biases; `dt_bias`, `a_log`, `d [H]`; `norm [H, P]`
-    (the gated norm's weight, unless `norm` is `none`); `out [H, P, embed]` (`out_proj`) and with
-    `out_bias` `out_bias [embed]`.
+    Params (the parts of transformers' fused `in_proj`, in its order; heads and groups flattened
+    head-major, as the parts of a fused tensor are cut): `z [embed, H*P]` (the gate), `x [embed,
+    H*P]`, `b`, `c [embed, G*N]`, `dt [embed, H]`; with `in_bias` their biases `z_bias`, ...;
+    `conv_x [K, H*P]`, `conv_b`, `conv_c [K, G*N]` (`conv1d.weight`, channels x, B, C) and with
+    `conv_bias` their biases; `dt_bias`, `a_log`, `d [H]`; `norm [H, P]` (the gated norm's weight,
+    unless `norm` is `none`); `out [H, P, embed]` (`out_proj`) and with `out_bias` `out_bias
+    [embed]`.
     """
 
     def __init__(self, spec: Mamba2Spec, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
@@ -173,31 +176,25 @@ class Mamba2Mixer(nnx.Module):
             spec.conv_kernel,
         )
         self.spec = spec
-        heads, groups = ("heads", "head_dim"), ("ssm_groups", "ssm_state")
-        for name, dims, axes in (
-            ("z", (h, p), heads),
-            ("x", (h, p), heads),
-            ("b", (g, n), groups),
-            ("c", (g, n), groups),
-            ("dt", (h,), ("heads",)),
-        ):
-            setattr(self, name, normal_param(rngs, (d, *dims), ("embed", *axes), d**-0.5, dtype))
+        self.dims = {"z": (h, p), "x": (h, p), "b": (g, n), "c": (g, n), "dt": (h,)}
+        axes = {"z": "heads", "x": "heads", "b": "ssm_groups", "c": "ssm_groups", "dt": "heads"}
+        for name, dims in self.dims.items():
+            size = math.prod(dims)
+            w = normal_param(rngs, (d, size), ("embed", axes[name]), d**-0.5, dtype)
+            setattr(self, name, w)
             if spec.in_bias:
-                setattr(self, f"{name}_bias", zeros_param(dims, axes, dtype))
-        for name, dims, axes in (
-            ("x", (h, p), heads),
-            ("b", (g, n), groups),
-            ("c", (g, n), groups),
-        ):
-            w = normal_param(rngs, (kern, *dims), ("conv", *axes), kern**-0.5, dtype)
+                setattr(self, f"{name}_bias", zeros_param((size,), (axes[name],), dtype))
+        for name in ("x", "b", "c"):
+            size = math.prod(self.dims[name])
+            w = normal_param(rngs, (kern, size), ("conv", axes[name]), kern**-0.5, dtype)
             setattr(self, f"conv_{name}", w)
             if spec.conv_bias:
-                setattr(self, f"conv_{name}_bias", zeros_param(dims, axes, dtype))
+                setattr(self, f"conv_{name}_bias", zeros_param((size,), (axes[name],), dtype))
         self.dt_bias = zeros_param((h,), ("heads",), dtype)
         self.a_log = zeros_param((h,), ("heads",), dtype)
         self.d = ones_param((h,), ("heads",), dtype)
         if spec.norm != "none":
-            self.norm = ones_param((h, p), heads, dtype)
+            self.norm = ones_param((h, p), ("heads", "head_dim"), dtype)
         self.out = normal_param(
             rngs, (h, p, d), ("heads", "head_dim", "embed"), (h * p) ** -0.5, dtype
         )
@@ -206,9 +203,10 @@ class Mamba2Mixer(nnx.Module):
 
     def _project(self, x: jax.Array, name: str, scale: float) -> jax.Array:
         w = getattr(self, name)[...]
-        out = jnp.einsum("btd,d...->bt...", x, w)
+        out = x @ w
         if self.spec.in_bias:
             out = out + getattr(self, f"{name}_bias")[...]
+        out = out.reshape(*out.shape[:-1], *self.dims[name])
         return out if scale == 1.0 else out * jnp.asarray(scale, out.dtype)
 
     def initial_state(self, batch: int) -> dict[str, jax.Array]:
@@ -243,9 +241,15 @@ class Mamba2Mixer(nnx.Module):
         tails = state["tail_segments"]
         convolved, new = [], {}
         for name, v in (("x", x), ("b", b), ("c", c)):
-            bias = getattr(self, f"conv_{name}_bias")[...] if self.spec.conv_bias else None
+            dims = self.dims[name]
+            weight = getattr(self, f"conv_{name}")[...].reshape(-1, *dims)
+            bias = (
+                getattr(self, f"conv_{name}_bias")[...].reshape(dims)
+                if self.spec.conv_bias
+                else None
+            )
             out, new[name], tail_segments = recurrence.conv_after(
-                v, getattr(self, f"conv_{name}")[...], bias, segment_ids, state[name], tails
+                v, weight, bias, segment_ids, state[name], tails
             )
             convolved.append(out)
         x, b, c = convolved
@@ -281,3 +285,108 @@ class Mamba2Mixer(nnx.Module):
             ).reshape(bsz, t, h, p)
         out = jnp.einsum("bthp,hpd->btd", y.astype(hidden.dtype), self.out[...])
         return out + self.out_bias[...] if spec.out_bias else out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SsmFields:
+    """The Mamba2 layer's fields of a family's flat config (Mamba2, Nemotron-H, Falcon-H1);
+    `mixer_spec` makes the layer's `Mamba2Spec` of them.
+
+    Attributes:
+      ssm_heads, ssm_head_dim, ssm_groups, ssm_state, ssm_conv, ssm_chunk: the layer's heads, head
+        width, groups of B and C, state width, convolution width and scan chunk (see
+        `Mamba2Spec`).
+      ssm_dt_min, ssm_dt_max: dt's clamp (`time_step_limit`; None: no upper bound).
+      ssm_conv_bias, ssm_in_bias, ssm_out_bias: the convolution's and projections' biases.
+      ssm_norm: the gate and norm of the output (`ppl_jax.models.ssd.NORMS`).
+      ssm_scales: factors of the input projection's parts z, x, B, C, dt.
+    """
+
+    ssm_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_groups: int = 1
+    ssm_state: int = 0
+    ssm_conv: int = 4
+    ssm_chunk: int = 256
+    ssm_dt_min: float = 0.0
+    ssm_dt_max: float | None = None
+    ssm_conv_bias: bool = True
+    ssm_in_bias: bool = False
+    ssm_out_bias: bool = False
+    ssm_norm: str = "gated"
+    ssm_scales: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)
+
+
+def mixer_spec(cfg: Any) -> Mamba2Spec:
+    """The Mamba2 layer of a config with `SsmFields` (and `embed_dim`, `norm_eps`)."""
+    return Mamba2Spec(
+        embed_dim=cfg.embed_dim,
+        heads=cfg.ssm_heads,
+        head_dim=cfg.ssm_head_dim,
+        groups=cfg.ssm_groups,
+        state_dim=cfg.ssm_state,
+        conv_kernel=cfg.ssm_conv,
+        chunk=cfg.ssm_chunk,
+        norm_eps=cfg.norm_eps,
+        dt_limit=(cfg.ssm_dt_min, float("inf") if cfg.ssm_dt_max is None else cfg.ssm_dt_max),
+        conv_bias=cfg.ssm_conv_bias,
+        in_bias=cfg.ssm_in_bias,
+        out_bias=cfg.ssm_out_bias,
+        norm=cfg.ssm_norm,
+        part_scales=tuple(cfg.ssm_scales),
+    )
+
+
+def dt_limit(value: Any, low_default: float = 0.0) -> tuple[float, float]:
+    """`time_step_limit` of a `config.json` (a pair; transformers writes infinity as
+    `{"__float__": "Infinity"}`), as `(low, high)` floats.
+
+    Raises:
+      CheckpointError: not a pair of numbers.
+    """
+
+    def number(v):
+        if isinstance(v, dict) and set(v) == {"__float__"}:
+            v = v["__float__"]
+        return float(v)
+
+    if value is None:
+        return (low_default, float("inf"))
+    try:
+        low, high = (number(v) for v in value)
+    except (TypeError, ValueError):
+        raise CheckpointError(
+            f"time_step_limit {str(value)[:60]} is not a pair of numbers."
+        ) from None
+    return (low, high)
+
+
+def hf_rules(layer: str, to: str) -> list[dict[str, Any]]:
+    """The mapping rules (`ppl_jax.checkpoints.mapping`) of transformers' Mamba2 layer
+    (`Mamba2Mixer`, `NemotronHMamba2Mixer`, `FalconH1Mixer`) whose stored names start with the
+    pattern `layer` (capturing `l`), into the `Mamba2Mixer` params under `to` (`layers/{l}/mixer/`):
+    `in_proj` `[z | x | B | C | dt, embed]` and `conv1d` `[x | B | C, 1, K]` cut in their parts,
+    `nn.Linear`'s `[out, in]` transposed. Sizes are expressions over the `SsmFields`."""
+    inner, gn = "ssm_heads * ssm_head_dim", "ssm_groups * ssm_state"
+    parts = {"axis": 0, "sizes": [inner, inner, gn, gn, "ssm_heads"]}
+    conv = {"axis": 0, "sizes": [inner, gn, gn]}
+    names = ("z", "x", "b", "c", "dt")
+    convs = ("conv_x", "conv_b", "conv_c")
+    return [
+        {"from": layer + r"in_proj\.weight", "to": [to + n for n in names], "split": parts,
+         "transpose": [1, 0]},
+        {"from": layer + r"in_proj\.bias", "to": [to + n + "_bias" for n in names],
+         "split": parts},
+        {"from": layer + r"conv1d\.weight", "to": [to + n for n in convs],
+         "view": [-1, "ssm_conv"], "split": conv, "transpose": [1, 0]},
+        {"from": layer + r"conv1d\.bias", "to": [to + n + "_bias" for n in convs],
+         "split": conv},
+        {"from": layer + r"dt_bias", "to": to + "dt_bias"},
+        {"from": layer + r"A_log", "to": to + "a_log"},
+        {"from": layer + r"D", "to": to + "d"},
+        {"from": layer + r"norm\.weight", "to": to + "norm",
+         "reshape": ["ssm_heads", "ssm_head_dim"]},
+        {"from": layer + r"out_proj\.weight", "to": to + "out", "transpose": [1, 0],
+         "reshape": ["ssm_heads", "ssm_head_dim", "embed_dim"]},
+        {"from": layer + r"out_proj\.bias", "to": to + "out_bias"},
+    ]  # fmt: skip

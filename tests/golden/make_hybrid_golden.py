@@ -7,8 +7,8 @@ weight perturbation and the numbers).
     python tests/golden/make_hybrid_golden.py --numbers-only  # keeps the committed models
     python tests/golden/make_hybrid_golden.py --only mamba2
 
-Each family of `FAMILIES` gets `tests/golden/hybrid/<name>/` (`OUT`; they move to
-tests/golden/families/ when the family registry reads them): a tiny random transformers 5 model
+Each family of `FAMILIES` gets `tests/golden/families/<name>/` (`OUT`, where
+tests/unit/models/test_families.py finds it by itself): a tiny random transformers 5 model
 (seed 0, 1-D weights perturbed) as `save_pretrained` writes it, and `golden.json` with
 transformers' float32 log-probabilities of every scored target of the `sliding`, `hf_strided` and
 `lm_eval_rolling` windows (24 inputs each), and in float64 (`log_probs_float64`, to show the
@@ -54,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_family_golden as family  # noqa: E402
 
-OUT = os.path.join(HERE, "hybrid")
+OUT = os.path.join(HERE, "families")
 
 SMALL = dict(
     vocab_size=family.VOCAB,

@@ -1,26 +1,23 @@
-"""The hybrid families (issue 24: Qwen3.5, Qwen3-Next, Mamba2, Nemotron-H, Falcon-H1) against
-transformers 5's own log-probabilities, stored with tiny random models in tests/golden/hybrid/
-by tests/golden/make_hybrid_golden.py, under the three protocols of test_families.py: nll_sum
-within 1e-6 relative of transformers' float32, bfloat16 within 1e-3 of float32; each feature
-turned off (a config field, or weights that undo it) moves the numbers.
+"""The hybrid families (issue 24: `qwen3_5` for Qwen3.5 and Qwen3-Next, `mamba2`, `nemotron_h`,
+`falcon_h1`), read by the registry from the transformers directories in tests/golden/families/
+(written by tests/golden/make_hybrid_golden.py): `test_families.test_matches_transformers` checks
+them against transformers' float32 log-probabilities under the three protocols (per token within
+1e-5 relative, `nll_sum` within 1e-6; bfloat16 in its slow tier); here, what the scans add: the
+scan's chunk size and packing change no number, the descriptions read every feature, the
+context axis is refused, and each feature turned off (a description field, or weights that undo
+it) moves the numbers.
 
-Per token, and under another chunk size of the scans, the tolerance is float32's: 1e-5 relative
-of transformers' float32 and 1e-6 between chunk sizes for the Mamba2 families (measured 2e-7
-to 3e-7). The Gated DeltaNet families are less well conditioned: each head's output `S^T q`
-can be small by cancellation and the gated norm scales it to unit size, so float32's rounding
-of a layer's input reaches its output multiplied by up to ~25 (measured at a token of
-qwen3_5's lm_eval_rolling windows, where ppl_jax's float32 and transformers' float32 are 9.7e-6
-and 4e-7 from transformers' float64, and ppl_jax's Gated DeltaNet layer fed the float64 input is
-4x closer to float64 than transformers' layer). Their tolerances are 2e-5 against
-transformers' float32 and 5e-6 between chunk sizes (measured 9.3e-6 and 2.6e-6), with the
-sums within 1e-6 and 1e-7 (measured 5e-8 and 2e-8); the golden files carry transformers'
-float64 numbers that show it.
+Tolerances of the chunk size: 1e-6 relative per token for the Mamba2 families (measured 2e-7 to
+3e-7). The Gated DeltaNet families are less well conditioned: each head's output `S^T q` can be
+small by cancellation and the gated norm scales it to unit size, so float32's rounding of a
+layer's input reaches its output multiplied by up to ~25 (at a token of qwen3_5's
+lm_eval_rolling windows ppl_jax's float32 and transformers' float32 are 9.7e-6 and 4e-7 from
+transformers' float64, which the golden files carry). Their chunk-size tolerance is 5e-6 per
+token (measured 2.6e-6) with the sums within 1e-7 (measured 2e-8).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
 
@@ -28,147 +25,104 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_families
-from flax import nnx
+from test_families import FAMILY_DIR, golden, loaded, ppl_windows, protocol_nll, score_rows
 
-from ppl_jax.models import falcon_h1, mamba2, nemotron_h, qwen3_5
-from ppl_jax.models import nnx as nnx_lib
+from ppl_jax.checkpoints import hf
+from ppl_jax.models import registry
 
-import helpers
-import hybrid_weights
-
-# family -> (config reader, module, weights reader)
-FAMILIES = {
-    "mamba2": (mamba2.from_hf_config, mamba2.Mamba2, hybrid_weights.mamba2_params),
-    "falcon_h1": (falcon_h1.from_hf_config, falcon_h1.FalconH1, hybrid_weights.falcon_h1_params),
-    "qwen3_5": (qwen3_5.from_hf_config, qwen3_5.Qwen35, hybrid_weights.qwen3_5_params),
-    "qwen3_next": (qwen3_5.from_hf_config, qwen3_5.Qwen35, hybrid_weights.qwen3_5_params),
-    "nemotron_h": (
-        nemotron_h.from_hf_config,
-        nemotron_h.NemotronH,
-        hybrid_weights.nemotron_h_params,
-    ),
-}
-PROTOCOLS = test_families.PROTOCOLS
-HYBRID_DIR = os.path.join(helpers.GOLDEN, "hybrid")
-
-
-def config_of(family: str):
-    stored = stored_dir(family)
-    return FAMILIES[family][0](stored.config)
-
-
-@functools.cache
-def golden(family: str) -> dict:
-    with open(os.path.join(HYBRID_DIR, family, "golden.json"), encoding="utf-8") as f:
-        return json.load(f)
-
-
-@functools.cache
-def stored_dir(family: str) -> hybrid_weights.Stored:
-    return hybrid_weights.Stored(os.path.join(HYBRID_DIR, family))
-
-
-def loaded(family: str, dtype=jnp.float32, change: str = "{}", edit: str = "{}"):
-    """(LanguageModel, params) of the committed directory; `change`: JSON of config fields
-    replaced (`{"ssm_chunk": 5}`; `rope` as a dict); `edit`: JSON of weights set to a constant
-    (`{"layers/3/attn/gate": 0.0}`)."""
-    return _loaded(family, jnp.dtype(dtype).name, change, edit)
-
-
-@functools.cache
-def _loaded(family: str, dtype: str, change: str, edit: str):
-    cfg = config_of(family)
-    fields = json.loads(change)
-    if "rope" in fields:
-        fields["rope"] = tuple(sorted({**dict(cfg.rope), **fields["rope"]}.items()))
-    cfg = dataclasses.replace(cfg, **fields)
-    _, module_class, weights = FAMILIES[family]
-    dtype = jnp.dtype(dtype)
-    model = nnx_lib.from_nnx(
-        lambda: module_class(cfg, nnx.Rngs(0), dtype), cfg.vocab_size, cfg.max_positions, {}
-    )
-    stored = stored_dir(family)
-    params = weights(stored, cfg)
-    assert not stored.unused(), stored.unused()
-    flat = {k: v for k, v in _flat(params).items()}
-    expected = _flat(model.abstract_params)
-    assert sorted(flat) == sorted(expected)
-    for name, leaf in expected.items():
-        assert flat[name].shape == leaf.shape, name
-    for name, value in json.loads(edit).items():
-        flat[name] = np.full_like(flat[name], value)
-    params = {k: jnp.asarray(v, dtype) for k, v in flat.items()}
-    return model, _nest(params)
-
-
-def _flat(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}/"))
-        else:
-            out[prefix + k] = v
-    return out
-
-
-def _nest(flat):
-    out: dict = {}
-    for name, leaf in flat.items():
-        node = out
-        *parents, last = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = leaf
-    return out
-
-
-def nll(family, protocol="sliding", dtype=jnp.float32, change="{}", edit="{}"):
-    g = golden(family)
-    model = loaded(family, dtype, change, edit)
-    return np.concatenate(test_families.protocol_nll(g, protocol, *model))
-
-
-def reference(family, protocol="sliding"):
-    g = golden(family)
-    return np.concatenate(
-        [-np.asarray(w["log_probs"], np.float64) for w in g["protocols"][protocol]]
-    )
-
-
+HYBRIDS = ("falcon_h1", "mamba2", "nemotron_h", "qwen3_5", "qwen3_next")
 GATED_DELTA = ("qwen3_5", "qwen3_next")  # the less well conditioned (module docstring)
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_matches_transformers(family, protocol):
-    ours, ref = nll(family, protocol), reference(family, protocol)
-    assert ours.shape == ref.shape
-    per_token = np.max(np.abs(ours - ref) / np.abs(ref))
-    total = abs(ours.sum() - ref.sum()) / ref.sum()
-    assert per_token < (2e-5 if family in GATED_DELTA else 1e-5), per_token
-    assert total < 1e-6, total
+def nll(family, description=None, dtype=jnp.float32, edit=None):
+    """ppl_jax's per-token NLL of the family's `sliding` windows (`description`: fields replaced;
+    `edit`: weight name -> a constant it is set to)."""
+    model, params = loaded(family, dtype, json.dumps(description) if description else None)
+    for name, value in (edit or {}).items():
+        *parents, last = name.split("/")
+        node = params = dict(params)
+        for p in parents:
+            node[p] = dict(node[p])
+            node = node[p]
+        node[last] = jnp.full_like(node[last], value)
+    return np.concatenate(protocol_nll(golden(family), "sliding", model, params))
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_bfloat16_within_1e3_of_float32(family):
-    f32, bf16 = nll(family), nll(family, dtype=jnp.bfloat16)
-    assert abs(bf16.sum() - f32.sum()) / f32.sum() < 1e-3
+def reference(family, protocol="sliding"):
+    return np.concatenate(
+        [-np.asarray(w["log_probs"], np.float64) for w in golden(family)["protocols"][protocol]]
+    )
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_descriptions_read_every_feature():
+    d = {f: hf.read_description(os.path.join(FAMILY_DIR, f)) for f in HYBRIDS}
+    assert {f: x["family"] for f, x in d.items()} == {
+        "falcon_h1": "falcon_h1",
+        "mamba2": "mamba2",
+        "nemotron_h": "nemotron_h",
+        "qwen3_5": "qwen3_5",
+        "qwen3_next": "qwen3_5",
+    }
+    kinds = {
+        f: [(k.mixer, k.mlp) for k in registry.for_description(x).layer_kinds(
+            registry.config_of(x))]
+        for f, x in d.items()
+    }  # fmt: skip
+    assert set(kinds["mamba2"]) == {("state_space", "none")}
+    assert {"linear_attention", "attention"} == {m for m, _ in kinds["qwen3_5"]}
+    assert {"moe"} <= {m for _, m in kinds["qwen3_next"]}
+    assert {("state_space", "none"), ("attention", "none"), ("none", "dense"), ("none", "moe")} \
+        <= set(kinds["nemotron_h"])  # fmt: skip
+    assert d["falcon_h1"]["ssm_scales"] != [1.0] * 5 and d["falcon_h1"]["key_scale"] != 1.0
+    assert d["qwen3_next"]["model_type"] == "qwen3_next" and d["qwen3_next"]["moe_top_k"] > 1
+    assert 0 < d["qwen3_5"]["rope"]["rotary_dim"] < d["qwen3_5"]["head_dim"]
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_the_context_axis_is_refused_in_one_sentence(family):
+    """Their scans' state does not yet pass between context shards: the family says so."""
+    d = hf.read_description(os.path.join(FAMILY_DIR, family))
+    family = registry.for_description(d)
+    reason = family.refusal(registry.config_of(d), "context")
+    assert reason and "state along the sequence" in reason
+    assert family.module.context_parallel is False  # what the context axis's build reads
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
 def test_the_scans_chunk_size_changes_no_nll(family):
     base = nll(family)
     field = "gdn_chunk" if family in GATED_DELTA else "ssm_chunk"
-    for chunk in (3, 5, 64):
-        ours = nll(family, change=json.dumps({field: chunk}))
+    for chunk in (3, 64):
+        ours = nll(family, {field: chunk})
         assert np.max(np.abs(ours - base) / base) < (5e-6 if family in GATED_DELTA else 1e-6)
         assert abs(ours.sum() - base.sum()) / base.sum() < 1e-7
 
 
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_a_packed_row_scores_as_its_windows_alone(family):
+    """Two lm_eval_rolling windows of different lengths in one row: the scans restart at the
+    second one's start (state and convolution), within 1e-6 of each scored alone."""
+    model, params = loaded(family)
+    g = golden(family)
+    windows = ppl_windows(g, "lm_eval_rolling")
+    lengths = windows.row_lengths()
+    a, b = int(np.argmax(lengths)), int(np.argmin(lengths))
+    rows = windows.fill([(b, a)] + [()] * 7, int(lengths[a] + lengths[b]))
+    packed = score_rows(model, params, rows)[0][rows["target_mask"][0, 1:]]
+    alone = []
+    for k in (b, a):
+        one = windows.fill([(k,)] + [()] * 7, int(lengths[a] + lengths[b]))
+        alone.append(score_rows(model, params, one)[0][one["target_mask"][0, 1:]])
+    np.testing.assert_allclose(packed, np.concatenate(alone), rtol=1e-6)
+    ref = g["protocols"]["lm_eval_rolling"]
+    expected = np.concatenate([-np.asarray(ref[k]["log_probs"]) for k in (b, a)])
+    np.testing.assert_allclose(packed, expected, rtol=1e-5)
+
+
 # Each feature turned off moves some token's NLL well past the tolerance: the comparison sees it.
-# (family, config fields replaced, weights set to a constant)
+# (family, description fields replaced, weights set to a constant)
 CHANGES = [
-    ("qwen3_5", {"rope": {"rotary_dim": 0}}, {}),  # partial rotary -> all dims
+    ("qwen3_5", {"rope": "rotary_dim=0"}, {}),  # partial rotary -> all dims
     ("qwen3_5", {}, {"layers/3/attn/gate": 0.0}),  # the output gate at 1/2 everywhere
     ("qwen3_5", {}, {"layers/3/attn/q_norm": 3.0}),  # QK-norm's (1 + w)
     ("qwen3_5", {}, {"layers/1/linear_attn/norm": 3.0}),  # the gated norm's weight
@@ -202,5 +156,12 @@ CHANGES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("family,change,edit", CHANGES)
 def test_the_comparison_sees_each_feature(family, change, edit):
-    ours = nll(family, change=json.dumps(change), edit=json.dumps(edit))
+    if change.get("rope") == "rotary_dim=0":
+        d = hf.read_description(os.path.join(FAMILY_DIR, family))
+        change = {"rope": {**d["rope"], "rotary_dim": 0}}
+    ours = nll(family, change, edit=edit)
     assert np.max(np.abs(ours - reference(family))) > 1e-3
+
+
+def test_the_hybrids_are_in_the_family_tests():
+    assert set(HYBRIDS) <= set(test_families.FAMILIES)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ppl_jax.checkpoints import blocks, mapping
 from ppl_jax.models import gated_delta, ssd
 
 import helpers
-import hybrid_weights
 
 CASES = ("qwen3_5", "qwen3_next", "mamba2", "nemotron_h", "falcon_h1", "falcon_h1_plain")
 GDN_CASES = ("qwen3_5", "qwen3_next")
@@ -42,8 +42,10 @@ def gdn_layer(z: dict, model_type: str, chunk: int, dtype=jnp.float32):
     spec = gated_delta.GatedDeltaSpec(
         d, hk, dk, hv, dv, _field(z, "linear_conv_kernel_dim"), _field(z, "rms_norm_eps"), chunk
     )
-    params = hybrid_weights.gdn(z.__getitem__, spec, model_type)
-    return _filled(gated_delta.GatedDeltaNet(spec, nnx.Rngs(0), dtype), params)
+    names = dict(embed_dim=d, gdn_key_heads=hk, gdn_key_dim=dk, gdn_value_heads=hv)
+    names.update(gdn_value_dim=dv, gdn_conv=spec.conv_kernel)
+    layer = gated_delta.GatedDeltaNet(spec, nnx.Rngs(0), dtype)
+    return _filled(layer, gated_delta.hf_rules("", "", model_type), z, names)
 
 
 def mamba_spec(z: dict, model_type: str, chunk: int | None = None) -> ssd.Mamba2Spec:
@@ -85,15 +87,35 @@ def mamba_spec(z: dict, model_type: str, chunk: int | None = None) -> ssd.Mamba2
 def mamba_layer(z: dict, model_type: str, chunk: int | None = None, dtype=jnp.float32):
     """A `Mamba2Mixer` holding a golden file's transformers-layout weights."""
     spec = mamba_spec(z, model_type, chunk)
-    params = hybrid_weights.mamba(z.__getitem__, spec)
-    return _filled(ssd.Mamba2Mixer(spec, nnx.Rngs(0), dtype), params)
+    names = dict(embed_dim=spec.embed_dim, ssm_heads=spec.heads, ssm_head_dim=spec.head_dim)
+    names.update(ssm_groups=spec.groups, ssm_state=spec.state_dim, ssm_conv=spec.conv_kernel)
+    layer = ssd.Mamba2Mixer(spec, nnx.Rngs(0), dtype)
+    return _filled(layer, ssd.hf_rules("", ""), z, names)
 
 
-def _filled(module, params: dict):
-    for name, value in params.items():
-        param = getattr(module, name)
-        assert param.shape == value.shape, (name, param.shape, value.shape)
-        param[...] = jnp.asarray(value, param.dtype)
+class _Arrays:
+    """The golden file's tensors as the mapping's storage."""
+
+    def __init__(self, z: dict):
+        self.z = z
+
+    def read(self, name, index):
+        return self.z[name][index]
+
+
+def _filled(module, rules: list, z: dict, names: dict):
+    """`module` with the golden file's transformers-layout weights, mapped by the layer's own
+    rules (`hf_rules`): every stored weight taken, every param given."""
+    stored = {k: (v.shape, v.dtype) for k, v in z.items() if "/" not in k and k not in "xy"}
+    params = dict(nnx.to_flat_state(nnx.state(module, nnx.Param)))
+    target = {"/".join(map(str, k)): v for k, v in params.items()}
+    sources = mapping.resolve(rules, stored, target, names, "golden")
+    for key, param in params.items():
+        name, shape = "/".join(map(str, key)), param.get_value().shape
+        block = tuple(range(n) for n in shape)
+        value = blocks.read_block(sources[name], stored, shape, block, _Arrays(z), names,
+                                  np.float32)  # fmt: skip
+        param.set_value(jnp.asarray(value, param.get_value().dtype))
     return module
 
 

@@ -28,11 +28,11 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import hybrid, ssd
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.llama import normal_param, ones_param
-from ppl_jax.models.mamba2 import SsmFields, dt_limit, mixer_spec, norm_then_cast
+from ppl_jax.models.registry import Family, Layer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FalconH1Config(SsmFields):
+class FalconH1Config(ssd.SsmFields):
     """Architecture of a Falcon-H1 model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -40,7 +40,7 @@ class FalconH1Config(SsmFields):
       rope: the `rope_*` fields of the attention (`ppl_jax.models.hybrid.AttentionSpec.rope`).
       max_positions: `max_position_embeddings`.
       attention_bias, mlp_bias: biases of the attention's and the MLP's projections.
-      ssm_*: every layer's Mamba2 layer (`ppl_jax.models.mamba2.SsmFields`).
+      ssm_*: every layer's Mamba2 layer (`ppl_jax.models.ssd.SsmFields`).
       embedding_scale, lm_head_scale, key_scale, attention_in_scale, attention_out_scale,
         ssm_in_scale, ssm_out_scale, mlp_gate_scale, mlp_down_scale: the multipliers
         (`embedding_multiplier`, ..., `mlp_multipliers`).
@@ -75,7 +75,7 @@ class FalconH1Config(SsmFields):
     model_type: str = "falcon_h1"
 
     def __post_init__(self):
-        mixer_spec(self)
+        ssd.mixer_spec(self)
         self.attention_spec()
 
     def attention_spec(self) -> hybrid.AttentionSpec:
@@ -133,7 +133,7 @@ def from_hf_config(c: dict[str, Any]) -> FalconH1Config:
     norm = "none"
     if c.get("mamba_rms_norm", False):
         norm = "gated_first_norm" if c.get("mamba_norm_before_gate", True) else "gated"
-    low, high = dt_limit(c.get("time_step_limit"))
+    low, high = ssd.dt_limit(c.get("time_step_limit"))
     try:
         gate_scale, down_scale = (float(v) for v in (c.get("mlp_multipliers") or (1.0, 1.0)))
         ssm_scales = tuple(float(v) for v in (c.get("ssm_multipliers") or (1.0,) * 5))
@@ -202,24 +202,26 @@ class Block(nnx.Module):
     def __init__(self, cfg: FalconH1Config, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str):
         self.cfg = cfg
         self.input_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
-        self.ssm = ssd.Mamba2Mixer(mixer_spec(cfg), rngs, dtype)
+        self.ssm = ssd.Mamba2Mixer(ssd.mixer_spec(cfg), rngs, dtype)
         self.attn = hybrid.Attention(cfg.attention_spec(), rngs, dtype, attention)
         self.mlp_norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
         self.mlp = hybrid.MLP(cfg.mlp_spec(), rngs, dtype)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         cfg = self.cfg
-        h = norm_then_cast(x, self.input_norm[...], cfg.norm_eps)
+        h = hybrid.norm_then_cast(x, self.input_norm[...], cfg.norm_eps)
         ssm = _scaled(self.ssm(_scaled(h, cfg.ssm_in_scale), segment_ids), cfg.ssm_out_scale)
         attn = self.attn(_scaled(h, cfg.attention_in_scale), positions, segment_ids)
         x = x + (ssm + _scaled(attn, cfg.attention_out_scale))
-        return x + self.mlp(norm_then_cast(x, self.mlp_norm[...], cfg.norm_eps))
+        return x + self.mlp(hybrid.norm_then_cast(x, self.mlp_norm[...], cfg.norm_eps))
 
 
 class FalconH1(nnx.Module):
     """The language model. `__call__(tokens, positions, segment_ids)` gives final hidden states
     `[B, T, embed]`; `unembedding()` the `[embed, vocab]` output matrix times
     `lm_head_multiplier`."""
+
+    context_parallel = False  # the scans' state is not passed between context shards
 
     def __init__(
         self, cfg: FalconH1Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
@@ -238,8 +240,37 @@ class FalconH1(nnx.Module):
         x = _scaled(jnp.take(self.embedding[...], tokens, axis=0), self.cfg.embedding_scale)
         for layer in self.layers:
             x = layer(x, positions, segment_ids)
-        return norm_then_cast(x, self.final_norm[...], self.cfg.norm_eps)
+        return hybrid.norm_then_cast(x, self.final_norm[...], self.cfg.norm_eps)
 
     def unembedding(self) -> jax.Array:
         w = self.embedding[...].T if self.cfg.tie_embeddings else self.lm_head[...]
         return _scaled(w, self.cfg.lm_head_scale)
+
+
+LAYER = r"layers\.(?P<l>\d+)\."
+
+
+def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mapping rules of a `falcon_h1` directory's weights (names without `model.`)."""
+    return [
+        *hybrid.embedding_rules(d, r"embed_tokens\.weight", r"final_layernorm\.weight"),
+        {"from": LAYER + r"input_layernorm\.weight", "to": "layers/{l}/input_norm"},
+        {"from": LAYER + r"pre_ff_layernorm\.weight", "to": "layers/{l}/mlp_norm"},
+        *ssd.hf_rules(LAYER + r"mamba\.", "layers/{l}/ssm/"),
+        *hybrid.attention_rules(LAYER + r"self_attn\.", "layers/{l}/attn/"),
+        *hybrid.mlp_rules(LAYER + r"feed_forward\.", "layers/{l}/mlp/"),
+    ]
+
+
+FAMILY = Family(
+    name="falcon_h1",
+    config=FalconH1Config,
+    module=FalconH1,
+    hf_readers={"falcon_h1": from_hf_config},
+    hf_rules=rules,
+    hf_prefixes=("model.",),
+    layers=lambda cfg: tuple(
+        Layer("attention", "dense", "state_space") for _ in range(cfg.num_layers)
+    ),  # fmt: skip
+    limits=(hybrid.scan_limit("Mamba2 layers"),),
+)

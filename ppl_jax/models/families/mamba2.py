@@ -21,62 +21,13 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import hybrid, ssd
 from ppl_jax.models.llama import normal_param, ones_param
+from ppl_jax.models.registry import Family, Layer
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SsmFields:
-    """The Mamba2 layer's fields of a family's flat config (Mamba2, Nemotron-H, Falcon-H1);
-    `mixer_spec` makes the layer's `ppl_jax.models.ssd.Mamba2Spec` of them.
-
-    Attributes:
-      ssm_heads, ssm_head_dim, ssm_groups, ssm_state, ssm_conv, ssm_chunk: the layer's heads, head
-        width, groups of B and C, state width, convolution width and scan chunk (see
-        `Mamba2Spec`).
-      ssm_dt_min, ssm_dt_max: dt's clamp (`time_step_limit`; None: no upper bound).
-      ssm_conv_bias, ssm_in_bias, ssm_out_bias: the convolution's and projections' biases.
-      ssm_norm: the gate and norm of the output (`ppl_jax.models.ssd.NORMS`).
-      ssm_scales: factors of the input projection's parts z, x, B, C, dt.
-    """
-
-    ssm_heads: int = 0
-    ssm_head_dim: int = 0
-    ssm_groups: int = 1
-    ssm_state: int = 0
-    ssm_conv: int = 4
-    ssm_chunk: int = 256
-    ssm_dt_min: float = 0.0
-    ssm_dt_max: float | None = None
-    ssm_conv_bias: bool = True
-    ssm_in_bias: bool = False
-    ssm_out_bias: bool = False
-    ssm_norm: str = "gated"
-    ssm_scales: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)
-
-
-def mixer_spec(cfg: Any) -> ssd.Mamba2Spec:
-    """The Mamba2 layer of a config with `SsmFields` (and `embed_dim`, `norm_eps`)."""
-    return ssd.Mamba2Spec(
-        embed_dim=cfg.embed_dim,
-        heads=cfg.ssm_heads,
-        head_dim=cfg.ssm_head_dim,
-        groups=cfg.ssm_groups,
-        state_dim=cfg.ssm_state,
-        conv_kernel=cfg.ssm_conv,
-        chunk=cfg.ssm_chunk,
-        norm_eps=cfg.norm_eps,
-        dt_limit=(cfg.ssm_dt_min, float("inf") if cfg.ssm_dt_max is None else cfg.ssm_dt_max),
-        conv_bias=cfg.ssm_conv_bias,
-        in_bias=cfg.ssm_in_bias,
-        out_bias=cfg.ssm_out_bias,
-        norm=cfg.ssm_norm,
-        part_scales=tuple(cfg.ssm_scales),
-    )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Mamba2Config(SsmFields):
+class Mamba2Config(ssd.SsmFields):
     """Architecture of a Mamba2 language model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -100,7 +51,7 @@ class Mamba2Config(SsmFields):
     model_type: str = "mamba2"
 
     def __post_init__(self):
-        mixer_spec(self)  # raises for an impossible layer
+        ssd.mixer_spec(self)  # raises for an impossible layer
 
     def to_dict(self) -> dict[str, Any]:
         return hybrid.config_to_dict(self)
@@ -108,30 +59,6 @@ class Mamba2Config(SsmFields):
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Mamba2Config:
         return hybrid.config_from_dict(Mamba2Config, d)
-
-
-def dt_limit(value: Any, low_default: float = 0.0) -> tuple[float, float]:
-    """`time_step_limit` of a `config.json` (a pair; transformers writes infinity as
-    `{"__float__": "Infinity"}`), as `(low, high)` floats.
-
-    Raises:
-      CheckpointError: not a pair of numbers.
-    """
-
-    def number(v):
-        if isinstance(v, dict) and set(v) == {"__float__"}:
-            v = v["__float__"]
-        return float(v)
-
-    if value is None:
-        return (low_default, float("inf"))
-    try:
-        low, high = (number(v) for v in value)
-    except (TypeError, ValueError):
-        raise CheckpointError(
-            f"time_step_limit {str(value)[:60]} is not a pair of numbers."
-        ) from None
-    return (low, high)
 
 
 def from_hf_config(c: dict[str, Any]) -> Mamba2Config:
@@ -152,7 +79,7 @@ def from_hf_config(c: dict[str, Any]) -> Mamba2Config:
             f"{int(c.get('expand', 2)) * d} (transformers refuses such a config too)."
         )
     eps = float(c.get("layer_norm_epsilon", 1e-5))
-    low, high = dt_limit(c.get("time_step_limit"))
+    low, high = ssd.dt_limit(c.get("time_step_limit"))
     return Mamba2Config(
         vocab_size=int(c["vocab_size"]),
         embed_dim=d,
@@ -174,22 +101,14 @@ def from_hf_config(c: dict[str, Any]) -> Mamba2Config:
     )
 
 
-def norm_then_cast(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """transformers' `Mamba2RMSNorm`/`FalconH1RMSNorm`: `w * x̂` with x̂ (float32) cast to `x`'s
-    dtype first, in the weight's dtype."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight * y.astype(x.dtype)
-
-
 class Block(nnx.Module):
     def __init__(self, cfg: Mamba2Config, rngs: nnx.Rngs, dtype: jnp.dtype):
         self.eps = cfg.norm_eps
         self.norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
-        self.mixer = ssd.Mamba2Mixer(mixer_spec(cfg), rngs, dtype)
+        self.mixer = ssd.Mamba2Mixer(ssd.mixer_spec(cfg), rngs, dtype)
 
     def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        h = norm_then_cast(x.astype(self.norm.dtype), self.norm[...], self.eps)
+        h = hybrid.norm_then_cast(x.astype(self.norm.dtype), self.norm[...], self.eps)
         return x + self.mixer(h, segment_ids).astype(x.dtype)
 
 
@@ -197,6 +116,8 @@ class Mamba2(nnx.Module):
     """The language model. `__call__(tokens, positions, segment_ids)` gives final hidden states
     `[B, T, embed]` in the weights' dtype; `unembedding()` the `[embed, vocab]` output matrix.
     Positions are not read: the recurrent layers restart at each segment start."""
+
+    context_parallel = False  # the scans' state is not passed between context shards
 
     def __init__(
         self, cfg: Mamba2Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
@@ -220,7 +141,31 @@ class Mamba2(nnx.Module):
         for layer in self.layers:
             x = layer(x, segment_ids)
         w = self.final_norm[...]
-        return norm_then_cast(x, w, self.cfg.norm_eps).astype(w.dtype)
+        return hybrid.norm_then_cast(x, w, self.cfg.norm_eps).astype(w.dtype)
 
     def unembedding(self) -> jax.Array:
         return self.embedding[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+
+LAYER = r"layers\.(?P<l>\d+)\."
+
+
+def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mapping rules of a `mamba2` directory's weights (names without `backbone.`)."""
+    return [
+        *hybrid.embedding_rules(d, r"embeddings\.weight", r"norm_f\.weight"),
+        {"from": LAYER + r"norm\.weight", "to": "layers/{l}/norm"},
+        *ssd.hf_rules(LAYER + r"mixer\.", "layers/{l}/mixer/"),
+    ]
+
+
+FAMILY = Family(
+    name="mamba2",
+    config=Mamba2Config,
+    module=Mamba2,
+    hf_readers={"mamba2": from_hf_config},
+    hf_rules=rules,
+    hf_prefixes=("backbone.",),
+    layers=lambda cfg: tuple(Layer("state_space", "none") for _ in range(cfg.num_layers)),
+    limits=(hybrid.scan_limit("Mamba2 layers"),),
+)

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import gated_delta, hybrid, moe
+from ppl_jax.models import gated_delta, hybrid, llama_hf, moe
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.llama import normal_param, rms_norm
+from ppl_jax.models.registry import Family, Layer
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 
@@ -240,6 +241,8 @@ class Qwen35(nnx.Module):
     """The decoder. `__call__(tokens, positions, segment_ids)` gives final hidden states
     `[B, T, embed]` in the weights' dtype; `unembedding()` the `[embed, vocab]` output matrix."""
 
+    context_parallel = False  # the scans' state is not passed between context shards
+
     def __init__(
         self, cfg: Qwen35Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
     ):
@@ -263,3 +266,60 @@ class Qwen35(nnx.Module):
 
     def unembedding(self) -> jax.Array:
         return self.embedding[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+
+LAYER = r"layers\.(?P<l>\d+)\."
+
+
+def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mapping rules of a `qwen3_5_text`, `qwen3_5` or `qwen3_next` directory's weights
+    (names without the text model's prefix; the vision tower and the multi-token-prediction
+    layer left unused): Gated DeltaNet by the layout of `model_type`, the attention's packed
+    query and gate, Qwen3-Next's per-expert tensors stacked into `[experts, ...]`."""
+    linear, mlp = {"transpose": [1, 0]}, LAYER + r"mlp\."
+    experts = [
+        {"from": mlp + r"gate\.weight", "to": "layers/{l}/mlp/router", **linear},
+        {"from": mlp + r"experts\.(?P<e>\d+)\.(?P<p>gate|up|down)_proj\.weight",
+         "to": "layers/{l}/mlp/{p}", "stack": {"axis": 0, "index": "e"}, **linear},
+        {"from": mlp + r"shared_expert\.gate_proj\.weight", "to": "layers/{l}/mlp/shared_gate_proj",
+         **linear},
+        {"from": mlp + r"shared_expert\.(?P<p>up|down)_proj\.weight",
+         "to": "layers/{l}/mlp/shared_{p}", **linear},
+        {"from": mlp + r"shared_expert_gate\.weight", "to": "layers/{l}/mlp/shared_scale",
+         "reshape": ["embed_dim"]},
+    ]  # fmt: skip
+    return [
+        {"from": r"(visual|mtp)\..*", "to": None},
+        *hybrid.embedding_rules(d, r"embed_tokens\.weight", r"norm\.weight"),
+        {"from": LAYER + r"input_layernorm\.weight", "to": "layers/{l}/attn_norm"},
+        {"from": LAYER + r"post_attention_layernorm\.weight", "to": "layers/{l}/mlp_norm"},
+        *gated_delta.hf_rules(
+            LAYER + r"linear_attn\.", "layers/{l}/linear_attn/", d.get("model_type", "")
+        ),
+        *hybrid.attention_rules(LAYER + r"self_attn\.", "layers/{l}/attn/", output_gate=True),
+        *hybrid.mlp_rules(mlp, "layers/{l}/mlp/"),
+        *experts,
+    ]
+
+
+def layer_kinds(cfg: Qwen35Config) -> tuple[Layer, ...]:
+    """Gated DeltaNet (`linear_attention`) or gated attention, then a dense MLP or experts."""
+    return tuple(
+        Layer(
+            "linear_attention" if i in cfg.linear_layers else "attention",
+            "moe" if i in cfg.moe_layers else "dense",
+        )
+        for i in range(cfg.num_layers)
+    )
+
+
+FAMILY = Family(
+    name="qwen3_5",
+    config=Qwen35Config,
+    module=Qwen35,
+    hf_readers={t: from_hf_config for t in MODEL_TYPES},
+    hf_rules=rules,
+    hf_prefixes=llama_hf.PREFIXES,
+    layers=layer_kinds,
+    limits=(hybrid.scan_limit("Gated DeltaNet layers"),),
+)

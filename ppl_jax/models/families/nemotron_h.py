@@ -31,7 +31,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import hybrid, ssd
 from ppl_jax.models.llama import normal_param, ones_param, rms_norm, zeros_param
-from ppl_jax.models.mamba2 import SsmFields, dt_limit, mixer_spec
+from ppl_jax.models.registry import Family, Layer
 
 KINDS = ("mamba", "attention", "mlp", "moe")
 _HF_KINDS = {"linear_attention": "mamba", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
@@ -39,7 +39,7 @@ _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "mo
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class NemotronHConfig(SsmFields):
+class NemotronHConfig(ssd.SsmFields):
     """Architecture of a Nemotron-H model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -47,7 +47,7 @@ class NemotronHConfig(SsmFields):
       layer_kinds: each layer's mixer, one of `KINDS`.
       num_heads, num_kv_heads, head_dim: the attention layers.
       mlp_dim, mlp_bias: the MLP layers (`intermediate_size`, `mlp_bias`).
-      ssm_*: the Mamba2 layers (`ppl_jax.models.mamba2.SsmFields`).
+      ssm_*: the Mamba2 layers (`ppl_jax.models.ssd.SsmFields`).
       moe_experts, moe_top_k, moe_mlp_dim, moe_shared_mlp_dim, moe_latent_dim (0: none),
         moe_groups, moe_top_groups, moe_scale, moe_norm_topk_prob: the MoE layers
         (`n_routed_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
@@ -89,7 +89,7 @@ class NemotronHConfig(SsmFields):
                 f"the layer kinds {list(self.layer_kinds)[:8]} are not {self.num_layers} of "
                 f"{', '.join(KINDS)}."
             )
-        mixer_spec(self)
+        ssd.mixer_spec(self)
         self.attention_spec()
         if "moe" in self.layer_kinds:
             if not 0 < self.moe_top_k <= self.moe_experts or self.moe_experts % self.moe_groups:
@@ -149,7 +149,7 @@ def from_hf_config(c: dict[str, Any]) -> NemotronHConfig:
         if (c.get(key) or default) != allowed:
             raise CheckpointError(f"{key} {str(c[key])[:40]!r} is not supported ({allowed}).")
     old = lambda new, name, default: c.get(new, c.get(name, default))  # noqa: E731
-    low, _ = dt_limit(None, float(old("time_step_min", "mamba_dt_min", 0.001)))
+    low, _ = ssd.dt_limit(None, float(old("time_step_min", "mamba_dt_min", 0.001)))
     latent = c.get("moe_latent_size")
     return NemotronHConfig(
         vocab_size=int(c["vocab_size"]),
@@ -277,7 +277,7 @@ class Block(nnx.Module):
         self.kind, self.eps = kind, cfg.norm_eps
         self.norm = ones_param((cfg.embed_dim,), ("embed",), dtype)
         if kind == "mamba":
-            self.mixer = ssd.Mamba2Mixer(mixer_spec(cfg), rngs, dtype)
+            self.mixer = ssd.Mamba2Mixer(ssd.mixer_spec(cfg), rngs, dtype)
         elif kind == "attention":
             self.mixer = hybrid.Attention(cfg.attention_spec(), rngs, dtype, attention)
         elif kind == "mlp":
@@ -300,6 +300,8 @@ class Block(nnx.Module):
 class NemotronH(nnx.Module):
     """The language model. `__call__(tokens, positions, segment_ids)` gives final hidden states
     `[B, T, embed]` in the weights' dtype; `unembedding()` the `[embed, vocab]` output matrix."""
+
+    context_parallel = False  # the scans' state is not passed between context shards
 
     def __init__(
         self, cfg: NemotronHConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
@@ -324,3 +326,45 @@ class NemotronH(nnx.Module):
 
     def unembedding(self) -> jax.Array:
         return self.embedding[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+
+LAYER = r"layers\.(?P<l>\d+)\.mixer\."
+_LAYERS = {
+    "mamba": Layer("state_space", "none"),
+    "attention": Layer("attention", "none"),
+    "mlp": Layer("none", "dense"),
+    "moe": Layer("none", "moe"),
+}
+
+
+def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mapping rules of a `nemotron_h` directory's weights (names without `backbone.`):
+    every layer's one mixer under `layers/{l}/mixer/`, the experts' per-expert tensors stacked
+    into `[experts, ...]`."""
+    to, linear = "layers/{l}/mixer/", {"transpose": [1, 0]}
+    return [
+        *hybrid.embedding_rules(d, r"embeddings\.weight", r"norm_f\.weight"),
+        {"from": r"layers\.(?P<l>\d+)\.norm\.weight", "to": "layers/{l}/norm"},
+        *ssd.hf_rules(LAYER, to),
+        *hybrid.attention_rules(LAYER, to),
+        *hybrid.mlp_rules(LAYER, to),
+        {"from": LAYER + r"gate\.weight", "to": to + "router", **linear},
+        {"from": LAYER + r"gate\.e_score_correction_bias", "to": to + "bias"},
+        {"from": LAYER + r"experts\.(?P<e>\d+)\.(?P<p>up|down)_proj\.weight", "to": to + "{p}",
+         "stack": {"axis": 0, "index": "e"}, **linear},
+        {"from": LAYER + r"fc1_latent_proj\.weight", "to": to + "latent_in", **linear},
+        {"from": LAYER + r"fc2_latent_proj\.weight", "to": to + "latent_out", **linear},
+        *hybrid.mlp_rules(LAYER + r"shared_experts\.", to + "shared/"),
+    ]  # fmt: skip
+
+
+FAMILY = Family(
+    name="nemotron_h",
+    config=NemotronHConfig,
+    module=NemotronH,
+    hf_readers={"nemotron_h": from_hf_config},
+    hf_rules=rules,
+    hf_prefixes=("backbone.",),
+    layers=lambda cfg: tuple(_LAYERS[kind] for kind in cfg.layer_kinds),
+    limits=(hybrid.scan_limit("Mamba2 layers"),),
+)
