@@ -17,7 +17,9 @@ round; the largest per-token difference between them is printed as a check. Writ
 Shapes: hidden 512, 8 layers, 8 heads (2 key-value heads where the family has GQA), MLP 1408,
 vocabulary 32,000 (39-59M parameters), with each family's own features (Gemma 2's soft-caps
 and windows of 256, Phi-3's longrope past 256 positions, GPT-NeoX's partial rotary); Mixtral and
-Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width).
+Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width); Mamba2 with
+16 heads of 64, state 64, chunks of 64; Qwen3.5 with 6 Gated DeltaNet layers (4 key heads, 8
+value heads of 64) and 2 gated attention layers.
 """
 
 from __future__ import annotations
@@ -81,7 +83,16 @@ def _configs() -> dict:
         "qwen3_moe": tf.Qwen3MoeConfig(
             **COMMON, head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704
         ),
-    }
+        # the scans (issue 24): transformers runs its PyTorch fallbacks of them on the CPU
+        "mamba2": tf.Mamba2Config(
+            vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_heads=16, head_dim=64,
+            n_groups=1, state_size=64, chunk_size=64, expand=2,
+        ),
+        "qwen3_5": tf.Qwen3_5TextConfig(
+            **COMMON, head_dim=64, linear_num_key_heads=4, linear_key_head_dim=64,
+            linear_num_value_heads=8, linear_value_head_dim=64,
+        ),
+    }  # fmt: skip
 
 
 _FAMILIES = flags.DEFINE_list("families", list(_configs()), "Families to run.")

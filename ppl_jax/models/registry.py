@@ -78,7 +78,8 @@ MAX_SIZES = {
 @dataclasses.dataclass(frozen=True)
 class Layer:
     """The kind of one layer: its sequence mixer (`attention`, `linear_attention`,
-    `state_space`, or `none`: an MLP alone, as Nemotron-H's) and its MLP (`dense`, `moe`, `none`), and a note (`sliding`, `nope`, ...)."""
+    `state_space`, or `none`: an MLP alone, as Nemotron-H's) and its MLP (`dense`, `moe`,
+    `none`), and a note (`sliding`, `nope`, ...)."""
 
     mixer: str = "attention"
     mlp: str = "dense"
