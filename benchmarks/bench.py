@@ -172,14 +172,13 @@ def run_jax(
     import jax.numpy as jnp
     import numpy as np
 
+    from ppl_jax import plans, scoring
     from ppl_jax.checkpoints import hf
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models import attention as attention_lib
     from ppl_jax.models import registry
     from ppl_jax.plans import windows
-    from ppl_jax.plans.layout import plan_layout
     from ppl_jax.runtime import mesh as mesh_lib
-    from ppl_jax.scoring.scorer import Scorer
 
     chunks = np.load(tokens_path)
     num, seq_len = chunks.shape
@@ -200,7 +199,7 @@ def run_jax(
         chunks.ravel(), np.arange(num) * seq_len, np.full(num, seq_len), np.ones(num), seq_len - 1
     )
     batch_size = max(mesh.shape["data"], batch_size - batch_size % mesh.shape["data"])
-    scorer = Scorer(model, mesh, shardings)
+    scorer = scoring.Scorer(model, mesh, shardings)
     warm = windows.make(
         win.tokens,
         win.starts[:batch_size],
@@ -209,9 +208,9 @@ def run_jax(
         win.seq_len,
     )
     t0 = time.perf_counter()
-    scorer.score(params, warm, plan_layout(warm, batch_size))  # compile and warm up
+    scorer.score(params, warm, plans.plan_layout(warm, batch_size))  # compile and warm up
     compile_seconds = time.perf_counter() - t0
-    totals = scorer.score(params, win, plan_layout(win, batch_size))
+    totals = scorer.score(params, win, plans.plan_layout(win, batch_size))
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform == "gpu" else None
     return {
@@ -231,7 +230,7 @@ def run_jax(
 
 
 def _temp_bytes(scorer) -> int | None:
-    analyses = [c.memory_analysis() for c in scorer._compiled.values()]
+    analyses = scorer.memory_analysis().values()
     return max((a.temp_size_in_bytes for a in analyses if a is not None), default=None)
 
 

@@ -235,7 +235,7 @@ def _status_kb(field: str) -> int:
 
 def cache_supported() -> bool:
     """Whether `DatasetSpec` has a token cache (`cache_dir`) to measure a cached mode with."""
-    from ppl_jax.data.spec import DatasetSpec
+    from ppl_jax.data import DatasetSpec
 
     return "cache_dir" in {f.name for f in dataclasses.fields(DatasetSpec)}
 
@@ -249,10 +249,8 @@ def child_prepare(task: dict) -> dict:
 
     jax.process_count()  # JAX's runtime starts before the data, as in `evaluate` (its mesh)
     from ppl_jax import tokenizer
-    from ppl_jax.data.spec import DatasetSpec
-    from ppl_jax.plans import planner, protocols
-    from ppl_jax.plans.layout import plan_layout
-    from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
+    from ppl_jax.data import DatasetSpec
+    from ppl_jax.plans import BatchSpec, ProtocolSpec, plan_layout, planner, protocols
 
     extra = {"cache_dir": task["cache_dir"]} if task.get("cache_dir") else {}
     ds = DatasetSpec(
@@ -267,7 +265,7 @@ def child_prepare(task: dict) -> dict:
         **extra,
     )
     sliding = task["protocol"] == "sliding"
-    ev = ProtocolSpec(
+    protocol = ProtocolSpec(
         protocol=task["protocol"],
         seq_len=task["seq_len"],
         stride=task["stride"] if sliding else None,
@@ -312,9 +310,9 @@ def child_prepare(task: dict) -> dict:
         if hasattr(tok, name):
             setattr(tok, name, timed(getattr(tok, name)))
     if ds.cache_dir:  # as `evaluate` does: the plan cache, else the token cache, else read
-        p = planner.planned(ds, ev, tok, tok.vocab_size)[0]
+        p = planner.planned(ds, protocol, tok, tok.vocab_size)[0]
     else:
-        p = planner.plan(ds, ev, docs, counts, tok, tok.vocab_size)
+        p = planner.plan(ds, protocol, docs, counts, tok, tok.vocab_size)
     mark("plan")
     phases["tokenize"] = encode_s[0]
     phases["plan"] -= encode_s[0]

@@ -37,10 +37,9 @@ import transformers as tf
 from absl import app, flags
 
 from ppl_jax.checkpoints import hf
-from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
-from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.scoring.nll import token_nll
+from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
+from ppl_jax.scoring import token_nll
 
 COMMON = dict(
     vocab_size=32000,
@@ -120,8 +119,8 @@ def run_family(name: str, config, batch: int, seq_len: int, repeats: int) -> dic
         model.save_pretrained(tmp)
         desc = hf.read_description(tmp)
         ours = registry.build(desc, jnp.float32)
-        target, _ = mesh_lib.param_targets(
-            ours.abstract_params, ours.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
+        target, _ = param_targets(
+            ours.abstract_params, ours.logical_axes, make_mesh(-1, 1), DEFAULT_RULES
         )
         params = hf.load_params(tmp, target)
     x = jnp.asarray(tokens[:, :-1], jnp.int32)

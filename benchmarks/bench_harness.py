@@ -87,7 +87,7 @@ def main() -> None:
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    from ppl_jax.harness.model import PplJaxLM
+    from ppl_jax.harness import PplJaxLM
 
     pairs = requests(args.requests)
     instances = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl_jax.models.interface import HiddenStates, Logits
+from ppl_jax.models import HiddenStates, Logits
 from ppl_jax.scoring import nll
 
 

@@ -26,17 +26,10 @@ from flax import nnx
 
 import ppl_jax
 from ppl_jax.checkpoints import orbax as checkpoint
-from ppl_jax.config.defaults import (
-    DEFAULT_RULES,
-    HELD_OUT_MODULES,
-    demo_checkpoint_dir,
-    held_out_paths,
-)
-from ppl_jax.models import registry
-from ppl_jax.models.adapters import params_of_nnx
-from ppl_jax.models.llama import Llama, LlamaConfig
-from ppl_jax.runtime.mesh import make_mesh, param_targets
-from ppl_jax.scoring.nll import token_nll
+from ppl_jax.config import HELD_OUT_MODULES, demo_checkpoint_dir, held_out_paths
+from ppl_jax.models import Llama, LlamaConfig, params_of_nnx, registry
+from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
+from ppl_jax.scoring import token_nll
 from ppl_jax.tokenizer import ByteTokenizer
 
 FLAGS = flags.DEFINE

@@ -16,45 +16,55 @@ The public API (imported on first use, so `import ppl_jax` stays light):
 - the errors: `PplJaxError` and its kinds.
 """
 
-from importlib import import_module
-from typing import Any
+from etils import epy as _epy
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "Evaluator": "ppl_jax.evaluation.evaluator",
-    "DatasetSpec": "ppl_jax.data.spec",
-    "ProtocolSpec": "ppl_jax.plans.spec",
-    "BatchSpec": "ppl_jax.plans.spec",
-    "prepare": "ppl_jax.plans.planner:plan_dataset",
-    "LanguageModel": "ppl_jax.models.interface",
-    "HiddenStates": "ppl_jax.models.interface",
-    "Logits": "ppl_jax.models.interface",
-    "from_nnx": "ppl_jax.models.adapters",
-    "from_linen": "ppl_jax.models.adapters",
-    "open_checkpoint": "ppl_jax.checkpoints.opener",
-    "Checkpoint": "ppl_jax.checkpoints.opener",
-    "StepOptions": "ppl_jax.scoring.scorer",
-    "make_mesh": "ppl_jax.runtime.mesh",
-    "Sums": "ppl_jax.metrics.sums",
-    "derive": "ppl_jax.metrics.sums",
-    "PplJaxError": "ppl_jax.errors",
-    "ConfigError": "ppl_jax.errors",
-    "DataError": "ppl_jax.errors",
-    "CheckpointError": "ppl_jax.errors",
-    "NumericsError": "ppl_jax.errors",
-    "Interrupted": "ppl_jax.errors",
-    "load_tokenizer": "ppl_jax.tokenizer",
-}
-__all__ = sorted([*_EXPORTS, "__version__"])
+# Each name is imported from its subpackage's face on first use; Griffe (the API reference) and
+# type checkers read these imports as written.
+with _epy.lazy_api_imports(globals()):
+    from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+    from ppl_jax.data import DatasetSpec
+    from ppl_jax.errors import (
+        CheckpointError,
+        ConfigError,
+        DataError,
+        Interrupted,
+        NumericsError,
+        PplJaxError,
+    )
+    from ppl_jax.evaluation import Evaluator
+    from ppl_jax.metrics import Sums, derive
+    from ppl_jax.models import HiddenStates, LanguageModel, Logits, from_linen, from_nnx
+    from ppl_jax.plans import BatchSpec, ProtocolSpec
+    from ppl_jax.plans import plan_dataset as prepare
+    from ppl_jax.runtime import make_mesh
+    from ppl_jax.scoring import StepOptions
+    from ppl_jax.tokenizer import load_tokenizer
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:  # "module" (the same name there) or "module:name"
-        module, _, attr = _EXPORTS[name].partition(":")
-        return getattr(import_module(module), attr or name)
-    raise AttributeError(f"module 'ppl_jax' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__ = [
+    "BatchSpec",
+    "Checkpoint",
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "DatasetSpec",
+    "Evaluator",
+    "HiddenStates",
+    "Interrupted",
+    "LanguageModel",
+    "Logits",
+    "NumericsError",
+    "PplJaxError",
+    "ProtocolSpec",
+    "StepOptions",
+    "Sums",
+    "__version__",
+    "derive",
+    "from_linen",
+    "from_nnx",
+    "load_tokenizer",
+    "make_mesh",
+    "open_checkpoint",
+    "prepare",
+]

@@ -39,6 +39,7 @@ import numpy as np
 from ppl_jax.analysis.compare_units import LATEST, UnitsFile, choose, open_run
 from ppl_jax.errors import DataError, PplJaxError
 from ppl_jax.metrics import uncertainty
+from ppl_jax.plans import protocols
 
 PROG = "ppl-jax compare"
 DEFAULT_SAMPLES = 1000
@@ -63,9 +64,11 @@ def differences(
             if pa.get(k) != pb.get(k)
         ]
     da, db = ia.get("data") or {}, ib.get("data") or {}
+    rules = protocols.PROTOCOLS.get((ia.get("protocol") or {}).get("name"))
     if (
-        da.get("separator") != db.get("separator")
-        and (ia.get("protocol") or {}).get("name") == "sliding"
+        rules is not None
+        and da.get("separator") != db.get("separator")
+        and rules.between(da.get("separator")) != rules.between(db.get("separator"))
     ):
         out.append("data.separator differs")
     if out:

@@ -9,7 +9,7 @@ import textwrap
 
 from absl import flags
 
-from ppl_jax.config.defaults import PROTOCOL_NOTES, describe_keys, flat_keys, get_config
+from ppl_jax.config.defaults import PROTOCOLS, describe_keys, flat_keys, get_config
 
 SUBCOMMANDS = {
     "report": "a run's results store as a table, a CSV and a plot",
@@ -71,8 +71,8 @@ def help_text() -> str:
     lines += ["", "tools on an output folder (ppl-jax TOOL --help):"]
     lines += [f"  ppl-jax {name:<8} {meaning}" for name, meaning in SUBCOMMANDS.items()]
     lines += ["", "protocols (eval.protocol):"]
-    width = max(len(name) for name in PROTOCOL_NOTES)
-    lines += [f"  {name:<{width}}  {note}" for name, note in PROTOCOL_NOTES.items()]
+    width = max(len(name) for name in PROTOCOLS)
+    lines += [f"  {name:<{width}}  {p.note}" for name, p in PROTOCOLS.items()]
     lines += [
         "",
         "docs/ explains the protocols and outputs; --helpfull also lists absl's flags.",

@@ -19,7 +19,7 @@ from ppl_jax.data.documents import FORMATS  # noqa: F401  (the config's choices,
 from ppl_jax.data.spec import DEMO_CORPUS_NAME  # noqa: F401
 from ppl_jax.data.spec import corpus_name as spec_corpus_name
 from ppl_jax.evaluation.spec import CHECKPOINT_FORMATS, DTYPES  # noqa: F401
-from ppl_jax.plans.spec import PROTOCOL_NOTES, PROTOCOLS, STRIDED_PROTOCOLS  # noqa: F401
+from ppl_jax.plans.protocols import PROTOCOLS, SLIDING
 from ppl_jax.runtime.mesh import DEFAULT_RULES  # noqa: F401
 
 # Modules of the CPython standard library that the demo model never saw in training; the default
@@ -95,23 +95,27 @@ def get_config() -> config_dict.ConfigDict:
 
     # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
     # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
-    # `add_bos`); empty: the one dataset of `data`. See configs/suite_example.py.
+    # `add_bos`, `long_documents`); empty: the one dataset of `data`. See configs/suite_example.py.
     c.suite = ()
 
     c.eval = config_dict.ConfigDict()
-    c.eval.protocol = "sliding"
+    c.eval.protocol = SLIDING.name
     c.eval.seq_len = 256
     c.eval.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
     c.eval.batch_size = 8
     c.eval.add_bos = "auto"
+    c.eval.long_documents = ""  # whole_documents: sliding or truncate a longer one ("": refuse)
     c.eval.packing = True
     c.eval.length_buckets = 1
     c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
     c.eval.context_targets = 0  # targets per window of the sweep; 0: min(L, positions - L + 1)
+    c.eval.short_context = 0  # whole_documents: context gains and LongPPL's short context (0: off)
+    c.eval.short_targets = 1024  # targets per short-context window (contexts C..C+S-1)
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
     c.model.attention = "auto"
+    c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.data = -1
@@ -131,6 +135,15 @@ def get_config() -> config_dict.ConfigDict:
 
     c.runtime = config_dict.ConfigDict()
     c.runtime.compilation_cache_dir = ""
+
+    c.longppl = config_dict.ConfigDict()  # LongPPL (Fang et al. 2025), with eval.short_context
+    c.longppl.alpha = 2.0  # nats: a key token's loss drops by more than this with long context
+    c.longppl.beta = -2.0  # ... and its long-context loss is below -beta nats
+    c.longppl.evaluator = config_dict.ConfigDict()
+    c.longppl.evaluator.dir = ""  # empty: the scored model finds its own key tokens
+    c.longppl.evaluator.step = "latest"
+    c.longppl.evaluator.format = "auto"
+    c.longppl.evaluator.dtype = "float32"
 
     c.output = config_dict.ConfigDict()
     c.output.dir = "results"
@@ -204,10 +217,13 @@ KEY_MEANINGS = {
     "suite": "several datasets in one run (config files: a list of ConfigDicts); empty: data.*",
     "eval.protocol": "which tokens are scored, and how: " + ", ".join(PROTOCOLS),
     "eval.seq_len": "tokens the model reads per window (at most its positions)",
-    "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided; unset: "
-    "seq_len // 2; ignored by the other protocols",
+    "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided (and "
+    "eval.long_documents=sliding); unset: seq_len // 2; ignored by the other protocols",
     "eval.batch_size": "windows per step, global over all processes; a multiple of mesh.data",
     "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
+    "eval.long_documents": "whole_documents: the rule for a document longer than a window, "
+    "'sliding' (windows every eval.stride tokens within it) or 'truncate' (its first window); "
+    "empty: such a document is refused",
     "eval.packing": "several short windows per row (segments, no attention across them)",
     "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
     "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "
@@ -215,6 +231,8 @@ KEY_MEANINGS = {
     "eval.context_targets": "targets per window of the context-length sweep (0: L at length L, "
     "so each target sees L..2L-1 tokens)",
     "model.dtype": "parameter dtype, 'float32' or 'bfloat16' (log-softmax is always float32)",
+    "model.rope_angles": "rotary angles: 'float32' (transformers' arithmetic, equal to it) or "
+    "'exact' (reduced in float64 on the host; float32 drifts by up to 0.06 rad at 1M positions)",
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
     "mesh.model": "devices along the model axis (weights sharded)",
@@ -222,6 +240,19 @@ KEY_MEANINGS = {
     "metrics.bootstrap_samples": "resamples of the 95% bootstrap intervals of perplexity and "
     "bits per byte (0: no intervals; else at least 100)",
     "metrics.seed": "seed of the bootstrap's resampling (the intervals are reproducible)",
+    "eval.short_context": "whole_documents: tokens of a short context C; every target with more "
+    "context is scored again with C..C+S-1 tokens, for its context gain (short NLL - full NLL) "
+    "and LongPPL's key tokens (0: off)",
+    "eval.short_targets": "S, targets per short-context window (each sees C..C+S-1 tokens; the "
+    "LongPPL reference's sliding_window)",
+    "longppl.alpha": "LongPPL: a key token's NLL with the short context exceeds its full-context "
+    "NLL by more than alpha nats",
+    "longppl.beta": "LongPPL: and its full-context NLL is below -beta nats",
+    "longppl.evaluator.dir": "the model that finds LongPPL's key tokens (its own tokenizer; "
+    "tokens matched by characters); empty: the scored model, on its own tokens",
+    "longppl.evaluator.step": "the evaluator's step: 'latest' or a step number",
+    "longppl.evaluator.format": "the evaluator's format: 'orbax', 'hf', or 'auto'",
+    "longppl.evaluator.dtype": "the evaluator's parameter dtype, 'float32' or 'bfloat16'",
     "reference.checkpoint.dir": "a reference model (same tokenizer) scored beside the model "
     "for KL(reference || model); empty: none",
     "reference.checkpoint.step": "the reference's step: 'latest' or a step number",

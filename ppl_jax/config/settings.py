@@ -8,6 +8,7 @@ values; nothing downstream (and nothing under `jax.jit`) sees a ConfigDict. A ba
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -23,12 +24,15 @@ from ppl_jax.evaluation.spec import (
     DTYPES,
     MAX_TOP_K,
     DiagnosticsSpec,
+    LongContextSpec,
     ReferenceSpec,
     RunSpec,
     StepSpec,
 )
+from ppl_jax.models.rope import ANGLES
 from ppl_jax.outputs import sinks
 from ppl_jax.outputs.figures import FigureSpec
+from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
@@ -46,6 +50,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("model.dtype", c.model.dtype, DTYPES)
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
+    _choice("model.rope_angles", c.model.rope_angles, ANGLES)
     data, protocol = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
@@ -75,6 +80,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         protocol=protocol,
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
+        rope_angles=str(c.model.rope_angles),
         mesh=MeshSpec(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
         output_dir=os.path.expanduser(str(c.output.dir)),
         progress=bool(c.output.progress),
@@ -106,7 +112,7 @@ SUITE_DATA_KEYS = (
     "max_tokens",
     "sample_seed",
 )
-SUITE_EVAL_KEYS = ("protocol", "seq_len", "stride", "add_bos")
+SUITE_EVAL_KEYS = ("protocol", "seq_len", "stride", "add_bos", "long_documents")
 
 
 def _dataset(
@@ -140,6 +146,7 @@ def _dataset(
         seq_len=int(eval_["seq_len"]),
         stride=None if eval_["stride"] is None else int(eval_["stride"]),
         add_bos=str(eval_["add_bos"]),
+        long_documents=str(eval_["long_documents"] or ""),
         where=eval_key,
     )
     if ds.preparation:
@@ -274,10 +281,12 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
             f"--config.output.tokens=true too."
         )
     lengths = _int_list("eval.context_lengths", c.eval.context_lengths)
-    if lengths and c.eval.protocol == "lm_eval_rolling":
+    rules = protocols.PROTOCOLS.get(str(c.eval.protocol))
+    if lengths and rules is not None and rules.document_level:
+        streams = [name for name, p in protocols.PROTOCOLS.items() if not p.document_level]
         raise ConfigError(
-            "eval.context_lengths needs a stream protocol (sliding, hf_strided, gptq_chunks); "
-            "lm_eval_rolling scores documents one by one."
+            f"eval.context_lengths needs a stream protocol ({', '.join(streams)}); "
+            f"{rules.name} scores documents one by one."
         )
     targets = int(c.eval.context_targets)
     if targets < 0:
@@ -302,7 +311,51 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
         figures=FigureSpec.parse(
             c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
         ),
+        long_context=_long_context(c, rules, seq_len),
     )
+
+
+def _long_context(c: config_dict.ConfigDict, rules: Any, seq_len: int) -> LongContextSpec | None:
+    """`eval.short_context`, `eval.short_targets` and `longppl.*` (None: short_context 0)."""
+    short = int(c.eval.short_context)
+    evaluator_dir = str(c.longppl.evaluator.dir)
+    if short == 0:
+        if evaluator_dir:
+            raise ConfigError(
+                "longppl.evaluator.dir names the model that finds LongPPL's key tokens from a "
+                "short and a long context; set eval.short_context too (e.g. 4096)."
+            )
+        return None
+    whole = [name for name, p in protocols.PROTOCOLS.items() if p.long_context]
+    if rules is not None and not rules.long_context:
+        raise ConfigError(
+            f"eval.short_context={short} needs a protocol that scores documents whole "
+            f"({', '.join(whole)}), so that a token's context is its document's; "
+            f"eval.protocol is {rules.name}."
+        )
+    if not 1 <= short < seq_len:
+        raise ConfigError(
+            f"eval.short_context={short} must be between 1 and eval.seq_len - 1 ({seq_len - 1}): "
+            f"the targets with more context than it are scored again with it."
+        )
+    targets = int(c.eval.short_targets)
+    if targets < 1:
+        raise ConfigError(f"eval.short_targets={targets} must be at least 1.")
+    alpha, beta = float(c.longppl.alpha), float(c.longppl.beta)
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise ConfigError(f"longppl.alpha={alpha} and longppl.beta={beta} must be finite.")
+    evaluator = None
+    if evaluator_dir:
+        e = c.longppl.evaluator
+        _choice("longppl.evaluator.format", e.format, CHECKPOINT_FORMATS)
+        _choice("longppl.evaluator.dtype", e.dtype, DTYPES)
+        evaluator = ReferenceSpec(
+            checkpoint_dir=os.path.expanduser(evaluator_dir),
+            checkpoint_step=_step("longppl.evaluator.step", e.step),
+            checkpoint_format=str(e.format),
+            dtype=str(e.dtype),
+        )
+    return LongContextSpec(short, targets, alpha, beta, evaluator)
 
 
 def _sinks(c: config_dict.ConfigDict) -> tuple[str, ...]:

@@ -1,11 +1,15 @@
 """What a run reports beyond its sums: per-token output, loss by position, the context-length
-sweep, and the divergence from a reference model (`config.DiagnosticsSpec`).
+sweep, the divergence from a reference model, and the long-context measures of a protocol that
+scores documents whole (`ppl_jax.evaluation.long_context`) (`config.DiagnosticsSpec`).
 
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
 host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
-`divergence.Divergence`; the position sums are in `ScoreTotals`; the context-length sweep scores extra window sets with the same model and params
-(`windows.context_windows`). `check` makes every check that needs no weights (called by `ppl_jax.evaluation.setup.set_up`); `write` writes
-the files once the run is done.
+`divergence.Divergence`, `long_context.Gather` (the per-token NLLs of the long-context
+measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
+sets with the same model and params (`windows.context_windows`); the long-context measures'
+short-context pass (and LongPPL's evaluator) runs before the run's pass (`before`). `check`
+makes every check that needs no weights (called by `ppl_jax.evaluation.setup.set_up`); `write`
+writes the files once the run is done.
 
 A run with any of these keeps no journal: its per-token rows and position sums are not in one, so
 an interrupted run starts again from its first batch (README, "Diagnostics").
@@ -14,18 +18,21 @@ an interrupted run starts again from its first batch (README, "Diagnostics").
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.evaluation import long_context
 from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
 from ppl_jax.metrics import curves, divergence, uncertainty
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import curve_figures, figures, files
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import windows
+from ppl_jax.plans import planner, windows
 from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, StepOptions
@@ -33,6 +40,7 @@ from ppl_jax.scoring.scorer import Scorer, StepOptions
 POSITION_CURVE = files.POSITION_CURVE
 CONTEXT_CURVE = files.CONTEXT_CURVE
 TOKENS = files.TOKENS
+LONG_CONTEXT = "long_context"  # results.json's key of the context gains and LongPPL
 
 
 @dataclasses.dataclass
@@ -45,16 +53,28 @@ class StepObservers:
       options: the step's optional statistics.
       token_writer: the tokens.parquet writer (process 0 with output.tokens), else None.
       divergence: the divergence gatherer (with a reference model), else None.
+      gather: the run's per-token NLLs by stream index, for the long-context measures (a
+        protocol that scores documents whole, with the position curve or a short context).
+      short: the short-context NLLs by stream index (`before`), else None.
+      keys: LongPPL's key tokens found by another evaluator (`before`): `(mask, found, name)`.
+      match: with the model as its own evaluator, `long_context.matched_keys` of its plan and
+        tokenizer, given its key tokens once its pass is done.
+      tokens_pending: the token writer's arguments while the short pass has not run.
     """
 
     options: StepOptions
     token_writer: Any = None
     divergence: divergence.Divergence | None = None
+    gather: long_context.Gather | None = None
+    short: np.ndarray | None = None
+    keys: tuple[np.ndarray, int, str] | None = None
+    match: Any = None
+    tokens_pending: dict[str, Any] | None = None
 
     @property
     def observers(self) -> list[Any]:
         """The loop's observers among them, in order."""
-        return [o for o in (self.token_writer, self.divergence) if o is not None]
+        return [o for o in (self.token_writer, self.divergence, self.gather) if o is not None]
 
     def abort(self) -> None:
         """Removes a partial token file (an error or a signal stopped the run)."""
@@ -63,19 +83,29 @@ class StepObservers:
             self.token_writer = None
 
 
-def check(spec: RunSpec, plan: Plan, model: LanguageModel) -> None:
-    """Every check of the diagnostics that needs no weights.
+def check(
+    spec: RunSpec,
+    plan: Plan,
+    model: LanguageModel,
+    mesh: Any = None,
+    docs: Any = None,
+    tok: Any = None,
+) -> long_context.KeyEvaluator | None:
+    """Every check of the diagnostics that needs no weights; returns LongPPL's evaluator, opened
+    and planned, when one is named (`docs`: the run's documents, or None to read them again
+    with the run's tokenizer `tok`).
 
     Raises:
-      ConfigError: a package the output needs is missing, or the context-length sweep does not
-        fit the protocol, the corpus or the model's positions.
+      ConfigError: a package the output needs is missing, the context-length sweep does not
+        fit the protocol, the corpus or the model's positions, or the long-context measures do
+        not fit them (`long_context.check`).
     """
     d = spec.diagnostics
     if d.tokens:
         from ppl_jax.outputs import tokens
 
         tokens.check_available()
-    if d.position_curve or d.context_lengths:
+    if d.position_curve or d.context_lengths or d.long_context:
         curve_figures.check_available()
     if d.context_lengths:  # a stream protocol (`config.RunSpec` checks)
         for length in d.context_lengths:
@@ -86,6 +116,7 @@ def check(spec: RunSpec, plan: Plan, model: LanguageModel) -> None:
                     f"{d.context_targets} needs windows of {longest} tokens, beyond the model's "
                     f"{model.max_positions} positions; use shorter lengths."
                 )
+    return long_context.check(spec, plan, model, mesh, docs, tok)
 
 
 def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> int:
@@ -95,11 +126,19 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
+def by_document(spec: RunSpec) -> bool:
+    """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
+    that scores documents whole, with the position curve or a short context."""
+    d = spec.diagnostics
+    return spec.protocol.rules.long_context and (d.position_curve or d.long_context is not None)
+
+
 def step_options(spec: RunSpec) -> StepOptions:
     d = spec.diagnostics
+    document = by_document(spec)  # the curve from per-token NLLs, by document, on the host
     return StepOptions(
-        positions=spec.protocol.seq_len + 1 if d.position_curve else 0,
-        per_token=d.tokens,
+        positions=spec.protocol.seq_len + 1 if d.position_curve and not document else 0,
+        per_token=d.tokens or document,
         top_k=d.top_k,
         reference=d.reference is not None,
     )
@@ -111,19 +150,89 @@ def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -
     d = spec.diagnostics
     result = StepObservers(step_options(spec))
     if d.tokens and out is not None:
-        from ppl_jax.outputs import tokens
-
-        result.token_writer = tokens.TokenWriter(
-            out.file(TOKENS),
-            plan,
-            tok,
-            spec.data.name,
+        pending = dict(
+            path=out.file(TOKENS),
+            plan=plan,
+            tokenizer=tok,
+            dataset=spec.data.name,
             top_k=d.top_k,
             reference=d.reference is not None,
         )
+        if d.long_context is None:
+            result.token_writer = _token_writer(pending)
+        else:  # opened once the short pass has run (`before`): it writes the context gains
+            result.tokens_pending = pending
     if d.reference is not None:
         result.divergence = divergence.Divergence(plan.describe_window)
+    if by_document(spec):
+        result.gather = long_context.Gather(plan.windows)
     return result
+
+
+def _token_writer(arguments: dict[str, Any], **long: Any) -> Any:
+    from ppl_jax.outputs import tokens
+
+    return tokens.TokenWriter(**arguments, **long)
+
+
+def before(
+    setup: Any,
+    params: Any,
+    dataset: Dataset,
+    spec: RunSpec,
+    watch: StepObservers,
+    stop: ScoreObserver | None = None,
+) -> bool:
+    """What runs before the run's pass, for the long-context measures: the short-context pass
+    (`long_context.short_pass`) and, when LongPPL's evaluator is another model, its weights,
+    its two passes and its key tokens matched to the run's by characters; the token writer,
+    opened here, then writes the short NLL, the context gain and the key flag of each token.
+
+    Args:
+      setup: the run's `ppl_jax.evaluation.setup.RunSetup` (model, mesh, tokenizer, documents,
+        LongPPL's evaluator).
+      params: the model's params, on the mesh.
+      dataset: the pair's dataset (its plan and documents).
+      watch: the pair's observers (`step_observers`), given the short NLLs, the key tokens (or
+        how to find them) and the token writer.
+      stop: the run's `StopRequest`, an observer of each pass, or None.
+
+    Returns False if `stop` ended it.
+    """
+    lc = spec.diagnostics.long_context
+    if lc is None:
+        return True
+    p = setup
+    pack = spec.batch.packing and p.model.honours_segments  # as `planner.batches`
+    short = long_context.short_pass(
+        p.model, params, p.mesh, p.shardings, dataset.plan.windows, spec, stop, pack
+    )
+    if short is None:
+        return False
+    watch.short = short
+    docs = p.documents.get(dataset.name)
+    if docs is None:
+        docs = list(planner.documents(dataset.data, p.tok))
+    key_eval = p.long_context
+    if key_eval is None:  # the model is its own evaluator: its key tokens once its pass is done
+        watch.match = functools.partial(
+            long_context.matched_keys, dataset.plan, p.tok, dataset.plan, p.tok, docs
+        )
+    else:
+        restored = key_eval.restore()
+        keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop)
+        del restored
+        if keys_e is None:
+            return False
+        mask = long_context.matched_keys(
+            dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
+        )
+        watch.keys = (mask, int(keys_e.sum()), key_eval.name)
+    if watch.tokens_pending is not None:
+        columns = long_context.TokenColumns(short)
+        watch.token_writer = _token_writer(watch.tokens_pending, extra_columns=columns)
+        watch.tokens_pending = None
+    return True
 
 
 def context_sweep(
@@ -225,12 +334,28 @@ def position_intervals(curve: dict[str, Any], totals: Any, spec: RunSpec) -> dic
 def collect(
     spec: RunSpec, totals: Any, watch: StepObservers, sweep: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`, and
-    `tokens_file` (the path of tokens.parquet), each present only when asked for."""
+    """The run's diagnostics, JSON-ready: `position_curve`, `context_curve`, `divergence`,
+    `long_context` (context gains, LongPPL) and `tokens_file` (the path of tokens.parquet), each
+    present only when asked for; with LongPPL also `longppl_keys`, `[N] bool` over the plan's
+    token stream, its key tokens (for a library caller; no file holds it)."""
     out: dict[str, Any] = {}
     if totals.nll_by_position is not None:
         curve = curves.position_curve(totals.nll_by_position, totals.tokens_by_position)
         out[POSITION_CURVE] = position_intervals(curve, totals, spec)
+    if watch.gather is not None:
+        found = long_context.measures(
+            spec,
+            watch.gather.windows,
+            watch.gather.nll,
+            watch.short,
+            watch.keys,
+            watch.match,
+        )
+        if spec.diagnostics.position_curve:  # with the gains by position bucket
+            out[POSITION_CURVE] = found["position_curve"]
+        if "long_context" in found:
+            out[LONG_CONTEXT] = found["long_context"]
+            out["longppl_keys"] = found["keys"]
     if sweep:
         out[CONTEXT_CURVE] = sweep
     if watch.divergence is not None:
@@ -259,6 +384,8 @@ def write(
             lines.append(f"{name.replace('_', ' ')}: {path} (and {also})")
     if CONTEXT_CURVE in found:
         lines.insert(0, curves.context_table(found[CONTEXT_CURVE]))
+    if LONG_CONTEXT in found:
+        lines = long_context.summary_lines(found[LONG_CONTEXT]) + lines
     if "tokens_file" in found:
         lines.append(f"tokens: {found['tokens_file']}")
     return lines

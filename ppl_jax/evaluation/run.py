@@ -42,7 +42,7 @@ from ppl_jax.outputs import files, journal, sinks, store
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.model_record import model_record
 from ppl_jax.outputs.results_json import ResultsJsonSink
-from ppl_jax.plans import planner, protocols
+from ppl_jax.plans import planner
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import preemption
@@ -229,6 +229,8 @@ class _Job:
         params_in = params if self.reference_params is None else (params, self.reference_params)
         try:
             with preemption.StopRequest() as stop:
+                if not diagnostics.before(p, params, d, spec, watch, stop):
+                    raise _interrupted(recorder, stop, step, d.name, b, spec)
                 observers = [stop, *watch.observers, recorder, *([progress] if progress else [])]
                 sums, totals = self.evaluator.score(params_in, d, observers, recorder.state)
                 sweep = None
@@ -285,7 +287,7 @@ class _Job:
             if self.spec.gzip_baseline and self.out is not None:
                 p = self.setup
                 docs = p.documents.get(d.name) or planner.documents(d.data, p.tok)
-                joined = d.data.separator if d.protocol.protocol == "sliding" else protocols.JOIN
+                joined = d.protocol.rules.joiner(d.data)
                 self._gzip[d.name] = metrics.gzip_bits_per_byte_of((x.text for x in docs), joined)
         return self._gzip[d.name]
 
@@ -313,8 +315,8 @@ def _interrupted(
     if spec.diagnostics.any_beyond_sums:  # no journal
         return Interrupted(
             f"stopped by {signal_name(stop.signal)}; a run with diagnostics (output.tokens, "
-            f"output.position_curve, eval.context_lengths, reference.*) keeps no journal, so the "
-            f"same command starts it again from the first batch.",
+            f"output.position_curve, eval.context_lengths, eval.short_context, reference.*) keeps "
+            f"no journal, so the same command starts it again from the first batch.",
             code,
         )
     path = recorder.save()

@@ -22,6 +22,7 @@ from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import check_batch_size, check_window
 from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
@@ -73,6 +74,7 @@ class RunSetup:
     target: Any
     shardings: Any
     reference: Reference | None
+    long_context: Any = None  # LongPPL's evaluator (`long_context.KeyEvaluator`), if named
 
     def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
         """What decides the numbers of dataset `d` scored at `step`
@@ -96,6 +98,7 @@ class RunSetup:
                     "add_bos": plan.add_bos,
                     "prefix_id": plan.prefix_id,
                     "num_windows": plan.windows.num_windows,
+                    **self._long_context_part(),
                 },
                 "layout": {
                     **self.spec.batch.fingerprint_part(),
@@ -109,6 +112,24 @@ class RunSetup:
                 "environment": fingerprint_lib.environment(),
             }
         )
+
+    def _long_context_part(self) -> dict[str, Any]:
+        """The long-context measures' settings (`LongContextSpec.fingerprint_part`) and their
+        LongPPL evaluator's identity (its checkpoint, model, tokenizer), under `long_context`;
+        empty without them (the fingerprints of other runs as before)."""
+        lc = self.spec.diagnostics.long_context
+        if lc is None:
+            return {}
+        part = lc.fingerprint_part()
+        e = self.long_context
+        if e is not None:
+            part["evaluator"] = {
+                **part["evaluator"],
+                "checkpoint": checkpoint_identity(e.ckpt, e.step),
+                "model": fingerprint_lib.text_digest(e.model.description),
+                "tokenizer": fingerprint_lib.text_digest(e.tokenizer.describe()),
+            }
+        return {"long_context": part}
 
 
 def checkpoint_identity(ckpt: Checkpoint, step: int | None) -> dict[str, Any]:
@@ -153,22 +174,28 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
     """
     d = spec.diagnostics
     if spec.is_training_run and (
-        d.tokens or d.position_curve or d.context_lengths or d.reference or spec.per_document
+        d.tokens
+        or d.position_curve
+        or d.context_lengths
+        or d.reference
+        or d.long_context
+        or spec.per_document
     ):
         raise ConfigError(
-            "output.tokens, output.position_curve, eval.context_lengths, reference.* and "
-            "output.per_document score one checkpoint step on one dataset; run them without "
-            "suite, a step sweep or checkpoint.watch."
+            "output.tokens, output.position_curve, eval.context_lengths, eval.short_context, "
+            "reference.* and output.per_document score one checkpoint step on one dataset; run "
+            "them without suite, a step sweep or checkpoint.watch."
         )
     if spec.steps.is_sweep and ckpt_format == "hf":
         raise ConfigError(
             f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
             f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
         )
-    if spec.per_document and spec.protocol.protocol != "lm_eval_rolling":
+    if spec.per_document and not spec.protocol.rules.document_level:
+        levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
-            f"output.per_document=true needs a document-level protocol (lm_eval_rolling); the "
-            f"windows of {spec.protocol.protocol} span documents."
+            f"output.per_document=true needs a document-level protocol ({', '.join(levels)}); "
+            f"the windows of {spec.protocol.protocol} span documents."
         )
 
 
@@ -201,6 +228,8 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     first_step = ckpt.resolve_step(spec.checkpoint_step)
     attention = ckpt.attention(spec.attention, spec.dtype, first_step)
     model = ckpt.model(spec.dtype, attention, first_step)
+    if spec.rope_angles != "float32":
+        model = _rope_angles(model, spec, attention)
     check_window(spec.protocol.seq_len, model)
     own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
     if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
@@ -227,8 +256,10 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
             Dataset(ds, protocol, plan, planner.batches(plan, spec.batch, model.honours_segments))
         )
         documents[ds.name] = docs
+    key_eval = None
     if not spec.is_training_run:
-        diagnostics.check(spec, datasets[0].plan, model)
+        first = datasets[0]
+        key_eval = diagnostics.check(spec, first.plan, model, mesh, documents[first.name], tok)
     reference = None
     if spec.diagnostics.reference is not None:
         reference = _reference(spec, model, mesh, tok)
@@ -254,7 +285,25 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         target,
         shardings,
         reference,
+        key_eval,
     )
+
+
+def _rope_angles(model: LanguageModel, spec: RunSpec, attention: str) -> LanguageModel:
+    """The model with `model.rope_angles` (`ppl_jax.models.rope.cos_sin`).
+
+    Raises:
+      ConfigError: a model without rotary embeddings, or not of ppl_jax's own families.
+    """
+    description = dict(model.description or {})
+    if description.get("family") not in registry.families() or "rope_theta" not in description:
+        raise ConfigError(
+            f"model.rope_angles={spec.rope_angles} sets how ppl_jax's own rotary families form "
+            f"their angles; this model ({description.get('family') or 'a model of your own'}) "
+            f"has no such rotary embeddings. Unset it."
+        )
+    description["rope_angles"] = spec.rope_angles
+    return registry.build(description, DTYPES[spec.dtype], attention)
 
 
 def _reference(

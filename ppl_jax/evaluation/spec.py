@@ -9,6 +9,7 @@ ConfigDict, and nothing under `jax.jit` sees a spec.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
@@ -81,6 +82,39 @@ class ReferenceSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class LongContextSpec:
+    """The long-context measures of a protocol that scores documents whole (`eval.short_context`,
+    `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.long_context`).
+
+    Attributes:
+      short_context: C, tokens of the short context: each target at position >= C is scored
+        again with C to C + S - 1 tokens of context (context gain, LongPPL's key tokens).
+      short_targets: S, targets per short-context window.
+      alpha, beta: LongPPL's thresholds, nats (key: short - long > alpha, long < -beta).
+      evaluator: the model that finds the key tokens (another checkpoint, its own tokenizer;
+        tokens matched by characters), or None: the scored model, on its own tokens.
+    """
+
+    short_context: int
+    short_targets: int = 1024
+    alpha: float = 2.0
+    beta: float = -2.0
+    evaluator: ReferenceSpec | None = None
+
+    def fingerprint_part(self) -> dict[str, Any]:
+        """The settings that decide the measures' numbers (in the run's fingerprint, with the
+        evaluator's identity: `ppl_jax.evaluation.setup.RunSetup.fingerprint`)."""
+        e = self.evaluator
+        return {
+            "short_context": self.short_context,
+            "short_targets": self.short_targets,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "evaluator": None if e is None else {"dtype": e.dtype, "format": e.checkpoint_format},
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class DiagnosticsSpec:
     """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
 
@@ -91,11 +125,17 @@ class DiagnosticsSpec:
     context_targets: int = 0  # targets per window of the sweep; 0: by length (diagnostics)
     reference: ReferenceSpec | None = None
     figures: FigureSpec = FigureSpec()  # the curves' figure files (output.figures, ...)
+    long_context: LongContextSpec | None = None  # context gain and LongPPL (short_context > 0)
 
     @property
     def any_beyond_sums(self) -> bool:
         """Whether the run gathers more than the per-window sums a journal keeps."""
-        return self.tokens or self.position_curve or self.reference is not None
+        return (
+            self.tokens
+            or self.position_curve
+            or self.reference is not None
+            or self.long_context is not None
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +183,7 @@ class RunSpec:
     sinks: tuple[str, ...] = ()
     # `open_checkpoint`'s keyword options (architecture, mapping, item, params, allow_download).
     checkpoint_options: tuple[tuple[str, object], ...] = ()
+    rope_angles: str = "float32"  # `model.rope_angles`: `ppl_jax.models.rope.ANGLES`
 
     @property
     def datasets(self) -> tuple[tuple[DatasetSpec, ProtocolSpec], ...]:

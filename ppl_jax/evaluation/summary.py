@@ -12,7 +12,6 @@ from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import published, uncertainty
 from ppl_jax.outputs import results_json, store
-from ppl_jax.plans.spec import PROTOCOL_NOTES, STRIDED_PROTOCOLS
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 
 METRIC_KEYS = (
@@ -87,6 +86,7 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         "intervals": intervals_dict(ev, spec),
         "divergence": _divergence_dict(ev, spec),
         "context_curve": ev.diagnostics.get("context_curve"),
+        "long_context": ev.diagnostics.get("long_context"),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),
@@ -179,19 +179,20 @@ def _resumed_tokens(ev: Evaluation) -> int:
 
 def protocol_dict(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
-    plan = ev.plan
+    plan, rules = ev.plan, ev.protocol_spec.rules
     return {
         "name": plan.protocol,
-        "reference": PROTOCOL_NOTES[plan.protocol],
+        "reference": rules.note,
         "seq_len": ev.protocol_spec.seq_len,
-        "stride": ev.protocol_spec.stride if plan.protocol in STRIDED_PROTOCOLS else None,
+        "stride": ev.protocol_spec.stride,
+        **ev.protocol_spec.options,
         "packing": spec.batch.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,
         "add_bos_setting": ev.protocol_spec.add_bos,
         "prefix_token_id": plan.prefix_id,
-        "separator": ev.dataset.separator if plan.protocol == "sliding" else "\n\n",
+        "separator": rules.joiner(ev.dataset),
         "text_tokens": plan.text_tokens,
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,

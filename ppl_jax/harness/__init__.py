@@ -7,6 +7,14 @@
 - `transport`: each call's arrays from process 0 to every process;
 - `__main__`: `python -m ppl_jax.harness`, the harness's command line with the model registered.
 
-Nothing outside `ppl_jax.harness` imports this subpackage, so lm_eval stays an optional extra
-(`pip install 'ppl_jax[harness]'`).
+The names are imported on first use, and nothing outside `ppl_jax.harness` imports this
+subpackage, so lm_eval stays an optional extra (`pip install 'ppl_jax[harness]'`).
 """
+
+from etils import epy as _epy
+
+with _epy.lazy_api_imports(globals()):
+    from ppl_jax.harness.backend import RequestScorer
+    from ppl_jax.harness.model import PplJaxLM, evaluate
+
+__all__ = ["PplJaxLM", "RequestScorer", "evaluate"]

@@ -32,7 +32,7 @@ from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans import requests as requests_lib
 from ppl_jax.plans.layout import MAX_SEGMENTS
 from ppl_jax.plans.planner import Dataset, batches
-from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.protocols import LM_EVAL_ROLLING, Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.tokenizer import Tokenizer
@@ -115,7 +115,7 @@ class RequestScorer:
         layout = dataclasses.replace(layout, max_segments=max(slots, layout.max_segments))
         dataset = Dataset(
             DatasetSpec(path="<harness requests>", name="harness"),
-            ProtocolSpec(protocol="lm_eval_rolling", seq_len=self.seq_len),
+            ProtocolSpec(protocol=LM_EVAL_ROLLING.name, seq_len=self.seq_len),
             plan,
             layout,
         )

@@ -31,7 +31,7 @@ from ppl_jax.metrics import sums as metrics
 _STAT_KEYS = ("nll_per_token", "perplexity", "bits_per_token")
 
 
-def _stats(nll_sum: float, num_tokens: int, path: str, notes: dict[str, str]) -> dict[str, Any]:
+def stats(nll_sum: float, num_tokens: int, path: str, notes: dict[str, str]) -> dict[str, Any]:
     """Counts and token-weighted metrics of one group of targets; non-finite values are None,
     with their reason in `notes[path.key]`."""
     derived = metrics.derive(metrics.Sums(nll_sum=nll_sum, num_tokens=num_tokens))
@@ -132,9 +132,9 @@ def position_curve(
         if tokens == 0:
             continue
         path = f"buckets[{len(buckets)}]"
-        stats = _stats(math.fsum(nll[lo:hi].tolist()), tokens, path, notes)
-        buckets.append({"first": lo, "last": hi - 1, **stats})
-    total = _stats(math.fsum(nll.tolist()), int(count.sum()), "total", notes)
+        found = stats(math.fsum(nll[lo:hi].tolist()), tokens, path, notes)
+        buckets.append({"first": lo, "last": hi - 1, **found})
+    total = stats(math.fsum(nll.tolist()), int(count.sum()), "total", notes)
     return {
         "num_positions": p,
         "bucketing": "every position" if p <= max_points else "log",
@@ -187,7 +187,7 @@ def context_curve(
                 else targets_per_window
             )
             row.update(min_context=length, max_context=length + int(s) - 1)
-        row.update(_stats(nll_sum, tokens, f"context_lengths[{i}]", notes))
+        row.update(stats(nll_sum, tokens, f"context_lengths[{i}]", notes))
         table.append(row)
     return {"num_targets": counts.pop(), "context_lengths": table, "notes": notes}
 

@@ -45,7 +45,7 @@ def hf_guide_valid_labels(
     """The guide's `num_valid_tokens` of each window that scores a label, and whether the loop
     ends with a window of one token (no label after the shift).
 
-    The windows are those of `hf_strided` in stream order (`protocols._hf_strided`: a window
+    The windows are those of `hf_strided` in stream order (`HfStrided.windows`: a window
     begins every `stride` tokens; `trg_len = end - prev_end`; a window that scores nothing is
     not kept, which only the loop's last window, of one token, can be).
 

@@ -53,6 +53,7 @@ class GPTNeoXConfig:
     bias: bool = True
     activation: str = "gelu"
     tie_embeddings: bool = False
+    rope_angles: str = "float32"  # `ppl_jax.models.rope.ANGLES`
 
     FAMILY: ClassVar[str] = "gpt_neox"
     # The rotary fields `ppl_jax.models.rope` reads, fixed for this family.
@@ -65,6 +66,11 @@ class GPTNeoXConfig:
                 f"GPT-NeoX hidden_act {str(self.activation)[:40]!r} is not supported "
                 f"(supported: {', '.join(ACTIVATIONS)})."
             )
+        if self.rope_angles not in rope_lib.ANGLES:
+            raise CheckpointError(
+                f"rope_angles {str(self.rope_angles)[:40]!r} is not supported (supported: "
+                f"{', '.join(rope_lib.ANGLES)})."
+            )
         if self.embed_dim % self.num_heads or self.rotary_dim % 2:
             raise CheckpointError(
                 f"GPT-NeoX hidden_size={self.embed_dim} is not a multiple of "
@@ -76,7 +82,10 @@ class GPTNeoXConfig:
         return self.embed_dim // self.num_heads
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": "gpt_neox", "head_dim": self.head_dim, **dataclasses.asdict(self)}
+        d = dataclasses.asdict(self)
+        if d["rope_angles"] == "float32":  # the default: descriptions as before
+            del d["rope_angles"]
+        return {"family": "gpt_neox", "head_dim": self.head_dim, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTNeoXConfig:

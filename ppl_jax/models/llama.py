@@ -130,6 +130,7 @@ class LlamaConfig:
     moe_top_k: int = 0
     moe_norm_topk_prob: bool = True
     moe_shared_mlp_dim: int = 0
+    rope_angles: str = "float32"  # `ppl_jax.models.rope.ANGLES`: transformers' float32, or exact
 
     # The description's `family`: a subclass (a family with fields of its own) names its own.
     FAMILY: ClassVar[str] = "llama"
@@ -140,6 +141,7 @@ class LlamaConfig:
             ("qk_norm", self.qk_norm, QK_NORMS),
             ("norm_layout", self.norm_layout, NORM_LAYOUTS),
             ("activation", self.activation, GATED_ACTIVATIONS),
+            ("rope_angles", self.rope_angles, rope_lib.ANGLES),
         ):
             if value not in allowed:
                 raise CheckpointError(
@@ -164,6 +166,8 @@ class LlamaConfig:
         d["sliding_rope"] = {
             k: list(v) if isinstance(v, tuple) else v for k, v in self.sliding_rope
         }
+        if d["rope_angles"] == "float32":  # the default: descriptions (and fingerprints) as before
+            del d["rope_angles"]
         return {"family": self.FAMILY, **d}
 
     @classmethod

@@ -75,13 +75,16 @@ def position_figure(curve: Mapping[str, Any], label: str) -> Any:
     intervals as a band when the curve holds them; a log x axis with ticks `1, 10, 100, 1k` when
     the positions are bucketed; the overall perplexity as a dashed line. Null (infinite)
     perplexities are not drawn. Title: "Perplexity by position in the window", then `label`
-    (the dataset's name) and the scored tokens.
+    (the dataset's name) and the scored tokens. A curve by position in the document
+    (`ppl_jax.metrics.position.document_curve`: `positions`) says so, and with context gains
+    draws each bucket's gain per token (nats) in a panel below.
 
     Raises:
       ConfigError: matplotlib is not installed.
     """
     fig = figures.new_figure(WIDTH, HEIGHT, WHAT)
-    ax = fig.add_subplot()
+    gains = [b for b in curve["buckets"] if (b.get("context_gain") or {}).get("num_tokens")]
+    ax = fig.add_subplot(2, 1, 1) if gains else fig.add_subplot()
     log_x = curve["bucketing"] == "log"
     points = [
         b for b in curve["buckets"] if b["perplexity"] is not None and (b["first"] > 0 or not log_x)
@@ -109,11 +112,30 @@ def position_figure(curve: Mapping[str, Any], label: str) -> Any:
     if overall is not None:
         ax.axhline(overall, linestyle="--", color=figures.GREY, label=f"overall {overall:.4g}")
     figures.count_axis(ax, "x", log_x)
-    ax.set_xlabel("position in window (tokens of context)" + (", log scale" if log_x else ""))
+    where = curve.get("positions", "window")
+    ax.set_xlabel(f"position in {where} (tokens of context)" + (", log scale" if log_x else ""))
     _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
-    _titles(fig, ax, "Perplexity by position in the window", label, curve["total"]["num_tokens"])
+    _titles(fig, ax, f"Perplexity by position in the {where}", label, curve["total"]["num_tokens"])
     ax.legend()
+    if gains:
+        _gain_panel(fig, ax, gains, log_x)
     return fig
+
+
+def _gain_panel(fig: Any, ax: Any, gains: list[Mapping[str, Any]], log_x: bool) -> None:
+    """Each bucket's context gain per token (short-context NLL - full NLL, nats) in a panel
+    under `ax`, on its x axis."""
+    low = fig.add_subplot(2, 1, 2, sharex=ax)
+    x = [
+        math.sqrt(b["first"] * b["last"]) if log_x else (b["first"] + b["last"]) / 2 for b in gains
+    ]
+    y = [b["context_gain"]["gain_per_token"] for b in gains]
+    low.plot(x, y, marker="o", markersize=3, color=figures.COLORS[1])
+    low.axhline(0.0, color=figures.GREY, linewidth=0.8)
+    low.set_ylabel("context gain\n(nats/token)")
+    low.grid(True, **figures.GRID)
+    low.set_xlabel(ax.get_xlabel())
+    ax.set_xlabel("")
 
 
 @figures.styled

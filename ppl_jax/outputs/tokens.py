@@ -17,7 +17,8 @@ position in its window = tokens of context it saw, prefix/BOS included), `token_
 `top_ids` (list<int32>), `top_tokens` (list<string>), `top_probs` (list<float32>), most probable
 first; with a reference model `kl` (float32, nats, KL(reference || model)), `reference_nll`
 (float32, nats), `same_top1` (bool), `delta_logprob` (float32, nats, log p_model - log p_ref of
-the target = reference_nll - nll). Key-value metadata: `ppl_jax` (JSON: dataset, protocol, top_k,
+the target = reference_nll - nll); with `extra_columns`, theirs (the long-context measures:
+`ppl_jax.evaluation.long_context.TokenColumns`). Key-value metadata: `ppl_jax` (JSON: dataset, protocol, top_k,
 reference, tokenizer, num_tokens, nll_sum) and `documents` (JSON list of document sources).
 
 pyarrow is an optional dependency (`pip install 'ppl_jax[diagnostics]'`), imported only here,
@@ -63,8 +64,9 @@ def check_available() -> None:
         ) from None
 
 
-def schema(top_k: int = 0, reference: bool = False) -> Any:
-    """The `pyarrow.Schema` of `tokens.parquet` (see the module docstring), without metadata."""
+def schema(top_k: int = 0, reference: bool = False, extra: Any = ()) -> Any:
+    """The `pyarrow.Schema` of `tokens.parquet` (see the module docstring), without metadata;
+    `extra`: `(name, NumPy dtype)` of more columns."""
     import pyarrow as pa
 
     fields = [
@@ -92,6 +94,7 @@ def schema(top_k: int = 0, reference: bool = False) -> Any:
             ("same_top1", pa.bool_()),
             ("delta_logprob", pa.float32()),
         ]
+    fields += [(name, pa.from_numpy_dtype(np.dtype(dtype))) for name, dtype in extra]
     return pa.schema([pa.field(name, kind, nullable=False) for name, kind in fields])
 
 
@@ -109,6 +112,9 @@ class TokenWriter:
       reference: whether the reference-model columns are written.
       row_group_size: rows per Parquet row group; at most one row group (plus one batch) is
         held in memory.
+      extra_columns: more columns, or None: `fields` (`(name, NumPy dtype)`), and a call with
+        the batch's targets' indices in the plan's token stream and their `nll` returning the
+        columns' `[n]` values by name.
 
     Attributes:
       num_tokens: rows written so far (scored targets added).
@@ -124,6 +130,7 @@ class TokenWriter:
         top_k: int = 0,
         reference: bool = False,
         row_group_size: int = 65536,
+        extra_columns: Any = None,
     ):
         check_available()
         import pyarrow.parquet as pq
@@ -135,7 +142,8 @@ class TokenWriter:
         self.nll_sum = 0.0
         self._plan, self._tokenizer, self._dataset = plan, tokenizer, dataset
         self._top_k, self._reference, self._group = int(top_k), bool(reference), row_group_size
-        self._schema = schema(self._top_k, self._reference)
+        self._extra = extra_columns
+        self._schema = schema(self._top_k, self._reference, getattr(self._extra, "fields", ()))
         self._pending: list[dict[str, np.ndarray]] = []
         self._pending_rows = 0
         self._decoded: np.ndarray | None = None  # `_texts`: ids whose text is in the table
@@ -212,6 +220,8 @@ class TokenWriter:
         for name in self._array_names():
             cols[name] = self._take(arrays, name, len(rows), r, col)
         nll = cols["nll"].astype(np.float32, copy=False)
+        if self._extra is not None:
+            cols.update(self._extra(g, nll))
         self.nll_sum += float(nll.sum(dtype=np.float64))
         self.num_tokens += int(nll.size)
         self._pending.append(cols)
@@ -390,6 +400,8 @@ class TokenWriter:
             out["reference_nll"] = ref
             out["same_top1"] = cols["same_top1"].astype(bool)
             out["delta_logprob"] = (ref.astype(np.float64) - nll).astype(np.float32)
+        for name, _ in getattr(self._extra, "fields", ()):
+            out[name] = cols[name]
         return pa.Table.from_pydict(out, schema=self._schema)
 
 

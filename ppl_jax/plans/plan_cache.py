@@ -59,7 +59,7 @@ _SCALARS = (
 )
 
 
-def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> str:
+def key(ds: DatasetSpec, protocol: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> str:
     """The cache key of a dataset's plan (SHA-256 hex; see the module docstring)."""
     parts = {
         "version": VERSION,
@@ -80,10 +80,11 @@ def key(ds: DatasetSpec, ev: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> s
         "tokenizer": fingerprint.text_digest(tok.describe()),
         "vocab_size": vocab_size,
         "protocol": {
-            "name": ev.protocol,
-            "seq_len": ev.seq_len,
-            "stride": ev.stride,
-            "add_bos": protocols.resolve_add_bos(ev.add_bos, tok),
+            "name": protocol.protocol,
+            "seq_len": protocol.seq_len,
+            "stride": protocol.stride,
+            "add_bos": protocols.resolve_add_bos(protocol.add_bos, tok),
+            **protocol.options,
         },
     }
     return fingerprint.digest(parts)

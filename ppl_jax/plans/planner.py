@@ -23,7 +23,7 @@ import numpy as np
 from ppl_jax.data import documents as data
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.plans import plan_cache, protocols, stream_plans, token_cache
+from ppl_jax.plans import plan_cache, protocols, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
@@ -122,9 +122,8 @@ def plan(
     tok: Tokenizer,
     vocab_size: int,
 ) -> Plan:
-    """The dataset's protocol plan (`protocols.plan`)."""
-    return protocols.plan(
-        protocol.protocol,
+    """The dataset's protocol plan (`Protocol.plan`)."""
+    return protocol.rules.plan(
         docs,
         tok,
         vocab_size,
@@ -133,6 +132,7 @@ def plan(
         protocols.resolve_add_bos(protocol.add_bos, tok),
         separator=ds.separator,
         doc_counts=counts,
+        **protocol.options,
     )
 
 
@@ -199,8 +199,8 @@ def planned(
         # looks after another one wrote the entry must not take it alone.
         if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
-    if entry is not None and read_first is None and token_cache.applies(ds, protocol.protocol):
-        return stream_plans.planned(ds, protocol, tok, vocab_size, entry), None, {}
+    if entry is not None and read_first is None and token_cache.applies(ds, protocol.rules):
+        return streamed(ds, protocol, tok, vocab_size, entry), None, {}
     if entry is not None and read_first is None and jax.process_count() > 1:
         # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
         def write() -> None:
@@ -217,3 +217,45 @@ def planned(
         p = dataclasses.replace(p, tokens_digest=protocols.tokens_digest(p.windows.tokens))
         plan_cache.save(ds.cache_dir, entry, p)
     return p, docs, {}
+
+
+def streamed(
+    ds: DatasetSpec, protocol: ProtocolSpec, tok: Tokenizer, vocab_size: int, key: str
+) -> Plan:
+    """The dataset's plan through the token cache: the corpus tokenized (in shares, unless its
+    entry is complete: `token_cache.build`), then the plan (`Protocol.stream_plan`) written by
+    process 0 into the plan cache (`ppl_jax.plans.plan_cache`, entry `key`) and memory-mapped by
+    every process.
+
+    Raises:
+      DataError, ConfigError: as `token_cache.build` and the plan; on the other processes, a
+        DataError that points to process 0's log when its planning failed.
+    """
+    import jax
+
+    # Only process 0 plans. The entry is dropped once it has (`write` returns), before every
+    # process reads the plan back: the two are not held at once.
+    held = [token_cache.build(ds, tok)]
+    if jax.process_index() != 0:
+        held.clear()
+    add_bos = protocols.resolve_add_bos(protocol.add_bos, tok)
+
+    def write() -> None:
+        entry = held.pop()
+        plan_cache.save_built(
+            ds.cache_dir,
+            key,
+            lambda path: protocol.rules.stream_plan(
+                entry,
+                tok,
+                vocab_size,
+                protocol.seq_len,
+                protocol.stride,
+                add_bos,
+                ds.separator,
+                path,
+                **protocol.options,
+            ),
+        )
+
+    return plan_cache.made_once(ds.cache_dir, key, write, f"data {ds.name!r}")[0]

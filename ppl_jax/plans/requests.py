@@ -155,7 +155,7 @@ def rolling_plan(
     windows = protocols.rolling_windows(tokens, offsets, seq_len, prefix)
     doc_bytes = np.asarray(document_bytes, np.int64).reshape(len(documents))
     return Plan(
-        protocol="lm_eval_rolling",
+        protocol=protocols.LM_EVAL_ROLLING.name,
         windows=windows,
         num_bytes=int(doc_bytes.sum()),
         num_words=0,

@@ -8,16 +8,10 @@ import dataclasses
 from typing import Any
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.plans import protocols
+from ppl_jax.plans.protocols import Protocol
+from ppl_jax.plans.protocols.whole_documents import LONG_DOCUMENTS
 
-PROTOCOLS = ("sliding", "hf_strided", "lm_eval_rolling", "gptq_chunks")
-STRIDED_PROTOCOLS = ("sliding", "hf_strided")  # the protocols that use a stride
-# One line per protocol: the convention each reproduces (`--help`, and results.json's reference).
-PROTOCOL_NOTES = {
-    "sliding": "ppl_jax native: every token after the first scored once, stride windows",
-    "hf_strided": "Hugging Face 'Perplexity of fixed-length models' strided recipe",
-    "lm_eval_rolling": "lm-evaluation-harness loglikelihood_rolling, per document",
-    "gptq_chunks": "GPTQ/AWQ: n // seq_len disjoint chunks, tail dropped",
-}
 MAX_LENGTH_BUCKETS = 8
 
 
@@ -26,29 +20,31 @@ class ProtocolSpec:
     """A scoring protocol (see `ppl_jax.plans.protocols` for each convention and its source).
 
     Attributes:
-      protocol: 'sliding', 'hf_strided', 'lm_eval_rolling' or 'gptq_chunks'.
+      protocol: a name of `ppl_jax.plans.protocols.PROTOCOLS` (its object: `rules`).
       seq_len: tokens the model reads per window (at least 1).
       stride: tokens a window advances by, 1..seq_len, for the strided protocols; None there
         means seq_len // 2 (at least 1). Always None for the other protocols (they use none).
       add_bos: 'auto' (the tokenizer's own policy), 'true' or 'false'.
+      long_documents: the rule for a document longer than a window, for the protocols that
+        score documents whole (`Protocol.splits_documents`): '' (none: such a document is
+        refused), 'sliding' (windows every `stride` tokens within it) or 'truncate' (its first
+        window only). Refused with the other protocols.
       where: the setting's name in error messages ('eval', 'suite[2]'); not compared.
 
     Raises:
       ConfigError: a value out of range, naming the setting.
     """
 
-    protocol: str = "sliding"
+    protocol: str = protocols.SLIDING.name
     seq_len: int = 256
     stride: int | None = None
     add_bos: str = "auto"
+    long_documents: str = ""
     where: str = dataclasses.field(default="eval", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         w = self.where
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(
-                f"{w}.protocol={self.protocol!r} is not one of {', '.join(PROTOCOLS)}."
-            )
+        protocols.get(self.protocol, w)
         add_bos = str(self.add_bos).lower()
         if add_bos not in ("auto", "true", "false"):
             raise ConfigError(f"{w}.add_bos={add_bos!r} is not one of auto, true, false.")
@@ -57,17 +53,53 @@ class ProtocolSpec:
         if seq_len < 1:
             raise ConfigError(f"{w}.seq_len={seq_len} must be at least 1.")
         object.__setattr__(self, "seq_len", seq_len)
+        self._check_long_documents()
         object.__setattr__(self, "stride", self._stride())
+
+    @property
+    def rules(self) -> Protocol:
+        """The protocol's object (`ppl_jax.plans.protocols.Protocol`): ask it, not the name."""
+        return protocols.PROTOCOLS[self.protocol]
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The keywords of the protocol's `plan` and `stream_plan` beyond the common ones."""
+        return {"long_documents": self.long_documents} if self.long_documents else {}
+
+    def _check_long_documents(self) -> None:
+        rule = str(self.long_documents or "")
+        object.__setattr__(self, "long_documents", rule)
+        if not rule:
+            return
+        if not self.rules.splits_documents:
+            names = [n for n, p in protocols.PROTOCOLS.items() if p.splits_documents]
+            raise ConfigError(
+                f"{self.where}.long_documents={rule!r} is the rule of the protocols that score "
+                f"documents whole ({', '.join(names)}); {self.protocol} cuts its own windows. "
+                f"Unset it, or use one of those."
+            )
+        if rule not in LONG_DOCUMENTS:
+            raise ConfigError(
+                f"{self.where}.long_documents={rule!r} is not one of {', '.join(LONG_DOCUMENTS)} "
+                f"(or unset: a document longer than a window is refused)."
+            )
 
     def fingerprint_part(self) -> dict[str, Any]:
         """The protocol's settings that decide a run's numbers, as used (its part of the run's
         fingerprint; the plan adds what it resolved: BOS, prefix, windows)."""
-        return {"name": self.protocol, "seq_len": self.seq_len, "stride": self.stride}
+        return {
+            "name": self.protocol,
+            "seq_len": self.seq_len,
+            "stride": self.stride,
+            **self.options,
+        }
 
     def _stride(self) -> int | None:
         """The stride as used: unset is seq_len // 2 (at least 1); None where the protocol has
-        none. Only a stride that a protocol uses is checked; a stride never set never fails."""
-        if self.protocol not in STRIDED_PROTOCOLS:
+        none (or, for a protocol that scores documents whole, where no long document is split
+        into sliding windows). Only a stride that is used is checked; a stride never set never
+        fails."""
+        if not (self.rules.strided or self.long_documents == "sliding"):
             return None
         if self.stride is None:
             return max(self.seq_len // 2, 1)

@@ -29,7 +29,7 @@ bytes or words or more turns its part's column into int64). Every array is writt
 batch as it is tokenized: memory while building is bounded by one batch of documents, whatever
 the corpus size, with nothing kept per document.
 
-Plans are made from an entry by `ppl_jax.plans.stream_plans`.
+Plans are made from an entry by the protocols' `stream_plan` (`ppl_jax.plans.stream_plans`).
 """
 
 from __future__ import annotations
@@ -60,15 +60,21 @@ from ppl_jax.plans.token_entry import (  # noqa: F401  (re-exported: the entry's
 from ppl_jax.runtime import distributed, fingerprint, preemption, temporaries
 from ppl_jax.tokenizer import Tokenizer
 
-PROTOCOLS = ("sliding", "lm_eval_rolling")  # protocols whose documents are tokenized one by one
 BATCH_CHARS = 1 << 20  # characters of documents per call of the tokenizer's batch encoding
 COPY_TOKENS = 1 << 20  # tokens per chunk read from a part (its temporaries: ~50 MB)
 STARTS, ENDS = 1, 2  # `edges` bits: the text begins / ends with a non-space character
 
 
-def applies(ds, protocol: str) -> bool:
-    """Whether a dataset is planned through the token cache (see the module docstring)."""
-    return bool(ds.cache_dir) and not ds.preparation and not ds.has_budget and protocol in PROTOCOLS
+def applies(ds, protocol) -> bool:
+    """Whether a dataset is planned through the token cache (see the module docstring): a cache
+    folder, no preparation, no budget, and a protocol (`ppl_jax.plans.protocols.Protocol`) with
+    a `stream_plan` (whose documents are tokenized one by one)."""
+    return (
+        bool(ds.cache_dir)
+        and not ds.preparation
+        and not ds.has_budget
+        and protocol.stream_plan is not None
+    )
 
 
 def key(ds, tok: Tokenizer) -> str:

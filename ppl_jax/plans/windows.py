@@ -17,6 +17,7 @@ import numpy as np
 from ppl_jax.errors import ConfigError, DataError
 
 NO_PREFIX = -1
+FIELDS = ("starts", "lengths", "prefix", "first_scored", "document")  # per-window arrays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,3 +209,50 @@ def context_windows(
     starts = targets - length
     lengths = np.minimum(length + block, n - starts)
     return make(tokens, starts, lengths, np.full(targets.size, length), length + block - 1)
+
+
+def short_windows(windows: Windows, context: int, targets_per_window: int) -> Windows:
+    """The windows that score the targets of `windows` again with a short context: the LongPPL
+    reference's short windows (`find_key_token`: `trunc_len` = C, `sliding_window` = S), per
+    window of `windows`.
+
+    For a window whose row is `r[0..R-1]` (no prefix token) scoring the row positions
+    `f .. R-1`, the targets at positions `p >= F = max(C, f)` are cut into blocks of S from F:
+    the block of targets `r[a : a + S]` (`a = F, F + S, ...`, the last one clipped at R) is
+    scored by a window that reads `r[a - C : a + S]`, so the target `r[a + i]` sees exactly
+    `C + i` tokens of context (between C and C + S - 1), all of them within the context it has
+    in its own window. Targets at positions below C have no short window (their context is not
+    longer than C). With `f <= C` (a document scored from its first token, as the reference
+    does), the blocks are the reference's: targets `[s + C, s + C + S)` from `[s, s + C + S)`,
+    `s = 0, S, 2S, ...` in the document, the last block clipped at its end.
+
+    Args:
+      windows: windows without prefix tokens (`whole_documents`, and the stream protocols).
+      context: C >= 1; targets_per_window: S >= 1.
+
+    Returns:
+      Windows over the same `tokens` (`seq_len = C + S - 1`, `first_scored = C`, each window's
+      `document` its source window's), in the order of their source windows and targets.
+
+    Raises:
+      ValueError: a window with a prefix token, or C, S below 1 (the caller checks settings).
+    """
+    if context < 1 or targets_per_window < 1:
+        raise ValueError(f"short windows need C >= 1 and S >= 1: {context}, {targets_per_window}")
+    if (windows.prefix != NO_PREFIX).any():
+        raise ValueError("short windows are cut from windows without a prefix token")
+    first = np.maximum(windows.first_scored, context)
+    count = np.maximum(0, -(-(windows.lengths - first) // targets_per_window))
+    source = np.repeat(np.arange(windows.num_windows), count)
+    block = np.arange(source.size) - np.repeat(np.cumsum(count) - count, count)
+    a = first[source] + block * targets_per_window  # the block's first target, in its row
+    starts = windows.starts[source] + a - context
+    lengths = np.minimum(context + targets_per_window, windows.lengths[source] - (a - context))
+    return make(
+        windows.tokens,
+        starts,
+        lengths,
+        np.full(source.size, context),
+        context + targets_per_window - 1,
+        document=windows.document[source],
+    )

@@ -6,7 +6,8 @@ JSON-able dict of named parts (`PARTS`), each given by the layer that owns what 
 checkpoint (its path, step, files and the settings that choose its weights: mapping, item,
 params, architecture), the model (description, dtype, attention), the data
 (`DatasetSpec.fingerprint_part()`: how the files are read and cut, and the files), the tokenizer,
-the protocol (`ProtocolSpec.fingerprint_part()` and what its plan resolved), the layout
+the protocol (`ProtocolSpec.fingerprint_part()`, what its plan resolved, and the long-context
+measures' settings and LongPPL evaluator where asked for), the layout
 (`BatchSpec.fingerprint_part()`), the mesh (axes, processes, sharding rules) and the environment
 (`environment()`: platform, device kind, the versions of ppl_jax, jax and jaxlib). Two runs
 agree when every part agrees, and `differences` names the parts (and their fields) that do not,

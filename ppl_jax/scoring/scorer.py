@@ -316,6 +316,13 @@ class Scorer:
             self._compiled[key] = lowered.compile()
         return self._compiled[key]
 
+    def memory_analysis(self) -> dict[tuple[int, int, int], Any]:
+        """XLA's memory analysis of each step compiled so far, by `(batch_size, width,
+        num_slots)`: `jax.stages.Compiled.memory_analysis()`, whose fields are in bytes
+        (`temp_size_in_bytes`: the step's temporaries; `argument_size_in_bytes`, ...), or None
+        where the backend gives none. Empty before the first `score` or `compiled` call."""
+        return {key: c.memory_analysis() for key, c in self._compiled.items()}
+
     def score(
         self,
         params: Any,

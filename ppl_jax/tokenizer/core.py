@@ -103,6 +103,21 @@ class Tokenizer(abc.ABC):
         """The id of a token's string (special tokens included), or None if it has none."""
         return None
 
+    def char_spans(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """`(ids [n] int32, spans [n, 2] int64)`: the tokens of `text` (as `encode` gives them)
+        and the characters each covers, `[start, end)` in code points of `text` (what
+        transformers' `return_offsets_mapping` reports, for LongPPL's matching of two
+        tokenizers' tokens). Here from the UTF-8 bytes each token covers (`encode_with_bytes`),
+        a token that begins or ends inside a character covering all of it; `HFTokenizer` gives
+        the `tokenizers` library's own offsets."""
+        ids, lengths = self.encode_with_bytes([text])[0]
+        raw = np.frombuffer(text.encode("utf-8"), np.uint8)
+        lead = np.concatenate([[0], np.cumsum((raw & 0xC0) != 0x80)])  # characters before byte x
+        ends = np.cumsum(lengths, dtype=np.int64)
+        starts = ends - lengths
+        first = np.where(starts < raw.size, lead[np.minimum(starts + 1, raw.size)] - 1, lead[-1])
+        return ids, np.stack([first, lead[ends]], axis=1).astype(np.int64)
+
     def first_token_bytes(self, text: str) -> int:
         """UTF-8 bytes of `text` covered by its first token (the context-only token of a stream),
         as `encode_with_bytes` counts them."""

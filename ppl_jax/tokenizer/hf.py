@@ -273,6 +273,14 @@ class HFTokenizer(Tokenizer):
             self._bytes_by_id = table
         return self._bytes_by_id
 
+    def char_spans(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """`Tokenizer.char_spans`: the ids and character offsets of the `tokenizers` library's
+        encoding of the whole text without special tokens, as transformers' fast tokenizers
+        report them (`return_offsets_mapping`, post-processor trimming included)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        spans = np.asarray(enc.offsets, np.int64).reshape(-1, 2)
+        return np.asarray(enc.ids, np.int32), spans
+
     def _token_texts(self, ids: list[int]) -> list[str]:
         texts = self._tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
         pieces = [self._tok.id_to_token(i) or "" for i in ids]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ppl_jax.config.defaults import KEY_MEANINGS, PROTOCOL_NOTES, describe_keys
+from ppl_jax.config.defaults import KEY_MEANINGS, PROTOCOLS, describe_keys
 
 import helpers
 
@@ -36,8 +36,8 @@ def test_help_lists_every_key_with_default_and_meaning(flag):
         after = re.split(r"\n(?=  \S|\n)", out[out.index(line) + len(line) :], maxsplit=1)[0]
         assert after.split() == meaning.split(), key
     assert len(describe_keys()) == len(KEY_MEANINGS)
-    for name, note in PROTOCOL_NOTES.items():
-        assert f"  {name}" in out and note in out
+    for name, p in PROTOCOLS.items():
+        assert f"  {name}" in out and p.note in out
     examples = out.split("examples:\n", 1)[1].split("\n\n", 1)[0]
     from ppl_jax.cli.main import EXAMPLES
 

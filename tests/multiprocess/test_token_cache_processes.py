@@ -56,9 +56,10 @@ def test_every_protocol_on_two_processes_with_the_cache_scores_as_one_without(
     texts = [helpers.stdlib_text(200 + 50 * i)[i * 30 :] for i in range(10)]
     path = corpus(tmp_path, texts)
     entries = ",\n".join(
-        f"        config_dict.ConfigDict(dict(name={p!r}, path={path!r}, format='jsonl', "
-        f"protocol={p!r}, seq_len=64))"
-        for p in protocols.PROTOCOLS
+        f"        config_dict.ConfigDict(dict(name={name!r}, path={path!r}, format='jsonl', "
+        f"protocol={name!r}, seq_len=64"
+        f"{', long_documents=' + repr('sliding') if p.splits_documents else ''}))"
+        for name, p in protocols.PROTOCOLS.items()
     )
     config = tmp_path / "four.py"
     config.write_text(

@@ -66,7 +66,7 @@ def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_p
     """WikiText-2 test (its articles) through GPT-2: the token cache written in three shares
     plans exactly what `protocols.plan` plans from the documents in memory."""
     from ppl_jax.data import documents as data
-    from ppl_jax.plans import protocols, stream_plans, token_cache
+    from ppl_jax.plans import protocols, token_cache
 
     path = os.path.join(test_data, "wikitext-2", "test.txt")
     docs = data.read_documents(path, "wikitext")
@@ -77,8 +77,8 @@ def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_p
     entry = token_cache.open_entry(str(tmp_path))
     stride = 512 if protocol == "sliding" else None
     want = protocols.plan(protocol, docs, gpt2, gpt2.vocab_size, 1024, stride, False)
-    got = stream_plans.plan(
-        entry, protocol, gpt2, gpt2.vocab_size, 1024, stride, False, "\n\n", str(tmp_path / "s.npy")
+    got = protocols.get(protocol).stream_plan(
+        entry, gpt2, gpt2.vocab_size, 1024, stride, False, "\n\n", str(tmp_path / "s.npy")
     )
     assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
     for name in ("starts", "lengths", "prefix", "first_scored", "document"):

@@ -5,7 +5,6 @@ import pytest
 from ppl_jax.config.defaults import (
     DEMO_CORPUS_NAME,
     KEY_MEANINGS,
-    PROTOCOL_NOTES,
     PROTOCOLS,
     describe_keys,
     flat_keys,
@@ -30,7 +29,7 @@ def test_every_key_has_a_meaning_and_every_meaning_a_key():
     assert len(keys) == len(set(keys)) > 25
     assert set(keys) == set(KEY_MEANINGS)
     assert all(KEY_MEANINGS[k].strip() and "\n" not in KEY_MEANINGS[k] for k in keys)
-    assert set(PROTOCOL_NOTES) == set(PROTOCOLS)
+    assert all(p.name == name and p.note.strip() for name, p in PROTOCOLS.items())
 
 
 def test_described_defaults_are_the_config_values():

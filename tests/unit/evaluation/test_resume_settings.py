@@ -26,9 +26,12 @@ from ppl_jax.config.defaults import DEFAULT_RULES, get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation.setup import set_up
 from ppl_jax.outputs import journal
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import fingerprint
+
+import helpers
 
 MAPPING = "rules:\n  - {from: '(?P<name>.*)', to: '{name}'}\n"
 # The same weights, but the final norm doubled: another model, and other numbers.
@@ -149,6 +152,7 @@ CASES = [
     ("eval.packing", {"eval__packing": False}, None, "layout.packing: true -> false"),
     ("eval.length_buckets", {"eval__length_buckets": 2}, None, "layout.length_buckets: 1 -> 2"),
     ("model.dtype", {"model__dtype": "bfloat16"}, None, "model.dtype"),
+    ("model.rope_angles", {"model__rope_angles": "exact"}, None, "model.description"),
     ("mesh.data and mesh.model", {"mesh__data": 4, "mesh__model": 2}, None,
      "mesh.data: 8 -> 4; mesh.model: 1 -> 2"),
     ("mesh.rules", {"mesh__rules": RULES}, None, "mesh.rules"),
@@ -167,6 +171,105 @@ def test_a_change_that_changes_the_numbers_refuses_the_journal(
             evaluate(from_config(c), out=out)
     message = str(info.value)
     assert "is the journal of another run, which differs in" in message and named in message
+
+
+@pytest.fixture(scope="module")
+def killed_whole(world) -> bytes:
+    """The journal of a `whole_documents` run (its long lines cut into sliding windows) stopped
+    by SIGTERM after 3 batches."""
+    out = world / "killed_whole"
+    c = config(world, out, **WHOLE)
+    with OutputDir.open(str(out)) as o, pytest.raises(Interrupted):
+        evaluate(from_config(c), signal_after(3, signal.SIGTERM), out=o)
+    with journal_of(out) as done:
+        assert 3 <= done.sum() < done.size
+    return (out / journal.NAME).read_bytes()
+
+
+WHOLE = {"eval__protocol": "whole_documents", "eval__long_documents": "sliding"}
+WHOLE_CASES = [
+    ("eval.long_documents", {"eval__long_documents": "truncate"}, 'protocol.long_documents: "sliding" -> "truncate"'),
+    ("eval.stride", {"eval__stride": 16}, "protocol.stride: 24 -> 16"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("what", "settings", "named"), WHOLE_CASES, ids=[c[0] for c in WHOLE_CASES]
+)
+def test_a_change_of_whole_documents_refuses_the_journal(
+    world, killed_whole, tmp_path, monkeypatch, what, settings, named
+):
+    (tmp_path / journal.NAME).write_bytes(killed_whole)
+    c = config(world, tmp_path, **{**WHOLE, **settings})
+    monkeypatch.setattr(Checkpoint, "restore", lambda *a, **k: pytest.fail("weights were read"))
+    with OutputDir.open(str(tmp_path)) as out, pytest.raises(ConfigError) as info:
+        evaluate(from_config(c), out=out)
+    message = str(info.value)
+    assert "is the journal of another run, which differs in" in message and named in message
+
+
+@pytest.fixture(scope="module")
+def longppl_world(tmp_path_factory):
+    """The LongPPL golden's two tiny Llamas (the model and an evaluator with its own tokenizer),
+    copied, with a copy of the evaluator elsewhere."""
+    root = tmp_path_factory.mktemp("longppl")
+    folder = os.path.join(helpers.GOLDEN, "longppl")
+    shutil.copytree(folder, root / "golden")
+    shutil.copytree(os.path.join(folder, "evaluator"), root / "evaluator_copy")
+    return root
+
+
+def long_context_fingerprint(root, **overrides) -> dict:
+    """The fingerprint of a `whole_documents` run with the long-context measures and LongPPL's
+    evaluator (set up only: no weight is read)."""
+    c = get_config()
+    c.checkpoint.dir = str(root / "golden" / "model")
+    c.data.path, c.data.format = str(root / "golden" / "documents.jsonl"), "jsonl"
+    c.eval.protocol, c.eval.seq_len = "whole_documents", 768
+    c.eval.short_context, c.eval.short_targets = 32, 16
+    c.longppl.evaluator.dir = str(root / "golden" / "evaluator")
+    for key, value in overrides.items():
+        *sections, name = key.split("__")
+        node = c
+        for section in sections:
+            node = getattr(node, section)
+        setattr(node, name, value(root) if callable(value) else value)
+    p = set_up(from_config(c), None)
+    return p.fingerprint(p.datasets[0], p.first_step)
+
+
+# A run with the long-context measures keeps no journal (as every run with diagnostics), but
+# their settings and LongPPL's evaluator decide its numbers: they are in its fingerprint (the
+# results' record), and a change is named.
+LONG_CONTEXT_CASES = [
+    ("eval.short_context", {"eval__short_context": 64}, "protocol.long_context"),
+    ("eval.short_targets", {"eval__short_targets": 8}, "protocol.long_context"),
+    ("longppl.alpha", {"longppl__alpha": 1.5}, "protocol.long_context"),
+    ("longppl.beta", {"longppl__beta": -3.0}, "protocol.long_context"),
+    ("longppl.evaluator.dir", {"longppl__evaluator__dir": lambda r: str(r / "evaluator_copy")},
+     "protocol.long_context"),
+    ("longppl.evaluator.dtype", {"longppl__evaluator__dtype": "bfloat16"}, "protocol.long_context"),
+    ("the evaluator's files", {}, "protocol.long_context"),
+]  # fmt: skip
+
+
+def test_the_long_context_settings_are_in_the_fingerprint(longppl_world, monkeypatch):
+    monkeypatch.setattr(Checkpoint, "restore", lambda *a, **k: pytest.fail("weights were read"))
+    base = long_context_fingerprint(longppl_world)
+    assert long_context_fingerprint(longppl_world) == base
+    for what, settings, named in LONG_CONTEXT_CASES:
+        edit = contextlib.nullcontext()
+        if not settings:  # a weights file of the evaluator rewritten
+            edit = touched(longppl_world / "golden" / "evaluator" / "model.safetensors")
+        with edit:
+            changed = long_context_fingerprint(longppl_world, **settings)
+        found = fingerprint.differences(base, changed)
+        assert found and all(f.startswith(named) for f in found), (what, found)
+    without = long_context_fingerprint(
+        longppl_world, eval__short_context=0, longppl__evaluator__dir=""
+    )
+    assert "long_context" not in without["protocol"]  # other runs' fingerprints as before
+    assert {k: v for k, v in base["protocol"].items() if k != "long_context"} == without["protocol"]
 
 
 def test_another_environment_refuses_the_journal(world, killed, tmp_path, monkeypatch):

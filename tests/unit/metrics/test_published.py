@@ -60,7 +60,7 @@ def guide_loop(ids: np.ndarray, max_length: int, stride: int) -> float:
 
 def ppl_jax_sums(ids: np.ndarray, max_length: int, stride: int):
     """ppl_jax's `hf_strided` windows and their exact per-window sums under the same model."""
-    w = protocols._hf_strided(ids.astype(np.int32), max_length, stride)
+    w = protocols.HF_STRIDED.windows(ids.astype(np.int32), max_length, stride)
     nll, count = [], []
     for k in range(w.num_windows):
         row = w.tokens[int(w.starts[k]) : int(w.starts[k]) + int(w.lengths[k])]

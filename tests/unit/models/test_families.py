@@ -58,7 +58,7 @@ def ppl_windows(g: dict, protocol: str) -> windows_lib.Windows:
     if protocol == "sliding":
         return windows_lib.sliding(stream, seq_len, stride)
     if protocol == "hf_strided":
-        return protocols._hf_strided(stream, seq_len, stride)
+        return protocols.HF_STRIDED.windows(stream, seq_len, stride)
     docs = [np.asarray(d, np.int32) for d in g["documents"]]
     offsets = np.cumsum([0] + [d.size for d in docs]).astype(np.int64)
     return protocols.rolling_windows(np.concatenate(docs), offsets, seq_len, g["prefix"])

@@ -19,7 +19,7 @@ from ppl_jax.data.documents import Document
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.outputs import tokens as tokens_lib
 from ppl_jax.plans.layout import plan_layout
-from ppl_jax.plans.protocols import JOIN, plan
+from ppl_jax.plans.protocols import get, plan
 from ppl_jax.plans.windows import NO_PREFIX
 from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
@@ -62,8 +62,11 @@ PLANS = [
 LAYOUTS = [(1, False, 1), (3, True, 1), (4, True, 3), (2, False, 3)]  # batch, pack, buckets
 
 
+SEPARATOR = "\n\n"  # data.separator
+
+
 def make_plan(protocol, seq_len, stride, add_bos, docs=DOCS):
-    return plan(protocol, docs, SpecialBytes(), MODEL_VOCAB, seq_len, stride, add_bos)
+    return plan(protocol, docs, SpecialBytes(), MODEL_VOCAB, seq_len, stride, add_bos, SEPARATOR)
 
 
 def batch_arrays(p, rows, width, top_k):
@@ -118,7 +121,8 @@ def expected_text(p, docs):
     separator that follows it in the stream."""
     if p.per_document:
         return [d.text.encode() for d in docs]
-    return [(d.text + (JOIN if i < len(docs) - 1 else "")).encode() for i, d in enumerate(docs)]
+    joiner = get(p.protocol).between(SEPARATOR)
+    return [(d.text + (joiner if i < len(docs) - 1 else "")).encode() for i, d in enumerate(docs)]
 
 
 def byte_text(i):

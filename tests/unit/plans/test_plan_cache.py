@@ -17,7 +17,7 @@ from ppl_jax.data import documents as data
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import plan_cache, planner, token_cache
+from ppl_jax.plans import plan_cache, planner, protocols
 
 import helpers
 
@@ -56,7 +56,7 @@ def test_a_cached_plan_is_the_plan_and_reads_nothing(
         s.data, s.protocol, *planner.cut(*planner.read(s.data), s.data, tok), tok, 512
     )
     built, docs, _ = planner.planned(s.data, s.protocol, tok, 512)
-    streamed = protocol in token_cache.PROTOCOLS  # planned through the token cache
+    streamed = protocols.get(protocol).stream_plan is not None  # through the token cache
     assert (docs is None) == streamed
     plain = dataclasses.replace(plain, tokens_digest=built.tokens_digest)
     same_plan(built, plain)

@@ -76,25 +76,39 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
         entry = entry_of(tmp_path, path, tok, count)
         assert entry.num_documents == len(docs)
         assert entry.sources == [d.source for d in docs]  # the parts' file lists merged
+        streamed = [n for n, p in protocols.PROTOCOLS.items() if p.stream_plan is not None]
+        ran = set()
+        assert "sliding" in streamed and "whole_documents" in streamed
         cases = itertools.product(
-            ["sliding"] + (["lm_eval_rolling"] if rolling else []),
+            [n for n in streamed if rolling or n != "lm_eval_rolling"],
             ["\n\n", "", "|"],
             [False, True] if tok.bos_id is not None else [False],
-            [(8, 3), (16, 16)],
+            [(8, 3), (16, 16), (1000, 500)],
+            ["", "sliding", "truncate"],
         )
-        for protocol, separator, add_bos, (seq_len, stride) in cases:
-            if protocol == "lm_eval_rolling" and separator != "\n\n":
-                continue  # no separator in a per-document stream
-            stride = stride if protocol == "sliding" else None
+        for protocol, separator, add_bos, (seq_len, stride), rule in cases:
+            rules = protocols.get(protocol)
+            if rules.document_level and separator != "\n\n":
+                continue  # no separator between documents scored one by one
+            # whole_documents: every document in one window, or the long one cut by a rule
+            if (bool(rule) != (rules.splits_documents and seq_len < 1000)) or (
+                seq_len == 1000 and not rules.splits_documents
+            ):
+                continue
+            options = {"long_documents": rule} if rule else {}
+            ran.add((protocol, rule))
+            used = rules.strided or options.get("long_documents") == "sliding"
+            stride = stride if used else None
             want = protocols.plan(
-                protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator
+                protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator, **options
             )
             stream = str(tmp_path / f"stream-{count}.npy")
-            got = stream_plans.plan(
-                entry, protocol, tok, 600, seq_len, stride, add_bos, separator, stream
+            got = rules.stream_plan(
+                entry, tok, 600, seq_len, stride, add_bos, separator, stream, **options
             )
             assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
             same_plan(got, dataclass_with(want, tokens_digest=got.tokens_digest))
+        assert {("whole_documents", r) for r in ("", "sliding", "truncate")} <= ran
 
 
 def dataclass_with(plan, **changes):
@@ -107,7 +121,7 @@ def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     tok = tokenizer.load_tokenizer("byte", None)
     entry = entry_of(tmp_path, path, tok, 2)
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
-        stream_plans.plan(entry, "sliding", tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
+        protocols.SLIDING.stream_plan(entry, tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
     assert "document 2 (" in str(e.value) and "b.jsonl:2" in str(e.value)
 
 

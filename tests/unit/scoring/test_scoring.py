@@ -123,6 +123,11 @@ def test_step_traced_once_per_shape():
     windows = sliding(tokens, 16, 16)
     scorer.score(params, windows, plan_layout(windows, 8))
     assert scorer.traces == 2
+    # The public hook the benchmarks read the step's temporaries from: one analysis per shape.
+    analyses = scorer.memory_analysis()
+    assert len({width for _, width, _ in analyses}) == len(analyses) == scorer.traces
+    for analysis in analyses.values():  # in bytes; the arguments hold the params
+        assert analysis.argument_size_in_bytes > 0 and analysis.temp_size_in_bytes >= 0
 
 
 def test_nonfinite_is_an_error_naming_the_window():

@@ -1,0 +1,104 @@
+"""`Protocol`: the rules of one scoring convention, asked by every caller instead of its name."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ppl_jax.data.documents import Document
+from ppl_jax.plans.plan import Plan
+from ppl_jax.tokenizer import Tokenizer
+
+JOIN = "\n\n"  # how hf_strided and gptq_chunks join documents (their reference recipes' choice)
+
+
+class Protocol:
+    """A scoring convention: which tokens are scored, with what context, and what is counted.
+
+    One instance per convention (`ppl_jax.plans.protocols.PROTOCOLS`); callers ask it rather
+    than compare names.
+
+    Attributes:
+      name: its `eval.protocol` value.
+      note: one line naming the convention it reproduces (`--help`, results.json's
+        `protocol.reference`).
+      document_level: every window lies in one document, so that sums per document exist
+        (`output.per_document`, the bootstrap over documents) and no stream runs through the
+        corpus (the context-length sweep needs one: it is refused with these).
+      strided: it reads `eval.stride` (unset: `seq_len // 2`).
+      splits_documents: it reads `eval.long_documents`, the rule for a document longer than a
+        window (`plan` and `stream_plan` take it as the keyword `long_documents`; the other
+        protocols never receive it).
+      long_context: it scores documents whole from their first token, so that a target's
+        position is its place in its document: the long-context measures apply (the position
+        curve to the full length with bands over documents, context gains, LongPPL:
+        `ppl_jax.evaluation.long_context`).
+      stream_plan: `stream_plan(entry, tokenizer, vocab_size, seq_len, stride, add_bos,
+        separator, stream_path) -> Plan` where the protocol can be planned from the token cache's
+        document lengths in bounded memory (`ppl_jax.plans.token_cache`), identical array for
+        array to `plan`; None where it cannot (its documents are not tokenized one by one).
+    """
+
+    name: ClassVar[str] = ""
+    note: ClassVar[str] = ""
+    document_level: ClassVar[bool] = False
+    strided: ClassVar[bool] = False
+    splits_documents: ClassVar[bool] = False
+    long_context: ClassVar[bool] = False
+    stream_plan: Any = None
+
+    def joiner(self, ds: Any) -> str:
+        """The text between two documents where the protocol joins a corpus into one text (for
+        the gzip baseline and results.json's `protocol.separator`), for the dataset `ds`
+        (`ppl_jax.data.spec.DatasetSpec`)."""
+        return self.between(ds.separator)
+
+    def between(self, separator: str) -> str:
+        """The joining text given `data.separator`: the reference recipes' `"\\n\\n"`, unless
+        the protocol joins by `data.separator` (`sliding`)."""
+        return JOIN
+
+    def plan(
+        self,
+        docs: list[Document],
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        seq_len: int,
+        stride: int | None,
+        add_bos: bool,
+        separator: str = JOIN,
+        doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> Plan:
+        """Builds the windows and counts of the protocol for `docs`.
+
+        Args:
+          docs: the corpus.
+          tokenizer: the model's tokenizer (special tokens are never added by encoding; BOS
+            and the prefix token are placed by the protocol).
+          vocab_size: the model's vocabulary; every token id is checked against it.
+          seq_len: the model inputs per window; stride: for the strided protocols (else None).
+          add_bos: BOS before the stream, or before each document's tokens (the document-level
+            protocols).
+          separator: `data.separator` (only the protocols that join by it read it: `between`).
+          doc_counts: `([num_documents] int64, [num_documents] int64)`: UTF-8 bytes and words
+            to report per document in place of those of its text (`lm_eval_rolling` only), for
+            a preparation that scores a rewritten text and counts the original
+            (`preparations.Prepared.doc_counts`).
+
+        Raises:
+          DataError: an id outside the vocabulary (naming the document), or nothing to score.
+          ConfigError: a setting the protocol cannot follow with this tokenizer.
+          ValueError: `doc_counts` with a protocol that does not report them (a bug of the
+            caller: `preparations.check` rejects such a configuration first).
+        """
+        raise NotImplementedError
+
+    def _no_counts(self, doc_counts: Any) -> None:
+        if doc_counts is not None:
+            raise ValueError(
+                f"doc_counts are per document: only lm_eval_rolling reports them, not {self.name}"
+            )
+
+    def __repr__(self) -> str:
+        return f"<protocol {self.name}>"
