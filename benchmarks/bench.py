@@ -53,7 +53,7 @@ _ATTENTION = flags.DEFINE_list(
     "attention",
     ["auto"],
     "ppl_jax's attention implementations to measure, each in its own process (auto, xla, cudnn; "
-    "xla@N: the XLA path in query blocks of N).",
+    "xla@QxK: the XLA path in blocks of Q queries and K keys).",
 )
 _COMPARE_BF16 = flags.DEFINE_bool(
     "compare_bf16", True, "Also score with bfloat16 params and report the difference."
@@ -176,7 +176,7 @@ def run_jax(
     from ppl_jax.checkpoints import hf
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models import attention as attention_lib
-    from ppl_jax.models import registry
+    from ppl_jax.models import flash, registry
     from ppl_jax.plans import windows
     from ppl_jax.runtime import mesh as mesh_lib
 
@@ -186,7 +186,9 @@ def run_jax(
     description = hf.read_description(model_dir)
     attention, _, query_block = attention.partition("@")
     if query_block:
-        attention_lib.QUERY_BLOCK = attention_lib.GPU_QUERY_BLOCK = int(query_block)
+        block_q, _, block_k = query_block.partition("x")
+        flash.BLOCK_Q = flash.GPU_BLOCK_Q = int(block_q)
+        flash.BLOCK_K = flash.GPU_BLOCK_K = int(block_k or block_q)
     attention = attention_lib.resolve_for(attention, jdtype, description)
     model = registry.build(description, jdtype, attention)
     mesh = mesh_lib.make_mesh(-1, 1)

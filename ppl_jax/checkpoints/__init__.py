@@ -1,9 +1,11 @@
 """Checkpoints: reading a model's architecture, tokenizer, steps and weights.
 
-`open_checkpoint(path, format)` is the one entry point (`opener`); it reads Orbax training states
-(`orbax`, where all Orbax calls of ppl_jax live) and Hugging Face directories (`hf`).
+`open_checkpoint(path, format)` is the one entry point (`opener`): it picks the reader of the
+checkpoint's layout (`opener.READERS`, each a `Checkpoint` subclass found by its markers) and
+returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; all Orbax calls of
+ppl_jax live in `orbax` and `orbax_v1`, Hugging Face's in `hf` and `huggingface`.
 """
 
-from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
+from ppl_jax.checkpoints.opener import DTYPES, FORMATS, READERS, Checkpoint, open_checkpoint
 
-__all__ = ["Checkpoint", "open_checkpoint"]
+__all__ = ["DTYPES", "FORMATS", "READERS", "Checkpoint", "open_checkpoint"]

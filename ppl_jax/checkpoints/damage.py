@@ -148,15 +148,76 @@ class _ItemReadNoise(logging.Filter):
 logging.getLogger("absl").addFilter(_ItemReadNoise())
 
 
+def _from_the_readers(code_or_tb: Any) -> bool:
+    """Whether a code object or traceback lies in Orbax's or TensorStore's own modules."""
+    while code_or_tb is not None:
+        code = getattr(code_or_tb, "tb_frame", None)
+        code = code.f_code if code is not None else code_or_tb
+        name = getattr(code, "co_filename", "")
+        if any(part in name for part in _READER_MODULES):
+            return True
+        code_or_tb = getattr(code_or_tb, "tb_next", None)
+    return False
+
+
+_READER_MODULES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorstore{os.sep}")
+
+
+def is_failed_read_leftover(obj: Any, traceback: Any = None) -> bool:
+    """Whether an object reported at garbage collection (`sys.unraisablehook`'s `object`, an
+    asyncio task or future) is the leftover of a failed Orbax read: a coroutine (or the task of
+    one) of Orbax's or TensorStore's modules, or an exception raised inside them."""
+    coroutine = obj.get_coro() if hasattr(obj, "get_coro") else obj
+    if _from_the_readers(getattr(coroutine, "cr_code", None)):
+        return True
+    return traceback is not None and _from_the_readers(traceback)
+
+
+class _LeftoverTasks(logging.Filter):
+    """asyncio's "Task exception was never retrieved" reports of failed Orbax reads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            "never retrieved" in str(record.msg)
+            and exc is not None
+            and is_failed_read_leftover(None, exc.__traceback__)
+        )
+
+
+def _quiet_leftovers_from_now_on() -> None:
+    """After a failed read, Orbax's other pending reads can outlive any collection here (its
+    event loop thread holds them) and are reported when the interpreter shuts down, after the
+    one sentence: hundreds of lines of "Exception ignored in: <coroutine object
+    _read_array_index_and_device_put>". From the first failed read on, those reports (and only
+    those: coroutines and exceptions of Orbax's and TensorStore's modules) are dropped; any other
+    unraisable exception is reported as before."""
+    if getattr(sys.unraisablehook, "ppl_jax", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not is_failed_read_leftover(unraisable.object, unraisable.exc_traceback):
+            previous(unraisable)
+
+    hook.ppl_jax = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _LeftoverTasks) for f in log.filters):
+        log.addFilter(_LeftoverTasks())
+
+
 @contextlib.contextmanager
 def quiet_failed_reads():
-    """Keeps the leftovers of failed Orbax reads off stderr while the failure is diagnosed.
+    """Keeps the leftovers of failed Orbax reads off stderr while the failure is diagnosed, and
+    after it (`_quiet_leftovers_from_now_on`).
 
     When one shard of a restore fails, Orbax's other pending reads end as never-retrieved asyncio
     task exceptions and unawaited coroutines, which Python prints (tracebacks of hundreds of lines)
     when they are garbage collected. The failure itself is raised as a `CheckpointError`; these
     leftovers are collected here, silently.
     """
+    _quiet_leftovers_from_now_on()
     log = logging.getLogger("asyncio")
     level, hook = log.level, sys.unraisablehook
     log.setLevel(logging.CRITICAL)

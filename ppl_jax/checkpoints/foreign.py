@@ -1,5 +1,5 @@
-"""Orbax checkpoints that other trainers write: where the params are, and reading them through a
-mapping (`ppl_jax.checkpoints.mapping`) into a model's params.
+"""Orbax checkpoints that other trainers write (`ForeignOrbax`): where the params are, read through
+a mapping (`ppl_jax.checkpoints.mapping`) into a model's params.
 
 Layouts (measured in `INTEROP.md`):
 
@@ -18,21 +18,18 @@ Linen `TrainState`), or the whole tree (an NNX model state, a bare params tree),
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from typing import Any
 
 import jax
-import numpy as np
 
-from ppl_jax.checkpoints import blocks, damage, mapping, orbax, storage
+from ppl_jax.checkpoints import damage, orbax
+from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
 
 ITEMS = ("state", "items", "default", "model", "pytree")
 PARAMS = ("params/params", "params")
 ITEM_FILES = ("_METADATA", "manifest.ocdbt", "checkpoint")
-READ_GROUP_BYTES = 1 << 30  # stored bytes restored at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,19 +112,6 @@ def has_steps(directory: str) -> bool:
     return bool(orbax_steps(directory) or orbax_steps(paths.join(directory, "checkpoints")))
 
 
-def kind_of(directory: str, options: bool) -> str | None:
-    """`own` (ppl_jax's layout: a `metadata` item in the latest step) or `foreign` for an Orbax
-    directory; None while it holds no step to tell (watch mode). `options`: a mapping, item or
-    params path was given (foreign)."""
-    if options or is_item(directory) or paths.isdir(paths.join(directory, "checkpoints")):
-        return "foreign"
-    steps = orbax_steps(directory)
-    if not steps:
-        return None
-    own = paths.isdir(paths.join(directory, str(steps[-1]), orbax.METADATA))
-    return "own" if own else "foreign"
-
-
 def orbax_steps(folder: str) -> list[int]:
     try:
         return orbax.finalized_steps(folder)
@@ -137,25 +121,42 @@ def orbax_steps(folder: str) -> list[int]:
 
 def stored_params(
     layout: Layout, directory: str, step: int | None
-) -> tuple[dict[str, tuple[tuple[int, ...], Any]], dict[str, str], str]:
+) -> tuple[Stored, dict[str, str], str]:
     """The params the item stores: (name -> (shape, dtype), name -> stored name, params path).
 
     Names are relative to the params subtree, with a trailing `/value` removed; stored names are
-    the item's own (what `orbax.read_arrays` takes).
+    the item's own (what `orbax.read_arrays` takes). The item's tree metadata and OCDBT index are
+    checked first, so that lost array files are reported as damage, not as missing names.
 
     Raises:
-      CheckpointError: damaged tree metadata; no params subtree (naming `checkpoint.params`).
+      CheckpointError: damaged tree metadata or index; no params subtree (naming
+        `checkpoint.params`).
     """
     item_dir = layout.item_dir(step)
     damage.check_links_inside(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, layout.item)
+    damage.check_ocdbt_index(item_dir, directory, step, layout.item)
     try:
         tree = orbax.tree_metadata(item_dir)
     except Exception as e:  # Orbax's own errors for an unreadable `_METADATA`
         raise damage.damaged(
             directory, step, "the tree metadata of its item cannot be read", e
         ) from None
-    prefix = layout.params
+    return params_of(tree, layout.params, directory, step)
+
+
+def params_of(
+    tree: Stored, params: str, directory: str, step: int | None
+) -> tuple[Stored, dict[str, str], str]:
+    """`stored_params` of a stored tree already read: the params subtree `params` ('' : found,
+    `PARAMS`), its names relative to it with a trailing `/value` removed.
+
+    Raises:
+      CheckpointError: an empty tree (its metadata lost: damage); no params subtree.
+    """
+    if not tree:
+        raise damage.damaged(directory, step, "its tree metadata lists no arrays")
+    prefix = params
     if not prefix:
         prefix = next((p for p in PARAMS if any(n.startswith(p + "/") for n in tree)), "")
     elif not any(n.startswith(prefix + "/") for n in tree):
@@ -176,58 +177,92 @@ def stored_params(
     return shapes, names, prefix
 
 
-def restore(
-    layout: Layout,
-    directory: str,
-    step: int | None,
-    rules: list[dict[str, Any]],
-    architecture: dict[str, Any],
-    target: Any,
-    where: str,
-) -> Any:
-    """The model's params from the stored item through `rules`, in the target shardings.
+class ForeignOrbax(Checkpoint):
+    """Another trainer's Orbax checkpoint (MaxText, the gemma library, a Linen `TrainState`, an
+    NNX state; see the module docstring), read through a mapping; its architecture is given
+    (`checkpoint.architecture`)."""
 
-    Each stored tensor is restored once onto the devices, with the sharding under which each
-    device's shard holds what its blocks of the model weights need (`blocks.stored_sharding`:
-    each process reads only the chunks of its own shards), and the model weights are made block
-    by block from it (`blocks.place`, reading through `storage.DeviceArrays`); tensors are read
-    in groups of about `READ_GROUP_BYTES`, each dropped once its weights are made.
+    format = "orbax"
+    formats = ("orbax",)
+    layout_name = "another trainer's Orbax checkpoint"
+    tokenizer_files = "another trainer's Orbax checkpoint keeps none"
 
-    Raises:
-      CheckpointError: as `mapping.resolve` (unmatched names, shapes) and `orbax.read_arrays`.
-    """
-    shapes, stored_names, _ = stored_params(layout, directory, step)
-    expected = weight_paths(target)
-    sources = mapping.resolve(rules, shapes, expected, architecture, where)
-    numbers = {k: v for k, v in architecture.items() if isinstance(v, int | float)}
-    names = {v: k for k, v in stored_names.items()}
-    out: dict[str, Any] = {}
-    item_dir = layout.item_dir(step)
-    for group in blocks.read_groups(sources, shapes, READ_GROUP_BYTES):
-        pieces: dict[str, list] = defaultdict(list)
-        for weight in group:
-            for piece in sources[weight].pieces:
-                pieces[piece.stored].append((piece, expected[weight]))
-        abstract = {}
-        for name, used in pieces.items():
-            shape, dtype = shapes[name]
-            sharding = blocks.stored_sharding(used, shape, shapes, numbers)
-            abstract[stored_names[name]] = jax.ShapeDtypeStruct(
-                shape, np.dtype(dtype), sharding=sharding
-            )
-        read = orbax.read_arrays(item_dir, directory, step, abstract, layout.item)
-        for full, array in read.items():
-            if not isinstance(array, jax.Array):
-                raise CheckpointError(
-                    f"{where}: stored '{names[full]}' did not restore as an array "
-                    f"(got {type(array).__name__})."
-                )
-        arrays = storage.DeviceArrays({names[full]: array for full, array in read.items()})
-        made = blocks.place(
-            {w: sources[w] for w in group}, shapes, {w: expected[w] for w in group}, arrays, numbers
-        )
-        out.update(jax.block_until_ready(made))
-        for array in read.values():
-            array.delete()
-    damage.check_restored(out, expected, where)
-    return nest_weights(out)
+    def __init__(self, path: str, options: Options | None = None, why: str = ""):
+        super().__init__(path, options, why)
+        self._layout: Layout | None = None
+        self._trees: dict[int | None, tuple[Stored, dict[str, str], str]] = {}
+        self._finalized: set[int] = set()  # steps seen finalized (a finalized step stays so)
+
+    def _tree(self, step: int | None) -> tuple[Stored, dict[str, str], str]:
+        """`stored_params` of a resolved step, read once (a finalized step does not change)."""
+        if step not in self._trees:
+            self._trees[step] = stored_params(self.layout(), self.path, step)
+        return self._trees[step]
+
+    @classmethod
+    def claims(cls, path: str, options: Options) -> str | None:
+        if is_item(path):
+            return "an Orbax item folder (_METADATA, manifest.ocdbt) without steps"
+        if options.names_a_tree:
+            return "checkpoint.mapping, item or params given"
+        if orbax_steps(paths.join(path, "checkpoints")) and not orbax_steps(path):
+            return "a run folder whose Orbax steps are under checkpoints/ (MaxText)"
+        steps = orbax_steps(path)
+        if steps:
+            return f"numbered Orbax steps whose latest ({steps[-1]}) has no ppl_jax metadata item"
+        return None
+
+    def layout(self) -> Layout:
+        """Where the params are (`locate`, with `checkpoint.item`/`params` or the mapping
+        file's)."""
+        if self._layout is None:
+            file = self.mapping_file()
+            item = self.options.item or file.get("item", "")
+            self._layout = locate(self.path, item, file.get("params", "") or self.options.params)
+        return self._layout
+
+    def steps(self) -> list[int]:
+        if self._layout is None and not has_steps(self.path):
+            return []  # a run that has not finalized its first step yet (watch mode)
+        layout = self.layout()
+        return [] if layout.bare else orbax.finalized_steps(layout.root)
+
+    def resolve_step(self, step: int | None) -> int | None:
+        """As `Checkpoint.resolve_step`; a step seen finalized before is not looked up again
+        (each look opens an Orbax `CheckpointManager`, a barrier of every process)."""
+        layout = self.layout()
+        if layout.bare:
+            return None
+        if step is None or step not in self._finalized:
+            step = orbax.pick_step(layout.root, step)
+            self._finalized.add(step)
+        return step
+
+    def stored(self, step: int | None) -> Stored:
+        return self._tree(self.resolve_step(step))[0]
+
+    def read(self, step: int | None, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
+        step = self.resolve_step(step)
+        layout = self.layout()
+        full = self._tree(step)[1]
+        got = orbax.read_arrays(
+            layout.item_dir(step), self.path, step, {full[n]: v for n, v in abstract.items()},
+            layout.item,
+        )  # fmt: skip
+        return {n: got[full[n]] for n in abstract}
+
+    def files(self, step: int | None) -> str:
+        layout = self.layout()
+        return layout.root if layout.bare else paths.join(layout.root, str(step))
+
+    def layout_lines(self, step: int | None) -> list[str]:
+        step = self.resolve_step(step)
+        layout = self.layout()
+        lines = []
+        if not layout.bare:
+            folder = paths.join(layout.root, str(step))
+            lines.append(f"step {step} items: {', '.join(sorted(paths.listdir(folder)))}")
+        prefix = self._tree(step)[2]
+        item = "(bare directory)" if layout.bare else layout.item or "(the step folder)"
+        lines.append(f"item: {item}   params: {prefix or '(the whole item)'}")
+        return lines

@@ -32,6 +32,7 @@ PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokeniz
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _STEP = re.compile(r"^(?P<prefix>[A-Za-z_-]*?)(?P<n>\d+)$")
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_COMMIT = re.compile(r"^[0-9a-fA-F]{40}$|^[0-9a-fA-F]{64}$")  # a git commit (SHA-1 or SHA-256)
 
 
 def is_hub_id(path: str) -> bool:
@@ -124,10 +125,12 @@ class Repo:
                 f"hub revision {revision!r} of {self.repo_id!r} cannot be resolved "
                 f"({type(e).__name__}: {' '.join(str(e).split())[:200]})."
             ) from None
+        self._check_inside_cache(folder, revision)
         own = os.path.basename(os.path.normpath(folder))
         commit = agree_commit(own)
         self._commits[revision] = commit
         folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
+        self._check_inside_cache(folder, revision)
         if not os.path.isdir(folder):  # process 0's commit, absent from this host's cache
             raise CheckpointError(
                 f"process 0 scores commit {commit} of {self.repo_id!r}, which this process's hub "
@@ -147,6 +150,25 @@ class Repo:
                 f"model.safetensors."
             )
         return folder
+
+    def _check_inside_cache(self, folder: str, revision: str) -> None:
+        """Refuses a snapshot folder outside the repository's `snapshots/` (a ref file naming
+        `../../elsewhere`, or a snapshot that is a link out of the cache): the hub's revision
+        would be another folder's weights.
+
+        Raises:
+          CheckpointError: naming the ref, the folder and the repair.
+        """
+        snapshots = os.path.realpath(os.path.join(repo_folder(self.repo_id), "snapshots"))
+        real = os.path.realpath(folder)
+        name = os.path.basename(os.path.normpath(folder))
+        if os.path.dirname(real) != snapshots or not _COMMIT.match(name):
+            raise CheckpointError(
+                f"hub revision {revision!r} of {self.repo_id!r} resolves to {real!r}, outside the "
+                f"hub cache's snapshots of the repository ({snapshots}); ppl_jax reads no folder "
+                f"outside the cache. Repair the cache (delete refs/{revision} and run "
+                f"huggingface-cli download {self.repo_id} --revision {revision})."
+            )
 
     def commit(self, step: int | None) -> str:
         """The 40-hex commit of the step's revision (resolved by `snapshot`)."""
@@ -224,7 +246,8 @@ def local_dir(path: str, sweep: bool, allow_download: bool) -> str:
     whose step revisions `Repo.steps` lists.
 
     Raises:
-      ConfigError: a malformed id. CheckpointError: as `Repo.snapshot`.
+      ConfigError: a malformed id.
+      CheckpointError: as `Repo.snapshot`.
     """
     repo = open_repo(path, allow_download)
     if not sweep:

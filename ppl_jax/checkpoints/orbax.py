@@ -22,6 +22,7 @@ damaged step (lost, truncated or corrupt files, links leading out of the checkpo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -123,7 +124,8 @@ def finalized_steps(directory: str) -> list[int]:
     `<step>.orbax-checkpoint-tmp-*`, or on object stores lacks `commit_success.txt`).
 
     Raises:
-      CheckpointError: no such directory. ConfigError: a remote path without its package.
+      CheckpointError: no such directory.
+      ConfigError: a remote path without its package.
     """
     with _manager(directory) as manager:
         return sorted(int(s) for s in manager.all_steps())
@@ -193,7 +195,12 @@ def tree_metadata(item_dir: str) -> dict[str, tuple[tuple[int, ...], np.dtype | 
     """
     meta = ocp.PyTreeCheckpointer().metadata(paths.absolute(item_dir))
     tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
+    return flatten_metadata(getattr(tree, "tree", tree))
+
+
+def flatten_metadata(tree: Any) -> dict[str, tuple[tuple[int, ...], np.dtype | None]]:
+    """A nested tree of Orbax leaf metadata (`.shape`, `.dtype`; v0's or v1's) as `/`-joined
+    name -> (shape, dtype or None)."""
     out: dict[str, tuple[tuple[int, ...], np.dtype | None]] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -235,6 +242,7 @@ def read_arrays(
     abstract: dict[str, jax.ShapeDtypeStruct],
     item: str = STATE,
     shown: str = "",
+    restore: Callable[[dict[str, jax.ShapeDtypeStruct]], dict[str, Any]] | None = None,
 ) -> dict[str, jax.Array]:
     """Restores the stored arrays named in `abstract`, each into its leaf's sharding and dtype.
 
@@ -249,6 +257,8 @@ def read_arrays(
       abstract: stored name (`params/params/decoder/...`) -> `jax.ShapeDtypeStruct(shape, dtype,
         sharding=...)`; the stored dtype is cast to `dtype` by Orbax.
       shown: a prefix of the stored names left out of the sentences (`params/`).
+      restore: what reads a subset of `abstract` (None: Orbax's `PyTreeCheckpointer` on
+        `item_dir`; the Orbax v1 reader gives `ocp.v1.load`'s).
 
     Returns:
       stored name -> `jax.Array` of its leaf's shape, dtype and sharding.
@@ -257,11 +267,13 @@ def read_arrays(
       CheckpointError: a link out of the folder; damaged tree metadata, OCDBT index or array
         files, naming the weights that cannot be read.
     """
+    if restore is None:
+        restore = lambda subset: _restore_names(item_dir, subset)  # noqa: E731
     damage.check_links_inside(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, item)
     damage.check_ocdbt_index(item_dir, directory, step, item)
     try:
-        return _restore_names(item_dir, abstract)
+        return restore(abstract)
     except CheckpointError:
         raise
     except Exception as e:  # Orbax re-raises TensorStore's errors as bare Exceptions
@@ -272,7 +284,7 @@ def read_arrays(
             failed = {}
             for name, leaf in abstract.items():
                 try:
-                    jax.block_until_ready(_restore_names(item_dir, {name: leaf}))
+                    jax.block_until_ready(restore({name: leaf}))
                 except Exception as e:  # as above
                     failed[name] = damage.reason(e, directory)
         if not failed:

@@ -12,21 +12,34 @@ slices, TensorStore chunks, byte ranges) never reads a model whole on one host. 
 - `DeviceArrays`: stored tensors restored onto the devices (Orbax through TensorStore,
   `ppl_jax.checkpoints.foreign`, each process reading only its own devices' chunks), a region
   read back from the device shard that holds it;
-- `Arrays`: NumPy arrays in memory (tests, and trees a program holds).
+- `Arrays`: NumPy arrays in memory (tests, and trees a program holds);
+- `tensorstore_read`: TensorStore arrays, one per leaf (levanter's, EasyDeL's, T5X's), a region
+  read as the chunks it touches;
+- `ppl_jax.checkpoints.huggingface.RangedSafetensors`: safetensors files on a bucket (or
+  on disk) read by byte ranges.
 
-A new storage (TensorStore per leaf, byte ranges over fsspec) is a class with that one method;
-nothing else in the engine changes.
+A new storage is a class (or function) with that one method; nothing else in the engine changes.
+
+`place` turns a read function into `jax.Array`s for a reader's `read` (stored tensors by their
+names) and for a remote Hugging Face directory's weights: for each leaf of an abstract tree it asks
+only for the blocks of this process's devices (a block several devices hold is read once),
+`READ_WORKERS` at a time, and keeps at most `budget` bytes of blocks on the host beyond the arrays
+already placed (one leaf may exceed it alone). So a process holds about its own shard of the
+weights, plus the budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.runtime import paths
 
 Index = tuple[slice, ...]
 
@@ -85,3 +98,134 @@ class DeviceArrays:
             f"the stored '{stored_name}' was restored without the region {index} on this "
             f"process's devices."
         )
+
+
+READ_WORKERS = 8  # blocks read at once (a remote block's ranges are fetched concurrently too)
+MIN_BUDGET, MAX_BUDGET = 16 << 20, 1 << 30
+BUDGET_SHARE = 0.1  # of the process's own share of the bytes
+
+Read = Callable[[str, Index], np.ndarray]
+
+
+def _key(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+
+
+def local_blocks(leaf: Any) -> dict[tuple, tuple[slice, ...]]:
+    """The distinct blocks of `leaf` (shape, sharding) that this process's devices hold."""
+    blocks: dict[tuple, tuple[slice, ...]] = {}
+    for index in leaf.sharding.addressable_devices_indices_map(tuple(leaf.shape)).values():
+        index = tuple(index) if index is not None else ()
+        index = index + (slice(None),) * (len(leaf.shape) - len(index))
+        blocks.setdefault(_key(index, tuple(leaf.shape)), index)
+    return blocks
+
+
+def _nbytes(index: tuple[slice, ...], leaf: Any) -> int:
+    size = math.prod(b - a for a, b in _key(index, tuple(leaf.shape)))
+    return size * np.dtype(leaf.dtype).itemsize
+
+
+def place(
+    abstract: dict[str, jax.ShapeDtypeStruct], read: Read, budget: int | None = None
+) -> dict[str, jax.Array]:
+    """Each leaf of `abstract` as a `jax.Array` of its shape, dtype and sharding, read by `read`.
+
+    Args:
+      abstract: name -> `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`, in reading order.
+      read: the storage backend: `read(name, index)` returns the block `index` of `name`, in any
+        dtype (cast to the leaf's) and of the block's shape.
+      budget: bytes of blocks read ahead at most (None: `BUDGET_SHARE` of this process's share,
+        between `MIN_BUDGET` and `MAX_BUDGET`).
+
+    Returns:
+      name -> `jax.Array`.
+
+    Raises:
+      Whatever `read` raises (the other reads in flight are cancelled or awaited first).
+    """
+    names = list(abstract)
+    blocks = [local_blocks(abstract[n]) for n in names]
+    sizes = [
+        sum(_nbytes(i, abstract[n]) for i in b.values()) for n, b in zip(names, blocks, strict=True)
+    ]
+    if budget is None:
+        budget = int(min(MAX_BUDGET, max(MIN_BUDGET, BUDGET_SHARE * sum(sizes))))
+    out: dict[str, jax.Array] = {}
+    pending: dict[int, dict[tuple, Any]] = {}
+    with ThreadPoolExecutor(READ_WORKERS) as pool:
+        try:
+            ahead, in_flight = 0, 0
+            for i, name in enumerate(names):
+                while ahead < len(names) and (ahead <= i or in_flight + sizes[ahead] <= budget):
+                    pending[ahead] = {
+                        k: pool.submit(read, names[ahead], index)
+                        for k, index in blocks[ahead].items()
+                    }
+                    in_flight += sizes[ahead]
+                    ahead += 1
+                leaf = abstract[name]
+                got = {k: _as(f.result(), leaf, k) for k, f in pending.pop(i).items()}
+                out[name] = jax.make_array_from_callback(
+                    tuple(leaf.shape),
+                    leaf.sharding,
+                    lambda index, got=got, leaf=leaf: got[_key(tuple(index), tuple(leaf.shape))],
+                )
+                in_flight -= sizes[i]
+                del got
+        except BaseException:
+            for futures in pending.values():
+                for f in futures.values():
+                    f.cancel()
+            raise
+    return out
+
+
+def _as(block: np.ndarray, leaf: Any, key: tuple) -> np.ndarray:
+    block = np.asarray(block)
+    want = tuple(b - a for a, b in key)
+    if block.shape != want:
+        raise ValueError(f"a storage backend gave a block of shape {block.shape}, not {want}")
+    return block.astype(leaf.dtype, copy=False)
+
+
+def tensorstore_kvstore(path: str) -> dict[str, Any]:
+    """The TensorStore kvstore spec of a folder: TensorStore's own drivers, which read only the
+    chunks (or byte ranges of an OCDBT database) a read touches: `file` for a local path, `gcs`
+    for `gs://`, `s3` for `s3://`. Other schemes have no TensorStore driver.
+
+    Raises:
+      ConfigError: a scheme TensorStore does not read.
+    """
+    scheme = paths.scheme(path)
+    if scheme is None:
+        return {"driver": "file", "path": paths.absolute(path).rstrip("/") + "/"}
+    if scheme in ("gs", "s3"):
+        bucket, _, key = path.split("://", 1)[1].partition("/")
+        driver = {"gs": "gcs", "s3": "s3"}[scheme]
+        return {"driver": driver, "bucket": bucket, "path": key.rstrip("/") + "/" if key else ""}
+    raise ConfigError(
+        f"{path!r}: TensorStore arrays are read from local paths, gs:// and s3:// (TensorStore's "
+        f"own drivers); copy the checkpoint to one of them."
+    )
+
+
+def tensorstore_read(spec: dict[str, Any]) -> Read:
+    """A storage backend over TensorStore arrays (levanter's and EasyDeL's per-leaf zarr
+    arrays, T5X's): `read(name, index)` reads the block `index` of the array `spec[name]`
+    (opened on first use), that is the chunks it touches and no others.
+
+    Args:
+      spec: stored name -> its TensorStore spec (`{"driver": "zarr", "kvstore":
+        tensorstore_kvstore(folder)}` and the array's path).
+    """
+    import tensorstore as ts
+
+    opened: dict[str, Any] = {}
+
+    def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
+        if name not in opened:
+            opened[name] = ts.open(spec[name], open=True, read=True).result()
+        return np.asarray(opened[name][index].read().result())
+
+    return read

@@ -3,12 +3,14 @@
     ppl-jax inspect /runs/llama/checkpoints
     ppl-jax inspect /runs/llama --architecture="maxtext:llama2-7b base_num_decoder_layers=2"
 
-Prints the layout (where the steps, the item and the params are), the finalized steps, the items
-of the latest step, and the stored params tree (name, shape, dtype; nothing of the arrays is
-read). With an architecture (`--architecture`, or one the checkpoint carries) it also prints each
-model weight with the stored tensor it comes from, or the one sentence naming the first unmatched
-names. The first thing to run on a foreign checkpoint; the same options as `checkpoint.*`.
-A user's mistake prints `ppl-jax: error: ...` and exits with status 2.
+Prints which reader reads the checkpoint and why (the markers it found:
+`ppl_jax.checkpoints.opener.choose`), its finalized steps, the reader's layout (where the steps,
+items, params, shards and tokenizer are), the stored params tree (name, shape, dtype; nothing of
+the arrays is read), the architecture and tokenizer. With an architecture (`--architecture`, or
+one the checkpoint carries) it also prints each model weight with the stored tensor it comes from,
+or the one sentence naming the first unmatched names. The first thing to run on a foreign
+checkpoint; the same options as `checkpoint.*`. A user's mistake prints `ppl-jax: error: ...` and
+exits with status 2, and so does any other failure (in one line, never a traceback).
 """
 
 from __future__ import annotations
@@ -26,76 +28,57 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"ppl-jax: error: bad flag: {message} (see ppl-jax inspect --help)\n")
 
 
-def _ops(src) -> str:
-    rule = src.rule
-    parts = []
-    if src.layer is not None:
-        parts.append(f"layer {src.layer} of axis {rule['layers']['axis']}")
-    if src.part is not None:
-        parts.append(f"part {src.part} of axis {rule['split']['axis']}")
-    for key in ("transpose", "reshape", "cut"):
-        if key in rule:
-            parts.append(f"{key} {rule[key]}")
-    if "rope" in rule:
-        parts.append("rope interleaved->half")
-    if src.scale != 1.0:
-        parts.append(f"x{src.scale:.6g}")
-    if rule.get("plus_one"):
-        parts.append("1+w")
-    return ", ".join(parts)
-
-
-def inspect(directory: str, args: argparse.Namespace, out=sys.stdout) -> None:
-    """Prints the report (see the module docstring).
+def inspect(directory: str, args: argparse.Namespace, out=None) -> None:
+    """Prints the report (see the module docstring) to `out` (None: stdout).
 
     Raises:
       PplJaxError: an unreadable checkpoint or a faulty setting.
     """
-    from ppl_jax.checkpoints import foreign, open_checkpoint, orbax
+    out = out or sys.stdout
+    from ppl_jax.checkpoints.checkpoint import Options
+    from ppl_jax.checkpoints.opener import choose
     from ppl_jax.errors import PplJaxError
-    from ppl_jax.runtime import paths
 
-    options = {k: getattr(args, k) or "" for k in ("architecture", "mapping", "item", "params")}
-    ckpt = open_checkpoint(directory, args.format, **options)
-    kind = ckpt.kind()
-    print(f"checkpoint {directory} ({kind})", file=out)
+    options = Options(*(getattr(args, k) or "" for k in ("architecture", "mapping", "item",
+                                                         "params")))  # fmt: skip
+    reader, why = choose(directory, args.format, options)
+    ckpt = reader(directory, options, why)
+    print(f"checkpoint {directory}", file=out)
+    print(f"reader: {reader.__name__} ({reader.layout_name}), chosen for {why}", file=out)
     steps = ckpt.steps()
     print(
         f"steps: {', '.join(map(str, steps)) if steps else '(none: one set of weights)'}", file=out
     )
     step = ckpt.resolve_step(args.step)
-    if kind in ("hf", "hub"):
-        print(f"description: {ckpt.description(step)}", file=out)
-        return
-    if kind == "own":
-        layout = foreign.Layout(directory, False, orbax.STATE, "params")
-    else:
-        layout = ckpt.layout()
-    if not layout.bare:
-        folder = paths.join(layout.root, str(step))
-        print(f"step {step} items: {', '.join(sorted(paths.listdir(folder)))}", file=out)
-    shapes, names, prefix = foreign.stored_params(layout, directory, step)
-    item = layout.item or "(the step folder)" if not layout.bare else "(bare directory)"
-    print(f"item: {item}   params: {prefix or '(the whole item)'}   {len(shapes)} arrays", file=out)
-    width = max((len(n) for n in shapes), default=0)
-    for name, (shape, dtype) in shapes.items():
+    for line in ckpt.layout_lines(step):
+        print(line, file=out)
+    stored = ckpt.stored(step)
+    print(f"stored params: {len(stored)} arrays", file=out)
+    width = max((len(n) for n in stored), default=0)
+    for name, (shape, dtype) in stored.items():
         print(f"  {name:<{width}}  {str(list(shape)):<20} {dtype}", file=out)
-    if kind == "own":
-        return
-    if not args.architecture:
+    try:
+        model = ckpt.model(step=step)
+    except PplJaxError as e:
+        if args.architecture:
+            raise  # the user's setting is faulty: one sentence, status 2
+        print(f"architecture: {e}", file=out)
         print("mapping: give --architecture (and --mapping) to see the mapped weights", file=out)
         return
-    model = ckpt.model(step=step)
+    desc = model.description
+    print(
+        f"architecture: {desc.get('family', '?')}, {desc.get('num_layers', '?')} layers, "
+        f"vocabulary {model.vocab_size}, {model.max_positions} positions"
+        + (" (checkpoint.architecture)" if args.architecture else " (carried)"),
+        file=out,
+    )
     try:
-        sources = ckpt.mapped(step, model.abstract_params)
+        tok = ckpt.tokenizer(step)
+        print(f"tokenizer: {tok.name if tok is not None else 'none carried'}", file=out)
     except PplJaxError as e:
-        print(f"mapping: {e}", file=out)
-        return
-    print(f"mapped weights ({len(sources)}, every stored array used):", file=out)
-    width = max(len(n) for n in sources)
-    for target, src in sources.items():
-        ops = _ops(src)
-        print(f"  {target:<{width}} <- {src.stored}" + (f"  [{ops}]" if ops else ""), file=out)
+        print(f"tokenizer: {e}", file=out)
+    for line in ckpt.mapping_report(step, model.abstract_params):
+        print(line, file=out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mapping", help="as checkpoint.mapping")
     parser.add_argument("--item", help="as checkpoint.item")
     parser.add_argument("--params", help="as checkpoint.params")
-    parser.add_argument("--format", default="auto", choices=["auto", "orbax", "hf"])
+    parser.add_argument(
+        "--format",
+        default="auto",
+        help="as checkpoint.format (auto, orbax, hf, levanter, easydel, t5x)",
+    )
     parser.add_argument("--step", type=int, default=None, help="a step (default: the latest)")
     args = parser.parse_args(argv)
     logging.set_verbosity(logging.ERROR)  # Orbax's informational logs are not for users
@@ -120,6 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         inspect(os.path.expanduser(args.dir), args)
     except PplJaxError as e:
         print(f"ppl-jax: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a reader's own failure: one line, never a traceback
+        text = " ".join(str(e).split())[:300]
+        print(
+            f"ppl-jax: error: {args.dir!r} cannot be inspected ({type(e).__name__}: {text}); "
+            f"this is a bug of ppl_jax or of the checkpoint's library: please report it.",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

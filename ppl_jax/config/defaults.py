@@ -115,10 +115,13 @@ def get_config() -> config_dict.ConfigDict:
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
     c.model.attention = "auto"
+    c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.context)
+    c.model.token_chunk = 0  # tokens per chunk of the per-token layers on a device; 0: all
     c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.data = -1
+    c.mesh.context = 1
     c.mesh.model = 1
     c.mesh.rules = DEFAULT_RULES
 
@@ -188,7 +191,8 @@ KEY_MEANINGS = {
     "checkpoint.watch_until": "watch: the last step to evaluate (-1: none)",
     "checkpoint.watch_timeout": "watch: seconds without a new finalized step before the run ends",
     "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
-    "checkpoint.format": "'orbax', 'hf' (a Hugging Face directory), or 'auto' (by config.json)",
+    "checkpoint.format": "'auto' (the reader its markers choose; ppl-jax inspect says which), or "
+    "'orbax' / 'hf' / 'levanter' / 'easydel' / 't5x' (only that layout's readers)",
     "data.name": "the corpus's name in the results; empty: derived from data.path",
     "data.path": "a file, a glob, or a comma-separated list of either",
     "data.format": "'auto' (jsonl for .jsonl/.ndjson files, a .json or .parquet file refused, "
@@ -234,7 +238,13 @@ KEY_MEANINGS = {
     "model.rope_angles": "rotary angles: 'float32' (transformers' arithmetic, equal to it) or "
     "'exact' (reduced in float64 on the host; float32 drifts by up to 0.06 rad at 1M positions)",
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
+    "model.context_attention": "how attention crosses mesh.context: 'all_gather' (each device "
+    "gathers a layer's keys and values) or 'ring' (they go round the devices: less memory)",
+    "model.token_chunk": "tokens the MLP and the NLL take at once on each device (0: all; e.g. "
+    "16384 for windows of 1M tokens)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
+    "mesh.context": "devices along the context axis, over which each window's tokens are split "
+    "(long windows); -1: the devices left over",
     "mesh.model": "devices along the model axis (weights sharded)",
     "mesh.rules": "logical axis name -> mesh axis, for sharding weights",
     "metrics.bootstrap_samples": "resamples of the 95% bootstrap intervals of perplexity and "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from ml_collections import config_dict
@@ -81,7 +82,14 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         rope_angles=str(c.model.rope_angles),
-        mesh=MeshSpec(data=int(c.mesh.data), model=int(c.mesh.model), rules=rules),
+        mesh=MeshSpec(
+            data=int(c.mesh.data),
+            model=int(c.mesh.model),
+            rules=rules,
+            context=int(c.mesh.context),
+            context_attention=str(c.model.context_attention),
+            token_chunk=int(c.model.token_chunk),
+        ),
         output_dir=os.path.expanduser(str(c.output.dir)),
         progress=bool(c.output.progress),
         gzip_baseline=bool(c.output.gzip_baseline),
@@ -216,14 +224,31 @@ def checkpoint_dir(ckpt: Any, sweep: bool, options: tuple[tuple[str, Any], ...])
     return os.path.expanduser(path)
 
 
+_REVISION = re.compile(r"^(?:[a-z][a-z_-]*)?(\d+)$")  # `1000`, or a hub revision `step1000`
+
+
+def _step_number(raw: Any, part: str) -> int:
+    """One step of `checkpoint.step` (`1000`, or the hub revision `step1000`), in one sentence
+    when it is not one."""
+    m = _REVISION.match(part.strip())
+    if not m:
+        raise ConfigError(
+            f"checkpoint.step={raw!r}: {part.strip()!r} is not a step number (0 or more) or a "
+            f"hub step revision such as step1000; give 'latest', 'all', a step, a list "
+            f"'1000,2000' or a range 'first:last:every'."
+        )
+    return int(m.group(1))
+
+
 def _steps(ckpt: Any) -> StepSpec:
-    """`checkpoint.step` and `checkpoint.watch*` (see `StepSpec`)."""
+    """`checkpoint.step` and `checkpoint.watch*` (see `StepSpec`).
+
+    Raises:
+      ConfigError: a step that is not a number >= 0 (or a hub revision `step1000`), naming it:
+        `100,abc` and `-5` are refused, never read as `100` and `5`.
+    """
     raw = ckpt.step
     text = str(raw).strip().lower()
-    if text not in ("latest", "all"):  # hub revisions `step1000,step2000` are steps 1000, 2000
-        text = ",".join(
-            part.strip().lstrip("abcdefghijklmnopqrstuvwxyz_-") for part in text.split(",")
-        )
     timeout, interval = float(ckpt.watch_timeout), float(ckpt.watch_interval)
     until = int(ckpt.watch_until)
     watch = _bool("checkpoint.watch", ckpt.watch)
@@ -235,27 +260,24 @@ def _steps(ckpt: Any) -> StepSpec:
         "watch_timeout": timeout,
         "watch_interval": interval,
     }
-    bad = ConfigError(
-        f"checkpoint.step={raw!r} is not 'latest', 'all', a step number, a list '1000,2000' "
-        f"or a range 'first:last:every'."
-    )
-    try:
-        if text in ("latest", "all"):
-            return StepSpec(kind=text, **common)
-        if ":" in text:
-            parts = [int(x) for x in text.split(":")]
-            if len(parts) == 2:
-                parts.append(1)
-            first, last, every = parts
-            if len(parts) != 3 or every < 1 or last < first or first < 0:
-                raise bad
-            return StepSpec(kind="range", steps=(first, last, every), **common)
-        if "," in text:
-            steps = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-            return StepSpec(kind="list", steps=steps, **common)
-        return StepSpec(kind="one", steps=(int(text),), **common)
-    except ValueError:
-        raise bad from None
+    if text in ("latest", "all"):
+        return StepSpec(kind=text, **common)
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ConfigError(
+                f"checkpoint.step={raw!r} is not a range 'first:last' or 'first:last:every'."
+            )
+        first, last, every = [_step_number(raw, p) for p in parts] + [1] * (3 - len(parts))
+        if every < 1 or last < first:
+            raise ConfigError(
+                f"checkpoint.step={raw!r}: a range needs first <= last and every >= 1."
+            )
+        return StepSpec(kind="range", steps=(first, last, every), **common)
+    if "," in text:
+        steps = tuple(sorted({_step_number(raw, x) for x in text.split(",")}))
+        return StepSpec(kind="list", steps=steps, **common)
+    return StepSpec(kind="one", steps=(_step_number(raw, text),), **common)
 
 
 def _step(name: str, step: Any) -> int | None:

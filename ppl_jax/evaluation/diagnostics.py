@@ -141,6 +141,8 @@ def step_options(spec: RunSpec) -> StepOptions:
         per_token=d.tokens or document,
         top_k=d.top_k,
         reference=d.reference is not None,
+        context_attention=spec.mesh.context_attention,
+        token_chunk=spec.mesh.token_chunk,
     )
 
 

@@ -31,10 +31,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import DTYPES, open_checkpoint
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
@@ -48,8 +47,6 @@ from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 from ppl_jax.tokenizer import Tokenizer
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # params, as `set_up`'s targets
 
 
 @dataclasses.dataclass

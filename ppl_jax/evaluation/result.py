@@ -28,7 +28,7 @@ class Evaluation:
       plan: what the protocol scored; layout: its batches.
       step: the checkpoint step scored (None for a Hugging Face directory).
       documents: per-document records (document protocols, `output.per_document`), else None.
-      mesh_shape: `{"data": ..., "model": ...}`.
+      mesh_shape: `{"data": ..., "model": ...}`, and `"context"` where it is above 1.
       gzip_bits_per_byte: gzip -9 on the same text (process 0; on its first
         `metrics.GZIP_SAMPLE_BYTES` bytes), or None if not asked for; gzip_sample_bytes: the
         bytes it compressed.

@@ -258,7 +258,8 @@ class _Job:
             plan=d.plan,
             step=step,
             documents=per_document(d.plan, totals) if spec.per_document else None,
-            mesh_shape=dict(p.mesh.shape),
+            # `context` only where it splits windows: other runs' records as before.
+            mesh_shape={k: v for k, v in p.mesh.shape.items() if k != "context" or v > 1},
             model_description=model_record(
                 p.model, dict(spec.checkpoint_options).get("architecture")
             ),

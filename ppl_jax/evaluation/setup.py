@@ -6,17 +6,14 @@ agreement on the plans; and what decides each pair's numbers (`RunSetup.fingerpr
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.experimental.compilation_cache import compilation_cache
 
 from ppl_jax import tokenizer
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint, presets
-from ppl_jax.checkpoints import architecture as architecture_lib
+from ppl_jax.checkpoints import DTYPES, Checkpoint, open_checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import diagnostics
@@ -28,11 +25,10 @@ from ppl_jax.outputs import sinks
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import planner, protocols
 from ppl_jax.plans.planner import Dataset
-from ppl_jax.runtime import distributed, paths
+from ppl_jax.runtime import distributed
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+from ppl_jax.scoring import scorer as scorer_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +80,7 @@ class RunSetup:
         model, plan = self.model, d.plan
         return fingerprint_lib.run_fingerprint(
             {
-                "checkpoint": checkpoint_identity(self.ckpt, step),
+                "checkpoint": self.ckpt.identity(step),
                 "model": {
                     "description": fingerprint_lib.text_digest(model.description),
                     "dtype": self.spec.dtype,
@@ -105,13 +101,27 @@ class RunSetup:
                     "num_batches": d.layout.num_batches,
                 },
                 "mesh": {
-                    **{k: int(v) for k, v in self.mesh.shape.items()},
+                    **{k: int(v) for k, v in self.mesh.shape.items() if k != "context"},
                     "processes": jax.process_count(),
                     "rules": [list(rule) for rule in self.spec.mesh.rules],
+                    **self._context_part(),
                 },
                 "environment": fingerprint_lib.environment(),
             }
         )
+
+    def _context_part(self) -> dict[str, Any]:
+        """The context axis's settings (they change the order of float32 additions), where a
+        run sets them; empty otherwise (the fingerprints of other runs as before)."""
+        m = self.spec.mesh
+        part: dict[str, Any] = {}
+        if int(self.mesh.shape.get("context", 1)) > 1:
+            part.update(
+                context=int(self.mesh.shape["context"]), context_attention=m.context_attention
+            )
+        if m.token_chunk:
+            part["token_chunk"] = m.token_chunk
+        return part
 
     def _long_context_part(self) -> dict[str, Any]:
         """The long-context measures' settings (`LongContextSpec.fingerprint_part`) and their
@@ -125,52 +135,20 @@ class RunSetup:
         if e is not None:
             part["evaluator"] = {
                 **part["evaluator"],
-                "checkpoint": checkpoint_identity(e.ckpt, e.step),
+                "checkpoint": e.ckpt.identity(e.step),
                 "model": fingerprint_lib.text_digest(e.model.description),
                 "tokenizer": fingerprint_lib.text_digest(e.tokenizer.describe()),
             }
         return {"long_context": part}
 
 
-def checkpoint_identity(ckpt: Checkpoint, step: int | None) -> dict[str, Any]:
-    """What identifies the weights a run scores at `step` (the `checkpoint` part of its
-    fingerprint): the folder (absolute), its format and the step; a hub revision's resolved
-    commit; the files of the step (path, size, modification time, digested); and what chooses
-    or transforms the weights read: `checkpoint.mapping` (a preset by name, a mapping file by
-    its content, wherever it lies), `checkpoint.item` and `checkpoint.params` (as set), and for
-    a `checkpoint.architecture` entry point its module's file (by content: the user's own model
-    code). Any other architecture is in the model's description (the `model` part).
-
-    (What `Checkpoint.identity(step)` will answer once each reader knows its own identity.)
-    """
-    folder = paths.absolute(ckpt.path)
-    files = folder if step is None else paths.join(folder, str(step))
-    found: dict[str, Any] = {
-        "path": folder,
-        "format": ckpt.format,
-        "step": step,
-        **({"commit": ckpt.source(step)["commit"]} if ckpt.format == "hub" else {}),
-        "files": fingerprint_lib.text_digest(fingerprint_lib.tree_identity(files)),
-    }
-    kind, entry = architecture_lib.parse(ckpt.architecture)
-    if kind == "entry":
-        spec = importlib.util.find_spec(entry.partition(":")[0])
-        origin = spec.origin if spec is not None else None
-        found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
-    if ckpt.mapping:
-        preset = ckpt.mapping in presets.PRESETS
-        found["mapping"] = ckpt.mapping if preset else fingerprint_lib.content_digest(ckpt.mapping)
-    found.update({k: getattr(ckpt, k) for k in ("item", "params") if getattr(ckpt, k)})
-    return found
-
-
-def check(spec: RunSpec, ckpt_format: str) -> None:
+def check(spec: RunSpec, ckpt: Checkpoint) -> None:
     """Refuses what a training run does not do (before anything is read).
 
     Raises:
       ConfigError: diagnostics, per-document output or a reference model with a sweep or a
-        suite; several steps of a Hugging Face directory; per-document output of a protocol
-        whose windows span documents.
+        suite; a sweep over a checkpoint of one set of weights (`Checkpoint.check_sweep`);
+        per-document output of a protocol whose windows span documents.
     """
     d = spec.diagnostics
     if spec.is_training_run and (
@@ -186,11 +164,8 @@ def check(spec: RunSpec, ckpt_format: str) -> None:
             "reference.* and output.per_document score one checkpoint step on one dataset; run "
             "them without suite, a step sweep or checkpoint.watch."
         )
-    if spec.steps.is_sweep and ckpt_format == "hf":
-        raise ConfigError(
-            f"checkpoint.step={spec.steps.kind} needs an Orbax directory of steps; "
-            f"{spec.checkpoint_dir!r} is a Hugging Face directory (one set of weights)."
-        )
+    if spec.steps.is_sweep:
+        ckpt.check_sweep(spec.steps.kind)
     if spec.per_document and not spec.protocol.rules.document_level:
         levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
@@ -215,9 +190,10 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     ckpt = open_checkpoint(
         spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
     )
-    check(spec, ckpt.format)
+    check(spec, ckpt)
     sinks.check(spec.sinks, out)
-    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model)
+    mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model, context=spec.mesh.context)
+    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     check_batch_size(spec.batch.batch_size, mesh)
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
     raw = []
@@ -226,23 +202,14 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         if ds.cache_dir:
             data.resolve_paths(ds.path)
     first_step = ckpt.resolve_step(spec.checkpoint_step)
-    attention = ckpt.attention(spec.attention, spec.dtype, first_step)
+    attention = ckpt.attention(spec.attention, spec.dtype, first_step, **context)
     model = ckpt.model(spec.dtype, attention, first_step)
     if spec.rope_angles != "float32":
         model = _rope_angles(model, spec, attention)
+    _check_context(model, mesh)
     check_window(spec.protocol.seq_len, model)
-    own = ckpt.tokenizer(first_step) if ckpt.format in ("hf", "hub") else None
-    if spec.data.tokenizer == "auto" and ckpt.format in ("hf", "hub") and own is None:
-        raise ConfigError(
-            f"data.tokenizer=auto, but {spec.checkpoint_dir!r} holds no tokenizer "
-            f"(tokenizer.json or tokenizer.model); set --config.data.tokenizer to one."
-        )
-    if own is not None and spec.data.tokenizer == "auto":
-        tok = own
-    else:
-        tok = tokenizer.load_tokenizer(spec.data.tokenizer, ckpt.tokenizer_description(first_step))
-    note = tokenizer.check_vocabulary(
-        tok, model.vocab_size, allow_mismatch=spec.data.allow_tokenizer_mismatch
+    tok, note = ckpt.tokenizer_for(
+        spec.data.tokenizer, spec.data.allow_tokenizer_mismatch, step=first_step, model=model
     )
     datasets, documents = [], {}
     for (ds, protocol), read_first in zip(spec.datasets, raw, strict=True):
@@ -289,6 +256,24 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     )
 
 
+def _check_context(model: LanguageModel, mesh: Any, what: str = "the model") -> None:
+    """`scorer.check_context`, with the reason of a family whose `Limit("context")` refuses
+    this description (`registry.context_refusal`), before any weight is read.
+
+    Raises:
+      ConfigError: `mesh.context > 1` for a model that cannot run under it.
+    """
+    n = int(dict(mesh.shape).get("context", 1))
+    family = model.description.get("family") if isinstance(model.description, dict) else None
+    reason = registry.context_refusal(model.description) if n > 1 and family else None
+    if reason and not model.context_parallel:
+        raise ConfigError(
+            f"mesh.context={n} is refused for {what} (family {family!r}): {reason}; set "
+            f"mesh.context=1."
+        )
+    scorer_lib.check_context(model, mesh, what)
+
+
 def _rope_angles(model: LanguageModel, spec: RunSpec, attention: str) -> LanguageModel:
     """The model with `model.rope_angles` (`ppl_jax.models.rope.cos_sin`).
 
@@ -319,7 +304,9 @@ def _reference(
     ref = spec.diagnostics.reference
     ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
     step = ckpt.resolve_step(ref.checkpoint_step)
-    ref_model = ckpt.model(ref.dtype, "auto", step)
+    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
+    ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
+    _check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "

@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ppl_jax.checkpoints import DTYPES as _DTYPES
+from ppl_jax.checkpoints import FORMATS as CHECKPOINT_FORMATS  # noqa: F401  (the settings' choices)
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.errors import ConfigError
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
-DTYPES = ("float32", "bfloat16")
-CHECKPOINT_FORMATS = ("auto", "orbax", "hf")
+DTYPES = tuple(_DTYPES)  # model.dtype's choices: the checkpoints' one table
 MAX_TOP_K = 20
 
 

@@ -30,9 +30,10 @@ def agree(values: list[int]) -> list[int]:
 def steps_to_score(spec: RunSpec, ckpt: Checkpoint, first: int | None) -> Iterator[int | None]:
     """The checkpoint steps to score, in order; with `checkpoint.watch`, each newly finalized
     step as it appears, until `checkpoint.watch_until` is scored or no new step came for
-    `checkpoint.watch_timeout` seconds. Process 0 looks; every process gets the same steps."""
+    `checkpoint.watch_timeout` seconds. Process 0 looks; every process gets the same steps. A
+    checkpoint of one set of weights (`first` None) is scored once."""
     s = spec.steps
-    if ckpt.format == "hf" or not (s.is_sweep or spec.is_training_run):
+    if first is None or not (s.is_sweep or spec.is_training_run):
         yield first
         return
     is_main = jax.process_index() == 0

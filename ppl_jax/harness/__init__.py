@@ -5,6 +5,8 @@
 - `backend`: `RequestScorer`, tokenized requests as `ppl_jax.plans.requests` plans scored by
   `Evaluator.score` on the mesh (no lm_eval);
 - `transport`: each call's arrays from process 0 to every process;
+- `arguments`: `--model_args` checked and the checkpoint opened before any weight is read
+  (the model, tokenizer and steps from the one `Checkpoint`, as the command line gets them);
 - `__main__`: `python -m ppl_jax.harness`, the harness's command line with the model registered.
 
 The names are imported on first use, and nothing outside `ppl_jax.harness` imports this

@@ -18,23 +18,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints.opener import Checkpoint
+from ppl_jax.checkpoints.opener import Checkpoint, dtype_of
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation.evaluator import Evaluator, check_window
 from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.outputs.console import ProgressBar
 from ppl_jax.plans import requests as requests_lib
 from ppl_jax.plans.layout import MAX_SEGMENTS
 from ppl_jax.plans.planner import Dataset, batches
 from ppl_jax.plans.protocols import LM_EVAL_ROLLING, Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import observers
 from ppl_jax.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
@@ -106,9 +105,12 @@ class RequestScorer:
 
     # ------------------------------------------------------------------ scoring (collective)
 
-    def _score(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _score(self, plan: Plan, bar: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window NLL sums `[W] float64` nats, scored targets `[W] int64`, top-1 correct `[W]
-        int64`) of a plan; every process calls it with the same plan."""
+        int64`) of a plan; every process calls it with the same plan. With `bar` (its text),
+        process 0 shows a progress bar over the plan's windows (the run's
+        `ppl_jax.outputs.console.ProgressBar`, an observer of the loop, on stderr, as the
+        harness's HF backend shows one over its requests)."""
         layout = batches(plan, self.batch, self.model.honours_segments)
         # Segment slots rounded up to a power of two: a few compiled shapes across calls.
         slots = min(MAX_SEGMENTS, 1 << max(0, layout.max_segments - 1).bit_length())
@@ -119,7 +121,13 @@ class RequestScorer:
             plan,
             layout,
         )
-        _, totals = self.evaluator.score(self.params, dataset)
+        shown = []
+        if bar and jax.process_index() == 0:
+            shown.append(ProgressBar(plan.windows.num_windows, leave=True, desc=bar))
+        try:
+            _, totals = self.evaluator.score(self.params, dataset, observers=shown)
+        finally:
+            observers.close(shown)
         return totals.window_nll, totals.window_tokens, totals.window_correct
 
     def loglikelihood_tokens(
@@ -127,16 +135,17 @@ class RequestScorer:
         contexts: Sequence[Sequence[int]],
         continuations: Sequence[Sequence[int]],
         continuation_bytes: Sequence[int],
+        progress: bool = False,
     ) -> LoglikelihoodResult:
-        """Scores `loglikelihood` requests (`ppl_jax.plans.requests.loglikelihood_plan`). On
-        process 0 with several processes, sends them to the others first (each must be in
-        `serve`). Raises DataError as the plan does."""
+        """Scores `loglikelihood` requests (`ppl_jax.plans.requests.loglikelihood_plan`), with a
+        progress bar on process 0 when `progress`. On process 0 with several processes, sends
+        them to the others first (each must be in `serve`). Raises DataError as the plan does."""
         ctx, ctx_off = transport.join(contexts)
         cont, cont_off = transport.join(continuations)
         nbytes = np.asarray(continuation_bytes, np.int64).astype(np.int32)
         plan = self._loglikelihood_plan(ctx, ctx_off, cont, cont_off, nbytes)  # may raise: first
         transport.send(transport.LOGLIKELIHOOD, [ctx, ctx_off, cont, cont_off, nbytes])
-        return self._loglikelihood(plan)
+        return self._loglikelihood(plan, "Running loglikelihood requests" if progress else "")
 
     def _loglikelihood_plan(self, ctx, ctx_off, cont, cont_off, nbytes) -> Plan:
         return requests_lib.loglikelihood_plan(
@@ -147,33 +156,37 @@ class RequestScorer:
             self.model.vocab_size,
         )
 
-    def _loglikelihood(self, plan: Plan) -> LoglikelihoodResult:
-        nll, tokens, correct = self._score(plan)
+    def _loglikelihood(self, plan: Plan, bar: str = "") -> LoglikelihoodResult:
+        nll, tokens, correct = self._score(plan, bar)
         return LoglikelihoodResult(
             logprob=-nll, greedy=correct == tokens, num_tokens=tokens, num_bytes=plan.doc_bytes
         )
 
     def rolling_tokens(
-        self, documents: Sequence[Sequence[int]], document_bytes: Sequence[int], prefix: int
+        self,
+        documents: Sequence[Sequence[int]],
+        document_bytes: Sequence[int],
+        prefix: int,
+        progress: bool = False,
     ) -> np.ndarray:
         """`[D] float64` nats: each document's log-likelihood under `loglikelihood_rolling`
         (`ppl_jax.plans.requests.rolling_plan`, the `lm_eval_rolling` windows), on every
-        process as `loglikelihood_tokens`."""
+        process as `loglikelihood_tokens` (a progress bar over the windows when `progress`)."""
         docs, off = transport.join(documents)
         nbytes = np.asarray(document_bytes, np.int64).astype(np.int32)
         plan = self._rolling_plan(docs, off, nbytes, prefix)  # may raise: before sending
         transport.send(transport.ROLLING, [docs, off, nbytes, np.asarray([prefix], np.int32)])
-        return self._rolling(plan)
+        return self._rolling(plan, "Running loglikelihood_rolling requests" if progress else "")
 
     def _rolling_plan(self, docs, off, nbytes, prefix: int) -> Plan:
         return requests_lib.rolling_plan(
             transport.split(docs, off), nbytes, self.seq_len, int(prefix), self.model.vocab_size
         )
 
-    def _rolling(self, plan: Plan) -> np.ndarray:
+    def _rolling(self, plan: Plan, bar: str = "") -> np.ndarray:
         if not plan.windows.num_windows:
             return np.zeros(plan.num_documents, np.float64)
-        nll, _, _ = self._score(plan)
+        nll, _, _ = self._score(plan, bar)
         return -requests_lib.per_document(plan, nll)
 
     # ------------------------------------------------------------------ the other processes
@@ -215,31 +228,28 @@ def load(
     dtype: str = "float32",
     attention: str = "auto",
     tokenizer: str = "auto",
-) -> tuple[LanguageModel, Any, tokenizer_lib.Tokenizer]:
+) -> tuple[LanguageModel, Any, Tokenizer]:
     """The model, its params on `mesh` (read straight into their shardings) and its tokenizer
-    (the checkpoint's own for `auto`).
+    (`Checkpoint.tokenizer_for`, as the command line resolves it: the checkpoint's own for
+    `auto`, whatever its layout, a hub id included).
 
     Raises:
-      ConfigError: `auto` with a checkpoint that holds no tokenizer, or a tokenizer whose
+      ConfigError: `auto` with a checkpoint that carries no tokenizer, or a tokenizer whose
         vocabulary does not fit the model; CheckpointError: as `Checkpoint.restore`.
     """
     step = ckpt.resolve_step(step)
     model = ckpt.model(dtype, attention, step)
-    if tokenizer == "auto" and ckpt.format == "hf":
-        tok = ckpt.tokenizer(step)
-        if tok is None:
-            raise ConfigError(
-                f"model_args: {ckpt.path!r} holds no tokenizer (tokenizer.json or "
-                f"tokenizer.model); give tokenizer=PATH."
-            )
-    else:
-        tok = tokenizer_lib.load_tokenizer(tokenizer, ckpt.tokenizer_description(step))
-    tokenizer_lib.check_vocabulary(tok, model.vocab_size, allow_mismatch=False)
+    tok, _ = ckpt.tokenizer_for(tokenizer, step=step, model=model, key="tokenizer")
+    return model, restore(ckpt, step, model, mesh, dtype), tok
+
+
+def restore(ckpt: Checkpoint, step: int | None, model: LanguageModel, mesh: Any, dtype: str) -> Any:
+    """The params of `step` on `mesh`, placed by the default logical-axis rules in `dtype`.
+
+    Raises:
+      ConfigError: an unknown dtype. CheckpointError: as `Checkpoint.restore`.
+    """
     target, _ = mesh_lib.param_targets(
-        model.abstract_params,
-        model.logical_axes,
-        mesh,
-        mesh_lib.DEFAULT_RULES,
-        {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype],
+        model.abstract_params, model.logical_axes, mesh, mesh_lib.DEFAULT_RULES, dtype_of(dtype)
     )
-    return model, ckpt.restore(step, target), tok
+    return ckpt.restore(step, target)

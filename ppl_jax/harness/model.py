@@ -29,11 +29,11 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints.opener import Checkpoint, open_checkpoint
+from ppl_jax.checkpoints.opener import Checkpoint
 from ppl_jax.errors import ConfigError
-from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer, load
+from ppl_jax.harness import arguments, backend
+from ppl_jax.harness.backend import LoglikelihoodResult, RequestScorer
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.runtime import mesh as mesh_lib
 
 REFUSE_GENERATION = (
     "the ppl_jax model serves loglikelihood requests (log-likelihood and multiple-choice tasks) "
@@ -45,16 +45,44 @@ REFUSE_GENERATION = (
 COMMAND_LINE_MODELS: list[PplJaxLM] = []  # built by the harness's command line (closed on errors)
 
 
-def _flag(value: Any) -> bool | None:
-    """A model_args value as a bool (`true`, `false`, 1, 0), or None for None."""
-    if value is None or isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"model_args: {value!r} is not true or false.")
+def checkpoint_of(model_args: Any) -> str | None:
+    """The `checkpoint` of `--model_args` (a `k=v,...` string or a dict), or None."""
+    if isinstance(model_args, dict):
+        value = model_args.get("checkpoint")
+        return None if value is None or isinstance(value, Checkpoint) else str(value)
+    if isinstance(model_args, str):
+        for part in model_args.split(","):
+            key, _, value = part.partition("=")
+            if key.strip() == "checkpoint" and value.strip():
+                return value.strip()
+    return None
+
+
+def _name_runs_by_checkpoint() -> None:
+    """Names the harness's output subfolder (`--output_path`) after the checkpoint, as it names an
+    HF model's after `pretrained=`: lm-eval's `GeneralConfigTracker` looks for `pretrained=`,
+    `model=`, `path=`, ... in `--model_args` (so `mesh_model=1` read as the model `1`) and else
+    names it with a random id. Only runs of the model `ppl_jax` are renamed."""
+    from lm_eval.loggers import evaluation_tracker
+    from lm_eval.utils import sanitize_model_name
+
+    tracker = evaluation_tracker.GeneralConfigTracker
+    original = tracker.log_experiment_args
+    if getattr(original, "ppl_jax", False):
+        return
+
+    def log_experiment_args(self, model_source, model_args, *args, **kwargs):
+        original(self, model_source, model_args, *args, **kwargs)
+        checkpoint = checkpoint_of(model_args) if model_source == "ppl_jax" else None
+        if checkpoint:
+            self.model_name = checkpoint
+            self.model_name_sanitized = sanitize_model_name(checkpoint)
+
+    log_experiment_args.ppl_jax = True  # type: ignore[attr-defined]
+    tracker.log_experiment_args = log_experiment_args
+
+
+_name_runs_by_checkpoint()
 
 
 @register_model("ppl_jax")
@@ -62,8 +90,9 @@ class PplJaxLM(TemplateLM):
     """ppl_jax as a harness model (see the module docstring).
 
     Args (the `--model_args` keys):
-      checkpoint: a checkpoint directory ppl_jax opens (Orbax steps or a Hugging Face
-        directory), or a `ppl_jax.Checkpoint` from `ppl_jax.open_checkpoint`; step: an Orbax step (None: the latest).
+      checkpoint: a checkpoint ppl_jax opens (`ppl_jax.open_checkpoint`: Orbax steps, a Hugging
+        Face directory, a hub id `hf://org/name[@revision]`, ...), or a `ppl_jax.Checkpoint`;
+        step: a step (None or `latest`: the latest).
       format: `auto`, `orbax` or `hf`; dtype: `float32` or `bfloat16`; attention: `auto`, `xla`,
         `cudnn`, `splash`.
       tokenizer: `auto` (the checkpoint's own), or a path (`ppl_jax.load_tokenizer`).
@@ -83,7 +112,9 @@ class PplJaxLM(TemplateLM):
       loglikelihood_history: every call's result, in order (`clear_history()` empties it).
 
     Raises:
-      ConfigError, CheckpointError: as `open_checkpoint`, the mesh and `RequestScorer`.
+      ConfigError, CheckpointError: as `ppl_jax.harness.arguments.open_model` (before any
+        weight is read: a bad key or value, a tokenizer without BOS or EOS and no
+        prefix_token_id), the checkpoint's `restore` and `RequestScorer`.
     """
 
     def __init__(
@@ -103,42 +134,26 @@ class PplJaxLM(TemplateLM):
         prefix_token_id: int | None = None,
         device: str | None = None,
         max_batch_size: int | None = None,
+        _from_command_line: bool = False,
         **kwargs: Any,
     ):
         super().__init__()
-        if kwargs:
-            raise ConfigError(
-                f"model_args: unknown key(s) {', '.join(sorted(kwargs))} for --model ppl_jax; "
-                f"see docs/harness.md for the keys it takes."
-            )
-        if not checkpoint:
-            raise ConfigError(
-                "model_args: --model ppl_jax needs checkpoint=DIR (an Orbax or Hugging Face "
-                "checkpoint directory)."
-            )
-        ckpt = (
-            checkpoint
-            if isinstance(checkpoint, Checkpoint)
-            else open_checkpoint(str(checkpoint), format)
-        )
-        step = None if step in (None, "", "latest") else int(step)
-        mesh = mesh_lib.make_mesh(int(mesh_data), int(mesh_model))
-        step = ckpt.resolve_step(step)
-        attention = ckpt.attention(attention, dtype, step)
-        model, params, tok = load(ckpt, step, mesh, dtype, attention, tokenizer)
+        opened = arguments.open_model(
+            arguments.COMMAND_LINE if _from_command_line else arguments.LIBRARY,
+            checkpoint=checkpoint, step=step, format=format, dtype=dtype, attention=attention,
+            tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size, packing=packing,
+            mesh_data=mesh_data, mesh_model=mesh_model, add_bos_token=add_bos_token,
+            prefix_token_id=prefix_token_id, device=device, max_batch_size=max_batch_size,
+            **kwargs,
+        )  # fmt: skip
+        o = opened
+        params = backend.restore(o.ckpt, o.step, o.model, o.mesh, o.dtype)  # checked: read
         self._setup(
-            RequestScorer(
-                model,
-                params,
-                mesh,
-                tok,
-                seq_len=None if seq_len in (None, "") else int(seq_len),
-                batch_size=8 if str(batch_size).startswith("auto") else int(batch_size),
-                packing=bool(_flag(packing)),
-            ),
-            _flag(add_bos_token),
-            None if prefix_token_id in (None, "") else int(prefix_token_id),
-        )
+            RequestScorer(o.model, params, o.mesh, o.tokenizer, seq_len=o.seq_len,
+                          batch_size=o.batch_size, packing=o.packing),
+            o.add_bos_token,
+            o.prefix_token_id,
+        )  # fmt: skip
 
     def _setup(
         self, scorer: RequestScorer, add_bos_token: bool | None, prefix_token_id: int | None
@@ -190,6 +205,7 @@ class PplJaxLM(TemplateLM):
           mesh: the global mesh; tokenizer: the model's (`ppl_jax.load_tokenizer`).
           seq_len, batch_size, packing, add_bos_token, prefix_token_id: as the constructor's.
         """
+        arguments.check_prefix(tokenizer, prefix_token_id, arguments.LIBRARY)
         lm = cls.__new__(cls)
         TemplateLM.__init__(lm)
         lm._setup(
@@ -220,14 +236,14 @@ class PplJaxLM(TemplateLM):
 
         args = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args.update(utils.simple_parse_args_string(arg_string))
-        return cls(**args)._for_the_command_line()
+        return cls(**args, _from_command_line=True)._for_the_command_line()
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         """As `create_from_arg_string`, from a dict."""
         args = {k: v for k, v in (additional_config or {}).items() if v is not None}
         args.update(arg_dict)
-        return cls(**args)._for_the_command_line()
+        return cls(**args, _from_command_line=True)._for_the_command_line()
 
     def _for_the_command_line(self) -> PplJaxLM:
         """Process 0 ends the others' `serve` at exit; they serve, then exit (status 0)."""
@@ -269,11 +285,8 @@ class PplJaxLM(TemplateLM):
           ConfigError: the tokenizer has neither BOS nor EOS and no prefix_token_id was given.
         """
         prefix = self._prefix_or_none()
-        if prefix is None:
-            raise ConfigError(
-                f"the tokenizer ({self.ppl_tokenizer.name}) has neither a BOS nor an EOS token "
-                f"to stand for an empty context; give prefix_token_id=ID in --model_args."
-            )
+        if prefix is None:  # checked when the model was made; set to None since
+            arguments.check_prefix(self.ppl_tokenizer, None, arguments.LIBRARY)
         return prefix
 
     @property
@@ -328,6 +341,7 @@ class PplJaxLM(TemplateLM):
             [r[1] for r in requests],
             [r[2] for r in requests],
             [len((r[0][1] if r[0] else "").encode("utf-8")) for r in requests],
+            progress=not kwargs.get("disable_tqdm", False),
         )
         self.last_loglikelihood = result
         self.loglikelihood_history.append(result)
@@ -349,6 +363,7 @@ class PplJaxLM(TemplateLM):
             [self.tok_encode(t) for t in texts],
             [len(t.encode("utf-8")) for t in texts],
             self.prefix_token_id,
+            progress=not disable_tqdm,
         )
         out = [float(v) for v in values]
         for text, value in zip(texts, out, strict=True):

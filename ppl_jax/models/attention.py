@@ -1,78 +1,153 @@
-"""Causal self-attention within segments, by one of three implementations.
+"""Attention within segments, by position, on every backend and across the context axis.
 
-- `xla`: plain XLA ops, in query blocks (128 queries; 512 on GPU): the queries of block `i` meet only the keys up to the
-  block's end (and, with a window, from `window - 1` before its start), so the causal upper
-  triangle is mostly skipped (about 60% of the full score matrix at 4 blocks); segment and
-  window masks are applied within the block; scores and softmax in float32. Runs everywhere, and
-  is the one that handles packed rows on GPU.
-- `cudnn`: cuDNN flash attention through `jax.nn.dot_product_attention(implementation="cudnn")`,
-  for bfloat16/float16 on NVIDIA GPUs, with causal masking and per-row sequence lengths (no dense
-  mask), so each row must hold one segment followed by padding (no packing).
-- `splash`: the Pallas splash-attention kernel of TPUs
-  (`jax.experimental.pallas.ops.tpu.splash_attention`), with segment ids, causal (or local)
-  masks, and grouped-query heads as multi-query kernels per key/value head.
+`attend` is the interface every family codes against (ATTENTION.md section 1): queries, keys and
+values with segment ids and positions, optionally a sliding window, chunked attention (Llama 4),
+learned sinks (GPT-OSS), a soft-cap (Gemma 2), a scale, and value heads of another width than the
+query/key heads (DeepSeek's MLA). For query `i` and key `j` of the same row:
 
-`resolve` picks one for `model.attention=auto`: `splash` on TPU, `cudnn` on GPU for 16-bit
-params when the shape allows, `xla` otherwise. An attention soft-cap (Gemma 2's
-`attn_logit_softcapping`: scores `c * tanh(s / c)` before masking) runs in `xla` and `splash`;
-cuDNN has none, so `auto` then takes `xla` on GPU and an explicit `cudnn` is refused.
+    visible(i, j) = seg[i] == seg[j] and pos[j] <= pos[i]
+                    and (window is None or pos[i] - pos[j] < window)
+                    and (chunk is None or pos[i] // chunk == pos[j] // chunk)
+
+Implementations (`resolve` picks one for `model.attention=auto`):
+
+- `xla`: flash attention in plain JAX (`ppl_jax.models.flash`): key blocks with an online
+  softmax in float32, memory linear in the window, blocks that the mask rules out skipped.
+  Runs everywhere and everything; the reference the others are tested against.
+- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.fused_attention`).
+- `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.fused_attention`).
+
+**The context axis** (ATTENTION.md section 2). Under a mesh whose `context` axis has `N > 1`
+devices (set by `jax.set_mesh` while tracing; the scorer sets its own), `attend` takes the row in
+the load-balanced order of `ppl_jax.models.context.load_balanced_order`, `T` split over
+`context`, and runs in a `shard_map` manual over `context` only: each device all-gathers the
+layer's keys, values, segment ids and positions (and puts them back in row order), then attends
+its own queries (`model.context_attention=all_gather`, the default); or the keys and values go
+round a ring of `ppermute`s in `N` steps, the online softmax carried from one shard to the next
+(`ring`: `xla` only), for layers whose gathered keys and values do not fit. The result is the
+same as on one device (the mask is by positions, so any order of the row's tokens is right);
+only the order of float32 additions differs.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.models import context as context_lib
+from ppl_jax.models import flash
+from ppl_jax.models import fused_attention as fused
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 # The implementations that keep the segments of a packed row apart (segment ids in the mask);
-# cuDNN's takes per-row sequence lengths, so each of its rows holds one window.
+# cuDNN's does through its packed layout on Hopper or newer only (`fused_attention.cudnn_packs`),
+# before that it takes per-row sequence lengths, so each of its rows holds one window.
 KEEP_SEGMENTS = ("xla", "splash")
 
 
 def keeps_segments(implementation: str) -> bool:
     """Whether `implementation` keeps packed windows apart: a model running it may have several
-    windows per row (`LanguageModel.honours_segments`)."""
-    return implementation in KEEP_SEGMENTS
+    windows per row (`LanguageModel.honours_segments`): all but `cudnn` before Hopper."""
+    return implementation in KEEP_SEGMENTS or (implementation == "cudnn" and fused.cudnn_packs())
+
+
+def unsupported(
+    implementation: str,
+    *,
+    softcap: bool = False,
+    chunk: bool = False,
+    sinks: bool = False,
+    mla: bool = False,
+    context: int = 1,
+    context_attention: str = "all_gather",
+) -> str | None:
+    """What `implementation` cannot do of what the model and mesh need (a phrase), or None."""
+    if implementation == "cudnn":
+        needs = [
+            (softcap, "soft-cap attention scores (attn_logit_softcapping)"),
+            (chunk, "run chunked attention"),
+            (sinks, "add attention sinks"),
+            (mla, "use value heads of another width than the key heads"),
+            (context > 1, "split a window over the context axis"),
+        ]
+        return next((what for need, what in needs if need), None)
+    if implementation == "splash":
+        if chunk:
+            return "run chunked attention"
+        if context > 1 and context_attention == "ring":
+            return "pass keys and values round a ring (model.context_attention=ring)"
+    return None
 
 
 def resolve(
-    setting: str, dtype, head_dim: int, platform: str | None = None, softcap: bool = False
+    setting: str,
+    dtype,
+    head_dim: int,
+    platform: str | None = None,
+    softcap: bool = False,
+    *,
+    chunk: bool = False,
+    sinks: bool = False,
+    value_dim: int | None = None,
+    context: int = 1,
+    context_attention: str = "all_gather",
 ) -> str:
-    """The implementation that `model.attention=setting` runs on this platform.
+    """The implementation that `model.attention=setting` runs on this platform, for a model whose
+    attention needs a soft-cap, chunks, sinks or value heads of width `value_dim`, on a mesh with
+    `context` devices along the context axis.
+
+    `auto`: `splash` on TPU, `cudnn` on GPU for 16-bit params with head width a multiple of 8 up
+    to 128, `xla` otherwise, and `xla` wherever the pick cannot run what the model needs.
 
     Raises:
-      ConfigError: `cudnn` asked for a model whose attention is soft-capped.
+      ConfigError: an explicit `cudnn` or `splash` that cannot run the model or the mesh.
     """
-    if setting == "cudnn" and softcap:
-        raise ConfigError(
-            "model.attention=cudnn cannot soft-cap attention scores, which this model needs "
-            "(attn_logit_softcapping); set model.attention=auto or xla."
-        )
+    needs = dict(
+        softcap=softcap,
+        chunk=chunk,
+        sinks=sinks,
+        mla=value_dim is not None and value_dim != head_dim,
+        context=context,
+        context_attention=context_attention,
+    )
     if setting != "auto":
+        missing = unsupported(setting, **needs)
+        if missing:
+            raise ConfigError(
+                f"model.attention={setting} cannot {missing}, which this run needs; set "
+                f"model.attention=auto or xla."
+            )
         return setting
     platform = platform or jax.default_backend()
+    pick = "xla"
     if platform == "tpu":
-        return "splash"
-    if (
-        not softcap
-        and platform == "gpu"
+        pick = "splash"
+    elif (
+        platform == "gpu"
         and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
         and (head_dim % 8 == 0 and head_dim <= 128)
     ):
-        return "cudnn"
-    return "xla"
+        pick = "cudnn"
+    return "xla" if unsupported(pick, **needs) else pick
 
 
-def resolve_for(setting: str, dtype, description: dict) -> str:
-    """`resolve` for a model description (`model.build`'s), whose head width it reads."""
+def resolve_for(setting: str, dtype, description: dict, context: int = 1, **mesh) -> str:
+    """`resolve` for a model description (`model.build`'s): its head width, `attn_softcap`, and
+    the keys a family sets when its attention needs them: `attn_chunk` (chunked attention),
+    `attn_sinks` (true: learned sinks), `v_head_dim` (value heads' width)."""
     head_dim = description.get("head_dim") or description["embed_dim"] // description["num_heads"]
-    softcap = bool(description.get("attn_softcap"))
-    return resolve(setting, dtype, head_dim, softcap=softcap)
+    return resolve(
+        setting,
+        dtype,
+        head_dim,
+        softcap=bool(description.get("attn_softcap")),
+        chunk=bool(description.get("attn_chunk")),
+        sinks=bool(description.get("attn_sinks")),
+        value_dim=description.get("v_head_dim"),
+        context=context,
+        **mesh,
+    )
 
 
 def attend(
@@ -83,143 +158,142 @@ def attend(
     segment_ids: jax.Array,
     positions: jax.Array,
     window: int | None = None,
+    chunk: int | None = None,
+    sinks: jax.Array | None = None,
     scale: float | None = None,
     softcap: float | None = None,
     implementation: str = "xla",
 ) -> jax.Array:
-    """Causal attention of each token to the earlier tokens of its own segment.
+    """Attention of each token to the earlier tokens of its own segment (the mask above).
 
     Args:
-      q: `[batch, seq, heads, head_dim]`; k, v: `[batch, seq, kv_heads, head_dim]`, with
-        `heads` a multiple of `kv_heads` (grouped-query attention).
-      segment_ids: `[batch, seq] int32`, 0 for padding.
-      positions: `[batch, seq] int32`, within each segment.
-      window: attend only to the last `window` positions (Mistral's sliding window), or None.
-      scale: the logits' scale (default `head_dim ** -0.5`).
-      softcap: None, or `c` for scores `c * tanh(scale * q.k / c)` (transformers' Gemma 2
-        `eager_attention_forward`); not with `cudnn`.
-      implementation: `xla`, `cudnn` or `splash` (see the module docstring).
+      q: `[B, T, H, Dk]`; k: `[B, T, KV, Dk]`; v: `[B, T, KV, Dv]`, with `H` a multiple of `KV`
+        (grouped-query attention) and `Dv` possibly other than `Dk` (MLA; `xla` and `splash`).
+      segment_ids: `[B, T] int32`, 0 for padding (whose outputs are zeros, or unspecified with
+        `cudnn`/`splash`: never scored).
+      positions: `[B, T] int32`, the token's position in its segment, strictly increasing
+        along the row within a segment.
+      window: keys with `pos[i] - pos[j] < window` only (Mistral, Gemma, GPT-OSS), or None.
+      chunk: keys of the same chunk `pos // chunk` only (Llama 4's chunked attention), or None.
+      sinks: `[H]` float, one logit per query head in the softmax's denominator, not scaled nor
+        soft-capped, its probability dropped (transformers' GPT-OSS `eager_attention_forward`);
+        or None.
+      scale: the logits' scale (default `Dk ** -0.5`), applied to `q` in its dtype.
+      softcap: None, or `c` for scores `c * tanh(scale * q.k / c)` before masking (Gemma 2).
+      implementation: `xla`, `cudnn` or `splash` (resolved: see `resolve`).
 
     Returns:
-      `[batch, seq, heads, head_dim]`, in `q.dtype`.
+      `[B, T, H, Dv]` in `q.dtype`.
+
+    Raises:
+      ConfigError: an implementation that cannot do what is asked (see `unsupported`);
+      ValueError: shapes that do not fit, a window or chunk below 1, or under a context axis of
+        `N` devices a row whose length is not a multiple of `2N`.
     """
-    if implementation == "xla":
-        return _blocked_xla(q, k, v, segment_ids, positions, window, scale, softcap=softcap)
-    if softcap is not None and implementation == "cudnn":
-        raise ConfigError(
-            "model.attention=cudnn cannot soft-cap attention scores; set model.attention=xla."
-        )
-    if implementation == "cudnn":
-        lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
-        return jax.nn.dot_product_attention(
-            q,
-            k,
-            v,
-            scale=scale,
-            is_causal=True,
-            query_seq_lengths=lengths,
-            key_value_seq_lengths=lengths,
-            local_window_size=None if window is None else (window - 1, 0),
-            implementation="cudnn",
-        )
-    if implementation == "splash":
-        return _splash(q, k, v, segment_ids, window, scale, softcap)
-    raise ValueError(f"unknown attention implementation {implementation!r}")
-
-
-# Queries per block of the `xla` path. On CPU 128 is fastest. On an H100 (1B Llama, 2048 tokens,
-# bfloat16, BENCHMARKS.md) 512 runs as fast as 128 and compiles 3x sooner (25 s against 75 s: each
-# block is its own matmul shape, which XLA:GPU autotunes), for 2.4 GB more memory at 16 x 2048.
-QUERY_BLOCK = 128
-GPU_QUERY_BLOCK = 512
-
-
-def _blocked_xla(q, k, v, segment_ids, positions, window, scale, block=None, softcap=None):
-    b, t, h, d = q.shape
-    block = block or (GPU_QUERY_BLOCK if jax.default_backend() == "gpu" else QUERY_BLOCK)
+    b, t, h, dk = q.shape
     kv = k.shape[2]
-    group = h // kv
-    scale = d**-0.5 if scale is None else scale
-    # Heads first ([B, KV, G, T, D] and [B, KV, T, D]) so each block is a plain batched matmul.
-    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)
-    k = k.transpose(0, 2, 1, 3)
-    v = v.transpose(0, 2, 1, 3)
-    out = []
-    for q0 in range(0, t, block):
-        q1 = min(t, q0 + block)
-        k0 = 0 if window is None else max(0, q0 - window + 1)
-        s = jnp.einsum(
-            "bkgqd,bksd->bkgqs",
-            q[:, :, :, q0:q1],
-            k[:, :, k0:q1],
-            preferred_element_type=jnp.float32,
-        )
-        if softcap is not None:
-            s = jnp.tanh(s / softcap) * softcap
-        causal = jnp.arange(q0, q1)[:, None] >= jnp.arange(k0, q1)[None, :]
-        mask = causal & (segment_ids[:, q0:q1, None] == segment_ids[:, None, k0:q1])
-        if window is not None:
-            mask &= positions[:, q0:q1, None] - positions[:, None, k0:q1] < window
-        s = jnp.where(mask[:, None, None], s, jnp.finfo(jnp.float32).min)
-        e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))  # unnormalised; divide after PV
-        o = jnp.einsum(
-            "bkgqs,bksd->bkgqd",
-            e.astype(v.dtype),
-            v[:, :, k0:q1],
-            preferred_element_type=jnp.float32,
-        )
-        out.append((o / jnp.sum(e, axis=-1)[..., None]).astype(v.dtype))
-    o = jnp.concatenate(out, axis=3)  # [B, KV, G, T, D]
-    return o.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-
-
-@functools.lru_cache(maxsize=16)
-def _splash_kernel(
-    group: int, seq: int, window: int | None, interpret: bool, softcap: float | None = None
-):
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as kernel,
+    if k.shape[:2] != (b, t) or v.shape[:3] != (b, t, kv) or k.shape[3] != dk or h % kv:
+        raise ValueError(f"attend: q {q.shape}, k {k.shape}, v {v.shape} do not fit")
+    if segment_ids.shape != (b, t) or positions.shape != (b, t):
+        raise ValueError(f"attend: segment ids / positions {segment_ids.shape} for q {q.shape}")
+    if (window is not None and window < 1) or (chunk is not None and chunk < 1):
+        raise ValueError(f"attend: window={window}, chunk={chunk} must be None or at least 1")
+    if sinks is not None and sinks.shape != (h,):
+        raise ValueError(f"attend: sinks {sinks.shape}, one per query head ({h}) expected")
+    n = context_lib.context_size()
+    context_attention = context_lib.current().context_attention
+    missing = unsupported(
+        implementation,
+        softcap=softcap is not None,
+        chunk=chunk is not None,
+        sinks=sinks is not None,
+        mla=v.shape[3] != dk,
+        context=n,
+        context_attention=context_attention,
     )
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_mask as mask_lib,
+    if missing:
+        raise ConfigError(f"model.attention={implementation} cannot {missing}; use xla.")
+    if implementation not in IMPLEMENTATIONS[1:]:
+        raise ValueError(f"unknown attention implementation {implementation!r}")
+    scale = dk**-0.5 if scale is None else scale
+    mask = dict(window=window, chunk=chunk, sinks=sinks, scale=scale, softcap=softcap)
+    if n == 1:
+        if implementation == "cudnn":
+            return fused.cudnn(q, k, v, segment_ids, window, scale)
+        if implementation == "splash":
+            return fused.splash(q, k, v, segment_ids, segment_ids, **_no_chunk(mask))
+        return flash.flash_attention(
+            q, k, v, segment_ids, positions, segment_ids, positions, **mask
+        )
+    if t % (2 * n):
+        raise ValueError(
+            f"attend: a row of {t} tokens does not split into 2 x {n} chunks of the context "
+            f"axis (the scorer pads rows to a multiple of {2 * n})."
+        )
+    return _over_context(
+        implementation, context_attention == "ring", n, q, k, v, segment_ids, positions, mask
     )
 
-    if window is None:
-        head_mask = mask_lib.CausalMask(shape=(seq, seq))
-    else:
-        head_mask = mask_lib.LocalMask(shape=(seq, seq), window_size=(window - 1, 0), offset=0)
-    block = next(b for b in (512, 256, 128, seq) if seq % b == 0)
-    sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
-    # The kernel holds its mask's block tables as arrays; made under a trace they would be that
-    # trace's tracers, and the cached kernel would leak them into the next trace (a second batch
-    # shape of the same width). Made at compile time they are concrete.
-    with jax.ensure_compile_time_eval():
-        return kernel.make_splash_mqa_single_device(
-            mask=mask_lib.MultiHeadMask([head_mask] * group),
-            block_sizes=sizes,
-            interpret=interpret,
-            attn_logits_soft_cap=softcap,
-        )
+
+def _no_chunk(mask: dict) -> dict:
+    return {k: v for k, v in mask.items() if k != "chunk"}
 
 
-def _splash(q, k, v, segment_ids, window, scale, softcap=None):
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+def _over_context(implementation, ring, n, q, k, v, seg, pos, mask):
+    """`attend` under a context axis of `n` devices (see the module docstring)."""
+    sinks = mask["sinks"]
 
-    b, t, h, d = q.shape
-    kv = k.shape[2]
-    group = h // kv
-    interpret = jax.default_backend() != "tpu"  # CPU tests run the kernel interpreted
-    kern = _splash_kernel(group, t, window, interpret, softcap)
-    scale = d**-0.5 if scale is None else scale
-    # [B, T, KV*G, D] -> [B, KV, G, T, D]; one multi-query kernel call per (example, KV head).
-    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)
-    k = k.transpose(0, 2, 1, 3)  # [B, KV, T, D]
-    v = v.transpose(0, 2, 1, 3)
+    def body(q, k, v, seg, pos, sinks_in):
+        local = dict(mask, sinks=None if sinks is None else sinks_in)
+        if ring:
+            return _ring(n, q, k, v, seg, pos, local)
+        k_row, v_row, seg_row, pos_row = (context_lib.gather_rows(x, n) for x in (k, v, seg, pos))
+        if implementation == "splash":
+            half = q.shape[1] // 2
+            r = jax.lax.axis_index(context_lib.AXIS)
+            outs = [
+                fused.splash(
+                    q[:, i * half : (i + 1) * half],
+                    k_row,
+                    v_row,
+                    seg[:, i * half : (i + 1) * half],
+                    seg_row,
+                    offset=chunk_index * half,
+                    **_no_chunk(local),
+                )
+                for i, chunk_index in enumerate((r, 2 * n - 1 - r))
+            ]
+            return jnp.concatenate(outs, axis=1)
+        return flash.flash_attention(q, k_row, v_row, seg, pos, seg_row, pos_row, **local)
 
-    def one(q_g, k_1, v_1, seg):
-        ids = splash_attention_kernel.SegmentIds(q=seg, kv=seg)
-        return kern(q_g, k_1, v_1, segment_ids=ids)
+    dummy = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
+    return context_lib.shard_over_context(body, q, k, v, seg, pos, dummy, replicated=(5,))
 
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, None))
-    out = jax.vmap(per_head, in_axes=(0, 0, 0, 0))(q, k, v, segment_ids)  # [B, KV, G, T, D]
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(np.dtype(q.dtype))
+
+def _ring(n, q, k, v, seg, pos, mask):
+    """Inside `shard_map` over `context`: the local queries against every device's keys and
+    values, which go round the ring one step at a time (`n - 1` `ppermute`s)."""
+    b, t, h, _ = q.shape
+    kv, dv = k.shape[2], v.shape[3]
+    block_q, block_k = flash.block_sizes(t, k.shape[1])
+    queries = flash.split_heads(q, kv, mask["scale"])
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    options = dict(
+        window=mask["window"],
+        chunk=mask["chunk"],
+        softcap=mask["softcap"],
+        block_q=block_q,
+        block_k=block_k,
+    )
+
+    def see(state, keys):
+        return flash.update(state, queries, *keys[:2], seg, pos, *keys[2:], **options)
+
+    def step(_, carry):
+        state, keys = carry
+        state = see(state, keys)
+        return state, jax.lax.ppermute(keys, context_lib.AXIS, perm)
+
+    state = flash.init(b, kv, h // kv, t, dv)
+    state, keys = jax.lax.fori_loop(0, n - 1, step, (state, (k, v, seg, pos)))
+    return flash.finish(see(state, keys), mask["sinks"], q.dtype)

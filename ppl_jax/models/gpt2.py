@@ -27,6 +27,7 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.attention import attend
+from ppl_jax.models.context import per_token
 from ppl_jax.models.layers import ACTIVATIONS, layer_norm, normal_param, ones_param, zeros_param
 
 
@@ -153,8 +154,11 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         h = layer_norm(x, self.attn_norm[...], self.attn_norm_bias[...], self.eps)
         x = x + self.attn(h, positions, segment_ids)
-        h = layer_norm(x, self.mlp_norm[...], self.mlp_norm_bias[...], self.eps)
-        return x + self.mlp(h)
+        # Per token, in chunks of `model.token_chunk` tokens where set (long windows).
+        return x + per_token(self._mlp_sublayer, x)
+
+    def _mlp_sublayer(self, x: jax.Array) -> jax.Array:
+        return self.mlp(layer_norm(x, self.mlp_norm[...], self.mlp_norm_bias[...], self.eps))
 
 
 class GPT2(nnx.Module):

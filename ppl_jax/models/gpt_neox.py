@@ -25,6 +25,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
+from ppl_jax.models.context import per_token
 from ppl_jax.models.layers import ACTIVATIONS, layer_norm, normal_param, ones_param, zeros_param
 
 
@@ -151,10 +152,11 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         h = layer_norm(x, self.attn_norm[...], self.attn_norm_bias[...], self.cfg.norm_eps)
         attn = self.attn(h, positions, segment_ids)
+        # The MLP per token, in chunks of `model.token_chunk` tokens where set (long windows).
         if self.cfg.parallel_residual:
-            return x + attn + self._mlp(x)
+            return x + attn + per_token(self._mlp, x)
         x = x + attn
-        return x + self._mlp(x)
+        return x + per_token(self._mlp, x)
 
 
 class GPTNeoX(nnx.Module):

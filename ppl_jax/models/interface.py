@@ -54,6 +54,12 @@ class LanguageModel:
         packed into one row (`BatchSpec.packing`); a model that claims it but does not is refused
         by a one-row check before scoring (`ppl_jax.evaluation.evaluator`). True for ppl_jax's
         own families; set it False for a model that ignores `segment_ids`.
+      context_parallel: whether `apply` is right when each row's tokens come in the context
+        axis's load-balanced order, split over `mesh.context` (`ppl_jax.models.context`): every
+        layer per token or by positions, attention through `ppl_jax.models.attention.attend`,
+        sequence-carrying layers through `ppl_jax.models.context.pass_state`. Only then does the
+        scorer run the model with `mesh.context > 1`. True for ppl_jax's own families (set when
+        they are built); False by default (a user's own model).
     """
 
     apply: ApplyFn
@@ -63,6 +69,7 @@ class LanguageModel:
     max_positions: int
     description: dict[str, Any]
     honours_segments: bool = True
+    context_parallel: bool = False
 
 
 def weight_paths(params: Any) -> dict[str, Any]:

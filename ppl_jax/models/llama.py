@@ -39,6 +39,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
+from ppl_jax.models.context import per_token
 from ppl_jax.models.layers import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
 
 ROPE_TYPES = rope_lib.ROPE_TYPES
@@ -328,14 +329,20 @@ class Block(nnx.Module):
     def _norm(self, x: jax.Array, name: str) -> jax.Array:
         return rms_norm(x, getattr(self, name)[...], self.eps, self.offset)
 
+    def _mlp_sublayer(self, x: jax.Array) -> jax.Array:
+        if self.layout == "pre":
+            return self.mlp(self._norm(x, "mlp_norm"))
+        h = x if self.layout == "post" else self._norm(x, "mlp_norm")
+        return self._norm(self.mlp(h), "post_mlp_norm")
+
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         if self.layout == "pre":
             x = x + self.attn(self._norm(x, "attn_norm"), positions, segment_ids)
-            return x + self.mlp(self._norm(x, "mlp_norm"))
-        h = x if self.layout == "post" else self._norm(x, "attn_norm")
-        x = x + self._norm(self.attn(h, positions, segment_ids), "post_attn_norm")
-        h = x if self.layout == "post" else self._norm(x, "mlp_norm")
-        return x + self._norm(self.mlp(h), "post_mlp_norm")
+        else:
+            h = x if self.layout == "post" else self._norm(x, "attn_norm")
+            x = x + self._norm(self.attn(h, positions, segment_ids), "post_attn_norm")
+        # Per token, in chunks of `model.token_chunk` tokens where set (long windows).
+        return x + per_token(self._mlp_sublayer, x)
 
 
 class Llama(nnx.Module):

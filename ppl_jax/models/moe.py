@@ -33,15 +33,16 @@ Sharding. Weights carry `logical_axes`: router `("embed", "experts")`, expert we
 `("experts", "embed", "mlp")` and `("experts", "mlp", "embed")`, the shared expert as the dense
 MLP, its gate `("embed",)`. `ppl_jax.runtime.mesh.DEFAULT_RULES` maps `experts` to None, so by
 default the experts are replicated and split along `mlp` over the `model` axis, as dense MLPs are.
-The mesh has the axes `data` and `model` only; to shard the experts themselves, map them to
+The mesh's weights are split over `model` only; to shard the experts themselves, map them to
 `model` and unmap `mlp` (one weight cannot use `model` twice), e.g. in a config file
 `c.mesh.rules = tuple(r for r in DEFAULT_RULES if r[0] != "mlp") + (("experts", "model"),
 ("mlp", None))` with `mesh.model=2` (the `data=4, expert=2` layout of the tests). XLA's
 partitioner then stores each expert on one device at rest and all-gathers the expert weights for
 the step: results are identical, but this is not all-to-all expert parallelism. The batch is
-split over `data`: under the mesh that `ppl_jax.scoring.scorer.Scorer` sets while compiling, the
-routing, the sort by expert and the grouped computation run per `data` shard (`jax.shard_map`
-over `data` alone, the `model` axis left to the partitioner), so each device sorts and computes
+split over `data` (and a row's tokens over `context`): under the mesh that
+`ppl_jax.scoring.scorer.Scorer` sets while compiling, the routing, the sort by expert and the
+grouped computation run per shard (`jax.shard_map` over `data` and `context`, the `model` axis
+left to the partitioner), so each device sorts and computes
 only its own rows' assignments; a sort over the whole batch would make the partitioner gather
 the routing and run every token's experts on every device of the axis.
 """
@@ -215,6 +216,18 @@ def data_shards() -> int:
     return 1 if mesh.empty else int(dict(mesh.shape).get("data", 1))
 
 
+def _token_axes(shape: tuple[int, ...]) -> tuple[str | None, ...]:
+    """The mesh axes the leading dims of `x` (`[B, T, ..., embed]`) are split over and routed
+    apart: `data` for the rows, `context` for the tokens of a row (`ppl_jax.models.context`),
+    each where the mesh has it (size > 1) and it divides the dim."""
+    mesh = jax.sharding.get_abstract_mesh()
+    sizes = {} if mesh.empty else dict(mesh.shape)
+    data, context = sizes.get("data", 1), sizes.get("context", 1)
+    rows = "data" if data > 1 and shape[0] % data == 0 else None
+    tokens = "context" if len(shape) > 2 and context > 1 and shape[1] % context == 0 else None
+    return (rows, tokens) if tokens else (rows,)
+
+
 def _routed(x, router, gate, up, down, *, top_k, norm_topk_prob, tile):
     """`[..., embed]` -> the routed experts' weighted sum, `[..., embed] float32`."""
     shape = x.shape
@@ -241,10 +254,11 @@ def moe_mlp(
     Args:
       x: `[..., embed]`, float32 or bfloat16; every leading position is a token. Under a mesh
         (`jax.set_mesh`) whose `data` axis has n > 1 devices and divides `x.shape[0]`, the
-        leading axis is taken as sharded over `data`, and each shard is routed, sorted by expert
-        and grouped on its own device (`jax.shard_map` over `data` only; the other axes stay
-        with the partitioner): every token still reaches its top-k experts, so the result is
-        the same as unsharded.
+        leading axis is taken as sharded over `data` (and for `[B, T, embed]` the second over
+        `context`, where the mesh has one that divides `T`: the context axis's token split),
+        and each shard is routed, sorted by expert and grouped on its own device
+        (`jax.shard_map` over those axes only; `model` stays with the partitioner): every token
+        still reaches its top-k experts, so the result is the same as unsharded.
       router: `[embed, experts]`; gate, up: `[experts, embed, mlp]`; down: `[experts, mlp, embed]`.
       top_k, norm_topk_prob: the routing (see `route`).
       shared_expert: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
@@ -258,14 +272,14 @@ def moe_mlp(
     """
     shape, dtype = x.shape, x.dtype
     routed = functools.partial(_routed, top_k=top_k, norm_topk_prob=norm_topk_prob, tile=tile)
-    shards = data_shards()
-    if shards > 1 and x.ndim > 1 and shape[0] % shards == 0:
-        spec = PartitionSpec("data")
+    split = _token_axes(shape) if x.ndim > 1 else ()
+    if any(split):
+        spec = PartitionSpec(*split)
         routed = jax.shard_map(
             routed,
             in_specs=(spec, PartitionSpec(), PartitionSpec(), PartitionSpec(), PartitionSpec()),
             out_specs=spec,
-            axis_names={"data"},
+            axis_names={a for a in split if a},
             check_vma=False,
         )
     out = routed(x, router, gate, up, down)

@@ -274,7 +274,8 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
       dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
       attention: the attention implementation, `xla`, `cudnn` or `splash`
         (`ppl_jax.models.attention`); the model keeps packed windows apart
-        (`honours_segments`) where it does (`attention.keeps_segments`).
+        (`honours_segments`) where it does (`attention.keeps_segments`). The model runs under
+        a context axis (`context_parallel`) unless the family has a `context` limit for it.
 
     Raises:
       CheckpointError: an unknown family, unknown keys, or a size out of bounds.
@@ -298,6 +299,10 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         description=cfg.to_dict(),
         dtype=jnp.dtype(dtype),
     )
+    # A family's layers are per token or by positions, attention is `attend` and recurrences go
+    # through `ppl_jax.models.context.pass_state`: right under the context axis's token order
+    # (`LanguageModel.context_parallel`) unless the family says otherwise (`Limit("context")`).
+    model = dataclasses.replace(model, context_parallel=family.refusal(cfg, "context") is None)
     adapted = model.apply
 
     def apply(params, tokens, positions, segment_ids):
@@ -306,6 +311,15 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         return adapted(params, tokens, positions, segment_ids)
 
     return dataclasses.replace(model, apply=apply)
+
+
+def context_refusal(description: Any) -> str | None:
+    """Why the family of `description` refuses a context axis (its `context` limit), or None
+    (also for a description that is no family's: a user's model says so itself)."""
+    try:
+        return for_description(description).refusal(config_of(description), "context")
+    except CheckpointError:
+        return None
 
 
 def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:

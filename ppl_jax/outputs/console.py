@@ -125,11 +125,7 @@ def summary_table(results: dict[str, Any]) -> str:
         else f", BOS {'on' if proto['add_bos'] else 'off'}"
     )
     ckpt = results["checkpoint"]
-    where = (
-        "HF directory"
-        if ckpt.get("format") == "hf" or ckpt["step"] is None
-        else f"step {ckpt['step']}"
-    )
+    where = "one set of weights" if ckpt["step"] is None else f"step {ckpt['step']}"
     gzip_bpb = results["gzip_bits_per_byte"]
     rows = [
         (
@@ -167,7 +163,9 @@ def summary_table(results: dict[str, Any]) -> str:
         ("protocol", f"{proto['name']} seq_len={proto['seq_len']}{stride}{bos}"),
         (
             "mesh",
-            f"data={results['mesh']['data']} x model={results['mesh']['model']}, "
+            f"data={results['mesh']['data']} x "
+            + (f"context={results['mesh']['context']} x " if "context" in results["mesh"] else "")
+            + f"model={results['mesh']['model']}, "
             f"{plural(results['num_processes'], 'process', 'processes')}",
         ),
         (
@@ -248,9 +246,10 @@ class ProgressBar:
     Args:
       num_windows: the windows to score; done: those a journal already holds (the bar starts
         there).
+      leave: keep the finished bar on the terminal; desc: its text (the harness's requests).
     """
 
-    def __init__(self, num_windows: int, done: int = 0):
+    def __init__(self, num_windows: int, done: int = 0, *, leave: bool = False, desc: str = ""):
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -260,7 +259,8 @@ class ProgressBar:
             file=sys.stderr,
             dynamic_ncols=True,
             mininterval=0.5,
-            leave=False,
+            leave=leave,
+            desc=desc or None,
         )
         self.tokens = 0
         self.start = time.perf_counter()

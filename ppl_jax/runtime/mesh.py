@@ -1,14 +1,16 @@
 """The device mesh, and the mapping of logical axis names to mesh axes.
 
-The mesh has two named axes: `data` (the batch is split over it) and `model` (weights are split
-over it by the logical rules). Sharding is data: a table of `(logical name, mesh axis or None)`
-pairs from the config, as in flax's lm1b `logical_axis_rules` and jax-llm-examples'
-`ShardingRules`.
+The mesh has three named axes: `data` (the batch's rows are split over it), `context` (each
+row's tokens are split over it: `ppl_jax.models.context`; size 1 unless `mesh.context` asks) and
+`model` (weights are split over it by the logical rules). Sharding is data: a table of
+`(logical name, mesh axis or None)` pairs from the config, as in flax's lm1b
+`logical_axis_rules` and jax-llm-examples' `ShardingRules`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +21,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ppl_jax.errors import ConfigError
 
-AXES = ("data", "model")
+AXES = ("data", "context", "model")
+CONTEXT_ATTENTION = ("all_gather", "ring")
 
 
 # Logical axis name -> mesh axis (or None: replicated). Weights name their dims logically
@@ -38,54 +41,87 @@ DEFAULT_RULES = (
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """The device mesh of a run.
+    """The device mesh of a run, and how one window's work is laid out on it.
 
     Attributes:
       data: devices along the `data` axis (-1: the devices left over).
       model: devices along the `model` axis (weights sharded).
       rules: (logical axis name, mesh axis or None) pairs sharding the weights.
+      context: devices along the `context` axis, over which each window's tokens are split
+        (-1: the devices left over; 1: none).
+      context_attention: how attention crosses the context axis, `all_gather` or `ring`
+        (`model.context_attention`; `ppl_jax.models.context.Settings`).
+      token_chunk: tokens per chunk of the per-token layers on each device, 0 for all at once
+        (`model.token_chunk`).
+
+    Raises:
+      ConfigError: a `context_attention` or `token_chunk` out of range.
     """
 
     data: int = -1
     model: int = 1
     rules: tuple[tuple[str, str | None], ...] = DEFAULT_RULES
+    context: int = 1
+    context_attention: str = "all_gather"
+    token_chunk: int = 0
+
+    def __post_init__(self):
+        if self.context_attention not in CONTEXT_ATTENTION:
+            raise ConfigError(
+                f"model.context_attention={self.context_attention!r} is not one of "
+                f"{', '.join(CONTEXT_ATTENTION)}."
+            )
+        if self.token_chunk < 0:
+            raise ConfigError(
+                f"model.token_chunk={self.token_chunk} must be 0 (all tokens at once) or a "
+                f"number of tokens."
+            )
 
 
-def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A `Mesh` of shape `(data, model)` over all (global) devices; `-1` takes what is left.
+def make_mesh(
+    data: int = -1,
+    model: int = 1,
+    devices: Sequence[jax.Device] | None = None,
+    *,
+    context: int = 1,
+) -> Mesh:
+    """A `Mesh` of shape `(data, context, model)` over all (global) devices; `-1` takes what is
+    left (for one axis at most).
 
     Raises:
       ConfigError: a mesh that needs more devices than are present, or does not divide them.
     """
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
-    if data == -1 and model == -1:
-        raise ConfigError("mesh.data and mesh.model cannot both be -1.")
-    for name, size in (("mesh.data", data), ("mesh.model", model)):
+    sizes = {"mesh.data": data, "mesh.context": context, "mesh.model": model}
+    for name, size in sizes.items():
         if size == 0 or size < -1:
             raise ConfigError(f"{name}={size} must be a positive size or -1.")
-    if data == -1 or model == -1:
-        known = model if data == -1 else data
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1:
+        raise ConfigError(f"{' and '.join(free)} cannot both be -1.")
+    if free:
+        known = math.prod(size for size in sizes.values() if size != -1)
         if n % known:
-            raise ConfigError(
-                f"{'mesh.model' if data == -1 else 'mesh.data'}={known} does not divide the "
-                f"{n} devices present."
-            )
-        data, model = (n // known, model) if data == -1 else (data, n // known)
-    if data * model > n:
+            others = " x ".join(f"{k}={v}" for k, v in sizes.items() if v != -1)
+            raise ConfigError(f"{others} does not divide the {n} devices present.")
+        sizes[free[0]] = n // known
+    data, context, model = sizes.values()
+    shape = f"data={data} x " + (f"context={context} x " if context > 1 else "") + f"model={model}"
+    if data * context * model > n:
         raise ConfigError(
-            f"the mesh data={data} x model={model} needs {data * model} devices, but only {n} are "
-            f"present ({jax.default_backend()}). Make the mesh smaller, or use -1 for one axis."
+            f"the mesh {shape} needs {data * context * model} devices, but only {n} are present "
+            f"({jax.default_backend()}). Make the mesh smaller, or use -1 for one axis."
         )
-    if data * model != n:
+    if data * context * model != n:
         raise ConfigError(
-            f"the mesh data={data} x model={model} uses {data * model} of the {n} devices; "
-            f"use them all (e.g. mesh.data=-1)."
+            f"the mesh {shape} uses {data * context * model} of the {n} devices; use them all "
+            f"(e.g. mesh.data=-1)."
         )
     mesh_devices = mesh_utils.create_device_mesh(
-        (data, model), devices=devices, allow_split_physical_axes=True
+        (data, context, model), devices=devices, allow_split_physical_axes=True
     )
-    return Mesh(mesh_devices, AXES, axis_types=(AxisType.Auto,) * 2)
+    return Mesh(mesh_devices, AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def logical_to_spec(
@@ -154,7 +190,8 @@ def param_targets(
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Rows split over `data`, the sequence dim whole: `PartitionSpec('data', None)`."""
+    """Rows split over `data`, the sequence dim whole: `PartitionSpec('data', None)` (the
+    scorer splits the tokens over `context` itself, after reordering them)."""
     return NamedSharding(mesh, PartitionSpec("data", None))
 
 

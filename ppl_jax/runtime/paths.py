@@ -55,6 +55,26 @@ def epath(path: str):
     return epath_lib.Path(path)
 
 
+def filesystem(path: str) -> tuple[Any, str]:
+    """`(fsspec filesystem, its path)` of a remote `path`, for byte-range reads (`cat_file`,
+    `cat_ranges`): the same `fsspec` implementation `etils.epath` reaches (`gcsfs` for `gs://`,
+    `s3fs` for `s3://`, `adlfs` for `az://`).
+
+    Raises:
+      ConfigError: a local path, an unsupported scheme, or its fsspec implementation is not
+        installed.
+    """
+    epath(path)  # the sentence for a scheme that is not read
+    if is_local(path):
+        raise ConfigError(f"{path!r} is a local path; read it with os, not fsspec.")
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(path)
+    except ImportError as e:
+        raise missing_backend(path, e) from None
+
+
 def missing_backend(path: str, e: ImportError) -> ConfigError:
     """The error for a remote path whose fsspec implementation is not installed."""
     package = _PACKAGE.get(scheme(path) or "", "the fsspec implementation of its scheme")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,149 +21,23 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ppl_jax.metrics import curves
+from ppl_jax.models import context as context_lib
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring import observers as observers_lib
 from ppl_jax.scoring.feed import Feed
-from ppl_jax.scoring.nll import token_stats
 from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
+from ppl_jax.scoring.step import (  # noqa: F401  (the step's names, re-exported)
+    BATCH_KEYS,
+    StepOptions,
+    StepSums,
+    check_context,
+    score_step,
+)
 
-BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepOptions:
-    """The optional statistics of the step, chosen when it is built (extra outputs of the same
-    compiled step; see `StepSums.extras`).
-
-    Attributes:
-      positions: > 0: sums of NLL and counts of scored targets per position in the window (the
-        target's context length), over `positions` slots (`seq_len + 1`).
-      per_token: per-token arrays (`ppl_jax.outputs.tokens`); the window sums are then reduced on the
-        host in float64 from them, so the per-token NLLs add up to the run's NLL exactly.
-      top_k: with per_token, the k most probable tokens and their log-probabilities (<= 20).
-      reference: the params are `(model params, reference params)`; the step also scores the
-        reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
-    """
-
-    positions: int = 0
-    per_token: bool = False
-    top_k: int = 0
-    reference: bool = False
-
-    @property
-    def token_arrays(self) -> bool:
-        """Whether the step returns per-token arrays (for the token file or the divergence)."""
-        return self.per_token or self.reference
-
-
-class StepSums(NamedTuple):
-    """Per-window sums from one step; each `[batch, slots]`, replicated on every device.
-
-    nll_sum: float32, nats, over the window's scored targets.
-    entropy_sum: float32, nats, the predictive entropy summed over the same targets.
-    num_correct: int32, scored targets that are the model's top-1 prediction.
-    num_tokens: int32, scored targets.
-    num_nonfinite: int32, scored targets whose log-probability is NaN or infinite.
-    extras: the outputs `StepOptions` asked for, by name:
-      `nll_by_position`, `tokens_by_position`: `[positions]` float32 nats / int32 counts of the
-        scored targets by their position in the window (summed over the batch);
-      per-token `[batch, seq]` arrays (`seq` = the row width - 1; index `[r, p - 1]` is the
-        target at row position `p`): `scored` (bool), `slot` (int32, the target's segment id,
-        0 for padding), `nll`, `entropy` (float32 nats), `correct` (bool); with top_k
-        `top_ids` `[batch, seq, k]` int32 and `top_logprobs` float32; with a reference `kl`,
-        `reference_nll` (float32 nats) and `same_top1` (bool).
-    """
-
-    nll_sum: jax.Array
-    entropy_sum: jax.Array
-    num_correct: jax.Array
-    num_tokens: jax.Array
-    num_nonfinite: jax.Array
-    extras: dict[str, jax.Array]
-
-
-def score_step(
-    apply: Callable[..., Any],
-    params: Any,
-    batch: dict[str, jax.Array],
-    num_slots: int = 1,
-    options: StepOptions = StepOptions(),
-    reference_apply: Callable[..., Any] | None = None,
-) -> StepSums:
-    """Scores one batch of rows, each holding up to `num_slots` windows (segments).
-
-    Args:
-      apply: `LanguageModel.apply`.
-      params: the model's params.
-      batch: `tokens`, `target_mask` (bool), `segment_ids` (0 = padding, `s + 1` = the row's
-        `s`-th window), `positions` (restarting in each segment), each `[batch, width]`.
-        Position `j + 1` is the target of position `j` (the shift is made here); a target is
-        counted only where `target_mask` holds, which is never a segment's first position.
-      num_slots: segment slots per row.
-      options: the optional statistics; with `options.reference`, `params` is the pair
-        `(params, reference params)` and `reference_apply` the reference's apply.
-
-    Returns:
-      `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
-      never materialised for a model that returns `HiddenStates` (see `ppl_jax.scoring.nll`).
-    """
-    tokens = batch["tokens"]
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # the next-token shift
-    mask = batch["target_mask"][:, 1:]
-    model_params, reference_params = params if options.reference else (params, None)
-    read = (inputs, batch["positions"][:, :-1], batch["segment_ids"][:, :-1])
-    output = apply(model_params, *read)
-    reference = reference_apply(reference_params, *read) if options.reference else None
-    wanted: dict[str, Any] = {}
-    if options.per_token and options.top_k:
-        wanted["top_k"] = options.top_k
-    if reference is not None:
-        wanted["reference"] = reference
-    stats = token_stats(output, targets, **wanted)
-    finite_BxT = jnp.isfinite(stats.nll) & jnp.isfinite(stats.entropy)
-    # slot_BxTxS: which slot each target belongs to (none for padding).
-    slot_BxTxS = batch["segment_ids"][:, 1:, None] == jnp.arange(1, num_slots + 1)
-    ok_BxTxS = slot_BxTxS & (mask & finite_BxT)[..., None]
-
-    def per_slot(values_BxT):
-        return jnp.sum(jnp.where(ok_BxTxS, values_BxT[..., None], 0.0), axis=1)
-
-    def count(flags_BxTxS):
-        return jnp.sum(flags_BxTxS, axis=1, dtype=jnp.int32)
-
-    extras: dict[str, jax.Array] = {}
-    if options.positions:
-        # A target's position in its window is the number of tokens before it there.
-        ok_BxT = (batch["segment_ids"][:, 1:] > 0) & mask & finite_BxT
-        where_BxT = batch["positions"][:, 1:].ravel()
-        extras["nll_by_position"] = jax.ops.segment_sum(
-            jnp.where(ok_BxT, stats.nll, 0.0).ravel(), where_BxT, options.positions
-        )
-        extras["tokens_by_position"] = jax.ops.segment_sum(
-            ok_BxT.astype(jnp.int32).ravel(), where_BxT, options.positions
-        )
-    if options.token_arrays:
-        extras["scored"] = (batch["segment_ids"][:, 1:] > 0) & mask
-        extras["slot"] = batch["segment_ids"][:, 1:]
-        extras["nll"], extras["entropy"], extras["correct"] = (
-            stats.nll,
-            stats.entropy,
-            stats.correct,
-        )
-        for name in ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1"):
-            if getattr(stats, name, None) is not None:
-                extras[name] = getattr(stats, name)
-    return StepSums(
-        nll_sum=per_slot(stats.nll),
-        entropy_sum=per_slot(stats.entropy),
-        num_correct=count(ok_BxTxS & stats.correct[..., None]),
-        num_tokens=count(slot_BxTxS & mask[..., None]),
-        num_nonfinite=count(slot_BxTxS & (mask & ~finite_BxT)[..., None]),
-        extras=extras,
-    )
+DEFAULT_OPTIONS = StepOptions()  # a frozen dataclass: one shared default
 
 
 @dataclasses.dataclass
@@ -246,13 +120,17 @@ class Scorer:
         model: LanguageModel,
         mesh: Mesh,
         param_shardings: Any,
-        options: StepOptions = StepOptions(),
+        options: StepOptions = DEFAULT_OPTIONS,
         reference: tuple[LanguageModel, Any] | None = None,
     ):
         if options.reference != (reference is not None):
             raise ValueError("StepOptions.reference needs the reference model, and only then")
+        check_context(model, mesh)
+        if reference is not None:
+            check_context(reference[0], mesh, "the reference model")
         self.model = model
         self.mesh = mesh
+        self.context = int(dict(mesh.shape).get(context_lib.AXIS, 1))
         self.param_shardings = param_shardings
         self.options = options
         self.reference = reference
@@ -288,7 +166,13 @@ class Scorer:
             def step(params, batch):
                 self.traces += 1  # runs at trace time only
                 return score_step(
-                    self.model.apply, params, batch, num_slots, self.options, reference_apply
+                    self.model.apply,
+                    params,
+                    batch,
+                    num_slots,
+                    self.options,
+                    reference_apply,
+                    self.context,
                 )
 
             shardings, abstract_params = self._abstract_params()
@@ -310,8 +194,12 @@ class Scorer:
                 for k in BATCH_KEYS
             }
             # The mesh is set while tracing, so that layers that split work by hand over `data`
-            # (the MoE layer's routing, `ppl_jax.models.moe.data_shards`) see it.
-            with jax.set_mesh(self.mesh):
+            # or `context` (the MoE layer's routing, `ppl_jax.models.moe.data_shards`;
+            # `attend` under a context axis) see it, and the step's layout settings.
+            settings = context_lib.Settings(
+                self.options.context_attention, self.options.token_chunk
+            )
+            with jax.set_mesh(self.mesh), context_lib.settings(settings):
                 lowered = jitted.lower(abstract_params, abstract_batch)
             self._compiled[key] = lowered.compile()
         return self._compiled[key]

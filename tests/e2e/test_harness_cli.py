@@ -46,6 +46,13 @@ def test_the_harness_command_line_runs_the_ppl_jax_model(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
+    # The output subfolder is named after the checkpoint (lm-eval's convention for pretrained=),
+    # and the requests showed a progress bar.
+    from lm_eval.utils import sanitize_model_name
+
+    checkpoint = os.path.join(tasks.MODELS, "llama")
+    assert os.path.basename(os.path.dirname(path)) == sanitize_model_name(checkpoint)
+    assert "Running loglikelihood requests: 100%" in done.stderr
     with open(path, encoding="utf-8") as f:
         results = json.load(f)["results"]
     for task in ("lambada_local", "arc_local"):
@@ -54,14 +61,18 @@ def test_the_harness_command_line_runs_the_ppl_jax_model(tmp_path):
             assert abs(mine - value) <= 1e-5 * abs(value), (task, metric, mine, value)
 
 
-def test_a_ppl_jax_error_is_one_line_and_status_2(tmp_path):
+@pytest.mark.parametrize(
+    "extra, named", [("", "missing"), (",step=abc", "step=abc is not an integer")]
+)
+def test_a_ppl_jax_error_is_one_line_and_status_2(tmp_path, extra, named):
     include = tasks.write_tasks(str(tmp_path / "tasks"))
+    checkpoint = tmp_path / "missing" if not extra else os.path.join(tasks.MODELS, "llama")
     done = _run(
-        ["--model", "ppl_jax", "--model_args", f"checkpoint={tmp_path / 'missing'}",
+        ["--model", "ppl_jax", "--model_args", f"checkpoint={checkpoint}{extra}",
          "--tasks", "arc_local", "--include_path", include],
         tmp_path,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("ppl-jax: error:")]
-    assert len(errors) == 1 and "missing" in errors[0], done.stderr[-3000:]
+    assert len(errors) == 1 and named in errors[0], done.stderr[-3000:]
     assert "Traceback" not in done.stderr

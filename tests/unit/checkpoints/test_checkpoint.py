@@ -72,7 +72,7 @@ def test_restore_params_onto_another_mesh(tiny_checkpoint, dtype):
         assert leaf.dtype == dtype, name
         assert leaf.shape == want[name].shape, name
         assert leaf.sharding.spec == want[name].sharding.spec, name
-        assert leaf.sharding.mesh.shape == {"data": 2, "model": 4}, name
+        assert leaf.sharding.mesh.shape == {"data": 2, "context": 1, "model": 4}, name
         expected = np.asarray(jnp.asarray(saved[name]).astype(dtype))
         np.testing.assert_array_equal(np.asarray(leaf), expected, err_msg=name)
     # The rules really split weights over `model`: 4 shards of the head, 2 KV heads replicated.

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ppl_jax.checkpoints import hub, open_checkpoint
+from ppl_jax.checkpoints.huggingface import HubRepo
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import CheckpointError, ConfigError
 
@@ -52,13 +53,19 @@ def cache(tmp_path, monkeypatch):
 
 def test_hub_id_resolves_offline_with_its_commit(cache):
     ckpt = open_checkpoint("hf://org/tiny@step1000")
-    assert ckpt.kind() == "hub" and ckpt.format == "hub"
+    assert isinstance(ckpt, HubRepo) and ckpt.format == "hub"
     commit = hashlib.sha1(b"org/tiny@step1000").hexdigest()
-    assert ckpt.source() == {"repo": "org/tiny", "revision": "step1000", "commit": commit}
+    identity = ckpt.identity(None)
+    assert {k: identity[k] for k in ("repo", "revision", "commit", "format")} == {
+        "repo": "org/tiny",
+        "revision": "step1000",
+        "commit": commit,
+        "format": "hub",
+    }
     assert ckpt.description() == open_checkpoint(HF_LLAMA).description()
     # A bare org/name that is not a path is a hub id too.
     assert hub.is_hub_id("org/tiny") and not hub.is_hub_id(HF_LLAMA)
-    assert open_checkpoint("org/tiny").source()["revision"] == "main"
+    assert open_checkpoint("org/tiny").identity(None)["revision"] == "main"
 
 
 def test_revisions_are_steps_and_restore_like_the_directory(cache):
@@ -103,7 +110,7 @@ def test_settings_resolve_a_hub_id_to_a_local_folder(cache):
     spec = settings.from_config(c)
     assert spec.steps.steps == (1000, 2000) and spec.steps.kind == "list"
     assert os.path.basename(spec.checkpoint_dir) == "models--org--tiny"
-    assert open_checkpoint(spec.checkpoint_dir).kind() == "hub"
+    assert isinstance(open_checkpoint(spec.checkpoint_dir), HubRepo)
     # The sweep's fingerprint records each revision's commit, read from its ref.
     assert (
         hub.cached_commit(spec.checkpoint_dir, 1000)
@@ -112,3 +119,27 @@ def test_settings_resolve_a_hub_id_to_a_local_folder(cache):
     shutil.rmtree(cache / "models--org--tiny")
     with pytest.raises(CheckpointError, match="'org/tiny' is not in the local hub cache"):
         settings.from_config(c)
+
+
+def test_a_ref_naming_a_folder_outside_the_cache_is_refused(cache, tmp_path):
+    # refs/main names '../../../elsewhere', a folder of weights outside the cache (issue 26: it
+    # was read and scored as the hub id): one sentence, from the library and the settings.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(HF_LLAMA, elsewhere)
+    ref = cache / "models--org--tiny" / "refs" / "main"
+    ref.write_text(os.path.relpath(elsewhere, cache / "models--org--tiny" / "snapshots"))
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint("hf://org/tiny").description()
+    assert str(e.value).startswith("hub revision 'main' of 'org/tiny' resolves to ")
+    assert "outside the hub cache's snapshots" in str(e.value) and "refs/main" in str(e.value)
+    c = defaults.get_config()
+    c.checkpoint.dir = "hf://org/tiny"
+    with pytest.raises(CheckpointError, match="outside the hub cache's snapshots"):
+        settings.from_config(c)
+    # A snapshot that is itself a link out of the cache is refused the same way.
+    commit = ref.read_text()
+    ref.write_text("b" * 40)
+    os.symlink(elsewhere, cache / "models--org--tiny" / "snapshots" / ("b" * 40))
+    with pytest.raises(CheckpointError, match="outside the hub cache's snapshots"):
+        open_checkpoint("hf://org/tiny").description()
+    assert commit

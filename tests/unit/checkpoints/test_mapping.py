@@ -16,6 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from ppl_jax.checkpoints import blocks, mapping, open_checkpoint, presets, storage
+from ppl_jax.checkpoints.foreign import ForeignOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
@@ -89,7 +90,7 @@ def test_maxtext_llama2_restores_the_params(tmp_path, scanned):
     save_manager(tmp_path / "run" / "checkpoints", [10, 20], maxtext_tree(params, scanned),
                  extra={"opt_state": {"mu": np.zeros(3, np.float32)}})  # fmt: skip
     ckpt = open_checkpoint(str(tmp_path / "run"), architecture=f"maxtext:default {SIZES}")
-    assert ckpt.kind() == "foreign" and ckpt.steps() == [10, 20]
+    assert isinstance(ckpt, ForeignOrbax) and ckpt.steps() == [10, 20]
     assert ckpt.layout().item == "items"
     model = ckpt.model()
     assert model.description["vocab_size"] == C.vocab_size
@@ -427,7 +428,7 @@ def test_watch_an_empty_run_folder_until_steps_appear(tmp_path):
     ckpt = open_checkpoint(str(tmp_path / "run"), architecture=f"maxtext:default {SIZES}")
     assert ckpt.steps() == []
     save_manager(tmp_path / "run" / "checkpoints", [4], maxtext_tree(random_params(C), True))
-    assert ckpt.steps() == [4] and ckpt.kind() == "foreign"
+    assert ckpt.steps() == [4] and isinstance(ckpt, ForeignOrbax)
 
 
 # --------------------------------------------------- issue 26: hostile rules and MaxText settings

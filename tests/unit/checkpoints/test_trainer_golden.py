@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from ppl_jax.checkpoints import open_checkpoint, orbax
+from ppl_jax.checkpoints.foreign import ForeignOrbax
+from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib
@@ -66,7 +68,7 @@ def test_maxtext_logits_equal_maxtext(name):
     if "qwen3" in name and "qk_norm" not in LlamaConfig.__dataclass_fields__:
         pytest.skip("the llama family has no QK-norm yet (issue 17)")
     ckpt = open_checkpoint(os.path.join(TRAINERS, name), architecture=_arch(name))
-    assert ckpt.kind() == "foreign" and ckpt.layout().item == "items"
+    assert isinstance(ckpt, ForeignOrbax) and ckpt.layout().item == "items"
     golden = np.load(os.path.join(TRAINERS, name, "logits.npz"))
     _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
 
@@ -77,7 +79,7 @@ def test_gemma_library_logits_equal_gemma():
     folder = os.path.join(TRAINERS, "gemma3_tiny")
     ckpt = open_checkpoint(os.path.join(folder, "params"),
                            architecture=os.path.join(folder, "config.json"))  # fmt: skip
-    assert ckpt.kind() == "foreign" and ckpt.layout().bare and ckpt.steps() == []
+    assert isinstance(ckpt, ForeignOrbax) and ckpt.layout().bare and ckpt.steps() == []
     golden = np.load(os.path.join(folder, "logits.npz"))
     model = ckpt.model()
     want = golden["bare"]
@@ -126,7 +128,7 @@ def test_maxtext_converted_to_own_layout_restores_bit_for_bit(tmp_path):
         orbax.save_train_state(str(tmp_path / "own"), step, {"step": step, "params": params,
                                "opt_state": {}}, {"model": model.description, "tokenizer": None})  # fmt: skip
     own = open_checkpoint(str(tmp_path / "own"))
-    assert own.kind() == "own" and own.steps() == ckpt.steps()
+    assert isinstance(own, OwnOrbax) and own.steps() == ckpt.steps()
     tokens = np.load(os.path.join(TRAINERS, name, "logits.npz"))["tokens"]
     for step in ckpt.steps():
         a = _logits(model, ckpt.restore(step, _targets(model)), tokens)

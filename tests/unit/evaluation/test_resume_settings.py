@@ -156,6 +156,8 @@ CASES = [
     ("mesh.data and mesh.model", {"mesh__data": 4, "mesh__model": 2}, None,
      "mesh.data: 8 -> 4; mesh.model: 1 -> 2"),
     ("mesh.rules", {"mesh__rules": RULES}, None, "mesh.rules"),
+    ("mesh.context", {"mesh__data": 2, "mesh__context": 4}, None, "mesh.context: null -> 4"),
+    ("model.token_chunk", {"model__token_chunk": 8}, None, "mesh.token_chunk: null -> 8"),
 ]  # fmt: skip
 
 

@@ -102,14 +102,15 @@ def test_results_say_what_ran(chinese):
     assert (finished - started).total_seconds() == pytest.approx(r["wall_seconds"], abs=1.0)
 
 
-def test_summary_names_the_checkpoint_step_or_an_hf_directory(chinese):
+def test_summary_names_the_checkpoint_step_or_its_one_set_of_weights(chinese):
     r, _ = chinese
     assert f"@ step {r['checkpoint']['step']}" in console.summary_table(r)
-    # What `evaluate` reports for a Hugging Face directory: no step, format "hf".
+    # What `evaluate` reports for a checkpoint of one set of weights (a Hugging Face directory):
+    # no step; the table does not ask the format.
     hf = copy.deepcopy(r)
     hf["checkpoint"].update(step=None, format="hf")
     table = console.summary_table(hf)
-    assert "@ HF directory" in table and "step None" not in table
+    assert "@ one set of weights" in table and "step None" not in table
 
 
 @pytest.mark.parametrize(

@@ -110,9 +110,9 @@ def test_edge_cases_tokenize_and_score_as_the_hf_backend(models, family):
     scorer = lm.scorer
     original = scorer.loglikelihood_tokens
 
-    def record(contexts, continuations, nbytes):
+    def record(contexts, continuations, nbytes, progress=False):
         seen.extend([list(c), list(k)] for c, k in zip(contexts, continuations, strict=True))
-        return original(contexts, continuations, nbytes)
+        return original(contexts, continuations, nbytes, progress)
 
     scorer.loglikelihood_tokens = record
     try:
@@ -262,8 +262,20 @@ def test_an_orbax_step_scores_as_a_numpy_reference(tiny_checkpoint):
         assert greedy == bool((logits.argmax(-1) == row[-len(cont) :]).all())
 
 
-def test_a_tokenizer_without_bos_or_eos_needs_a_prefix_token(tiny_checkpoint):
-    lm = PplJaxLM(checkpoint=tiny_checkpoint, seq_len=16)
-    with pytest.raises(ConfigError, match="give prefix_token_id=ID"):
-        lm.loglikelihood([Instance("loglikelihood", {}, ("", "abc"), 0)])
+def test_a_tokenizer_without_bos_or_eos_needs_a_prefix_token_first(tiny_checkpoint, monkeypatch):
+    # Refused when the model is made, before any weight is read (not after the tasks are built),
+    # in the words of the caller: the library's, or the command line's --model_args.
+    from ppl_jax.checkpoints.own import OwnOrbax
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights read before the prefix token was checked")
+
+    monkeypatch.setattr(OwnOrbax, "restore", no_weights)
+    with pytest.raises(ConfigError, match=r"neither a BOS nor an EOS .* pass prefix_token_id=ID "
+                       r"to PplJaxLM \(or PplJaxLM.from_params\)\.$"):  # fmt: skip
+        PplJaxLM(checkpoint=tiny_checkpoint, seq_len=16)
+    with pytest.raises(ConfigError, match=r"give prefix_token_id=ID in --model_args\.$"):
+        PplJaxLM.create_from_arg_string(f"checkpoint={tiny_checkpoint},seq_len=16")
+    monkeypatch.undo()
+    lm = PplJaxLM(checkpoint=tiny_checkpoint, seq_len=16, prefix_token_id=10)
     assert lm.loglikelihood([Instance("loglikelihood", {}, ("a", "bc"), 0)])[0][0] < 0

@@ -1,0 +1,440 @@
+"""The checkpoint protocol: what the reader of each checkpoint layout answers (`Checkpoint`), and
+what every checkpoint derives from those answers.
+
+A reader is one subclass of `Checkpoint` per layout, found by its markers (`claims`);
+`ppl_jax.checkpoints.opener.open_checkpoint` asks each reader in turn and returns an instance of
+the first that claims the path. Each reader answers:
+
+- `claims(path, options)` (a class method): why it reads `path` (the markers it found), or None;
+- `steps()` and `resolve_step(step)`: the finalized steps, and a step checked or the latest;
+- `stored(step)`: the stored tree's names, shapes and dtypes, read without reading an array;
+- `read(step, abstract)`: the named stored arrays, each straight into its target sharding, each
+  process reading only the chunks (or byte ranges) of its own shards;
+- `carried_description(step)` and `stored_tokenizer(step)`: the architecture and the tokenizer
+  the checkpoint itself carries, or None;
+- `files(step)`: the folder whose files hold the weights of a step, and, for a reader that
+  names its weights by more than its path, format, step and files, `identity(step)` (a hub
+  revision's commit): the `checkpoint` part of a run's fingerprint;
+- `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
+
+From these answers every `Checkpoint` gives the architecture (`description`, `model`,
+`attention`), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`), the mapping of its
+stored names onto a model's weights (`rules`, `mapped`; `ppl_jax.checkpoints.mapping`) and the
+params (`restore`). Readers whose stored tree is the model's own (ppl_jax's Orbax layout, a
+Hugging Face directory) restore their own way.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import importlib.util
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from ppl_jax import tokenizer as tokenizer_lib
+from ppl_jax.checkpoints import architecture as architecture_lib
+from ppl_jax.checkpoints import mapped, presets
+from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
+from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import attention as attention_lib
+from ppl_jax.models import registry
+from ppl_jax.models.interface import LanguageModel
+from ppl_jax.runtime import fingerprint as fingerprint_lib
+from ppl_jax.runtime import paths
+
+__all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
+
+
+class Checkpoint(abc.ABC):
+    """An opened checkpoint: one reader of one layout (see the module docstring).
+
+    `step=None` in any method means the latest finalized step, looked up anew on each call (a
+    training run may finalize more); a checkpoint of one set of weights has no steps, and its
+    step is None throughout.
+
+    Attributes:
+      path: the checkpoint, as given.
+      options: its `Options`.
+      why: the markers that chose the reader (`ppl-jax inspect` prints them).
+      format: what the records call the layout (`orbax`, `hf`, `hub`, ...).
+      formats: the `checkpoint.format` values that choose this reader (empty: any).
+      layout_name: the layout in words, for sentences.
+      tokenizer_files: where the layout keeps a tokenizer, for the sentence when it keeps none.
+    """
+
+    format: ClassVar[str] = ""
+    formats: ClassVar[tuple[str, ...]] = ()
+    layout_name: ClassVar[str] = ""
+    tokenizer_files: ClassVar[str] = ""
+
+    def __init__(self, path: str, options: Options | None = None, why: str = ""):
+        self.path = path
+        self.options = options or Options()
+        self.why = why
+        self._given: tuple[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is type(self) and (other.path, other.options) == (self.path, self.options)  # type: ignore[attr-defined]
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def architecture(self) -> str:
+        return self.options.architecture
+
+    @property
+    def mapping(self) -> str:
+        return self.options.mapping
+
+    # ------------------------------------------------------------------ the protocol
+
+    @classmethod
+    @abc.abstractmethod
+    def claims(cls, path: str, options: Options) -> str | None:
+        """Why this reader reads `path` (the markers found, in a few words), or None.
+
+        Raises:
+          ConfigError: a remote path whose filesystem package is missing.
+        """
+
+    @abc.abstractmethod
+    def steps(self) -> list[int]:
+        """The finalized steps, ascending (`[]`: one set of weights, or none finalized yet).
+
+        Raises:
+          CheckpointError: the checkpoint is gone.
+        """
+
+    @abc.abstractmethod
+    def resolve_step(self, step: int | None) -> int | None:
+        """`step` checked against the finalized steps, or the latest for None; None for a
+        checkpoint of one set of weights.
+
+        Raises:
+          CheckpointError: no finalized step, or `step` is not one (naming the steps there).
+        """
+
+    @abc.abstractmethod
+    def stored(self, step: int | None) -> Stored:
+        """The stored params: name -> (shape, dtype), from metadata and headers only (the names
+        `read` takes and the mapping's `from` patterns match).
+
+        Raises:
+          CheckpointError: as `resolve_step`; damaged or unreadable metadata, named.
+        """
+
+    @abc.abstractmethod
+    def read(
+        self, step: int | None, abstract: dict[str, jax.ShapeDtypeStruct]
+    ) -> dict[str, jax.Array]:
+        """The stored arrays named in `abstract`, each read into its leaf's sharding and dtype
+        (`jax.ShapeDtypeStruct(shape, dtype, sharding=...)`), each process reading only the
+        chunks or byte ranges of its own shards.
+
+        Raises:
+          CheckpointError: a damaged step, naming the weights that cannot be read.
+        """
+
+    def carried_description(self, step: int | None) -> dict[str, Any] | None:
+        """The architecture the checkpoint carries (a description for `ppl_jax.models.registry
+        .build`), or None: the user gives it (`checkpoint.architecture`)."""
+        return None
+
+    def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
+        """The tokenizer the checkpoint carries (BOS/EOS policy included), or None."""
+        return None
+
+    def identity(self, step: int | None) -> dict[str, Any]:
+        """What identifies the weights a run scores at `step` (the `checkpoint` part of its
+        fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute),
+        `format` and `step`; the `files` that hold the weights (`files(step)`: path, size and
+        modification time or object version, digested); and what chooses or transforms the
+        weights read: `mapping` (a preset by name, a mapping file by its content, wherever it
+        lies), `item` and `params` (as set), and for a `checkpoint.architecture` entry point its
+        module's file (`entry_module`, by content: the user's own model code). Any other
+        architecture is in the model's description (the fingerprint's `model` part). A reader
+        adds what else names its weights (a hub revision's repository, revision and commit).
+
+        Raises:
+          CheckpointError: as `resolve_step` (a reader that must resolve the step to name it).
+        """
+        found: dict[str, Any] = {
+            "path": paths.absolute(self.path),
+            "format": self.format,
+            "step": step,
+            "files": fingerprint_lib.text_digest(
+                fingerprint_lib.tree_identity(paths.absolute(self.files(step)))
+            ),
+        }
+        kind, entry = self._given_architecture()
+        if kind == "entry":
+            module = importlib.util.find_spec(entry.partition(":")[0])
+            origin = module.origin if module is not None else None
+            found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
+        if self.mapping:
+            preset = self.mapping in presets.PRESETS
+            found["mapping"] = (
+                self.mapping if preset else fingerprint_lib.content_digest(self.mapping)
+            )
+        found.update(
+            {k: getattr(self.options, k) for k in ("item", "params") if getattr(self.options, k)}
+        )
+        return found
+
+    def files(self, step: int | None) -> str:
+        """The folder whose files hold the weights of `step` (identified in the fingerprint by
+        path, size and modification time, or object version)."""
+        return self.path if step is None else paths.join(self.path, str(step))
+
+    def layout_lines(self, step: int | None) -> list[str]:
+        """Where the reader found what, one line each (`ppl-jax inspect`)."""
+        return []
+
+    # ------------------------------------------------------------------ derived answers
+
+    def _given_architecture(self) -> tuple[str, Any]:
+        if self._given is None:
+            self._given = architecture_lib.parse(self.architecture)
+        return self._given
+
+    def description(self, step: int | None = None) -> dict[str, Any]:
+        """The architecture description (`ppl_jax.models.registry.build`'s argument): from
+        `checkpoint.architecture` when set (it wins), else the one the checkpoint carries (as
+        saved, not normalized).
+
+        Raises:
+          CheckpointError: as `resolve_step`; a checkpoint that carries none and no
+            `checkpoint.architecture`; a stored description that cannot be read.
+          ConfigError: a faulty `checkpoint.architecture`.
+        """
+        kind, value = self._given_architecture()
+        if kind == "entry":
+            return self.model(step=step).description
+        if kind != "none":
+            return copy.deepcopy(value)
+        carried = self.carried_description(step)
+        if carried is None:
+            raise CheckpointError(
+                f"{self.path!r} carries no architecture ({self.layout_name}); set "
+                f"checkpoint.architecture to a config.json, a description JSON, "
+                f"'maxtext:<model> key=value ...' or a Python entry point 'module:function'."
+            )
+        return carried
+
+    def attention(self, setting: str, dtype: str, step: int | None = None, **mesh: Any) -> str:
+        """The attention implementation that `model.attention=setting` runs for this
+        architecture in `dtype` (`float32` or `bfloat16`) on this platform: `xla`, `cudnn` or
+        `splash` (`ppl_jax.models.attention.resolve_for`, which `mesh` may tell the context
+        axis's `context` size and `context_attention`).
+
+        Raises:
+          ConfigError: an unknown dtype.
+          CheckpointError: as `description`.
+        """
+        if self._given_architecture()[0] == "entry":
+            return "xla"  # a model of the user's own attends its own way; batches as for XLA
+        description = self.description(step)
+        registry.config_of(description)  # sizes checked before anything reads them
+        return attention_lib.resolve_for(setting, dtype_of(dtype), description, **mesh)
+
+    def model(
+        self, dtype: str = "float32", attention: str = "auto", step: int | None = None
+    ) -> LanguageModel:
+        """The model (abstract params, no weights) of the step's architecture; a Python entry
+        point's own model when `checkpoint.architecture` names one.
+
+        Args:
+          dtype: the params' dtype, `float32` or `bfloat16`.
+          attention: an implementation (`xla`, `cudnn`, `splash`) or `auto`, resolved here.
+          step: as in `resolve_step`.
+
+        Raises:
+          ConfigError: an unknown dtype; an entry point that cannot be loaded.
+          CheckpointError: as `description`, or a description of an unknown family or with
+            unknown keys.
+        """
+        kind, value = self._given_architecture()
+        if kind == "entry":
+            return architecture_lib.entry_model(value, dtype_of(dtype))
+        description = self.description(step)
+        registry.config_of(description)  # sizes checked before anything reads them
+        self.check_stored_layers(step, description)
+        resolved = attention_lib.resolve_for(attention, dtype_of(dtype), description)
+        return registry.build(description, dtype_of(dtype), resolved)
+
+    def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
+        """The model weights the stored tensors make (their names), from the stored tree's
+        metadata and the mapping alone; None where the reader checks its architecture itself
+        (a Hugging Face directory's `config.json` against its headers).
+
+        Raises:
+          CheckpointError: as `stored` and `rules`.
+        """
+        step = self.resolve_step(step)
+        return list(mapping_lib.produced(self.rules(step), self.stored(step), description, ""))
+
+    def check_stored_layers(self, step: int | None, description: dict[str, Any]) -> None:
+        """Refuses an architecture whose layer count the stored weights contradict, before the
+        model is built (a description of 1,000 layers would take minutes to build): by what
+        the stored tree makes (`produced`). Damage and a mapping that does not fit are left to
+        `restore`, which names them in their own words.
+
+        Raises:
+          CheckpointError: another number of layers (`registry.check_stored_layers`).
+        """
+        try:
+            names = self.produced(step, description)
+        except CheckpointError:
+            return
+        except Exception:  # Orbax's own errors for unreadable metadata: restore says how
+            return
+        if names is not None:
+            registry.check_stored_layers(description, names, repr(self.path))
+
+    def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
+        """The checkpoint's own tokenizer, or None when it carries none (`stored_tokenizer`)."""
+        return self.stored_tokenizer(step)
+
+    def tokenizer_for(
+        self,
+        setting: str = "auto",
+        allow_mismatch: bool = False,
+        *,
+        step: int | None = None,
+        model: LanguageModel | None = None,
+        key: str = "data.tokenizer",
+    ) -> tuple[tokenizer_lib.Tokenizer, str | None]:
+        """The tokenizer a run scores this checkpoint with: the one resolution of
+        `data.tokenizer` (the command line, the library and the harness model all ask here).
+
+        Args:
+          setting: `auto` (the checkpoint's own), `byte`, or a path (a `tokenizer.json`, a
+            SentencePiece `.model`, a folder holding one; `ppl_jax.tokenizer.load_tokenizer`).
+          allow_mismatch: score with a tokenizer whose vocabulary does not fit the model's
+            (`data.allow_tokenizer_mismatch`), noting why.
+          step: as in `resolve_step`.
+          model: the model scored (None: `self.model(step=step)`).
+          key: the setting's name in the caller's words, for the sentence.
+
+        Returns:
+          (the tokenizer, None or the note on a mismatch that was allowed).
+
+        Raises:
+          ConfigError: `auto` for a checkpoint that carries no tokenizer; a bad path; a
+            vocabulary that does not fit without `allow_mismatch`
+            (`ppl_jax.tokenizer.check_vocabulary`).
+        """
+        if setting == "auto":
+            tok = self.tokenizer(step)
+            if tok is None:
+                raise ConfigError(
+                    f"{key}=auto, but {self.path!r} carries no tokenizer "
+                    f"({self.tokenizer_files}); set {key} to a tokenizer.json, a SentencePiece "
+                    f".model, a folder holding one, or 'byte'."
+                )
+        else:
+            tok = tokenizer_lib.load_tokenizer(setting)
+        vocab = (model or self.model(step=step)).vocab_size
+        return tok, tokenizer_lib.check_vocabulary(tok, vocab, allow_mismatch=allow_mismatch)
+
+    def check_sweep(self, setting: str) -> None:
+        """Refuses a sweep (`checkpoint.step=setting`) over a checkpoint of one set of weights.
+
+        Raises:
+          ConfigError: naming the checkpoint and what it is.
+          CheckpointError: as `resolve_step`.
+        """
+        if self.resolve_step(None) is None:
+            raise ConfigError(
+                f"checkpoint.step={setting} needs a checkpoint of several steps; "
+                f"{self.path!r} is {self.layout_name} (one set of weights)."
+            )
+
+    def check_same_architecture(self, step: int | None, model: LanguageModel) -> None:
+        """Checks that `step` stores the architecture of `model` (a sweep scores one model).
+
+        The stored description is normalized as `model.description` was (through `build`), so
+        that metadata saved without a key that has its default value is the same architecture
+        as one saved with it. An architecture given by `checkpoint.architecture`, or none
+        carried, is the same for every step: nothing to check.
+
+        Raises:
+          CheckpointError: another architecture; or as `description` and `build`.
+        """
+        if self.architecture or self.carried_description(step) is None:
+            return
+        stored = registry.build(self.description(step), jnp.float32, "xla").description
+        if stored != model.description:
+            raise CheckpointError(
+                f"step {step} of {self.path!r} holds another architecture than the model being "
+                f"scored; a sweep scores the steps of one model."
+            )
+
+    # ------------------------------------------------------------------ mapped params
+
+    def mapping_file(self) -> dict[str, Any]:
+        """`checkpoint.mapping`'s file (`item`, `params`, `rules`), or {} for a preset or none.
+
+        Raises:
+          CheckpointError, ConfigError: as `presets.read_file`.
+        """
+        if self.mapping and self.mapping not in presets.PRESETS:
+            return presets.read_file(self.mapping)
+        return {}
+
+    def known(self, step: int | None) -> dict[str, Any]:
+        """The architecture's description where one is known (`{}` when the checkpoint carries
+        none and none is given: the caller brings the model), for the mapping's expressions."""
+        kind, _ = self._given_architecture()
+        if kind == "entry":
+            return self.model(step=step).description
+        if kind == "none" and self.carried_description(step) is None:
+            return {}
+        return self.description(step)
+
+    def naming(self, step: int | None) -> str:
+        """The checkpoint, step and mapping, for the sentences of the mapping's errors."""
+        at = f" step {step}" if step is not None else ""
+        return f"{self.path!r}{at} (mapping {self.mapping or 'detected'})"
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
+        """The mapping rules from the stored names to the model's (`mapped.rules`)."""
+        return mapped.rules(self, step)
+
+    def mapped(self, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
+        """Which stored tensor (layer, part, operations) gives each model weight of `target`
+        (`mapped.sources`), from the stored tree's metadata only."""
+        return mapped.sources(self, step, target)
+
+    def mapping_report(self, step: int | None, target: Any) -> list[str]:
+        """How the stored names become the weights of `target`, one line each (`ppl-jax
+        inspect`; `mapped.report`)."""
+        return mapped.report(self, step, target)
+
+    def restore(self, step: int | None, target: Any) -> Any:
+        """The params of the step, read straight into their target shardings (through the
+        mapping: `mapped.restore`; readers of the model's own layout override this).
+
+        Args:
+          step: as in `resolve_step`.
+          target: the params tree of `self.model(...)`, with leaves
+            `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` (`ppl_jax.runtime.mesh
+            .param_targets`); stored weights are cast to each leaf's dtype.
+
+        Returns:
+          The params tree of `jax.Array`s, each of its leaf's shape, dtype and sharding.
+
+        Raises:
+          CheckpointError: a missing, misshapen or damaged weight, named; the first unmatched
+            names of the mapping.
+        """
+        return mapped.restore(self, step, target)

@@ -1,0 +1,208 @@
+"""The fused attention kernels behind `ppl_jax.models.attention.attend`: cuDNN on NVIDIA GPUs and
+splash attention on TPUs.
+
+- `cudnn`: cuDNN's flash attention through JAX's private entry
+  `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`, which takes packed rows
+  (sequence packing: `q_offsets`/`kv_offsets` and per-segment lengths, jax-ml/jax PR #25812,
+  JAX >= 0.5.1) on Hopper or newer GPUs. Each row's segments become cuDNN segments (their start
+  and length, from the segment ids), each attends causally within itself, so two documents
+  packed in a row never see each other (MaxText issue 4476 is the trap of passing a causal mask
+  without the offsets). A batch without packed rows takes cuDNN's per-row lengths (the path
+  measured at 54% MFU, BENCHMARKS.md); the choice is made at run time. On older GPUs the layout
+  puts one window per row (`packs`), and a packed row there gives NaN, never numbers from
+  documents that saw each other. Either way the mask is by
+  index within a segment, which is `attend`'s by positions for the scorer's rows (positions
+  0, 1, 2, ... in each segment). No soft-cap, chunked attention, sinks or `Dv != Dk` here.
+- `splash`: the Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`,
+  interpreted on CPU in the tests), with segment ids, a causal or local mask, sinks and a
+  soft-cap, grouped-query heads as multi-query kernels per key/value head. Under the context
+  axis each device's two chunks attend to the gathered row with the chunk's offset in the
+  causal mask (`CausalMask`/`LocalMask` `offset`), one kernel per possible chunk, chosen with
+  `lax.switch` by the device's index. No chunked attention (the kernel's chunks are by index,
+  not by position within a segment).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Segments per row the packed cuDNN path lays out (the layout puts at most
+# `ppl_jax.plans.layout.MAX_SEGMENTS` windows in a row).
+CUDNN_SEGMENTS = 64
+
+
+def cudnn_packs(platform: str | None = None) -> bool:
+    """Whether cuDNN attention can run packed rows here: a CUDA GPU of compute capability 9.0
+    (Hopper) or newer, and JAX >= 0.5.1 (whose cuDNN entry takes `q_offsets`)."""
+    if (platform or jax.default_backend()) != "gpu":
+        return False
+    try:
+        device = jax.local_devices(backend="gpu")[0]
+        major = int(str(device.compute_capability).split(".")[0])
+    except (AttributeError, IndexError, RuntimeError, ValueError):
+        return False
+    return major >= 9 and _jax_version() >= (0, 5, 1)
+
+
+def _jax_version() -> tuple[int, ...]:
+    return tuple(int(x) for x in jax.__version__.split(".")[:3] if x.isdigit())
+
+
+def _segment_layout(segment_ids: jax.Array, segments: int) -> tuple[jax.Array, jax.Array]:
+    """`(lengths [B, M], offsets [B, M + 1])` int32 of segment ids `1..M` of each row (-1 where a
+    row has no such segment), for cuDNN's packed layout; each segment's tokens must be one run."""
+    b, t = segment_ids.shape
+
+    def one(seg):
+        index = jnp.arange(t, dtype=jnp.int32)
+        start = jax.ops.segment_min(index, seg, num_segments=segments + 1)[1:]
+        count = jax.ops.segment_sum(jnp.ones_like(seg), seg, num_segments=segments + 1)[1:]
+        present = count > 0
+        # Present segments first, in order of their starts (ids increase along the row).
+        order = jnp.argsort(jnp.where(present, start, t + 1))
+        start, count, present = start[order], count[order], present[order]
+        return jnp.where(present, count, -1), jnp.where(present, start, -1)
+
+    lengths, offsets = jax.vmap(one)(segment_ids)
+    pad = jnp.full((b, 1), -1, jnp.int32)
+    return lengths.astype(jnp.int32), jnp.concatenate([offsets.astype(jnp.int32), pad], axis=1)
+
+
+def _segment_starts(segment_ids: jax.Array) -> jax.Array:
+    """`[B] int32`: the segments each row starts (runs of one non-zero id)."""
+    starts = (segment_ids[:, 1:] != segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
+    return jnp.sum(starts, axis=1, dtype=jnp.int32) + (segment_ids[:, 0] > 0)
+
+
+def _poison_unsupported_rows(out: jax.Array, segment_ids: jax.Array, segments: int) -> jax.Array:
+    """NaN in every row that holds more segments than the kernel was given (or any segment
+    after padding), so that the scorer stops with its NaN error instead of reporting numbers
+    from documents that saw each other."""
+    bad = _segment_starts(segment_ids) > segments
+    return jnp.where(bad[:, None, None, None], jnp.asarray(jnp.nan, out.dtype), out)
+
+
+def cudnn(q, k, v, segment_ids, window, scale) -> jax.Array:
+    """cuDNN flash attention of `[B, T, H, D]` queries against `[B, T, KV, D]` keys and values,
+    causal within each segment; `[B, T, H, D]` in `q.dtype` (16-bit). A batch whose rows each
+    hold one segment followed by padding runs cuDNN's per-row lengths; one with packed rows its
+    packed layout on Hopper or newer (`cudnn_packs`, chosen at run time with `lax.cond`), and
+    elsewhere NaN (the layout never packs rows there)."""
+
+    def lengths_path(q, k, v, segment_ids):
+        lengths = jnp.sum(segment_ids != 0, axis=1, dtype=jnp.int32)
+        out = jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            scale=scale,
+            is_causal=True,
+            query_seq_lengths=lengths,
+            key_value_seq_lengths=lengths,
+            local_window_size=None if window is None else (window - 1, 0),
+            implementation="cudnn",
+        )
+        return _poison_unsupported_rows(out, segment_ids, 1)
+
+    if not cudnn_packs():
+        return lengths_path(q, k, v, segment_ids)
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib
+
+    segments = min(CUDNN_SEGMENTS, q.shape[1])
+
+    def packed_path(q, k, v, segment_ids):
+        lengths, offsets = _segment_layout(segment_ids, segments)
+        out = cudnn_lib.dot_product_attention(
+            q,
+            k,
+            v,
+            q_seqlen=lengths,
+            kv_seqlen=lengths,
+            q_offsets=offsets,
+            kv_offsets=offsets,
+            scale=scale,
+            mask_type=cudnn_lib.MaskType.PADDING_CAUSAL,
+            sliding_window_length=window,
+        )
+        return _poison_unsupported_rows(out, segment_ids, segments)
+
+    packed = jnp.any(_segment_starts(segment_ids) > 1)
+    return jax.lax.cond(packed, packed_path, lengths_path, q, k, v, segment_ids)
+
+
+@functools.lru_cache(maxsize=64)
+def _splash_kernel(
+    group: int,
+    q_len: int,
+    kv_len: int,
+    offset: int,
+    window: int | None,
+    interpret: bool,
+    softcap: float | None,
+):
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as kernel,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as mask_lib,
+    )
+
+    shape = (q_len, kv_len)
+    if window is None:
+        head_mask = mask_lib.CausalMask(shape=shape, offset=offset)
+    else:
+        head_mask = mask_lib.LocalMask(shape=shape, window_size=(window - 1, 0), offset=offset)
+    block_q = next(b for b in (512, 256, 128, q_len) if q_len % b == 0)
+    block_kv = next(b for b in (512, 256, 128, kv_len) if kv_len % b == 0)
+    sizes = kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
+    # The kernel holds its mask's block tables as arrays; made under a trace they would be that
+    # trace's tracers, and the cached kernel would leak them into the next trace (a second batch
+    # shape of the same width). Made at compile time they are concrete.
+    with jax.ensure_compile_time_eval():
+        return kernel.make_splash_mqa_single_device(
+            mask=mask_lib.MultiHeadMask([head_mask] * group),
+            block_sizes=sizes,
+            interpret=interpret,
+            attn_logits_soft_cap=softcap,
+        )
+
+
+def splash(q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0) -> jax.Array:
+    """Splash attention of `[B, Tq, H, D]` queries against `[B, Tk, KV, D]` keys and values; the
+    queries are the row's tokens `offset .. offset + Tq - 1` (the keys the whole row from 0).
+    `offset` is a Python int or a traced int32 that takes one of the values in
+    `range(0, Tk, Tq)` (the context axis's chunks). Returns `[B, Tq, H, Dv]` in `q.dtype`."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+
+    b, t, h, d = q.shape
+    s, kv = k.shape[1], k.shape[2]
+    group = h // kv
+    interpret = jax.default_backend() != "tpu"  # CPU tests run the kernel interpreted
+    # [B, T, KV*G, D] -> [B, KV, G, T, D]; one multi-query kernel call per (example, KV head).
+    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)
+    k = k.transpose(0, 2, 1, 3)  # [B, KV, S, D]
+    v = v.transpose(0, 2, 1, 3)
+    sink = None if sinks is None else sinks.astype(jnp.float32).reshape(kv, group)
+
+    def run(kern, q, k, v, q_seg, k_seg, sink):
+        def one(q_g, k_1, v_1, qs, ks, sink_g):
+            ids = splash_attention_kernel.SegmentIds(q=qs, kv=ks)
+            return kern(q_g, k_1, v_1, segment_ids=ids, sinks=sink_g)
+
+        per_head = jax.vmap(one, in_axes=(0, 0, 0, None, None, None if sink is None else 0))
+        return jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0, None))(q, k, v, q_seg, k_seg, sink)
+
+    def kernel_at(start):
+        return _splash_kernel(group, t, s, start, window, interpret, softcap)
+
+    args = (q, k, v, q_seg, k_seg, sink)
+    if isinstance(offset, int):
+        out = run(kernel_at(offset), *args)
+    else:
+        branches = [functools.partial(run, kernel_at(start)) for start in range(0, s, t)]
+        out = jax.lax.switch(offset // t, branches, *args)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, -1).astype(np.dtype(q.dtype))
