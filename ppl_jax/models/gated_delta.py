@@ -11,7 +11,7 @@ The recurrence, per value head (transformers' `torch_recurrent_gated_delta_rule`
 `chunk_gated_delta_rule` computes it by chunks of C tokens (Yang et al. 2024, "Parallelizing
 Linear Transformers with the Delta Rule over Sequence Length"; transformers'
 `torch_chunk_gated_delta_rule`): inside a chunk, the C delta-rule updates are folded into one
-lower-triangular solve (the UT transform, `jax.scipy.linalg.solve_triangular`) and a masked
+lower-triangular solve (the UT transform, by blocks and forward substitution) and a masked
 `[C, C]` product; across chunks a `lax.scan` carries the state. Only `[C, C]` blocks exist per
 head, never `[T, T]`. The chunk size changes no number beyond float32 rounding.
 
@@ -117,13 +117,13 @@ def chunk_gated_delta_rule(
     return recurrence.from_chunks(o, t), state.reshape(b, hv, dk, dv)
 
 
-SOLVE_BLOCK = 16  # the largest triangular solve XLA's CPU backend runs fast (0.3 ms; 32: 70 ms)
+SOLVE_BLOCK = 16  # rows solved by forward substitution; larger blocks by the halving below
 
 
 def unit_lower_inverse(strict: jax.Array) -> jax.Array:
     """`(I + strict)^-1` for strictly lower triangular `strict` (`[..., C, C]`), by blocks:
     `[[A, 0], [B, D]]^-1 = [[A^-1, 0], [-D^-1 B A^-1, D^-1]]` halving down to blocks of
-    `SOLVE_BLOCK`, each inverted by a unit triangular solve (C padded with the identity to
+    `SOLVE_BLOCK`, each inverted by forward substitution (C padded with the identity to
     `SOLVE_BLOCK * 2^k`). The same numbers as one solve of the whole block to float32's
     rounding, in matrix products; on the CPU one solve of 64 took 800 ms where this takes 14."""
     c = strict.shape[-1]
@@ -134,14 +134,28 @@ def unit_lower_inverse(strict: jax.Array) -> jax.Array:
         pad = [(0, 0)] * (strict.ndim - 2) + [(0, size - c), (0, size - c)]
         return unit_lower_inverse(jnp.pad(strict, pad))[..., :c, :c]
     if c <= SOLVE_BLOCK:
-        eye = jnp.broadcast_to(jnp.eye(c, dtype=strict.dtype), strict.shape)
-        return jax.scipy.linalg.solve_triangular(strict + eye, eye, lower=True, unit_diagonal=True)
+        return _forward_substitution(strict)
     h = c // 2
     a = unit_lower_inverse(strict[..., :h, :h])
     d = unit_lower_inverse(strict[..., h:, h:])
     b = -(d @ (strict[..., h:, :h] @ a))
     top = jnp.concatenate([a, jnp.zeros_like(a)], axis=-1)
     return jnp.concatenate([top, jnp.concatenate([b, d], axis=-1)], axis=-2)
+
+
+def _forward_substitution(strict: jax.Array) -> jax.Array:
+    """`(I + strict)^-1` by forward substitution, row by row (what a unit lower triangular
+    solve of the identity computes: row i is `e_i - strict[i, :i] @ rows[:i]`). Not LAPACK's
+    `trsm` (`jax.scipy.linalg.solve_triangular`): on the CPU its batch runs on the thread pool
+    that the devices' programs occupy, and eight CPU devices each solving at once deadlocked
+    (seen in the default tier with eight host devices)."""
+    c = strict.shape[-1]
+    rows = [jnp.broadcast_to(jnp.eye(1, c, 0, dtype=strict.dtype), strict[..., :1, :].shape)]
+    for i in range(1, c):
+        e_i = jnp.broadcast_to(jnp.eye(1, c, i, dtype=strict.dtype), rows[0].shape)
+        done = jnp.concatenate(rows, axis=-2)  # [..., i, C]
+        rows.append(e_i - strict[..., i : i + 1, :i] @ done)
+    return jnp.concatenate(rows, axis=-2)
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:

@@ -221,7 +221,6 @@ class FalconH1(nnx.Module):
     `[B, T, embed]`; `unembedding()` the `[embed, vocab]` output matrix times
     `lm_head_multiplier`."""
 
-
     def __init__(
         self, cfg: FalconH1Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
     ):

@@ -117,7 +117,6 @@ class Mamba2(nnx.Module):
     `[B, T, embed]` in the weights' dtype; `unembedding()` the `[embed, vocab]` output matrix.
     Positions are not read: the recurrent layers restart at each segment start."""
 
-
     def __init__(
         self, cfg: Mamba2Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
     ):

@@ -301,7 +301,6 @@ class NemotronH(nnx.Module):
     """The language model. `__call__(tokens, positions, segment_ids)` gives final hidden states
     `[B, T, embed]` in the weights' dtype; `unembedding()` the `[embed, vocab]` output matrix."""
 
-
     def __init__(
         self, cfg: NemotronHConfig, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
     ):

@@ -241,7 +241,6 @@ class Qwen35(nnx.Module):
     """The decoder. `__call__(tokens, positions, segment_ids)` gives final hidden states
     `[B, T, embed]` in the weights' dtype; `unembedding()` the `[embed, vocab]` output matrix."""
 
-
     def __init__(
         self, cfg: Qwen35Config, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32, attention="xla"
     ):

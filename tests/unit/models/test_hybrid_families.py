@@ -85,7 +85,8 @@ def test_the_context_axis_is_refused_in_one_sentence(family):
     family = registry.for_description(d)
     reason = family.refusal(registry.config_of(d), "context")
     assert reason and "state along the sequence" in reason
-    assert family.module.context_parallel is False  # what the context axis's build reads
+    built = registry.build(d, jnp.float32)
+    assert built.context_parallel is False  # what the scorer's context axis reads
 
 
 @pytest.mark.parametrize("family", HYBRIDS)
