@@ -21,7 +21,8 @@ Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width
 (sinks, windows of 128 on alternate layers, YaRN past 256), Llama 4 (chunks of 256, every fourth
 layer NoPE, routed blocks on alternate layers: top 1 plus a shared expert) and DeepSeek-V3 (MLA
 with ranks 256/128, YaRN with its softmax scale, 4 groups of which 2 kept, a dense first layer)
-with the same experts.
+with the same experts; Mamba2 with 16 heads of 64, state 64, chunks of 64; Qwen3.5 with 6 Gated
+DeltaNet layers (4 key heads, 8 value heads of 64) and 2 gated attention layers.
 """
 
 from __future__ import annotations
@@ -129,7 +130,16 @@ def _configs() -> dict:
             first_k_dense_replace=1,
             rope_parameters={**_YARN, "mscale": 1.0, "mscale_all_dim": 1.0},
         ),
-    }
+        # the scans (issue 24): transformers runs its PyTorch fallbacks of them on the CPU
+        "mamba2": tf.Mamba2Config(
+            vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_heads=16, head_dim=64,
+            n_groups=1, state_size=64, chunk_size=64, expand=2,
+        ),
+        "qwen3_5": tf.Qwen3_5TextConfig(
+            **COMMON, head_dim=64, linear_num_key_heads=4, linear_key_head_dim=64,
+            linear_num_value_heads=8, linear_value_head_dim=64,
+        ),
+    }  # fmt: skip
 
 
 _FAMILIES = flags.DEFINE_list("families", list(_configs()), "Families to run.")

@@ -53,7 +53,7 @@ from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
 from ppl_jax.models.interface import LanguageModel
 
-MIXERS = ("attention", "linear_attention", "state_space")
+MIXERS = ("attention", "linear_attention", "state_space", "none")
 MLPS = ("dense", "moe", "none")
 # Upper bounds of a description's sizes (the largest published models: vocabularies of 262k,
 # 126 layers, widths of 16k-25k, 384 experts, contexts of 10M tokens), each far above them.
@@ -78,7 +78,8 @@ MAX_SIZES = {
 @dataclasses.dataclass(frozen=True)
 class Layer:
     """The kind of one layer: its sequence mixer (`attention`, `linear_attention`,
-    `state_space`) and its MLP (`dense`, `moe`, `none`), and a note (`sliding`, `nope`, ...)."""
+    `state_space`, or `none`: an MLP alone, as Nemotron-H's) and its MLP (`dense`, `moe`,
+    `none`), and a note (`sliding`, `nope`, ...)."""
 
     mixer: str = "attention"
     mlp: str = "dense"

@@ -1,0 +1,168 @@
+"""The hybrid families (issue 24: `qwen3_5` for Qwen3.5 and Qwen3-Next, `mamba2`, `nemotron_h`,
+`falcon_h1`), read by the registry from the transformers directories in tests/golden/families/
+(written by tests/golden/make_hybrid_golden.py): `test_families.test_matches_transformers` checks
+them against transformers' float32 log-probabilities under the three protocols (per token within
+1e-5 relative, `nll_sum` within 1e-6; bfloat16 in its slow tier); here, what the scans add: the
+scan's chunk size and packing change no number, the descriptions read every feature, the
+context axis is refused, and each feature turned off (a description field, or weights that undo
+it) moves the numbers.
+
+Tolerances of the chunk size: 1e-6 relative per token for the Mamba2 families (measured 2e-7 to
+3e-7). The Gated DeltaNet families are less well conditioned: each head's output `S^T q` can be
+small by cancellation and the gated norm scales it to unit size, so float32's rounding of a
+layer's input reaches its output multiplied by up to ~25 (at a token of qwen3_5's
+lm_eval_rolling windows ppl_jax's float32 and transformers' float32 are 9.7e-6 and 4e-7 from
+transformers' float64, which the golden files carry). Their chunk-size tolerance is 5e-6 per
+token (measured 2.6e-6) with the sums within 1e-7 (measured 2e-8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_families
+from test_families import FAMILY_DIR, golden, loaded, ppl_windows, protocol_nll, score_rows
+
+from ppl_jax.checkpoints import hf
+from ppl_jax.models import registry
+
+HYBRIDS = ("falcon_h1", "mamba2", "nemotron_h", "qwen3_5", "qwen3_next")
+GATED_DELTA = ("qwen3_5", "qwen3_next")  # the less well conditioned (module docstring)
+
+
+def nll(family, description=None, dtype=jnp.float32, edit=None):
+    """ppl_jax's per-token NLL of the family's `sliding` windows (`description`: fields replaced;
+    `edit`: weight name -> a constant it is set to)."""
+    model, params = loaded(family, dtype, json.dumps(description) if description else None)
+    for name, value in (edit or {}).items():
+        *parents, last = name.split("/")
+        node = params = dict(params)
+        for p in parents:
+            node[p] = dict(node[p])
+            node = node[p]
+        node[last] = jnp.full_like(node[last], value)
+    return np.concatenate(protocol_nll(golden(family), "sliding", model, params))
+
+
+def reference(family, protocol="sliding"):
+    return np.concatenate(
+        [-np.asarray(w["log_probs"], np.float64) for w in golden(family)["protocols"][protocol]]
+    )
+
+
+def test_the_descriptions_read_every_feature():
+    d = {f: hf.read_description(os.path.join(FAMILY_DIR, f)) for f in HYBRIDS}
+    assert {f: x["family"] for f, x in d.items()} == {
+        "falcon_h1": "falcon_h1",
+        "mamba2": "mamba2",
+        "nemotron_h": "nemotron_h",
+        "qwen3_5": "qwen3_5",
+        "qwen3_next": "qwen3_5",
+    }
+    kinds = {
+        f: [(k.mixer, k.mlp) for k in registry.for_description(x).layer_kinds(
+            registry.config_of(x))]
+        for f, x in d.items()
+    }  # fmt: skip
+    assert set(kinds["mamba2"]) == {("state_space", "none")}
+    assert {"linear_attention", "attention"} == {m for m, _ in kinds["qwen3_5"]}
+    assert {"moe"} <= {m for _, m in kinds["qwen3_next"]}
+    assert {("state_space", "none"), ("attention", "none"), ("none", "dense"), ("none", "moe")} \
+        <= set(kinds["nemotron_h"])  # fmt: skip
+    assert d["falcon_h1"]["ssm_scales"] != [1.0] * 5 and d["falcon_h1"]["key_scale"] != 1.0
+    assert d["qwen3_next"]["model_type"] == "qwen3_next" and d["qwen3_next"]["moe_top_k"] > 1
+    assert 0 < d["qwen3_5"]["rope"]["rotary_dim"] < d["qwen3_5"]["head_dim"]
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_the_context_axis_is_refused_in_one_sentence(family):
+    """Their scans' state does not yet pass between context shards: the family says so."""
+    d = hf.read_description(os.path.join(FAMILY_DIR, family))
+    family = registry.for_description(d)
+    reason = family.refusal(registry.config_of(d), "context")
+    assert reason and "state along the sequence" in reason
+    built = registry.build(d, jnp.float32)
+    assert built.context_parallel is False  # what the scorer's context axis reads
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_the_scans_chunk_size_changes_no_nll(family):
+    base = nll(family)
+    field = "gdn_chunk" if family in GATED_DELTA else "ssm_chunk"
+    for chunk in (3, 64):
+        ours = nll(family, {field: chunk})
+        assert np.max(np.abs(ours - base) / base) < (5e-6 if family in GATED_DELTA else 1e-6)
+        assert abs(ours.sum() - base.sum()) / base.sum() < 1e-7
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_a_packed_row_scores_as_its_windows_alone(family):
+    """Two lm_eval_rolling windows of different lengths in one row: the scans restart at the
+    second one's start (state and convolution), within 1e-6 of each scored alone."""
+    model, params = loaded(family)
+    g = golden(family)
+    windows = ppl_windows(g, "lm_eval_rolling")
+    lengths = windows.row_lengths()
+    a, b = int(np.argmax(lengths)), int(np.argmin(lengths))
+    rows = windows.fill([(b, a)] + [()] * 7, int(lengths[a] + lengths[b]))
+    packed = score_rows(model, params, rows)[0][rows["target_mask"][0, 1:]]
+    alone = []
+    for k in (b, a):
+        one = windows.fill([(k,)] + [()] * 7, int(lengths[a] + lengths[b]))
+        alone.append(score_rows(model, params, one)[0][one["target_mask"][0, 1:]])
+    np.testing.assert_allclose(packed, np.concatenate(alone), rtol=1e-6)
+    ref = g["protocols"]["lm_eval_rolling"]
+    expected = np.concatenate([-np.asarray(ref[k]["log_probs"]) for k in (b, a)])
+    np.testing.assert_allclose(packed, expected, rtol=1e-5)
+
+
+# Each feature turned off moves some token's NLL well past the tolerance: the comparison sees it.
+# (family, description fields replaced, weights set to a constant)
+CHANGES = [
+    ("qwen3_5", {"rope": "rotary_dim=0"}, {}),  # partial rotary -> all dims
+    ("qwen3_5", {}, {"layers/3/attn/gate": 0.0}),  # the output gate at 1/2 everywhere
+    ("qwen3_5", {}, {"layers/3/attn/q_norm": 3.0}),  # QK-norm's (1 + w)
+    ("qwen3_5", {}, {"layers/1/linear_attn/norm": 3.0}),  # the gated norm's weight
+    ("qwen3_next", {"moe_top_k": 1}, {}),
+    ("qwen3_next", {"moe_norm_topk_prob": False}, {}),
+    ("qwen3_next", {}, {"layers/0/mlp/shared_scale": -30.0}),  # the shared expert's gate shut
+    ("qwen3_next", {}, {"layers/0/linear_attn/conv_v": 0.25}),  # the convolution's weights
+    ("nemotron_h", {"ssm_dt_min": 0.0}, {}),  # time_step_min's floor
+    ("nemotron_h", {"moe_top_groups": 2}, {}),  # group-limited routing
+    ("nemotron_h", {"moe_scale": 1.0}, {}),
+    ("nemotron_h", {"moe_norm_topk_prob": False}, {}),
+    ("nemotron_h", {"moe_top_k": 1}, {}),
+    ("nemotron_h", {}, {"layers/1/mixer/bias": 0.0}),  # the correction bias
+    ("nemotron_h", {}, {"layers/1/mixer/latent_in": 0.1}),  # the latent projection
+    ("mamba2", {"ssm_dt_min": 0.0}, {}),
+    ("mamba2", {"ssm_dt_max": None}, {}),
+    ("falcon_h1", {"embedding_scale": 1.0}, {}),
+    ("falcon_h1", {"lm_head_scale": 1.0}, {}),
+    ("falcon_h1", {"key_scale": 1.0}, {}),
+    ("falcon_h1", {"attention_in_scale": 1.0}, {}),
+    ("falcon_h1", {"attention_out_scale": 1.0}, {}),
+    ("falcon_h1", {"ssm_in_scale": 1.0}, {}),
+    ("falcon_h1", {"ssm_out_scale": 1.0}, {}),
+    ("falcon_h1", {"mlp_gate_scale": 1.0}, {}),
+    ("falcon_h1", {"mlp_down_scale": 1.0}, {}),
+    ("falcon_h1", {"ssm_scales": [1.0] * 5}, {}),
+    ("falcon_h1", {"ssm_norm": "gated"}, {}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,change,edit", CHANGES)
+def test_the_comparison_sees_each_feature(family, change, edit):
+    if change.get("rope") == "rotary_dim=0":
+        d = hf.read_description(os.path.join(FAMILY_DIR, family))
+        change = {"rope": {**d["rope"], "rotary_dim": 0}}
+    ours = nll(family, change, edit=edit)
+    assert np.max(np.abs(ours - reference(family))) > 1e-3
+
+
+def test_the_hybrids_are_in_the_family_tests():
+    assert set(HYBRIDS) <= set(test_families.FAMILIES)
