@@ -31,6 +31,7 @@ import numpy as np
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import hf, presets, storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.step_folders import StepFolders
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 
@@ -72,10 +73,12 @@ def _number(path: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-class EasyDeLCheckpoint(Checkpoint):
+class EasyDeLCheckpoint(StepFolders, Checkpoint):
     """An EasyDeL checkpoint folder, or a run of `run-<step>/` milestones (module docstring)."""
 
     format = "easydel"
+    STEP, FOLDER = STEP, "run-{step}"
+    NONE_YET, A_STEP = "saved EasyDeL milestone yet", "a saved milestone"
     formats = ("easydel",)
     layout_name = "an EasyDeL checkpoint (tensorstore_index.json)"
     tokenizer_files = "no tokenizer.json or tokenizer.model beside its config.json"
@@ -96,39 +99,8 @@ class EasyDeLCheckpoint(Checkpoint):
             return f"run-<step> folders with EasyDeL's '{INDEX}'"
         return None
 
-    def steps(self) -> list[int]:
-        if self.single:
-            return []
-        if not paths.isdir(self.path):
-            raise CheckpointError(f"checkpoint.dir: no such directory {self.path!r}.")
-        found = [(_number(n), n) for n in paths.listdir(self.path)]
-        return sorted(
-            n for n, name in found if n is not None and paths.isfile(paths.join(self.path, name, INDEX))
-        )  # fmt: skip
-
-    def resolve_step(self, step: int | None) -> int | None:
-        if self.single:
-            return None
-        steps = self.steps()
-        if not steps:
-            raise CheckpointError(f"{self.path!r} holds no saved EasyDeL milestone yet.")
-        if step is None:
-            return steps[-1]
-        if step not in steps:
-            raise CheckpointError(
-                f"step {step} is not a saved milestone of {self.path!r} (its steps: "
-                f"{', '.join(map(str, steps))})."
-            )
-        return step
-
-    def _folder(self, step: int | None) -> str:
-        return self.path if step is None else paths.join(self.path, f"run-{step}")
-
-    def files(self, step: int | None) -> str:
-        return self._folder(step)
-
-    def _where(self, step: int | None) -> str:
-        return f"{self.path!r}" + (f" step {step}" if step is not None else "")
+    def complete(self, folder: str) -> bool:
+        return paths.isfile(paths.join(folder, INDEX))
 
     def _tree(self, step: int | None) -> tuple[Stored, dict[str, Any]]:
         if step in self._trees:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ppl_jax.checkpoints import presets, storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.step_folders import StepFolders
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 
@@ -102,10 +103,12 @@ def complete(folder: str) -> bool:
     return isinstance(meta, dict) and "step" in meta
 
 
-class LevanterRun(Checkpoint):
+class LevanterRun(StepFolders, Checkpoint):
     """A levanter run folder of `step-<N>/` steps, or one step folder (module docstring)."""
 
     format = "levanter"
+    STEP, FOLDER = STEP, "step-{step}"
+    NONE_YET = f"complete levanter step yet (step-<N> with '{COMMIT}')"
     formats = ("levanter",)
     layout_name = "a levanter run (TensorStore arrays per leaf, no architecture)"
     tokenizer_files = "levanter keeps the tokenizer in the run's YAML, not in the checkpoint"
@@ -127,41 +130,8 @@ class LevanterRun(Checkpoint):
                 return f"step-<N> folders with levanter's '{COMMIT}'"
         return None
 
-    def steps(self) -> list[int]:
-        if self.single:
-            return []
-        if not paths.isdir(self.path):
-            raise CheckpointError(f"checkpoint.dir: no such directory {self.path!r}.")
-        found = [(_number(n), n) for n in paths.listdir(self.path)]
-        return sorted(
-            n for n, name in found if n is not None and complete(paths.join(self.path, name))
-        )
-
-    def resolve_step(self, step: int | None) -> int | None:
-        if self.single:
-            return None
-        steps = self.steps()
-        if not steps:
-            raise CheckpointError(
-                f"{self.path!r} holds no complete levanter step yet (step-<N> with '{COMMIT}')."
-            )
-        if step is None:
-            return steps[-1]
-        if step not in steps:
-            raise CheckpointError(
-                f"step {step} is not a complete step of {self.path!r} (its steps: "
-                f"{', '.join(map(str, steps))})."
-            )
-        return step
-
-    def _folder(self, step: int | None) -> str:
-        return self.path if step is None else paths.join(self.path, f"step-{step}")
-
-    def files(self, step: int | None) -> str:
-        return self._folder(step)
-
-    def _where(self, step: int | None) -> str:
-        return f"{self.path!r}" + (f" step {step}" if step is not None else "")
+    def complete(self, folder: str) -> bool:
+        return complete(folder)
 
     def _params(self) -> str:
         return (self.mapping_file().get("params", "") or self.options.params or PARAMS).strip("/")

@@ -28,6 +28,7 @@ import numpy as np
 
 from ppl_jax.checkpoints import storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.step_folders import StepFolders
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 
@@ -51,10 +52,12 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: tree}
 
 
-class T5XCheckpoint(Checkpoint):
+class T5XCheckpoint(StepFolders, Checkpoint):
     """A T5X model directory of `checkpoint_<step>/` steps, or one step (module docstring)."""
 
     format = "t5x"
+    STEP, FOLDER = STEP, "checkpoint_{step}"
+    NONE_YET = "complete T5X checkpoint step yet"
     formats = ("t5x",)
     layout_name = "a T5X checkpoint (msgpack state, TensorStore arrays; no architecture)"
     tokenizer_files = "T5X keeps the vocabulary in its gin config, not in the checkpoint"
@@ -75,39 +78,8 @@ class T5XCheckpoint(Checkpoint):
             return f"checkpoint_<step> folders with T5X's msgpack '{STATE}' file"
         return None
 
-    def steps(self) -> list[int]:
-        if self.single:
-            return []
-        if not paths.isdir(self.path):
-            raise CheckpointError(f"checkpoint.dir: no such directory {self.path!r}.")
-        found = [(_number(n), n) for n in paths.listdir(self.path)]
-        return sorted(
-            n for n, name in found if n is not None and paths.isfile(paths.join(self.path, name, STATE))
-        )  # fmt: skip
-
-    def resolve_step(self, step: int | None) -> int | None:
-        if self.single:
-            return None
-        steps = self.steps()
-        if not steps:
-            raise CheckpointError(f"{self.path!r} holds no complete T5X checkpoint step yet.")
-        if step is None:
-            return steps[-1]
-        if step not in steps:
-            raise CheckpointError(
-                f"step {step} is not a complete step of {self.path!r} (its steps: "
-                f"{', '.join(map(str, steps))})."
-            )
-        return step
-
-    def _folder(self, step: int | None) -> str:
-        return self.path if step is None else paths.join(self.path, f"checkpoint_{step}")
-
-    def files(self, step: int | None) -> str:
-        return self._folder(step)
-
-    def _where(self, step: int | None) -> str:
-        return f"{self.path!r}" + (f" step {step}" if step is not None else "")
+    def complete(self, folder: str) -> bool:
+        return paths.isfile(paths.join(folder, STATE))
 
     def _tree(self, step: int | None) -> tuple[Stored, dict[str, Any], dict[str, Any]]:
         """(name -> shape, dtype), name -> TensorStore spec, name -> inline array."""
