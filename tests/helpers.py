@@ -163,3 +163,17 @@ def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> d
             PPL_JAX_PROCESS_ID=str(process_id),
         )
     return env
+
+
+def token_rows(path: str, document: int):
+    """One document's rows of a `tokens.parquet` (`path`), sorted by offset, as NumPy columns
+    (attributes named as the file's columns); pyarrow alone, no pandas."""
+    import types
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    cols = {n: table.column(n).to_numpy() for n in table.column_names}
+    keep = np.flatnonzero(cols["document"] == document)
+    keep = keep[np.argsort(cols["offset"][keep], kind="stable")]
+    return types.SimpleNamespace(**{n: c[keep] for n, c in cols.items()})

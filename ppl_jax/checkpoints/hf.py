@@ -126,7 +126,9 @@ def read_description(path: str) -> dict[str, Any]:
     try:
         desc = registry.read_hf_config(cfg)
     except CheckpointError as e:
-        raise CheckpointError(f"{where}: {str(e)[:300]}") from None
+        # bounded (a hostile config's values are shortened where they are quoted), yet long
+        # enough for the list of every supported model type
+        raise CheckpointError(f"{where}: {str(e)[:1000]}") from None
     except KeyError as e:
         raise CheckpointError(
             f"{where}: the {_short(model_type)[1:-1]} config lacks the field {_short(e.args[0])}."

@@ -84,7 +84,11 @@ def test_every_name_a_face_exports_resolves():
         module = importlib.import_module(f"ppl_jax.{sub}")
         assert set(module.__all__) == face_names(sub)
         for name in module.__all__:
-            obj = getattr(module, name)
+            try:
+                obj = getattr(module, name)
+            except ModuleNotFoundError as e:  # the harness's model needs the reference extra
+                assert e.name and e.name.split(".")[0] in {"lm_eval", "torch"}, (sub, name, e)
+                continue
             assert obj is not None, f"ppl_jax.{sub}.{name}"
             assert not isinstance(obj, type(module)), f"ppl_jax.{sub}.{name} is a module"
         assert set(module.__all__) <= set(dir(module))

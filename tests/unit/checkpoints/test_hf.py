@@ -519,7 +519,9 @@ def test_absurd_configs_are_one_short_sentence(tmp_path):
         (path / "config.json").write_text(json.dumps({**config, **bad}))
         with pytest.raises(CheckpointError) as e:
             hf.read_description(str(path))
-        assert len(str(e.value)) < 400 and "\n" not in str(e.value)
+        # one line, bounded: a hostile value is shortened; the longest is the list of the
+        # supported model types (30 of them)
+        assert len(str(e.value)) < 700 and "\n" not in str(e.value)
 
 
 def test_unknown_model_type_lists_every_family(tmp_path):
