@@ -16,7 +16,7 @@ names (`w:<state_dict key>`), its input `x [2, 24, embed]`, and what it computes
   past the rotary scalings' original length of 16.
 
 Weights are those transformers' `_init_weights` draws (seed per case, `initializer_range` 0.2),
-with the changes above. tests/unit/models/test_frontier_layers.py compares ppl_jax with these
+with the changes above. tests/slow/test_frontier_layers.py compares ppl_jax with these
 files; tests/reference/test_frontier_layers_live.py reruns `run_case` with the installed
 transformers.
 """

@@ -19,7 +19,7 @@ rule's chunks of 64 and nine of the Mamba2 cases' chunks of 8.
 - `falcon_h1`: `FalconH1Mixer` with its multipliers and the gated norm applied first.
 - `falcon_h1_plain`: `FalconH1Mixer` without the gated norm (`y * silu(z)`).
 
-tests/unit/models/test_scan_layers.py compares ppl_jax's layers with these files;
+tests/slow/test_scan_layers.py compares ppl_jax's layers with these files;
 tests/reference/test_scans_live.py reruns `run_case` with the installed transformers.
 """
 

@@ -1,4 +1,4 @@
-"""tests/unit/models/test_frontier_layers.py's comparisons with transformers, live: each case of
+"""tests/slow/test_frontier_layers.py's comparisons with transformers, live: each case of
 tests/golden/make_frontier_layers_golden.py rerun now with the installed transformers in torch
 float32; the committed golden files are what it computes today."""
 

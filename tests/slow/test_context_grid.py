@@ -1,5 +1,5 @@
 """The rest of the grids whose first cases run in the default tiers (tests/unit/models/
-test_attention.py, test_context.py, tests/unit/scoring/test_context_scoring.py): every block
+test_attention.py, test_context.py, tests/slow/test_context_scoring.py): every block
 size of every mask against float64, attention over every mesh of the context axis, every
 state pass, every golden model on every mesh, every layout option."""
 
