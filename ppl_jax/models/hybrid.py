@@ -208,6 +208,18 @@ def norm_param(dim: int, dtype: jnp.dtype, offset: float) -> nnx.Param:
     return (zeros_param if offset else ones_param)((dim,), ("embed",), dtype)
 
 
+class DescribedConfig:
+    """The description methods of a family's flat config dataclass (`config_to_dict` and its
+    inverse), for the hybrids' configs to inherit rather than repeat."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        return config_from_dict(cls, d)
+
+
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """A family's flat config dataclass as its JSON-able description: `family` (the class's
     `FAMILY`) and every field, tuples as lists and the `rope` pairs as a dict."""

@@ -32,7 +32,7 @@ from ppl_jax.models.registry import Family, Layer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FalconH1Config(ssd.SsmFields):
+class FalconH1Config(ssd.SsmFields, hybrid.DescribedConfig):
     """Architecture of a Falcon-H1 model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -98,13 +98,6 @@ class FalconH1Config(ssd.SsmFields):
             gate_scale=self.mlp_gate_scale,
             down_scale=self.mlp_down_scale,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return hybrid.config_to_dict(self)
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> FalconH1Config:
-        return hybrid.config_from_dict(FalconH1Config, d)
 
 
 def from_hf_config(c: dict[str, Any]) -> FalconH1Config:

@@ -27,7 +27,7 @@ NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit o
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Mamba2Config(ssd.SsmFields):
+class Mamba2Config(ssd.SsmFields, hybrid.DescribedConfig):
     """Architecture of a Mamba2 language model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -52,13 +52,6 @@ class Mamba2Config(ssd.SsmFields):
 
     def __post_init__(self):
         ssd.mixer_spec(self)  # raises for an impossible layer
-
-    def to_dict(self) -> dict[str, Any]:
-        return hybrid.config_to_dict(self)
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> Mamba2Config:
-        return hybrid.config_from_dict(Mamba2Config, d)
 
 
 def from_hf_config(c: dict[str, Any]) -> Mamba2Config:

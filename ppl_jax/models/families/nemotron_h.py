@@ -39,7 +39,7 @@ _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "mo
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class NemotronHConfig(ssd.SsmFields):
+class NemotronHConfig(ssd.SsmFields, hybrid.DescribedConfig):
     """Architecture of a Nemotron-H model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -111,13 +111,6 @@ class NemotronHConfig(ssd.SsmFields):
             head_dim=self.head_dim,
             max_positions=self.max_positions,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return hybrid.config_to_dict(self)
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> NemotronHConfig:
-        return hybrid.config_from_dict(NemotronHConfig, d)
 
 
 def from_hf_config(c: dict[str, Any]) -> NemotronHConfig:

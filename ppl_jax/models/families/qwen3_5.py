@@ -36,7 +36,7 @@ MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Qwen35Config:
+class Qwen35Config(hybrid.DescribedConfig):
     """Architecture of a Qwen3.5 or Qwen3-Next model (stored as JSON beside each checkpoint).
 
     Attributes:
@@ -126,13 +126,6 @@ class Qwen35Config:
             norm_topk_prob=self.moe_norm_topk_prob,
             shared_mlp_dim=self.moe_shared_mlp_dim,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return hybrid.config_to_dict(self)
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> Qwen35Config:
-        return hybrid.config_from_dict(Qwen35Config, d)
 
 
 def from_hf_config(c: dict[str, Any]) -> Qwen35Config:
