@@ -1,8 +1,12 @@
 """A 65,536-token document scored as one window over the context axis (issue 23's target), on 8
 CPU devices: `mesh.context=8` and `data=2, context=4` give per-token NLLs within 1e-6 of one
 device per window (`context=1`) and within 1e-5 relative of transformers in float32 (live, when
-it is installed), with each process's peak host memory under a tenth of the window's full
-`[T, T]` float32 score matrix (17.2 GB)."""
+it is installed), with each device's compiled step (XLA's memory analysis: temporaries, arguments
+and outputs) under a hundredth of the window's full `[T, T]` float32 score matrix (17.2 GB).
+
+The bound is on XLA's memory analysis, not on the process's peak RSS: the RSS of the same child
+was 0.9 GB on a quiet 2-core machine and 4.8 GB on a CI machine (allocator arenas and thread
+pools, not the step's buffers), so it is printed, never asserted."""
 
 import json
 import os
@@ -49,8 +53,10 @@ class Keep:  # an observer of the loop: each batch's scored NLL
         pass
 totals = scorer.score(params, wins, plan_layout(wins, 2), observers=[Keep()])
 np.save(out_path, np.concatenate(nll))
+(memory,) = scorer.memory_analysis().values()
 print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "nll_sum": totals.nll_sum}))
+                  "step_bytes": memory.temp_size_in_bytes + memory.argument_size_in_bytes
+                  + memory.output_size_in_bytes, "nll_sum": totals.nll_sum}))
 """
 
 
@@ -82,16 +88,18 @@ def _score(folder, data, context, model=1):
 
 def test_a_65536_token_window_over_the_context_axis(long_model):
     folder, tokens, recipe = long_model
-    ceiling = 4 * T * T / 10
+    ceiling = 4 * T * T / 100
     single, one = _score(folder, 2, 1, 4)  # context=1
     assert single.shape == (2, T)
-    assert one["peak_rss"] < ceiling
-    print(f"context=1 (data=2, model=4): peak RSS {one['peak_rss'] / 2**30:.2f} GiB")
+    assert one["step_bytes"] < ceiling, one
     for data, context in ((1, 8), (2, 4)):
         nll, found = _score(folder, data, context)
-        print(f"data={data}, context={context}: peak RSS {found['peak_rss'] / 2**30:.2f} GiB")
+        print(
+            f"data={data}, context={context}: step {found['step_bytes'] / 2**20:.0f} MiB a device,"
+            f" peak RSS {found['peak_rss'] / 2**30:.2f} GiB"
+        )
         np.testing.assert_allclose(nll, single, rtol=1e-6, atol=1e-6)
-        assert found["peak_rss"] < ceiling, found["peak_rss"]
+        assert found["step_bytes"] < ceiling, found
         np.testing.assert_allclose(found["nll_sum"], one["nll_sum"], rtol=1e-6)
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
