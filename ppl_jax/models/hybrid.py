@@ -27,7 +27,6 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
 from ppl_jax.models.llama import LlamaConfig, normal_param, ones_param, rms_norm, zeros_param
-from ppl_jax.models.registry import Limit
 
 ACTIVATIONS = {"silu": jax.nn.silu, "relu2": lambda x: jnp.square(jax.nn.relu(x))}
 
@@ -304,17 +303,6 @@ def mlp_rules(layer: str, to: str) -> list[dict[str, Any]]:
          "transpose": [1, 0]},
         {"from": layer + r"(?P<p>gate|up|down)_proj\.bias", "to": to + "{p}_bias"},
     ]  # fmt: skip
-
-
-def scan_limit(layers: str) -> Limit:
-    """The hybrid families' refusal of a context-parallel mesh axis: their `layers` carry a
-    state along the sequence, which is not yet passed between the context shards (each shard
-    would start its scan from zero)."""
-    return Limit(
-        "context",
-        f"its {layers} carry a state along the sequence, which ppl_jax does not yet pass "
-        f"between the shards of a context axis",
-    )
 
 
 def embedding_rules(d: dict[str, Any], embedding: str, final_norm: str) -> list[dict[str, Any]]:

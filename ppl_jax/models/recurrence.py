@@ -21,6 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ppl_jax.models import context
+
 
 def segment_starts(segment_ids: jax.Array) -> jax.Array:
     """`[B, T] bool`: True where a segment starts (the row's first token, and every token whose
@@ -142,8 +144,10 @@ def gated_rms_norm(
 
 
 def run(scan_chunk, inputs, initial_state):
-    """A layer's `scan_chunk(inputs, initial_state)` over whole rows (`[B, T, ...]` inputs)."""
-    return scan_chunk(inputs, initial_state)
+    """A layer's `scan_chunk(inputs, initial_state)` over whole rows (`[B, T, ...]` inputs):
+    under a context axis, with the state passed from chunk to chunk in row order
+    (`ppl_jax.models.context.pass_state`); without one, the plain call."""
+    return context.pass_state(scan_chunk, inputs, initial_state)
 
 
 def chunk_decays(log_decay: jax.Array, starts: jax.Array) -> tuple[jax.Array, ...]:

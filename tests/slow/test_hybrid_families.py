@@ -3,8 +3,9 @@
 (written by tests/golden/make_hybrid_golden.py): `test_families.test_matches_transformers` checks
 them against transformers' float32 log-probabilities under the three protocols (per token within
 1e-5 relative, `nll_sum` within 1e-6; bfloat16 in its slow tier); here, what the scans add: the
-scan's chunk size and packing change no number, the descriptions read every feature, the
-context axis is refused, and each feature turned off (a description field, or weights that undo
+scan's chunk size and packing change no number, the descriptions read every feature, packed
+rows over the context axis (the scans' state passed from chunk to chunk) equal one device, and
+each feature turned off (a description field, or weights that undo
 it) moves the numbers.
 
 Tolerances of the chunk size: 1e-6 relative per token for the Mamba2 families (measured 2e-7 to
@@ -21,14 +22,18 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_context_scoring
 import test_families
 from test_families import FAMILY_DIR, golden, loaded, ppl_windows, protocol_nll, score_rows
 
 from ppl_jax.checkpoints import hf
 from ppl_jax.models import registry
+from ppl_jax.plans import windows as windows_lib
+from ppl_jax.plans.layout import plan_layout
 
 HYBRIDS = ("falcon_h1", "mamba2", "nemotron_h", "qwen3_5", "qwen3_next")
 GATED_DELTA = ("qwen3_5", "qwen3_next")  # the less well conditioned (module docstring)
@@ -79,14 +84,29 @@ def test_the_descriptions_read_every_feature():
 
 
 @pytest.mark.parametrize("family", HYBRIDS)
-def test_the_context_axis_is_refused_in_one_sentence(family):
-    """Their scans' state does not yet pass between context shards: the family says so."""
-    d = hf.read_description(os.path.join(FAMILY_DIR, family))
-    family = registry.for_description(d)
-    reason = family.refusal(registry.config_of(d), "context")
-    assert reason and "state along the sequence" in reason
-    built = registry.build(d, jnp.float32)
-    assert built.context_parallel is False  # what the scorer's context axis reads
+def test_packed_rows_over_the_context_axis_equal_one_device(family):
+    """Ten windows of the golden stream packed three to a row of 128 tokens, scored on
+    `data=2, context=4` and `context=8` (chunks of 16 and 8 tokens: segments, the convolution's
+    tails and the scan's state cross chunk boundaries): per-token NLL within the chunk-size
+    tolerance of `data=8` (the module docstring), window sums within 1e-6."""
+    model, params = loaded(family)
+    assert model.context_parallel and registry.context_refusal(model.description) is None
+    params = jax.device_get(params)
+    stream = np.asarray(golden(family)["stream"], np.int32)
+    starts = [0, 60, 75, 130, 190, 230, 260, 310, 350, 400]
+    lengths = [60, 15, 55, 60, 40, 30, 50, 40, 50, 45]
+    wins = windows_lib.make(stream, starts, lengths, [1] * 10, 127)
+    layout = plan_layout(wins, 8, pack=True)
+    assert layout.max_segments == 3
+    base_totals, base = test_context_scoring.score(model, params, wins, layout, (8, 1, 1))
+    rtol = 5e-6 if family in GATED_DELTA else 1e-6
+    for mesh_shape in ((2, 4, 1), (1, 8, 1)):
+        totals, got = test_context_scoring.score(
+            model, params, wins, layout, mesh_shape, token_chunk=16
+        )
+        np.testing.assert_array_equal(got["scored"], base["scored"])
+        np.testing.assert_allclose(got["nll"], base["nll"], rtol=rtol, atol=1e-6)
+        np.testing.assert_allclose(totals.window_nll, base_totals.window_nll, rtol=1e-6)
 
 
 @pytest.mark.parametrize("family", HYBRIDS)

@@ -263,5 +263,4 @@ FAMILY = Family(
     layers=lambda cfg: tuple(
         Layer("attention", "dense", "state_space") for _ in range(cfg.num_layers)
     ),  # fmt: skip
-    limits=(hybrid.scan_limit("Mamba2 layers"),),
 )

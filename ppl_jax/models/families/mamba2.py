@@ -158,5 +158,4 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=("backbone.",),
     layers=lambda cfg: tuple(Layer("state_space", "none") for _ in range(cfg.num_layers)),
-    limits=(hybrid.scan_limit("Mamba2 layers"),),
 )

@@ -357,5 +357,4 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=("backbone.",),
     layers=lambda cfg: tuple(_LAYERS[kind] for kind in cfg.layer_kinds),
-    limits=(hybrid.scan_limit("Mamba2 layers"),),
 )

@@ -312,5 +312,4 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(hybrid.scan_limit("Gated DeltaNet layers"),),
 )
