@@ -83,7 +83,7 @@ def unsupported(
 def resolve(
     setting: str,
     dtype,
-    head_dim: int,
+    head_dim: int | None,
     platform: str | None = None,
     softcap: bool = False,
     *,
@@ -99,6 +99,7 @@ def resolve(
 
     `auto`: `splash` on TPU, `cudnn` on GPU for 16-bit params with head width a multiple of 8 up
     to 128, `xla` otherwise, and `xla` wherever the pick cannot run what the model needs.
+    `head_dim` None: a model without attention layers (Mamba2), for which `auto` is `xla`.
 
     Raises:
       ConfigError: an explicit `cudnn` or `splash` that cannot run the model or the mesh.
@@ -121,6 +122,8 @@ def resolve(
         return setting
     platform = platform or jax.default_backend()
     pick = "xla"
+    if head_dim is None:  # no attention layers: nothing to pick
+        return pick
     if platform == "tpu":
         pick = "splash"
     elif (
@@ -135,8 +138,11 @@ def resolve(
 def resolve_for(setting: str, dtype, description: dict, context: int = 1, **mesh) -> str:
     """`resolve` for a model description (`model.build`'s): its head width, `attn_softcap`, and
     the keys a family sets when its attention needs them: `attn_chunk` (chunked attention),
-    `attn_sinks` (true: learned sinks), `v_head_dim` (value heads' width)."""
-    head_dim = description.get("head_dim") or description["embed_dim"] // description["num_heads"]
+    `attn_sinks` (true: learned sinks), `v_head_dim` (value heads' width). A description with
+    neither `head_dim` nor `num_heads` is a model without attention layers (Mamba2's)."""
+    head_dim = description.get("head_dim")
+    if not head_dim and description.get("num_heads"):
+        head_dim = description["embed_dim"] // description["num_heads"]
     return resolve(
         setting,
         dtype,

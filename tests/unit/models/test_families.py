@@ -30,6 +30,7 @@ import pytest
 
 from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.opener import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
 from ppl_jax.plans import protocols
@@ -331,3 +332,15 @@ def test_scorer_routes_each_data_shard_of_a_mixture_apart():
     text = scorer.compiled(8, layout.widths[0]).as_text()
     sizes = {int(n) for n in re.findall(r"= \(s32\[(\d+)\]\{0\}, [^=]*\bsort\(", text)}
     assert sizes == {pairs // 8}, sizes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_command_lines_reader_opens_each_family(family):
+    """What a run does before reading weights, on each committed directory: the reader claims
+    it, `auto` attention resolves (`xla` on the CPU, also for Mamba2, which has no attention
+    layers: once a KeyError), and the model builds with the description `loaded` reads."""
+    ckpt = open_checkpoint(os.path.join(FAMILY_DIR, family))
+    assert ckpt.attention("auto", "float32") == "xla"
+    assert ckpt.attention("auto", "float32", context=2) == "xla"
+    model = ckpt.model()
+    assert model.description == loaded(family)[0].description
