@@ -197,7 +197,14 @@ def test_memory_linear_in_the_window_and_no_square():
     assert large < 65_536 * 65_536 * 4 / 100  # far below one [T, T] float32 score matrix
 
 
-@pytest.mark.parametrize("heads,kv_heads,window", [(4, 2, None), (4, 4, None), (4, 1, 16)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,window",
+    [
+        (4, 1, 16),
+        pytest.param(4, 2, None, marks=pytest.mark.slow),
+        pytest.param(4, 4, None, marks=pytest.mark.slow),
+    ],
+)
 def test_splash_equals_xla_on_packed_rows(heads, kv_heads, window):
     rng, seg, pos = packed_inputs()
     q = jnp.asarray(rng.standard_normal((2, 128, heads, 16)), jnp.float32)
@@ -213,6 +220,7 @@ def test_splash_equals_xla_on_packed_rows(heads, kv_heads, window):
         np.testing.assert_allclose(np.asarray(splash)[real], np.asarray(xla)[real], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_splash_with_an_offset_is_the_rows_later_queries():
     """`fused.splash` with `offset`: queries `offset ..` of the row against all its keys (the
     context axis's chunks), a traced offset choosing among the kernels."""

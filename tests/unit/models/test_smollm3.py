@@ -85,6 +85,7 @@ def test_configs_it_cannot_match_are_one_sentence(tmp_path, change, message):
 
 
 # Each feature turned off moves the result well past the tolerance: the comparison sees it.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "change",
     [
@@ -101,6 +102,7 @@ def test_the_comparison_sees_each_feature(change):
     assert np.max(np.abs(ours - ref)) > 1e-2
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_batch_packing_or_mesh():
     """Every window's NLL is the same within 1e-6 relative scored in batches of 1, 4 or 16 rows,
     packed two windows to a row, and with the heads sharded over the model axis of a data=4,

@@ -32,8 +32,14 @@ def _row(tokens):
     "cfg",
     [
         helpers.TINY,
-        dataclasses.replace(helpers.TINY, tie_embeddings=True, num_kv_heads=4),
-        dataclasses.replace(helpers.TINY, num_kv_heads=1, num_layers=3, rope_theta=500.0),
+        pytest.param(
+            dataclasses.replace(helpers.TINY, tie_embeddings=True, num_kv_heads=4),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            dataclasses.replace(helpers.TINY, num_kv_heads=1, num_layers=3, rope_theta=500.0),
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["gqa-untied", "mha-tied", "mqa-3-layers"],
 )
