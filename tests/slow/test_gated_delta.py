@@ -120,3 +120,26 @@ def test_gated_rms_norm(norm_before_gate):
     h = (h / np.sqrt(np.mean(h * h, -1, keepdims=True) + 1e-5)).reshape(x.shape) * w
     expected = h * ref.silu(z) if norm_before_gate else h
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("decay", [1.0, 20.0])
+def test_the_rounding_is_that_of_the_inputs(decay):
+    """The chunked rule loses no digits of its own: at every chunk size its float32 output is as
+    far from the float64 recurrence as the recurrence moves when its float32 inputs move by half
+    an ulp (the most their own rounding moves them; the largest of 16 draws), within a factor of
+    2 (measured: at most 0.42 of it here, up to 1.7 on other draws of the inputs). Per head, on
+    the scale the gated RMSNorm gives the output (each vector over its rms): what reaches the
+    next layer. A formulation that loses digits fails: decays taken as differences of cumulative
+    sums (`exp(cum_i - cum_j)`, transformers' ordering) are 12 times the floor under decay 20."""
+    args = inputs(seed=0, decay=decay)
+    unit = lambda o: o / np.sqrt(np.mean(o * o, -1, keepdims=True) + 1e-6)  # noqa: E731
+    exact = unit(ref.gated_delta(*args, SEGMENTS)[0])
+    rng = np.random.default_rng(8)
+    floor = max(
+        np.abs(unit(ref.gated_delta(*(a * (1 + 2.0**-24 * rng.uniform(-1, 1, a.shape))
+                                      for a in args), SEGMENTS)[0]) - exact).max()
+        for _ in range(16)
+    )  # fmt: skip
+    for chunk in (1, 3, 8, 16, 64):
+        err = np.abs(unit(scan(args, chunk=chunk)[0]) - exact).max()
+        assert err < 2 * floor, (chunk, err, floor)
