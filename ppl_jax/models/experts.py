@@ -3,7 +3,7 @@ computation every MoE family shares once its router has chosen (`ppl_jax.models.
 softmax routers of Mixtral, Qwen-MoE and OLMoE; `ppl_jax.models.routing` for GPT-OSS, Llama 4
 and DeepSeek-V3).
 
-Expert MLPs (`SwiGLU`, `ClampedSwiGLU`) are small frozen dataclasses that say how one expert maps
+Expert MLPs (`SwiGLU`, `ClampedSwiGLU`, `ReluSquared`) are small frozen dataclasses that say how one expert maps
 its rows, `one(x, *params_e)`, and how all experts map rows sorted by expert,
 `ragged(xs, group_sizes, row_expert, *params)`; their params are arrays with a leading experts
 axis.
@@ -77,6 +77,20 @@ class ClampedSwiGLU:
         g = jax.lax.ragged_dot(xs, gate, group_sizes) + gate_bias[row_expert]
         u = jax.lax.ragged_dot(xs, up, group_sizes) + up_bias[row_expert]
         return jax.lax.ragged_dot(self._act(g, u), down, group_sizes) + down_bias[row_expert]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReluSquared:
+    """The ungated squared-ReLU expert (Nemotron-H's `NemotronHExperts`): params `up [experts,
+    embed, mlp]`, `down [experts, mlp, embed]`; `relu(x @ up)^2 @ down` in `x.dtype`."""
+
+    def one(self, x, up, down):
+        return jnp.dot(jnp.square(jax.nn.relu(jnp.dot(x, up))), down)
+
+    def ragged(self, xs, group_sizes, row_expert, up, down):
+        del row_expert
+        h = jnp.square(jax.nn.relu(jax.lax.ragged_dot(xs, up, group_sizes)))
+        return jax.lax.ragged_dot(h, down, group_sizes)
 
 
 SWIGLU = SwiGLU()
@@ -173,7 +187,7 @@ def weighted_sum(
       x: `[tokens, embed]`, float32 or bfloat16.
       weights: `[tokens, top_k] float32`; experts: `[tokens, top_k] int32` (a router's output).
       params: the expert MLP's params, each with a leading `[experts]` axis (see `mlp`).
-      mlp: the expert MLP (`SwiGLU`, `ClampedSwiGLU`).
+      mlp: the expert MLP (`SwiGLU`, `ClampedSwiGLU`, `ReluSquared`).
       scale_input: apply each expert to its input times the routing weight (Llama 4) rather than
         weighting its output.
       tile: rows per tile on CPU (default `default_tile`; see `_tiled_sum`).

@@ -30,6 +30,7 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import hybrid, ssd
+from ppl_jax.models.experts import ReluSquared, per_token_shard, weighted_sum
 from ppl_jax.models.llama import normal_param, ones_param, rms_norm, zeros_param
 from ppl_jax.models.registry import Family, Layer
 
@@ -239,28 +240,32 @@ class MoE(nnx.Module):
         self.shared = hybrid.MLP(spec, rngs, dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        """`[B, T, embed]` -> `[B, T, embed]` in `x.dtype`: each token's chosen experts only,
+        dropless and grouped (`experts.weighted_sum`), routed per `data`/`context` shard
+        (`experts.per_token_shard`), plus the shared expert."""
+        latent = (self.latent_in[...], self.latent_out[...]) if self.cfg.moe_latent_dim else ()
+        arrays = (self.router[...], self.bias[...], self.up[...], self.down[...], *latent)
+        return per_token_shard(self._routed, x, *arrays) + self.shared(x)
+
+    def _routed(self, x, router, bias, up, down, *latent):
         cfg = self.cfg
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        weights, experts = route(
+        weights, chosen = route(
             flat,
-            self.router[...],
-            self.bias[...],
+            router,
+            bias,
             top_k=cfg.moe_top_k,
             groups=cfg.moe_groups,
             top_groups=cfg.moe_top_groups,
             norm_topk_prob=cfg.moe_norm_topk_prob,
             scale=cfg.moe_scale,
         )
-        h = flat @ self.latent_in[...] if cfg.moe_latent_dim else flat
-        dense = jnp.zeros((flat.shape[0], cfg.moe_experts), jnp.float32)
-        dense = dense.at[jnp.arange(flat.shape[0])[:, None], experts].add(weights)
-        hidden = jnp.square(jax.nn.relu(jnp.einsum("td,edf->tef", h, self.up[...])))
-        each = jnp.einsum("tef,efd->ted", hidden, self.down[...])
-        out = jnp.einsum("ted,te->td", each.astype(jnp.float32), dense).astype(x.dtype)
-        if cfg.moe_latent_dim:
-            out = out @ self.latent_out[...]
-        return out.reshape(shape) + self.shared(x)
+        h = flat @ latent[0] if latent else flat
+        out = weighted_sum(h, weights, chosen, (up, down), mlp=ReluSquared()).astype(x.dtype)
+        if latent:
+            out = out @ latent[1]
+        return out.reshape(shape)
 
 
 class Block(nnx.Module):
