@@ -1,7 +1,7 @@
 """On an NVIDIA GPU: the cuDNN flash-attention path (`model.attention=cudnn`) against the XLA path,
 from the kernel to the command line. Collected only when PPL_JAX_GPU_TESTS=1 (tests/conftest.py):
 
-    PPL_JAX_GPU_TESTS=1 python -m pytest tests/gpu
+    PPL_JAX_GPU_TESTS=1 python -m pytest -n 0 tests/gpu
 
 Both paths run in bfloat16 against a float32 reference of the XLA path; cuDNN must be as close
 to it as XLA's own bfloat16 result is, with the same token counts everywhere."""

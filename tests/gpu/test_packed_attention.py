@@ -1,7 +1,7 @@
 """On an NVIDIA GPU: cuDNN attention with packed rows (sequence packing, `q_offsets`, Hopper or
 newer) and the flash `xla` path. Collected only when PPL_JAX_GPU_TESTS=1 (tests/conftest.py):
 
-    PPL_JAX_GPU_TESTS=1 python -m pytest tests/gpu
+    PPL_JAX_GPU_TESTS=1 python -m pytest -n 0 tests/gpu
 
 The trap these guard against is MaxText issue 4476: a cuDNN call with a causal mask but without
 the segments' offsets lets every document of a packed row attend to the documents before it,
