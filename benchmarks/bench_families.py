@@ -3,6 +3,7 @@ weights, on this machine, in one run.
 
     python -m benchmarks.bench_families                      # every family, float32
     python -m benchmarks.bench_families --families=qwen3,gemma2 --batch=4 --seq_len=512
+    python -m benchmarks.bench_families --families=llama --layer_seq_lens=256,1024,4096
 
 Per family, a random model of the shape below (transformers 5 class, seed 0) is saved with
 `save_pretrained` and read back by both: transformers (`AutoModelForCausalLM`, float32, eager
@@ -11,8 +12,10 @@ the logits and the float32 log-softmax of the targets; ppl_jax (`hf.read_descrip
 `hf.load_params`, `model.attention=xla`, jitted, the vocabulary-blocked scorer) computes the
 per-token NLL of the same `[batch, seq_len]` random tokens. Each is timed as the median of
 `--repeats` calls after one warm-up call (compilation excluded), the two taking turns in each
-round; the largest per-token difference between them is printed as a check. Writes JSON to
-`--out`.
+round; the largest per-token difference between them is printed as a check. With
+`--layer_seq_lens`, one layer of each kind alone (ppl_jax's softmax attention, Gated DeltaNet and
+Mamba2 at width 512: `_layers`) is timed in microseconds per token at each length, against the
+attention layer (`layer_costs`). Writes JSON (`{"families": [...], "layers": [...]}`) to `--out`.
 
 Shapes: hidden 512, 8 layers, 8 heads (2 key-value heads where the family has GQA), MLP 1408,
 vocabulary 32,000 (39-59M parameters), with each family's own features (Gemma 2's soft-caps
@@ -22,7 +25,11 @@ Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width
 layer NoPE, routed blocks on alternate layers: top 1 plus a shared expert) and DeepSeek-V3 (MLA
 with ranks 256/128, YaRN with its softmax scale, 4 groups of which 2 kept, a dense first layer)
 with the same experts; Mamba2 with 16 heads of 64, state 64, chunks of 64; Qwen3.5 with 6 Gated
-DeltaNet layers (4 key heads, 8 value heads of 64) and 2 gated attention layers.
+DeltaNet layers (4 key heads, 8 value heads of 64) and 2 gated attention layers; Qwen3-Next with
+the same layers and on every layer the same 8 experts (top 2) plus a shared expert of 704;
+Nemotron-H with the pattern `M E M * M - M E` (Mamba2 of 16 heads of 64 in 2 groups, state 64;
+the same experts, sigmoid-routed, 2 of 4 groups, scaled by 2.5, a shared expert); Falcon-H1 with
+8 layers of attention and that Mamba2 in parallel and every µP multiplier away from 1.
 """
 
 from __future__ import annotations
@@ -38,9 +45,10 @@ import numpy as np
 import torch
 import transformers as tf
 from absl import app, flags
+from flax import nnx
 
 from ppl_jax.checkpoints import hf
-from ppl_jax.models import registry
+from ppl_jax.models import gated_delta, hybrid, registry, ssd
 from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
 from ppl_jax.scoring import token_nll
 
@@ -139,10 +147,80 @@ def _configs() -> dict:
             **COMMON, head_dim=64, linear_num_key_heads=4, linear_key_head_dim=64,
             linear_num_value_heads=8, linear_value_head_dim=64,
         ),
+        # Qwen3.5's layers with Qwen3-Next's projections and, on every layer, the 8 experts of
+        # width 704 (top 2, renormalised) plus a gated shared expert of width 704
+        "qwen3_next": tf.Qwen3NextConfig(
+            **COMMON, head_dim=64, linear_num_key_heads=4, linear_key_head_dim=64,
+            linear_num_value_heads=8, linear_value_head_dim=64, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=704, shared_expert_intermediate_size=704,
+        ),
+        # the pattern M E M * M - M E: 4 Mamba2 layers (16 heads of 64 in 2 groups, state 64),
+        # one attention layer, one squared-ReLU MLP, 2 sigmoid-routed MoE layers (top 2 of 8 of
+        # width 704, group-limited to 2 of 4 groups, scaled by 2.5, a shared expert of 704)
+        "nemotron_h": tf.NemotronHConfig(
+            **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"}, head_dim=64,
+            layers_block_type=["linear_attention", "moe", "linear_attention", "full_attention",
+                               "linear_attention", "mlp", "linear_attention", "moe"],
+            mamba_num_heads=16, mamba_head_dim=64, n_groups=2, ssm_state_size=64, chunk_size=64,
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=704,
+            moe_shared_expert_intermediate_size=704, n_group=4, topk_group=2,
+            routed_scaling_factor=2.5,
+        ),
+        # 8 layers of attention and Mamba2 (16 heads of 64 in 2 groups, state 64) in parallel,
+        # then the MLP; the gated RMSNorm and every µP multiplier away from 1
+        "falcon_h1": tf.FalconH1Config(
+            **COMMON, mamba_d_ssm=1024, mamba_n_heads=16, mamba_d_head=64, mamba_n_groups=2,
+            mamba_d_state=64, mamba_chunk_size=64, mamba_rms_norm=True,
+            embedding_multiplier=2.0, lm_head_multiplier=0.5, mlp_multipliers=[1.5, 0.7],
+            key_multiplier=1.3, attention_in_multiplier=0.8, attention_out_multiplier=1.2,
+            ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 2.0], ssm_in_multiplier=0.7,
+            ssm_out_multiplier=1.1,
+        ),
     }  # fmt: skip
 
 
+def _layers() -> dict:
+    """One layer of each kind at the families' width 512, ppl_jax's modules (random weights)."""
+    rngs = nnx.Rngs(0)
+    return {
+        # Llama's attention: 8 heads of 64, 2 key-value heads, rotary, the `xla` attention
+        "attention": hybrid.Attention(hybrid.AttentionSpec(512, 8, 2, 64, rope=(
+            ("rope_theta", 10000.0), ("rope_type", "default"))), rngs, jnp.float32),
+        # Qwen3.5's Gated DeltaNet: 4 key heads of 64 serving 8 value heads of 64, chunks of 64
+        "gated_deltanet": gated_delta.GatedDeltaNet(
+            gated_delta.GatedDeltaSpec(512, 4, 64, 8, 64), rngs, jnp.float32),
+        # Mamba2: 16 heads of 64 (inner width 1024), 1 group, state 64, chunks of 64
+        "mamba2": ssd.Mamba2Mixer(ssd.Mamba2Spec(512, 16, 64, 1, 64, chunk=64), rngs, jnp.float32),
+    }  # fmt: skip
+
+
+def layer_costs(batch: int, seq_lens: list[int], repeats: int) -> list[dict]:
+    """Microseconds per token of one layer of each kind of `_layers` alone (jitted, float32,
+    compilation excluded, median of `repeats` calls on one `[batch, seq_len, 512]` input), at
+    each of `seq_lens`, and each against the attention layer at the same length."""
+    rows = []
+    for seq_len in seq_lens:
+        x = jax.random.normal(jax.random.key(0), (batch, seq_len, 512), jnp.float32)
+        pos = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+        seg = jnp.ones((batch, seq_len), jnp.int32)
+        cost = {}
+        for kind, layer in _layers().items():
+            graph, state = nnx.split(layer)
+            args = (x, pos, seg) if kind == "attention" else (x, seg)
+            step = jax.jit(lambda s, *a, g=graph: nnx.merge(g, s)(*a))
+            run = lambda f=step, s=state, a=args: f(s, *a).block_until_ready()  # noqa: E731
+            run()
+            cost[kind] = float(np.median(_median_time(run, repeats))) / (batch * seq_len) * 1e6
+        for kind, us in cost.items():
+            rows.append({"seq_len": seq_len, "layer": kind, "us_per_token": us,
+                         "against_attention": us / cost["attention"]})  # fmt: skip
+    return rows
+
+
 _FAMILIES = flags.DEFINE_list("families", list(_configs()), "Families to run.")
+_LAYER_LENGTHS = flags.DEFINE_list(
+    "layer_seq_lens", [], "If given, also time one layer of each kind alone at these lengths."
+)
 _BATCH = flags.DEFINE_integer("batch", 4, "Rows per call.")
 _SEQ = flags.DEFINE_integer("seq_len", 512, "Tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed calls per side.")
@@ -221,8 +299,19 @@ def main(argv) -> None:
             f"{r['transformers_tokens_per_s']:,.0f} | {ratio:.2f} | {r['max_nll_difference']:.1e} |",
             flush=True,
         )
+    layers = []
+    if _LAYER_LENGTHS.value:
+        print("\n| layer | tokens per row | µs per token | against attention |")
+        print("| --- | --- | --- | --- |")
+        layers = layer_costs(_BATCH.value, [int(n) for n in _LAYER_LENGTHS.value], _REPEATS.value)
+        for r in layers:
+            print(
+                f"| {r['layer']} | {r['seq_len']} | {r['us_per_token']:.1f} | "
+                f"{r['against_attention']:.2f} |",
+                flush=True,
+            )
     with open(_OUT.value, "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump({"families": rows, "layers": layers}, f, indent=1)
 
 
 if __name__ == "__main__":
