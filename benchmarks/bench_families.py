@@ -4,6 +4,8 @@ weights, on this machine, in one run.
     python -m benchmarks.bench_families                      # every family, float32
     python -m benchmarks.bench_families --families=qwen3,gemma2 --batch=4 --seq_len=512
     python -m benchmarks.bench_families --families=llama --layer_seq_lens=256,1024,4096
+    # on cores shared with other work, one thread each (torch's threads suffer most from it):
+    XLA_FLAGS=--xla_cpu_multi_thread_eigen=false OMP_NUM_THREADS=1 python -m benchmarks.bench_families
 
 Per family, a random model of the shape below (transformers 5 class, seed 0) is saved with
 `save_pretrained` and read back by both: transformers (`AutoModelForCausalLM`, float32, eager
