@@ -316,10 +316,24 @@ LAYOUTS = {
 INVARIANCE_CASES = [(p, name) for p in BASES for name in MESHES] + [
     ("lm_eval_rolling", name) for name in LAYOUTS
 ]
+# The default tiers run one mesh of each protocol and the layout that changes the most; the
+# other cases run in the slow tier.
+DEFAULT_INVARIANCE = {
+    ("sliding", "bs2-2x4"),
+    ("hf_strided", "bs1-1x8"),
+    ("gptq_chunks", "bs2-2x4"),
+    ("lm_eval_rolling", "nopack-3buckets-bs2-2x4"),
+}
 
 
 @pytest.mark.parametrize(
-    "protocol,variant", INVARIANCE_CASES, ids=[f"{p}-{v}" for p, v in INVARIANCE_CASES]
+    "protocol,variant",
+    [
+        pytest.param(
+            p, v, id=f"{p}-{v}", marks=() if (p, v) in DEFAULT_INVARIANCE else pytest.mark.slow
+        )
+        for p, v in INVARIANCE_CASES
+    ],
 )
 def test_result_does_not_depend_on_batch_mesh_or_layout(
     stream_corpus, rolling_docs, protocol, variant

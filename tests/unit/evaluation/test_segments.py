@@ -76,6 +76,7 @@ def test_a_model_that_claims_segments_but_ignores_them_is_refused(tiny_checkpoin
         ev(params, step=5)
 
 
+@pytest.mark.slow
 def test_a_model_that_says_it_ignores_segments_is_scored_unpacked(tiny_checkpoint, short_documents):
     ckpt = open_checkpoint(tiny_checkpoint)
     mesh = make_mesh(-1, 1)
