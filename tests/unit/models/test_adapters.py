@@ -38,8 +38,8 @@ def test_hidden_states_form_is_the_registry_build():
     assert jax.tree.structure(adapted.abstract_params) == jax.tree.structure(built.abstract_params)
     assert adapted.logical_axes == built.logical_axes
     params = testing.random_params(cfg)
-    a = adapted.apply(params, TOKENS, POSITIONS, SEGMENTS)
-    b = built.apply(params, TOKENS, POSITIONS, SEGMENTS)
+    a = jax.jit(adapted.apply)(params, TOKENS, POSITIONS, SEGMENTS)
+    b = jax.jit(built.apply)(params, TOKENS, POSITIONS, SEGMENTS)
     assert isinstance(a, HiddenStates) and isinstance(b, HiddenStates)
     np.testing.assert_array_equal(np.asarray(a.hidden), np.asarray(b.hidden))
     np.testing.assert_array_equal(np.asarray(a.unembedding), np.asarray(b.unembedding))

@@ -124,7 +124,12 @@ def protocol_nll(g: dict, protocol: str, model, params) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    "family",
+    # Qwen3-Next's Gated DeltaNet compiles slowest; Qwen3.5 runs the same layers in the default
+    # tiers, Qwen3-Next in the slow one.
+    [pytest.param(f, marks=pytest.mark.slow) if f == "qwen3_next" else f for f in FAMILIES],
+)
 def test_matches_transformers(family, protocol):
     check_matches(os.path.join(FAMILY_DIR, family), golden(family), protocol)
 
