@@ -215,6 +215,22 @@ CASES = [
 ]
 
 
+# The default tiers run one case of each kind (data, tokenizer, checkpoint, window, mesh); the slow
+# tier runs them all.
+DEFAULT_CASES = {
+    "missing_data_path",
+    "not_utf8",
+    "token_id_beyond_vocabulary",
+    "missing_weight",
+    "seq_len_beyond_positions",
+    "mesh_beyond_devices",
+}
+CASES = [
+    c if c.id in DEFAULT_CASES else pytest.param(*c.values, id=c.id, marks=pytest.mark.slow)
+    for c in CASES
+]
+
+
 @pytest.mark.parametrize(("overrides", "named"), CASES)
 def test_bad_input_is_one_clear_error(
     overrides, named, tiny_checkpoint, corpus, checkpoint_without_a_weight, bpe_tokenizer, tmp_path

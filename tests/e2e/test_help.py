@@ -24,7 +24,14 @@ def ppl_jax(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("flag", ["--help", "--helpfull", "-h"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--help",
+        pytest.param("--helpfull", marks=pytest.mark.slow),
+        pytest.param("-h", marks=pytest.mark.slow),
+    ],
+)
 def test_help_lists_every_key_with_default_and_meaning(flag):
     r = ppl_jax(flag)
     assert r.returncode == 0, r.stderr
