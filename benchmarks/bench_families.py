@@ -22,7 +22,8 @@ attention layer (`layer_costs`). Writes JSON (`{"families": [...], "layers": [..
 
 Shapes: hidden 512, 8 layers, 8 heads (2 key-value heads where the family has GQA), MLP 1408,
 vocabulary 32,000 (39-59M parameters), with each family's own features (Gemma 2's soft-caps
-and windows of 256, Phi-3's longrope past 256 positions, GPT-NeoX's partial rotary); Mixtral and
+and windows of 256, Phi-3's longrope past 256 positions, GPT-NeoX's partial rotary, SmolLM3's NoPE
+every fourth layer); Mixtral and
 Qwen3-MoE with 8 experts of width 704, top 2 (the dense models' active MLP width); GPT-OSS
 (sinks, windows of 128 on alternate layers, YaRN past 256), Llama 4 (chunks of 256, every fourth
 layer NoPE, routed blocks on alternate layers: top 1 plus a shared expert) and DeepSeek-V3 (MLA
@@ -106,8 +107,10 @@ def _configs() -> dict:
         "qwen3_moe": tf.Qwen3MoeConfig(
             **COMMON, head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704
         ),
-        # issue 24: the same 8 experts of width 704, top 2 (Llama 4: top 1 plus its shared
+        # issue 24: SmolLM3 (no RoPE on every fourth layer), then the mixtures with the same 8
+        # experts of width 704, top 2 (Llama 4: top 1 plus its shared
         # expert), with each family's attention
+        "smollm3": tf.SmolLM3Config(**COMMON, no_rope_layer_interval=4, pad_token_id=0),
         "gpt_oss": tf.GptOssConfig(
             **{**COMMON, "intermediate_size": 704},
             head_dim=64,
