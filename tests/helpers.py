@@ -155,7 +155,7 @@ def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> d
             f"{MULTIPROCESS_FOLDER} (the multiprocess tier is the folder)"
         )
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
+    env["XLA_FLAGS"] = xla_flags(8 // num_processes)
     if num_processes > 1:
         env.update(
             PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
@@ -163,6 +163,20 @@ def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> d
             PPL_JAX_PROCESS_ID=str(process_id),
         )
     return env
+
+
+def xla_flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a process a test starts: this process's flags (tests/conftest.py: the
+    compiler's optimisation level) with `devices` fake CPU devices, or none named (`None`: one
+    device, as on a user's machine)."""
+    flags = [
+        flag
+        for flag in os.environ.get("XLA_FLAGS", "").split()
+        if not flag.startswith("--xla_force_host_platform_device_count")
+    ]
+    if devices is not None:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(flags)
 
 
 def token_rows(path: str, document: int):

@@ -19,7 +19,7 @@ def closed_stdout(*args: str, cwd: str = helpers.REPO) -> subprocess.CompletedPr
     """`python -m ppl_jax ARGS` whose stdout's reader is gone before it writes (as `| head`
     leaves it once it has its lines; closing the read end first makes every write fail)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.REPO)
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = helpers.xla_flags()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ppl_jax", *args],
         stdout=subprocess.PIPE,

@@ -22,7 +22,7 @@ import helpers
 
 def cli(*flags: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["XLA_FLAGS"] = helpers.xla_flags(8)
     return subprocess.run(
         [sys.executable, "-m", "ppl_jax", "--config.output.progress=false", *flags],
         env=env,

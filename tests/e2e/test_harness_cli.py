@@ -22,7 +22,7 @@ GOLDEN = tasks.load_golden()["families"]["llama"]
 
 def _run(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", JAX_PLATFORMS="cpu", PYTHONPATH=helpers.REPO)
-    env.pop("XLA_FLAGS", None)  # one CPU device, as a user's machine
+    env["XLA_FLAGS"] = helpers.xla_flags()  # one CPU device, as a user's machine
     return subprocess.run(
         [sys.executable, "-m", "ppl_jax.harness", *args],
         env=env,

@@ -304,7 +304,7 @@ def test_slurm_environment_joins_the_processes(tmp_path):
             JAX_COORDINATOR_PORT=str(port),
             PPL_JAX_DISTRIBUTED="1",
             JAX_PLATFORMS="cpu",
-            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+            XLA_FLAGS=helpers.xla_flags(1),
             PYTHONPATH=helpers.REPO,
         )
         if i == 0:

@@ -43,7 +43,7 @@ def _start(argv: list[str], tmp_path, n: int = 2) -> list[subprocess.Popen]:
             PPL_JAX_COORDINATOR=f"127.0.0.1:{port}",
             PPL_JAX_NUM_PROCESSES=str(n),
             PPL_JAX_PROCESS_ID=str(i),
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            XLA_FLAGS=helpers.xla_flags(2),
             JAX_PLATFORMS="cpu",
             PYTHONPATH=os.pathsep.join([helpers.REPO, os.path.dirname(tasks.__file__)]),
             HF_DATASETS_OFFLINE="1",
