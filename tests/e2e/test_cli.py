@@ -42,7 +42,7 @@ def run_cli(*flags, tmp_path, config=None):
     if config:
         cmd.insert(3, f"--config={config}")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = helpers.xla_flags()  # one CPU device, as a user's machine
+    env["XLA_FLAGS"] = helpers.xla_flags(optimized=True)  # one CPU device, as a user's machine
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, timeout=600, cwd=helpers.REPO
     )

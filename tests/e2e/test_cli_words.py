@@ -67,13 +67,20 @@ def ppl_jax(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     "word, hint",
-    [
-        ("some/dir", "ppl-jax --help lists the config keys and the tools."),
+    [  # one case in the default tiers, the other three (a process each) in the slow tier
+        pytest.param("some/dir", "ppl-jax --help lists the config keys and the tools.", marks=SLOW),
         ("reprot", "did you mean ppl-jax report?"),
-        ("{run}", "to read that run's results: ppl-jax report {run}."),
-        ("{empty}", "to score a checkpoint there: ppl-jax --config.checkpoint.dir={empty}."),
+        pytest.param("{run}", "to read that run's results: ppl-jax report {run}.", marks=SLOW),
+        pytest.param(
+            "{empty}",
+            "to score a checkpoint there: ppl-jax --config.checkpoint.dir={empty}.",
+            marks=SLOW,
+        ),
     ],
 )
 def test_a_word_that_is_no_flag_nor_tool_is_one_sentence(tmp_path, word, hint):
