@@ -16,14 +16,9 @@ A folder that is not collected adds no skipped tests; the pytest header says wha
 import importlib.util
 import os
 
-# The suite's models are tiny: most of a test's time is XLA's CPU compiler, not the run. Compile
-# at LLVM's optimisation level 0 (the numbers are the same rules either way: XLA's CPU fast-math is
-# off at every level), which takes a third less time; a user's XLA_FLAGS that names a level wins.
-# The processes tests start keep these flags (`helpers.xla_flags`).
-_flags = os.environ.get("XLA_FLAGS", "")
-if "--xla_backend_optimization_level" not in _flags:
-    _flags += " --xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 # One persistent compilation cache for the whole test run and the processes it starts (the CLI's
 # subprocess runs compile the same demo and tiny models again and again), kept between runs.
 os.environ.setdefault(
@@ -160,6 +155,26 @@ def tier_of(path) -> str | None:
     """The tier of a test file: its top folder under tests/ if that is a tier's, else None."""
     top = os.path.relpath(os.path.abspath(str(path)), HERE).split(os.sep)[0]
     return top if top in TIER_FOLDERS else None
+
+
+# The default tiers' models are tiny: most of their time is XLA's CPU compiler, not the run. They
+# compile at XLA's backend optimisation level 0, which takes a third less time. The rounding is not
+# always the same as at the default level (LLVM fuses fewer multiply-adds), so the tiers whose
+# bounds are tightest, `slow` and `multiprocess`, compile as a user's run does; so does any
+# selection other than the default one, and a level named in the user's XLA_FLAGS wins. Set here,
+# before the first computation creates JAX's CPU client (importing JAX reads no XLA flag); the
+# processes tests start keep the flags (`helpers.xla_flags`).
+DEFAULT_SELECTION = "not slow and not multiprocess"
+QUICK_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+    flags = os.environ["XLA_FLAGS"]
+    if (
+        config.option.markexpr == DEFAULT_SELECTION
+        and "--xla_backend_optimization_level" not in flags
+    ):
+        os.environ["XLA_FLAGS"] = f"{flags} {QUICK_COMPILE}"
 
 
 def pytest_collection_modifyitems(config, items):
