@@ -254,6 +254,13 @@ def launched():
         proc.wait()
 
 
+LOCAL_SH = os.path.join(helpers.REPO, "launch", "local.sh")
+SIGINT_DEFAULT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
 def _local_sh(tmp_path, launched, n: int, **fake: str) -> tuple[subprocess.Popen, str]:
     python = tmp_path / "python"
     python.write_text(FAKE_PYTHON)
@@ -261,7 +268,9 @@ def _local_sh(tmp_path, launched, n: int, **fake: str) -> tuple[subprocess.Popen
     log = str(tmp_path / "log")
     env = dict(os.environ, PYTHON=str(python), REAL_PYTHON=sys.executable, FAKE_LOG=log)
     env.update({f"FAKE_{k[1:]}": v for k, v in fake.items()})  # p0="sleep" -> FAKE_0
-    cmd = ["bash", os.path.join(helpers.REPO, "launch", "local.sh"), str(n)]
+    # From SIGINT's default disposition: a shell cannot trap a signal ignored when it started, and
+    # pytest run as a background job (`pytest ... &`) has SIGINT ignored, as its children would.
+    cmd = [sys.executable, "-c", SIGINT_DEFAULT_EXEC, "bash", LOCAL_SH, str(n)]
     launched.append(
         subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
     )
