@@ -161,20 +161,33 @@ def tier_of(path) -> str | None:
 # compile at XLA's backend optimisation level 0, which takes a third less time. The rounding is not
 # always the same as at the default level (LLVM fuses fewer multiply-adds), so the tiers whose
 # bounds are tightest, `slow` and `multiprocess`, compile as a user's run does; so does any
-# selection other than the default one, and a level named in the user's XLA_FLAGS wins. Set here,
-# before the first computation creates JAX's CPU client (importing JAX reads no XLA flag); the
-# processes tests start keep the flags (`helpers.xla_flags`).
-DEFAULT_SELECTION = "not slow and not multiprocess"
+# selection other than the default one (pyproject.toml's `addopts`), and a level named in the
+# user's XLA_FLAGS wins. Set here, before the first computation creates JAX's CPU client
+# (importing JAX reads no XLA flag); the processes tests start keep the flags
+# (`helpers.xla_flags`).
 QUICK_COMPILE = "--xla_backend_optimization_level=0"
 
 
+def default_selection(addopts: list[str]) -> str:
+    """The `-m` expression of pyproject.toml's `addopts` (the README's test command), given as
+    pytest reads the option (split into arguments)."""
+    return addopts[addopts.index("-m") + 1]
+
+
+def compile_flags(flags: str, selection: str, default: str) -> str:
+    """XLA_FLAGS for a run that selects `selection`: `flags`, with level 0 added when the
+    selection is the default one and `flags` name no level."""
+    if selection != default or "--xla_backend_optimization_level" in flags:
+        return flags
+    return f"{flags} {QUICK_COMPILE}".strip()
+
+
 def pytest_configure(config):
-    flags = os.environ["XLA_FLAGS"]
-    if (
-        config.option.markexpr == DEFAULT_SELECTION
-        and "--xla_backend_optimization_level" not in flags
-    ):
-        os.environ["XLA_FLAGS"] = f"{flags} {QUICK_COMPILE}"
+    os.environ["XLA_FLAGS"] = compile_flags(
+        os.environ["XLA_FLAGS"],
+        config.option.markexpr,
+        default_selection(config.getini("addopts")),
+    )
 
 
 def pytest_collection_modifyitems(config, items):

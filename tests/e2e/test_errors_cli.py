@@ -14,8 +14,7 @@ import pytest
 
 from ppl_jax.checkpoints import orbax as checkpoint
 
-import helpers
-from helpers import TINY, random_params
+from helpers import TINY, random_params, xla_flags
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp-1700000000"  # an interrupted Orbax save (local filesystem)
 CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n"
@@ -24,7 +23,7 @@ CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n"
 def run_cli(args: list[str], cwd) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = helpers.xla_flags(8)
+    env["XLA_FLAGS"] = xla_flags(8)
     return subprocess.run(
         [sys.executable, "-m", "ppl_jax", *args],
         cwd=cwd,

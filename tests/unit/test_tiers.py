@@ -57,3 +57,26 @@ def test_starting_several_processes_outside_tests_multiprocess_fails():
     with pytest.raises(AssertionError, match="move it to tests/multiprocess/"):
         helpers.process_env(0, 2, helpers.free_port())
     assert helpers.process_env(0, 1)["XLA_FLAGS"].endswith("=8")  # one process: anywhere
+
+
+def test_the_default_selection_alone_compiles_at_level_0():
+    addopts = ["-ra", "-m", "not slow and not multiprocess", "-n", "auto"]
+    default = conftest.default_selection(addopts)
+    assert default == "not slow and not multiprocess"
+    n8 = "--xla_force_host_platform_device_count=8"
+    assert conftest.compile_flags(n8, default, default) == f"{n8} {conftest.QUICK_COMPILE}"
+    assert conftest.compile_flags(n8, "slow or multiprocess", default) == n8
+    assert conftest.compile_flags(n8, "", default) == n8  # every tier: as a user's run
+    mine = f"--xla_backend_optimization_level=2 {n8}"
+    assert conftest.compile_flags(mine, default, default) == mine  # the user's level wins
+
+
+def test_a_started_process_keeps_the_suites_flags_but_its_own_devices(monkeypatch):
+    level = conftest.QUICK_COMPILE
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {level}")
+    assert helpers.xla_flags(2) == f"{level} --xla_force_host_platform_device_count=2"
+    assert helpers.xla_flags() == level  # one device, as a user's machine
+    assert helpers.xla_flags(optimized=True) == ""  # the demo's run: XLA's default level
+    assert helpers.process_env(0, 1)["XLA_FLAGS"] == f"{level} " + (
+        "--xla_force_host_platform_device_count=8"
+    )
