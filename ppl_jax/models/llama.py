@@ -21,11 +21,12 @@ Every parameter carries its logical axis names in the `logical_axes` metadata of
 with the table in the config. The rotary embedding rotates the two halves of each head
 (the Hugging Face `rotate_half` layout), so that Hugging Face Llama weights load unchanged.
 
-A family that changes a layer (layers without rotary embedding, "NoPE") subclasses the config
-(its own `FAMILY` and fields) and the module, and adjusts the built layers: `Attention.rotary`
-turns a layer's rotary embedding off; a subclass of `Attention` may override `position_qk` (what
-happens to queries and keys before attention) and `attend_heads` (the call of `attend`: sinks,
-chunks).
+A family that changes a layer subclasses the config (its own `FAMILY` and fields) and the module,
+and composes its layers through the decoder's two factories, `make_attention(cfg, layer, ...)`
+and `make_mlp(cfg, layer, ...)` (attention with sinks and a routed block; `Attention(rotary=False)`
+on layers without rotary embedding); a subclass of `Attention` may override
+`position_qk` (what happens to queries and keys before attention) and `attend_heads` (the call of
+`attend`: sinks, chunks).
 """
 
 from __future__ import annotations
@@ -223,12 +224,13 @@ class Attention(nnx.Module):
         dtype: jnp.dtype,
         window: int | None = None,
         attention: str = "xla",
+        rotary: bool = True,
     ):
         d, h, kv, hd = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg = cfg
         self.window = window
         self.attention = attention
-        self.rotary = True  # False: no rotary embedding on this layer (NoPE)
+        self.rotary = rotary  # False: no rotary embedding on this layer (NoPE)
         self.q = normal_param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), d**-0.5, dtype)
         self.k = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
         self.v = normal_param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), d**-0.5, dtype)
@@ -323,30 +325,23 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    """One layer. `norm_layout` `pre`: `x + f(norm(x))`; `post`: `x + norm(f(x))`; `sandwich`:
-    `x + norm(f(norm(x)))` (`attn_norm`/`mlp_norm` before, `post_attn_norm`/`post_mlp_norm`
-    after)."""
+    """One layer: an attention and an MLP sublayer (built by the decoder's factories,
+    `Llama.make_attention` and `Llama.make_mlp`) with their norms. `norm_layout` `pre`:
+    `x + f(norm(x))`; `post`: `x + norm(f(x))`; `sandwich`: `x + norm(f(norm(x)))`
+    (`attn_norm`/`mlp_norm` before, `post_attn_norm`/`post_mlp_norm` after)."""
 
-    def __init__(
-        self,
-        cfg: LlamaConfig,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype,
-        window: int | None = None,
-        attention: str = "xla",
-        layer: int = 0,
-    ):
+    def __init__(self, cfg: LlamaConfig, dtype: jnp.dtype, attn: nnx.Module, mlp: nnx.Module):
         d = cfg.embed_dim
         self.eps, self.offset, self.layout = cfg.norm_eps, cfg.norm_offset, cfg.norm_layout
         if cfg.norm_layout != "post":
             self.attn_norm = ones_param((d,), ("embed",), dtype)
-        self.attn = Attention(cfg.layer_rope(layer), rngs, dtype, window, attention)
+        self.attn = attn
         if cfg.norm_layout != "post":
             self.mlp_norm = ones_param((d,), ("embed",), dtype)
         if cfg.norm_layout != "pre":
             self.post_attn_norm = ones_param((d,), ("embed",), dtype)
             self.post_mlp_norm = ones_param((d,), ("embed",), dtype)
-        self.mlp = MLP(cfg, rngs, dtype)
+        self.mlp = mlp
 
     def _norm(self, x: jax.Array, name: str) -> jax.Array:
         return rms_norm(x, getattr(self, name)[...], self.eps, self.offset)
@@ -387,11 +382,9 @@ class Llama(nnx.Module):
             [
                 Block(
                     cfg,
-                    rngs,
                     dtype,
-                    cfg.sliding_window if i in cfg.sliding_layers else None,
-                    attention,
-                    layer=i,
+                    self.make_attention(cfg, i, rngs, dtype, attention),
+                    self.make_mlp(cfg, i, rngs, dtype),
                 )
                 for i in range(cfg.num_layers)
             ]
@@ -429,3 +422,21 @@ class Llama(nnx.Module):
         if self.cfg.tie_embeddings:
             return self.embedding[...].T
         return self.lm_head[...]
+
+    # The factories a family overrides to compose its layers (called once per layer, in order,
+    # before the layer's norms are made).
+
+    def make_attention(
+        self, cfg: LlamaConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
+    ) -> nnx.Module:
+        """Layer `layer`'s attention: `Attention` with the window on the sliding layers and the
+        layer's rotary scaling (`LlamaConfig.layer_rope`); `__call__(x, positions,
+        segment_ids)` -> `[batch, seq, embed_dim]`."""
+        window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        return Attention(cfg.layer_rope(layer), rngs, dtype, window, attention)
+
+    def make_mlp(
+        self, cfg: LlamaConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype
+    ) -> nnx.Module:
+        """Layer `layer`'s MLP: the gated `MLP`; per token, `[..., embed_dim]` -> same."""
+        return MLP(cfg, rngs, dtype)

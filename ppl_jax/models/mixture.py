@@ -37,16 +37,10 @@ def spec(cfg: LlamaConfig) -> MoeSpec:
 class MixtureLlama(Llama):
     """`Llama` whose `moe_layers` hold a `MoeMLP` in place of the dense MLP."""
 
-    def __init__(
-        self,
-        cfg: LlamaConfig,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        super().__init__(cfg, rngs, dtype, attention)
-        for i in cfg.moe_layers:
-            self.layers[i].mlp = MoeMLP(spec(cfg), rngs, dtype)
+    def make_mlp(self, cfg: LlamaConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):
+        if layer in cfg.moe_layers:
+            return MoeMLP(spec(cfg), rngs, dtype)
+        return super().make_mlp(cfg, layer, rngs, dtype)
 
 
 def layer_kinds(cfg: LlamaConfig) -> tuple[Layer, ...]:

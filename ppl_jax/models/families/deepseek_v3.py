@@ -124,18 +124,15 @@ class DeepseekV3(Llama):
     """The Llama decoder (pre-norms, dense SwiGLU) whose every layer attends by MLA
     (`mla.LatentAttention`) and whose `moe_layers` hold a routed block (`routing.RoutedMLP`)."""
 
-    def __init__(
-        self,
-        cfg: DeepseekV3Config,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        super().__init__(cfg, rngs, dtype, attention)
-        for i, layer in enumerate(self.layers):
-            layer.attn = mla.LatentAttention(mla_spec(cfg), cfg, rngs, dtype, attention)
-            if i in cfg.moe_layers:
-                layer.mlp = routing.RoutedMLP(routed_spec(cfg), rngs, dtype)
+    def make_attention(
+        self, cfg: DeepseekV3Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
+    ) -> nnx.Module:
+        return mla.LatentAttention(mla_spec(cfg), cfg, rngs, dtype, attention)
+
+    def make_mlp(self, cfg: DeepseekV3Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):
+        if layer in cfg.moe_layers:
+            return routing.RoutedMLP(routed_spec(cfg), rngs, dtype)
+        return super().make_mlp(cfg, layer, rngs, dtype)
 
 
 def read_config(c: dict[str, Any]) -> DeepseekV3Config:

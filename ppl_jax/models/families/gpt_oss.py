@@ -99,20 +99,18 @@ class GptOss(Llama):
     """The Llama decoder whose layers attend with sinks (`SinkAttention`) and hold a routed
     block (`routing.RoutedMLP`)."""
 
-    def __init__(
-        self,
-        cfg: GptOssConfig,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        super().__init__(cfg, rngs, dtype, attention)
-        for i, layer in enumerate(self.layers):
-            window = cfg.sliding_window if i in cfg.sliding_layers else None
-            if cfg.attn_sinks:
-                layer.attn = SinkAttention(cfg, rngs, dtype, window, attention)
-            if i in cfg.moe_layers:
-                layer.mlp = routing.RoutedMLP(routed_spec(cfg), rngs, dtype)
+    def make_attention(
+        self, cfg: GptOssConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
+    ) -> nnx.Module:
+        if not cfg.attn_sinks:
+            return super().make_attention(cfg, layer, rngs, dtype, attention)
+        window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        return SinkAttention(cfg, rngs, dtype, window, attention)
+
+    def make_mlp(self, cfg: GptOssConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):
+        if layer in cfg.moe_layers:
+            return routing.RoutedMLP(routed_spec(cfg), rngs, dtype)
+        return super().make_mlp(cfg, layer, rngs, dtype)
 
 
 def read_config(c: dict[str, Any]) -> GptOssConfig:

@@ -71,8 +71,7 @@ class Llama4Attention(Attention):
     and chunks on the chunked layers."""
 
     def __init__(self, cfg, rngs, dtype, layer: int, attention="xla"):
-        super().__init__(cfg, rngs, dtype, None, attention)
-        self.rotary = layer not in cfg.nope_layers
+        super().__init__(cfg, rngs, dtype, None, attention, rotary=layer not in cfg.nope_layers)
         self.chunk = cfg.attn_chunk if layer in cfg.chunk_layers else None
 
     def position_qk(self, q, k, positions, segment_ids) -> tuple[jax.Array, jax.Array]:
@@ -117,18 +116,15 @@ class Llama4(Llama):
     """The Llama decoder with `Llama4Attention` on every layer and a routed block on
     `moe_layers`."""
 
-    def __init__(
-        self,
-        cfg: Llama4Config,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        super().__init__(cfg, rngs, dtype, attention)
-        for i, layer in enumerate(self.layers):
-            layer.attn = Llama4Attention(cfg, rngs, dtype, i, attention)
-            if i in cfg.moe_layers:
-                layer.mlp = routing.RoutedMLP(routed_spec(cfg), rngs, dtype)
+    def make_attention(
+        self, cfg: Llama4Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
+    ) -> nnx.Module:
+        return Llama4Attention(cfg, rngs, dtype, layer, attention)
+
+    def make_mlp(self, cfg: Llama4Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):
+        if layer in cfg.moe_layers:
+            return routing.RoutedMLP(routed_spec(cfg), rngs, dtype)
+        return super().make_mlp(cfg, layer, rngs, dtype)
 
 
 def read_config(c: dict[str, Any]) -> Llama4Config:

@@ -21,7 +21,7 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import llama_hf
-from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.llama import Attention, LlamaConfig
 from ppl_jax.models.mixture import MixtureLlama
 from ppl_jax.models.registry import Family, Layer
 
@@ -38,16 +38,18 @@ class SmolLM3Config(LlamaConfig):
 class SmolLM3(MixtureLlama):
     """The Llama decoder whose `nope_layers` attend without rotary embedding."""
 
-    def __init__(
-        self,
-        cfg: SmolLM3Config,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        super().__init__(cfg, rngs, dtype, attention)
-        for i in cfg.nope_layers:
-            self.layers[i].attn.rotary = False
+    def make_attention(
+        self, cfg: SmolLM3Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
+    ) -> nnx.Module:
+        window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        return Attention(
+            cfg.layer_rope(layer),
+            rngs,
+            dtype,
+            window,
+            attention,
+            rotary=layer not in cfg.nope_layers,
+        )
 
 
 def read_config(c: dict[str, Any]) -> SmolLM3Config:
