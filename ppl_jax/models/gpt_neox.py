@@ -27,6 +27,7 @@ from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
 from ppl_jax.models.context import per_token
 from ppl_jax.models.layers import ACTIVATIONS, layer_norm, normal_param, ones_param, zeros_param
+from ppl_jax.models.stack import run_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +187,7 @@ class GPTNeoX(nnx.Module):
         """`[batch, seq, embed_dim]` final hidden states (after the final LayerNorm), in the
         parameter dtype, of `[batch, seq] int32` tokens, positions and segment ids."""
         x = jnp.take(self.embedding[...], tokens, axis=0)
-        for layer in self.layers:
-            x = layer(x, positions, segment_ids)
+        x = run_layers(self.layers, x, positions, segment_ids)
         return layer_norm(x, self.final_norm[...], self.final_norm_bias[...], self.cfg.norm_eps)
 
     def unembedding(self) -> jax.Array:

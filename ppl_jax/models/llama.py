@@ -26,7 +26,8 @@ and composes its layers through the decoder's two factories, `make_attention(cfg
 and `make_mlp(cfg, layer, ...)` (attention with sinks and a routed block; `Attention(rotary=False)`
 on layers without rotary embedding); a subclass of `Attention` may override
 `position_qk` (what happens to queries and keys before attention) and `attend_heads` (the call of
-`attend`: sinks, chunks).
+`attend`: sinks, chunks). The layers run through `ppl_jax.models.stack.run_layers`: scans over
+the runs of identical layers.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
 from ppl_jax.models.context import per_token
 from ppl_jax.models.layers import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.stack import run_layers
 
 ROPE_TYPES = rope_lib.ROPE_TYPES
 QK_NORMS = ("none", "head", "projection")
@@ -413,8 +415,7 @@ class Llama(nnx.Module):
         x = jnp.take(self.embedding[...], tokens, axis=0)
         if self.cfg.embed_scale:  # sqrt(embed_dim) rounded to the weight dtype first (Gemma)
             x = x * jnp.asarray(math.sqrt(self.cfg.embed_dim), x.dtype)
-        for layer in self.layers:
-            x = layer(x, positions, segment_ids)
+        x = run_layers(self.layers, x, positions, segment_ids)
         return rms_norm(x, self.final_norm[...], self.cfg.norm_eps, self.cfg.norm_offset)
 
     def unembedding(self) -> jax.Array:

@@ -29,6 +29,7 @@ from ppl_jax.models import hybrid, ssd
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.llama import normal_param, ones_param
 from ppl_jax.models.registry import Family, Layer
+from ppl_jax.models.stack import run_layers
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -229,8 +230,7 @@ class FalconH1(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
         x = _scaled(jnp.take(self.embedding[...], tokens, axis=0), self.cfg.embedding_scale)
-        for layer in self.layers:
-            x = layer(x, positions, segment_ids)
+        x = run_layers(self.layers, x, positions, segment_ids)
         return hybrid.norm_then_cast(x, self.final_norm[...], self.cfg.norm_eps)
 
     def unembedding(self) -> jax.Array:

@@ -22,6 +22,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import hybrid, ssd
 from ppl_jax.models.llama import normal_param, ones_param
 from ppl_jax.models.registry import Family, Layer
+from ppl_jax.models.stack import run_layers
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
 
@@ -129,8 +130,7 @@ class Mamba2(nnx.Module):
         x = jnp.take(self.embedding[...], tokens, axis=0)
         if self.cfg.residual_in_fp32:
             x = x.astype(jnp.float32)
-        for layer in self.layers:
-            x = layer(x, segment_ids)
+        x = run_layers(self.layers, x, segment_ids)
         w = self.final_norm[...]
         return hybrid.norm_then_cast(x, w, self.cfg.norm_eps).astype(w.dtype)
 

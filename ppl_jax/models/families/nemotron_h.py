@@ -33,6 +33,7 @@ from ppl_jax.models import hybrid, ssd
 from ppl_jax.models.experts import ReluSquared, per_token_shard, weighted_sum
 from ppl_jax.models.llama import normal_param, ones_param, rms_norm, zeros_param
 from ppl_jax.models.registry import Family, Layer
+from ppl_jax.models.stack import run_layers
 
 KINDS = ("mamba", "attention", "mlp", "moe")
 _HF_KINDS = {"linear_attention": "mamba", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
@@ -316,8 +317,7 @@ class NemotronH(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
         x = jnp.take(self.embedding[...], tokens, axis=0)
-        for layer in self.layers:
-            x = layer(x, positions, segment_ids)
+        x = run_layers(self.layers, x, positions, segment_ids)
         return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
 
     def unembedding(self) -> jax.Array:

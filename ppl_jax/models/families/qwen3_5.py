@@ -31,6 +31,7 @@ from ppl_jax.models import gated_delta, hybrid, llama_hf, moe
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.llama import normal_param, rms_norm
 from ppl_jax.models.registry import Family, Layer
+from ppl_jax.models.stack import run_layers
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 
@@ -251,8 +252,7 @@ class Qwen35(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
         x = jnp.take(self.embedding[...], tokens, axis=0)
-        for layer in self.layers:
-            x = layer(x, positions, segment_ids)
+        x = run_layers(self.layers, x, positions, segment_ids)
         return rms_norm(x, self.final_norm[...], self.cfg.norm_eps, 1.0)
 
     def unembedding(self) -> jax.Array:
