@@ -163,6 +163,8 @@ def attend(
     *,
     segment_ids: jax.Array,
     positions: jax.Array,
+    kv_segment_ids: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
     window: int | None = None,
     chunk: int | None = None,
     sinks: jax.Array | None = None,
@@ -173,12 +175,16 @@ def attend(
     """Attention of each token to the earlier tokens of its own segment (the mask above).
 
     Args:
-      q: `[B, T, H, Dk]`; k: `[B, T, KV, Dk]`; v: `[B, T, KV, Dv]`, with `H` a multiple of `KV`
-        (grouped-query attention) and `Dv` possibly other than `Dk` (MLA; `xla` and `splash`).
+      q: `[B, T, H, Dk]`; k: `[B, S, KV, Dk]`; v: `[B, S, KV, Dv]`, with `H` a multiple of `KV`
+        (grouped-query attention) and `Dv` possibly other than `Dk` (MLA; `xla` and `splash`);
+        `S = T` unless the keys are given their own segment ids and positions.
       segment_ids: `[B, T] int32`, 0 for padding (whose outputs are zeros, or unspecified with
         `cudnn`/`splash`: never scored).
       positions: `[B, T] int32`, the token's position in its segment, strictly increasing
         along the row within a segment.
+      kv_segment_ids, kv_positions: `[B, S] int32`, the keys' own, when they are other tokens
+        than the queries (a chunk of a long window's queries against every key of the row:
+        `xla` only, and not under a context axis); None: the queries'.
       window: keys with `pos[i] - pos[j] < window` only (Mistral, Gemma, GPT-OSS), or None.
       chunk: keys of the same chunk `pos // chunk` only (Llama 4's chunked attention), or None.
       sinks: `[H]` float, one logit per query head in the softmax's denominator, not scaled nor
@@ -198,10 +204,17 @@ def attend(
     """
     b, t, h, dk = q.shape
     kv = k.shape[2]
-    if k.shape[:2] != (b, t) or v.shape[:3] != (b, t, kv) or k.shape[3] != dk or h % kv:
+    apart = kv_segment_ids is not None and kv_segment_ids is not segment_ids
+    s = k.shape[1] if apart else t
+    if k.shape[:2] != (b, s) or v.shape[:3] != (b, s, kv) or k.shape[3] != dk or h % kv:
         raise ValueError(f"attend: q {q.shape}, k {k.shape}, v {v.shape} do not fit")
     if segment_ids.shape != (b, t) or positions.shape != (b, t):
         raise ValueError(f"attend: segment ids / positions {segment_ids.shape} for q {q.shape}")
+    if apart:
+        return _queries_apart(
+            q, k, v, segment_ids, positions, kv_segment_ids, kv_positions,
+            dict(window=window, chunk=chunk, sinks=sinks, softcap=softcap), scale, implementation,
+        )  # fmt: skip
     if (window is not None and window < 1) or (chunk is not None and chunk < 1):
         raise ValueError(f"attend: window={window}, chunk={chunk} must be None or at least 1")
     if sinks is not None and sinks.shape != (h,):
@@ -239,6 +252,20 @@ def attend(
     return _over_context(
         implementation, context_attention == "ring", n, q, k, v, segment_ids, positions, mask
     )
+
+
+def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, implementation):
+    """`attend` of queries against keys with their own segment ids and positions (see `attend`),
+    on one device."""
+    if kv_pos is None or kv_seg.shape != kv_pos.shape or kv_seg.shape != k.shape[:2]:
+        raise ValueError(f"attend: key segment ids / positions for k {k.shape} do not fit")
+    if implementation != "xla" or context_lib.context_size() > 1:
+        raise ValueError(
+            f"attend: queries apart from their keys run on `xla` on one device, not "
+            f"{implementation} over {context_lib.context_size()} (`query_chunk` decides)"
+        )
+    scale = q.shape[3] ** -0.5 if scale is None else scale
+    return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)
 
 
 def _no_chunk(mask: dict) -> dict:

@@ -128,6 +128,22 @@ def shard_over_context(fn: Callable[..., Any], *args: Any, replicated: tuple[int
     )
 
 
+# The attention implementations whose queries may run apart from their keys
+# (`ppl_jax.models.attention.attend(kv_segment_ids=...)`).
+QUERIES_APART = ("xla",)
+
+
+def query_chunk(tokens: int, implementation: str) -> int:
+    """Queries per chunk of a layer over a row of `tokens` tokens: `token_chunk` (the step
+    setting) when the row is longer on one device and the attention `implementation` takes
+    queries apart from their keys (`QUERIES_APART`); else 0 (the layer takes the row at once;
+    under a context axis each device holds `tokens / N` of it already)."""
+    chunk = current().token_chunk
+    if not chunk or tokens <= chunk or context_size() > 1 or implementation not in QUERIES_APART:
+        return 0
+    return chunk
+
+
 def per_token(fn: Callable[[Any], Any], inputs: Any, chunk: int | None = None) -> Any:
     """`fn(inputs)` for a per-token `fn`, in chunks of at most `chunk` tokens per device.
 
@@ -140,9 +156,13 @@ def per_token(fn: Callable[[Any], Any], inputs: Any, chunk: int | None = None) -
         tokens: `fn(inputs)` at once.
 
     Returns:
-      `fn(inputs)`, computed `chunk` tokens of each device's shard at a time (`lax.map`): the
-      largest temporaries of `fn` are those of `[B, chunk, ...]`. Each device's tokens stay on
-      it (the row is cut `[B, N, T / N]` first, then the shard into chunks).
+      `fn(inputs)`, computed `chunk` tokens of each device's shard at a time: a loop over the
+      chunks reads each from the inputs (`dynamic_slice`) and writes its outputs into place in
+      the whole result (`dynamic_update_slice`), so the largest temporaries of `fn` are those of
+      `[B, chunk, ...]` and nothing of the row's size is made but the result itself. Each
+      device's tokens stay on it (the row is seen as `[B, N, T / N]`, the shard cut into
+      chunks); a last chunk that would run past the shard is moved back to end with it (its
+      first tokens computed twice, to the same values).
     """
     chunk = current().token_chunk if chunk is None else chunk
     leaves, tree = jax.tree.flatten(inputs)
@@ -151,20 +171,58 @@ def per_token(fn: Callable[[Any], Any], inputs: Any, chunk: int | None = None) -
     local = t // n
     if not chunk or chunk >= local:
         return fn(inputs)
-    k = -(-local // chunk)
+    rows = [_bits(x).reshape(b, n, local, *x.shape[2:]) for x in leaves]  # [B, N, T / N, ...]
 
-    def cut(x):  # [B, T, ...] -> [k, B * n, chunk, ...]
-        x = x.reshape(b, n, local, *x.shape[2:])
-        x = jnp.pad(x, ((0, 0), (0, 0), (0, k * chunk - local)) + ((0, 0),) * (x.ndim - 3))
-        x = x.reshape(b, n, k, chunk, *x.shape[3:])
-        return jnp.moveaxis(x, 2, 0).reshape(k, b * n, chunk, *x.shape[4:])
+    def piece(start):
+        cut = [
+            _value(jax.lax.dynamic_slice_in_dim(r, start, chunk, axis=2), x.dtype)
+            for r, x in zip(rows, leaves, strict=True)
+        ]
+        return fn(jax.tree.unflatten(tree, [x.reshape(b * n, chunk, *x.shape[3:]) for x in cut]))
 
-    def join(y):  # [k, B * n, chunk, ...] -> [B, T, ...]
-        y = jnp.moveaxis(y.reshape(k, b, n, chunk, *y.shape[3:]), 0, 2)
-        return y.reshape(b, n, k * chunk, *y.shape[4:])[:, :, :local].reshape(b, t, *y.shape[4:])
+    shapes = jax.eval_shape(piece, 0)
+    out_leaves, out_tree = jax.tree.flatten(shapes)
+    whole = [jnp.zeros((b, n, local, *s.shape[2:]), _stored(s.dtype)) for s in out_leaves]
 
-    out = jax.lax.map(lambda xs: fn(jax.tree.unflatten(tree, xs)), [cut(x) for x in leaves])
-    return jax.tree.map(join, out)
+    def body(i, whole):
+        start = jnp.minimum(i * chunk, local - chunk)
+        got = jax.tree.leaves(piece(start))
+        return [
+            jax.lax.dynamic_update_slice_in_dim(
+                w, _bits(y).reshape(b, n, chunk, *y.shape[2:]), start, 2
+            )
+            for w, y in zip(whole, got, strict=True)
+        ]
+
+    whole = jax.lax.fori_loop(0, -(-local // chunk), body, whole)
+    return jax.tree.unflatten(
+        out_tree,
+        [
+            _value(w, s.dtype).reshape(b, t, *w.shape[3:])
+            for w, s in zip(whole, out_leaves, strict=True)
+        ],
+    )
+
+
+# 16-bit floats are read from `per_token`'s inputs and written into its result as their bits:
+# XLA:CPU has no bfloat16 dynamic slice or update and would otherwise keep each whole input and
+# result in float32 (a `[T, embed]` float32 buffer each, converted at every chunk); on other
+# backends the bitcast is free.
+def _stored(dtype: Any) -> Any:
+    return (
+        jnp.uint16
+        if jnp.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
+        else dtype
+    )
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    stored = _stored(x.dtype)
+    return x if stored == x.dtype else jax.lax.bitcast_convert_type(x, stored)
+
+
+def _value(x: jax.Array, dtype: Any) -> jax.Array:
+    return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
 
 
 # ---------------------------------------------------------------- sequence-carrying layers

@@ -43,7 +43,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
-from ppl_jax.models.context import per_token
+from ppl_jax.models.context import per_token, query_chunk
 from ppl_jax.models.layers import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
 from ppl_jax.models.stack import run_layers
 
@@ -253,33 +253,63 @@ class Attention(nnx.Module):
             self.k_norm = ones_param((kv, hd), ("kv_heads", "head_dim"), dtype)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        cfg = self.cfg
-        q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
+        """`[B, T, embed]` -> `[B, T, embed]`: each token attends to the earlier tokens of its
+        segment (`attend_queries` over `keys_values` of the same tokens)."""
+        kv = self.keys_values(x, positions, segment_ids)
+        return self.attend_queries(x, positions, segment_ids, kv, positions, segment_ids)
+
+    def keys_values(
+        self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Keys `[B, T, kv_heads, head_dim]` (after `position_k`) and values of `x [B, T,
+        embed]`, per token: the half of the layer every query needs whole."""
         k = jnp.einsum("btd,dhk->bthk", x, self.k[...])
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...])
-        if cfg.qkv_bias:
-            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q, k = self.position_qk(q, k, positions, segment_ids)
-        out = self.attend_heads(q, k, v, positions, segment_ids)
-        out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
-        return out + self.o_bias[...] if cfg.o_bias else out
+        if self.cfg.qkv_bias:
+            k, v = k + self.k_bias[...], v + self.v_bias[...]
+        return self.position_k(k, positions, segment_ids), v
 
-    def position_qk(
-        self, q: jax.Array, k: jax.Array, positions: jax.Array, segment_ids: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """Queries `[B, T, heads, head_dim]` and keys `[B, T, kv_heads, head_dim]` after the
-        QK-norm and the rotary embedding (a family that treats them otherwise overrides it)."""
+    def attend_queries(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        kv: tuple[jax.Array, jax.Array],
+        kv_positions: jax.Array,
+        kv_segment_ids: jax.Array,
+    ) -> jax.Array:
+        """The layer's output `[B, Tq, embed]` for the queries of `x [B, Tq, embed]` (positions
+        and segment ids `[B, Tq]`) against `keys_values` `kv` of `[B, T]` tokens with their own
+        positions and segment ids: the tokens themselves, or (a long window's queries in chunks)
+        every token of the row."""
+        q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
+        if self.cfg.qkv_bias:
+            q = q + self.q_bias[...]
+        q = self.position_q(q, positions, segment_ids)
+        out = self.attend_heads(
+            q, *kv, positions, segment_ids, kv_positions=kv_positions, kv_segment_ids=kv_segment_ids
+        )
+        out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
+        return out + self.o_bias[...] if self.cfg.o_bias else out
+
+    def position_q(self, q: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """Queries `[B, T, heads, head_dim]` after the QK-norm and the rotary embedding (a family
+        that treats them otherwise overrides it, and `position_k`)."""
+        return self._qk_norm_rotary(q, "q_norm", positions, segment_ids)
+
+    def position_k(self, k: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """Keys `[B, T, kv_heads, head_dim]` after the QK-norm and the rotary embedding."""
+        return self._qk_norm_rotary(k, "k_norm", positions, segment_ids)
+
+    def _qk_norm_rotary(self, x, norm: str, positions, segment_ids) -> jax.Array:
         cfg = self.cfg
         if cfg.qk_norm == "head":  # after projection, before RoPE (Qwen3, Gemma 3)
-            q = rms_norm(q, self.q_norm[...], cfg.norm_eps, cfg.norm_offset)
-            k = rms_norm(k, self.k_norm[...], cfg.norm_eps, cfg.norm_offset)
+            x = rms_norm(x, getattr(self, norm)[...], cfg.norm_eps, cfg.norm_offset)
         elif cfg.qk_norm == "projection":
-            q = _projection_norm(q, self.q_norm[...], cfg.norm_eps)
-            k = _projection_norm(k, self.k_norm[...], cfg.norm_eps)
+            x = _projection_norm(x, getattr(self, norm)[...], cfg.norm_eps)
         if self.rotary:
-            q = rope_lib.rotary(q, positions, segment_ids, cfg)
-            k = rope_lib.rotary(k, positions, segment_ids, cfg)
-        return q, k
+            x = rope_lib.rotary(x, positions, segment_ids, cfg)
+        return x
 
     def attend_heads(
         self,
@@ -288,15 +318,21 @@ class Attention(nnx.Module):
         v: jax.Array,
         positions: jax.Array,
         segment_ids: jax.Array,
+        *,
+        kv_positions: jax.Array,
+        kv_segment_ids: jax.Array,
     ) -> jax.Array:
-        """`[B, T, heads, head_dim]`: causal attention within a segment (and within the window,
-        where there is one); a family with sinks or chunks overrides it."""
+        """`[B, Tq, heads, head_dim]`: causal attention within a segment (and within the window,
+        where there is one), by the queries' and the keys' own positions and segment ids; a
+        family with sinks or chunks overrides it."""
         return attend(
             q,
             k,
             v,
             segment_ids=segment_ids,
             positions=positions,
+            kv_segment_ids=kv_segment_ids,
+            kv_positions=kv_positions,
             window=self.window,
             scale=self.cfg.query_scale,
             softcap=self.cfg.attn_softcap,
@@ -348,6 +384,12 @@ class Block(nnx.Module):
     def _norm(self, x: jax.Array, name: str) -> jax.Array:
         return rms_norm(x, getattr(self, name)[...], self.eps, self.offset)
 
+    def _attn_input(self, x: jax.Array) -> jax.Array:
+        return x if self.layout == "post" else self._norm(x, "attn_norm")
+
+    def _attn_residual(self, x: jax.Array, out: jax.Array) -> jax.Array:
+        return x + (out if self.layout == "pre" else self._norm(out, "post_attn_norm"))
+
     def _mlp_sublayer(self, x: jax.Array) -> jax.Array:
         if self.layout == "pre":
             return self.mlp(self._norm(x, "mlp_norm"))
@@ -355,13 +397,30 @@ class Block(nnx.Module):
         return self._norm(self.mlp(h), "post_mlp_norm")
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        if self.layout == "pre":
-            x = x + self.attn(self._norm(x, "attn_norm"), positions, segment_ids)
-        else:
-            h = x if self.layout == "post" else self._norm(x, "attn_norm")
-            x = x + self._norm(self.attn(h, positions, segment_ids), "post_attn_norm")
-        # Per token, in chunks of `model.token_chunk` tokens where set (long windows).
-        return x + per_token(self._mlp_sublayer, x)
+        """`[B, T, embed]` -> `[B, T, embed]`. A long window (more tokens than `model.token_chunk`
+        on one device, `ppl_jax.models.context.query_chunk`) runs in two passes: the keys and
+        values of every token, per token in chunks; then, chunk by chunk of queries, the rest of
+        the layer (attention of the chunk's queries to every key, the MLP), so that nothing of
+        the window's size but the residual stream and the keys and values is ever held."""
+        chunk = query_chunk(x.shape[1], self.attn.attention)
+        if not chunk:
+            x = self._attn_residual(x, self.attn(self._attn_input(x), positions, segment_ids))
+            # Per token, in chunks of `model.token_chunk` tokens where set (long windows).
+            return x + per_token(self._mlp_sublayer, x)
+        kv = per_token(
+            lambda a: self.attn.keys_values(self._attn_input(a[0]), a[1], a[2]),
+            (x, positions, segment_ids),
+        )
+
+        def rest(a):
+            x, pos, seg = a
+            out = self.attn.attend_queries(
+                self._attn_input(x), pos, seg, kv, positions, segment_ids
+            )
+            x = self._attn_residual(x, out)
+            return x + self._mlp_sublayer(x)
+
+        return per_token(rest, (x, positions, segment_ids), chunk)
 
 
 class Llama(nnx.Module):
@@ -416,7 +475,11 @@ class Llama(nnx.Module):
         if self.cfg.embed_scale:  # sqrt(embed_dim) rounded to the weight dtype first (Gemma)
             x = x * jnp.asarray(math.sqrt(self.cfg.embed_dim), x.dtype)
         x = run_layers(self.layers, x, positions, segment_ids)
-        return rms_norm(x, self.final_norm[...], self.cfg.norm_eps, self.cfg.norm_offset)
+        # Per token, in chunks of `model.token_chunk` tokens where set (long windows).
+        cfg = self.cfg
+        return per_token(
+            lambda x: rms_norm(x, self.final_norm[...], cfg.norm_eps, cfg.norm_offset), x
+        )
 
     def unembedding(self) -> jax.Array:
         """`[embed_dim, vocab_size]`: the tied embedding transposed, or the separate head."""

@@ -151,11 +151,7 @@ class LatentAttention(nnx.Module):
             return qk.rotate_pairs(x, positions, freq, self.rope.rope_attention_factor)
         return rope_lib.rotary(x, positions, segment_ids, self.rope)
 
-    def projections(
-        self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Queries `[B, T, heads, qk]`, keys `[B, T, heads, qk]` and values `[B, T, heads, v]`
-        of `x [B, T, embed]` (positions and segment ids `[B, T] int32`), in `x.dtype`."""
+    def _queries(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         spec = self.spec
         if spec.q_lora_rank:
             q = jnp.einsum("btd,dr->btr", x, self.q_a[...])
@@ -165,6 +161,15 @@ class LatentAttention(nnx.Module):
             q = jnp.einsum("btr,rhk->bthk", q, self.q_b[...])
         else:
             q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
+        q_rot = self._rotate(q[..., spec.qk_nope_dim :], positions, segment_ids)
+        return jnp.concatenate([q[..., : spec.qk_nope_dim], q_rot], axis=-1)
+
+    def keys_values(
+        self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Keys `[B, T, heads, qk]` and values `[B, T, heads, v]` of `x [B, T, embed]` (from
+        the latent), in `x.dtype`."""
+        spec = self.spec
         latent = jnp.einsum("btd,dr->btr", x, self.kv_a[...])
         if spec.bias:
             latent = latent + self.kv_a_bias[...]
@@ -172,22 +177,43 @@ class LatentAttention(nnx.Module):
         kv = rms_norm(kv, self.kv_a_norm[...], LATENT_NORM_EPS)
         kv = jnp.einsum("btr,rhk->bthk", kv, self.kv_b[...])
         k_nope, v = kv[..., : spec.qk_nope_dim], kv[..., spec.qk_nope_dim :]
-        q_rot = self._rotate(q[..., spec.qk_nope_dim :], positions, segment_ids)
         k_rot = self._rotate(k_rot[:, :, None, :], positions, segment_ids)
-        q = jnp.concatenate([q[..., : spec.qk_nope_dim], q_rot], axis=-1)
         k_rot = jnp.broadcast_to(k_rot, (*k_nope.shape[:-1], spec.qk_rope_dim))
-        k = jnp.concatenate([k_nope, k_rot], axis=-1)
-        return q, k, v
+        return jnp.concatenate([k_nope, k_rot], axis=-1), v
+
+    def projections(
+        self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries `[B, T, heads, qk]`, keys `[B, T, heads, qk]` and values `[B, T, heads, v]`
+        of `x [B, T, embed]` (positions and segment ids `[B, T] int32`), in `x.dtype`."""
+        return self._queries(x, positions, segment_ids), *self.keys_values(
+            x, positions, segment_ids
+        )
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`[B, T, embed]` -> `[B, T, embed]`: causal attention within segments."""
-        q, k, v = self.projections(x, positions, segment_ids)
+        kv = self.keys_values(x, positions, segment_ids)
+        return self.attend_queries(x, positions, segment_ids, kv, positions, segment_ids)
+
+    def attend_queries(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        kv: tuple[jax.Array, jax.Array],
+        kv_positions: jax.Array,
+        kv_segment_ids: jax.Array,
+    ) -> jax.Array:
+        """The layer's output `[B, Tq, embed]` for the queries of `x [B, Tq, embed]` against the
+        `keys_values` `kv` of `[B, T]` tokens with their own positions and segment ids (as
+        `ppl_jax.models.llama.Attention.attend_queries`)."""
         out = attend(
-            q,
-            k,
-            v,
+            self._queries(x, positions, segment_ids),
+            *kv,
             segment_ids=segment_ids,
             positions=positions,
+            kv_segment_ids=kv_segment_ids,
+            kv_positions=kv_positions,
             scale=self.spec.softmax_scale,
             implementation=self.attention,
         )

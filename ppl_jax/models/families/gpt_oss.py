@@ -68,13 +68,17 @@ class SinkAttention(Attention):
         super().__init__(cfg, rngs, dtype, window, attention)
         self.sinks = zeros_param((cfg.num_heads,), ("heads",), dtype)
 
-    def attend_heads(self, q, k, v, positions, segment_ids) -> jax.Array:
+    def attend_heads(
+        self, q, k, v, positions, segment_ids, *, kv_positions, kv_segment_ids
+    ) -> jax.Array:
         return attend(
             q,
             k,
             v,
             segment_ids=segment_ids,
             positions=positions,
+            kv_segment_ids=kv_segment_ids,
+            kv_positions=kv_positions,
             window=self.window,
             sinks=self.sinks[...],
             scale=self.cfg.query_scale,

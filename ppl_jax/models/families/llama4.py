@@ -74,26 +74,35 @@ class Llama4Attention(Attention):
         super().__init__(cfg, rngs, dtype, None, attention, rotary=layer not in cfg.nope_layers)
         self.chunk = cfg.attn_chunk if layer in cfg.chunk_layers else None
 
-    def position_qk(self, q, k, positions, segment_ids) -> tuple[jax.Array, jax.Array]:
+    def position_q(self, q, positions, segment_ids) -> jax.Array:
         cfg = self.cfg
         if self.rotary:
-            freq = rope_lib.inv_freq(cfg)
-            q = qk.rotate_pairs(q, positions, freq, cfg.rope_attention_factor)
-            k = qk.rotate_pairs(k, positions, freq, cfg.rope_attention_factor)
-            if cfg.qk_l2_norm:
-                q, k = qk.l2_norm(q, cfg.norm_eps), qk.l2_norm(k, cfg.norm_eps)
-        elif cfg.temperature_tuning:
+            return self._rotate(q, positions)
+        if cfg.temperature_tuning:
             t = qk.temperature(positions, cfg.floor_scale, cfg.attn_scale)
             q = (q.astype(jnp.float32) * t[..., None, None]).astype(q.dtype)
-        return q, k
+        return q
 
-    def attend_heads(self, q, k, v, positions, segment_ids) -> jax.Array:
+    def position_k(self, k, positions, segment_ids) -> jax.Array:
+        return self._rotate(k, positions) if self.rotary else k
+
+    def _rotate(self, x, positions) -> jax.Array:
+        """Adjacent pairs rotated, then (with `use_qk_norm`) the L2 norm without a weight."""
+        cfg = self.cfg
+        x = qk.rotate_pairs(x, positions, rope_lib.inv_freq(cfg), cfg.rope_attention_factor)
+        return qk.l2_norm(x, cfg.norm_eps) if cfg.qk_l2_norm else x
+
+    def attend_heads(
+        self, q, k, v, positions, segment_ids, *, kv_positions, kv_segment_ids
+    ) -> jax.Array:
         return attend(
             q,
             k,
             v,
             segment_ids=segment_ids,
             positions=positions,
+            kv_segment_ids=kv_segment_ids,
+            kv_positions=kv_positions,
             chunk=self.chunk,
             scale=self.cfg.query_scale,
             implementation=self.attention,
