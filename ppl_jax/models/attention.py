@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.models import context as context_lib
-from ppl_jax.models import flash
+from ppl_jax.models import flash, split_merge
 from ppl_jax.models import fused_attention as fused
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
@@ -69,7 +69,10 @@ def unsupported(
             (chunk, "run chunked attention"),
             (sinks, "add attention sinks"),
             (mla, "use value heads of another width than the key heads"),
-            (context > 1, "split a window over the context axis"),
+            (
+                context > 1 and context_attention == "ring",
+                "pass keys and values round a ring (model.context_attention=ring)",
+            ),
         ]
         return next((what for need, what in needs if need), None)
     if implementation == "splash":
@@ -259,13 +262,31 @@ def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, implementatio
     on one device."""
     if kv_pos is None or kv_seg.shape != kv_pos.shape or kv_seg.shape != k.shape[:2]:
         raise ValueError(f"attend: key segment ids / positions for k {k.shape} do not fit")
-    if implementation != "xla" or context_lib.context_size() > 1:
+    if implementation not in context_lib.QUERIES_APART or context_lib.context_size() > 1:
         raise ValueError(
-            f"attend: queries apart from their keys run on `xla` on one device, not "
-            f"{implementation} over {context_lib.context_size()} (`query_chunk` decides)"
+            f"attend: queries apart from their keys run on one device with "
+            f"{', '.join(context_lib.QUERIES_APART)}, not {implementation} over "
+            f"{context_lib.context_size()} (`query_chunk` decides)"
         )
     scale = q.shape[3] ** -0.5 if scale is None else scale
-    return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)
+
+    def flash_path():
+        return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)
+
+    if implementation != "cudnn" or mask["window"] is not None:
+        return flash_path()
+    # cuDNN: the chunk's diagonal block and its prefix, for rows of one document (whose tokens
+    # sit at their positions: the chunk starts at its first real token's position).
+    one, real = split_merge.one_document(kv_seg, kv_pos)
+    start = jnp.max(jnp.where(seg[:, 0] > 0, pos[:, 0], 0))
+
+    def split():
+        out = split_merge.chunk_of_row(
+            q, k, v, start, real, scale=scale, partial=split_merge.PARTIALS["cudnn"]
+        )
+        return out.astype(q.dtype)
+
+    return jax.lax.cond(one, split, flash_path)
 
 
 def _no_chunk(mask: dict) -> dict:
@@ -281,6 +302,16 @@ def _over_context(implementation, ring, n, q, k, v, seg, pos, mask):
         if ring:
             return _ring(n, q, k, v, seg, pos, local)
         k_row, v_row, seg_row, pos_row = (context_lib.gather_rows(x, n) for x in (k, v, seg, pos))
+        if implementation == "cudnn" and local["window"] is None:
+            one, real = split_merge.one_document(seg_row, pos_row)
+            return jax.lax.cond(
+                one,
+                lambda: split_merge.over_context(
+                    q, k_row, v_row, real, n, scale=local["scale"],
+                    partial=split_merge.PARTIALS["cudnn"],
+                ),
+                lambda: flash.flash_attention(q, k_row, v_row, seg, pos, seg_row, pos_row, **local),
+            )  # fmt: skip
         if implementation == "splash":
             half = q.shape[1] // 2
             r = jax.lax.axis_index(context_lib.AXIS)

@@ -130,7 +130,7 @@ def shard_over_context(fn: Callable[..., Any], *args: Any, replicated: tuple[int
 
 # The attention implementations whose queries may run apart from their keys
 # (`ppl_jax.models.attention.attend(kv_segment_ids=...)`).
-QUERIES_APART = ("xla",)
+QUERIES_APART = ("xla", "cudnn")
 
 
 def query_chunk(tokens: int, implementation: str) -> int:

@@ -361,3 +361,35 @@ def flash_attention(
         sinks=sinks,
     )
     return out[:, :, :, :t].transpose(0, 3, 1, 2, 4).reshape(b, t, h, dv)
+
+
+def attention_lse(
+    q, k, v, q_seg, q_pos, k_seg, k_pos, *, window, chunk, scale, softcap, blocks=None
+) -> tuple[jax.Array, jax.Array]:
+    """`flash_attention` without sinks that also gives each query's log-sum-exp: `(out [B, T, H,
+    Dv] float32, lse [B, T, H] float32)`, `lse = log sum_j exp(s_ij)` over the visible keys
+    (`-inf`, and `out` 0, for a query that sees none): what partial results over disjoint sets of
+    keys merge by (`ppl_jax.models.split_merge.merge`)."""
+    b, t, h, _ = q.shape
+    kv, dv = k.shape[2], v.shape[3]
+    block_q, block_k = blocks or block_sizes(t, k.shape[1])
+    state = update(
+        init(b, kv, h // kv, t, dv),
+        split_heads(q, kv, scale),
+        k,
+        v,
+        q_seg,
+        q_pos,
+        k_seg,
+        k_pos,
+        window=window,
+        chunk=chunk,
+        softcap=softcap,
+        block_q=block_q,
+        block_k=block_k,
+    )
+    out = _finished(state, None).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dv)
+    lse = jnp.where(
+        state.denom > 0, state.m + jnp.log(jnp.where(state.denom > 0, state.denom, 1.0)), -jnp.inf
+    )
+    return out, lse.transpose(0, 3, 1, 2).reshape(b, t, h)

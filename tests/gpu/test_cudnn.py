@@ -137,3 +137,32 @@ def test_demo_under_cudnn_matches_xla(tmp_path):
     assert abs(auto["perplexity"] / xla["perplexity"] - 1) < 1e-3
     assert abs(auto["perplexity"] / f32["perplexity"] - 1) < 2e-3
     assert abs(xla["perplexity"] / f32["perplexity"] - 1) < 2e-3
+
+
+@pytest.mark.parametrize("start", [0, 256, 640])
+def test_split_merge_with_cudnn_matches_xla(start):
+    """A chunk of 128 queries at `start` of 1,024-token rows of one document (one full, one
+    short, one empty): cuDNN's diagonal block and prefix merged by their float32 log-sum-exp
+    (`ppl_jax.models.split_merge`, what the context axis and a long window's query chunks run)
+    against the flash kernel doing the same, and against the whole row in float32."""
+    from ppl_jax.models import split_merge
+
+    t, lengths = 1024, [1024, 700, 0]
+    seg, pos = _padded_rows(lengths, t)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((len(lengths), t, h, 64)).astype(np.float32) for h in (8, 2, 2))
+    ref = np.asarray(attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos))
+    real = jnp.asarray(lengths, jnp.int32)
+    out = {}
+    for name in ("xla", "cudnn"):
+        fn = jax.jit(
+            lambda q, k, v, name=name: split_merge.chunk_of_row(
+                q, k, v, start, real, scale=64**-0.5, partial=split_merge.PARTIALS[name]
+            )
+        )
+        qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q[:, start : start + 128], k, v))
+        out[name] = np.asarray(fn(qb, kb, vb).astype(jnp.float32))
+    scored = np.asarray(seg)[:, start : start + 128] != 0
+    err = {n: np.abs(o[scored] - ref[:, start : start + 128][scored]).max() for n, o in out.items()}
+    assert np.isfinite(out["cudnn"][scored]).all()
+    assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err

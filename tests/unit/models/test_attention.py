@@ -295,11 +295,15 @@ def test_auto_resolution():
     assert resolve("auto", jnp.bfloat16, 256, platform="gpu") == "xla"
     assert resolve("auto", jnp.float32, 64, platform="tpu") == "splash"
     assert resolve("xla", jnp.bfloat16, 64, platform="gpu") == "xla"
-    for needs in ({"chunk": True}, {"sinks": True}, {"value_dim": 32}, {"context": 2}):
+    for needs in ({"chunk": True}, {"sinks": True}, {"value_dim": 32}):
         assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **needs) == "xla"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", chunk=True) == "xla"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", sinks=True) == "splash"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", context=2) == "splash"
+    # cuDNN across the context axis (gathered keys: split and merged); the ring is the JAX kernel.
+    assert resolve("auto", jnp.bfloat16, 64, platform="gpu", context=4) == "cudnn"
+    ring4 = {"context": 4, "context_attention": "ring"}
+    assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **ring4) == "xla"
     ring = {"context": 2, "context_attention": "ring"}
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", **ring) == "xla"
     assert jax.default_backend() == "cpu"
@@ -311,7 +315,11 @@ def test_auto_resolution():
         ("cudnn", {"chunk": True}, "cannot run chunked attention"),
         ("cudnn", {"sinks": True}, "cannot add attention sinks"),
         ("cudnn", {"value_dim": 32}, "cannot use value heads of another width"),
-        ("cudnn", {"context": 4}, "cannot split a window over the context axis"),
+        (
+            "cudnn",
+            {"context": 4, "context_attention": "ring"},
+            "cannot pass keys and values round a ring",
+        ),
         ("splash", {"chunk": True}, "cannot run chunked attention"),
         (
             "splash",

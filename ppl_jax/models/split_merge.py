@@ -1,0 +1,166 @@
+"""Attention split into blocks of keys and merged by log-sum-exp: how cuDNN attends across the
+context axis and a long window's chunks of queries.
+
+cuDNN's causal mask is top-left (query `i` sees keys `j <= i` of the same call) and JAX passes it
+no query offset, so queries that sit after the first token of the keys (a device's chunk of a
+window split over `mesh.context`; a chunk of a long window's queries) cannot be one causal call.
+They are two (TransformerEngine's context parallelism attends the same way,
+`transformer_engine/jax/cpp_extensions/attention.py`): the **diagonal block**, the queries
+against the keys of their own tokens, causal (equal lengths: top-left is right), and the
+**prefix**, the queries against every key before their first token, with no mask; each call
+returns its output and each query's log-sum-exp (`return_residual`), and `merge` combines them:
+
+    lse = logaddexp(lse_d, lse_p);  out = out_d exp(lse_d - lse) + out_p exp(lse_p - lse)
+
+which is attention over the union of the keys (Milakov & Gimelshein 2018; FlashAttention-2's
+`lse`). The first chunk of a row has no prefix.
+
+This holds for rows whose real tokens are one document from the row's start (`one_document`:
+positions equal to the index, padding only at the end), where cuDNN's masks by index and
+per-row lengths are the mask by positions; rows packed with several documents run the flash
+attention of `ppl_jax.models.flash` instead, chosen at run time (`jax.lax.cond`), as do layers
+with a window (cuDNN windows causal calls only). The partial attention is a function
+(`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which
+stands in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ppl_jax.models import context as context_lib
+from ppl_jax.models import flash
+
+# (q [B, L, H, D], k [B, S, KV, D], v [B, S, KV, Dv], q_len [B], kv_len [B], causal, scale) ->
+# (out [B, L, H, Dv] float32, lse [B, L, H] float32): the first `q_len` queries of each row
+# against its first `kv_len` keys, causal top-left (`L == S`) or all visible; queries past
+# `q_len` get 0 and `-inf`.
+Partial = Callable[..., tuple[jax.Array, jax.Array]]
+
+
+def merge(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple:
+    """`(out, lse)` over the keys of two partial results `(out [B, L, H, Dv], lse [B, L, H])`
+    (see the module docstring); a query that saw no key in either gets 0 and `-inf`."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    lse = jnp.logaddexp(lse_a, lse_b)
+    seen = jnp.isfinite(lse)
+    base = jnp.where(seen, lse, 0.0)
+
+    def weight(x):
+        return jnp.where(jnp.isfinite(x) & seen, jnp.exp(x - base), 0.0)[..., None]
+
+    return out_a * weight(lse_a) + out_b * weight(lse_b), lse
+
+
+def _real(length: jax.Array, n: int) -> jax.Array:
+    return jnp.arange(n, dtype=jnp.int32)[None] < length[:, None]
+
+
+def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+    """The partial attention by the flash kernel (`flash.attention_lse`), by positions: the
+    keys at `0 .. S-1`, the queries at `0 .. L-1` (causal) or after every key."""
+    b, length = q.shape[:2]
+    s = k.shape[1]
+    q_pos = jnp.broadcast_to(
+        jnp.arange(length, dtype=jnp.int32) + (0 if causal else s), (b, length)
+    )
+    k_pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    q_seg = _real(q_len, length).astype(jnp.int32)
+    k_seg = _real(kv_len, s).astype(jnp.int32)
+    return flash.attention_lse(
+        q, k, v, q_seg, q_pos, k_seg, k_pos, window=None, chunk=None, scale=scale, softcap=None
+    )
+
+
+def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+    """The partial attention by cuDNN (JAX's private entry, whose softmax statistics come back
+    in float32: the public `jax.nn.dot_product_attention` rounds them to the inputs' dtype, too
+    coarse to merge by): per-row lengths, `PADDING_CAUSAL` or `PADDING`."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib
+
+    mask = cudnn_lib.MaskType.PADDING_CAUSAL if causal else cudnn_lib.MaskType.PADDING
+    out, stats = cudnn_lib.dot_product_attention(
+        q, k, v, q_seqlen=q_len, kv_seqlen=kv_len, scale=scale, mask_type=mask,
+        return_residual=True,
+    )  # fmt: skip
+    real = (_real(q_len, q.shape[1]) & (kv_len > 0)[:, None])[..., None]
+    lse = jnp.where(real, stats.astype(jnp.float32).transpose(0, 2, 1), -jnp.inf)
+    return jnp.where(real[..., None], out.astype(jnp.float32), 0.0), lse
+
+
+PARTIALS: dict[str, Partial] = {"xla": xla_partial, "cudnn": cudnn_partial}
+
+
+def one_document(segment_ids: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`(ok, real)`: whether every row `[B, T]` (in row order) holds one document from its first
+    token, positions `0, 1, 2, ...`, then only padding (a scalar bool); and each row's number of
+    real tokens `[B] int32`."""
+    real = segment_ids > 0
+    index = jnp.arange(segment_ids.shape[1], dtype=positions.dtype)[None]
+    ok = (
+        jnp.all(~real[:, 1:] | real[:, :-1])  # padding only at the end
+        & jnp.all(~real | (segment_ids == segment_ids[:, :1]))  # one document
+        & jnp.all(~real | (positions == index))
+    )
+    return ok, jnp.sum(real, axis=1, dtype=jnp.int32)
+
+
+def _no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
+    b, length, h = q.shape[:3]
+    return jnp.zeros((b, length, h, dv), jnp.float32), jnp.full((b, length, h), -jnp.inf)
+
+
+def chunk_of_row(q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None):
+    """The queries `q [B, L, H, D]` of the row's tokens `start .. start + L - 1` against the
+    row's keys and values `[B, T, KV, D]` (one document of `real [B]` tokens from the start):
+    the diagonal block and the prefix, merged. `start` may be traced; `prefix`, a function of
+    the diagonal's inputs giving the prefix's result, replaces the one call over the whole row
+    with the first `start` keys real (the context axis passes static prefixes)."""
+    length = q.shape[1]
+    q_len = jnp.clip(real - start, 0, length)
+    k = jax.lax.dynamic_slice_in_dim(k_row, start, length, axis=1)
+    v = jax.lax.dynamic_slice_in_dim(v_row, start, length, axis=1)
+    diagonal = partial(q, k, v, q_len, q_len, causal=True, scale=scale)
+    if prefix is not None:
+        before = prefix(q_len)
+    else:
+        kv_len = jnp.minimum(real, start).astype(jnp.int32)
+        before = partial(q, k_row, v_row, q_len, kv_len, causal=False, scale=scale)
+    return merge(diagonal, before)[0]
+
+
+def over_context(q, k_row, v_row, real, n: int, *, scale: float, partial: Partial) -> jax.Array:
+    """Inside `shard_map` over `context` (`N = n` devices): this device's two chunks of
+    queries `q [B, 2L, H, D]` (`c_r` and `c_{2N-1-r}` of the load-balanced order) against the
+    gathered row's keys and values `[B, T, KV, D]` in row order (one document of `real [B]`
+    tokens); `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
+    chosen by the device's index with `lax.switch` (one branch per device)."""
+    r = jax.lax.axis_index(context_lib.AXIS)
+    half = q.shape[1] // 2
+    outs = []
+    for i in range(2):
+        q_i = q[:, i * half : (i + 1) * half]
+        chunk = r if i == 0 else 2 * n - 1 - r
+
+        def prefix(q_len, q_i=q_i, i=i):
+            def branch(device, q_len):
+                c = device if i == 0 else 2 * n - 1 - device  # this branch's chunk, static
+                if c == 0:
+                    return _no_keys(q_i, v_row.shape[3])
+                kv_len = jnp.minimum(real, c * half).astype(jnp.int32)
+                keys = (k_row[:, : c * half], v_row[:, : c * half])
+                return partial(q_i, *keys, q_len, kv_len, causal=False, scale=scale)
+
+            branches = [functools.partial(branch, device) for device in range(n)]
+            return jax.lax.switch(r, branches, q_len)
+
+        outs.append(
+            chunk_of_row(
+                q_i, k_row, v_row, chunk * half, real, scale=scale, partial=partial, prefix=prefix
+            )
+        )
+    return jnp.concatenate(outs, axis=1).astype(q.dtype)
