@@ -17,6 +17,13 @@ the first that claims the path. Each reader answers:
   revision's commit): the `checkpoint` part of a run's fingerprint;
 - `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
 
+No link leads out of a checkpoint: before each of `stored`, `read`, `restore`,
+`carried_description`, `stored_tokenizer` and `layout_lines`, the protocol itself runs the one
+check of links, `ppl_jax.runtime.paths.refuse_links_out`, over the step's `files(step)` (or
+`links_scope(step)`; `ppl_jax.checkpoints.links`): a new reader gets it by subclassing
+`Checkpoint`. A reader that opens a file outside that folder (a file named by an index) checks
+it with `paths.resolves_inside` too.
+
 From these answers every `Checkpoint` gives the architecture (`description`, `model`,
 `attention`), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`), the mapping of its
 stored names onto a model's weights (`rules`, `mapped`; `ppl_jax.checkpoints.mapping`) and the
@@ -37,6 +44,7 @@ import jax.numpy as jnp
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
+from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints import mapping as mapping_lib
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError, ConfigError
@@ -49,7 +57,7 @@ from ppl_jax.runtime import paths
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
 
-class Checkpoint(abc.ABC):
+class Checkpoint(LinksChecked, abc.ABC):
     """An opened checkpoint: one reader of one layout (see the module docstring).
 
     `step=None` in any method means the latest finalized step, looked up anew on each call (a

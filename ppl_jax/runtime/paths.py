@@ -178,4 +178,62 @@ def resolves_inside(folder: str, file: str) -> tuple[str, bool]:
     """`(real path, whether it lies inside `allowed_roots(folder)`)` of the local `file` of
     `folder`, every symlink followed."""
     real = os.path.realpath(os.path.join(folder, file))
-    return real, any(os.path.commonpath([real, root]) == root for root in allowed_roots(folder))
+    return real, _inside(real, allowed_roots(folder))
+
+
+def _inside(real: str, roots: list[str]) -> bool:
+    return any(os.path.commonpath([real, root]) == root for root in roots)
+
+
+def refuse_links_out(folder: str, checkpoint: str) -> None:
+    """The one check of links in a checkpoint, which every checkpoint reader makes on every file
+    and folder it opens: `folder` (a step's folder, an item, or the whole checkpoint) and
+    everything below it resolve, every symlink followed, inside the checkpoint folder
+    `checkpoint` (or, for a snapshot of the Hugging Face hub cache, its repository's `blobs`:
+    `allowed_roots`).
+
+    The checkpoint folder itself may be a link, and links that stay inside are followed (a
+    folder reached twice is walked once); a link leading out (to another model's arrays, to
+    any file of the machine) is refused before anything reads through it: Orbax, TensorStore
+    and safetensors would. Remote folders hold no links: nothing to check. Readers call it
+    through `Checkpoint.check_links`, which the protocol runs before each reader's `stored`,
+    `read`, `restore`, `carried_description`, `stored_tokenizer` and `layout_lines`.
+
+    Cost: one `scandir` per folder below `folder`, a `realpath` per link; nothing is read.
+
+    Raises:
+      CheckpointError: naming the first link that leads out, where it leads, and the repair.
+    """
+    if not is_local(folder) or not is_local(checkpoint) or not os.path.lexists(folder):
+        return
+    roots = allowed_roots(checkpoint)
+    real = os.path.realpath(folder)
+    if not _inside(real, roots):
+        raise _link_out(folder, real, checkpoint)
+    seen = {real}
+    stack = [folder]
+    while stack:
+        here = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except NotADirectoryError:
+            continue
+        except OSError:  # unreadable: the reader's own sentence says so when it opens it
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not _inside(target, roots):
+                    raise _link_out(entry.path, target, checkpoint)
+                if os.path.isdir(target) and target not in seen:
+                    seen.add(target)
+                    stack.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+
+
+def _link_out(link: str, real: str, checkpoint: str) -> CheckpointError:
+    return CheckpointError(
+        f"{link!r} in the checkpoint {checkpoint!r} is a link to {real!r}, outside the checkpoint "
+        f"folder; ppl_jax reads no file outside it. Copy the file into the checkpoint instead."
+    )
