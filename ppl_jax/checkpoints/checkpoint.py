@@ -17,12 +17,10 @@ the first that claims the path. Each reader answers:
   revision's commit): the `checkpoint` part of a run's fingerprint;
 - `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
 
-No link leads out of a checkpoint: before each of `stored`, `read`, `restore`,
-`carried_description`, `stored_tokenizer` and `layout_lines`, the protocol itself runs the one
-check of links, `ppl_jax.runtime.paths.refuse_links_out`, over the step's `files(step)` (or
-`links_scope(step)`; `ppl_jax.checkpoints.links`): a new reader gets it by subclassing
-`Checkpoint`. A reader that opens a file outside that folder (a file named by an index) checks
-it with `paths.resolves_inside` too.
+No link leads out of a checkpoint: before `stored`, `read`, `restore`, `carried_description`,
+`stored_tokenizer` and `layout_lines`, the protocol itself runs the one check of links
+(`ppl_jax.runtime.paths.refuse_links_out`) over `files(step)` (or `links_scope(step)`;
+`ppl_jax.checkpoints.links`): a new reader gets it by subclassing `Checkpoint`.
 
 From these answers every `Checkpoint` gives the architecture (`description`, `model`,
 `attention`), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`), the mapping of its
@@ -190,6 +188,8 @@ class Checkpoint(LinksChecked, abc.ABC):
             found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
         if self.mapping:
             preset = self.mapping in presets.PRESETS
+            if not preset:
+                self.mapping_file()  # refuses what is no small regular file before its digest
             found["mapping"] = (
                 self.mapping if preset else fingerprint_lib.content_digest(self.mapping)
             )

@@ -16,10 +16,14 @@ import json
 import os
 import posixpath
 import re
+import stat
 from typing import Any, BinaryIO
 
 from ppl_jax.errors import CheckpointError, ConfigError
 
+MAX_JSON_BYTES = (
+    1 << 26
+)  # configs, indexes, descriptions: a sharded index of 10^5 weights is ~10 MB
 SCHEMES = ("gs", "s3", "az", "hf")  # those `etils.epath` reads (etils.epath.gpath._URI_SCHEMES)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The fsspec implementation each scheme needs, for the message when it is not installed.
@@ -128,6 +132,39 @@ def read_bytes(path: str) -> bytes:
         raise missing_backend(path, e) from None
 
 
+def read_small(path: str, limit: int) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them: a file named by a user
+    (a mapping, an architecture) read without trusting what it is. A FIFO, a device
+    (`/dev/zero`), a socket or a folder is refused before it is read (opened without blocking,
+    then checked by `fstat`), so that nothing waits on a writer or reads without end.
+
+    Raises:
+      OSError: as `open` does (FileNotFoundError for a missing file).
+      ValueError: not a regular file, or larger than `limit` bytes (the message says which).
+      ConfigError: the fsspec implementation of a remote scheme is not installed.
+    """
+    if is_local(path):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        found = os.fstat(fd)
+        why = "not a regular file" if not stat.S_ISREG(found.st_mode) else None
+        if why is None and found.st_size > limit:
+            why = f"larger than {limit:,} bytes"
+        if why is not None:
+            os.close(fd)
+            raise ValueError(why)
+        f = os.fdopen(fd, "rb")
+    else:
+        f = open_binary(path)
+    with f:
+        parts, size = [], 0
+        while size <= limit and (part := f.read(min(1 << 20, limit + 1 - size))):
+            parts.append(part)
+            size += len(part)
+    if size > limit:
+        raise ValueError(f"larger than {limit:,} bytes")
+    return b"".join(parts)
+
+
 def open_binary(path: str) -> BinaryIO:
     """File `path` opened for reading bytes, as a stream (`open(path, "rb")` for a local path,
     `etils.epath.Path(path).open("rb")` for a remote one); the caller closes it.
@@ -145,17 +182,23 @@ def open_binary(path: str) -> BinaryIO:
 
 
 def read_json_object(path: str, what: str) -> dict[str, Any]:
-    """The JSON object in the file `path`.
+    """The JSON object in the file `path` (a regular file of at most `MAX_JSON_BYTES`:
+    `read_small`).
 
     Raises:
-      CheckpointError: the file is missing (`what` says why it is needed), is not UTF-8 JSON, or
-        holds something other than an object; each naming the file.
+      CheckpointError: the file is missing (`what` says why it is needed), is no regular file or
+        too large, is not UTF-8 JSON, or holds something other than an object; each naming the
+        file.
     """
     try:
-        value = json.loads(read_bytes(path).decode("utf-8"))
+        data = read_small(path, MAX_JSON_BYTES)
     except FileNotFoundError:
         raise CheckpointError(f"{path!r} is missing; {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path!r} cannot be read ({e}).") from None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path!r} is not valid JSON ({e}).") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path!r} holds a JSON {type(value).__name__}, not an object.")
