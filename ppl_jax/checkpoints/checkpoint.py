@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
-from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
