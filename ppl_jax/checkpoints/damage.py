@@ -106,11 +106,23 @@ def _names(folder: str) -> list[str]:
 
 
 class _ItemReadNoise(logging.Filter):
-    """Orbax warns that an item folder read on its own has no step `_CHECKPOINT_METADATA` (the
-    step folder has it): true of every item, so not shown."""
+    """Orbax's warnings that say only what ppl_jax asked for, so not shown: an item folder read
+    on its own has no step `_CHECKPOINT_METADATA` (the step folder has it), and a
+    `CheckpointManager` opened read-only (as every reader opens it: `orbax._manager`) says so
+    three times per opening ("Given directory is read only", "read_only=True, setting
+    create=False" and "... save_interval_steps=0"), five openings per restore. Every other
+    warning of Orbax's is shown."""
+
+    NOISE = (
+        "Metadata file does not exist",
+        "Given directory is read only=",
+        "CheckpointManagerOptions.read_only=True, setting create=False",
+        "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Metadata file does not exist" not in record.getMessage()
+        message = record.getMessage()
+        return not any(n in message for n in self.NOISE)
 
 
 logging.getLogger("absl").addFilter(_ItemReadNoise())

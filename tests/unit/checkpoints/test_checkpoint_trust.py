@@ -6,10 +6,12 @@ checkpoint without the gcs extra too."""
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 
 import pytest
+from absl import logging as absl_logging
 
 from ppl_jax.checkpoints import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -198,3 +200,17 @@ def test_the_check_walks_through_inside_links_once_and_finds_a_link_out_below_th
         CheckpointError, match=r"/file' in the checkpoint .* is a link to .*secret'"
     ):
         paths.refuse_links_out(str(ckpt / "a"), str(ckpt))  # ... holding a link out
+
+
+def test_a_restore_prints_none_of_orbaxs_read_only_notices(own, caplog):
+    """Orbax said "Given directory is read only" and two more lines per `CheckpointManager`,
+    five times a restore: what ppl_jax asked for (read-only), so not shown; its other warnings
+    are."""
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        _restore(own)
+        absl_logging.warning("a warning of Orbax's own")
+    messages = [
+        r.getMessage() for r in caplog.records if r.name == "absl" and r.levelno >= logging.WARNING
+    ]
+    assert not [m for m in messages if "read only" in m or "read_only" in m], messages
+    assert "a warning of Orbax's own" in messages
