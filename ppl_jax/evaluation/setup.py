@@ -221,7 +221,12 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         )
         plan, docs, _ = planner.planned(ds, protocol, tok, model.vocab_size, read_first)
         datasets.append(
-            Dataset(ds, protocol, plan, planner.batches(plan, spec.batch, model.honours_segments))
+            Dataset(
+                ds,
+                protocol,
+                plan,
+                planner.batches(plan, spec.batch, model.honours_segments, mesh.shape["data"]),
+            )
         )
         documents[ds.name] = docs
     key_eval = None
