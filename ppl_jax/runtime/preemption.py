@@ -144,11 +144,13 @@ def signals_raise(what: str) -> Iterator[None]:
 
 def answer_at_once() -> None:
     """Until a run installs its own handlers (`StopRequest`), SIGTERM and SIGINT end the process
-    at once with one sentence on stderr and the exit status 128 + the signal (`SystemExit`, so
-    that `finally` clauses run): the command line's first instruction, so that a signal during
-    imports, flag parsing or a tool is never the default action (a silent end) nor a
-    KeyboardInterrupt traceback. Nothing is left half-written (every file is written whole or
-    not at all). Outside the main thread, nothing is installed.
+    at once with one sentence on stderr and the exit status 128 + the signal: the command
+    line's first instruction, so that a signal during imports, flag parsing or a tool is never
+    the default action (a silent end) nor a KeyboardInterrupt traceback. The process ends by
+    `os._exit`, not by an exception: one raised from a signal handler may land in a callback
+    that drops it (JAX's garbage-collection callback does), and the run would go on. Nothing is
+    left half-written (every file is written whole or not at all; a lock ends with the
+    process). Outside the main thread, nothing is installed.
     """
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: caught, both are
@@ -156,10 +158,13 @@ def answer_at_once() -> None:
 
 
 def _exit_now(sig: int, frame: Any) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     print(
         f"ppl-jax: stopped by {signal.Signals(sig).name}; nothing is left half-written, and a run "
         f"goes on from what it finished when the same command runs again.",
         file=sys.stderr,
         flush=True,
     )
-    raise SystemExit(EXIT_CODE.get(sig, 128 + sig))
+    os._exit(EXIT_CODE.get(sig, 128 + sig))
