@@ -132,10 +132,12 @@ def _run(
         for step in steps_to_score(
             spec, p.ckpt, p.first_step, lambda: stop.check("while watching", kept)
         ):
-            what = f"step {step}" if spec.is_training_run else "the weights"
-            stop.check(
-                f"before step {step}" if spec.is_training_run else "before scoring began", kept
+            before, restored = (
+                (f"before step {step}", f"after restoring step {step}, before scoring it")
+                if spec.is_training_run
+                else ("before scoring began", "after reading the weights, before scoring them")
             )
+            stop.check(before, kept)
             parts = {d.name: p.fingerprint(d, step) for d in p.datasets}
             todo = [1] * len(p.datasets)
             if spec.is_training_run:  # a pair stored with the same fingerprint is skipped
@@ -155,7 +157,7 @@ def _run(
             }
             if any(todo):
                 job.restore(step)
-                stop.check(f"after restoring {what}, before scoring them", kept)
+                stop.check(restored, kept)
             for d in p.datasets:
                 if d.name in recorders:
                     job.score(d, step, recorders[d.name], opened)
