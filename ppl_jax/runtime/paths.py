@@ -21,9 +21,9 @@ from typing import Any, BinaryIO
 
 from ppl_jax.errors import CheckpointError, ConfigError
 
-MAX_JSON_BYTES = (
-    1 << 26
-)  # configs, indexes, descriptions: a sharded index of 10^5 weights is ~10 MB
+# The largest JSON file read (a config, an index, a description): an index of 10^5 weights is
+# about 10 MB.
+MAX_JSON_BYTES = 1 << 26
 SCHEMES = ("gs", "s3", "az", "hf")  # those `etils.epath` reads (etils.epath.gpath._URI_SCHEMES)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The fsspec implementation each scheme needs, for the message when it is not installed.
