@@ -84,6 +84,7 @@ HF_SIZES = {
     "shared_expert_intermediate_size": ("moe_shared_mlp_dim", 0),
     "moe_shared_expert_intermediate_size": ("moe_shared_mlp_dim", 1),  # Nemotron-H's: always built
     "sliding_window": ("sliding_window", 0),
+    "sliding_window_pattern": ("max_positions", 0),  # Gemma 3's; 0: the default, 6
     "attention_chunk_size": ("attn_chunk", 1),
     **dict.fromkeys(("no_rope_layer_interval", "decoder_sparse_step", "interleave_moe_layer_step",
                      "full_attention_interval"), ("max_positions", 1)),
