@@ -169,3 +169,33 @@ def test_yaml_aliases_are_refused(tmp_path):
     shutil.copy(bomb, plain)
     plain.write_text("rules: [{from: '(?P<name>.*)', to: '{name}'}]\n")  # without: read
     assert presets.read_file(str(plain))["rules"][0]["to"] == "{name}"
+
+
+@pytest.mark.slow
+def test_no_number_of_any_golden_config_is_a_traceback(tmp_path):
+    """Every number of every family's golden config.json set to 0, -1 and 10^9: read and built
+    (abstract), or one sentence; never another exception, never seconds."""
+    from ppl_jax.errors import PplJaxError
+
+    found = []
+    families = sorted(os.listdir(os.path.join(helpers.GOLDEN, "families")))
+    for family in families:
+        with open(os.path.join(helpers.GOLDEN, "families", family, "config.json")) as f:
+            config = json.load(f)
+        numbers = [k for k, v in config.items() if isinstance(v, int | float)
+                   and not isinstance(v, bool)]  # fmt: skip
+        for key in numbers:
+            for value in (0, -1, 10**9):
+                path = tmp_path / f"{family}-{key}-{value}"
+                path.mkdir()
+                (path / "config.json").write_text(json.dumps({**config, key: value}))
+                start = time.monotonic()
+                try:
+                    registry.build(hf.read_description(str(path)), jnp.float32)
+                except PplJaxError:
+                    pass
+                except Exception as e:  # noqa: BLE001 - the finding
+                    found.append(f"{family} {key}={value}: {type(e).__name__}: {e}"[:200])
+                if time.monotonic() - start > 5:
+                    found.append(f"{family} {key}={value}: {time.monotonic() - start:.0f} s")
+    assert found == []
