@@ -9,9 +9,14 @@
 # Process 0 prints the summary and writes results.json; the others print only errors.
 # PYTHON selects the interpreter (default: python3).
 #
-# The first process to fail stops the others (SIGTERM, then SIGKILL after GRACE_S seconds), and
-# the script exits with that process's status (one killed by a signal is named in one line).
-# SIGTERM and SIGINT are passed on to every process. Needs bash 5.1 or later (`wait -n -p`).
+# The first process to fail stops the others (SIGTERM, then SIGKILL after FAIL_GRACE_S seconds,
+# default 5: they wait in a collective with the process that is gone), and the script exits with
+# that process's status (one killed by a signal is named in one line). SIGTERM and SIGINT are
+# passed on to every process, which then has GRACE_S seconds (default 30: the notice a
+# preemptible cloud VM, Kubernetes' terminationGracePeriodSeconds and SLURM's KillWait give by
+# default) to stop at its next batch, save its journal and print its sentence, even while it
+# compiles its first batch; a second signal ends them at once (SIGKILL). Needs bash 5.1 or later
+# (`wait -n -p`).
 set -euo pipefail
 
 if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
@@ -21,7 +26,8 @@ fi
 n=$1
 shift
 python=${PYTHON:-python3}
-grace_s=${GRACE_S:-5}
+grace_s=${GRACE_S:-30}
+fail_grace_s=${FAIL_GRACE_S:-5}
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 pids=()
@@ -31,10 +37,10 @@ signal_all() {
   done
 }
 
-# Stops every process still running: SIGTERM, then SIGKILL for any left after the grace period.
+# Stops every process still running: SIGTERM, then SIGKILL for any left after $1 seconds.
 stop_all() {
   signal_all TERM
-  local deadline=$((SECONDS + grace_s))
+  local deadline=$((SECONDS + $1))
   for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
       sleep 0.1
@@ -45,8 +51,8 @@ stop_all() {
 }
 
 on_signal() { # $1: signal name, $2: its number
-  trap - TERM INT
-  stop_all
+  trap "signal_all KILL; exit $((128 + $2))" TERM INT # a second signal: at once
+  stop_all "$grace_s"
   exit $((128 + $2))
 }
 trap 'on_signal TERM 15' TERM
@@ -78,7 +84,7 @@ for ((left = n; left > 0; left--)); do
       echo "ppl-jax: error: $who was killed by SIG$(kill -l $((status - 128))); the run is" \
         "stopped. Run the same command again to resume." >&3
     fi
-    stop_all
+    stop_all "$fail_grace_s"
     exit "$status"
   fi
 done

@@ -7,6 +7,10 @@ without a traceback; anything else is a bug in ppl_jax and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
+
 
 class PplJaxError(Exception):
     """A user-facing error: the message names the file, document, weight or setting, and the fix."""
@@ -35,3 +39,25 @@ class Interrupted(PplJaxError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+_CHECKPOINT_KEY = re.compile(r"(?<![\w.])checkpoint\.(dir|step|format)\b")
+
+
+@contextlib.contextmanager
+def settings_named(prefix: str) -> Iterator[None]:
+    """Within the block, an error whose sentence names the scored model's settings
+    `checkpoint.dir`, `checkpoint.step` or `checkpoint.format` is raised again naming those of
+    another model opened by the same readers: `<prefix>.dir`, ... (`longppl.evaluator`,
+    `reference.checkpoint`), so that the sentence names the setting to fix.
+
+    Raises:
+      PplJaxError: the same kind of error, its settings renamed (`Interrupted` unchanged).
+    """
+    try:
+        yield
+    except PplJaxError as e:
+        text = _CHECKPOINT_KEY.sub(lambda m: f"{prefix}.{m.group(1)}", str(e))
+        if isinstance(e, Interrupted) or text == str(e):
+            raise
+        raise type(e)(text) from None

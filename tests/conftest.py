@@ -65,24 +65,56 @@ def _test_data_dir() -> str | None:
     return os.path.abspath(path) if path and os.path.isdir(path) else None
 
 
-def pytest_ignore_collect(collection_path, config):
-    path = os.path.abspath(str(collection_path))
-    if path == os.path.join(HERE, "reference"):
-        return True if _missing_reference_packages() else None
-    if path == os.path.join(HERE, "shared_data"):
-        return True if _test_data_dir() is None else None
-    if path == os.path.join(HERE, "gpu"):
-        return True if os.environ.get(GPU_TESTS_ENV) != "1" else None
-    if path in HARNESS_PATHS:  # the harness model runs lm_eval's own code (the `harness` extra)
-        return True if importlib.util.find_spec("lm_eval") is None else None
-    return None
-
-
 HARNESS_PATHS = {
     os.path.join(HERE, "unit", "harness"),
     os.path.join(HERE, "e2e", "test_harness_cli.py"),
     os.path.join(HERE, "multiprocess", "test_harness_processes.py"),
 }
+
+
+def unavailable(path) -> str | None:
+    """Why the optional tier that holds `path` (a file or folder) cannot run here, or None: the
+    live references without their packages, the shared-data tests without their folder, the GPU
+    tests unasked, the harness without lm_eval."""
+    path = os.path.abspath(str(path))
+
+    def within(folder: str) -> bool:
+        return path == folder or path.startswith(folder + os.sep)
+
+    if within(os.path.join(HERE, "reference")) and _missing_reference_packages():
+        missing = ", ".join(_missing_reference_packages())
+        return f"the live references need {missing}: pip install '.[reference]'"
+    if within(os.path.join(HERE, "shared_data")) and _test_data_dir() is None:
+        return f"the shared-data tests need {helpers.TEST_DATA_ENV} to name the data folder"
+    if within(os.path.join(HERE, "gpu")) and os.environ.get(GPU_TESTS_ENV) != "1":
+        return f"the GPU tests run with {GPU_TESTS_ENV}=1, on a machine with a GPU"
+    if any(within(p) for p in HARNESS_PATHS) and importlib.util.find_spec("lm_eval") is None:
+        return "the harness tests need lm_eval: pip install '.[harness]'"
+    return None
+
+
+def pytest_ignore_collect(collection_path, config):
+    """An optional tier's folder is left out of a run that cannot run it (see `unavailable`)."""
+    path = os.path.abspath(str(collection_path))
+    optional = {os.path.join(HERE, f) for f in ("reference", "shared_data", "gpu")}
+    if path in optional | HARNESS_PATHS:
+        return True if unavailable(path) else None
+    return None
+
+
+class _Unavailable(pytest.File):
+    """An optional tier's file named on the command line where the tier cannot run: one skip
+    with the reason, not the ImportError of its imports."""
+
+    def collect(self):
+        raise pytest.skip.Exception(unavailable(self.path), allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    # Folders of optional tiers are left out (`pytest_ignore_collect`); a file named alone is not.
+    if unavailable(module_path):
+        return _Unavailable.from_parent(parent, path=module_path)
+    return None
 
 
 def pytest_report_header(config) -> list[str]:

@@ -24,7 +24,8 @@ import os
 from typing import Any
 
 from ppl_jax.checkpoints import hf
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import paths
 
@@ -213,6 +214,10 @@ def parse(setting: str) -> tuple[str, Any]:
     if paths.isfile(path):
         data = paths.read_json_object(path, "checkpoint.architecture")
         if "family" in data:
+            try:
+                registry.check_sizes(data)  # named by its file: the check repeats at build
+            except CheckpointError as e:
+                raise CheckpointError(f"{path!r}: {e}") from None
             return "description", data
         if "model_type" in data and os.path.basename(path) == "config.json":
             return "hf", hf.read_description(os.path.dirname(path) or ".")

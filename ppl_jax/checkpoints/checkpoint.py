@@ -17,6 +17,11 @@ the first that claims the path. Each reader answers:
   revision's commit): the `checkpoint` part of a run's fingerprint;
 - `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
 
+No link leads out of a checkpoint: before `stored`, `read`, `restore`, `carried_description`,
+`stored_tokenizer` and `layout_lines`, the protocol itself runs the one check of links
+(`ppl_jax.runtime.paths.refuse_links_out`) over `files(step)` (or `links_scope(step)`;
+`ppl_jax.checkpoints.links`): a new reader gets it by subclassing `Checkpoint`.
+
 From these answers every `Checkpoint` gives the architecture (`description`, `model`,
 `attention`), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`), the mapping of its
 stored names onto a model's weights (`rules`, `mapped`; `ppl_jax.checkpoints.mapping`) and the
@@ -38,6 +43,7 @@ from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
 from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
@@ -49,7 +55,7 @@ from ppl_jax.runtime import paths
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
 
-class Checkpoint(abc.ABC):
+class Checkpoint(LinksChecked, abc.ABC):
     """An opened checkpoint: one reader of one layout (see the module docstring).
 
     `step=None` in any method means the latest finalized step, looked up anew on each call (a
@@ -182,6 +188,8 @@ class Checkpoint(abc.ABC):
             found["entry_module"] = fingerprint_lib.content_digest(origin) if origin else entry
         if self.mapping:
             preset = self.mapping in presets.PRESETS
+            if not preset:
+                self.mapping_file()  # refuses what is no small regular file before its digest
             found["mapping"] = (
                 self.mapping if preset else fingerprint_lib.content_digest(self.mapping)
             )

@@ -98,38 +98,6 @@ def check_ocdbt_index(item_dir: str, directory: str, step: int | None, item: str
         raise damaged(directory, step, "the OCDBT index of its arrays cannot be read", e) from None
 
 
-def check_links_inside(item_dir: str, directory: str) -> None:
-    """Every file and folder under `item_dir` resolves inside the checkpoint `directory`.
-
-    A link leading out of the checkpoint folder (to another model's arrays, or to any file of the
-    machine) is not followed: Orbax and TensorStore would read through it. The checkpoint folder
-    itself may be a link; what it holds may not lead out of it. Remote folders hold no links.
-
-    Raises:
-      CheckpointError: naming the first link that leads out, and where it leads.
-    """
-    if not paths.is_local(item_dir) or not os.path.isdir(item_dir):
-        return
-    root = os.path.realpath(directory)
-    inside = os.path.realpath(item_dir)
-    if inside != root and not inside.startswith(root + os.sep):
-        raise _outside(item_dir, inside, directory)
-    for folder, names, files in os.walk(item_dir):
-        for name in names + files:
-            full = os.path.join(folder, name)
-            if os.path.islink(full):
-                real = os.path.realpath(full)
-                if real != root and not real.startswith(root + os.sep):
-                    raise _outside(full, real, directory)
-
-
-def _outside(link: str, real: str, directory: str) -> CheckpointError:
-    return CheckpointError(
-        f"{link!r} in the checkpoint {directory!r} is a link to {real!r}, outside the checkpoint "
-        f"folder; ppl_jax reads no file outside it. Copy the file into the checkpoint instead."
-    )
-
-
 def _names(folder: str) -> list[str]:
     try:
         return paths.listdir(folder)
@@ -138,11 +106,23 @@ def _names(folder: str) -> list[str]:
 
 
 class _ItemReadNoise(logging.Filter):
-    """Orbax warns that an item folder read on its own has no step `_CHECKPOINT_METADATA` (the
-    step folder has it): true of every item, so not shown."""
+    """Orbax's warnings that say only what ppl_jax asked for, so not shown: an item folder read
+    on its own has no step `_CHECKPOINT_METADATA` (the step folder has it), and a
+    `CheckpointManager` opened read-only (as every reader opens it: `orbax._manager`) says so
+    three times per opening ("Given directory is read only", "read_only=True, setting
+    create=False" and "... save_interval_steps=0"), five openings per restore. Every other
+    warning of Orbax's is shown."""
+
+    NOISE = (
+        "Metadata file does not exist",
+        "Given directory is read only=",
+        "CheckpointManagerOptions.read_only=True, setting create=False",
+        "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Metadata file does not exist" not in record.getMessage()
+        message = record.getMessage()
+        return not any(n in message for n in self.NOISE)
 
 
 logging.getLogger("absl").addFilter(_ItemReadNoise())

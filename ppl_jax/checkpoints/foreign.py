@@ -133,7 +133,7 @@ def stored_params(
         `checkpoint.params`).
     """
     item_dir = layout.item_dir(step)
-    damage.check_links_inside(item_dir, directory)
+    paths.refuse_links_out(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, layout.item)
     damage.check_ocdbt_index(item_dir, directory, step, layout.item)
     try:

@@ -277,7 +277,26 @@ class Safetensors:
         return self._open[file]
 
     def slice(self, name: str):
-        return self._handle(self.file_of[name]).get_slice(name)
+        """The stored tensor `name`, lazily, from the shard its index names.
+
+        Raises:
+          CheckpointError: the shard does not hold it (an index that does not match its shards:
+            damage, named by weight and shard).
+        """
+        handle = self._handle(self.file_of[name])
+        try:
+            return handle.get_slice(name)
+        except Exception:  # safetensors' own SafetensorError: "File does not contain tensor"
+            if name in handle.keys():
+                raise
+        files = sorted(set(self.file_of.values()))
+        holding = [f for f in files if name in self._handle(f).keys()]
+        raise CheckpointError(
+            f"{paths.join(self.path, INDEX)!r} names the shard {self.file_of[name]!r} for the "
+            f"weight {name!r}, which that shard does not hold"
+            f"{f' (it is in {holding[0]!r})' if holding else ''}: the index does not match its "
+            f"shards, the checkpoint is damaged. Download the checkpoint again."
+        )
 
     def stored(self, prefixes: tuple[str, ...], text_only: bool) -> dict[str, tuple[tuple, str]]:
         """The rules' names -> (shape, safetensors dtype), read from the headers: each name with

@@ -279,6 +279,11 @@ class HubRepo(HFDirectory):
     def folder(self, step: int | None) -> str:
         return self.repo.snapshot(step)
 
+    def links_scope(self, step: int | None) -> tuple[str, str]:
+        """The revision's snapshot, whose files may lead into the repository's `blobs` only."""
+        folder = self.folder(step)
+        return folder, folder
+
     def steps(self) -> list[int]:
         return self.repo.steps()
 

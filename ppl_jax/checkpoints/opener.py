@@ -25,7 +25,7 @@ item or params path is given.
 
 from __future__ import annotations
 
-from ppl_jax.checkpoints import hf, orbax
+from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints.checkpoint import DTYPES, Checkpoint, Options, dtype_of
 from ppl_jax.checkpoints.easydel import EasyDeLCheckpoint
 from ppl_jax.checkpoints.foreign import ForeignOrbax
@@ -34,7 +34,7 @@ from ppl_jax.checkpoints.levanter import LevanterRun
 from ppl_jax.checkpoints.orbax_v1 import OrbaxV1
 from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.checkpoints.t5x import T5XCheckpoint
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.runtime import paths
 
 READERS: tuple[type[Checkpoint], ...] = (
@@ -62,7 +62,7 @@ def choose(
 
     Raises:
       ConfigError: an unknown format; a remote path whose filesystem package is missing.
-      CheckpointError: no such directory, in the words of the format's reader.
+      CheckpointError: no such directory, naming the layouts of the readers asked.
     """
     if format not in FORMATS:
         raise ConfigError(f"checkpoint.format={format!r} is not one of {', '.join(FORMATS)}.")
@@ -82,7 +82,15 @@ def choose(
             hf.read_description(path)  # its sentence for a missing directory
         return HFDirectory, "checkpoint.format=hf"
     if not found:
-        orbax.finalized_steps(path)  # its sentence for a missing directory
+        layouts = dict.fromkeys(
+            r.layout_name.split(" (")[0]
+            for r in READERS
+            if format == "auto" or not r.formats or format in r.formats
+        )
+        raise CheckpointError(
+            f"checkpoint.dir: no such directory {path!r}. Give a checkpoint of a layout ppl_jax "
+            f"reads: {', '.join(layouts)} (docs/checkpoints.md)."
+        )
     if options.architecture or options.names_a_tree:
         return ForeignOrbax, "no step yet; an architecture or mapping is given"
     return OwnOrbax, "no step yet (read as ppl_jax's own when one is finalized)"
@@ -119,9 +127,9 @@ def open_checkpoint(
 
     Raises:
       ConfigError: an unknown format; a remote path whose filesystem package is missing.
-      CheckpointError: no such directory, in the words of the format's own reader (an Orbax
-        directory: "checkpoint.dir: no such directory ..."; a Hugging Face one: its config.json
-        is missing); a malformed hub id.
+      CheckpointError: no such directory ("checkpoint.dir: no such directory ...", naming every
+        layout the readers read; with `format="hf"`: its config.json is missing); a malformed
+        hub id.
     """
     options = Options(architecture, mapping, item, params, bool(allow_download))
     reader, why = choose(path, format, options)

@@ -160,7 +160,7 @@ def read_metadata(directory: str, step: int | None) -> tuple[int, dict[str, Any]
                 f"ppl_jax.checkpoints.orbax.save_train_state, or give the architecture "
                 f"(checkpoint.architecture) and a mapping (checkpoint.mapping)."
             )
-        damage.check_links_inside(paths.join(directory, str(chosen), METADATA), directory)
+        paths.refuse_links_out(paths.join(directory, str(chosen), METADATA), directory)
         try:
             restored = manager.restore(
                 chosen, args=ocp.args.Composite(**{METADATA: ocp.args.JsonRestore()})
@@ -269,7 +269,7 @@ def read_arrays(
     """
     if restore is None:
         restore = lambda subset: _restore_names(item_dir, subset)  # noqa: E731
-    damage.check_links_inside(item_dir, directory)
+    paths.refuse_links_out(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, item)
     damage.check_ocdbt_index(item_dir, directory, step, item)
     try:
@@ -306,7 +306,7 @@ def _read_checksums(directory: str, step: int) -> dict | None:
     item = paths.join(directory, str(step), CHECKSUMS)
     if not paths.isdir(item):
         return None
-    damage.check_links_inside(item, directory)
+    paths.refuse_links_out(item, directory)
     try:
         saved = _read_json_item(item)
     except Exception as e:  # Orbax's own errors for a missing or corrupt JSON file
@@ -339,7 +339,7 @@ def restore_params(directory: str, step: int, target: Any) -> Any:
         bit for bit; flipped bits in other checkpoints' array data go unnoticed.
     """
     item_dir = paths.join(directory, str(step), STATE)
-    damage.check_links_inside(item_dir, directory)
+    paths.refuse_links_out(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, STATE)
     damage.check_ocdbt_index(item_dir, directory, step, STATE)
     try:

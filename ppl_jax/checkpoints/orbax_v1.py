@@ -141,7 +141,7 @@ class OrbaxV1(Checkpoint):
 
             item = self.item(step)
             item_dir = paths.join(self._checkpoint(step), item)
-            damage.check_links_inside(self._checkpoint(step), self.path)
+            paths.refuse_links_out(self._checkpoint(step), self.path)
             damage.check_tree_metadata(item_dir, self.path, step, item)
             damage.check_ocdbt_index(item_dir, self.path, step, item)
             try:

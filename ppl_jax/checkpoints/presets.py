@@ -38,6 +38,24 @@ from ppl_jax.runtime import paths
 
 PRESETS = ("maxtext", "gemma", "identity")
 FILE_KEYS = {"item", "params", "rules"}
+MAX_FILE_BYTES = 1 << 20  # a mapping of every weight of the largest models is a few kB
+
+
+class _Alias(Exception):
+    def __init__(self, event: Any):
+        super().__init__(event.anchor)
+        self.event = event
+
+
+class _Loader(yaml.SafeLoader):
+    """`yaml.SafeLoader` without aliases (`*name`): an alias repeats a node, and nested ones
+    repeat it exponentially (a "billion laughs" of a few hundred bytes); a mapping writes each
+    rule out."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _Alias(self.peek_event())
+        return super().compose_node(parent, index)
 
 
 def _maxtext(architecture: dict[str, Any]) -> list[dict[str, Any]]:
@@ -153,15 +171,29 @@ def detect(stored: list[str]) -> str | None:
 def read_file(path: str) -> dict[str, Any]:
     """A mapping file: `{"item": str?, "params": str?, "rules": [rule, ...]}` (see the module).
 
+    Read as data, never trusted: a regular file of at most `MAX_FILE_BYTES` (a FIFO, a device
+    such as `/dev/zero`, or a larger file is refused before it is read), YAML without aliases
+    (`_Loader`).
+
     Raises:
-      CheckpointError: an unreadable file, not YAML, unknown keys, or faulty rules, naming it.
+      CheckpointError: an unreadable file (not a regular file, too large, not UTF-8), not YAML,
+        an alias, unknown keys, or faulty rules, naming it.
     """
     try:
-        text = paths.read_bytes(path).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint.mapping: cannot read {path!r} ({e}).") from None
+        text = paths.read_small(path, MAX_FILE_BYTES).decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint.mapping: cannot read {path!r} ({e}); give a YAML or JSON file of at "
+            f"most {MAX_FILE_BYTES:,} bytes."
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader without aliases
+    except _Alias as e:
+        raise CheckpointError(
+            f"checkpoint.mapping {path!r} uses the YAML alias *{e.event.anchor} at line "
+            f"{e.event.start_mark.line + 1}; ppl_jax reads no aliases (nested ones grow without "
+            f"bound): write the rule out."
+        ) from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

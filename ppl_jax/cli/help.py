@@ -131,9 +131,28 @@ def _unknown_key(e: Exception) -> str | None:
     if not unknown:
         return None
     key = unknown[0]
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    close = _same_setting(key, known) or difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     guess = f"; did you mean {close[0]}?" if close else "."
     return f"unknown config key {key}{guess} ppl-jax --help lists the keys."
+
+
+def _same_setting(key: str, known: list[str]) -> list[str]:
+    """The known key of the same name in another section (`checkpoint.dtype` -> `model.dtype`,
+    not the look-alike `checkpoint.step`): one under the same first section, else the
+    shallowest, the scored model's sections first."""
+    leaf = key.rsplit(".", 1)[-1]
+    same = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+
+    def rank(k: str) -> tuple:
+        shared = k.split(".")[0] == key.split(".")[0]  # reference.step: reference.checkpoint.step
+        main = k.split(".")[0] in _MAIN
+        return (not shared, k.count("."), not main, -difflib.SequenceMatcher(None, key, k).ratio())
+
+    return sorted(same, key=rank)[:1]
+
+
+# The sections that set the scored model's run (before the diagnostics' reference, longppl).
+_MAIN = ("checkpoint", "data", "eval", "model", "mesh", "output", "metrics")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -22,14 +22,20 @@ import os
 import sys
 from typing import Any, TextIO
 
-from absl import app, flags
-from ml_collections import config_flags
-
-from ppl_jax.cli import help as help_lib
+from ppl_jax.runtime import preemption
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "defaults.py")
-EXAMPLES = help_lib.EXAMPLES
 _CONFIG = None  # the --config flag, defined by run()
+
+
+def __getattr__(name: str) -> Any:
+    # `EXAMPLES` is help's: imported on first use, so that this module (the entry point) is
+    # light and installs its signal handlers before anything that takes seconds is imported.
+    if name == "EXAMPLES":
+        from ppl_jax.cli import help as help_lib
+
+        return help_lib.EXAMPLES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _tool(name: str, argv: list[str]) -> None:
@@ -52,6 +58,8 @@ def main(argv: list[str]) -> None:
 def unexpected(words: list[str]) -> None:
     """One sentence for words on the command line that are neither flags nor a tool (absl printed
     its usage text), and exit status 2."""
+    from ppl_jax.cli import help as help_lib
+
     word = words[0]
     close = difflib.get_close_matches(word, list(help_lib.SUBCOMMANDS), n=1, cutoff=0.7)
     if close:
@@ -108,12 +116,20 @@ class PipeSafe:
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Its first instruction answers SIGTERM and SIGINT
+    (`preemption.answer_at_once`: one sentence and the exit status 128 + the signal, until a
+    run installs its own handlers), before anything that takes time is imported or read."""
     global _CONFIG
+    preemption.answer_at_once()
     if not isinstance(sys.stdout, PipeSafe):
         sys.stdout, sys.stderr = PipeSafe(sys.stdout), PipeSafe(sys.stderr)
+    from ppl_jax.cli import help as help_lib
+
     if len(sys.argv) > 1 and sys.argv[1] in help_lib.SUBCOMMANDS:
         _tool(sys.argv[1], sys.argv[2:])
+    from absl import app, flags
+    from ml_collections import config_flags
+
     if _CONFIG is None:
         try:  # config_flags reads the file and the overrides as soon as the flag is defined
             _CONFIG = config_flags.DEFINE_config_file(

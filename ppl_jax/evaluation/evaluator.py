@@ -139,7 +139,15 @@ class Evaluator:
                 raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
             check_window(proto.seq_len, model, f"dataset {ds.name!r}: seq_len")
             self.datasets.append(
-                plan_dataset(ds, proto, tokenizer, model.vocab_size, batch, model.honours_segments)
+                plan_dataset(
+                    ds,
+                    proto,
+                    tokenizer,
+                    model.vocab_size,
+                    batch,
+                    model.honours_segments,
+                    mesh.shape["data"],
+                )  # fmt: skip
             )
         for i, d in enumerate(self.datasets):
             check_batch_size(d.layout.batch_size, mesh)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.checkpoints import DTYPES, open_checkpoint
-from ppl_jax.errors import ConfigError, DataError
+from ppl_jax.errors import ConfigError, DataError, settings_named
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
 from ppl_jax.models.interface import LanguageModel
@@ -71,7 +71,8 @@ class KeyEvaluator:
 
     def restore(self) -> Any:
         """Its params, on the mesh."""
-        return self.ckpt.restore(self.step, self.target)
+        with settings_named("longppl.evaluator"):
+            return self.ckpt.restore(self.step, self.target)
 
 
 def check(
@@ -103,10 +104,11 @@ def check(
     if lc.evaluator is None:
         return None
     e = lc.evaluator
-    ckpt = open_checkpoint(e.checkpoint_dir, e.checkpoint_format)
-    step = ckpt.resolve_step(e.checkpoint_step)
-    model_e = ckpt.model(e.dtype, "auto", step)
-    tok = ckpt.tokenizer(step)
+    with settings_named("longppl.evaluator"):  # its own keys, not the scored model's
+        ckpt = open_checkpoint(e.checkpoint_dir, e.checkpoint_format)
+        step = ckpt.resolve_step(e.checkpoint_step)
+        model_e = ckpt.model(e.dtype, "auto", step)
+        tok = ckpt.tokenizer(step)
     if tok is None:
         raise ConfigError(
             f"longppl.evaluator.dir={e.checkpoint_dir!r} holds no tokenizer (tokenizer.json or "

@@ -86,6 +86,21 @@ def run(
       resumes it).
     """
     started = time.perf_counter()
+    # One set of signal handlers for the whole run, before its setup: a signal between its
+    # phases (setup, a step's restore, the next pair) stops it there, in one sentence.
+    with preemption.StopRequest() as stop:
+        return _run(spec, out, progress_factory, printer, config, started, stop)
+
+
+def _run(
+    spec: RunSpec,
+    out: OutputDir | None,
+    progress_factory: Callable[[int, int], Any] | None,
+    printer: Callable[[str], None],
+    config: dict[str, Any] | None,
+    started: float,
+    stop: preemption.StopRequest,
+) -> RunResult:
     p = set_up(spec, out)
     evaluator = Evaluator(
         p.model,
@@ -96,7 +111,7 @@ def run(
         reference=None if p.reference is None else (p.reference.model, p.reference.shardings),
         compile=False,
     )
-    job = _Job(spec, p, evaluator, out, progress_factory, started)
+    job = _Job(spec, p, evaluator, out, progress_factory, started, stop)
     results = store.ResultsStore.in_dir(out.path) if out is not None else None
     opened: list[sinks.Sink] = []
     if out is not None and results is not None:
@@ -106,8 +121,23 @@ def run(
         opened = sinks.open_sinks(spec.sinks + (("console",) if spec.is_training_run else ()), info)
     names = [d.name for d in p.datasets]
     finished = False
+    kept = (
+        "every finished (step, dataset) is in results.jsonl; run the same command again to resume."
+        if spec.is_training_run
+        else "nothing more was scored; run the same command again (it goes on from the journal "
+        "of an earlier stop, if any)."
+    )
     try:
-        for step in steps_to_score(spec, p.ckpt, p.first_step):
+        stop.check("before scoring began", kept)
+        for step in steps_to_score(
+            spec, p.ckpt, p.first_step, lambda: stop.check("while watching", kept)
+        ):
+            before, restored = (
+                (f"before step {step}", f"after restoring step {step}, before scoring it")
+                if spec.is_training_run
+                else ("before scoring began", "after reading the weights, before scoring them")
+            )
+            stop.check(before, kept)
             parts = {d.name: p.fingerprint(d, step) for d in p.datasets}
             todo = [1] * len(p.datasets)
             if spec.is_training_run:  # a pair stored with the same fingerprint is skipped
@@ -127,6 +157,7 @@ def run(
             }
             if any(todo):
                 job.restore(step)
+                stop.check(restored, kept)
             for d in p.datasets:
                 if d.name in recorders:
                     job.score(d, step, recorders[d.name], opened)
@@ -169,6 +200,7 @@ class _Job:
     out: OutputDir | None
     progress_factory: Callable[[int, int], Any] | None
     started: float
+    stop: preemption.StopRequest
     params: Any = None
     reference_params: Any = None
     evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
@@ -227,20 +259,20 @@ class _Job:
             progress = self.progress_factory(w, windows_done)
         params = self.params
         params_in = params if self.reference_params is None else (params, self.reference_params)
+        stop = self.stop
         try:
-            with preemption.StopRequest() as stop:
-                if not diagnostics.before(p, params, d, spec, watch, stop):
-                    raise _interrupted(recorder, stop, step, d.name, b, spec)
-                observers = [stop, *watch.observers, recorder, *([progress] if progress else [])]
-                sums, totals = self.evaluator.score(params_in, d, observers, recorder.state)
-                sweep = None
-                if totals.stopped_at is None and spec.diagnostics.context_lengths:
-                    sweep = diagnostics.context_sweep(
-                        p.model, params, p.mesh, p.shardings, d.plan, spec, stop,
-                        self.progress_factory,
-                    )  # fmt: skip
-                    if sweep is None:
-                        totals.stopped_at = b
+            if not diagnostics.before(p, params, d, spec, watch, stop):
+                raise _interrupted(recorder, stop, step, d.name, b, spec)
+            observers = [stop, *watch.observers, recorder, *([progress] if progress else [])]
+            sums, totals = self.evaluator.score(params_in, d, observers, recorder.state)
+            sweep = None
+            if totals.stopped_at is None and spec.diagnostics.context_lengths:
+                sweep = diagnostics.context_sweep(
+                    p.model, params, p.mesh, p.shardings, d.plan, spec, stop,
+                    self.progress_factory,
+                )  # fmt: skip
+                if sweep is None:
+                    totals.stopped_at = b
             if totals.stopped_at is not None:
                 raise _interrupted(recorder, stop, step, d.name, b, spec)
             found = diagnostics.collect(spec, totals, watch, sweep)

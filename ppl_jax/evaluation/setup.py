@@ -15,7 +15,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from ppl_jax import tokenizer
 from ppl_jax.checkpoints import DTYPES, Checkpoint, open_checkpoint
 from ppl_jax.data import documents as data
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import ConfigError, settings_named
 from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import check_batch_size, check_window
 from ppl_jax.evaluation.spec import RunSpec
@@ -45,7 +45,8 @@ class Reference:
 
     def restore(self) -> Any:
         """The reference's params, on the mesh."""
-        return self.checkpoint.restore(self.step, self.target)
+        with settings_named("reference.checkpoint"):
+            return self.checkpoint.restore(self.step, self.target)
 
 
 @dataclasses.dataclass
@@ -220,7 +221,12 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         )
         plan, docs, _ = planner.planned(ds, protocol, tok, model.vocab_size, read_first)
         datasets.append(
-            Dataset(ds, protocol, plan, planner.batches(plan, spec.batch, model.honours_segments))
+            Dataset(
+                ds,
+                protocol,
+                plan,
+                planner.batches(plan, spec.batch, model.honours_segments, mesh.shape["data"]),
+            )
         )
         documents[ds.name] = docs
     key_eval = None
@@ -302,10 +308,11 @@ def _reference(
         Hugging Face directory's tokenizer files): the same ids would name other strings.
     """
     ref = spec.diagnostics.reference
-    ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
-    step = ckpt.resolve_step(ref.checkpoint_step)
     context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
-    ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
+    with settings_named("reference.checkpoint"):  # its own keys, not the scored model's
+        ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
+        step = ckpt.resolve_step(ref.checkpoint_step)
+        ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
     _check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(

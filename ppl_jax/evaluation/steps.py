@@ -4,7 +4,7 @@ process: process 0 looks, and broadcasts what it decided."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 import numpy as np
@@ -27,11 +27,14 @@ def agree(values: list[int]) -> list[int]:
     return [int(x) for x in got[1 : 1 + int(got[0])]]
 
 
-def steps_to_score(spec: RunSpec, ckpt: Checkpoint, first: int | None) -> Iterator[int | None]:
+def steps_to_score(
+    spec: RunSpec, ckpt: Checkpoint, first: int | None, waiting: Callable[[], None] = lambda: None
+) -> Iterator[int | None]:
     """The checkpoint steps to score, in order; with `checkpoint.watch`, each newly finalized
     step as it appears, until `checkpoint.watch_until` is scored or no new step came for
     `checkpoint.watch_timeout` seconds. Process 0 looks; every process gets the same steps. A
-    checkpoint of one set of weights (`first` None) is scored once."""
+    checkpoint of one set of weights (`first` None) is scored once. `waiting` is called before
+    each look while watching (it raises to stop the run: the run's `StopRequest.check`)."""
     s = spec.steps
     if first is None or not (s.is_sweep or spec.is_training_run):
         yield first
@@ -54,6 +57,7 @@ def steps_to_score(spec: RunSpec, ckpt: Checkpoint, first: int | None) -> Iterat
     while True:
         if s.watch_until is not None and any(x >= s.watch_until for x in seen):
             return
+        waiting()
         new: list[int] = []
         timed_out = 0
         available = ckpt.steps()

@@ -30,8 +30,11 @@ and module (the Llama-like ones all build `LlamaConfig` descriptions, family `ll
 owns it (its `name` is the config's `FAMILY`), and a description is built by its owner.
 
 Descriptions are checked before anything is built (`check_sizes`): every size a positive integer
-below `MAX_SIZES` (the largest published models, with room), so that a description or a
-`config.json` claiming a billion experts or layers is one sentence, not minutes of building.
+below `MAX_SIZES` (the largest published models, with room; `ppl_jax.models.bounds`), every number
+finite; a `config.json` is checked by its own key names before its family's reader runs
+(`bounds.check_hf_sizes`), so that a description or a `config.json` claiming a billion experts
+or layers, a chunk or kernel of 0, or a NaN is one sentence naming the key, not minutes of
+building or a traceback. A family's reader need not check those keys again.
 """
 
 from __future__ import annotations
@@ -51,28 +54,11 @@ from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
+from ppl_jax.models.bounds import MAX_SIZES, MAY_BE_ZERO, check_finite, check_hf_sizes
 from ppl_jax.models.interface import LanguageModel
 
 MIXERS = ("attention", "linear_attention", "state_space", "none")
 MLPS = ("dense", "moe", "none")
-# Upper bounds of a description's sizes (the largest published models: vocabularies of 262k,
-# 126 layers, widths of 16k-25k, 384 experts, contexts of 10M tokens), each far above them.
-MAX_SIZES = {
-    "vocab_size": 1 << 23,
-    "num_layers": 1024,
-    "embed_dim": 1 << 18,
-    "mlp_dim": 1 << 20,
-    "num_heads": 4096,
-    "num_kv_heads": 4096,
-    "head_dim": 1 << 14,
-    "max_positions": 1 << 28,
-    "moe_experts": 1 << 14,
-    "moe_mlp_dim": 1 << 20,
-    "moe_top_k": 1 << 14,
-    "moe_shared_mlp_dim": 1 << 20,
-    "rotary_dim": 1 << 14,
-    "sliding_window": 1 << 28,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,22 +188,22 @@ def for_description(description: dict[str, Any]) -> Family:
 
 def check_sizes(description: dict[str, Any]) -> None:
     """Every size of a description (`MAX_SIZES`' keys it has) is a positive integer within its
-    bound, and each layer index list names layers that exist; checked before anything is built.
+    bound (or 0, for those of `MAY_BE_ZERO`), every other number is finite, and each layer
+    index list names layers that exist; checked before anything is built.
 
     Raises:
-      CheckpointError: the first size out of bounds, in one sentence.
+      CheckpointError: the first size out of bounds or number not finite, in one sentence.
     """
     for key, bound in MAX_SIZES.items():
         value = description.get(key)
-        if value is None or (key in ("sliding_window", "rotary_dim", "moe_experts",
-                                     "moe_mlp_dim", "moe_top_k", "moe_shared_mlp_dim")
-                             and value == 0):  # fmt: skip
+        if value is None or (key in MAY_BE_ZERO and value == 0):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
             raise CheckpointError(
                 f"the architecture's {key}={str(value)[:40]} is not a size ppl_jax builds "
                 f"(a whole number from 1 to {bound:,}); check the config or description."
             )
+    check_finite(description, "the architecture's ")
     layers = description.get("num_layers")
     for key, value in description.items():
         if key.endswith("_layers") and key != "num_layers" and isinstance(value, list | tuple):
@@ -323,11 +309,14 @@ def context_refusal(description: Any) -> str | None:
 
 
 def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The description of a Hugging Face `config.json` dict, its sizes checked.
+    """The description of a Hugging Face `config.json` dict, its sizes checked: by their own
+    names before the family's reader runs (`bounds.check_hf_sizes`), then the description's
+    (`check_sizes`).
 
     Raises:
-      CheckpointError: an unsupported `model_type` (naming the supported ones) or as the
-        family's reader and `check_sizes`; KeyError: a required field is missing.
+      CheckpointError: an unsupported `model_type` (naming the supported ones), a size out of
+        bounds or a number that is not finite (naming the key), or as the family's reader;
+        KeyError: a required field is missing.
     """
     family = for_model_type(config.get("model_type"))
     if family is None:
@@ -335,6 +324,7 @@ def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
             f"model_type {_short(config.get('model_type'))} is not supported; ppl_jax loads "
             f"Hugging Face model types {', '.join(sorted(model_types()))}."
         )
+    check_hf_sizes(config)
     description = family.hf_readers[config["model_type"]](config).to_dict()
     check_sizes(description)
     return description

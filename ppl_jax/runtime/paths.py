@@ -16,10 +16,14 @@ import json
 import os
 import posixpath
 import re
+import stat
 from typing import Any, BinaryIO
 
 from ppl_jax.errors import CheckpointError, ConfigError
 
+# The largest JSON file read (a config, an index, a description): an index of 10^5 weights is
+# about 10 MB.
+MAX_JSON_BYTES = 1 << 26
 SCHEMES = ("gs", "s3", "az", "hf")  # those `etils.epath` reads (etils.epath.gpath._URI_SCHEMES)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The fsspec implementation each scheme needs, for the message when it is not installed.
@@ -128,6 +132,39 @@ def read_bytes(path: str) -> bytes:
         raise missing_backend(path, e) from None
 
 
+def read_small(path: str, limit: int) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them: a file named by a user
+    (a mapping, an architecture) read without trusting what it is. A FIFO, a device
+    (`/dev/zero`), a socket or a folder is refused before it is read (opened without blocking,
+    then checked by `fstat`), so that nothing waits on a writer or reads without end.
+
+    Raises:
+      OSError: as `open` does (FileNotFoundError for a missing file).
+      ValueError: not a regular file, or larger than `limit` bytes (the message says which).
+      ConfigError: the fsspec implementation of a remote scheme is not installed.
+    """
+    if is_local(path):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        found = os.fstat(fd)
+        why = "not a regular file" if not stat.S_ISREG(found.st_mode) else None
+        if why is None and found.st_size > limit:
+            why = f"larger than {limit:,} bytes"
+        if why is not None:
+            os.close(fd)
+            raise ValueError(why)
+        f = os.fdopen(fd, "rb")
+    else:
+        f = open_binary(path)
+    with f:
+        parts, size = [], 0
+        while size <= limit and (part := f.read(min(1 << 20, limit + 1 - size))):
+            parts.append(part)
+            size += len(part)
+    if size > limit:
+        raise ValueError(f"larger than {limit:,} bytes")
+    return b"".join(parts)
+
+
 def open_binary(path: str) -> BinaryIO:
     """File `path` opened for reading bytes, as a stream (`open(path, "rb")` for a local path,
     `etils.epath.Path(path).open("rb")` for a remote one); the caller closes it.
@@ -145,17 +182,23 @@ def open_binary(path: str) -> BinaryIO:
 
 
 def read_json_object(path: str, what: str) -> dict[str, Any]:
-    """The JSON object in the file `path`.
+    """The JSON object in the file `path` (a regular file of at most `MAX_JSON_BYTES`:
+    `read_small`).
 
     Raises:
-      CheckpointError: the file is missing (`what` says why it is needed), is not UTF-8 JSON, or
-        holds something other than an object; each naming the file.
+      CheckpointError: the file is missing (`what` says why it is needed), is no regular file or
+        too large, is not UTF-8 JSON, or holds something other than an object; each naming the
+        file.
     """
     try:
-        value = json.loads(read_bytes(path).decode("utf-8"))
+        data = read_small(path, MAX_JSON_BYTES)
     except FileNotFoundError:
         raise CheckpointError(f"{path!r} is missing; {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path!r} cannot be read ({e}).") from None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path!r} is not valid JSON ({e}).") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path!r} holds a JSON {type(value).__name__}, not an object.")
@@ -178,4 +221,62 @@ def resolves_inside(folder: str, file: str) -> tuple[str, bool]:
     """`(real path, whether it lies inside `allowed_roots(folder)`)` of the local `file` of
     `folder`, every symlink followed."""
     real = os.path.realpath(os.path.join(folder, file))
-    return real, any(os.path.commonpath([real, root]) == root for root in allowed_roots(folder))
+    return real, _inside(real, allowed_roots(folder))
+
+
+def _inside(real: str, roots: list[str]) -> bool:
+    return any(os.path.commonpath([real, root]) == root for root in roots)
+
+
+def refuse_links_out(folder: str, checkpoint: str) -> None:
+    """The one check of links in a checkpoint, which every checkpoint reader makes on every file
+    and folder it opens: `folder` (a step's folder, an item, or the whole checkpoint) and
+    everything below it resolve, every symlink followed, inside the checkpoint folder
+    `checkpoint` (or, for a snapshot of the Hugging Face hub cache, its repository's `blobs`:
+    `allowed_roots`).
+
+    The checkpoint folder itself may be a link, and links that stay inside are followed (a
+    folder reached twice is walked once); a link leading out (to another model's arrays, to
+    any file of the machine) is refused before anything reads through it: Orbax, TensorStore
+    and safetensors would. Remote folders hold no links: nothing to check. Readers call it
+    through `Checkpoint.check_links`, which the protocol runs before each reader's `stored`,
+    `read`, `restore`, `carried_description`, `stored_tokenizer` and `layout_lines`.
+
+    Cost: one `scandir` per folder below `folder`, a `realpath` per link; nothing is read.
+
+    Raises:
+      CheckpointError: naming the first link that leads out, where it leads, and the repair.
+    """
+    if not is_local(folder) or not is_local(checkpoint) or not os.path.lexists(folder):
+        return
+    roots = allowed_roots(checkpoint)
+    real = os.path.realpath(folder)
+    if not _inside(real, roots):
+        raise _link_out(folder, real, checkpoint)
+    seen = {real}
+    stack = [folder]
+    while stack:
+        here = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except NotADirectoryError:
+            continue
+        except OSError:  # unreadable: the reader's own sentence says so when it opens it
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not _inside(target, roots):
+                    raise _link_out(entry.path, target, checkpoint)
+                if os.path.isdir(target) and target not in seen:
+                    seen.add(target)
+                    stack.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+
+
+def _link_out(link: str, real: str, checkpoint: str) -> CheckpointError:
+    return CheckpointError(
+        f"{link!r} in the checkpoint {checkpoint!r} is a link to {real!r}, outside the checkpoint "
+        f"folder; ppl_jax reads no file outside it. Copy the file into the checkpoint instead."
+    )

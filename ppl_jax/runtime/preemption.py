@@ -1,8 +1,13 @@
 """Stopping a run cleanly on SIGTERM (a preemption notice) or SIGINT (Ctrl-C), at one batch that
 every process agrees on.
 
-On one process, the signal handlers only note the signal; the scoring loop asks `requested(i)`
-before each batch, stops, and the run saves its journal. On several processes, JAX's preemption
+The command line answers both signals from its first instruction (`answer_at_once`: one sentence
+and the exit status 128 + the signal), and a run installs its `StopRequest` once, before its
+setup, for all its steps and datasets: no signal ever meets the default action (a silent end) or
+a KeyboardInterrupt traceback. On one process, the run's handlers only note the signal; the
+scoring loop asks `requested(i)` before each batch, stops, and the run saves its journal;
+between its phases (setup, restoring a step, the next pair) the run asks `check` and stops
+there. On several processes, JAX's preemption
 service (`jax.distributed`, on by default) already catches SIGTERM and tells every process;
 `multihost_utils.reached_preemption_sync_point(i)` turns True on all of them at the same batch.
 SIGINT is passed on to it as a SIGTERM, so that Ctrl-C stops every process together too. A second
@@ -66,6 +71,25 @@ class StopRequest:
         if self._multi:  # JAX's preemption notifier handles SIGTERM for every process
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def check(self, where: str, then: str = "") -> None:
+        """Stops the run between its phases if a signal arrived (one process; on several, the
+        scoring loop's `requested` stops every process at the same batch).
+
+        Args:
+          where: where the run stopped, for the sentence ("before step 2").
+          then: what the sentence adds (what is kept, how to go on).
+
+        Raises:
+          Interrupted: naming the signal and `where`, with the exit status 128 + the signal.
+        """
+        if self.signal is None or self._multi:
+            return
+        name = signal.Signals(self.signal).name
+        raise Interrupted(
+            f"stopped by {name} {where}" + (f"; {then}" if then else "."),
+            EXIT_CODE.get(self.signal, 128 + self.signal),
+        )
+
     def should_stop(self, i: int) -> bool:
         """`requested(i)`: the scoring loop asks before each batch."""
         return self.requested(i)
@@ -116,3 +140,31 @@ def signals_raise(what: str) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def answer_at_once() -> None:
+    """Until a run installs its own handlers (`StopRequest`), SIGTERM and SIGINT end the process
+    at once with one sentence on stderr and the exit status 128 + the signal: the command
+    line's first instruction, so that a signal during imports, flag parsing or a tool is never
+    the default action (a silent end) nor a KeyboardInterrupt traceback. The process ends by
+    `os._exit`, not by an exception: one raised from a signal handler may land in a callback
+    that drops it (JAX's garbage-collection callback does), and the run would go on. Nothing is
+    left half-written (every file is written whole or not at all; a lock ends with the
+    process). Outside the main thread, nothing is installed.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: caught, both are
+            signal.signal(sig, _exit_now)
+
+
+def _exit_now(sig: int, frame: Any) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    print(
+        f"ppl-jax: stopped by {signal.Signals(sig).name}; nothing is left half-written, and a run "
+        f"goes on from what it finished when the same command runs again.",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(EXIT_CODE.get(sig, 128 + sig))

@@ -14,7 +14,7 @@ import pytest
 
 from ppl_jax.checkpoints import orbax as checkpoint
 
-from helpers import TINY, random_params, xla_flags
+from helpers import GOLDEN, TINY, random_params, xla_flags
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp-1700000000"  # an interrupted Orbax save (local filesystem)
 CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n"
@@ -101,6 +101,32 @@ def bad_files(tmp_path) -> dict[str, str]:
     files["tokens"].write_text(" = Title = \n \n Some <unk> words . \n")
     files["a_file"] = tmp_path / "a_file"
     files["a_file"].write_text("not a folder")
+    # A Mamba2 config.json whose scan chunk is 0 (no weights: the config is refused first).
+    files["chunk0"] = tmp_path / "mamba2"
+    files["chunk0"].mkdir()
+    with open(os.path.join(GOLDEN, "families", "mamba2", "config.json")) as f:
+        (files["chunk0"] / "config.json").write_text(json.dumps({**json.load(f), "chunk_size": 0}))
+    # A levanter run whose step folder is a link to a copy outside it.
+    levanter = os.path.join(GOLDEN, "trainers", "levanter", "llama_scanned")
+    files["levanter_arch"] = os.path.join(levanter, "description.json")
+    files["levanter"] = tmp_path / "levanter"
+    shutil.copytree(os.path.join(levanter, "run"), files["levanter"])
+    shutil.move(files["levanter"] / "step-2", tmp_path / "step-2")
+    os.symlink(tmp_path / "step-2", files["levanter"] / "step-2")
+    # Mapping files: a FIFO no one writes to, and YAML with an alias.
+    files["fifo"] = tmp_path / "map.fifo"
+    os.mkfifo(files["fifo"])
+    files["alias"] = tmp_path / "alias.yaml"
+    files["alias"].write_text("a: &a [{from: x, to: y}]\nrules: *a\n")
+    # A sharded index naming a shard that does not hold the weight.
+    files["shards"] = tmp_path / "shards"
+    shutil.copytree(os.path.join(GOLDEN, "hf", "llama"), files["shards"])
+    with open(files["shards"] / "model.safetensors.index.json") as f:
+        index = json.load(f)
+    held = index["weight_map"]["model.norm.weight"]
+    files["wrong_shard"] = next(f for f in sorted(set(index["weight_map"].values())) if f != held)
+    index["weight_map"]["model.norm.weight"] = files["wrong_shard"]
+    (files["shards"] / "model.safetensors.index.json").write_text(json.dumps(index))
     return {k: str(v) for k, v in files.items()}
 
 
@@ -208,6 +234,62 @@ CASES = [
         id="tokenized_wikitext",
     ),
     pytest.param(
+        lambda c, f: {"checkpoint.dir": f["chunk0"], "data.tokenizer": "byte"},
+        lambda c, f: [f"{f['chunk0']}/config.json: chunk_size=0 is not a whole number from 1 to"],
+        id="config_chunk_zero",
+    ),
+    pytest.param(
+        lambda c, f: {
+            "checkpoint.dir": f["levanter"],
+            "checkpoint.architecture": f["levanter_arch"],
+            "checkpoint.step": "2",
+            "data.tokenizer": "byte",
+            "data.allow_tokenizer_mismatch": "true",
+        },
+        lambda c, f: [
+            f"'{f['levanter']}/step-2' in the checkpoint '{f['levanter']}' is a link to",
+            "outside the checkpoint folder; ppl_jax reads no file outside it",
+        ],
+        id="levanter_step_linked_out",
+    ),
+    pytest.param(
+        lambda c, f: {"checkpoint.mapping": f["fifo"]},
+        lambda c, f: [f"checkpoint.mapping: cannot read '{f['fifo']}' (not a regular file)"],
+        id="mapping_fifo",
+    ),
+    pytest.param(
+        lambda c, f: {"checkpoint.mapping": f["alias"]},
+        lambda c, f: [f"checkpoint.mapping '{f['alias']}' uses the YAML alias *a at line 2"],
+        id="mapping_yaml_alias",
+    ),
+    pytest.param(
+        lambda c, f: {
+            "checkpoint.dir": f["shards"],
+            "data.tokenizer": "byte",
+            "data.allow_tokenizer_mismatch": "true",
+        },
+        lambda c, f: [
+            f"names the shard '{f['wrong_shard']}' for the weight 'model.norm.weight'",
+            "which that shard does not hold (it is in",
+        ],
+        id="index_names_the_wrong_shard",
+    ),
+    pytest.param(
+        lambda c, f: {
+            "eval.protocol": "whole_documents",
+            "eval.seq_len": "64",
+            "eval.short_context": "8",
+            "eval.short_targets": "8",
+            "longppl.evaluator.dir": c["tiny"],
+            "longppl.evaluator.step": "999",
+        },
+        lambda c, f: [
+            f"longppl.evaluator.step=999 is not in '{c['tiny']}'",
+            "Set longppl.evaluator.step to one of them",
+        ],
+        id="longppl_evaluator_step",
+    ),
+    pytest.param(
         lambda c, f: {"mesh.data": "16"},
         lambda c, f: ["the mesh data=16 x model=1 needs 16 devices, but only 8 are present"],
         id="mesh_beyond_devices",
@@ -224,6 +306,7 @@ DEFAULT_CASES = {
     "missing_weight",
     "seq_len_beyond_positions",
     "mesh_beyond_devices",
+    "config_chunk_zero",
 }
 CASES = [
     c if c.id in DEFAULT_CASES else pytest.param(*c.values, id=c.id, marks=pytest.mark.slow)

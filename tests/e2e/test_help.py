@@ -75,6 +75,22 @@ def test_a_mistyped_key_is_one_clean_line(override, message):
     assert r.stderr == f"ppl-jax: error: {message}\n"
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [("checkpoint.dtype", "model.dtype"), ("reference.step", "reference.checkpoint.step"),
+     ("eval.protocl", "eval.protocol")],
+)  # fmt: skip
+def test_a_key_of_another_section_is_suggested_by_its_name(monkeypatch, key, meant):
+    """`checkpoint.dtype` is `model.dtype` (the same name in the scored model's section), not the
+    look-alike `checkpoint.step`; the sentence and its exit 2 are the command line's above."""
+    from ppl_jax.cli import help as help_lib
+
+    monkeypatch.setattr(sys, "argv", ["ppl-jax", f"--config.{key}=x"])
+    assert help_lib._unknown_key(KeyError(key.rsplit(".", 1)[-1])) == (
+        f"unknown config key {key}; did you mean {meant}? ppl-jax --help lists the keys."
+    )
+
+
 def test_a_mistyped_key_after_a_config_file_is_named_too():
     r = ppl_jax("--config=configs/default.py", "--config.eval.sq_len=3")
     assert r.returncode == 2

@@ -219,7 +219,8 @@ FAKE_PYTHON = textwrap.dedent(
     #!/usr/bin/env bash
     # Stands in for the interpreter: `-c CODE` is real Python (local.sh's port search); `-m
     # ppl_jax ...` does what FAKE_<process id> says: fail:N (exit N after 0.5 s), kill (SIGKILL
-    # itself after 0.5 s), sleep, ok.
+    # itself after 0.5 s), sleep, slowstop:N (as sleep, but takes N s to stop: a first batch
+    # still compiling when the signal comes, then its journal), ok.
     if [[ "$1" == "-c" ]]; then exec "$REAL_PYTHON" "$@"; fi
     what_var="FAKE_${PPL_JAX_PROCESS_ID}"
     what=${!what_var:-ok}
@@ -227,11 +228,15 @@ FAKE_PYTHON = textwrap.dedent(
     if [[ "$what" == sleep ]]; then
       trap 'kill $child 2>/dev/null; echo "term $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"; exit 143' TERM
     fi
+    if [[ "$what" == slowstop:* ]]; then
+      trap 'kill $child 2>/dev/null; sleep "${what#slowstop:}"
+            echo "journal $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"; exit 143' TERM
+    fi
     echo "start $PPL_JAX_PROCESS_ID" >> "$FAKE_LOG"
     case "$what" in
       fail:*) sleep 0.5; exit "${what#fail:}" ;;
       kill) sleep 0.5; kill -KILL $$ ;;
-      sleep)
+      sleep|slowstop:*)
         sleep 1000 &
         child=$!
         wait ;;
@@ -316,3 +321,18 @@ def test_local_sh_passes_signals_on(tmp_path, launched, sig):
     proc.send_signal(sig)
     assert proc.wait(timeout=10) == 128 + sig
     assert _log(log) == ["start 0", "start 1", "term 0", "term 1"]
+
+
+def test_local_sh_waits_for_the_journal_of_a_process_that_takes_long_to_stop(tmp_path, launched):
+    """A SIGTERM passed on while a process compiles its first batch: it stops after the batch and
+    saves its journal, 7 s later; local.sh waits for it (GRACE_S, default 30 s), where it once
+    sent SIGKILL after 5 s and the journal line was lost."""
+    proc, log = _local_sh(tmp_path, launched, 2, p0="slowstop:7", p1="sleep")
+    deadline = time.monotonic() + 10
+    while not (os.path.exists(log) and len(_log(log)) == 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=40) == 128 + signal.SIGTERM
+    assert 6.5 < time.monotonic() - start < 20
+    assert _log(log) == ["journal 0", "start 0", "start 1", "term 1"]

@@ -80,3 +80,34 @@ def test_a_started_process_keeps_the_suites_flags_but_its_own_devices(monkeypatc
     assert helpers.process_env(0, 1)["XLA_FLAGS"] == f"{level} " + (
         "--xla_force_host_platform_device_count=8"
     )
+
+
+def test_an_optional_tiers_file_run_alone_is_a_skip_with_its_reason(monkeypatch):
+    """`pytest tests/reference/test_moe_live.py` without the reference packages: a skip saying
+    what to install (was the ImportError of its imports); the folder is left out as before."""
+    monkeypatch.setattr(conftest, "_missing_reference_packages", lambda: ["torch"])
+    live = os.path.join(conftest.HERE, "reference", "test_moe_live.py")
+    assert conftest.unavailable(live) == (
+        "the live references need torch: pip install '.[reference]'"
+    )
+    assert conftest.pytest_ignore_collect(os.path.dirname(live), None) is True
+    assert conftest.unavailable(os.path.join(conftest.HERE, "unit", "test_tiers.py")) is None
+    monkeypatch.delenv(conftest.GPU_TESTS_ENV, raising=False)
+    assert "PPL_JAX_GPU_TESTS=1" in conftest.unavailable(os.path.join(conftest.HERE, "gpu", "x.py"))
+
+
+@pytest.mark.slow
+def test_an_optional_tiers_file_run_alone_is_skipped_by_pytest(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None; import pytest; "  # torch not installed
+        "sys.exit(pytest.main(['-n', '0', '-q', '-p', 'no:cacheprovider', '-rs', "
+        "'tests/reference/test_moe_live.py']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=helpers.REPO, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode in (0, 5), r.stdout[-2000:]  # 5: no test collected, only the skip
+    assert "the live references need torch: pip install '.[reference]'" in r.stdout
+    assert "1 skipped" in r.stdout and "Error" not in r.stdout

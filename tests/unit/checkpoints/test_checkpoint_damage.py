@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints import hf, open_checkpoint
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
@@ -365,6 +365,30 @@ def test_shards_inside_the_directory_still_load(tmp_path, opened):
     want = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(params["embedding"]), want)
     assert set(opened) == {a, b}
+
+
+def test_an_index_naming_the_wrong_shard_is_damage_named_by_weight_and_shard(tmp_path):
+    """An index whose weight_map names a shard that does not hold the weight: one sentence
+    naming both (was safetensors' raw SafetensorError), through the reader and the opener."""
+    ckpt = str(tmp_path / "ckpt")
+    _write_shards(ckpt)
+    _hf_dir(ckpt, "model-2.safetensors")
+    index = os.path.join(ckpt, hf.INDEX)
+    with open(index) as f:
+        data = json.load(f)
+    data["weight_map"]["model.norm.weight"] = "model-2.safetensors"  # it is in model-1
+    with open(index, "w") as f:
+        json.dump(data, f)
+    want = (
+        f"{index!r} names the shard 'model-2.safetensors' for the weight 'model.norm.weight', "
+        f"which that shard does not hold (it is in 'model-1.safetensors'): the index does not "
+        f"match its shards"
+    )
+    with pytest.raises(CheckpointError) as e:
+        hf.load_params(ckpt, _hf_target(ckpt))
+    assert str(e.value).startswith(want), str(e.value)
+    with pytest.raises(CheckpointError, match="names the shard 'model-2.safetensors' for the"):
+        open_checkpoint(ckpt).restore(None, _hf_target(ckpt))
 
 
 def test_hub_cache_snapshot_links_into_its_blobs(tmp_path):

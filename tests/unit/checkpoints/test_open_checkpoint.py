@@ -69,14 +69,23 @@ def test_the_format_is_detected_or_as_given(orbax_dir):
         open_checkpoint(path, "pt")
 
 
-def test_a_missing_directory_is_named_as_the_readers_name_it(tmp_path):
+def test_a_missing_directory_names_every_layout(tmp_path):
+    """Every reader's layout, not only Orbax's (a Hugging Face directory, levanter, ...)."""
+    from ppl_jax.checkpoints.opener import READERS
+
     missing = str(tmp_path / "nowhere")
     with pytest.raises(CheckpointError) as opened:
         open_checkpoint(missing)
-    with pytest.raises(CheckpointError) as read:  # what evaluation read until now
-        checkpoint.read_metadata(missing, None)
-    assert str(opened.value) == str(read.value)
-    assert str(opened.value).startswith(f"checkpoint.dir: no such directory {missing!r}.")
+    assert str(opened.value).startswith(
+        f"checkpoint.dir: no such directory {missing!r}. Give a checkpoint of a layout ppl_jax "
+        f"reads: a Hugging Face hub repository, an Orbax v1 checkpoint, a levanter run, "
+    )
+    for reader in READERS:
+        assert reader.layout_name.split(" (")[0] in str(opened.value)
+    with pytest.raises(CheckpointError) as orbax_only:
+        open_checkpoint(missing, "orbax")
+    assert "a Hugging Face directory" not in str(orbax_only.value)
+    assert "a ppl_jax Orbax checkpoint, another trainer's Orbax checkpoint" in str(orbax_only.value)
     with pytest.raises(CheckpointError) as opened_hf:
         open_checkpoint(missing, "hf")
     assert "config.json' is missing; a Hugging Face checkpoint directory" in str(opened_hf.value)

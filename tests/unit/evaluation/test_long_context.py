@@ -15,7 +15,7 @@ from test_diagnostics import host_params
 
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
-from ppl_jax.errors import ConfigError
+from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.outputs.folder import OutputDir
 
@@ -176,4 +176,21 @@ def test_what_the_measures_need_is_checked_first(tiny_checkpoint, tmp_path):
         )  # fmt: skip
     s = settings(tiny_checkpoint, path, tmp_path / "o", eval__short_targets=120)
     with pytest.raises(ConfigError, match="beyond the model's 128 positions"):
+        run(s)
+
+
+def test_the_evaluators_settings_are_named_as_its_own(tiny_checkpoint, tmp_path):
+    """A sentence about LongPPL's evaluator (or the reference model) names its keys
+    (`longppl.evaluator.step`), not the scored model's (`checkpoint.step`)."""
+    path = helpers.corpus_files(tmp_path, ["some text here"])
+    s = settings(tiny_checkpoint, path, tmp_path / "o", longppl__evaluator__dir=tiny_checkpoint,
+                 longppl__evaluator__step="999")  # fmt: skip
+    with pytest.raises(CheckpointError) as e:
+        run(s)
+    assert str(e.value).startswith("longppl.evaluator.step=999 is not in "), str(e.value)
+    assert "Set longppl.evaluator.step to one of them" in str(e.value)
+    assert "checkpoint.step" not in str(e.value).replace("evaluator.step", "")
+    s = settings(tiny_checkpoint, path, tmp_path / "o", reference__checkpoint__dir=tiny_checkpoint,
+                 reference__checkpoint__step="999", eval__short_context=0)  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"^reference\.checkpoint\.step=999 is not in "):
         run(s)

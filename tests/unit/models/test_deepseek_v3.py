@@ -57,7 +57,7 @@ def _config(tmp_path, **change):
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
         ({"n_group": 3}, "n_group=3 must divide the 8 experts"),
         ({"num_experts_per_tok": 7}, "num_experts_per_tok=7 exceeds the 4 experts"),
-        ({"kv_lora_rank": 1 << 30}, "kv_lora_rank=1073741824 is not a size"),
+        ({"kv_lora_rank": 1 << 30}, "kv_lora_rank=1073741824 is not a whole number from 1 to"),
         ({"quantization_config": {"quant_method": "fp8"}}, "fp8-quantized .* dequantized"),
     ],
 )

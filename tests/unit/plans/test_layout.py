@@ -94,3 +94,38 @@ def test_packed_windows_match_the_numpy_reference(setup):
         ref = helpers.reference_token_nll(host, CFG, rows["tokens"][k, :n])
         scored = rows["target_mask"][k, 1:n]
         assert totals.window_nll[k] == pytest.approx(ref[scored].sum(), rel=1e-5, abs=1e-5)
+
+
+def _few_documents(copies: int = 1):
+    docs = [Document("x" * n, f"d{i}") for i, n in enumerate((20, 25, 30))] * copies
+    return plan("whole_documents", docs, BosTokenizer(), CFG.vocab_size, 32, None, add_bos=False)
+
+
+def test_a_plan_of_fewer_rows_than_a_batch_gets_a_smaller_batch():
+    """Whole documents, few of them: the batch has as many rows as the plan needs, rounded up to
+    the mesh's data axis (three documents in the default 8 rows were 70-80% padding); a plan of
+    more rows keeps eval.batch_size."""
+    from ppl_jax.plans.planner import batches
+    from ppl_jax.plans.spec import BatchSpec
+
+    few, spec = _few_documents(), BatchSpec(batch_size=8, packing=False)
+    full = batches(few, spec)  # without the mesh's axis: every batch of 8 rows
+    assert (full.batch_size, full.num_batches) == (8, 1)
+    for multiple, rows in ((1, 3), (2, 4), (4, 4), (8, 8)):
+        layout = batches(few, spec, rows_multiple=multiple)
+        assert (layout.batch_size, layout.num_batches, layout.rows) == (rows, 1, full.rows)
+    assert batches(few, spec, rows_multiple=1).padding_fraction < 0.3 < 0.6 < full.padding_fraction
+    assert batches(_few_documents(4), spec, rows_multiple=4).batch_size == 8  # 12 rows: 2 batches
+
+
+@pytest.mark.slow
+def test_the_smaller_batch_scores_the_same(setup):
+    from ppl_jax.plans.planner import batches
+    from ppl_jax.plans.spec import BatchSpec
+
+    model, mesh, shardings, params, _ = setup
+    few, spec = _few_documents(), BatchSpec(batch_size=8, packing=False)
+    got = Scorer(model, mesh, shardings).score(params, few.windows, batches(few, spec, True, 4))
+    want = Scorer(model, mesh, shardings).score(params, few.windows, batches(few, spec))
+    np.testing.assert_allclose(got.window_nll, want.window_nll, rtol=1e-6)
+    np.testing.assert_array_equal(got.window_tokens, want.window_tokens)
