@@ -381,7 +381,7 @@ def write(
     ):
         if name in found:
             path = out.write_json(f"{name}.json", found[name])
-            figures.write_figures(out, name, draw(found[name], title), spec)
+            figures.write_figures(out, name, draw(found[name], title, size=spec.size), spec)
             also = ", ".join(f".{f}" for f in spec.formats)
             lines.append(f"{name.replace('_', ' ')}: {path} (and {also})")
     if CONTEXT_CURVE in found:
