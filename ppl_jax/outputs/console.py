@@ -59,7 +59,8 @@ def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
             f"perplexity {pair('perplexity')}, bits per byte {pair('bits_per_byte')}   "
             f"({iv['method'].split(' (')[0]}, {plural(iv['units'], iv['unit'])}, "
             f"{iv['samples']:,} samples)",
-        )
+        ),
+        *([("  warning", iv["warning"])] if iv.get("warning") else []),
     ]
 
 
@@ -99,7 +100,9 @@ def timing_text(timing: dict[str, Any] | None) -> str:
     context 230.5 s, ...`; empty without a `timing` (a run before it was written)."""
     timing = timing or {}
     return ", ".join(
-        f"{name} {timing[key]:,.1f} s" for key, name in PASSES.items() if timing.get(key) is not None
+        f"{name} {timing[key]:,.1f} s"
+        for key, name in PASSES.items()
+        if timing.get(key) is not None
     )
 
 
