@@ -42,7 +42,7 @@ def test_described_defaults_are_the_config_values():
     assert rows["data.allow_tokenizer_mismatch"] == "false"
     assert rows["output.journal_every"] == "50"
     assert rows["mesh.rules"].startswith("batch:data vocab:model embed:-")
-    assert rows["data.path"] == "the held-out stdlib modules"
+    assert rows["data.path"] == "the demo's held-out text"
 
 
 @pytest.mark.parametrize(
