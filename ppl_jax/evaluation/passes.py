@@ -62,4 +62,3 @@ class Passes:
         if factory is None:
             return None
         return lambda num_windows: factory(num_windows, 0, desc=desc)
-
