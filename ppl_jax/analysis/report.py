@@ -176,18 +176,8 @@ def label(metric: str) -> str:
 
 def grid(panels: int, size: tuple[float, float] | None) -> tuple[int, int]:
     """`(rows, columns)` of `panels` small multiples: at most `PANEL_COLUMNS` a row at the
-    figure's own size; at a given `size` (inches), the columns that give each panel the most
-    room (the larger of its width / 1.3 and its height, whichever is the smaller)."""
-    if size is None:
-        cols = min(PANEL_COLUMNS, panels)
-        return -(-panels // cols), cols
-
-    def room(cols: int) -> float:
-        rows = -(-panels // cols)
-        return min(size[0] / cols / 1.3, (size[1] - 0.4) / rows)
-
-    cols = max(range(1, panels + 1), key=lambda c: (room(c), -c))
-    return -(-panels // cols), cols
+    figure's own size, else `figure_layout.grid` for `size`."""
+    return figure_layout.grid(panels, size, PANEL_COLUMNS)
 
 
 def _figure(panels: int, size: tuple[float, float] | None = None) -> Any:

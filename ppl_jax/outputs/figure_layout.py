@@ -11,6 +11,7 @@ its size with these helpers:
   `-`, `_`, `/`, `=`) so that each line fits `width` inches;
 - `thinned_locator(base)`: the x ticks of another locator, thinned at draw time so that no two tick
   labels touch, whatever size the figure is drawn at;
+- `grid`: the rows and columns of small multiples that give each panel the most room;
 - `place_legend`: a legend in a free cell of a grid of panels when it fits there, else outside
   the axes, below them, in as many columns as the figure's width holds (never over the data).
 
@@ -141,6 +142,22 @@ def _thinned_class() -> type:
             return [shown[i] for i in kept]
 
     return ThinnedLocator
+
+
+def grid(panels: int, size: tuple[float, float] | None, columns: int) -> tuple[int, int]:
+    """`(rows, columns)` of `panels` small multiples: `columns` a row at most at the figure's own
+    size (`size` None); at a given `size` (inches), the columns that give each panel the most
+    room (its width / 1.3 or its height, whichever is the smaller; fewer columns on a tie)."""
+    if size is None:
+        cols = min(columns, panels)
+        return -(-panels // cols), cols
+
+    def room(cols: int) -> float:
+        rows = -(-panels // cols)
+        return min(size[0] / cols / 1.3, (size[1] - 0.4) / rows)
+
+    cols = max(range(1, panels + 1), key=lambda c: (room(c), -c))
+    return -(-panels // cols), cols
 
 
 def place_legend(
