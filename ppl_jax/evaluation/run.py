@@ -75,9 +75,10 @@ def run(
       spec: the checked run.
       out: the locked output folder (process 0), or None (the other processes, and library
         calls that keep no files).
-      progress_factory: given the number of windows and those a journal holds already,
-        returns an observer of the scoring loop (`ppl_jax.outputs.console.ProgressBar`), or
-        None.
+      progress_factory: given the number of windows and those a journal holds already (and,
+        for a run of several scoring passes, `desc=` the pass's name: `scoring`, `short
+        context`, `LongPPL evaluator`, `context sweep`; `ppl_jax.evaluation.passes`), returns
+        an observer of the scoring loop (`ppl_jax.outputs.console.ProgressBar`), or None.
       printer: where a training run's per-record lines go.
       config: the command line's config as JSON (recorded in results.json), or None.
 

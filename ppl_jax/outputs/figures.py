@@ -15,6 +15,12 @@ and any a later module adds) is drawn the same way:
     figures.save_figure(my_figure(data), "out/fig.pdf")    # the extension picks the format
     data = figures.figure_bytes(fig, "svg")                # or bytes, for `OutputDir.write_bytes`
 
+A figure is laid out for the size it is drawn at, so the package's figures take `size=(width,
+height)` inches and are drawn at it (a column is 3.5 inches wide, two are 7): `styled` scales
+the fonts to the width, and `ppl_jax.outputs.figure_layout` fits titles and labels, thins the x
+ticks when the figure is drawn and puts legends outside the data. Resizing a drawn figure
+(`size` of `figure_bytes`) keeps its fonts and legend as they were chosen.
+
 The format follows the file's extension: `.pdf` and `.svg` are vector files (text kept as
 TrueType type 42 in PDF, as paths in SVG, so journals' checks for Type 3 fonts pass), `.png` is
 raster at `dpi` (default `DEFAULT_DPI`). Another extension is refused in one sentence, never
