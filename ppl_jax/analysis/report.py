@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
-from ppl_jax.outputs import figures, files
+from ppl_jax.outputs import figure_layout, figures, files
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.store import FILENAME, ResultsStore
 
@@ -174,13 +174,18 @@ def label(metric: str) -> str:
     return "NLL per token (nats)" if metric == "nll_per_token" else metric.replace("_", " ")
 
 
-def _figure(panels: int) -> Any:
-    """A bare matplotlib Figure sized for `panels` small multiples (`figures.new_figure`)."""
-    cols = min(PANEL_COLUMNS, panels)
-    rows = -(-panels // cols)
-    return figures.new_figure(
-        PANEL_WIDTH * cols, PANEL_HEIGHT * rows + 0.5, "the report", "or pass --figure none"
-    )
+def grid(panels: int, size: tuple[float, float] | None) -> tuple[int, int]:
+    """`(rows, columns)` of `panels` small multiples: at most `PANEL_COLUMNS` a row at the
+    figure's own size, else `figure_layout.grid` for `size`."""
+    return figure_layout.grid(panels, size, PANEL_COLUMNS)
+
+
+def _figure(panels: int, size: tuple[float, float] | None = None) -> Any:
+    """A bare matplotlib Figure for `panels` small multiples (`figures.new_figure`): `size`
+    inches, or `PANEL_WIDTH` x `PANEL_HEIGHT` a panel."""
+    rows, cols = grid(panels, size)
+    width, height = size or (PANEL_WIDTH * cols, PANEL_HEIGHT * rows + 0.5)
+    return figures.new_figure(width, height, "the report", "or pass --figure none")
 
 
 def _interval(record: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
@@ -210,22 +215,25 @@ def _series(
 
 def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
     """Steps on a log axis when the positive ones span more than a factor of 10 (symmetric-log
-    with a linear stretch below the first positive step when step 0 is drawn too)."""
+    with a linear stretch below the first positive step when step 0 is drawn too); a tick at
+    each step when they are few and linear; tick labels that never touch
+    (`figures.count_axis`); tick labels and the axis's name only under the bottom panel of a
+    column (`label`)."""
     positive = [s for s in steps if s > 0]
     log = figures.log_if_wide(positive)
     if log and len(positive) < len(steps):
         ax.set_xscale("symlog", linthresh=min(positive), linscale=0.5)
-    figures.count_axis(ax, "x", log and len(positive) == len(steps))
-    if not log and len(steps) <= 6:  # a few steps: a tick at each
-        ax.set_xticks(steps)
-    ax.tick_params(labelbottom=True)
+    at = steps if not log and len(steps) <= 12 else None
+    figures.count_axis(ax, "x", log and len(positive) == len(steps), at=at)
+    ax.tick_params(labelbottom=label)
     if label:
         ax.set_xlabel("checkpoint step" + (" (log scale)" if log else ""))
 
 
-def _draw(ax: Any, series: list, name: str, j: int, hollow: bool) -> list[float]:
-    """One column's line (colour and marker `j`), its interval band (a bar for a lone point);
-    returns the values drawn, for the value axis's scale."""
+def _draw(ax: Any, series: list, name: str, j: int, hollow: bool, band_label: str | None) -> Any:
+    """One column's line (colour and marker `j`), its interval band (a bar for a lone point,
+    labelled `band_label`); returns `(the values drawn, for the value axis's scale; the band's
+    artist or None)`."""
     x = [s for s, _, _ in series]
     y = [v for _, v, _ in series]
     color, marker = figures.COLORS[j % 8], figures.MARKERS[j % 8]
@@ -233,43 +241,64 @@ def _draw(ax: Any, series: list, name: str, j: int, hollow: bool) -> list[float]
     ax.plot(x, y, color=color, marker=marker, markersize=size, mfc=face, linewidth=1.5, label=name)
     lo = [iv[0] if iv else None for _, _, iv in series]
     hi = [iv[1] if iv else None for _, _, iv in series]
-    figures.band(ax, x, lo, hi, color, y)
-    return y + [v for v in lo + hi if v is not None]
+    drawn = figures.band(ax, x, lo, hi, color, y, band_label)
+    return y + [v for v in lo + hi if v is not None], drawn
+
+
+BAND = "95% interval (bootstrap)"
 
 
 @figures.styled
-def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any:
-    """The matplotlib Figure of `metric` against the step, as small multiples: a panel per dataset, with its 95%
-    interval as a band where the records store one (`details.intervals`, for perplexity and
-    bits per byte), then one panel of the averages (micro, macro, macro per tag), each in its
-    own Okabe-Ito colour and marker (hollow, so that equal values show both), with their legend
-    in the grid's first free cell (else below the panel). Panels share the step axis (log when
-    the steps span more than a factor of 10); each has its own value axis (log for a perplexity
-    spanning more than a factor of 10). A null step (a checkpoint without one) is drawn at step
-    0; null values are not drawn.
+def figure(
+    records: Sequence[Mapping[str, Any]],
+    metric: str,
+    title: str,
+    size: tuple[float, float] | None = None,
+) -> Any:
+    """The matplotlib Figure of `metric` against the step, as small multiples: a panel per
+    dataset, with its 95% interval as a band where the records store one (`details.intervals`,
+    for perplexity and bits per byte), then one panel of the averages (micro, macro, macro per
+    tag), each in its own Okabe-Ito colour and marker (hollow, so that equal values show both).
+    The legend names the averages and, when one is drawn, the datasets' band (`BAND`); it sits
+    in the grid's first free cell when it fits there, else below the panels. Panels share the
+    step axis (log when the steps span more than a factor of 10); each has its own value axis
+    (log for a perplexity spanning more than a factor of 10). A null step (a checkpoint
+    without one) is drawn at step 0; null values are not drawn.
+
+    Laid out for `size` (`(width, height)` inches; default `PANEL_WIDTH` x `PANEL_HEIGHT` a
+    panel, `PANEL_COLUMNS` a row): the grid (`grid`), fonts, titles broken to fit their panel,
+    x ticks thinned so that their labels never touch (`ppl_jax.outputs.figure_layout`).
 
     Raises:
       ConfigError: matplotlib is not installed.
     """
+    from matplotlib import rcParams
+
     cols = columns(records)
     averages = [c for c in cols if c[0] == "average"]
     panels = [[c] for c in cols if c[0] == "dataset"] + ([averages] if averages else [])
-    fig = _figure(len(panels))
-    ncols = min(PANEL_COLUMNS, len(panels))
-    axes = fig.subplots(-(-len(panels) // ncols), ncols, sharex=True, squeeze=False).ravel()
+    fig = _figure(len(panels), size)
+    nrows, ncols = grid(len(panels), size)
+    axes = fig.subplots(nrows, ncols, sharex=True, squeeze=False).ravel()
     steps = sorted({0 if r["step"] is None else r["step"] for r in records})
-    banded = False
+    panel_width = fig.get_figwidth() / ncols - 0.45  # less the value axis's labels
+    title_size = rcParams["axes.titlesize"]
+    band_artist = None
     for i, (ax, group) in enumerate(zip(axes, panels, strict=False)):
         drawn: list[float] = []
         for j, col in enumerate(group):
             series = _series(records, col, metric)
-            banded |= any(iv for _, _, iv in series)
             if series:
-                drawn += _draw(ax, series, col[1], j, hollow=group is averages)
-        ax.set_title("averages" if group is averages else group[0][1])
+                values, band = _draw(
+                    ax, series, col[1], j, group is averages, None if band_artist else BAND
+                )
+                drawn += values
+                band_artist = band_artist or band
+        name = "averages" if group is averages else group[0][1]
+        ax.set_title(figure_layout.fit_text(name, panel_width, title_size, max_lines=2))
         if "perplexity" in metric and figures.log_if_wide(drawn):
             ax.set_yscale("log")
-        if i % ncols == 0:
+        if i % ncols == 0 and nrows == 1:
             ax.set_ylabel(label(metric))
         ax.grid(True, **figures.GRID)
         if not drawn:
@@ -277,24 +306,17 @@ def figure(records: Sequence[Mapping[str, Any]], metric: str, title: str) -> Any
         _step_axis(ax, steps, label=i + ncols >= len(panels))
     for ax in axes[len(panels) :]:
         ax.axis("off")
-    if averages:
-        handles, labels = axes[len(panels) - 1].get_legend_handles_labels()
-        if banded:
-            from matplotlib.patches import Patch
-
-            handles.append(Patch(color="gray", alpha=figures.BAND_ALPHA, linewidth=0))
-            labels.append("95% interval (bootstrap)")
-        free = len(panels) < len(axes)
-        axes[len(panels) if free else len(panels) - 1].legend(
-            handles,
-            labels,
-            **(
-                {"loc": "center left"}
-                if free
-                else {"loc": "upper center", "bbox_to_anchor": (0.5, -0.25), "ncol": 2}
-            ),
-        )
-    fig.suptitle(title)
+    handles, labels = axes[len(panels) - 1].get_legend_handles_labels() if averages else ([], [])
+    if band_artist is not None and BAND not in labels:  # drawn in a dataset's panel
+        handles, labels = [*handles, band_artist], [*labels, BAND]
+    if nrows > 1:  # one name for the value axes of every row
+        fig.supylabel(label(metric), fontsize=rcParams["axes.labelsize"])
+    if handles:
+        free = axes[len(panels)] if len(panels) < len(axes) else None
+        figure_layout.place_legend(fig, handles, labels, cell=free)
+    fig.suptitle(
+        figure_layout.fit_text(title, fig.get_figwidth() - 0.2, rcParams["figure.titlesize"])
+    )
     return fig
 
 
@@ -353,7 +375,7 @@ def report(
     figure_out = None
     if want_figure:
         name = os.path.basename(folder) or folder
-        fig = figure(records, metric, f"{label(metric)} by checkpoint step: {name}")
+        fig = figure(records, metric, f"{label(metric)} by checkpoint step: {name}", size=size)
         figure_out = figures.save_figure(fig, figure_path, dpi, size, "--figure")
     return text, csv_out, figure_out
 

@@ -1,13 +1,19 @@
 """Converts a Hugging Face checkpoint directory into a ppl_jax Orbax checkpoint. Wiring only.
 
-    ppl-jax convert HF_DIR ORBAX_DIR [--dtype float32|bfloat16]
+    ppl-jax convert HF_DIR ORBAX_DIR [--step N] [--dtype float32|bfloat16]
 
 The params are read with `ppl_jax.checkpoints.hf.load_params` onto a mesh over every device (`data` = all,
 `model` = 1, the default sharding rules), then saved with `ppl_jax.checkpoints.orbax.save_train_state`
-as step 0 of `{"step": 0, "params": ..., "opt_state": {}}` with the metadata
+as step N (default 0) of `{"step": N, "params": ..., "opt_state": {}}` with the metadata
 `{"model": description, "tokenizer": tokenizer description or None, "source": ...}`, so that
 `checkpoint.read_metadata`, `model.build` and `checkpoint.restore_params` load it like any other
-ppl_jax checkpoint. A user's mistake prints `ppl-jax: error: ...` and exits with status 2.
+ppl_jax checkpoint.
+
+A sweep from converted checkpoints: convert each Hugging Face directory into the same ORBAX_DIR
+at its own step (`--step 1000`, `--step 2000`, ...), then score `checkpoint.step=all`. A step
+the directory holds already is refused (nothing is overwritten), so is a directory that holds
+anything but step folders, or steps of another architecture (a sweep scores one model). A
+user's mistake prints `ppl-jax: error: ...` and exits with status 2.
 """
 
 from __future__ import annotations
@@ -20,21 +26,25 @@ from typing import Any, NoReturn
 from absl import logging
 
 
-def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]:
-    """Converts `hf_dir` into an Orbax checkpoint at `out_dir` (step 0).
+def convert(hf_dir: str, out_dir: str, dtype: str = "float32", step: int = 0) -> dict[str, Any]:
+    """Converts `hf_dir` into step `step` of the Orbax checkpoint `out_dir`.
 
     Args:
       hf_dir: a Hugging Face directory (see `ppl_jax.checkpoints.hf.is_hf_checkpoint`).
-      out_dir: the Orbax checkpoint directory; it must not exist or must be empty.
+      out_dir: the Orbax checkpoint directory: new, empty, or one this command wrote (its step
+        folders only), whose steps hold the same architecture.
       dtype: `float32` or `bfloat16`, the dtype of the saved params.
+      step: the step number to save it as (>= 0), not one `out_dir` holds.
 
     Returns:
       The metadata saved beside the params.
 
     Raises:
-      CheckpointError: not a Hugging Face directory, an output directory with files in it, or
-        any error of `hf.read_description` / `hf.load_params` / `hf.read_tokenizer`.
-      ConfigError: an unknown dtype.
+      CheckpointError: not a Hugging Face directory; an output directory that holds something
+        other than step folders, holds `step` already, or holds another architecture (checked
+        before any weight is read); or any error of `hf.read_description` / `hf.load_params` /
+        `hf.read_tokenizer`.
+      ConfigError: an unknown dtype, a negative step.
     """
     import jax.numpy as jnp
 
@@ -48,16 +58,15 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
     dtypes = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
     if dtype not in dtypes:
         raise ConfigError(f"--dtype={dtype!r} is not one of {', '.join(dtypes)}.")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"--step={step!r}: give the step as a whole number, 0 or more.")
     if not hf.is_hf_checkpoint(hf_dir):
         raise CheckpointError(
             f"--hf_dir={hf_dir!r} is not a Hugging Face checkpoint directory (config.json and "
             f"model.safetensors or model.safetensors.index.json)."
         )
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise CheckpointError(
-            f"--out={out_dir!r} exists and is not an empty directory; give a new path."
-        )
     model = registry.build(hf.read_description(hf_dir), dtypes[dtype])
+    _check_out(out_dir, step, model.description)
     tok = hf.read_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
     mesh = mesh_lib.make_mesh(-1, 1)
     target, _ = mesh_lib.param_targets(
@@ -70,9 +79,45 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32") -> dict[str, Any]
         "source": {"format": "hf", "dir": os.path.abspath(hf_dir)},
     }
     checkpoint.save_train_state(
-        out_dir, 0, {"step": 0, "params": params, "opt_state": {}}, metadata
+        out_dir, step, {"step": step, "params": params, "opt_state": {}}, metadata
     )
     return metadata
+
+
+def _check_out(out_dir: str, step: int, description: dict[str, Any]) -> None:
+    """Refuses (CheckpointError, one sentence) an output directory that is not a new or empty
+    one, nor one of step folders without `step` whose latest step holds `description`."""
+    import jax.numpy as jnp
+
+    from ppl_jax.checkpoints import orbax as checkpoint
+    from ppl_jax.errors import CheckpointError
+    from ppl_jax.models import registry
+
+    if not os.path.exists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise CheckpointError(f"--out={out_dir!r} is a file; give a directory.")
+    names = os.listdir(out_dir)
+    if not names:
+        return
+    others = sorted(n for n in names if not (n.isdigit() and os.path.isdir(f"{out_dir}/{n}")))
+    if others:
+        raise CheckpointError(
+            f"--out={out_dir!r} holds {others[0]!r}, not a step folder of a converted "
+            f"checkpoint; give a new directory, or one this command wrote."
+        )
+    if any(int(n) == step for n in names):
+        raise CheckpointError(
+            f"--out={out_dir!r} already holds step {step}; give another --step (nothing was "
+            f"written)."
+        )
+    latest, meta = checkpoint.read_metadata(out_dir, None)
+    stored = registry.build(meta["model"], jnp.float32, "xla").description
+    if stored != description:
+        raise CheckpointError(
+            f"--out={out_dir!r} holds step {latest} of another architecture than the Hugging "
+            f"Face directory's; a sweep scores the steps of one model, so give another --out."
+        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,13 +126,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`ppl-jax convert HF_DIR OUT [--dtype float32|bfloat16]` (also `--hf_dir=`, `--out=`)."""
+    """`ppl-jax convert HF_DIR OUT [--step N] [--dtype float32|bfloat16]` (also `--hf_dir=`,
+    `--out=`)."""
     from ppl_jax.errors import PplJaxError
 
     parser = _Parser(
         prog="ppl-jax convert",
         description="Converts a Hugging Face checkpoint directory into a ppl_jax Orbax "
-        "checkpoint (step 0), which ppl-jax then reads without safetensors.",
+        "checkpoint (step 0, or --step N), which ppl-jax then reads without safetensors. "
+        "Converting several directories into one OUT at their own steps makes a sweep "
+        "(score it with --config.checkpoint.step=all).",
     )
     parser.add_argument(
         "hf_dir_arg", nargs="?", metavar="HF_DIR", help="the Hugging Face directory"
@@ -96,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf_dir", help="the same as HF_DIR")
     parser.add_argument("--out", help="the same as OUT")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the step to save it as (default 0); OUT may hold other steps of the same model",
+    )
     args = parser.parse_args(argv)
     logging.set_verbosity(logging.ERROR)  # Orbax's informational logs are not for users
     hf_dir, out = args.hf_dir or args.hf_dir_arg, args.out or args.out_arg
@@ -105,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             "ppl-jax convert HF_DIR OUT."
         )
     try:
-        meta = convert(os.path.expanduser(hf_dir), os.path.expanduser(out), args.dtype)
+        meta = convert(os.path.expanduser(hf_dir), os.path.expanduser(out), args.dtype, args.step)
     except PplJaxError as e:
         return _fail(str(e))
     tok = "no tokenizer" if meta["tokenizer"] is None else meta["tokenizer"]["type"] + " tokenizer"
-    print(f"wrote {out} (step 0, {meta['model']['family']} family, {args.dtype}, {tok})")
+    print(f"wrote {out} (step {args.step}, {meta['model']['family']} family, {args.dtype}, {tok})")
     return 0
 
 

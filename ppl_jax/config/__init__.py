@@ -1,7 +1,7 @@
 """The command line's config: the default ConfigDict and its key meanings (`get_config`,
 `describe_keys`; `defaults`), its conversion into the layers' specs (`from_config`; `settings`, the
 only reader of the ConfigDict), and the demo's checkpoint and held-out corpus
-(`demo_checkpoint_dir`, `held_out_paths`, the `HELD_OUT_MODULES` of the standard library).
+(`demo_checkpoint_dir`, `held_out_paths`: the `HELD_OUT_MODULES` of the standard library, shipped).
 """
 
 from etils import epy as _epy

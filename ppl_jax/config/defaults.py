@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sysconfig
 from typing import Any
 
 from ml_collections import config_dict
@@ -22,8 +21,9 @@ from ppl_jax.evaluation.spec import CHECKPOINT_FORMATS, DTYPES  # noqa: F401
 from ppl_jax.plans.protocols import PROTOCOLS, SLIDING
 from ppl_jax.runtime.mesh import DEFAULT_RULES  # noqa: F401
 
-# Modules of the CPython standard library that the demo model never saw in training; the default
-# run scores them. Each exists in every CPython from 3.9 on.
+# Modules of the CPython standard library that the demo model never saw in training
+# (launch/train_demo.py leaves them out); the default run scores their CPython 3.11.7 text,
+# shipped with the package (`held_out_paths`), so that its figure is the same on every Python.
 HELD_OUT_MODULES = (
     "textwrap.py",
     "heapq.py",
@@ -47,13 +47,15 @@ def demo_checkpoint_dir() -> str:
 
 
 def held_out_paths() -> str:
-    """Comma-separated paths of the held-out standard-library modules on this machine."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    return ",".join(os.path.join(stdlib, name) for name in HELD_OUT_MODULES)
+    """Comma-separated paths of the demo's held-out text, shipped inside the package: the
+    `HELD_OUT_MODULES` of CPython 3.11.7, unmodified, as `ppl_jax/demo/held_out/<name>.txt`
+    (PSF License; `ppl_jax/demo/held_out/README.txt` says where they come from)."""
+    folder = os.path.join(os.path.dirname(demo_checkpoint_dir()), "held_out")
+    return ",".join(os.path.join(folder, f"{name}.txt") for name in HELD_OUT_MODULES)
 
 
 def get_config() -> config_dict.ConfigDict:
-    """The built-in default: the demo checkpoint on the held-out standard-library modules.
+    """The built-in default: the demo checkpoint on its held-out text (`held_out_paths`).
 
     Each key's meaning is in `KEY_MEANINGS` (shown by `ppl-jax --help`).
     """
@@ -295,7 +297,7 @@ KEY_MEANINGS = {
 # Defaults too long to print whole in `--help`.
 _DEFAULT_LABELS = {
     "checkpoint.dir": "the demo checkpoint",
-    "data.path": "the held-out stdlib modules",
+    "data.path": "the demo's held-out text",
 }
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import long_context
+from ppl_jax.evaluation.passes import BarFactory, Passes
 from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
 from ppl_jax.metrics import curves, divergence, uncertainty
 from ppl_jax.models.interface import LanguageModel
@@ -184,11 +185,14 @@ def before(
     spec: RunSpec,
     watch: StepObservers,
     stop: ScoreObserver | None = None,
+    passes: Passes | None = None,
 ) -> bool:
     """What runs before the run's pass, for the long-context measures: the short-context pass
     (`long_context.short_pass`) and, when LongPPL's evaluator is another model, its weights,
     its two passes and its key tokens matched to the run's by characters; the token writer,
     opened here, then writes the short NLL, the context gain and the key flag of each token.
+    Each pass has its progress bar and its seconds in `passes` (`short_context_seconds`,
+    `longppl_evaluator_seconds`).
 
     Args:
       setup: the run's `ppl_jax.evaluation.setup.RunSetup` (model, mesh, tokenizer, documents,
@@ -198,6 +202,7 @@ def before(
       watch: the pair's observers (`step_observers`), given the short NLLs, the key tokens (or
         how to find them) and the token writer.
       stop: the run's `StopRequest`, an observer of each pass, or None.
+      passes: the pair's `Passes` (progress bars, seconds), or None.
 
     Returns False if `stop` ended it.
     """
@@ -205,10 +210,13 @@ def before(
     if lc is None:
         return True
     p = setup
+    passes = passes or Passes()
     pack = spec.batch.packing and p.model.honours_segments  # as `planner.batches`
-    short = long_context.short_pass(
-        p.model, params, p.mesh, p.shardings, dataset.plan.windows, spec, stop, pack
-    )
+    with passes.timed("short_context_seconds"):
+        short = long_context.short_pass(
+            p.model, params, p.mesh, p.shardings, dataset.plan.windows, spec, stop, pack,
+            passes.bar("short context"),
+        )  # fmt: skip
     if short is None:
         return False
     watch.short = short
@@ -221,14 +229,15 @@ def before(
             long_context.matched_keys, dataset.plan, p.tok, dataset.plan, p.tok, docs
         )
     else:
-        restored = key_eval.restore()
-        keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop)
-        del restored
-        if keys_e is None:
-            return False
-        mask = long_context.matched_keys(
-            dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
-        )
+        with passes.timed("longppl_evaluator_seconds"):
+            restored = key_eval.restore()
+            keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop, passes)
+            del restored
+            if keys_e is None:
+                return False
+            mask = long_context.matched_keys(
+                dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
+            )
         watch.keys = (mask, int(keys_e.sum()), key_eval.name)
     if watch.tokens_pending is not None:
         columns = long_context.TokenColumns(short)
@@ -245,7 +254,7 @@ def context_sweep(
     plan: Plan,
     spec: RunSpec,
     stop: ScoreObserver | None = None,
-    progress_factory: Any = None,
+    bar: BarFactory | None = None,
 ) -> dict[str, Any] | None:
     """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
 
@@ -253,8 +262,8 @@ def context_sweep(
     windows of S targets (`context_targets`); with context length L each target sees between L
     and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
     95% interval (`with_intervals`), or None if `stop` (the run's `StopRequest`) ended it.
-    `progress_factory` (given the number of windows of every length together and 0 done,
-    returns an observer of the loop, as for the run's own scoring) shows the sweep's progress.
+    `bar` (given the number of windows of every length together, returns an observer of the
+    loop: `Passes.bar("context sweep")`) shows the sweep's progress.
 
     Raises:
       DataError: the stream is not longer than the longest context length.
@@ -268,7 +277,7 @@ def context_sweep(
         w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
         sweep.append((length, w, plan_layout(w, spec.batch.batch_size, pack=False)))
     total = sum(w.num_windows for _, w, _ in sweep)
-    progress = progress_factory(total, 0) if progress_factory else None
+    progress = bar(total) if bar else None
     observers = [o for o in (stop, progress) if o is not None]
     try:
         for length, w, layout in sweep:
@@ -381,7 +390,7 @@ def write(
     ):
         if name in found:
             path = out.write_json(f"{name}.json", found[name])
-            figures.write_figures(out, name, draw(found[name], title), spec)
+            figures.write_figures(out, name, draw(found[name], title, size=spec.size), spec)
             also = ", ".join(f".{f}" for f in spec.formats)
             lines.append(f"{name.replace('_', ' ')}: {path} (and {also})")
     if CONTEXT_CURVE in found:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ppl_jax.checkpoints import DTYPES, open_checkpoint
 from ppl_jax.errors import ConfigError, DataError, settings_named
+from ppl_jax.evaluation.passes import BarFactory, Passes
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
 from ppl_jax.models.interface import LanguageModel
@@ -226,16 +227,23 @@ def score_pass(
     spec: RunSpec,
     stop: ScoreObserver | None,
     pack: bool,
+    bar: BarFactory | None = None,
 ) -> np.ndarray | None:
     """`[N] float32` nats: the NLL of every target of `windows` by stream index (NaN
-    elsewhere), scored by `model` on its own scorer; None if `stop` (the run's `StopRequest`) ended the pass."""
+    elsewhere), scored by `model` on its own scorer; None if `stop` (the run's `StopRequest`)
+    ended the pass. `bar`, given the pass's windows, makes its progress bar (closed after)."""
     if not windows.num_windows:
         return np.full(windows.tokens.size, np.nan, np.float32)
     scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True))
     layout = plan_layout(windows, spec.batch.batch_size, pack=pack)
     gather = Gather(windows)
-    observers = [gather] if stop is None else [stop, gather]
-    totals = scorer.score(params, windows, layout, observers=observers)
+    progress = None if bar is None else bar(windows.num_windows)
+    observers = [o for o in (stop, gather, progress) if o is not None]
+    try:
+        totals = scorer.score(params, windows, layout, observers=observers)
+    finally:
+        if progress is not None:
+            progress.close()
     return None if totals.stopped_at is not None else gather.nll
 
 
@@ -248,12 +256,13 @@ def short_pass(
     spec: RunSpec,
     stop: ScoreObserver | None,
     pack: bool,
+    bar: BarFactory | None = None,
 ) -> np.ndarray | None:
     """The short-context NLL of every target of `windows` at position >= C, by stream index
-    (NaN elsewhere); None if stopped."""
+    (NaN elsewhere); None if stopped. `bar`: as in `score_pass`."""
     lc = spec.diagnostics.long_context
     short = windows_lib.short_windows(windows, lc.short_context, lc.short_targets)
-    return score_pass(model, params, mesh, shardings, short, spec, stop, pack)
+    return score_pass(model, params, mesh, shardings, short, spec, stop, pack, bar)
 
 
 def evaluator_keys(
@@ -262,15 +271,19 @@ def evaluator_keys(
     mesh: Any,
     spec: RunSpec,
     stop: ScoreObserver | None,
+    passes: Passes | None = None,
 ) -> np.ndarray | None:
     """`[N_e] bool`: the evaluator's key tokens over its own plan's stream (its full and short
-    passes, with its params); None if stopped."""
+    passes, with its params, each with its progress bar from `passes`); None if stopped."""
     w = key_eval.plan.windows
     pack = spec.batch.packing and key_eval.model.honours_segments
-    full = score_pass(key_eval.model, params, mesh, key_eval.shardings, w, spec, stop, pack)
+    passes = passes or Passes()
+    m, s = key_eval.model, key_eval.shardings
+    full = score_pass(m, params, mesh, s, w, spec, stop, pack, passes.bar("LongPPL evaluator"))
     if full is None:
         return None
-    short = short_pass(key_eval.model, params, mesh, key_eval.shardings, w, spec, stop, pack)
+    bar = passes.bar("LongPPL evaluator, short context")
+    short = short_pass(m, params, mesh, s, w, spec, stop, pack, bar)
     if short is None:
         return None
     lc = spec.diagnostics.long_context

@@ -39,6 +39,9 @@ class Evaluation:
       resumed_batches: batches taken from a journal rather than scored in this process.
       recorder: the dataset's journal (`discard()` it once the results are written).
       diagnostics: what `ppl_jax.evaluation.diagnostics.collect` found.
+      timing: the seconds of each pass of the run for this pair (`ppl_jax.evaluation.passes`:
+        setup, restore, short context, LongPPL evaluator, compile, scoring, context sweep, gzip
+        baseline), None for a pass that did not run.
       dataset, protocol_spec: the dataset's specs.
     """
 
@@ -65,6 +68,7 @@ class Evaluation:
     recorder: journal.Recorder | None = None
     diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
     gzip_sample_bytes: int | None = None
+    timing: dict[str, float | None] = dataclasses.field(default_factory=dict)
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

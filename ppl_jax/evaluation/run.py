@@ -32,6 +32,7 @@ import numpy as np
 from ppl_jax.errors import Interrupted
 from ppl_jax.evaluation import diagnostics, summary
 from ppl_jax.evaluation.evaluator import Evaluator
+from ppl_jax.evaluation.passes import Passes
 from ppl_jax.evaluation.result import Evaluation, per_document
 from ppl_jax.evaluation.setup import RunSetup, set_up
 from ppl_jax.evaluation.spec import RunSpec
@@ -74,9 +75,10 @@ def run(
       spec: the checked run.
       out: the locked output folder (process 0), or None (the other processes, and library
         calls that keep no files).
-      progress_factory: given the number of windows and those a journal holds already,
-        returns an observer of the scoring loop (`ppl_jax.outputs.console.ProgressBar`), or
-        None.
+      progress_factory: given the number of windows and those a journal holds already (and,
+        for a run of several scoring passes, `desc=` the pass's name: `scoring`, `short
+        context`, `LongPPL evaluator`, `context sweep`; `ppl_jax.evaluation.passes`), returns
+        an observer of the scoring loop (`ppl_jax.outputs.console.ProgressBar`), or None.
       printer: where a training run's per-record lines go.
       config: the command line's config as JSON (recorded in results.json), or None.
 
@@ -102,6 +104,7 @@ def _run(
     stop: preemption.StopRequest,
 ) -> RunResult:
     p = set_up(spec, out)
+    setup_seconds = time.perf_counter() - started
     evaluator = Evaluator(
         p.model,
         p.mesh,
@@ -111,7 +114,7 @@ def _run(
         reference=None if p.reference is None else (p.reference.model, p.reference.shardings),
         compile=False,
     )
-    job = _Job(spec, p, evaluator, out, progress_factory, started, stop)
+    job = _Job(spec, p, evaluator, out, progress_factory, started, stop, setup_seconds)
     results = store.ResultsStore.in_dir(out.path) if out is not None else None
     opened: list[sinks.Sink] = []
     if out is not None and results is not None:
@@ -198,11 +201,13 @@ class _Job:
     setup: RunSetup
     evaluator: Evaluator
     out: OutputDir | None
-    progress_factory: Callable[[int, int], Any] | None
+    progress_factory: Callable[..., Any] | None
     started: float
     stop: preemption.StopRequest
+    setup_seconds: float = 0.0
     params: Any = None
     reference_params: Any = None
+    restore_seconds: dict[str, float | None] = dataclasses.field(default_factory=dict)
     evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
     written: list[str] = dataclasses.field(default_factory=list)
     _gzip: dict[str, tuple[float | None, int | None]] = dataclasses.field(default_factory=dict)
@@ -227,11 +232,15 @@ class _Job:
     def restore(self, step: int | None) -> None:
         """The step's params (and, once, the reference's) onto the mesh."""
         p = self.setup
+        t0 = time.perf_counter()
         if step != p.first_step:
             p.ckpt.check_same_architecture(step, p.model)
         self.params = p.ckpt.restore(step, p.target)
+        t1 = time.perf_counter()
+        self.restore_seconds = {"restore_seconds": t1 - t0, "reference_restore_seconds": None}
         if p.reference is not None and self.reference_params is None:
             self.reference_params = p.reference.restore()
+            self.restore_seconds["reference_restore_seconds"] = time.perf_counter() - t1
 
     def score(
         self, d: Dataset, step: int | None, recorder: journal.Recorder, opened: list[sinks.Sink]
@@ -252,25 +261,33 @@ class _Job:
         spec, p, out = self.spec, self.setup, self.out
         w, b = d.plan.windows.num_windows, d.layout.num_batches
         watch = diagnostics.step_observers(spec, d.plan, p.tok, out)
+        passes = Passes(self.progress_factory)
+        passes.seconds.update(setup_seconds=self.setup_seconds, **self.restore_seconds)
         progress = None
-        if self.progress_factory is not None:  # the bar starts where the journal stopped
-            done = np.flatnonzero(recorder.state.batch_done)
-            windows_done = sum(len(row) for i in done for row in d.layout.batch_rows(int(i)))
-            progress = self.progress_factory(w, windows_done)
         params = self.params
         params_in = params if self.reference_params is None else (params, self.reference_params)
         stop = self.stop
         try:
-            if not diagnostics.before(p, params, d, spec, watch, stop):
+            if not diagnostics.before(p, params, d, spec, watch, stop, passes):
                 raise _interrupted(recorder, stop, step, d.name, b, spec)
+            if self.progress_factory is not None:  # starts where the journal stopped
+                done = np.flatnonzero(recorder.state.batch_done)
+                windows_done = sum(len(r) for i in done for r in d.layout.batch_rows(int(i)))
+                others = spec.diagnostics.long_context or spec.diagnostics.context_lengths
+                named = {"desc": "scoring"} if others else {}
+                progress = self.progress_factory(w, windows_done, **named)
             observers = [stop, *watch.observers, recorder, *([progress] if progress else [])]
             sums, totals = self.evaluator.score(params_in, d, observers, recorder.state)
+            if progress is not None:
+                progress.close()
+                progress = None
             sweep = None
             if totals.stopped_at is None and spec.diagnostics.context_lengths:
-                sweep = diagnostics.context_sweep(
-                    p.model, params, p.mesh, p.shardings, d.plan, spec, stop,
-                    self.progress_factory,
-                )  # fmt: skip
+                with passes.timed("context_sweep_seconds"):
+                    sweep = diagnostics.context_sweep(
+                        p.model, params, p.mesh, p.shardings, d.plan, spec, stop,
+                        passes.bar("context sweep"),
+                    )  # fmt: skip
                 if sweep is None:
                     totals.stopped_at = b
             if totals.stopped_at is not None:
@@ -282,7 +299,10 @@ class _Job:
         finally:
             if progress is not None:
                 progress.close()
-        gzip_bpb, gzip_bytes = self._gzip_baseline(d)
+        gzip_bpb, gzip_bytes = self._gzip_baseline(d, passes)
+        passes.seconds.update(
+            compile_seconds=totals.compile_seconds, scoring_seconds=totals.scoring_seconds
+        )
         return Evaluation(
             sums=sums,
             metrics=metrics.derive(sums),
@@ -310,18 +330,21 @@ class _Job:
             resumed_batches=recorder.resumed_batches,
             recorder=recorder,
             diagnostics=found,
+            timing=passes.seconds,
         )
 
-    def _gzip_baseline(self, d: Dataset) -> tuple[float | None, int | None]:
+    def _gzip_baseline(self, d: Dataset, passes: Passes) -> tuple[float | None, int | None]:
         """gzip -9's bits per byte on the dataset's text and the bytes it compressed (process 0
-        only, on a bounded sample; once per dataset), or (None, None)."""
+        only, on a bounded sample; once per dataset: its seconds in `passes`), or (None, None)."""
         if d.name not in self._gzip:
             self._gzip[d.name] = (None, None)
             if self.spec.gzip_baseline and self.out is not None:
                 p = self.setup
-                docs = p.documents.get(d.name) or planner.documents(d.data, p.tok)
-                joined = d.protocol.rules.joiner(d.data)
-                self._gzip[d.name] = metrics.gzip_bits_per_byte_of((x.text for x in docs), joined)
+                with passes.timed("gzip_seconds"):
+                    docs = p.documents.get(d.name) or planner.documents(d.data, p.tok)
+                    joined = d.protocol.rules.joiner(d.data)
+                    texts = (x.text for x in docs)
+                    self._gzip[d.name] = metrics.gzip_bits_per_byte_of(texts, joined)
         return self._gzip[d.name]
 
 

@@ -95,6 +95,8 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         "host_seconds": ev.totals.host_seconds,
         "prepare_seconds": ev.totals.prepare_seconds,
         "compile_seconds": ev.totals.compile_seconds,
+        # Every pass's seconds (`ppl_jax.evaluation.passes`), null for one that did not run.
+        "timing": dict(ev.timing) or None,
         "wall_seconds": ev.wall_seconds,
         "checkpoint": {
             "path": os.path.abspath(spec.checkpoint_dir),

@@ -12,6 +12,20 @@ from ppl_jax.metrics import divergence
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.outputs import model_record
 
+# results.json's `timing` keys (`ppl_jax.evaluation.passes`), in the order a run spends them,
+# and their names in the summary.
+PASSES = {
+    "setup_seconds": "setup",
+    "restore_seconds": "restore",
+    "reference_restore_seconds": "reference restore",
+    "short_context_seconds": "short context",
+    "longppl_evaluator_seconds": "LongPPL evaluator",
+    "compile_seconds": "compile",
+    "scoring_seconds": "scoring",
+    "context_sweep_seconds": "context sweep",
+    "gzip_seconds": "gzip baseline",
+}
+
 
 def record_line(record: dict[str, Any]) -> str:
     """One line for a dataset or average record of a training run."""
@@ -45,7 +59,8 @@ def _interval_row(results: dict[str, Any]) -> list[tuple[str, str]]:
             f"perplexity {pair('perplexity')}, bits per byte {pair('bits_per_byte')}   "
             f"({iv['method'].split(' (')[0]}, {plural(iv['units'], iv['unit'])}, "
             f"{iv['samples']:,} samples)",
-        )
+        ),
+        *([("  warning", iv["warning"])] if iv.get("warning") else []),
     ]
 
 
@@ -78,6 +93,17 @@ def _published_row(proto: dict[str, Any]) -> list[tuple[str, str]]:
             f"protocol.published in results.json{why})",
         )
     ]
+
+
+def timing_text(timing: dict[str, Any] | None) -> str:
+    """The seconds of each pass that ran (`PASSES` order): `setup 2.1 s, restore 0.3 s, short
+    context 230.5 s, ...`; empty without a `timing` (a run before it was written)."""
+    timing = timing or {}
+    return ", ".join(
+        f"{name} {timing[key]:,.1f} s"
+        for key, name in PASSES.items()
+        if timing.get(key) is not None
+    )
 
 
 def plural(count: int, noun: str, plural_form: str | None = None) -> str:
@@ -210,6 +236,7 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{100 * results.get('host_seconds', 0.0) / max(results['scoring_seconds'], 1e-9):.1f}%"
             f" of its time for the host)",
         ),
+        *([("time by pass", timing_text(results["timing"]))] if results.get("timing") else []),
         ("wall time", f"{results['wall_seconds']:.1f} s"),
         *(
             [
@@ -246,7 +273,8 @@ class ProgressBar:
     Args:
       num_windows: the windows to score; done: those a journal already holds (the bar starts
         there).
-      leave: keep the finished bar on the terminal; desc: its text (the harness's requests).
+      leave: keep the finished bar on the terminal; desc: its text (a pass's name, `short
+        context`, `context sweep`, ...: `ppl_jax.evaluation.passes`; the harness's requests).
     """
 
     def __init__(self, num_windows: int, done: int = 0, *, leave: bool = False, desc: str = ""):
@@ -280,6 +308,6 @@ class ProgressBar:
 
 
 def progress_bar(enabled: bool):
-    """The run's progress factory: `(windows, windows done) -> ProgressBar`, or None when not
-    `enabled` (`ppl_jax.evaluation.run.run`'s `progress_factory`)."""
+    """The run's progress factory: `(windows, windows done, desc=...) -> ProgressBar`, or None
+    when not `enabled` (`ppl_jax.evaluation.run.run`'s `progress_factory`)."""
     return ProgressBar if enabled else None

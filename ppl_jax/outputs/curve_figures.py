@@ -7,8 +7,14 @@ the curve holds one (`perplexity_interval: [lo, hi]` in a bucket or a row; see
 and `context_curve.<format>` (`output.figures`); redrawn from the JSON with
 
     from ppl_jax.outputs import curve_figures, figures
-    fig = curve_figures.position_figure(json.load(open("position_curve.json")), "wiki")
-    figures.save_figure(fig, "position.pdf", size=(3.5, 2.4))
+    curve = json.load(open("position_curve.json"))
+    fig = curve_figures.position_figure(curve, "wiki", size=(3.5, 2.4))  # one column, inches
+    figures.save_figure(fig, "position.pdf")
+
+Each figure is laid out for the size it is drawn at (`size`, default `WIDTH` x `HEIGHT`): fonts
+scaled to its width, titles and labels broken into lines that fit, x ticks thinned so that their
+labels never touch, and the legend below the axes, outside the data
+(`ppl_jax.outputs.figure_layout`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ppl_jax.outputs import figures
+from ppl_jax.outputs import figure_layout, figures
 from ppl_jax.outputs.console import plural
 
 WHAT = "the position and context-length curves"
@@ -48,6 +54,11 @@ def _interval_note(curve: Mapping[str, Any]) -> str:
     return "95% interval (bootstrap)"
 
 
+def _inches(fig: Any) -> float:
+    """About the width of the axes of `fig` in inches (its width less the y axis's labels)."""
+    return max(1.0, fig.get_figwidth() - 0.75)
+
+
 def _perplexity_axis(ax: Any, values: list[float]) -> None:
     """Log y axis when perplexity spans more than a factor of 10 (early positions often do)."""
     if figures.log_if_wide(values):
@@ -58,16 +69,35 @@ def _perplexity_axis(ax: Any, values: list[float]) -> None:
 
 def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int) -> None:
     """What the plot shows as its title; the data (`label`: a dataset's name) and how many
-    targets it holds below it."""
-    fig.suptitle(what)
+    targets it holds below it; each broken into lines that fit the figure's width."""
+    import matplotlib
+
+    width = fig.get_figwidth() - 0.2
+    fig.suptitle(figure_layout.fit_text(what, width, matplotlib.rcParams["figure.titlesize"]))
+    sub = f"{label}: {tokens:,} scored tokens" if label else f"{tokens:,} scored tokens"
     ax.set_title(
-        f"{label}: {tokens:,} scored tokens" if label else f"{tokens:,} scored tokens",
+        figure_layout.fit_text(sub, _inches(fig), matplotlib.rcParams["axes.titlesize"]),
         color=figures.SUBTITLE,
     )
 
 
+def _xlabel(fig: Any, ax: Any, text: str) -> None:
+    """The x axis's label, broken into lines that fit under the axes."""
+    import matplotlib
+
+    ax.set_xlabel(figure_layout.fit_text(text, _inches(fig), matplotlib.rcParams["axes.labelsize"]))
+
+
+def _legend(fig: Any, ax: Any) -> None:
+    """The legend of `ax`'s labelled artists, below the axes (never over the data)."""
+    handles, labels = ax.get_legend_handles_labels()
+    figure_layout.place_legend(fig, handles, labels)
+
+
 @figures.styled
-def position_figure(curve: Mapping[str, Any], label: str) -> Any:
+def position_figure(
+    curve: Mapping[str, Any], label: str, size: tuple[float, float] | None = None
+) -> Any:
     """The Figure of perplexity against position in the window (`position_curve`'s result).
 
     One point per bucket, at its position (one-position buckets) or the geometric middle of its
@@ -77,12 +107,13 @@ def position_figure(curve: Mapping[str, Any], label: str) -> Any:
     perplexities are not drawn. Title: "Perplexity by position in the window", then `label`
     (the dataset's name) and the scored tokens. A curve by position in the document
     (`ppl_jax.metrics.position.document_curve`: `positions`) says so, and with context gains
-    draws each bucket's gain per token (nats) in a panel below.
+    draws each bucket's gain per token (nats) in a panel below. Laid out for `size`
+    (`(width, height)` inches; default `WIDTH` x `HEIGHT`), the legend below the axes.
 
     Raises:
       ConfigError: matplotlib is not installed.
     """
-    fig = figures.new_figure(WIDTH, HEIGHT, WHAT)
+    fig = figures.new_figure(*(size or (WIDTH, HEIGHT)), WHAT)
     gains = [b for b in curve["buckets"] if (b.get("context_gain") or {}).get("num_tokens")]
     ax = fig.add_subplot(2, 1, 1) if gains else fig.add_subplot()
     log_x = curve["bucketing"] == "log"
@@ -113,12 +144,14 @@ def position_figure(curve: Mapping[str, Any], label: str) -> Any:
         ax.axhline(overall, linestyle="--", color=figures.GREY, label=f"overall {overall:.4g}")
     figures.count_axis(ax, "x", log_x)
     where = curve.get("positions", "window")
-    ax.set_xlabel(f"position in {where} (tokens of context)" + (", log scale" if log_x else ""))
+    xlabel = f"position in {where} (tokens of context)" + (", log scale" if log_x else "")
     _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
     _titles(fig, ax, f"Perplexity by position in the {where}", label, curve["total"]["num_tokens"])
-    ax.legend()
     if gains:
         _gain_panel(fig, ax, gains, log_x)
+        ax.tick_params(labelbottom=False)
+    _xlabel(fig, fig.axes[-1], xlabel)
+    _legend(fig, ax)
     return fig
 
 
@@ -132,14 +165,14 @@ def _gain_panel(fig: Any, ax: Any, gains: list[Mapping[str, Any]], log_x: bool) 
     y = [b["context_gain"]["gain_per_token"] for b in gains]
     low.plot(x, y, marker="o", markersize=3, color=figures.COLORS[1])
     low.axhline(0.0, color=figures.GREY, linewidth=0.8)
-    low.set_ylabel("context gain\n(nats/token)")
+    low.set_title("context gain per token (nats)", loc="left", color=figures.SUBTITLE)
     low.grid(True, **figures.GRID)
-    low.set_xlabel(ax.get_xlabel())
-    ax.set_xlabel("")
 
 
 @figures.styled
-def context_figure(curve: Mapping[str, Any], label: str) -> Any:
+def context_figure(
+    curve: Mapping[str, Any], label: str, size: tuple[float, float] | None = None
+) -> Any:
     """The Figure of perplexity against context length (`context_curve`'s result), log2 x axis.
 
     Each point sits at its context length, joined by a line; its 95% interval (when the curve
@@ -147,12 +180,13 @@ def context_figure(curve: Mapping[str, Any], label: str) -> Any:
     context range, the range of context its targets saw (`min_context` to `max_context`) is a
     light, thick bar under the point, named in the legend (not a second line). Null
     perplexities are not drawn. Title: "Perplexity against context length", then `label` and
-    the scored tokens.
+    the scored tokens. Laid out for `size` (`(width, height)` inches; default `WIDTH` x
+    `HEIGHT`): a tick at each length whose label has room, the legend below the axes.
 
     Raises:
       ConfigError: matplotlib is not installed.
     """
-    fig = figures.new_figure(WIDTH, HEIGHT, WHAT)
+    fig = figures.new_figure(*(size or (WIDTH, HEIGHT)), WHAT)
     ax = fig.add_subplot()
     rows = [r for r in curve["context_lengths"] if r["perplexity"] is not None]
     x = [r["context_length"] for r in rows]
@@ -172,14 +206,9 @@ def context_figure(curve: Mapping[str, Any], label: str) -> Any:
     ax.plot(x, y, marker="o", markersize=5, color=blue, label="perplexity", zorder=2)
     lo, hi = zip(*(_interval(r) for r in rows), strict=True) if rows else ((), ())
     banded = figures.band(ax, x, lo, hi, blue, y, _interval_note(curve))
-    figures.count_axis(ax, "x", True, base=2)
-    if x:
-        from matplotlib.ticker import FixedLocator, NullLocator
-
-        ax.xaxis.set_major_locator(FixedLocator(x))
-        ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("context length (tokens), log scale")
+    figures.count_axis(ax, "x", True, base=2, at=x)
+    _xlabel(fig, ax, "context length (tokens), log scale")
     _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
     _titles(fig, ax, "Perplexity against context length", label, curve["num_targets"])
-    ax.legend()
+    _legend(fig, ax)
     return fig

@@ -15,6 +15,12 @@ and any a later module adds) is drawn the same way:
     figures.save_figure(my_figure(data), "out/fig.pdf")    # the extension picks the format
     data = figures.figure_bytes(fig, "svg")                # or bytes, for `OutputDir.write_bytes`
 
+A figure is laid out for the size it is drawn at, so the package's figures take `size=(width,
+height)` inches and are drawn at it (a column is 3.5 inches wide, two are 7): `styled` scales
+the fonts to the width, and `ppl_jax.outputs.figure_layout` fits titles and labels, thins the x
+ticks when the figure is drawn and puts legends outside the data. Resizing a drawn figure
+(`size` of `figure_bytes`) keeps its fonts and legend as they were chosen.
+
 The format follows the file's extension: `.pdf` and `.svg` are vector files (text kept as
 TrueType type 42 in PDF, as paths in SVG, so journals' checks for Type 3 fonts pass), `.png` is
 raster at `dpi` (default `DEFAULT_DPI`). Another extension is refused in one sentence, never
@@ -45,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.outputs import figure_layout
 from ppl_jax.outputs.folder import OutputDir
 
 FORMATS = ("png", "pdf", "svg")  # by file extension
@@ -195,29 +202,34 @@ def check_available(what: str, hint: str = "") -> None:
 
 def styled(fn: F) -> F:
     """Decorates a function that builds a figure so that it draws under `STYLE` (every artist
-    takes its defaults from the style as it is made)."""
+    takes its defaults from the style as it is made), its font sizes scaled to the figure's
+    width when the function is called with `size=(width, height)` inches
+    (`figure_layout.style_for`: 8 pt text at a column's 3.5 inches, 9 pt from 6 inches)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         import matplotlib
 
-        with matplotlib.rc_context(STYLE):
+        with matplotlib.rc_context(figure_layout.style_for(STYLE, kwargs.get("size"))):
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
 def new_figure(width: float, height: float, what: str, hint: str = "") -> Any:
-    """A bare matplotlib Figure of `width` x `height` inches, constrained layout; draw on it
-    inside a `styled` function.
+    """A bare matplotlib Figure of `width` x `height` inches, constrained layout, on an Agg
+    canvas (no pyplot: `fig.canvas.draw()` renders it); draw on it inside a `styled` function.
 
     Raises:
       ConfigError: matplotlib is not installed (`check_available`).
     """
     check_available(what, hint)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), dpi=DEFAULT_DPI, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=DEFAULT_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def figure_bytes(
@@ -297,20 +309,21 @@ def band(
     color: str,
     y: Sequence[float] | None = None,
     label: str | None = None,
-) -> bool:
+) -> Any:
     """Draws a 95% interval: a band of `color` between `lo` and `hi` over `x` (three points or
     more with an interval), else error bars around `y`. Points without an interval (None) are
-    gaps. Returns whether anything was drawn."""
+    gaps. Returns the artist drawn (the band, or the first error bars; `label` is on it, for a
+    legend), or None when nothing was drawn."""
     pairs = [
         (xi, a, b, yi)
         for xi, a, b, yi in zip(x, lo, hi, y if y is not None else [None] * len(x), strict=True)
         if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
     ]
     if not pairs:
-        return False
+        return None
     if len(pairs) > 2:
         nan = math.nan
-        ax.fill_between(
+        return ax.fill_between(
             list(x),
             [nan if a is None else a for a in lo],
             [nan if b is None else b for b in hi],
@@ -319,13 +332,13 @@ def band(
             linewidth=0,
             label=label,
         )
-        return True
     if y is None:
-        return False
-    for xi, a, b, yi in pairs:
-        ax.errorbar(xi, yi, [[yi - a], [b - yi]], color=color, capsize=3, linewidth=1, label=label)
-        label = None
-    return True
+        return None
+    drawn = [
+        ax.errorbar(xi, yi, [[yi - a], [b - yi]], color=color, capsize=3, linewidth=1, label=lab)
+        for (xi, a, b, yi), lab in zip(pairs, [label] + [None] * len(pairs), strict=False)
+    ]
+    return drawn[0]
 
 
 def count_label(x: float) -> str:
@@ -339,16 +352,32 @@ def count_label(x: float) -> str:
     return f"{x:.3g}"
 
 
-def count_axis(ax: Any, which: str, log: bool, base: float = 10) -> None:
+def count_axis(
+    ax: Any, which: str, log: bool, base: float = 10, at: Sequence[float] | None = None
+) -> None:
     """Ticks of the `which` ("x" or "y") axis of `ax`, a count (steps, positions, tokens), read
-    as `1, 10, 100, 1k`: on a log scale of `base` when `log`; labels from `count_label`."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    as `1, 10, 100, 1k`: on a log scale of `base` when `log`; labels from `count_label`; at the
+    values `at` when given (each checkpoint step, each context length), else where matplotlib
+    puts them. Ticks on the x axis are thinned when the figure is drawn so that their labels
+    never touch (`figure_layout.thinned_locator`), at any size."""
+    from matplotlib.ticker import (
+        FixedLocator,
+        FuncFormatter,
+        LogLocator,
+        NullFormatter,
+        NullLocator,
+    )
 
     axis = ax.xaxis if which == "x" else ax.yaxis
     if log:
         (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
-        axis.set_major_locator(LogLocator(base=base))
         axis.set_minor_formatter(NullFormatter())
+    locator = (
+        FixedLocator(list(at)) if at else LogLocator(base=base) if log else axis.get_major_locator()
+    )
+    if at:
+        axis.set_minor_locator(NullLocator())
+    axis.set_major_locator(figure_layout.thinned_locator(locator) if which == "x" else locator)
     axis.set_major_formatter(FuncFormatter(lambda x, _: count_label(x)))
 
 

@@ -300,7 +300,7 @@ def _lock(path: str) -> int:
     holder = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
     }
     os.ftruncate(fd, 0)

@@ -130,7 +130,7 @@ def run_dict(wall_seconds: float) -> dict[str, Any]:
     """
     import jax
 
-    finished = datetime.datetime.now(datetime.timezone.utc)
+    finished = datetime.datetime.now(datetime.UTC)
     started = finished - datetime.timedelta(seconds=wall_seconds)
     devices = jax.devices()
     return {

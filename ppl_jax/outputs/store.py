@@ -55,7 +55,7 @@ MACRO_METRICS = tuple(metrics_lib.derive(metrics_lib.Sums()))
 
 def now() -> str:
     """The current time, ISO-8601 UTC to the second (`2025-01-31T12:00:00+00:00`)."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _metrics(sums: metrics_lib.Sums) -> tuple[dict[str, float | None], dict[str, str]]:

@@ -1,5 +1,6 @@
-"""The command line end to end: the built-in default (the demo checkpoint on held-out stdlib
-modules), and the WikiText-2 config file without its data. The demo checkpoint on WikiText-2
+"""The command line end to end: the built-in default (the demo checkpoint on its held-out text,
+shipped with the package: the figure the README quotes, on every Python), and the WikiText-2
+config file without its data. The demo checkpoint on WikiText-2
 itself is in tests/shared_data/."""
 
 import json
@@ -50,7 +51,14 @@ def run_cli(*flags, tmp_path, config=None):
     return proc, json.loads((out / "results.json").read_text())
 
 
-def test_default_run_scores_held_out_stdlib_modules(tmp_path):
+# The demo's figure on its shipped text (CPython 3.11.7's held-out modules), the same on every
+# Python: bits per byte, and gzip -9's on the same text. The README quotes both to 3 decimals.
+DEMO_BITS_PER_BYTE, DEMO_GZIP_BITS_PER_BYTE = 1.9176, 2.1735
+
+
+def test_default_run_scores_the_shipped_held_out_text(tmp_path):
+    import re
+
     from ppl_jax.config.defaults import HELD_OUT_MODULES, held_out_paths
 
     proc, r = run_cli(tmp_path=tmp_path)
@@ -58,10 +66,17 @@ def test_default_run_scores_held_out_stdlib_modules(tmp_path):
     assert r["num_documents"] == len(HELD_OUT_MODULES) == len(paths)
     texts = [open(p, encoding="utf-8").read() for p in paths]
     joined = "\n\n".join(texts).encode("utf-8")
-    assert r["num_tokens"] == len(joined) - 1
-    assert r["bits_per_byte"] < r["gzip_bits_per_byte"] + 1.0
-    assert r["bits_per_byte"] < 4.0
+    assert r["num_tokens"] == len(joined) - 1 == 177_500
     assert "gzip -9" in proc.stdout
+    assert round(r["bits_per_byte"], 4) == DEMO_BITS_PER_BYTE, r["bits_per_byte"]
+    assert round(r["gzip_bits_per_byte"], 4) == DEMO_GZIP_BITS_PER_BYTE
+    # The README's and the docs' figure is this run's.
+    quoted = f"({r['bits_per_byte']:.3f} against {r['gzip_bits_per_byte']:.3f}"
+    assert quoted == "(1.918 against 2.173"
+    for page in ("README.md", "docs/index.md"):
+        with open(os.path.join(helpers.REPO, page), encoding="utf-8") as f:
+            text = re.sub(r"\s+", " ", f.read())
+        assert quoted in text, page
 
 
 def test_wikitext2_config_takes_its_path_from_the_command_line(tmp_path, demo_checkpoint):

@@ -29,6 +29,7 @@ TIMING_KEYS = {
     "compile_seconds",
     "wall_seconds",
     "resumed_batches",
+    "timing",
 }
 
 

@@ -97,7 +97,7 @@ def comparable(records: list[dict]) -> list[dict]:
     """The records without what may differ between two runs (clocks), in (step, kind, dataset)
     order."""
     clocks = {"time", "wall_seconds", "tokens_per_second", "scoring_seconds", "host_seconds"}
-    clocks |= {"prepare_seconds", "compile_seconds", "resumed_batches"}
+    clocks |= {"prepare_seconds", "compile_seconds", "resumed_batches", "timing"}
 
     def strip(r: dict) -> dict:
         r = {k: v for k, v in r.items() if k not in clocks}

@@ -115,8 +115,8 @@ def test_the_sweep_shows_its_progress(tiny_checkpoint, corpus, tmp_path):  # noq
     bars = []
 
     class Bar:  # the run's progress observer (`ppl_jax.outputs.console.ProgressBar`'s interface)
-        def __init__(self, num_windows: int, done: int):
-            self.bar = {"total": num_windows, "windows": done, "tokens": 0}
+        def __init__(self, num_windows: int, done: int, desc: str = ""):
+            self.bar = {"total": num_windows, "windows": done, "tokens": 0, "desc": desc}
             bars.append(self.bar)
 
         def should_stop(self, i):
@@ -138,3 +138,7 @@ def test_the_sweep_shows_its_progress(tiny_checkpoint, corpus, tmp_path):  # noq
     assert run_bar["windows"] == run_bar["total"] == ev.sums.num_windows
     assert sweep_bar["windows"] == sweep_bar["total"] > 0
     assert sweep_bar["tokens"] == sum(r["num_tokens"] for r in rows)
+    assert (run_bar["desc"], sweep_bar["desc"]) == ("scoring", "context sweep")
+    timing = ev.timing
+    assert timing["context_sweep_seconds"] > 0 and timing["scoring_seconds"] > 0
+    assert timing["short_context_seconds"] is None

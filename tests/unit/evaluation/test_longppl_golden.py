@@ -27,6 +27,41 @@ def golden() -> dict:
         return json.load(f)
 
 
+class Bar:
+    """A progress bar of the run (`ppl_jax.outputs.console.ProgressBar`'s interface)."""
+
+    made: list[Bar] = []
+    scenario = ""
+
+    def __init__(self, num_windows: int, done: int, desc: str = ""):
+        self.total, self.windows, self.desc, self.closed = num_windows, done, desc, False
+        self.scenario = Bar.scenario
+        Bar.made.append(self)
+
+    def should_stop(self, i):
+        return False
+
+    def on_batch(self, i, rows, host):
+        self.windows += sum(len(row) for row in rows)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, golden):
+    """scenario -> (its Evaluation, its golden), each run once."""
+    found = {}
+
+    def get(scenario: str):
+        if scenario not in found:
+            Bar.scenario = scenario
+            found[scenario] = run(tmp_path_factory.mktemp(scenario), golden, scenario)
+        return found[scenario]
+
+    return get
+
+
 def run(tmp_path, golden: dict, scenario: str):
     s = golden["scenarios"][scenario]
     c = get_config()
@@ -49,7 +84,7 @@ def run(tmp_path, golden: dict, scenario: str):
     c.metrics.bootstrap_samples = 0
     out = OutputDir.open(c.output.dir)
     try:
-        ev = evaluate(from_config(c), out=out)
+        ev = evaluate(from_config(c), Bar, out=out)
     finally:
         out.close()
     return ev, s
@@ -58,8 +93,8 @@ def run(tmp_path, golden: dict, scenario: str):
 # The evaluator scenario (another model finds the key tokens, matched by character offsets) in the
 # default tiers; the model as its own evaluator in the slow tier.
 @pytest.mark.parametrize("scenario", [pytest.param("self", marks=pytest.mark.slow), "evaluator"])
-def test_longppl_equals_the_reference(tmp_path, golden, scenario):
-    ev, want = run(tmp_path, golden, scenario)
+def test_longppl_equals_the_reference(scored, scenario):
+    ev, want = scored(scenario)
     got = ev.diagnostics["long_context"]["longppl"]
     assert got["num_key_tokens"] == want["num_key_tokens"] > 50
     assert got["longppl"] == pytest.approx(want["longppl"], rel=1e-6)
@@ -78,3 +113,29 @@ def test_longppl_equals_the_reference(tmp_path, golden, scenario):
             assert math.exp(mean) == pytest.approx(doc["longppl"], rel=1e-6), d
     # The model's perplexity over the documents' scored tokens, as the reference's mean loss.
     assert got["num_tokens"] == sum(doc["n_token"] - 1 for doc in want["documents"])
+
+
+def test_every_pass_has_its_progress_bar_and_its_seconds(scored):
+    """A long document with a short context and an evaluator model spent 478 of 527 s in those
+    passes with the run's bar at 0 and no word of it: each pass now has its bar, started when it
+    starts, and its seconds in results.json's `timing` and in the summary."""
+    from ppl_jax.evaluation import summary
+    from ppl_jax.outputs import console
+
+    ev, _ = scored("evaluator")
+    bars = [b for b in Bar.made if b.scenario == "evaluator"]
+    names = [b.desc for b in bars]
+    assert names == [
+        "short context", "LongPPL evaluator", "LongPPL evaluator, short context", "scoring"
+    ]  # fmt: skip
+    assert all(b.closed and b.windows == b.total > 0 for b in bars)
+    assert bars[-1].total == ev.sums.num_windows
+    timing = ev.timing
+    ran = ["setup", "restore", "short_context", "longppl_evaluator", "compile", "scoring"]
+    assert all(timing[f"{k}_seconds"] > 0 for k in ran), timing
+    assert timing["context_sweep_seconds"] is timing["reference_restore_seconds"] is None
+    assert sum(timing[f"{k}_seconds"] for k in ran) <= ev.wall_seconds
+    results = summary.results_dict(ev, from_config(get_config()))
+    assert results["timing"] == timing
+    table = console.summary_table(results)
+    assert "short context " in table and "LongPPL evaluator " in table and "scoring " in table

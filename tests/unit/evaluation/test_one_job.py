@@ -39,7 +39,7 @@ SWEEP_KEYS = {
 }  # fmt: skip
 TIMINGS = {
     "tokens_per_second", "scoring_seconds", "host_seconds", "prepare_seconds",
-    "compile_seconds", "wall_seconds", "time", "run",
+    "compile_seconds", "wall_seconds", "time", "run", "timing",
 }  # fmt: skip
 
 

@@ -96,7 +96,7 @@ def test_results_say_what_ran(chinese):
     started = datetime.datetime.fromisoformat(run_info["started_utc"])
     finished = datetime.datetime.fromisoformat(run_info["finished_utc"])
     assert started.utcoffset() == finished.utcoffset() == datetime.timedelta(0)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     assert started <= finished <= now
     assert (now - finished).total_seconds() < 600
     assert (finished - started).total_seconds() == pytest.approx(r["wall_seconds"], abs=1.0)

@@ -19,15 +19,15 @@ def unit_sums(u: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def numpy_bootstrap(nll, tokens, samples, seed, block):
-    """The moving-block bootstrap written out one replicate at a time (float64, no chunks)."""
+    """The circular block bootstrap written out one replicate at a time (float64, no chunks): a
+    block starts at any unit and runs on past the last at the first."""
     u = nll.shape[0]
-    starts = u - block + 1
     draws = math.ceil(u / block)
     rng = np.random.default_rng(seed)
     ratios = []
     for _ in range(samples):
-        picks = rng.integers(0, starts, size=draws)
-        rows = np.concatenate([np.arange(p, p + block) for p in picks])
+        picks = rng.integers(0, u, size=draws)
+        rows = np.concatenate([np.arange(p, p + block) % u for p in picks])
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios.append(nll[rows].sum(axis=0) / tokens[rows].sum(axis=0))
     ratios = np.asarray(ratios)

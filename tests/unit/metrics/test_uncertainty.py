@@ -1,5 +1,5 @@
 """Bootstrap intervals (`ppl_jax.metrics.uncertainty`): coverage in simulation, the ratio estimator, the
-moving-block bootstrap under dependence, and per-window bytes that add up to the run's."""
+circular block bootstrap under dependence, and per-window bytes that add up to the run's."""
 
 import numpy as np
 import pytest
@@ -94,7 +94,7 @@ def test_blocks_widen_the_interval_of_dependent_windows():
     iid = uncertainty.intervals(
         uncertainty.Units("window", units.nll, units.tokens, units.bytes, 1), 1000, 0
     )
-    assert blocks["method"].startswith("moving-block bootstrap over windows")
+    assert blocks["method"].startswith("circular block bootstrap over windows")
     width = lambda iv: iv["nll_per_token"][1] - iv["nll_per_token"][0]  # noqa: E731
     # AR(1) with phi = 0.9: the variance of the mean is ~(1 + phi) / (1 - phi) = 19 times the
     # iid one; blocks of 10 recover much of it (the sd ratio ~ 4.4 in the limit).
@@ -157,3 +157,56 @@ def test_window_bytes_are_the_scored_tokens_bytes_and_add_up(bpe, protocol, stri
     assert p.window_bytes.tolist() == expected
     assert int(p.window_bytes.sum()) == p.num_bytes
     assert len(set(byte_lens.tolist())) > 2  # tokens of several byte lengths were checked
+
+
+def trial_windows() -> uncertainty.Units:
+    """A case like the trial's: one long document in three windows of 16,384 tokens, the middle
+    one easier (perplexity about 54,539 over all three)."""
+    tokens = np.full(3, 16384)
+    nll = tokens * np.array([10.95, 10.84, 10.93])
+    return uncertainty.Units("window", nll, tokens, 4 * tokens, uncertainty.block_length(3))
+
+
+def test_three_windows_give_an_interval_that_holds_the_estimate_and_a_warning():
+    """The moving-block bootstrap drew the middle window in every block of two and so put the
+    interval below the estimate ([52,951.51, 53,394.50] around 53,547.69); blocks joined end to
+    start draw every window as often, so the interval holds the estimate, and it is marked
+    rough, with what to do."""
+    units = trial_windows()
+    estimate = float(np.exp(units.nll.sum() / units.tokens.sum()))
+    iv = uncertainty.intervals(units, 1000, 0)
+    lo, hi = iv["perplexity"]
+    assert lo < estimate < hi
+    assert iv["warning"] == (
+        "rough interval: 3 windows (1.5 blocks of 2) are too few for the bootstrap to hold its "
+        "95% (it needs at least 10 blocks); score more text (more documents), or more, shorter "
+        "windows (eval.seq_len)."
+    )
+    # The old draw (first windows among the W - b + 1 that fit) misses the estimate: the bias
+    # the circular draw removes, shown with NumPy alone.
+    rng = np.random.default_rng(0)
+    rows = [np.r_[a : a + 2, b : b + 2] for a, b in rng.integers(0, 2, (1000, 2))]
+    moving = np.exp([units.nll[r].sum() / units.tokens[r].sum() for r in rows])
+    assert np.quantile(moving, 0.975) < estimate
+    # Every window is drawn equally often in the circular draw.
+    counts = np.zeros(3)
+    for a in np.random.default_rng(1).integers(0, 3, 3000):
+        counts[[a, (a + 1) % 3]] += 1
+    assert counts.min() / counts.max() > 0.95
+
+
+def test_enough_units_give_no_warning_and_an_interval_that_misses_says_so():
+    assert (
+        uncertainty.intervals(synthetic_documents(np.random.default_rng(0), 50), 500, 0)["warning"]
+        is None
+    )
+    few = synthetic_documents(np.random.default_rng(0), 6)
+    assert uncertainty.intervals(few, 500, 0)["warning"].startswith(
+        "rough interval: 6 documents are too few for the bootstrap to hold its 95% (it needs at "
+        "least 10 documents); score more documents"
+    )
+    units = trial_windows()
+    missed = uncertainty.warning_of(units, {"bits per byte": (3.0, [3.1, 3.2])})
+    assert missed.endswith(
+        "; the bits per byte interval [3.1, 3.2] does not contain its estimate 3."
+    )

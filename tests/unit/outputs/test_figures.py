@@ -200,10 +200,9 @@ def test_every_figure_is_drawn_in_one_style(tmp_path):
             ticks = [t for t in ax.get_xticklabels() if t.get_text()]
             assert ticks and {t.get_fontsize() for t in ticks} == {8.0}, name
             assert ax.xaxis.label.get_fontsize() == 9.0, name
-            legend = ax.get_legend()
-            if legend is not None:
-                assert not legend.get_frame_on(), name
-                assert {t.get_fontsize() for t in legend.get_texts()} == {8.0}, name
+        for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+            assert not legend.get_frame_on(), name
+            assert {t.get_fontsize() for t in legend.get_texts()} == {8.0}, name
         assert fig.get_suptitle(), name
 
 
@@ -285,7 +284,7 @@ def test_context_figure_draws_one_line_and_the_ranges_as_named_bars():
     (bars,) = [c for c in ax.collections if isinstance(c, LineCollection)]
     spans = [seg[:, 0].tolist() for seg in bars.get_segments()]
     assert spans == [[256, 319], [512, 575], [1024, 1087]]
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == ["context the scored tokens saw", "perplexity"]
     assert tick_texts(ax.xaxis) == ["256", "512", "1,024"]
     assert fig.get_suptitle() == "Perplexity against context length"
@@ -304,10 +303,11 @@ def band_polygons(ax) -> list[np.ndarray]:
 @pytest.mark.parametrize("banded", [False, True])
 def test_context_figure_draws_the_intervals_as_a_band(banded):
     curve = with_bands(context(), "context_lengths") if banded else context()
-    (ax,) = curve_figures.context_figure(curve, "wiki").axes
+    fig = curve_figures.context_figure(curve, "wiki")
+    (ax,) = fig.axes
     polygons = band_polygons(ax)
     assert bool(polygons) == banded
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert ("95% interval (bootstrap over 12 batches)" in legend) == banded
     if banded:  # the band spans each point's interval
         ys = np.concatenate(polygons)[:, 1]

@@ -55,7 +55,7 @@ def suite_records() -> list[dict]:
     records = []
     tags = {"web": {"domain": "web"}, "code": {"domain": "code"}, "wiki": {"domain": "web"}}
     for step in (0, 500, 1000):
-        time = datetime.datetime(2025, 1, 1, 0, step // 100, tzinfo=datetime.timezone.utc)
+        time = datetime.datetime(2025, 1, 1, 0, step // 100, tzinfo=datetime.UTC)
         step_records = []
         for name in tags:
             tokens = int(rng.integers(100, 10_000))
@@ -118,7 +118,7 @@ def test_scalars_read_back_at_their_tags_and_steps(tmp_path):
     ppl = [got[f"eval/{d}/perplexity", 500][0] for d in ("web", "code", "wiki")]
     assert got["eval/average/macro/perplexity", 500][0] == pytest.approx(np.mean(ppl), rel=1e-6)
     # Wall time is the record's time.
-    when = datetime.datetime(2025, 1, 1, 0, 10, tzinfo=datetime.timezone.utc).timestamp()
+    when = datetime.datetime(2025, 1, 1, 0, 10, tzinfo=datetime.UTC).timestamp()
     assert got["eval/web/perplexity", 1000][1] == when
 
 
