@@ -242,8 +242,9 @@ KEY_MEANINGS = {
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
     "model.context_attention": "how attention crosses mesh.context: 'all_gather' (each device "
     "gathers a layer's keys and values) or 'ring' (they go round the devices: less memory)",
-    "model.token_chunk": "tokens the MLP and the NLL take at once on each device (0: all; e.g. "
-    "16384 for windows of 1M tokens)",
+    "model.token_chunk": "tokens the MLP and the NLL take at once on each device, and on one "
+    "device the queries of each layer of a longer window (0: all; e.g. 16384 for windows of 1M "
+    "tokens)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
     "mesh.context": "devices along the context axis, over which each window's tokens are split "
     "(long windows); -1: the devices left over",
