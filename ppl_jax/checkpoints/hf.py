@@ -37,7 +37,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so safetensors c
 import numpy as np
 from safetensors import safe_open
 
-from ppl_jax.checkpoints import blocks, mapping
+from ppl_jax.checkpoints import blocks, mapping, quantization, quantized_parts
+from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -54,6 +55,7 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+BYTES_ONLY = ("F8_E4M3", "F8_E5M2")  # read by their bytes (safetensors' NumPy reader lacks them)
 
 
 def _weight_files(path: str) -> list[str]:
@@ -97,6 +99,22 @@ def _config(path: str) -> tuple[dict[str, Any], bool]:
     return cfg, False
 
 
+def read_quantization(path: str) -> quantization.Scheme | None:
+    """The quantization `config.json`'s `quantization_config` declares
+    (`ppl_jax.checkpoints.quantization.read`), or None.
+
+    Raises:
+      CheckpointError: no or bad `config.json`; a method or parameter ppl_jax does not read.
+    """
+    where = paths.join(path, "config.json")
+    if paths.is_local(path):
+        _check_inside(path, None, "config.json", what="config.json")
+    cfg = paths.read_json_object(
+        where, "a Hugging Face checkpoint directory needs its config.json."
+    )
+    return quantization.read(cfg, where)
+
+
 def _is_text_tower(name: str) -> bool:
     """Whether a stored weight of a multimodal checkpoint belongs to its language model."""
     return name.startswith(("model.language_model.", "language_model.", "lm_head."))
@@ -122,6 +140,7 @@ def read_description(path: str) -> dict[str, Any]:
     """
     where = paths.join(path, "config.json")
     cfg, text_only = _config(path)
+    scheme = read_quantization(path)  # a quantization ppl_jax does not read: refused here
     model_type = cfg.get("model_type")
     try:
         desc = registry.read_hf_config(cfg)
@@ -138,11 +157,13 @@ def read_description(path: str) -> dict[str, Any]:
             f"{where}: a field has the wrong type or value ({str(e)[:120]})."
         ) from None
     if paths.is_local(path) and _weight_files(path):
-        _check_against_headers(path, where, desc, text_only)
+        _check_against_headers(path, where, desc, text_only, scheme)
     return desc
 
 
-def _check_against_headers(path: str, where: str, desc: dict[str, Any], text_only: bool) -> None:
+def _check_against_headers(
+    path: str, where: str, desc: dict[str, Any], text_only: bool, scheme: Any = None
+) -> None:
     """Refuses a config that the safetensors headers contradict (the number of layers, the
     embedding's shape), reading the headers only: what the family's rules make of the stored
     names and shapes (`mapping.produced`)."""
@@ -151,6 +172,7 @@ def _check_against_headers(path: str, where: str, desc: dict[str, Any], text_onl
             weights = Safetensors(path, stack)
             prefixes, rules = registry.hf_mapping(desc)
             stored = weights.stored(prefixes, text_only)
+            stored = quantized_parts.view(scheme, weights, stored, weights.real, where)[1]
             made = mapping.produced(rules, stored, desc, where)
         except CheckpointError:  # damaged weights or names: load_params says how
             return
@@ -311,9 +333,15 @@ class Safetensors:
         return real[name] if name in real else getattr(self, "_prefix", "") + name
 
     def read(self, stored_name: str, index: tuple[slice, ...]) -> np.ndarray:
-        """The region `index` of a stored tensor (`storage.Storage.read`)."""
+        """The region `index` of a stored tensor (`storage.Storage.read`); a dtype NumPy does not
+        name (float8: safetensors' NumPy reader has none) by its bytes
+        (`safetensors_ranges.read_block`)."""
         real = self.real(stored_name)
         with _open_slice(os.path.join(self.path, self.file_of[real]), real) as sl:
+            if sl.get_dtype() in BYTES_ONLY:
+                entry = ranges.read_header(self.path, self.file_of[real])[real]
+                index = tuple(index) + (slice(None),) * (len(entry.shape) - len(index))
+                return ranges.read_block(self.path, entry, index)
             return np.asarray(sl[index] if index else sl[:])
 
 
@@ -343,17 +371,15 @@ def load_params(path: str, target: Any) -> Any:
     """
     desc = read_description(path)
     text_only = _config(path)[1]  # a multimodal checkpoint: its text tower only
+    scheme = read_quantization(path)
     prefixes, rules = registry.hf_mapping(desc)
     expected = weight_paths(target)
+    where = f"the weights in {path!r}"
     with contextlib.ExitStack() as stack:
         weights = Safetensors(path, stack)
         stored = weights.stored(prefixes, text_only)
-        quantized = [n for n, (_, dtype) in stored.items() if dtype not in FLOAT_DTYPES]
-        if quantized:
-            raise CheckpointError(
-                f"the weights in {path!r} are not all floats: {weights.real(quantized[0])!r} is "
-                f"{stored[quantized[0]][1]} (quantized checkpoints are not supported)."
-            )
+        source, stored = quantized_parts.view(scheme, weights, stored, weights.real, where)
+        check_floats(stored, weights.real, where)
         sources = mapping.resolve(
             rules,
             stored,
@@ -365,7 +391,23 @@ def load_params(path: str, target: Any) -> Any:
         )
     # The headers were read above; each block's data is read below with its own handle.
     numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
-    return nest_weights(blocks.place(sources, stored, expected, weights, numbers))
+    return nest_weights(blocks.place(sources, stored, expected, source, numbers))
+
+
+def check_floats(stored: dict[str, tuple[tuple, str]], shown: Any, where: str) -> None:
+    """Refuses stored tensors that are neither floats nor part of a quantized weight (after
+    `quantized_parts.view`), naming the first.
+
+    Raises:
+      CheckpointError: naming the tensor and its dtype.
+    """
+    other = [n for n, (_, dtype) in stored.items() if dtype not in FLOAT_DTYPES]
+    if other:
+        raise CheckpointError(
+            f"{where} are not all floats: {shown(other[0])!r} is {stored[other[0]][1]}, a tensor "
+            f"of no quantized layout of its config.json's quantization_config (the layouts "
+            f"ppl_jax reads are in docs/checkpoints.md)."
+        )
 
 
 # ---------------------------------------------------------------------------------- tokenizer

@@ -94,7 +94,7 @@ def llama(dtype) -> tf.LlamaForCausalLM:
         )
     )  # fmt: skip
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(0.3 * torch.randn_like(p))
     return model.to(dtype)
@@ -103,9 +103,7 @@ def llama(dtype) -> tf.LlamaForCausalLM:
 def linears(model) -> dict:
     """The decoder layers' projections by their stored names' heads (`model.layers.0.mlp.up_proj`)."""
     return {
-        n: m
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and ".layers." in n
+        n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n
     }
 
 
@@ -209,7 +207,11 @@ def gptq_pack(linear, bits, group_size, sym, act_order, v1, generator, zero_some
     q.pack_original(_linear(w), scales, zeros, g_idx)
     if v1:
         convert_gptq_v2_to_v1_format_module(q, QuantizeConfig(bits=bits))
-    packed = {k: v.clone() for k, v in q.state_dict().items() if k in ("qweight", "qzeros", "scales", "g_idx")}
+    packed = {
+        k: v.clone()
+        for k, v in q.state_dict().items()
+        if k in ("qweight", "qzeros", "scales", "g_idx")
+    }
     loaded = TorchLinear(**kwargs)
     loaded.load_state_dict(packed, strict=False)
     if v1:
@@ -309,7 +311,9 @@ def ct_model(name, fmt, weights):
         else:
             lo, hi = w.amin().reshape(1), w.amax().reshape(1)
         scale, zero = calculate_qparams(lo, hi, args)
-        linear.weight_scale.data = scale.to(linear.weight_scale.dtype).reshape(linear.weight_scale.shape)
+        linear.weight_scale.data = scale.to(linear.weight_scale.dtype).reshape(
+            linear.weight_scale.shape
+        )
         if hasattr(linear, "weight_zero_point"):
             zp = zero.to(linear.weight_zero_point.dtype).reshape(linear.weight_zero_point.shape)
             linear.weight_zero_point.data = zp
@@ -353,7 +357,9 @@ def fp8_blocks(w: torch.Tensor, block: tuple[int, int]):
     q = torch.zeros(w.shape, dtype=torch.float8_e4m3fn)
     for i in range(sr):
         for j in range(sc):
-            part = w[..., i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]].float()
+            part = w[
+                ..., i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]
+            ].float()
             s = part.abs().amax((-1, -2)).clamp(min=1e-12) / 448.0
             scale[..., i, j] = s
             q[..., i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] = (
@@ -378,7 +384,7 @@ def deepseek_model():
         )
     ).to(torch.bfloat16)  # fmt: skip
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(0.3 * torch.randn_like(p))
     tensors, reference = stored(model), {}
@@ -445,8 +451,15 @@ def gpt_oss_model():
             blocks, scales = mxfp4(tensors.pop(name).transpose(1, 2))  # [E, out, in]
             tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
             reference[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
-    config = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    config = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
     write("gpt_oss_mxfp4", model, tensors, config, reference)
     # transformers' own MXFP4 loader (dequantized) scores the folder as the reference does.
     folder = os.path.join(OUT, "gpt_oss_mxfp4")
@@ -465,8 +478,11 @@ def main():
     gptq_model("gptq_sym", sym=True, act_order=False, zero_some=False)
     gptq_model("gptq_act_order", sym=False, act_order=True, zero_some=True)
     awq_model()
-    ct_model("ct_int4", "pack-quantized",
-             dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=16))
+    ct_model(
+        "ct_int4",
+        "pack-quantized",
+        dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=16),
+    )
     ct_model("ct_fp8", "float-quantized",
              dict(num_bits=8, type="float", symmetric=True, strategy="channel"))  # fmt: skip
     deepseek_model()
