@@ -160,12 +160,9 @@ class _Finder:
             (width,) = self._part(g_idx, target, INTS, 1)
             self._expect(name, (words, out), (math.ceil(width * bits / 32), out),
                          f"the {width} rows of {self.shown(g_idx)!r} in {bits}-bit codes")  # fmt: skip
-        groups = scales[0]
-        if g_idx not in self.stored:
-            want = math.ceil(width / w.group_size) if w.group_size else 1
-            self._expect(head + "scales", scales, (want, out),
-                         f"{width} rows in groups of {w.group_size or width}")  # fmt: skip
-        self._expect(head + "scales", scales, (groups, out), f"{out} columns of qweight")
+        groups = math.ceil(width / w.group_size) if w.group_size else 1  # act-order or not
+        self._expect(head + "scales", scales, (groups, out),
+                     f"{width} rows in groups of {w.group_size or width}")  # fmt: skip
         self._expect(head + "qzeros", qzeros, (groups, math.ceil(out * bits / 32)),
                      f"{groups} groups of {out} {bits}-bit zero points")  # fmt: skip
         parts = {"qweight": name, "qzeros": head + "qzeros", "scales": head + "scales"}

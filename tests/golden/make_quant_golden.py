@@ -191,12 +191,13 @@ def gptq_pack(linear, bits, group_size, sym, act_order, v1, generator, zero_some
     )
 
     out_f, in_f = linear.weight.shape
-    groups = math.ceil(in_f / group_size)
-    g_idx = torch.arange(in_f, dtype=torch.int32) // group_size
+    size = in_f if group_size < 0 else group_size  # -1: one group
+    groups = math.ceil(in_f / size)
+    g_idx = torch.arange(in_f, dtype=torch.int32) // size
     if act_order:  # GPTQ's order of the columns (by the Hessian's diagonal): here drawn
         perm = torch.randperm(in_f, generator=generator)
         g_idx = torch.empty(in_f, dtype=torch.int32)
-        g_idx[perm] = torch.arange(in_f, dtype=torch.int32) // group_size
+        g_idx[perm] = torch.arange(in_f, dtype=torch.int32) // size
     w = linear.weight.data.float()
     scales, zeros = group_params(w, g_idx, groups, bits, sym)
     if zero_some:  # zero points of 0 (a group of non-negative weights)
@@ -281,11 +282,12 @@ def awq_model():
 # ------------------------------------------------------------------------ compressed-tensors
 
 
-def ct_model(name, fmt, weights):
-    """A tiny Llama quantized and compressed by compressed-tensors (`weights`: the
-    QuantizationArgs of every decoder Linear)."""
+def ct_quantize(model, fmt: str, weights: dict, ignore=("lm_head",)):
+    """`model` quantized and compressed in place by compressed-tensors itself (`weights`: the
+    QuantizationArgs of every Linear): its scales and zero points from each group's, channel's,
+    block's or the tensor's min and max (`calculate_qparams`). Returns (the scheme, the
+    compressor)."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.compressors.base import BaseCompressor
     from compressed_tensors.quantization import (
         QuantizationArgs,
         QuantizationConfig,
@@ -295,19 +297,26 @@ def ct_model(name, fmt, weights):
     )
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    model = llama(torch.bfloat16)
     args = QuantizationArgs(**weights)
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    qconfig = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
+    qconfig = QuantizationConfig(config_groups={"group_0": scheme}, ignore=list(ignore),
                                  quantization_status=QuantizationStatus.FROZEN)  # fmt: skip
     apply_quantization_config(model, qconfig)
-    for linear in linears(model).values():
+    for linear in (m for m in model.modules() if hasattr(m, "weight_scale")):
         w = linear.weight.data.float()
         if args.strategy == "group":
             w = w.reshape(w.shape[0], -1, args.group_size)
             lo, hi = w.amin(-1), w.amax(-1)
         elif args.strategy == "channel":
             lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        elif args.strategy == "block":
+            bh, bw = args.block_structure
+            rows, cols = math.ceil(w.shape[0] / bh), math.ceil(w.shape[1] / bw)
+            lo, hi = torch.zeros(rows, cols), torch.zeros(rows, cols)
+            for i in range(rows):
+                for j in range(cols):
+                    part = w[i * bh : (i + 1) * bh, j * bw : (j + 1) * bw]
+                    lo[i, j], hi[i, j] = part.min(), part.max()
         else:
             lo, hi = w.amin().reshape(1), w.amax().reshape(1)
         scale, zero = calculate_qparams(lo, hi, args)
@@ -319,6 +328,15 @@ def ct_model(name, fmt, weights):
             linear.weight_zero_point.data = zp
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
     compressor.compress_model(model)
+    return scheme, compressor
+
+
+def ct_model(name, fmt, weights):
+    """A tiny Llama quantized and compressed by compressed-tensors (`ct_quantize`)."""
+    from compressed_tensors.compressors.base import BaseCompressor
+
+    model = llama(torch.bfloat16)
+    scheme, compressor = ct_quantize(model, fmt, weights)
     folder = os.path.join(OUT, name)
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(folder)
@@ -473,6 +491,78 @@ def gpt_oss_model():
     assert log_probs(loaded.eval(), TOKENS) == golden["log_probs"]
 
 
+# ------------------------------------------------------------------------- single tensors
+
+
+def tensors_golden():
+    """`tensors.safetensors` and `tensors.json`: single quantized weights (their parts named
+    `<entry>.<part>`) for the bits and strategies the models do not cover, each with its
+    quantization_config and the digest of its reference dequantization."""
+    from compressed_tensors.compressors.base import BaseCompressor
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+
+    generator = torch.Generator().manual_seed(2)
+    tensors, entries = {}, {}
+
+    def add(entry, parts, config, reference):
+        tensors.update({f"{entry}.{k}": v.contiguous() for k, v in parts.items()})
+        entries[entry] = {"quantization_config": config, "weight": f"{entry}.weight",
+                          "reference": digest(reference)}  # fmt: skip
+
+    for bits, v1, out_f, in_f in ((2, True, 40, 96), (2, False, 40, 96), (3, True, 64, 96),
+                                  (3, False, 64, 96), (8, True, 40, 64), (8, False, 40, 64)):  # fmt: skip
+        w = 0.2 * torch.randn(out_f, in_f, generator=generator)
+        parts, ref = gptq_pack(_linear(w), bits, 16, False, True, v1, generator, zero_some=True)
+        fmt = "gptq" if v1 else "gptq_v2"
+        add(f"gptq{bits}_{fmt}", parts, {"quant_method": "gptq", "bits": bits, "group_size": 16,
+            "desc_act": True, "sym": False, "checkpoint_format": fmt}, ref)  # fmt: skip
+    w = 0.2 * torch.randn(40, 64, generator=generator)
+    parts, ref = gptq_pack(_linear(w), 4, -1, True, False, False, generator)
+    add("gptq4_one_group", parts, {"quant_method": "gptq", "bits": 4, "group_size": -1,
+        "desc_act": False, "sym": True, "checkpoint_format": "gptq_v2"}, ref)  # fmt: skip
+
+    cases = {
+        "ct_pack8_channel": ("pack-quantized", dict(num_bits=8, type="int", symmetric=False, strategy="channel")),
+        "ct_pack2_group": ("pack-quantized", dict(num_bits=2, type="int", symmetric=True, strategy="group", group_size=16)),
+        "ct_pack4_tensor": ("pack-quantized", dict(num_bits=4, type="int", symmetric=False, strategy="tensor")),
+        "ct_int8_channel": ("int-quantized", dict(num_bits=8, type="int", symmetric=True, strategy="channel")),
+        "ct_naive8_group": ("naive-quantized", dict(num_bits=8, type="int", symmetric=False, strategy="group", group_size=16)),
+        "ct_fp8_block": ("float-quantized", dict(num_bits=8, type="float", symmetric=True, strategy="block", block_structure=[16, 16])),
+        "ct_fp8_tensor": ("float-quantized", dict(num_bits=8, type="float", symmetric=True, strategy="tensor")),
+    }  # fmt: skip
+    for entry, (fmt, args) in cases.items():
+        module = torch.nn.Sequential(torch.nn.Linear(48, 40, bias=False)).to(torch.bfloat16)
+        with torch.no_grad():
+            module[0].weight.copy_(0.2 * torch.randn(40, 48, generator=generator))
+        scheme, compressor = ct_quantize(module, fmt, args, ignore=())
+        local = {k[2:]: v for k, v in module.state_dict().items()}
+        decompressor = BaseCompressor.get_value_from_registry(fmt)
+        ref = decompressor.decompress(dict(local), scheme)["weight"]
+        config = compressor.quantization_config.model_dump(exclude=["quant_method"])
+        add(
+            entry,
+            local,
+            {"quant_method": "compressed-tensors", **json.loads(json.dumps(config))},
+            ref,
+        )
+
+    w = 0.2 * torch.randn(40, 48, generator=generator)
+    scale = w.abs().amax() / 448.0
+    q = (w / scale).to(torch.float8_e4m3fn)
+    ref = _dequantize_fp8_weight(q, scale.reshape(1), None, torch.float32)
+    add("fp8_tensor", {"weight": q, "weight_scale_inv": scale.reshape(1)},
+        {"quant_method": "fp8", "weight_block_size": None}, ref)  # fmt: skip
+
+    folder = os.path.join(OUT, "tensors")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    save_file(tensors, os.path.join(folder, "tensors.safetensors"))
+    with open(os.path.join(folder, "tensors.json"), "w", encoding="utf-8") as f:
+        json.dump(entries, f, indent=1, sort_keys=True)
+    size = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
+    print(f"tensors: {size / 1024:.0f} KiB")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     gptq_model("gptq_sym", sym=True, act_order=False, zero_some=False)
@@ -487,6 +577,7 @@ def main():
              dict(num_bits=8, type="float", symmetric=True, strategy="channel"))  # fmt: skip
     deepseek_model()
     gpt_oss_model()
+    tensors_golden()
 
 
 if __name__ == "__main__":

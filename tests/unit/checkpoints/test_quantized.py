@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hf, quantized_parts
+from ppl_jax.checkpoints import hf, huggingface, quantization, quantized_parts
+from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.checkpoints.opener import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
@@ -31,7 +32,9 @@ import helpers
 
 GOLDEN = os.path.join(helpers.GOLDEN, "quantized")
 NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-LAYOUTS = sorted(n for n in os.listdir(GOLDEN) if os.path.isdir(os.path.join(GOLDEN, n)))
+LAYOUTS = sorted(
+    n for n in os.listdir(GOLDEN) if os.path.isdir(os.path.join(GOLDEN, n)) and n != "tensors"
+)
 
 
 @functools.cache
@@ -137,3 +140,41 @@ def test_model_sharded_reads_give_the_same_weights(name):
     _, split = restored(name, model_axis=8)
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@functools.cache
+def tensor_entries() -> dict:
+    with open(os.path.join(GOLDEN, "tensors", "tensors.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def entry_view(entry: str):
+    """The `Dequantized` storage of one entry of tensors.safetensors (its parts
+    `<entry>.<part>`, read by byte ranges), under the entry's quantization_config."""
+    folder = os.path.join(GOLDEN, "tensors")
+    weights = huggingface.RangedSafetensors(
+        folder, ranges.read_header(folder, "tensors.safetensors")
+    )
+    stored = {k: v for k, v in weights.stored((), False).items() if k.startswith(entry + ".")}
+    scheme = quantization.read(tensor_entries()[entry], entry)
+    return quantized_parts.view(scheme, weights, stored, weights.real, entry)[0]
+
+
+@pytest.mark.parametrize("entry", sorted(tensor_entries()))
+def test_other_bits_and_strategies_equal_the_reference(entry):
+    # GPTQ 2, 3 and 8 bits (v1 and v2, act-order, zero points of 0), one group; compressed-
+    # tensors 2, 4 and 8-bit packed per group, channel and tensor, int8 values, FP8 blocks
+    # over a ragged edge and per tensor; FP8 with one scale.
+    e = tensor_entries()[entry]
+    source = entry_view(entry)
+    whole = source.read(e["weight"], ())
+    assert list(whole.shape) == e["reference"]["shape"]
+    assert str(whole.dtype) == e["reference"]["dtype"]
+    assert _sha(whole) == e["reference"]["sha256"], entry
+    rng = np.random.default_rng(1)
+    for _ in range(8):
+        box = []
+        for n in whole.shape:
+            a = int(rng.integers(0, n))
+            box.append(slice(a, int(rng.integers(a + 1, n + 1))))
+        np.testing.assert_array_equal(source.read(e["weight"], tuple(box)), whole[tuple(box)])
