@@ -18,10 +18,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from ppl_jax.checkpoints import hf
+from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.config.defaults import DEFAULT_RULES
 
 import helpers
 
