@@ -154,6 +154,15 @@ class HFDirectory(Checkpoint):
     def files(self, step: int | None) -> str:
         return self.folder(step)
 
+    def quantization(self, step: int | None) -> dict[str, Any] | None:
+        """config.json's quantization (`hf.read_quantization`'s `Scheme.record`), or None.
+
+        Raises:
+          CheckpointError: a method or parameter ppl_jax does not read.
+        """
+        scheme = hf.read_quantization(self.folder(step))
+        return None if scheme is None else scheme.record()
+
     def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
         return None  # config.json is checked against the headers by hf.read_description
 
@@ -181,9 +190,11 @@ class HFDirectory(Checkpoint):
         found = [
             n for n in ("tokenizer.json", "tokenizer.model") if paths.isfile(paths.join(folder, n))
         ]
+        scheme = hf.read_quantization(folder)
+        stored = "" if scheme is None else f", dequantized as read from {scheme.describe()}"
         return [
             f"config.json: model_type {hf._config(folder)[0].get('model_type')!r}",
-            f"weights: {index}, {len(entries)} tensors, {size / 2**20:.1f} MiB ({how})",
+            f"weights: {index}, {len(entries)} tensors, {size / 2**20:.1f} MiB ({how}{stored})",
             f"tokenizer: {', '.join(found) or 'none'}",
         ]
 

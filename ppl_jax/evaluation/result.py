@@ -40,6 +40,8 @@ class Evaluation:
       recorder: the dataset's journal (`discard()` it once the results are written).
       diagnostics: what `ppl_jax.evaluation.diagnostics.collect` found.
       dataset, protocol_spec: the dataset's specs.
+      quantization: how the checkpoint's weights are stored quantized
+        (`Checkpoint.quantization`), or None.
     """
 
     sums: metrics.Sums
@@ -65,6 +67,7 @@ class Evaluation:
     recorder: journal.Recorder | None = None
     diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
     gzip_sample_bytes: int | None = None
+    quantization: dict[str, Any] | None = None
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

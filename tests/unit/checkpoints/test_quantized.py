@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -178,3 +179,32 @@ def test_other_bits_and_strategies_equal_the_reference(entry):
             a = int(rng.integers(0, n))
             box.append(slice(a, int(rng.integers(a + 1, n + 1))))
         np.testing.assert_array_equal(source.read(e["weight"], tuple(box)), whole[tuple(box)])
+
+
+def test_the_quantization_is_recorded_and_part_of_the_checkpoints_identity(tmp_path):
+    ckpt = open_checkpoint(os.path.join(GOLDEN, "gptq_act_order"))
+    want = {
+        "method": "gptq", "format": "gptq", "bits": 4, "type": "int", "group_size": 16,
+        "block_size": None, "symmetric": False, "act_order": True, "activation_bits": None,
+    }  # fmt: skip
+    assert ckpt.quantization(None) == want
+    assert ckpt.identity(None)["quantization"] == want
+    line = [x for x in ckpt.layout_lines(None) if x.startswith("weights:")][0]
+    assert (
+        "dequantized as read from gptq 4-bit int, groups of 16, with zero points, act-order" in line
+    )
+    records = {n: open_checkpoint(os.path.join(GOLDEN, n)).quantization(None) for n in LAYOUTS}
+    assert records["deepseek_v3_fp8"]["block_size"] == [16, 16]
+    assert (records["gpt_oss_mxfp4"]["bits"], records["gpt_oss_mxfp4"]["group_size"]) == (4, 32)
+    assert records["ct_int4"]["format"] == "pack-quantized"
+    assert records["awq"]["format"] == "gemm"
+    # Float weights: no quantization, and the identity as before (no key).
+    plain = open_checkpoint(os.path.join(helpers.GOLDEN, "families", "gpt_oss"))
+    assert plain.quantization(None) is None and "quantization" not in plain.identity(None)
+    # Another bit width is another fingerprint.
+    other = tmp_path / "other"
+    shutil.copytree(os.path.join(GOLDEN, "gptq_act_order"), other)
+    config = json.loads((other / "config.json").read_text())
+    config["quantization_config"]["checkpoint_format"] = "gptq_v2"
+    (other / "config.json").write_text(json.dumps(config))
+    assert open_checkpoint(str(other)).identity(None)["quantization"]["format"] == "gptq_v2"
