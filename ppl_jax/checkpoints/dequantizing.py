@@ -42,6 +42,8 @@ class Quantized:
       block: the (rows, columns) a scale covers (`scaled`, `packed`).
       scalar: the dimensions of a scale stored as one value (per tensor: 0 or 1), else -1.
       v1: GPTQ's zero points stored minus one.
+      packed_zero: compressed-tensors' zero points packed in int32 words along the output
+        axis (its releases from 0.10 on), not stored as they are, the scale's shape.
     """
 
     kind: str
@@ -54,6 +56,7 @@ class Quantized:
     block: tuple[int, int] = (1, 1)
     scalar: int = -1
     v1: bool = False
+    packed_zero: bool = False
 
 
 def _range(index: tuple[slice, ...], shape: tuple[int, ...], axis: int) -> range:
@@ -152,7 +155,8 @@ def _packed(t: Quantized, storage: Storage, index: tuple[slice, ...]) -> np.ndar
     """compressed-tensors' `pack-quantized`: `weight_packed [out, in * bits / 32]`, codes minus
     2 ** (bits - 1) (its `unpack_from_int32`); `weight_scale` per group (or by
     `weight_g_idx`), channel or tensor; zero points packed along the output axis (group and
-    channel strategies: `weight_zero_point [out * bits / 32, groups]`) or one value."""
+    channel strategies since compressed-tensors 0.10: `weight_zero_point [out * bits / 32,
+    groups]`), or stored as they are (the scale's shape; one value per tensor)."""
     rows, cols = _range(index, t.shape, 0), _range(index, t.shape, 1)
     p, bits, offset = t.parts, t.bits, 1 << (t.bits - 1)
     words = math.ceil(t.shape[1] * bits / 32)
@@ -163,12 +167,15 @@ def _packed(t: Quantized, storage: Storage, index: tuple[slice, ...]) -> np.ndar
         g, g0, g1 = _groups(t, storage, cols)
         at = (slice(rows.start, rows.stop), slice(g0, g1))
         scale = np.asarray(storage.read(p["scale"], at))[:, g - g0]
-        zero = _zeros(t, storage, rows, at[1])[:, g - g0] if "zero" in p else None
-        return q.scaled(codes, scale, zero)
+        if "zero" not in p:
+            return q.scaled(codes, scale)
+        if t.packed_zero:
+            return q.scaled(codes, scale, _zeros(t, storage, rows, at[1])[:, g - g0])
+        return q.scaled(codes, scale, np.asarray(storage.read(p["zero"], at))[:, g - g0])
     scale = _blocked(t, storage, "scale", index)
     if "zero" not in p:
         return q.scaled(codes, scale)
-    if t.scalar >= 0:
+    if not t.packed_zero:
         return q.scaled(codes, scale, _blocked(t, storage, "zero", index))
     bw = t.block[1]
     c0 = cols.start // bw

@@ -266,19 +266,24 @@ class _Finder:
             block, scalar = self._scale_block(w, (out, width), head + "weight_scale", target)
         self._expect(name, (out, words), (out, math.ceil(width * w.bits / 32)),
                      f"{width} columns of {w.bits}-bit codes")  # fmt: skip
+        packed_zero = False
         if not w.symmetric:
-            zero = head + "weight_zero_point"
-            if scalar >= 0:
-                self._part(zero, target, ("I8", "I32", "I64"))
-            else:
-                cols = self.stored[head + "weight_scale"][0][1]
-                shape = self._part(zero, target, ("I32",), 2)
-                self._expect(zero, shape, (math.ceil(out * w.bits / 32), cols),
-                             f"{out} rows of {w.bits}-bit zero points packed in words")  # fmt: skip
+            zero, scale = head + "weight_zero_point", self.stored[head + "weight_scale"][0]
+            shape = self._part(zero, target, ("I8", "I32", "I64"))
+            packed_zero = scalar < 0 and tuple(shape) != tuple(scale)  # else as stored
+            if packed_zero:
+                self._expect(zero, shape, (math.ceil(out * w.bits / 32), scale[1]),
+                             f"{out} rows of {w.bits}-bit zero points packed in words (or the "
+                             f"scale's shape)")  # fmt: skip
+                self._part(zero, target, ("I32",), 2)
+            elif math.prod(shape) != math.prod(scale):
+                raise self._bad(
+                    zero, f"its scale {self.shown(head + 'weight_scale')!r} is {list(scale)}"
+                )
             parts["zero"] = zero
         dtype = self.stored[head + "weight_scale"][1]
         return target, Quantized("packed", parts, (out, width), dtype, w.bits, groups=groups,
-                                 block=block, scalar=scalar)  # fmt: skip
+                                 block=block, scalar=scalar, packed_zero=packed_zero)  # fmt: skip
 
     def _scaled(self, name: str):
         w = self._weights_for(name.removesuffix("weight"))

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hf, huggingface, quantization, quantized_parts
+from ppl_jax.checkpoints import hf, huggingface, quantization, quantized_parts, storage
 from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.checkpoints.opener import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -208,3 +208,26 @@ def test_the_quantization_is_recorded_and_part_of_the_checkpoints_identity(tmp_p
     config["quantization_config"]["checkpoint_format"] = "gptq_v2"
     (other / "config.json").write_text(json.dumps(config))
     assert open_checkpoint(str(other)).identity(None)["quantization"]["format"] == "gptq_v2"
+
+
+def test_zero_points_stored_as_they_are_read_as_the_packed_ones():
+    # compressed-tensors before 0.10 stored pack-quantized zero points unpacked, int8 of the
+    # scale's shape. The 8-bit packed ones, unpacked byte by byte here, give the same weight.
+    entry = "ct_pack8_channel"
+    folder = os.path.join(GOLDEN, "tensors")
+    weights = huggingface.RangedSafetensors(
+        folder, ranges.read_header(folder, "tensors.safetensors")
+    )
+    stored = {k: v for k, v in weights.stored((), False).items() if k.startswith(entry + ".")}
+    arrays = {k: weights.read(k, ()) for k in stored}
+    words = arrays[f"{entry}.weight_zero_point"]  # [out / 4, 1] int32
+    raw = np.frombuffer(words[:, 0].astype("<u4").tobytes(), np.uint8).astype(np.int16) - 128
+    arrays[f"{entry}.weight_zero_point"] = raw.astype(np.int8)[:, None]
+    stored[f"{entry}.weight_zero_point"] = (raw[:, None].shape, "I8")
+    scheme = quantization.read(tensor_entries()[entry], entry)
+    source = quantized_parts.view(scheme, storage.Arrays(arrays), stored, str, entry)[0]
+    assert not source.tensors[f"{entry}.weight"].packed_zero
+    whole = source.read(f"{entry}.weight", ())
+    assert _sha(whole) == tensor_entries()[entry]["reference"]["sha256"]
+    np.testing.assert_array_equal(source.read(f"{entry}.weight", (slice(3, 17), slice(5, 40))),
+                                  whole[3:17, 5:40])  # fmt: skip
