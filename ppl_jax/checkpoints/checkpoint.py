@@ -15,8 +15,7 @@ the first that claims the path. Each reader answers:
 - `files(step)`: the folder whose files hold the weights of a step, and, for a reader that
   names its weights by more than its path, format, step and files, `identity(step)` (a hub
   revision's commit): the `checkpoint` part of a run's fingerprint;
-- `quantization(step)`: how the stored weights are quantized (method, bits, group size, ...),
-  or None for float weights: recorded in results.json and in the fingerprint;
+- `quantization(step)`: how the stored weights are quantized, or None (float weights);
 - `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
 
 From these answers every `Checkpoint` gives the architecture (`description`, `model`,
@@ -156,15 +155,9 @@ class Checkpoint(abc.ABC):
         return None
 
     def quantization(self, step: int | None) -> dict[str, Any] | None:
-        """How the weights of `step` are stored quantized, or None (float weights): a JSON-able
-        dict with at least `method` (`gptq`, `awq`, `compressed-tensors`, `fp8`, `mxfp4`,
-        `gguf`), `bits` and `group_size` (docs/outputs.md lists the keys). The weights are
-        restored dequantized, into the model's dtype; this says what they were stored as
-        (results.json's `quantization`, and the fingerprint's `checkpoint` part).
-
-        Raises:
-          CheckpointError: a quantization the reader refuses (naming it).
-        """
+        """How the weights of `step` are stored quantized (they are restored dequantized), or
+        None: a JSON-able dict with at least `method`, `bits` and `group_size` (docs/outputs.md).
+        Raises CheckpointError for a quantization the reader refuses."""
         return None
 
     def identity(self, step: int | None) -> dict[str, Any]:
@@ -174,11 +167,9 @@ class Checkpoint(abc.ABC):
         modification time or object version, digested); and what chooses or transforms the
         weights read: `mapping` (a preset by name, a mapping file by its content, wherever it
         lies), `item` and `params` (as set), and for a `checkpoint.architecture` entry point its
-        module's file (`entry_module`, by content: the user's own model code); and
-        `quantization` (`quantization(step)`), where the weights are stored quantized. Any
-        other architecture is in the model's description (the fingerprint's `model` part). A
-        reader adds what else names its weights (a hub revision's repository, revision and
-        commit).
+        module's file (`entry_module`, by content: the user's own model code); `quantization`
+        where the weights are stored quantized. Any other architecture is in the model's
+        description. A reader adds what else names its weights (a hub revision's commit).
 
         Raises:
           CheckpointError: as `resolve_step` (a reader that must resolve the step to name it).
@@ -204,8 +195,7 @@ class Checkpoint(abc.ABC):
         found.update(
             {k: getattr(self.options, k) for k in ("item", "params") if getattr(self.options, k)}
         )
-        quantization = self.quantization(step)
-        if quantization is not None:  # float checkpoints' fingerprints as before
+        if (quantization := self.quantization(step)) is not None:  # float ones: no key
             found["quantization"] = quantization
         return found
 

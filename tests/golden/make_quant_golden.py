@@ -7,6 +7,7 @@ holds the formats' own libraries (never ppl_jax's):
     device-smi, tokenicer, defuser, dill, pillow, requests)
 
     python tests/golden/make_quant_golden.py
+    python tests/golden/make_quant_golden.py --copies ORIGINAL OUT   # `copies`
 
 Each folder is a tiny Hugging Face checkpoint written the way its format's writer writes it, with
 `golden.json`: the reference dequantization of every quantized weight (sha256 of its bytes, in
@@ -563,6 +564,75 @@ def tensors_golden():
     print(f"tensors: {size / 1024:.0f} KiB")
 
 
+# ------------------------------------------------------------- copies of a float checkpoint
+
+
+def copies(original: str, out: str):
+    """Quantized copies of the float Hugging Face Llama directory `original` under `out` (round
+    to nearest, no calibration), each written by its format's own writer as above: `gptq4`
+    (4 bits, groups of 32, symmetric, v1), `awq4` (4 bits, groups of 32), `int8`
+    (compressed-tensors pack-quantized, 8 bits per channel, symmetric), `fp8` (DeepSeek-V3's
+    float8 blocks of 128 x 128). The unquantized tensors (embedding, norms) are kept as stored.
+    docs/diagnostics.md's worked example compares them with `original`."""
+    from gptqmodel.quantization.awq.utils.packing_utils import pack_awq
+
+    def save(name, model, tensors, quantization):
+        folder = os.path.join(out, name)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        config = {**model.config.to_dict(), "quantization_config": quantization}
+        config.pop("dtype", None)
+        with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+        print(f"{folder}: {os.path.getsize(os.path.join(folder, 'model.safetensors')) / 1024:.0f} KiB")
+
+    def load():
+        return tf.LlamaForCausalLM.from_pretrained(original, dtype=torch.float32)
+
+    model = load()
+    generator = torch.Generator().manual_seed(0)
+    tensors = stored(model)
+    for head, linear in linears(model).items():
+        packed, _ = gptq_pack(linear, 4, 32, True, False, True, generator)
+        del tensors[head + ".weight"]
+        tensors.update({f"{head}.{k}": v for k, v in packed.items()})
+    save("gptq4", model, tensors, {"quant_method": "gptq", "bits": 4, "group_size": 32,
+         "desc_act": False, "sym": True, "checkpoint_format": "gptq"})  # fmt: skip
+
+    tensors = stored(model)
+    for head, linear in linears(model).items():
+        w = linear.weight.data.float()
+        g_idx = torch.arange(w.shape[1]) // 32
+        scales, zeros = group_params(w, g_idx, w.shape[1] // 32, 4, sym=False)
+        scales = scales.half()
+        codes = torch.clamp(torch.round(w / scales.float()[:, g_idx]) + zeros[:, g_idx], 0, 15)
+        qweight, qzeros = pack_awq(codes.T.to(torch.int32).contiguous(), zeros.T.contiguous(), 4)
+        del tensors[head + ".weight"]
+        tensors.update({f"{head}.qweight": qweight, f"{head}.qzeros": qzeros,
+                        f"{head}.scales": scales.T.contiguous()})  # fmt: skip
+    save("awq4", model, tensors, {"quant_method": "awq", "bits": 4, "group_size": 32,
+         "zero_point": True, "version": "gemm"})  # fmt: skip
+
+    tensors = stored(model)
+    for name in list(tensors):
+        if ".layers." in name and tensors[name].ndim == 2:
+            q, scale = fp8_blocks(tensors.pop(name), (128, 128))
+            tensors[name], tensors[name.removesuffix("weight") + "weight_scale_inv"] = q, scale
+    save("fp8", model, tensors, {"quant_method": "fp8", "activation_scheme": "dynamic",
+         "fmt": "e4m3", "weight_block_size": [128, 128]})  # fmt: skip
+
+    model = load()
+    _, compressor = ct_quantize(model, "pack-quantized",
+                                dict(num_bits=8, type="int", symmetric=True, strategy="channel"))  # fmt: skip
+    folder = os.path.join(out, "int8")
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    compressor.update_config(folder)
+    print(f"{folder}: {os.path.getsize(os.path.join(folder, 'model.safetensors')) / 1024:.0f} KiB")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     gptq_model("gptq_sym", sym=True, act_order=False, zero_some=False)
@@ -581,4 +651,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["--copies"]:  # --copies ORIGINAL OUT
+        copies(sys.argv[2], sys.argv[3])
+    else:
+        main()
