@@ -586,7 +586,9 @@ def copies(original: str, out: str):
             json.dump(config, f, indent=2, sort_keys=True)
         save_file({k: v.contiguous() for k, v in tensors.items()},
                   os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
-        print(f"{folder}: {os.path.getsize(os.path.join(folder, 'model.safetensors')) / 1024:.0f} KiB")
+        print(
+            f"{folder}: {os.path.getsize(os.path.join(folder, 'model.safetensors')) / 1024:.0f} KiB"
+        )
 
     def load():
         return tf.LlamaForCausalLM.from_pretrained(original, dtype=torch.float32)

@@ -169,7 +169,10 @@ def _write(bucket, floats) -> int:
           "lm_head.weight": w(VOCAB, D), "model.norm.weight": 1 + w(D)}, {})  # fmt: skip
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        plain = {p + "input_layernorm.weight": 1 + w(D), p + "post_attention_layernorm.weight": 1 + w(D)}
+        plain = {
+            p + "input_layernorm.weight": 1 + w(D),
+            p + "post_attention_layernorm.weight": 1 + w(D),
+        }
         linears = {**{f"{p}self_attn.{n}_proj": (D, D) for n in "qkvo"},
                    p + "mlp.gate_proj": (MLP, D), p + "mlp.up_proj": (MLP, D),
                    p + "mlp.down_proj": (D, MLP)}  # fmt: skip
