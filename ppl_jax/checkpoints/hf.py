@@ -257,6 +257,7 @@ class Safetensors:
 
     def __init__(self, path: str, stack: contextlib.ExitStack):
         self.path, self._stack, self._open = path, stack, {}
+        self._headers: dict[str, dict[str, ranges.Entry]] = {}
         if paths.isfile(paths.join(path, INDEX)):
             index = paths.read_json_object(paths.join(path, INDEX), "")
             self.file_of = dict(index.get("weight_map") or {})
@@ -339,7 +340,10 @@ class Safetensors:
         real = self.real(stored_name)
         with _open_slice(os.path.join(self.path, self.file_of[real]), real) as sl:
             if sl.get_dtype() in BYTES_ONLY:
-                entry = ranges.read_header(self.path, self.file_of[real])[real]
+                file = self.file_of[real]
+                if file not in self._headers:  # each file's header, once
+                    self._headers[file] = ranges.read_header(self.path, file)
+                entry = self._headers[file][real]
                 index = tuple(index) + (slice(None),) * (len(entry.shape) - len(index))
                 return ranges.read_block(self.path, entry, index)
             return np.asarray(sl[index] if index else sl[:])
