@@ -16,9 +16,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 import ppl_jax
-from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import weight_paths
-from ppl_jax.runtime import param_targets
+from ppl_jax.runtime import DEFAULT_RULES, param_targets
 
 out = sys.argv[1] if len(sys.argv) > 1 else "original"
 ckpt = ppl_jax.open_checkpoint(

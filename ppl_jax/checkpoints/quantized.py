@@ -45,15 +45,21 @@ def words_for(start: int, stop: int, bits: int, stored: int) -> tuple[int, int, 
 
 
 def unpack(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """The codes packed in `words` (any 32-bit integer dtype) along `axis`, as int32:
+    """The codes packed in `words` (any 32-bit integer dtype) along `axis`, as uint8:
     `words.shape[axis] * 32 // bits` codes on that axis (a last partial run of words is read
     as if zero-padded to `bits` words). See the module docstring for the layout."""
-    w = np.moveaxis(np.asarray(words).view(np.uint32), axis, -1).astype(np.uint64)
-    n = w.shape[-1]
-    runs = math.ceil(n / bits)
+    w = np.moveaxis(np.asarray(words).view(np.uint32), axis, -1)
+    n, mask = w.shape[-1], (1 << bits) - 1
+    if 32 % bits == 0:  # whole codes in each word: one shift per position
+        per = 32 // bits
+        out = np.empty(w.shape + (per,), np.uint8)
+        for k in range(per):
+            np.bitwise_and(w >> np.uint32(bits * k), mask, out=out[..., k], casting="unsafe")
+        return np.moveaxis(out.reshape(w.shape[:-1] + (n * per,)), -1, axis)
+    runs = math.ceil(n / bits)  # codes straddle words: each run of `bits` words holds 32
+    w = w.astype(np.uint64)
     if runs * bits != n:
-        pad = np.zeros(w.shape[:-1] + (runs * bits - n,), np.uint64)
-        w = np.concatenate([w, pad], axis=-1)
+        w = np.concatenate([w, np.zeros(w.shape[:-1] + (runs * bits - n,), np.uint64)], -1)
     w = w.reshape(w.shape[:-1] + (runs, bits))
     start = np.arange(32) * bits
     word, shift = start // 32, (start % 32).astype(np.uint64)
@@ -62,7 +68,7 @@ def unpack(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
     high = np.where(
         spill, w[..., np.minimum(word + 1, bits - 1)] << (np.uint64(32) - shift), np.uint64(0)
     )
-    codes = ((low | high) & np.uint64((1 << bits) - 1)).astype(np.int32)
+    codes = ((low | high) & np.uint64(mask)).astype(np.uint8)
     codes = codes.reshape(codes.shape[:-2] + (runs * 32,))[..., : n * 32 // bits]
     return np.moveaxis(codes, -1, axis)
 
@@ -92,8 +98,17 @@ def grouped(codes: np.ndarray, zeros: np.ndarray, scales: np.ndarray, groups: np
       scales: [groups, out] float.
       groups: [in] int, each row's group (an index into `zeros` and `scales`).
     """
-    diff = (codes - zeros[groups]).astype(np.float32)
-    return (diff * scales[groups].astype(np.float32)).astype(scales.dtype)
+    edges = np.flatnonzero(np.diff(groups)) + 1
+    if len(edges) > 16:  # act-order: rows of many groups, gathered
+        diff = codes.astype(np.float32) - zeros[groups].astype(np.float32)  # exact: integers
+        return (diff * scales[groups].astype(np.float32)).astype(scales.dtype)
+    out = np.empty(codes.shape, scales.dtype)
+    for a, b in zip([0, *edges], [*edges, len(groups)], strict=True):  # runs of one group
+        g = groups[a]
+        diff = codes[a:b].astype(np.float32) - zeros[g].astype(np.float32)
+        np.multiply(diff, scales[g].astype(np.float32), out=diff)
+        out[a:b] = diff
+    return out
 
 
 def awq_codes(words: np.ndarray) -> np.ndarray:

@@ -21,7 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hf, huggingface, quantization, quantized_parts, storage
+from ppl_jax.checkpoints import (
+    dequantizing,
+    hf,
+    huggingface,
+    quantization,
+    quantized_parts,
+    storage,
+)
 from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.checkpoints.opener import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -66,8 +73,16 @@ def _sha(x: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(raw).tobytes()).hexdigest()
 
 
+@pytest.fixture(params=[dequantizing.SLAB, 40], ids=["slab", "small_slabs"])
+def slab(request, monkeypatch):
+    """Blocks dequantized in one slab, and in slabs of about 40 weights (many per block, cut
+    across words, groups and scale blocks)."""
+    monkeypatch.setattr(dequantizing, "SLAB", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_dequantized_weights_equal_the_reference_bit_for_bit(name):
+def test_dequantized_weights_equal_the_reference_bit_for_bit(name, slab):
     source, stored, prefixes = dequantized_view(os.path.join(GOLDEN, name))
     weights = golden(name)["weights"]
     assert weights and set(map(functools.partial(_short, prefixes=prefixes), weights)) <= set(
@@ -82,7 +97,7 @@ def test_dequantized_weights_equal_the_reference_bit_for_bit(name):
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_blocks_read_alone_equal_the_whole(name):
+def test_blocks_read_alone_equal_the_whole(name, slab):
     # Each device reads only its block: boxes of every size and offset (cut across packed
     # words, groups, scale blocks and AWQ's interleaved words) read alone equal the slice.
     source, _, _ = dequantized_view(os.path.join(GOLDEN, name))
@@ -162,7 +177,7 @@ def entry_view(entry: str):
 
 
 @pytest.mark.parametrize("entry", sorted(tensor_entries()))
-def test_other_bits_and_strategies_equal_the_reference(entry):
+def test_other_bits_and_strategies_equal_the_reference(entry, slab):
     # GPTQ 2, 3 and 8 bits (v1 and v2, act-order, zero points of 0), one group; compressed-
     # tensors 2, 4 and 8-bit packed per group, channel and tensor, int8 values, FP8 blocks
     # over a ragged edge and per tensor; FP8 with one scale.
