@@ -353,7 +353,7 @@ def ct_model(name, fmt, weights):
         reference[head + ".weight"] = decompressor.decompress(local, scheme)["weight"]
     # transformers' own loader decompresses the folder to the same weights.
     loaded = tf.AutoModelForCausalLM.from_pretrained(
-        folder, quantization_config=tf.CompressedTensorsConfig(run_compressed=False)
+        folder, quantization_config=tf.CompressedTensorsConfig(dequantize=True)
     )
     for k, v in reference.items():
         got = loaded.state_dict()[k]
