@@ -13,7 +13,9 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
   its own as the stored region it needs (`ppl_jax.checkpoints.blocks`; a contiguous range of the
   stored tensor where the layout allows, otherwise one weight at most on the host), converted to
   the target dtype and placed straight into its sharding. A model is never gathered whole in one
-  host's memory.
+  host's memory. Quantized weights (`config.json`'s `quantization_config`:
+  `ppl_jax.checkpoints.quantization`) are read through `ppl_jax.checkpoints.quantized_parts`,
+  each block dequantized from the regions of its parts it needs.
 - `read_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
 A remote directory (`gs://...`, see `ppl_jax.runtime.paths`) is recognised, and its `config.json`,
@@ -363,15 +365,18 @@ def load_params(path: str, target: Any) -> Any:
       path: the directory (see `is_hf_checkpoint`).
       target: the params tree of `registry.build(read_description(path), dtype)`, with
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
-        float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even).
+        float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even);
+        quantized ones (`quantization_config`, `ppl_jax.checkpoints.quantized_parts`) are
+        dequantized by block, then converted.
 
     Returns:
       The params tree of `jax.Array`s, each with its target sharding.
 
     Raises:
       CheckpointError: pickled-only or missing weights files, a missing shard, non-float
-        weights, and (all named at once) missing or misshapen weights and stored weights the
-        architecture does not use.
+        weights outside a quantized layout, a quantization or quantized part that does not fit
+        (`quantized_parts.view`), and (all named at once) missing or misshapen weights and
+        stored weights the architecture does not use.
     """
     desc = read_description(path)
     text_only = _config(path)[1]  # a multimodal checkpoint: its text tower only
