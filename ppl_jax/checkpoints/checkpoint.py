@@ -15,7 +15,6 @@ the first that claims the path. Each reader answers:
 - `files(step)`: the folder whose files hold the weights of a step, and, for a reader that
   names its weights by more than its path, format, step and files, `identity(step)` (a hub
   revision's commit): the `checkpoint` part of a run's fingerprint;
-- `quantization(step)`: how the stored weights are quantized, or None (float weights);
 - `layout_lines(step)`: where it found what, in lines (`ppl-jax inspect`).
 
 From these answers every `Checkpoint` gives the architecture (`description`, `model`,
@@ -155,21 +154,16 @@ class Checkpoint(abc.ABC):
         return None
 
     def quantization(self, step: int | None) -> dict[str, Any] | None:
-        """How the weights of `step` are stored quantized (they are restored dequantized), or
-        None: a JSON-able dict with at least `method`, `bits` and `group_size` (docs/outputs.md).
-        Raises CheckpointError for a quantization the reader refuses."""
+        """How `step`'s weights are stored quantized (docs/outputs.md), or None: float."""
         return None
 
     def identity(self, step: int | None) -> dict[str, Any]:
         """What identifies the weights a run scores at `step` (the `checkpoint` part of its
-        fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute),
-        `format` and `step`; the `files` that hold the weights (`files(step)`: path, size and
-        modification time or object version, digested); and what chooses or transforms the
-        weights read: `mapping` (a preset by name, a mapping file by its content, wherever it
-        lies), `item` and `params` (as set), and for a `checkpoint.architecture` entry point its
-        module's file (`entry_module`, by content: the user's own model code); `quantization`
-        where the weights are stored quantized. Any other architecture is in the model's
-        description. A reader adds what else names its weights (a hub revision's commit).
+        fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute), `format`,
+        `step`; the `files` of the weights (`files(step)`: path, size, modification time or object
+        version, digested); what chooses or transforms them: `mapping` (a preset by name, a file
+        by content), `item`, `params`, a `checkpoint.architecture` entry point's module file
+        (`entry_module`, by content), `quantization`. A reader adds what else names its weights.
 
         Raises:
           CheckpointError: as `resolve_step` (a reader that must resolve the step to name it).
@@ -195,8 +189,7 @@ class Checkpoint(abc.ABC):
         found.update(
             {k: getattr(self.options, k) for k in ("item", "params") if getattr(self.options, k)}
         )
-        if (quantization := self.quantization(step)) is not None:  # float ones: no key
-            found["quantization"] = quantization
+        found.update({"quantization": q} if (q := self.quantization(step)) is not None else {})
         return found
 
     def files(self, step: int | None) -> str:

@@ -56,7 +56,6 @@ _LAYER_WEIGHT = re.compile(r"^layers/(\d+)/")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 BYTES_ONLY = ("F8_E4M3", "F8_E5M2")  # read by their bytes (safetensors' NumPy reader lacks them)
 
 
@@ -388,7 +387,7 @@ def load_params(path: str, target: Any) -> Any:
         weights = Safetensors(path, stack)
         stored = weights.stored(prefixes, text_only)
         source, stored = quantized_parts.view(scheme, weights, stored, weights.real, where)
-        check_floats(stored, weights.real, where)
+        quantized_parts.check_floats(stored, weights.real, where)
         sources = mapping.resolve(
             rules,
             stored,
@@ -401,22 +400,6 @@ def load_params(path: str, target: Any) -> Any:
     # The headers were read above; each block's data is read below with its own handle.
     numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
     return nest_weights(blocks.place(sources, stored, expected, source, numbers))
-
-
-def check_floats(stored: dict[str, tuple[tuple, str]], shown: Any, where: str) -> None:
-    """Refuses stored tensors that are neither floats nor part of a quantized weight (after
-    `quantized_parts.view`), naming the first.
-
-    Raises:
-      CheckpointError: naming the tensor and its dtype.
-    """
-    other = [n for n, (_, dtype) in stored.items() if dtype not in FLOAT_DTYPES]
-    if other:
-        raise CheckpointError(
-            f"{where} are not all floats: {shown(other[0])!r} is {stored[other[0]][1]}, a tensor "
-            f"of no quantized layout of its config.json's quantization_config (the layouts "
-            f"ppl_jax reads are in docs/checkpoints.md)."
-        )
 
 
 # ---------------------------------------------------------------------------------- tokenizer

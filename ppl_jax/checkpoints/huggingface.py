@@ -251,7 +251,7 @@ def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> A
     """
     weights, stored, rules, desc, source = _mapped_headers(folder, entries)
     expected = weight_paths(target)
-    hf.check_floats(stored, weights.real, f"the weights in {folder!r}")
+    quantized_parts.check_floats(stored, weights.real, f"the weights in {folder!r}")
     sources = mapping.resolve(
         rules, stored, expected, desc, f"the weights in {folder!r} do not match its config.json",
         shown=weights.real,

@@ -34,6 +34,7 @@ from ppl_jax.errors import CheckpointError
 
 Stored = dict[str, tuple[tuple[int, ...], Any]]
 FLOATS = ("F32", "F16", "BF16")
+FLOAT_DTYPES = ("F64", *FLOATS)  # what a float checkpoint may store
 INTS = ("I32", "I64")
 # Scales of activations, not weights: the release applies them at inference; weight-only
 # semantics leave them unread.
@@ -93,6 +94,22 @@ def view(
             )
         out[name] = (t.shape, t.dtype)
     return Dequantized(storage, tensors), out
+
+
+def check_floats(stored: Stored, shown: Callable[[str], str], where: str) -> None:
+    """Refuses stored tensors that are neither floats nor part of a quantized weight (in the
+    stored tree `view` returns), naming the first.
+
+    Raises:
+      CheckpointError: naming the tensor and its dtype.
+    """
+    other = [n for n, (_, dtype) in stored.items() if dtype not in FLOAT_DTYPES]
+    if other:
+        raise CheckpointError(
+            f"{where} are not all floats: {shown(other[0])!r} is {stored[other[0]][1]}, a tensor "
+            f"of no quantized layout of its config.json's quantization_config (the layouts "
+            f"ppl_jax reads are in docs/checkpoints.md)."
+        )
 
 
 class _Finder:
