@@ -43,6 +43,8 @@ class Evaluation:
         setup, restore, short context, LongPPL evaluator, compile, scoring, context sweep, gzip
         baseline), None for a pass that did not run.
       dataset, protocol_spec: the dataset's specs.
+      quantization: how the checkpoint's weights are stored quantized
+        (`Checkpoint.quantization`), or None.
     """
 
     sums: metrics.Sums
@@ -69,6 +71,7 @@ class Evaluation:
     diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
     gzip_sample_bytes: int | None = None
     timing: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    quantization: dict[str, Any] | None = None
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

@@ -317,6 +317,7 @@ class _Job:
             ),
             tokenizer_name=p.tok.name,
             checkpoint_format=p.ckpt.format,
+            quantization=p.ckpt.quantization(step),
             layout=d.layout,
             attention=p.attention,
             gzip_bits_per_byte=gzip_bpb,

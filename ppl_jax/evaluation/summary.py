@@ -106,6 +106,9 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         "model": ev.model_description,
         "attention": ev.attention,
         "dtype": spec.dtype,
+        # The checkpoint's stored quantization (method, bits, group size; weights read
+        # dequantized into `dtype`), or None.
+        "quantization": ev.quantization,
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints
