@@ -142,7 +142,8 @@ class GGUFCheckpoint(Checkpoint):
         return None
 
     def stored(self, step: int | None) -> Stored:
-        return {n: (t.shape, t.dtype) for n, t in self.header.tensors.items()}
+        """The file's tensors: name -> (shape in NumPy's order, GGML type name: `Q4_K`, `F32`)."""
+        return {n: (t.shape, t.type) for n, t in self.header.tensors.items()}
 
     def read(self, step: int | None, abstract: dict[str, Any]) -> dict[str, Any]:
         header = self.header

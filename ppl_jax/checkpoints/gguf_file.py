@@ -70,11 +70,6 @@ class Tensor:
         """Bytes of one row (the last axis)."""
         return self.shape[-1] // self.block * self.block_bytes if self.shape else self.nbytes
 
-    @property
-    def dtype(self) -> str:
-        """The NumPy dtype it dequantizes to (float32 for every quantized type)."""
-        return {"F16": "float16", "BF16": "bfloat16"}.get(self.type, "float32")
-
 
 @dataclasses.dataclass(frozen=True)
 class GGUFFile:

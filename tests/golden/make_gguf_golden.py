@@ -317,7 +317,9 @@ def write_case(case: dict) -> None:
             os.remove(check)
         path = os.path.join(folder, f"{name}.gguf")
         write_gguf(path, arch, model, case, vocab, case["types"])
-        tok = tf.AutoTokenizer.from_pretrained(folder, gguf_file=f"{name}.gguf")
+        # (the generic class where transformers loads no GGUF config of the architecture)
+        auto = tf.PreTrainedTokenizerFast if case.get("reference") else tf.AutoTokenizer
+        tok = auto.from_pretrained(folder, gguf_file=f"{name}.gguf")
         ids = tok(HELD_OUT)["input_ids"]
         plain = tok.encode(HELD_OUT, add_special_tokens=False)
         if case.get("reference") == "round trip":
@@ -342,7 +344,7 @@ def write_case(case: dict) -> None:
         os.makedirs(OUT, exist_ok=True)
         shutil.copy(path, os.path.join(OUT, f"{name}.gguf"))
         with open(os.path.join(OUT, f"{name}.json"), "w") as f:
-            json.dump(golden, f, indent=1)
+            json.dump(golden, f)
         print(name, os.path.getsize(path), "bytes,", len(plain), "tokens, nll", golden["nll_sum"])
     finally:
         shutil.rmtree(folder)
@@ -350,19 +352,37 @@ def write_case(case: dict) -> None:
 
 def round_trip(model, path: str):
     """The original model with each weight replaced by what the file stores of it, brought back
-    with the `gguf` package (no permutes or offsets in the architectures read this way)."""
+    with the `gguf` package: by name (OLMo 2 has no other layout change), and for GPT-OSS's
+    experts the converter's split and transposes undone (gate and up interleaved again)."""
     reader = gguf.GGUFReader(path)
     stored = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
     names = gguf.get_tensor_name_map(
-        ARCH[reader.fields["general.architecture"].contents()],
-        model.config.num_hidden_layers,
+        ARCH[reader.fields["general.architecture"].contents()], model.config.num_hidden_layers
     )
     out = type(model)(model.config).eval()
     state = {}
     for hf_name, t in model.state_dict().items():
         base, _, suffix = hf_name.rpartition(".")
-        data = stored[f"{names.get_name(base)}.{suffix}"]
-        state[hf_name] = torch.from_numpy(np.ascontiguousarray(data)).reshape(t.shape)
+        if "mlp.experts." in hf_name:
+            stem = names.get_name(base + ".gate_proj").removesuffix("_gate_exps")
+            if suffix == "gate_up_proj":
+                gate = stored[f"{stem}_gate_exps.weight"].transpose(0, 2, 1)
+                up = stored[f"{stem}_up_exps.weight"].transpose(0, 2, 1)
+                data = np.stack([gate, up], axis=-1).reshape(t.shape)
+            elif suffix == "gate_up_proj_bias":
+                gate, up = stored[f"{stem}_gate_exps.bias"], stored[f"{stem}_up_exps.bias"]
+                data = np.stack([gate, up], axis=-1).reshape(t.shape)
+            elif suffix == "down_proj":
+                data = stored[f"{stem}_down_exps.weight"].transpose(0, 2, 1)
+            else:
+                data = stored[f"{stem}_down_exps.bias"]
+        elif hf_name == "lm_head.weight" and model.config.tie_word_embeddings:
+            data = stored["token_embd.weight"]
+        elif suffix == "sinks":
+            data = stored[f"{names.get_name(hf_name)}.weight"]
+        else:
+            data = stored[f"{names.get_name(base)}.{suffix}"]
+        state[hf_name] = torch.from_numpy(np.ascontiguousarray(data).reshape(t.shape))
     out.load_state_dict(state)
     return out
 
@@ -371,9 +391,9 @@ def round_trip(model, path: str):
 
 
 def _llama(v):
-    return tf.LlamaConfig(vocab_size=v, hidden_size=256, intermediate_size=64,
+    return tf.LlamaConfig(vocab_size=v, hidden_size=256, intermediate_size=32,
                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                          head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-5,
+                          head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5,
                           tie_word_embeddings=True, initializer_range=0.1)  # fmt: skip
 
 
@@ -422,16 +442,103 @@ CASES = [
         "name": "qwen3", "arch": "qwen3", "model_type": "qwen3", "file_type": 7,
         "config": lambda v: tf.Qwen3Config(vocab_size=v, **SMALL, head_dim=16,
                                            tie_word_embeddings=True),
-        "vocab": bpe_vocab, "pre": "qwen2", "types": Q.Q8_0,
+        "vocab": bpe_vocab, "pre": "qwen2", "types": Q.Q5_0,
         "overrides": {"head_dim": 16},  # transformers' GGUF config reads no key_length
         "metadata": lambda c: common(c, c.head_dim),
+    },
+    {
+        "name": "gpt2", "arch": "gpt2", "model_type": "gpt2", "file_type": 1,
+        "config": lambda v: tf.GPT2Config(vocab_size=v, n_embd=32, n_layer=1, n_head=2,
+                                          n_positions=128, initializer_range=0.2),
+        "vocab": bpe_vocab, "types": lambda n: Q.Q8_0 if "embd" in n else Q.Q4_1,
+        "overrides": {"n_positions": 128},  # transformers reads context_length as n_ctx
+        "metadata": lambda c: {"context_length": c.n_positions, "embedding_length": c.n_embd,
+                               "feed_forward_length": 4 * c.n_embd, "head_count": c.n_head,
+                               "layer_norm_eps": c.layer_norm_epsilon},
+    },
+    {
+        "name": "qwen3moe", "arch": "qwen3moe", "model_type": "qwen3_moe", "file_type": 7,
+        "config": lambda v: tf.Qwen3MoeConfig(vocab_size=v, **SMALL, head_dim=16,
+                                              moe_intermediate_size=32, num_experts=4,
+                                              num_experts_per_tok=2, norm_topk_prob=True,
+                                              tie_word_embeddings=True),
+        "vocab": bpe_vocab, "pre": "qwen2", "types": lambda n: Q.Q4_0 if "exps" in n else Q.Q8_0,
+        "overrides": {"moe_intermediate_size": 32},  # not read by transformers' GGUF config
+        "metadata": lambda c: {**common(c, c.head_dim), "expert_count": c.num_experts,
+                               "expert_used_count": c.num_experts_per_tok,
+                               "expert_feed_forward_length": c.moe_intermediate_size},
+    },
+    {
+        "name": "gemma2", "arch": "gemma2", "model_type": "gemma2", "file_type": 7,
+        "config": lambda v: tf.Gemma2Config(vocab_size=v, **{**SMALL, "num_hidden_layers": 2},
+                                            head_dim=16, query_pre_attn_scalar=16,
+                                            sliding_window=8, attn_logit_softcapping=2.0,
+                                            final_logit_softcapping=3.0, pad_token_id=0),
+        "vocab": lambda: spm_vocab(gemma=True), "types": Q.Q4_0,
+        "overrides": {"head_dim": 16, "query_pre_attn_scalar": 16, "attn_logit_softcapping": 2.0,
+                      "final_logit_softcapping": 3.0},  # softcaps: transformers reads none
+        "metadata": lambda c: {**common(c, c.head_dim), "sliding_window": c.sliding_window,
+                               "attn_logit_softcapping": c.attn_logit_softcapping,
+                               "final_logit_softcapping": c.final_logit_softcapping},
+    },
+    {
+        "name": "gemma3", "arch": "gemma3", "model_type": "gemma3_text", "file_type": 1,
+        "config": lambda v: tf.Gemma3TextConfig(vocab_size=v, **{**SMALL, "num_hidden_layers": 2},
+                                                head_dim=16, query_pre_attn_scalar=16,
+                                                sliding_window=8, pad_token_id=0),
+        "vocab": lambda: spm_vocab(gemma=True),
+        "types": lambda n: Q.Q8_0 if "embd" in n else Q.Q4_1,
+        "overrides": {"head_dim": 16, "query_pre_attn_scalar": 16},
+        "metadata": lambda c: {
+            **common(c, c.head_dim, rope=False), "sliding_window": c.sliding_window,
+            "rope_freq_base": c.rope_parameters["full_attention"]["rope_theta"],
+            "rope_freq_base_swa": c.rope_parameters["sliding_attention"]["rope_theta"]},
+    },
+    {
+        "name": "phi3", "arch": "phi3", "model_type": "phi3", "file_type": 7,
+        "config": lambda v: tf.Phi3Config(vocab_size=v, **SMALL, pad_token_id=0, bos_token_id=1,
+                                          eos_token_id=2, tie_word_embeddings=True),
+        "vocab": spm_vocab, "types": Q.Q5_1, "overrides": {"pad_token_id": 0},
+        "metadata": lambda c: {**common(c), "rope_scaling_orig_ctx_len": 128,
+                               "rope_dimension_count": c.hidden_size // c.num_attention_heads,
+                               "sliding_window": 0},
+    },
+    {
+        "name": "olmo2", "arch": "olmo2", "model_type": "olmo2", "file_type": 7,
+        "config": lambda v: tf.Olmo2Config(vocab_size=v, **SMALL, pad_token_id=0,
+                                           tie_word_embeddings=True),
+        "vocab": bpe_vocab, "pre": "llama-bpe", "types": Q.Q8_0, "reference": "round trip",
+        "metadata": lambda c: common(c),
+    },
+    {
+        "name": "gpt_oss", "arch": "gpt-oss", "model_type": "gpt_oss", "file_type": 38,
+        "config": lambda v: tf.GptOssConfig(vocab_size=v, **{**SMALL, "num_hidden_layers": 2,
+                                                              "intermediate_size": 32},
+                                            head_dim=16, num_local_experts=4,
+                                            num_experts_per_tok=2, sliding_window=8,
+                                            tie_word_embeddings=False),
+        "vocab": bpe_vocab, "pre": "gpt-4o", "reference": "round trip",
+        "types": lambda n: Q.MXFP4 if "exps.weight" in n else Q.Q4_0,
+        "metadata": lambda c: {
+            **common(c, c.head_dim), "expert_count": c.num_local_experts,
+            "expert_used_count": c.num_experts_per_tok,
+            "expert_feed_forward_length": c.intermediate_size,
+            "sliding_window": c.sliding_window, "rope_scaling_type": gguf.RopeScalingType.YARN,
+            "rope_scaling_factor": c.rope_parameters["factor"],
+            "rope_scaling_orig_ctx_len": c.rope_parameters["original_max_position_embeddings"],
+            "rope_scaling_yarn_beta_fast": c.rope_parameters["beta_fast"],
+            "rope_scaling_yarn_beta_slow": c.rope_parameters["beta_slow"]},
     },
 ]  # fmt: skip
 
 
 def main() -> None:
+    import sys
+
+    chosen = sys.argv[1:]
     for case in CASES:
-        write_case(case)
+        if not chosen or case["name"] in chosen:
+            write_case(case)
 
 
 if __name__ == "__main__":
