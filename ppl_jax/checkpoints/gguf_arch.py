@@ -124,9 +124,12 @@ def config(file: GGUFFile, tensor_rows: Any) -> dict[str, Any]:
         "max_position_embeddings": _key(file, arch, "context_length"),
         "tie_word_embeddings": "output.weight" not in names,
     }
-    registry.check_sizes({"num_layers": c["num_hidden_layers"], "embed_dim": hidden,
-                          "num_heads": heads, "num_kv_heads": c["num_key_value_heads"],
-                          "max_positions": c["max_position_embeddings"]})  # fmt: skip
+    try:  # before anything is built of them (per-layer lists, the description)
+        registry.check_sizes({"num_layers": c["num_hidden_layers"], "embed_dim": hidden,
+                              "num_heads": heads, "num_kv_heads": c["num_key_value_heads"],
+                              "max_positions": c["max_position_embeddings"]})  # fmt: skip
+    except CheckpointError as e:
+        raise CheckpointError(f"{file.path!r}: {e}") from None
     if arch == "gpt2":
         return {
             "model_type": "gpt2", "vocab_size": c["vocab_size"], "n_embd": hidden,

@@ -148,9 +148,9 @@ class _Walk:
             raise _refuse(self.path, f"{what} has the unknown value type {kind}")
 
 
-def _walk(path: str, buf: Any) -> tuple[int, list[tuple[str, tuple[int, ...], int, int]], int]:
-    """(version, [(name, ne, type, offset)], alignment) of a header, every count and length
-    checked against the file's size."""
+def _walk(path: str, buf: Any) -> tuple[int, list[tuple[str, tuple[int, ...], int, int]], int, int]:
+    """(version, [(name, ne, type, offset)], alignment, the tensor table's end) of a header,
+    every count and length checked against the file's size."""
     w = _Walk(buf, path)
     if w.end < 24 or bytes(buf[:4]) != MAGIC:
         raise _refuse(path, "it does not start with the GGUF magic bytes")
@@ -181,7 +181,7 @@ def _walk(path: str, buf: Any) -> tuple[int, list[tuple[str, tuple[int, ...], in
         ne = w.unpack(f"<{dims}Q", f"tensor {name!r}")
         kind, offset = w.unpack("<IQ", f"tensor {name!r}")
         table.append((name, ne, kind, offset))
-    return version, table, alignment
+    return version, table, alignment, w.at
 
 
 @functools.cache
@@ -196,7 +196,8 @@ def _dequantizes(kind: gguf.GGMLQuantizationType) -> bool:
 
 
 def read(path: str) -> GGUFFile:
-    """The header of a GGUF file, checked (see the module docstring).
+    """The header of a GGUF file, checked (see the module docstring): the walk and the tensor
+    table's checks come first, the `gguf` package's reader only then.
 
     Raises:
       CheckpointError: an unreadable file, or one that is not GGUF, is truncated or claims more
@@ -206,17 +207,26 @@ def read(path: str) -> GGUFFile:
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            version, table, alignment = _walk(path, buf)
-            reader = gguf.GGUFReader(path)
+            version, table, alignment, end = _walk(path, buf)
+        data_start = -(-end // alignment) * alignment
+        tensors = _tensors(path, size, table, alignment, data_start)
+        reader = gguf.GGUFReader(path)
     except OSError as e:
         raise CheckpointError(f"cannot read the GGUF file {path!r} ({e}).") from None
-    except (ValueError, KeyError, IndexError) as e:  # gguf's reader on what the walk let pass
+    except (ValueError, KeyError, IndexError) as e:  # gguf's reader on what the checks let pass
         raise _refuse(path, f"its header cannot be parsed ({str(e)[:120]})") from None
-    data_start = reader.data_offset
-    metadata = {}
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF."):
-            metadata[key] = field.contents()
+    if reader.data_offset != data_start:
+        raise _refuse(path, "the gguf package finds its tensor data elsewhere than its header says")
+    metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    del reader
+    return GGUFFile(path, size, version, metadata, tensors)
+
+
+def _tensors(
+    path: str, size: int, table: list, alignment: int, data_start: int
+) -> dict[str, Tensor]:
+    """The tensor table's entries checked: known, dequantizable types, whole blocks, aligned
+    offsets, data inside the file, one entry per name."""
     tensors: dict[str, Tensor] = {}
     for name, ne, kind, offset in table:
         try:
@@ -239,12 +249,13 @@ def read(path: str) -> GGUFFile:
         if start + nbytes > size:
             raise _refuse(path, f"tensor {name!r} claims {nbytes:,} bytes at {start:,}, past the "
                           f"end of the file ({size:,} bytes: truncated)")  # fmt: skip
+        if name in tensors:
+            raise _refuse(path, f"it holds two tensors named {name!r}")
         tensors[name] = Tensor(
             name, tuple(int(n) for n in reversed(ne)), qtype.name, start, nbytes, block,
             block_bytes,
         )  # fmt: skip
-    del reader
-    return GGUFFile(path, size, version, metadata, tensors)
+    return tensors
 
 
 def gguf_version() -> str:
