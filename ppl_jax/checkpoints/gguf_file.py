@@ -233,7 +233,7 @@ def _tensors(
             qtype = gguf.GGMLQuantizationType(kind)
         except ValueError:
             raise _refuse(path, f"tensor {name!r} has the GGML type {kind}, which the gguf "
-                          f"package {gguf_version()} does not know")  # fmt: skip
+                          f"package {gguf_version()} does not know") from None  # fmt: skip
         if not _dequantizes(qtype):
             raise _refuse(path, f"tensor {name!r} is {qtype.name}, which the gguf package "
                           f"{gguf_version()} does not dequantize")  # fmt: skip

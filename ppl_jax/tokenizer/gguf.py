@@ -118,7 +118,7 @@ def build(metadata: dict[str, Any], name: str, where: str) -> HFTokenizer:
         )
     n = len(tokens)
     types = metadata.get("tokenizer.ggml.token_type")
-    types = _list(metadata, "tokenizer.ggml.token_type", n, where) if types is not None else []
+    types = _list(metadata, "tokenizer.ggml.token_type", n, where) if types is not None else [1] * n
     specials = {}
     for role in ("bos", "eos", "unknown", "padding"):
         i = metadata.get(f"tokenizer.ggml.{role}_token_id")
@@ -138,13 +138,15 @@ def build(metadata: dict[str, Any], name: str, where: str) -> HFTokenizer:
     named = {tokens[i] for i in specials.values()}
     if kind == "gpt2":
         alphabet = set(_byte_alphabet().values())
-        control = [t for t, k in zip(tokens, types) if k == CONTROL and set(t) <= alphabet]
+        control = [
+            t for t, k in zip(tokens, types, strict=True) if k == CONTROL and set(t) <= alphabet
+        ]
     else:
-        control = [t for t, k in zip(tokens, types) if k == CONTROL]
+        control = [t for t, k in zip(tokens, types, strict=True) if k == CONTROL]
     added = [AddedToken(t, normalized=False, special=True) for t in dict.fromkeys([*control,
              *sorted(named, key=tokens.index)])]  # fmt: skip
     tok.add_special_tokens(added)
-    user = [t for t, k in zip(tokens, types) if k == USER_DEFINED and t in vocab]
+    user = [t for t, k in zip(tokens, types, strict=True) if k == USER_DEFINED and t in vocab]
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in user])
     add_bos = metadata.get("tokenizer.ggml.add_bos_token", kind == "llama")
     if add_bos and "bos" in specials:

@@ -66,7 +66,7 @@ TRAIN_TEXT = (
 ) * 3
 HELD_OUT = (
     "On the fifth day the rain stopped; the water fell by 12 inches before noon. She wrote: "
-    "\"We counted 37 sheep, 4 cows and the old horse.\"  Then,\n\nat last, the sun. "
+    '"We counted 37 sheep, 4 cows and the old horse."  Then,\n\nat last, the sun. '
     "<|endoftext|> Café naïve façade — 2024-06-01, 3.14159 and ünïcödé 日本語 ☃!"
 )
 # tokenizer.ggml.token_type values (llama.cpp's `TokenType`).
@@ -166,8 +166,8 @@ def stored(array: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's `LlamaModel.permute`: each head's rows in interleaved pairs."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-        w.shape
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
 
 
@@ -279,7 +279,7 @@ def _perturbed(model) -> None:
     """1-D weights perturbed (a norm or bias read wrongly shows)."""
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
 
@@ -414,9 +414,17 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atte
 
 def _mixed(name: str) -> Q:
     """Block-of-32 types over a small model's tensors, by name."""
-    for part, qtype in (("token_embd", Q.F16), ("output.", Q.BF16), ("attn_q.", Q.Q8_0),
-                        ("attn_k.", Q.Q4_1), ("attn_v.", Q.Q5_1), ("attn_output", Q.Q5_0),
-                        ("ffn_gate", Q.Q4_0), ("ffn_up", Q.IQ4_NL), ("ffn_down", Q.Q8_0)):
+    for part, qtype in (
+        ("token_embd", Q.F16),
+        ("output.", Q.BF16),
+        ("attn_q.", Q.Q8_0),
+        ("attn_k.", Q.Q4_1),
+        ("attn_v.", Q.Q5_1),
+        ("attn_output", Q.Q5_0),
+        ("ffn_gate", Q.Q4_0),
+        ("ffn_up", Q.IQ4_NL),
+        ("ffn_down", Q.Q8_0),
+    ):
         if part in name:
             return qtype
     return Q.Q8_0
