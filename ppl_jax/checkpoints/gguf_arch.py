@@ -24,7 +24,10 @@ up are stored apart.
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from ppl_jax.checkpoints.gguf_file import GGUFFile
 from ppl_jax.errors import CheckpointError
@@ -237,10 +240,6 @@ def _llama3(file: GGUFFile, factors: Any, theta: float, head_dim: int) -> dict[s
     Raises:
       CheckpointError: factors of no such parameters.
     """
-    import math
-
-    import numpy as np
-
     freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     for factor in (8.0, 16.0, 32.0, 4.0, 2.0):
         low, high, old = 1.0, 4.0, 8192

@@ -250,7 +250,13 @@ def write_gguf(path: str, arch: str, model, case: dict, vocab: dict, types: dict
     if "add_bos" in case:
         w.add_add_bos_token(case["add_bos"])
     for name, data in gguf_tensors(model, arch, case):
-        qtype = Q.F32 if data.ndim == 1 else types(name) if callable(types) else types
+        if name.endswith("ffn_gate_inp_shexp.weight"):  # [1, hidden] kept 1-D, as transformers
+            data = data.reshape(-1)  # expects (llama.cpp reads either)
+        kept = ("_norm.weight", "ffn_gate_inp.weight", "position_embd.weight")  # the converter's
+        if data.ndim == 1 or name.endswith(kept):  # float32 tensors
+            qtype = Q.F32
+        else:
+            qtype = types(name) if callable(types) else types
         w.add_tensor(name, stored(data, qtype, rng), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -414,17 +420,9 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atte
 
 def _mixed(name: str) -> Q:
     """Block-of-32 types over a small model's tensors, by name."""
-    for part, qtype in (
-        ("token_embd", Q.F16),
-        ("output.", Q.BF16),
-        ("attn_q.", Q.Q8_0),
-        ("attn_k.", Q.Q4_1),
-        ("attn_v.", Q.Q5_1),
-        ("attn_output", Q.Q5_0),
-        ("ffn_gate", Q.Q4_0),
-        ("ffn_up", Q.IQ4_NL),
-        ("ffn_down", Q.Q8_0),
-    ):
+    for part, qtype in (("token_embd", Q.Q8_0), ("output.", Q.Q4_1), ("attn_q.", Q.F16),
+                        ("attn_k.", Q.BF16), ("attn_v.", Q.Q5_1), ("attn_output", Q.Q5_0),
+                        ("ffn_gate", Q.Q4_0), ("ffn_up", Q.IQ4_NL), ("ffn_down", Q.Q8_0)):  # fmt: skip
         if part in name:
             return qtype
     return Q.Q8_0
@@ -455,11 +453,30 @@ CASES = [
         "metadata": lambda c: common(c, c.head_dim),
     },
     {
+        "name": "qwen2", "arch": "qwen2", "model_type": "qwen2", "file_type": 2,
+        "config": lambda v: tf.Qwen2Config(vocab_size=v, **SMALL, tie_word_embeddings=True),
+        "vocab": bpe_vocab, "pre": "qwen2", "types": Q.Q4_0,
+        "metadata": lambda c: common(c),
+    },
+    {
+        "name": "qwen2moe", "arch": "qwen2moe", "model_type": "qwen2_moe", "file_type": 2,
+        "config": lambda v: tf.Qwen2MoeConfig(vocab_size=v, **SMALL, moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=32, num_experts=4,
+                                              num_experts_per_tok=2, tie_word_embeddings=True),
+        "vocab": bpe_vocab, "pre": "qwen2", "types": Q.Q4_0,
+        "overrides": {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
+        "metadata": lambda c: {**common(c), "expert_count": c.num_experts,
+                               "expert_used_count": c.num_experts_per_tok,
+                               "expert_feed_forward_length": c.moe_intermediate_size,
+                               "expert_shared_feed_forward_length":
+                                   c.shared_expert_intermediate_size},
+    },
+    {
         "name": "gpt2", "arch": "gpt2", "model_type": "gpt2", "file_type": 1,
         "config": lambda v: tf.GPT2Config(vocab_size=v, n_embd=32, n_layer=1, n_head=2,
-                                          n_positions=128, initializer_range=0.2),
+                                          n_positions=64, initializer_range=0.2),
         "vocab": bpe_vocab, "types": lambda n: Q.Q8_0 if "embd" in n else Q.Q4_1,
-        "overrides": {"n_positions": 128},  # transformers reads context_length as n_ctx
+        "overrides": {"n_positions": 64},  # transformers reads context_length as n_ctx
         "metadata": lambda c: {"context_length": c.n_positions, "embedding_length": c.n_embd,
                                "feed_forward_length": 4 * c.n_embd, "head_count": c.n_head,
                                "layer_norm_eps": c.layer_norm_epsilon},
