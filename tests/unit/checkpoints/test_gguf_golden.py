@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import gguf_file, open_checkpoint
 from ppl_jax.checkpoints.gguf import GGUFCheckpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
@@ -61,6 +61,19 @@ def test_opens_by_path_with_the_architecture_and_tokenizer_transformers_reads(na
     assert tok.encode([g["text"]])[0].tolist() == g["plain_ids"]
     assert (tok.add_bos_default, tok.bos_id, tok.eos_id) == (g["add_bos"], g["bos_id"], g["eos_id"])
     assert ckpt.model().vocab_size == len(ckpt.header.metadata["tokenizer.ggml.tokens"])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_header_is_the_gguf_packages(name):
+    """The metadata and tensor table the walk reads are `gguf.GGUFReader`'s."""
+    header = gguf_file.read(path(name))
+    reader = gguf.GGUFReader(path(name))
+    want = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert header.metadata == want
+    assert [(t.name, t.shape, t.type, t.start, t.nbytes) for t in header.tensors.values()] == [
+        (t.name, tuple(int(n) for n in reversed(t.shape)), t.tensor_type.name, t.data_offset,
+         t.n_bytes) for t in reader.tensors
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", CASES)
