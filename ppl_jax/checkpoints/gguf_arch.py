@@ -127,6 +127,13 @@ def config(file: GGUFFile, tensor_rows: Any) -> dict[str, Any]:
         "max_position_embeddings": _key(file, arch, "context_length"),
         "tie_word_embeddings": "output.weight" not in names,
     }
+    for key in ("block_count", "embedding_length", "context_length", "attention.head_count"):
+        value = _key(file, arch, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CheckpointError(
+                f"{file.path!r}: {arch}.{key} = {str(value)[:40]} is not a whole number; "
+                f"re-convert the model."
+            )
     try:  # before anything is built of them (per-layer lists, the description)
         registry.check_sizes({"num_layers": c["num_hidden_layers"], "embed_dim": hidden,
                               "num_heads": heads, "num_kv_heads": c["num_key_value_heads"],
