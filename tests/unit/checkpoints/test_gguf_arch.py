@@ -63,7 +63,8 @@ def test_yarn_keys():
                            "rope.scaling.original_context_length": 1024,
                            "rope.freq_base": 1e6})  # fmt: skip
     d = gguf_arch.description(h, None)
-    assert (d["rope_type"], d["rope_factor"], d["rope_original_max_positions"]) == ("yarn", 4.0, 1024)
+    got = (d["rope_type"], d["rope_factor"], d["rope_original_max_positions"])
+    assert got == ("yarn", 4.0, 1024)
     assert d["rope_theta"] == 1e6
 
 
