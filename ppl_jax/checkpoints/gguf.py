@@ -35,6 +35,7 @@ from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import gguf as gguf_tokenizer
 
 SUFFIX = ".gguf"
+MAX_FACTORS = 1 << 16  # values of a rotary-factor tensor (one per frequency of a head)
 # llama.cpp's `llama_ftype` names of `general.file_type` (what the file was quantized as).
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
               10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
@@ -74,8 +75,9 @@ class GGUFCheckpoint(Checkpoint):
         if not paths.is_local(path):
             return "a .gguf file" if path.endswith(SUFFIX) else None
         if os.path.isfile(path):
-            if path.endswith(SUFFIX) or _has_magic(path):
-                return "a .gguf file" + (" (GGUF magic)" if _has_magic(path) else "")
+            magic = _has_magic(path)
+            if path.endswith(SUFFIX) or magic:
+                return "a .gguf file" + (" (GGUF magic)" if magic else "")
             return None
         if not os.path.isdir(path):
             return None
@@ -129,9 +131,20 @@ class GGUFCheckpoint(Checkpoint):
         return self._header
 
     def _rows(self, name: str) -> np.ndarray:
-        """A small 1-D tensor of the file (rotary factors), as float32."""
+        """A small tensor of the file (rotary factors: a value per frequency), as float32.
+
+        Raises:
+          CheckpointError: a tensor of more than `MAX_FACTORS` values.
+        """
         t = self.header.tensors[name]
-        return gguf_file.read_region(self.header, name, (slice(0, t.shape[-1]),)).reshape(-1)
+        if int(np.prod(t.shape)) > MAX_FACTORS:
+            raise CheckpointError(
+                f"{self.gguf_path!r}: {name} holds {int(np.prod(t.shape)):,} values, not the "
+                f"rotary factors of one head; re-convert the model."
+            )
+        return gguf_file.read_region(
+            self.header, name, tuple(slice(None) for _ in t.shape)
+        ).reshape(-1)
 
     # ------------------------------------------------------------------ the protocol
 
