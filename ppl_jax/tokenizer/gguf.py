@@ -57,7 +57,7 @@ TOKENIZER_MODELS = ("gpt2", "llama")
 
 
 @functools.cache
-def _byte_alphabet() -> dict[int, str]:
+def byte_alphabet() -> dict[int, str]:
     """GPT-2's printable spelling of each byte (byte-level BPE's alphabet)."""
     kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
             *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
@@ -137,7 +137,7 @@ def build(metadata: dict[str, Any], name: str, where: str) -> HFTokenizer:
     vocab = tok.get_vocab()
     named = {tokens[i] for i in specials.values()}
     if kind == "gpt2":
-        alphabet = set(_byte_alphabet().values())
+        alphabet = set(byte_alphabet().values())
         control = [
             t for t, k in zip(tokens, types, strict=True) if k == CONTROL and set(t) <= alphabet
         ]
@@ -164,7 +164,7 @@ def build(metadata: dict[str, Any], name: str, where: str) -> HFTokenizer:
 
 def _byte_level(metadata: dict[str, Any], tokens: list[str], where: str) -> Tokenizer:
     """Byte-level BPE (`tokenizer.ggml.model` `gpt2`)."""
-    spelling = _byte_alphabet()
+    spelling = byte_alphabet()
     alphabet = set(spelling.values())
     vocab = {}
     for i, t in enumerate(tokens):
@@ -176,6 +176,9 @@ def _byte_level(metadata: dict[str, Any], tokens: list[str], where: str) -> Toke
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     if any(len(p) != 2 for p in pairs):
         raise CheckpointError(f"{where}: a tokenizer.ggml.merges entry is not two tokens.")
+    # A merge whose pieces or result the vocabulary lacks can never give a token (llama.cpp
+    # spells such a result out again); the `tokenizers` library would panic on it.
+    pairs = [(a, b) for a, b in pairs if a in vocab and b in vocab and a + b in vocab]
     tok = Tokenizer(models.BPE(vocab, pairs, dropout=None, continuing_subword_prefix="",
                                end_of_word_suffix="", fuse_unk=False, byte_fallback=False))  # fmt: skip
     split = SPLITS.get(metadata.get("tokenizer.ggml.pre"))

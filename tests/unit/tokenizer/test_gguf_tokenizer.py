@@ -56,3 +56,16 @@ def test_sentencepiece_scores_of_the_wrong_length():
     meta = {**metadata("llama_kquants"), "tokenizer.ggml.scores": [0.0]}
     with pytest.raises(CheckpointError, match="scores is not a list of one entry per token"):
         gguf_tokenizer.build(meta, "x", "'x.gguf'")
+
+
+def test_merges_that_make_no_token_are_left_out():
+    """A merge whose result is not in the vocabulary (llama.cpp spells it out again; the
+    `tokenizers` library would panic on it) changes no id."""
+    meta = metadata("qwen3")
+    tok = gguf_tokenizer.build(meta, "a", "a")
+    spelled = gguf_tokenizer.byte_alphabet()
+    odd = {**meta, "tokenizer.ggml.merges": [f"{spelled[0]} {spelled[1]}", *meta[
+        "tokenizer.ggml.merges"]]}  # fmt: skip
+    text = "the river rose \x00\x01 until the fields"
+    assert gguf_tokenizer.build(odd, "b", "b").encode([text])[0].tolist() == tok.encode([text])[
+        0].tolist()  # fmt: skip
