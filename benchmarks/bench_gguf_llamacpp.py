@@ -26,10 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl_jax.checkpoints import open_checkpoint
-from ppl_jax.config.defaults import DEFAULT_RULES, held_out_paths
+from ppl_jax.config import held_out_paths
+from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.scoring.nll import token_nll
+from ppl_jax.scoring import token_nll
 from ppl_jax.tokenizer.gguf import byte_alphabet
 
 DEMO = os.path.join(os.path.dirname(os.path.dirname(__file__)), "ppl_jax", "demo", "checkpoint")

@@ -2,24 +2,24 @@
 regions of its tensors read and dequantized.
 
 The header is read by a walk over its published layout (ggml's `docs/gguf.md`) that checks every
-count and length it claims against the bytes the file holds, and gives the metadata as the
-`gguf` package's reader gives it (`gguf.GGUFReader`, llama.cpp's gguf-py: the reference of the
-tests). That reader is not used here: it memory-maps the file and trusts its counts (a metadata
-array claiming 2^60 items keeps it looping, a truncated tensor comes out short), and it parses
-each vocabulary string into NumPy arrays (19 s for a vocabulary of 150,000 tokens and as many
-merges on 2 cores, against 0.7 s here). Before anything is built, a file is refused in one
-sentence when it is not GGUF (magic, version 2 or 3, little-endian), when a count or length runs
-past the end of the file, when a tensor has a type the `gguf` package does not know or cannot
-dequantize, a shape that is not whole blocks, an offset off the file's alignment, or data past
-the end of the file (a truncated download).
+count and length it claims against the bytes the file holds, and gives the metadata as the `gguf`
+package's reader gives it (`gguf.GGUFReader`, llama.cpp's gguf-py: the reference of the tests).
+That reader is not used here: it memory-maps the file and trusts its counts (a metadata array
+claiming 2^60 items keeps it looping, a truncated tensor comes out short), and it parses each
+vocabulary string into NumPy arrays (23 s for a vocabulary of 150,000 tokens and as many merges on
+2 cores, against 0.7 s here; `python -m benchmarks.bench_gguf`). Before anything is built, a file
+is refused in one sentence when it is not GGUF (magic, version 2 or 3, little-endian), when a count
+or length runs past the end of the file, when a tensor has a type the `gguf` package does not know
+or cannot dequantize, a shape that is not whole blocks, an offset off the file's alignment, or data
+past the end of the file (a truncated download).
 
 Tensors are dequantized with `gguf.quants.dequantize`, region by region. GGML stores a tensor's
 dimensions fastest first (`ne[0]` is a row's length); here shapes are NumPy's, the reverse, so a
-tensor is `[..., rows, row]` and its quantized blocks run along the last axis. A region is read
-as the byte ranges of its rows' blocks (one range for a run of whole rows: a device's block of a
+tensor is `[..., rows, row]` and its quantized blocks run along the last axis. A region is read as
+the byte ranges of its rows' blocks (one range for a run of whole rows: a device's block of a
 projection sharded over its output rows), with `os.pread`, so that a process reads only the bytes
-of its own shards, and is dequantized in pieces of about `PIECE_BYTES` straight into the
-requested dtype.
+of its own shards, and is dequantized in pieces of about `PIECE_BYTES` straight into the requested
+dtype.
 """
 
 from __future__ import annotations
