@@ -194,7 +194,7 @@ KEY_MEANINGS = {
     "checkpoint.watch_timeout": "watch: seconds without a new finalized step before the run ends",
     "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
     "checkpoint.format": "'auto' (the reader its markers choose; ppl-jax inspect says which), or "
-    "'orbax' / 'hf' / 'levanter' / 'easydel' / 't5x' (only that layout's readers)",
+    "'orbax' / 'hf' / 'levanter' / 'easydel' / 't5x' / 'gguf' (only that layout's readers)",
     "data.name": "the corpus's name in the results; empty: derived from data.path",
     "data.path": "a file, a glob, or a comma-separated list of either",
     "data.format": "'auto' (jsonl for .jsonl/.ndjson files, a .json or .parquet file refused, "
