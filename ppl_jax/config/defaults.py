@@ -118,6 +118,7 @@ def get_config() -> config_dict.ConfigDict:
     c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.context)
     c.model.token_chunk = 0  # tokens per chunk of the per-token layers on a device; 0: all
     c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
+    c.model.matmul_precision = "auto"  # matrix products: auto (float32: highest), highest, ...
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.data = -1
@@ -238,6 +239,10 @@ KEY_MEANINGS = {
     "model.rope_angles": "rotary angles: 'float32' (transformers' arithmetic, equal to it) or "
     "'exact' (reduced in float64 on the host; float32 drifts by up to 0.06 rad at 1M positions)",
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
+    "model.matmul_precision": "precision of the matrix products: 'auto' ('highest' for a "
+    "float32 model or reference, else 'default'), 'highest' (float32 on every backend), "
+    "'default' (the backend's: TF32 on NVIDIA GPUs, one bfloat16 pass on TPUs), "
+    "'tensorfloat32' (JAX's HIGH) or 'bf16_3x' (three bfloat16 products)",
     "model.context_attention": "how attention crosses mesh.context: 'all_gather' (each device "
     "gathers a layer's keys and values) or 'ring' (they go round the devices: less memory)",
     "model.token_chunk": "tokens the MLP and the NLL take at once on each device (0: all; e.g. "

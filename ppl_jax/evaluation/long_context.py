@@ -229,7 +229,8 @@ def score_pass(
     elsewhere), scored by `model` on its own scorer; None if `stop` (the run's `StopRequest`) ended the pass."""
     if not windows.num_windows:
         return np.full(windows.tokens.size, np.nan, np.float32)
-    scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True))
+    options = StepOptions(per_token=True, matmul_precision=spec.matmul_precision)
+    scorer = Scorer(model, mesh, shardings, options)
     layout = plan_layout(windows, spec.batch.batch_size, pack=pack)
     gather = Gather(windows)
     observers = [gather] if stop is None else [stop, gather]

@@ -65,6 +65,7 @@ class Evaluation:
     recorder: journal.Recorder | None = None
     diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
     gzip_sample_bytes: int | None = None
+    matmul_precision: str | None = None  # `RunSetup.matmul_precision`
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

@@ -267,6 +267,7 @@ class _Job:
             checkpoint_format=p.ckpt.format,
             layout=d.layout,
             attention=p.attention,
+            matmul_precision=p.matmul_precision,
             gzip_bits_per_byte=gzip_bpb,
             gzip_sample_bytes=gzip_bytes,
             wall_seconds=time.perf_counter() - self.started,

@@ -104,6 +104,7 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         "model": ev.model_description,
         "attention": ev.attention,
         "dtype": spec.dtype,
+        "matmul_precision": ev.matmul_precision,
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints
