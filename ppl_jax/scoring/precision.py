@@ -21,7 +21,7 @@ Settings and JAX's names for them:
 | `highest` | `Precision.HIGHEST` | float32 on every backend (on a TPU, six bfloat16 passes) |
 | `default` | `Precision.DEFAULT` | the backend's default: float32 on CPU, TF32 on NVIDIA GPUs, one bfloat16 pass on TPUs |
 | `tensorfloat32` | `Precision.HIGH` | TF32 on NVIDIA GPUs, three bfloat16 passes on TPUs, float32 on CPU |
-| `bf16_3x` | `DotAlgorithmPreset.BF16_BF16_F32_X3` | three bfloat16 products summed in float32 (every backend that has the algorithm; a compile error elsewhere) |
+| `bf16_3x` | `DotAlgorithmPreset.BF16_BF16_F32_X3` | three bfloat16 products summed in float32 on GPUs and TPUs; float32 on CPU (XLA's CPU ignores the algorithm) |
 """
 
 from __future__ import annotations
