@@ -216,13 +216,23 @@ def _narrow_tail(
     lengths: np.ndarray, rows: list[tuple[int, ...]], batch_size: int, allowed: list[int]
 ) -> list[tuple[int, ...]]:
     """`rows` (the windows packed at the full width, `allowed[-1]`; `allowed` ascending) laid out
-    again so that the last batch holds the shortest windows at a narrower width, when one holds
-    them in one batch: the full batches take every other window, in as many rows as `rows` fills
-    whole batches with, and the shortest windows the full batches leave are packed at the
-    narrowest width that fits them in `batch_size` rows. Returns `rows` unchanged where no
-    narrower width does."""
+    again so that the last batch holds short windows at a narrower width, when one holds them in
+    one batch: the full batches take the other windows, in as many rows as `rows` fills whole
+    batches with. The tail is first the windows of the least filled rows beyond those (no
+    window packed again; these are mostly the shortest windows, which the segment limit left
+    over); else the shortest windows that the full batches cannot hold, with as much room to
+    spare as lets the others fit. Returns `rows` unchanged where no narrower width does."""
     full = allowed[-1]
     cap = batch_size * (len(rows) // batch_size)  # the rows of the full batches
+    by_use = np.argsort(_used(rows, lengths), kind="stable")
+    rest = [rows[i] for i in np.sort(by_use[len(rows) - cap :])]
+    tail = np.asarray([k for i in by_use[: len(rows) - cap] for k in rows[i]], np.int64)
+    found = _tail(lengths, tail, rest, cap, batch_size, allowed)
+    if found is not None:
+        positions = batch_size * _positions(found, lengths, batch_size, allowed)
+        if positions - cap * full <= 0.01 * positions:
+            return found  # a last batch of at most 1% of the positions: no packing again
+    best = found or rows
     order = np.argsort(lengths, kind="stable")  # shortest first
     cumulative = np.cumsum(lengths[order])
     beyond = max(0, int(cumulative[-1]) - cap * full)  # tokens the full batches cannot hold
@@ -231,9 +241,10 @@ def _narrow_tail(
         m = max(m, int(np.searchsorted(cumulative, beyond + spare)) + 1)
         m = min(m, order.size)
         if int(lengths[order[m - 1]]) >= full or m > batch_size * MAX_SEGMENTS:
-            return rows
+            return best
         rest = _pack(lengths, order[m:], full)
         if len(rest) <= cap:
+            found = _tail(lengths, order[:m], rest, cap, batch_size, allowed)
             break
         # The other windows did not fit: the tail takes as many more tokens and windows as the
         # rows beyond `cap` (the least filled) hold.
@@ -241,13 +252,40 @@ def _narrow_tail(
         spare += int(_used([rest[i] for i in extra], lengths).sum())
         m += sum(len(rest[i]) for i in extra)
     else:
-        return rows
+        found = None
+    if found is not None and _positions(found, lengths, batch_size, allowed) < _positions(
+        best, lengths, batch_size, allowed
+    ):
+        return found
+    return best
+
+
+def _positions(
+    rows: list[tuple[int, ...]], lengths: np.ndarray, batch_size: int, allowed: list[int]
+) -> int:
+    """Positions per row summed over the batches of `rows` (`_widths`)."""
+    return sum(_widths(_used(rows, lengths), batch_size, allowed))
+
+
+def _tail(
+    lengths: np.ndarray,
+    tail: np.ndarray,
+    rest: list[tuple[int, ...]],
+    cap: int,
+    batch_size: int,
+    allowed: list[int],
+) -> list[tuple[int, ...]] | None:
+    """`rest + ` the windows `tail` packed at the narrowest of the `allowed` widths but the last
+    that puts them all in the batch after `cap` rows; None if none does."""
+    if not tail.size or tail.size > batch_size * MAX_SEGMENTS:
+        return None
+    longest = int(lengths[tail].max())
     for width in allowed[:-1]:
-        if width >= int(lengths[order[m - 1]]):
-            tail = _pack(lengths, order[:m], width)
-            if len(rest) + len(tail) <= cap + batch_size:
-                return rest + tail
-    return rows
+        if width >= longest:
+            rows = _pack(lengths, tail, width)
+            if len(rest) + len(rows) <= cap + batch_size:
+                return rest + rows
+    return None
 
 
 def plan_layout(
