@@ -230,7 +230,8 @@ KEY_MEANINGS = {
     "'sliding' (windows every eval.stride tokens within it) or 'truncate' (its first window); "
     "empty: such a document is refused",
     "eval.packing": "several short windows per row (segments, no attention across them)",
-    "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
+    "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1; "
+    "packed rows use two at most: the last batch, of the shortest windows, narrower)",
     "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "
     "e.g. '64,128,256' (empty: no sweep)",
     "eval.context_targets": "targets per window of the context-length sweep (0: L at length L, "
