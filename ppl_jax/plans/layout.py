@@ -172,9 +172,9 @@ def _spread(rows: list[list[int]], lengths: np.ndarray, width: int) -> list[list
                 used[o] -= delta
                 del items[z], sizes[z]
                 del items[: k - 1], sizes[: k - 1]
-                at = bisect.bisect_left(sizes, size[given])
-                items.insert(at, given)
-                sizes.insert(at, size[given])
+                place = bisect.bisect_left(sizes, size[given])
+                items.insert(place, given)
+                sizes.insert(place, size[given])
             # A donor that found no exchange is not asked again (the overfull rows are alike:
             # their shortest windows).
             if len(rows[a]) < MAX_SEGMENTS and len(items) <= MAX_SEGMENTS:
