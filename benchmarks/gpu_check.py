@@ -158,7 +158,7 @@ def part_packed(seconds: float) -> dict:
         path = os.path.join(work, "packed.json")
         got = _run(
             [sys.executable, "-m", "benchmarks.bench_long_gpu", "--part=packed",
-             "--num_rows=128", f"--out={path}"],
+             "--num_rows=128", "--length_buckets=8", f"--out={path}"],
             seconds, _env(big=True),
         )  # fmt: skip
         return {**got, "result": _json_rows(path)}

@@ -36,6 +36,7 @@ from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
+from ppl_jax.scoring import precision
 
 _choice = choice
 
@@ -52,6 +53,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
     _choice("model.rope_angles", c.model.rope_angles, ANGLES)
+    _choice("model.matmul_precision", c.model.matmul_precision, precision.SETTINGS)
     data, protocol = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
@@ -82,6 +84,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         rope_angles=str(c.model.rope_angles),
+        matmul_precision=str(c.model.matmul_precision),
         mesh=MeshSpec(
             data=int(c.mesh.data),
             model=int(c.mesh.model),

@@ -41,6 +41,7 @@ from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.planner import Dataset, plan_dataset
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import precision
 from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, ScoreTotals, StepOptions
 from ppl_jax.tokenizer import Tokenizer
@@ -196,7 +197,8 @@ class Evaluator:
         plan, layout = dataset.plan, dataset.layout
         if layout.max_segments > 1 and not self._segments_checked:
             own = params if self.scorer.reference is None else params[0]
-            segments.check(self.model, own, self.mesh)
+            with precision.applied(self.scorer.matmul_precision):
+                segments.check(self.model, own, self.mesh)
             self._segments_checked = True
         resumed = None
         if resume is not None:

@@ -72,6 +72,7 @@ class Evaluation:
     gzip_sample_bytes: int | None = None
     timing: dict[str, float | None] = dataclasses.field(default_factory=dict)
     quantization: dict[str, Any] | None = None
+    matmul_precision: str | None = None  # `RunSetup.matmul_precision`
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

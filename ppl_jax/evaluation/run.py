@@ -320,6 +320,7 @@ class _Job:
             quantization=p.ckpt.quantization(step),
             layout=d.layout,
             attention=p.attention,
+            matmul_precision=p.matmul_precision,
             gzip_bits_per_byte=gzip_bpb,
             gzip_sample_bytes=gzip_bytes,
             wall_seconds=time.perf_counter() - self.started,

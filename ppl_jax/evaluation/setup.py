@@ -28,6 +28,7 @@ from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import distributed
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import precision
 from ppl_jax.scoring import scorer as scorer_lib
 
 
@@ -73,6 +74,16 @@ class RunSetup:
     reference: Reference | None
     long_context: Any = None  # LongPPL's evaluator (`long_context.KeyEvaluator`), if named
 
+    @property
+    def matmul_precision(self) -> str:
+        """The precision of the run's matrix products: `model.matmul_precision`, `auto` resolved
+        as the scorer resolves it (`highest` where the model or the reference computes in
+        float32; `ppl_jax.scoring.precision`)."""
+        trees = [self.model.abstract_params]
+        if self.reference is not None:
+            trees.append(self.reference.model.abstract_params)
+        return precision.resolve(self.spec.matmul_precision, precision.computes_in_float32(*trees))
+
     def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
         """What decides the numbers of dataset `d` scored at `step`
         (`ppl_jax.runtime.fingerprint.run_fingerprint`): every setting, file and version that
@@ -85,6 +96,7 @@ class RunSetup:
                 "model": {
                     "description": fingerprint_lib.text_digest(model.description),
                     "dtype": self.spec.dtype,
+                    "matmul_precision": self.matmul_precision,
                     "attention": self.attention,
                     "honours_segments": model.honours_segments,
                 },

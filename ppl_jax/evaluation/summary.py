@@ -109,6 +109,7 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         # The checkpoint's stored quantization (method, bits, group size; weights read
         # dequantized into `dtype`), or None.
         "quantization": ev.quantization,
+        "matmul_precision": ev.matmul_precision,
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints
