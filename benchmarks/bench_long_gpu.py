@@ -37,6 +37,8 @@ import time
 
 from absl import app, flags
 
+from benchmarks.shapes import LLAMA_1B
+
 _PART = flags.DEFINE_enum("part", "both", ["both", "long", "packed", "padding"], "What to measure.")
 _LENGTHS = flags.DEFINE_list("lengths", ["131072", "1048576"], "Window lengths (part long).")
 _ATTENTION = flags.DEFINE_list("attention", ["xla", "cudnn"], "Implementations (part long).")
@@ -50,20 +52,6 @@ _OUT = flags.DEFINE_string("out", "bench_long_gpu.json", "Where to write the JSO
 _MODEL = flags.DEFINE_enum(
     "model", "llama-1b", ["llama-1b", "tiny"], "tiny: a small model to try the script on a CPU."
 )
-
-LLAMA_1B = dict(
-    vocab_size=128256,
-    embed_dim=2048,
-    num_layers=16,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=64,
-    mlp_dim=8192,
-    max_positions=1_048_577,
-    rope_theta=500000.0,
-    tie_embeddings=True,
-)
-
 
 TINY = dict(LLAMA_1B, vocab_size=1024, embed_dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=16, mlp_dim=128)  # fmt: skip

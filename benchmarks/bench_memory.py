@@ -8,8 +8,8 @@ is lowered from abstract params and batches (nothing is allocated) and compiled 
 each length on the first device, and XLA's memory analysis of the compiled step is reported
 (`temp_size_in_bytes`: the step's temporaries; `argument_size_in_bytes`: params and batch) with
 the compile time. On a CPU this is the `xla` attention path's program; on a GPU, `--attention`
-may name `cudnn` too. The models are the Llama 3.2 1B shape (`benchmarks.bench_long_gpu`) and
-the Llama 3.1 8B shape, bfloat16, with `--layers` overriding the depth.
+may name `cudnn` too. The models are the Llama 3.2 1B and Llama 3.1 8B shapes
+(`benchmarks.shapes`), bfloat16, with `--layers` overriding the depth.
 
 Prints one JSON line per (model, layers, length, attention) and writes them all to `--out`.
 """
@@ -21,29 +21,8 @@ import time
 
 from absl import app, flags
 
-# The Llama 3.2 1B shape (as `benchmarks.bench_long_gpu`) and the Llama 3.1 8B shape.
-LLAMA_1B = dict(
-    vocab_size=128256,
-    embed_dim=2048,
-    num_layers=16,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=64,
-    mlp_dim=8192,
-    max_positions=1_048_577,
-    rope_theta=500000.0,
-    tie_embeddings=True,
-)
-LLAMA_8B = dict(
-    LLAMA_1B,
-    embed_dim=4096,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    mlp_dim=14336,
-    tie_embeddings=False,
-)
+from benchmarks.shapes import LLAMA_1B, LLAMA_8B
+
 MODELS = {"llama-1b": LLAMA_1B, "llama-8b": LLAMA_8B}
 
 _MODEL = flags.DEFINE_enum("model", "llama-1b", list(MODELS), "The model's shape.")

@@ -8,6 +8,7 @@ from ppl_jax import testing
 
 testing.save_random_checkpoint("/tmp/ckpt", steps=(100, 200))  # an Orbax run of a tiny Llama
 corpus = testing.write_corpus("/tmp/corpus", [testing.stdlib_text(20_000)])
+testing.write_gguf_llama("/tmp/model.gguf", layers=2)  # a quantized GGUF file of random blocks
 ```
 """
 
@@ -109,3 +110,68 @@ def write_corpus(folder: str, texts: list[str], name: str = "doc") -> str:
             f.write(text)
         paths.append(path)
     return ",".join(paths)
+
+
+def write_gguf_llama(
+    path: str, layers: int = 8, vocab_tokens: int = 0, seed: int = 0
+) -> tuple[int, int]:
+    """Writes a GGUF file (architecture `llama`) of random valid Q8_0 and Q4_K blocks.
+
+    The model: width 512, 8 heads of 64 (as many key/value heads), MLP 2,048, vocabulary 8,192,
+    128 positions, `layers` layers (42 M parameters at 8). Q8_0: the embedding, `attn_v`,
+    `attn_output`, `ffn_down`; Q4_K: the output head, `attn_q`, `attn_k`, `ffn_gate`, `ffn_up`;
+    the norms F32 ones. Each block holds random bytes (NumPy's generator of `seed`) with its
+    float16 scales (Q8_0's `d`, Q4_K's `d` and `dmin`) set to 1e-3, so every dequantized value
+    is finite. With `vocab_tokens` > 0, the metadata holds a byte-level BPE tokenizer (`gpt2`)
+    of that many tokens `t0, t1, ...` and the merges of each token with the next; with 0, none.
+
+    Returns:
+      (parameters, bytes of the tensors' data in the file).
+    """
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    d, heads, mlp, vocab = 512, 8, 2048, 8192
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, value in dict(block_count=layers, context_length=128, embedding_length=d,
+                           feed_forward_length=mlp, head_count=heads, head_count_kv=heads,
+                           layer_norm_rms_eps=1e-5, vocab_size=vocab).items():  # fmt: skip
+        getattr(writer, f"add_{key}")(value)
+    if vocab_tokens:
+        tokens = [f"t{i}" for i in range(vocab_tokens)]
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(tokens)
+        writer.add_token_types([1] * vocab_tokens)
+        writer.add_token_merges([f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False)])
+    parameters = stored = 0
+
+    def add(name: str, shape: tuple[int, ...], qtype: Q) -> None:
+        nonlocal parameters, stored
+        if qtype == Q.F32:
+            data = np.ones(shape, np.float32)
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = rng.integers(0, 256, (shape[0] * shape[1] // block, size), dtype=np.uint8)
+            for at in {Q.Q8_0: (0,), Q.Q4_K: (0, 2)}[qtype]:
+                raw[:, at : at + 2] = np.full((len(raw), 1), 1e-3, np.float16).view(np.uint8)
+            data = raw.reshape(shape[0], -1)
+        writer.add_tensor(name, data, raw_dtype=qtype)
+        parameters += int(np.prod(shape))
+        stored += data.nbytes
+
+    add("token_embd.weight", (vocab, d), Q.Q8_0)
+    add("output.weight", (vocab, d), Q.Q4_K)
+    add("output_norm.weight", (d,), Q.F32)
+    for i in range(layers):
+        for name, shape, qtype in (("attn_q", (d, d), Q.Q4_K), ("attn_k", (d, d), Q.Q4_K),
+                                   ("attn_v", (d, d), Q.Q8_0), ("attn_output", (d, d), Q.Q8_0),
+                                   ("ffn_gate", (mlp, d), Q.Q4_K), ("ffn_up", (mlp, d), Q.Q4_K),
+                                   ("ffn_down", (d, mlp), Q.Q8_0), ("attn_norm", (d,), Q.F32),
+                                   ("ffn_norm", (d,), Q.F32)):  # fmt: skip
+            add(f"blk.{i}.{name}.weight", shape, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return parameters, stored

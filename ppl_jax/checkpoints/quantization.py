@@ -154,6 +154,17 @@ def _group_size(q: dict, keys: tuple[str, ...], where: str) -> int | None:
     return None if size in (None, -1) else size
 
 
+def _block_shape(value: Any) -> tuple[int, int] | None:
+    """`value` as a block's two sizes (a list of two whole numbers in 1..2^20), or None."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 1 << 20 for b in value)
+    ):
+        return value[0], value[1]
+    return None
+
+
 def read(config: dict[str, Any], where: str) -> Scheme | None:
     """The quantization `config` (a `config.json` dict) declares, or None.
 
@@ -282,13 +293,10 @@ def _ct_weights(group: dict, fmt: str, where: str) -> Weights:
         if size is None or not 0 < size <= 1 << 20:
             raise _fail(where, f"has the group strategy with group_size={_short(size)}")
     if strategy == "block":
-        block = w.get("block_structure")
-        if not (
-            isinstance(block, list) and len(block) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 1 << 20 for b in block)
-        ):  # fmt: skip
-            raise _fail(where, f"has the block strategy with block_structure={_short(block)}")
-        block = tuple(block)
+        given = w.get("block_structure")
+        block = _block_shape(given)
+        if block is None:
+            raise _fail(where, f"has the block strategy with block_structure={_short(given)}")
     targets = group.get("targets") or ["Linear"]
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise _fail(where, f"has targets={_short(targets)}, not a list of names")
@@ -302,14 +310,10 @@ def _fp8(q: dict, where: str) -> Scheme:
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise _fail(where, f"has fmt={_short(fmt)}; ppl_jax reads float8_e4m3fn weights (e4m3)")
-    block = q.get("weight_block_size")
-    if block is not None:
-        if not (
-            isinstance(block, list) and len(block) == 2
-            and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 1 << 20 for b in block)
-        ):  # fmt: skip
-            raise _fail(where, f"has weight_block_size={_short(block)}, not two sizes")
-        block = tuple(block)
+    given = q.get("weight_block_size")
+    block = None if given is None else _block_shape(given)
+    if given is not None and block is None:
+        raise _fail(where, f"has weight_block_size={_short(given)}, not two sizes")
     w = Weights(8, "float", True, "block" if block else "tensor", None, block, "float8_e4m3fn",
                 activation_bits=8)  # fmt: skip
     return Scheme("fp8", "float8_e4m3fn", (w,))

@@ -9,11 +9,7 @@ bytes they read from the files (`rchar` of /proc/self/io) while restoring.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import numpy as np
@@ -24,51 +20,41 @@ from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import nest_weights
 from ppl_jax.runtime import mesh as mesh_lib
 
-import helpers
+import range_reads
 
 SIZES = ("maxtext:default base_emb_dim=64 base_num_query_heads=8 base_num_kv_heads=8 "
          "base_mlp_dim=512 base_num_decoder_layers=4 head_dim=16 vocab_size=1024 "
          "max_target_length=64")  # fmt: skip
 
-WORKER = textwrap.dedent(
-    """
-    import json, os, sys
-    from absl import app
+WORKER = """
+    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.config.defaults import DEFAULT_RULES
+    from ppl_jax.models.interface import weight_paths
+    from ppl_jax.runtime import mesh as mesh_lib
 
     def rchar():
         with open("/proc/self/io") as f:
             return int(dict(line.split(": ") for line in f.read().splitlines())["rchar"])
 
-    def main(argv):
-        from ppl_jax.runtime import distributed
-        assert distributed.initialize_from_env()
-        import jax, numpy as np
-        from ppl_jax.checkpoints import open_checkpoint
-        from ppl_jax.config.defaults import DEFAULT_RULES
-        from ppl_jax.models.interface import weight_paths
-        from ppl_jax.runtime import mesh as mesh_lib
-        ckpt = open_checkpoint(os.environ["CKPT"], architecture=os.environ["ARCH"])
-        model = ckpt.model()
-        reads = {}
-        for data, model_axis in ((8, 1), (1, 8)):  # replicated, then sharded over both processes
-            mesh = mesh_lib.make_mesh(data, model_axis)
-            target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
-                                            DEFAULT_RULES)[0]
-            ckpt.mapped(None, target)  # the tree metadata, read before counting
-            before = rchar()
-            params = ckpt.restore(None, target)
-            jax.block_until_ready(params)
-            reads[f"model={model_axis}"] = rchar() - before
-        want = np.load(os.environ["WANT"])
-        for name, leaf in weight_paths(params).items():
-            for shard in leaf.addressable_shards:
-                np.testing.assert_array_equal(np.asarray(shard.data),
-                                              want[name.replace("/", ".")][shard.index])
-        print("RESULT " + json.dumps({"process": jax.process_index(), **reads}), flush=True)
-
-    app.run(main)
-    """
-)
+    ckpt = open_checkpoint(os.environ["CKPT"], architecture=os.environ["ARCH"])
+    model = ckpt.model()
+    reads = {}
+    for data, model_axis in ((8, 1), (1, 8)):  # replicated, then sharded over both processes
+        mesh = mesh_lib.make_mesh(data, model_axis)
+        target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
+                                        DEFAULT_RULES)[0]
+        ckpt.mapped(None, target)  # the tree metadata, read before counting
+        before = rchar()
+        params = ckpt.restore(None, target)
+        jax.block_until_ready(params)
+        reads[f"model={model_axis}"] = rchar() - before
+    want = np.load(os.environ["WANT"])
+    for name, leaf in weight_paths(params).items():
+        for shard in leaf.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data),
+                                          want[name.replace("/", ".")][shard.index])
+    range_reads.report(**reads)
+"""
 
 
 def _write(tmp_path) -> tuple[str, int]:
@@ -128,26 +114,9 @@ def _write(tmp_path) -> tuple[str, int]:
 
 def test_two_processes_read_each_weight_once_per_share(tmp_path):
     ckpt, data_bytes = _write(tmp_path)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for i in range(2):
-        env = {**helpers.process_env(i, 2, port), "CKPT": ckpt, "ARCH": SIZES,
-               "WANT": str(tmp_path / "want.npz")}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=540)
-        assert p.returncode == 0, err[-3000:]
-        results += [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
+    env = {"CKPT": ckpt, "ARCH": SIZES, "WANT": str(tmp_path / "want.npz")}
+    results = range_reads.run_workers(tmp_path, WORKER, env)
     print(f"stored array data: {data_bytes} bytes; read while restoring, per process: {results}")
-    assert len(results) == 2
     for r in results:
         # Replicated params: every process reads every chunk once (not once per layer).
         assert 0.95 * data_bytes < r["model=1"] < 1.3 * data_bytes, (r, data_bytes)
