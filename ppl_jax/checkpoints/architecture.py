@@ -17,6 +17,7 @@ directory), an explicit `checkpoint.architecture` wins: the user who sets it mea
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -235,7 +236,7 @@ def parse(setting: str) -> tuple[str, Any]:
 
 def entry_model(entry: str, dtype: Any) -> LanguageModel:
     """The `LanguageModel` a Python entry point `module:function` returns (called with
-    `dtype=` when it has that parameter).
+    `dtype=` when it has that parameter), its `origin` the entry point.
 
     Raises:
       ConfigError: the module or function cannot be found, or it returns something else.
@@ -260,7 +261,7 @@ def entry_model(entry: str, dtype: Any) -> LanguageModel:
             f"checkpoint.architecture: {entry!r} returned a {type(model).__name__}, not a "
             f"ppl_jax.LanguageModel (see ppl_jax.from_linen / ppl_jax.from_nnx)."
         )
-    return model
+    return dataclasses.replace(model, origin=entry)
 
 
 def as_json(description: dict[str, Any]) -> str:
