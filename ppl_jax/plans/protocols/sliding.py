@@ -12,6 +12,7 @@ from ppl_jax.errors import DataError
 from ppl_jax.plans import stream_plans
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.plan import Plan, check_ids
+from ppl_jax.plans.protocols.base import PlanInputs
 from ppl_jax.plans.protocols.stream import StreamProtocol
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.plans.windows import Windows
@@ -27,9 +28,10 @@ class Sliding(StreamProtocol):
         return separator
 
     def encode(
-        self, docs: list[Document], tokenizer: Tokenizer, vocab_size: int, separator: str
+        self, docs: list[Document], inputs: PlanInputs
     ) -> tuple[str, list[np.ndarray], list[np.ndarray], list[int]]:
         """The documents tokenized one by one, the separator's tokens between them."""
+        tokenizer, vocab_size, separator = inputs.tokenizer, inputs.vocab_size, inputs.separator
         texts = [d.text for d in docs]
         encoded = tokenizer.encode_with_bytes(texts)
         sep = tokenizer.encode_with_bytes([separator])[0] if separator and len(docs) > 1 else None
@@ -60,10 +62,10 @@ class Sliding(StreamProtocol):
     def windows(self, tokens: np.ndarray, seq_len: int, stride: int | None) -> Windows:
         return windows_lib.sliding(tokens, seq_len, stride)
 
-    def stream_plan(
-        self, entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path
-    ) -> Plan:
+    def stream_plan(self, entry: Entry, inputs: PlanInputs, stream_path: str) -> Plan:
         """`Protocol.stream_plan`: the plan from the token cache's entry (`stream_plans`)."""
+        tok, vocab_size, separator = inputs.tokenizer, inputs.vocab_size, inputs.separator
+        seq_len, stride, add_bos = inputs.seq_len, inputs.stride, inputs.add_bos
         num_docs = entry.num_documents
         sep = None
         if separator and num_docs > 1:
