@@ -361,7 +361,7 @@ class Checkpoint(LinksChecked, abc.ABC):
           ConfigError: naming the checkpoint and what it is.
           CheckpointError: as `resolve_step`.
         """
-        if self.resolve_step(None) is None:
+        if not self.steps() and self.resolve_step(None) is None:
             raise ConfigError(
                 f"checkpoint.step={setting} needs a checkpoint of several steps; "
                 f"{self.path!r} is {self.layout_name} (one set of weights)."

@@ -77,11 +77,11 @@ class Repo:
     revision: str | None
     allow_download: bool
     prefix: str = "step"
-    steps_only: bool = False  # a sweep's repository folder: step None is the latest step revision
+    steps_only: bool = False  # a cache's repository folder: step None is the latest step revision
     _commits: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     def revision_of(self, step: int | None) -> str:
-        """The revision name of a step (None: the id's own revision, or `main`; for a sweep's
+        """The revision name of a step (None: the id's own revision, or `main`; for a cache's
         repository folder, the latest step revision)."""
         if step is None and self.steps_only and self.steps():
             step = self.steps()[-1]
@@ -222,47 +222,10 @@ def is_repo_folder(path: str) -> bool:
 
 
 def repo_of_folder(path: str, allow_download: bool) -> Repo:
-    """The `Repo` of a cache folder (what `local_dir` gives for a sweep over revisions)."""
+    """The `Repo` of a cache's repository folder given as the checkpoint (its step None: the
+    latest step revision)."""
     name = os.path.basename(os.path.normpath(path))[len("models--") :]
     return Repo(name.replace("--", "/", 1), None, allow_download, steps_only=True)
-
-
-def cached_commit(folder: str, step: int | None) -> str | None:
-    """The commit a cache's repository folder holds for a step revision (`refs/step<N>`; None:
-    the latest one), read from the ref file alone (what the run's fingerprint records)."""
-    repo = repo_of_folder(folder, False)
-    ref = os.path.join(folder, "refs", repo.revision_of(step))
-    try:
-        with open(ref) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def local_dir(path: str, sweep: bool, allow_download: bool) -> str:
-    """The local folder a hub id stands for in a run: its revision's snapshot folder
-    (`snapshots/<commit>`, so that the commit is in the run's fingerprint and results), or for a
-    sweep over revisions (`checkpoint.step=step1000,step2000`) the repository's cache folder,
-    whose step revisions `Repo.steps` lists.
-
-    Raises:
-      ConfigError: a malformed id.
-      CheckpointError: as `Repo.snapshot`.
-    """
-    repo = open_repo(path, allow_download)
-    if not sweep:
-        return repo.snapshot(None)
-    repo_id = repo.repo_id
-    if allow_download and not _env_offline():
-        repo.snapshot(None)  # the repository exists
-    folder = repo_folder(repo_id)
-    if not os.path.isdir(folder):
-        raise CheckpointError(
-            f"hub repository {repo_id!r} is not in the local hub cache ({_cache()}); download "
-            f"its revisions (huggingface-cli download {repo_id} --revision step1000), or set "
-            f"checkpoint.allow_download=true."
-        )
-    return folder
 
 
 def agree_commit(commit: str) -> str:

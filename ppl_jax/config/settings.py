@@ -15,7 +15,6 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from ppl_jax.checkpoints import hub
 from ppl_jax.config.defaults import MIN_BOOTSTRAP_SAMPLES, held_out_paths
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec, choice, corpus_name
@@ -73,7 +72,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         )
     options = checkpoint_options(c.checkpoint)
     return RunSpec(
-        checkpoint_dir=checkpoint_dir(c.checkpoint, steps.is_sweep or _revisions(c), options),
+        checkpoint_dir=checkpoint_dir(c.checkpoint),
         checkpoint_options=options,
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
@@ -203,25 +202,12 @@ def checkpoint_options(ckpt: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
-def _revisions(c: config_dict.ConfigDict) -> bool:
-    """`checkpoint.step` names hub revisions (`step1000,step2000`), not step numbers."""
-    return any(
-        ch.isalpha() for ch in str(c.checkpoint.step).replace("latest", "").replace("all", "")
-    )
-
-
-def checkpoint_dir(ckpt: Any, sweep: bool, options: tuple[tuple[str, Any], ...]) -> str:
-    """`checkpoint.dir`, a hub id resolved to a local folder (`ppl_jax.checkpoints.hub
-    .local_dir`: the revision's snapshot, whose commit is then in the fingerprint and results;
-    for a sweep over revisions, the repository's cache folder).
-
-    Raises:
-      ConfigError, CheckpointError: a malformed hub id, or one not in the cache (offline).
-    """
-    path = str(ckpt.dir).strip()
-    if hub.is_hub_id(path):
-        return hub.local_dir(path, sweep, dict(options).get("allow_download", False))
-    return os.path.expanduser(path)
+def checkpoint_dir(ckpt: Any) -> str:
+    """`checkpoint.dir` as given, `~` expanded: a local or remote folder, or a hub id
+    (`hf://org/name[@revision]`), which its reader resolves when the run opens it
+    (`ppl_jax.checkpoints.huggingface.HubRepo`: the revision's snapshot, its step revisions for
+    a sweep). Reads nothing."""
+    return os.path.expanduser(str(ckpt.dir).strip())
 
 
 _REVISION = re.compile(r"^(?:[a-z][a-z_-]*)?(\d+)$")  # `1000`, or a hub revision `step1000`

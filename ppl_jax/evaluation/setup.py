@@ -202,7 +202,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         raw.append(None if ds.cache_dir else planner.read(ds))
         if ds.cache_dir:
             data.resolve_paths(ds.path)
-    first_step = ckpt.resolve_step(spec.checkpoint_step)
+    first_step = _first_step(spec, ckpt)
     attention = ckpt.attention(spec.attention, spec.dtype, first_step, **context)
     model = ckpt.model(spec.dtype, attention, first_step)
     if spec.rope_angles != "float32":
@@ -260,6 +260,21 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         reference,
         key_eval,
     )
+
+
+def _first_step(spec: RunSpec, ckpt: Checkpoint) -> int | None:
+    """The step whose architecture and tokenizer the run reads: `checkpoint.step`'s, else the
+    latest finalized one; for a sweep the latest of `ckpt.steps()` (a hub repository's latest
+    step revision, not its main branch).
+
+    Raises:
+      CheckpointError: as `Checkpoint.resolve_step`.
+    """
+    if spec.steps.is_sweep and spec.checkpoint_step is None:
+        listed = ckpt.steps()
+        if listed:
+            return ckpt.resolve_step(listed[-1])
+    return ckpt.resolve_step(spec.checkpoint_step)
 
 
 def _check_context(model: LanguageModel, mesh: Any, what: str = "the model") -> None:
