@@ -1,25 +1,50 @@
 """A checkpoint's stored tree read through a mapping (`ppl_jax.checkpoints.mapping`) into a
-model's params: what `Checkpoint.rules`, `mapped` and `restore` do for every reader whose stored
-names are not the model's own (another trainer's Orbax tree, an Orbax v1 tree, ...), from the
-reader's answers alone (`stored`, `read`, `known`, `naming`)."""
+model's params: what `Checkpoint.rules`, `mapping_report` and `restore` do for every reader
+whose stored names are not the model's own (another trainer's Orbax tree, an Orbax v1 tree, ...),
+from the reader's answers alone (`MappedReader`: `stored`, `read`, `rules`, `known`, `naming`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from ppl_jax.checkpoints import blocks, damage, presets, storage
 from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.options import Stored
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 
 READ_GROUP_BYTES = 1 << 30  # stored bytes read at a time
 
 
-def rules(ckpt: Any, step: int | None) -> list[dict[str, Any]]:
+class MappedReader(Protocol):
+    """What this module asks of a checkpoint (`ppl_jax.checkpoints.checkpoint.Checkpoint`
+    answers it): the reader protocol's `resolve_step`, `stored` and `read`, and the mapping's
+    hooks (`mapping`, `mapping_file`, `rules`, `known`, `naming`), which a reader may override."""
+
+    mapping: str
+
+    def resolve_step(self, step: int | None) -> int | None: ...
+
+    def stored(self, step: int | None) -> Stored: ...
+
+    def read(
+        self, step: int | None, abstract: dict[str, jax.ShapeDtypeStruct]
+    ) -> dict[str, jax.Array]: ...
+
+    def mapping_file(self) -> dict[str, Any]: ...
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]: ...
+
+    def known(self, step: int | None) -> dict[str, Any]: ...
+
+    def naming(self, step: int | None) -> str: ...
+
+
+def rules(ckpt: MappedReader, step: int | None) -> list[dict[str, Any]]:
     """The mapping rules of a checkpoint: `checkpoint.mapping`'s file or preset, else the preset
     its stored names look like (`presets.detect`), else `identity`.
 
@@ -33,7 +58,7 @@ def rules(ckpt: Any, step: int | None) -> list[dict[str, Any]]:
     return presets.rules_for(name, ckpt.known(step))
 
 
-def sources(ckpt: Any, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
+def sources(ckpt: MappedReader, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
     """Which stored tensor (layer, part, operations) gives each model weight of `target` (leaves
     with `.shape`), read from the tree metadata only.
 
@@ -47,7 +72,7 @@ def sources(ckpt: Any, step: int | None, target: Any) -> dict[str, mapping_lib.S
     )  # fmt: skip
 
 
-def restore(ckpt: Any, step: int | None, target: Any) -> Any:
+def restore(ckpt: MappedReader, step: int | None, target: Any) -> Any:
     """The model's params from the stored tree through the checkpoint's rules, in the target
     shardings.
 
@@ -118,7 +143,7 @@ def describe(src: mapping_lib.Source) -> str:
     return ", ".join(parts)
 
 
-def report(ckpt: Any, step: int | None, target: Any) -> list[str]:
+def report(ckpt: MappedReader, step: int | None, target: Any) -> list[str]:
     """Each model weight of `target` with the stored tensor it comes from and the operations
     (`listing`), or the one sentence naming the first unmatched names.
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ppl_jax.checkpoints import architecture
 from ppl_jax.errors import Interrupted
 from ppl_jax.evaluation import diagnostics, summary
 from ppl_jax.evaluation.evaluator import Evaluator
@@ -234,7 +235,7 @@ class _Job:
         p = self.setup
         t0 = time.perf_counter()
         if step != p.first_step:
-            p.ckpt.check_same_architecture(step, p.model)
+            architecture.check_same(p.ckpt, step, p.model)
         self.params = p.ckpt.restore(step, p.target)
         t1 = time.perf_counter()
         self.restore_seconds = {"restore_seconds": t1 - t0, "reference_restore_seconds": None}

@@ -13,7 +13,7 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 from ppl_jax import tokenizer
-from ppl_jax.checkpoints import DTYPES, Checkpoint, open_checkpoint
+from ppl_jax.checkpoints import DTYPES, Checkpoint, architecture, open_checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError, settings_named
 from ppl_jax.evaluation import diagnostics
@@ -148,8 +148,9 @@ def check(spec: RunSpec, ckpt: Checkpoint) -> None:
 
     Raises:
       ConfigError: diagnostics, per-document output or a reference model with a sweep or a
-        suite; a sweep over a checkpoint of one set of weights (`Checkpoint.check_sweep`);
+        suite; a sweep over a checkpoint of one set of weights;
         per-document output of a protocol whose windows span documents.
+      CheckpointError: as `Checkpoint.resolve_step` (a sweep over a checkpoint without steps).
     """
     d = spec.diagnostics
     if spec.is_training_run and (
@@ -165,8 +166,11 @@ def check(spec: RunSpec, ckpt: Checkpoint) -> None:
             "reference.* and output.per_document score one checkpoint step on one dataset; run "
             "them without suite, a step sweep or checkpoint.watch."
         )
-    if spec.steps.is_sweep:
-        ckpt.check_sweep(spec.steps.kind)
+    if spec.steps.is_sweep and not ckpt.steps() and ckpt.resolve_step(None) is None:
+        raise ConfigError(
+            f"checkpoint.step={spec.steps.kind} needs a checkpoint of several steps; "
+            f"{ckpt.path!r} is {ckpt.layout_name} (one set of weights)."
+        )
     if spec.per_document and not spec.protocol.rules.document_level:
         levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
@@ -194,7 +198,6 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     check(spec, ckpt)
     sinks.check(spec.sinks, out)
     mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model, context=spec.mesh.context)
-    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     check_batch_size(spec.batch.batch_size, mesh)
     # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
     raw = []
@@ -203,8 +206,9 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         if ds.cache_dir:
             data.resolve_paths(ds.path)
     first_step = _first_step(spec, ckpt)
-    attention = ckpt.attention(spec.attention, spec.dtype, first_step, **context)
-    model = ckpt.model(spec.dtype, attention, first_step)
+    arch = architecture.resolve(ckpt, first_step)
+    attention = arch.attention(spec.attention, spec.dtype, mesh, spec.mesh.context_attention)
+    model = arch.model(spec.dtype, attention)
     if spec.rope_angles != "float32":
         model = _rope_angles(model, spec, attention)
     _check_context(model, mesh)
@@ -323,11 +327,12 @@ def _reference(
         Hugging Face directory's tokenizer files): the same ids would name other strings.
     """
     ref = spec.diagnostics.reference
-    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     with settings_named("reference.checkpoint"):  # its own keys, not the scored model's
         ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
         step = ckpt.resolve_step(ref.checkpoint_step)
-        ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
+        arch = architecture.resolve(ckpt, step)
+        attention = arch.attention("auto", ref.dtype, mesh, spec.mesh.context_attention)
+        ref_model = arch.model(ref.dtype, attention)
     _check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(

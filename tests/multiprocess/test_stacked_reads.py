@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import mapped, open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import nest_weights
 from ppl_jax.runtime import mesh as mesh_lib
@@ -54,7 +54,7 @@ WORKER = textwrap.dedent(
             mesh = mesh_lib.make_mesh(data, model_axis)
             target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                             DEFAULT_RULES)[0]
-            ckpt.mapped(None, target)  # the tree metadata, read before counting
+            mapped.sources(ckpt, None, target)  # the tree metadata, read before counting
             before = rchar()
             params = ckpt.restore(None, target)
             jax.block_until_ready(params)
@@ -102,7 +102,7 @@ def _write(tmp_path) -> tuple[str, int]:
     from ppl_jax.checkpoints import blocks, storage
     from ppl_jax.models.interface import weight_paths
 
-    sources = ckpt.mapped(0, target)
+    sources = mapped.sources(ckpt, 0, target)
     leaves = weight_paths(target)
     stored = {name: (shape, np.float32) for name, shape in shapes.items()}
     names = {k: v for k, v in model.description.items() if isinstance(v, int | float)}
