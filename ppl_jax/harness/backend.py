@@ -24,7 +24,8 @@ from jax.sharding import Mesh
 from ppl_jax.checkpoints import architecture
 from ppl_jax.checkpoints.opener import Checkpoint, dtype_of
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.evaluation.evaluator import Evaluator, check_window
+from ppl_jax.evaluation.checks import check_window
+from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs.console import ProgressBar
