@@ -7,7 +7,10 @@ returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; a st
 ppl_jax live in `orbax` and `orbax_v1`, Hugging Face's in `hf` and `huggingface`.
 """
 
-from ppl_jax.checkpoints.architecture import Architecture
-from ppl_jax.checkpoints.opener import DTYPES, FORMATS, READERS, Checkpoint, open_checkpoint
+from etils import epy as _epy
+
+with _epy.lazy_api_imports(globals()):
+    from ppl_jax.checkpoints.architecture import Architecture
+    from ppl_jax.checkpoints.opener import DTYPES, FORMATS, READERS, Checkpoint, open_checkpoint
 
 __all__ = ["DTYPES", "FORMATS", "READERS", "Architecture", "Checkpoint", "open_checkpoint"]

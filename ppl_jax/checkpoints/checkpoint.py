@@ -25,7 +25,7 @@ No link leads out of a checkpoint: before `stored`, `read`, `restore`, `carried_
 From these answers every `Checkpoint` gives the architecture (`description`; `model`, a delegate
 to `ppl_jax.checkpoints.architecture.resolve`, which resolves it once for the setup, the
 reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
-`ppl_jax.tokenizer.for_setting`), and the params (`restore`) through the mapping of its stored
+`ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its stored
 names onto a model's weights (`rules`, `known`, `naming`: the hooks `ppl_jax.checkpoints.mapped`
 reads). Readers whose stored tree is the model's own (ppl_jax's Orbax layout, a Hugging Face
 directory) restore their own way.
@@ -50,6 +50,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
+from ppl_jax.tokenizer.loading import for_setting
 
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
@@ -274,7 +275,7 @@ class Checkpoint(LinksChecked, abc.ABC):
         model: LanguageModel | None = None,
         key: str = "data.tokenizer",
     ) -> tuple[tokenizer_lib.Tokenizer, str | None]:
-        """The tokenizer a run scores this checkpoint with (`ppl_jax.tokenizer.for_setting`, the
+        """The tokenizer a run scores this checkpoint with (`ppl_jax.tokenizer.loading.for_setting`, the
         one resolution of `data.tokenizer`: `auto` is this checkpoint's own), and None or the
         note on a vocabulary mismatch that was allowed; `model` is the model scored (None:
         `self.model(step=step)`), `key` the setting's name in the caller's words.
@@ -283,7 +284,7 @@ class Checkpoint(LinksChecked, abc.ABC):
           ConfigError: as `for_setting`.
         """
         vocab = (model or self.model(step=step)).vocab_size
-        return tokenizer_lib.for_setting(
+        return for_setting(
             setting,
             lambda: self.tokenizer(step),
             vocab,
