@@ -20,6 +20,7 @@ from ppl_jax.data.spec import corpus_name as spec_corpus_name
 from ppl_jax.evaluation.spec import CHECKPOINT_FORMATS, DTYPES  # noqa: F401
 from ppl_jax.plans.protocols import PROTOCOLS, SLIDING
 from ppl_jax.runtime.mesh import DEFAULT_RULES  # noqa: F401
+from ppl_jax.scoring.nll import MAX_TOP_K
 
 # Modules of the CPython standard library that the demo model never saw in training
 # (launch/train_demo.py leaves them out); the default run scores their CPython 3.11.7 text,
@@ -280,7 +281,8 @@ KEY_MEANINGS = {
     "run resume)",
     "output.resume": "resume from a matching journal in output.dir",
     "output.tokens": "also write tokens.parquet: every scored token's NLL, surprisal, entropy",
-    "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
+    "output.top_k": f"with output.tokens, the k most probable tokens at each position, "
+    f"0..{MAX_TOP_K}",
     "output.position_curve": "also write position_curve.json and its figure: perplexity by "
     "position in the window, with 95% bands",
     "output.figures": "the file formats of the curves' figures, by extension: png (raster), pdf, "

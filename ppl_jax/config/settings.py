@@ -22,7 +22,6 @@ from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation.spec import (
     CHECKPOINT_FORMATS,
     DTYPES,
-    MAX_TOP_K,
     DiagnosticsSpec,
     LongContextSpec,
     ReferenceSpec,
@@ -35,6 +34,7 @@ from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
+from ppl_jax.scoring.nll import MAX_TOP_K
 
 _choice = choice
 

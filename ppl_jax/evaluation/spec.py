@@ -20,7 +20,6 @@ from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
 DTYPES = tuple(_DTYPES)  # model.dtype's choices: the checkpoints' one table
-MAX_TOP_K = 20
 
 
 @dataclasses.dataclass(frozen=True)
