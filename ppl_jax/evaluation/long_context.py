@@ -1,4 +1,4 @@
-"""The long-context measures of a run that scores documents whole (`whole_documents`; issue 23):
+"""The long-context measures of a run that scores documents whole (`whole_documents`; docs/long-context.md):
 loss by position in the document to its full length with 95% bands over documents, the context
 gain of every token, and LongPPL (Fang et al., ICLR 2025), from one job.
 

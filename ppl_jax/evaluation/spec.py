@@ -116,7 +116,7 @@ class LongContextSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DiagnosticsSpec:
-    """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
+    """What a run reports beyond its sums (docs/diagnostics.md); all off by default."""
 
     tokens: bool = False  # tokens.parquet
     top_k: int = 0  # alternatives per token in tokens.parquet

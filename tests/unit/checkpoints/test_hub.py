@@ -1,5 +1,5 @@
 """Hub ids resolved offline from a hand-made hub cache (refs, snapshots linking into blobs, as
-huggingface_hub lays it out; INTEROP.md): revisions as steps, the commit recorded, unknown
+huggingface_hub lays it out; docs/other-trainers.md): revisions as steps, the commit recorded, unknown
 revisions and pickled weights refused in one sentence."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_settings_keep_a_hub_id_and_its_reader_resolves_it(cache):
 
 
 def test_a_ref_naming_a_folder_outside_the_cache_is_refused(cache, tmp_path):
-    # refs/main names '../../../elsewhere', a folder of weights outside the cache (issue 26: it
+    # refs/main names '../../../elsewhere', a folder of weights outside the cache (it
     # was read and scored as the hub id): one sentence, from the library and from a run's
     # first read (the settings read nothing).
     elsewhere = tmp_path / "elsewhere"
