@@ -57,19 +57,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         packing=bool(c.eval.packing),
         length_buckets=int(c.eval.length_buckets),
     )
-    journal_every = int(c.output.journal_every)
-    if journal_every < 1:
-        raise ConfigError(
-            f"output.journal_every={journal_every} must be at least 1 (batches between "
-            f"journal flushes)."
-        )
-    rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
-    samples = int(c.metrics.bootstrap_samples)
-    if samples != 0 and samples < MIN_BOOTSTRAP_SAMPLES:
-        raise ConfigError(
-            f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
-            f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
-        )
+    journal_every, samples = _journal_every(c), _bootstrap_samples(c)
     options = checkpoint_options(c.checkpoint)
     return RunSpec(
         checkpoint_dir=checkpoint_dir(c.checkpoint),
@@ -81,14 +69,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         rope_angles=str(c.model.rope_angles),
-        mesh=MeshSpec(
-            data=int(c.mesh.data),
-            model=int(c.mesh.model),
-            rules=rules,
-            context=int(c.mesh.context),
-            context_attention=str(c.model.context_attention),
-            token_chunk=int(c.model.token_chunk),
-        ),
+        mesh=_mesh(c),
         output_dir=os.path.expanduser(str(c.output.dir)),
         progress=bool(c.output.progress),
         gzip_baseline=bool(c.output.gzip_baseline),
@@ -104,6 +85,42 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         suite=_suite(c),
         sinks=_sinks(c),
     )
+
+
+def _mesh(c: config_dict.ConfigDict) -> MeshSpec:
+    """`mesh.*`, with `model.context_attention` and `model.token_chunk` (how the context axis
+    and the per-token layers run)."""
+    rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
+    return MeshSpec(
+        data=int(c.mesh.data),
+        model=int(c.mesh.model),
+        rules=rules,
+        context=int(c.mesh.context),
+        context_attention=str(c.model.context_attention),
+        token_chunk=int(c.model.token_chunk),
+    )
+
+
+def _journal_every(c: config_dict.ConfigDict) -> int:
+    """`output.journal_every`, at least 1."""
+    journal_every = int(c.output.journal_every)
+    if journal_every < 1:
+        raise ConfigError(
+            f"output.journal_every={journal_every} must be at least 1 (batches between "
+            f"journal flushes)."
+        )
+    return journal_every
+
+
+def _bootstrap_samples(c: config_dict.ConfigDict) -> int:
+    """`metrics.bootstrap_samples`: 0 (no intervals) or at least `MIN_BOOTSTRAP_SAMPLES`."""
+    samples = int(c.metrics.bootstrap_samples)
+    if samples != 0 and samples < MIN_BOOTSTRAP_SAMPLES:
+        raise ConfigError(
+            f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
+            f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
+        )
+    return samples
 
 
 SUITE_DATA_KEYS = (

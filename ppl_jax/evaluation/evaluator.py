@@ -51,6 +51,7 @@ from ppl_jax.outputs import journal, store
 from ppl_jax.outputs.sinks import Sink
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.planner import Dataset, plan_dataset
+from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
@@ -223,23 +224,12 @@ class Evaluator:
             own = params if self.scorer.reference is None else params[0]
             segments.check(self.model, own, self.mesh)
             self._segments_checked = True
-        resumed = None
-        if resume is not None:
-            empty = ScoreTotals.zeros(0, self.options.positions)
-            resumed = ScoreTotals(
-                resume.window_nll,
-                resume.window_tokens,
-                resume.window_entropy,
-                resume.window_correct,
-                nll_by_position=empty.nll_by_position,
-                tokens_by_position=empty.tokens_by_position,
-            )
         try:
             totals = self.scorer.score(
                 params,
                 plan.windows,
                 layout,
-                totals=resumed,
+                totals=None if resume is None else _resumed(resume, self.options.positions),
                 skip=None if resume is None else resume.batch_done.copy(),
                 observers=observers,
             )
@@ -249,17 +239,7 @@ class Evaluator:
             totals.window_tokens, plan.windows.num_scored()
         ):
             raise AssertionError("the device scored other tokens than the windows' masks hold")
-        sums = metrics.Sums(
-            nll_sum=totals.nll_sum,
-            num_tokens=totals.num_tokens,
-            num_bytes=plan.num_bytes,
-            num_words=plan.num_words,
-            num_documents=plan.num_documents,
-            num_windows=totals.num_windows,
-            entropy_sum=float(np.sum(totals.window_entropy)),
-            num_correct=int(np.sum(totals.window_correct)),
-        )
-        return sums, totals
+        return sums_of(plan, totals), totals
 
     def fingerprint(
         self, d: Dataset, step: int | None, protocol_part: Mapping[str, Any] | None = None
@@ -312,9 +292,28 @@ class Evaluator:
         if pairs and params is None:
             params, reference_params = hooks.restore(step)
         params_in = params if reference_params is None else (params, reference_params)
+        records, kl = self._score_pairs(params_in, step, parts, pairs, sinks)
+        stored, write = hooks.step_records(step, records)
+        averages = store.average_records(stored) if len(stored) > 1 else []
+        for sink in sinks:
+            if write:
+                sink.write(averages)
+            sink.end_step(step, [*stored, *averages])
+        return {**flat([*stored, *averages]), **kl}
+
+    def _score_pairs(
+        self,
+        params: Any,
+        step: int | None,
+        parts: dict[str, dict[str, Any]],
+        pairs: dict[str, PairHooks],
+        sinks: Sequence[Sink],
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Each pair to score, in suite order: its record to every sink as soon as it is made
+        (then its hooks drop its journal); returns the records and the KL scalars."""
         records, kl = [], {}
         for d in (d for d in self.datasets if d.name in pairs):
-            ev = self._pair(params_in, d, step, parts[d.name], pairs[d.name])
+            ev = self._pair(params, d, step, parts[d.name], pairs[d.name])
             records.append(summary.dataset_record(ev))
             for sink in sinks:
                 sink.write(records[-1:])
@@ -323,13 +322,7 @@ class Evaluator:
             kl.update(
                 {f"{d.name}/kl/{k}": v for k, v in found.items() if isinstance(v, (int, float))}
             )
-        stored, write = hooks.step_records(step, records)
-        averages = store.average_records(stored) if len(stored) > 1 else []
-        for sink in sinks:
-            if write:
-                sink.write(averages)
-            sink.end_step(step, [*stored, *averages])
-        return {**flat([*stored, *averages]), **kl}
+        return records, kl
 
     def _pair(
         self, params: Any, d: Dataset, step: int | None, parts: dict[str, Any], pair: PairHooks
@@ -343,6 +336,34 @@ class Evaluator:
         except BaseException:
             pair.abort()
             raise
+
+
+def _resumed(resume: journal.State, positions: int) -> ScoreTotals:
+    """The totals a journal's state holds (its arrays, filled in place as the loop goes on)."""
+    empty = ScoreTotals.zeros(0, positions)
+    return ScoreTotals(
+        resume.window_nll,
+        resume.window_tokens,
+        resume.window_entropy,
+        resume.window_correct,
+        nll_by_position=empty.nll_by_position,
+        tokens_by_position=empty.tokens_by_position,
+    )
+
+
+def sums_of(plan: Plan, totals: ScoreTotals) -> metrics.Sums:
+    """A dataset's sufficient statistics: the loop's sums (NLL, tokens, windows, entropy, top-1
+    hits) with the plan's counts (bytes, words, documents)."""
+    return metrics.Sums(
+        nll_sum=totals.nll_sum,
+        num_tokens=totals.num_tokens,
+        num_bytes=plan.num_bytes,
+        num_words=plan.num_words,
+        num_documents=plan.num_documents,
+        num_windows=totals.num_windows,
+        entropy_sum=float(np.sum(totals.window_entropy)),
+        num_correct=int(np.sum(totals.window_correct)),
+    )
 
 
 def flat(records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:

@@ -170,23 +170,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
     )
-    evaluator = Evaluator(
-        model,
-        mesh,
-        datasets,
-        tok,
-        param_shardings=shardings,
-        batch=spec.batch,
-        options=diagnostics.step_options(spec),
-        reference=None if reference is None else (reference.model, reference.shardings),
-        compile=False,
-        rules=spec.mesh.rules,
-        checkpoint=ckpt,
-        dtype=spec.dtype,
-        attention=attention,
-        bootstrap_samples=spec.bootstrap_samples,
-        seed=spec.seed,
-    )
+    evaluator = _evaluator(spec, ckpt, model, attention, mesh, datasets, tok, shardings, reference)
     return RunSetup(
         spec=spec,
         mesh=mesh,
@@ -203,6 +187,39 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         reference=reference,
         evaluator=evaluator,
         long_context=key_eval,
+    )
+
+
+def _evaluator(
+    spec: RunSpec,
+    ckpt: Checkpoint,
+    model: LanguageModel,
+    attention: str,
+    mesh: Any,
+    datasets: list[Dataset],
+    tok: tokenizer.Tokenizer,
+    shardings: Any,
+    reference: Reference | None,
+) -> Evaluator:
+    """The run's `Evaluator` over its planned datasets (compiled at its first step), with the
+    step's diagnostics and what its records and fingerprints name: the checkpoint, dtype,
+    attention, sharding rules and intervals of the settings."""
+    return Evaluator(
+        model,
+        mesh,
+        datasets,
+        tok,
+        param_shardings=shardings,
+        batch=spec.batch,
+        options=diagnostics.step_options(spec),
+        reference=None if reference is None else (reference.model, reference.shardings),
+        compile=False,
+        rules=spec.mesh.rules,
+        checkpoint=ckpt,
+        dtype=spec.dtype,
+        attention=attention,
+        bootstrap_samples=spec.bootstrap_samples,
+        seed=spec.seed,
     )
 
 

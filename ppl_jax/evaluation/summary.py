@@ -7,6 +7,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
+from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.metrics import published, uncertainty
 from ppl_jax.outputs import results_json, store
@@ -106,23 +107,7 @@ def dataset_dict(ev: Evaluation) -> dict:
         else f"data.tokenizer={ev.dataset.tokenizer}",
         "fingerprint": fingerprint_lib.digest(ev.fingerprint),
         "resumed_batches": ev.resumed_batches,
-        "data": {
-            "name": ev.dataset.name,
-            "path": ev.dataset.path,
-            "format": ev.dataset.format,
-            # How a cached corpus is matched to its files (`data.fingerprint`).
-            "cache_dir": ev.dataset.cache_dir or None,
-            "fingerprint": ev.dataset.fingerprint,
-            # What shaped the documents scored: a standard preparation, and a budget.
-            "preparation": ev.dataset.preparation or None,
-            "budget": {
-                "max_documents": ev.dataset.max_documents,
-                "max_tokens": ev.dataset.max_tokens,
-                "sample_seed": ev.dataset.sample_seed,
-            }
-            if ev.dataset.has_budget
-            else None,
-        },
+        "data": _data_dict(ev.dataset),
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),
     }
@@ -131,6 +116,28 @@ def dataset_dict(ev: Evaluation) -> dict:
     results = results_json.strict_json(results, "", notes)
     results["notes"] = notes
     return results
+
+
+def _data_dict(ds: DatasetSpec) -> dict[str, Any]:
+    """The dataset scored: its name, files, format, how a cached corpus is matched to its files,
+    and what shaped the documents (a standard preparation, a budget)."""
+    return {
+        "name": ds.name,
+        "path": ds.path,
+        "format": ds.format,
+        # How a cached corpus is matched to its files (`data.fingerprint`).
+        "cache_dir": ds.cache_dir or None,
+        "fingerprint": ds.fingerprint,
+        # What shaped the documents scored: a standard preparation, and a budget.
+        "preparation": ds.preparation or None,
+        "budget": {
+            "max_documents": ds.max_documents,
+            "max_tokens": ds.max_tokens,
+            "sample_seed": ds.sample_seed,
+        }
+        if ds.has_budget
+        else None,
+    }
 
 
 def _checkpoint_dict(ev: Evaluation) -> dict[str, Any]:
