@@ -95,14 +95,38 @@ class Repo:
           CheckpointError: an unknown repository or revision (naming it and the cache), a
             revision with only pickled weights.
         """
+        revision = self.revision_of(step)
+        folder = self._download(revision)
+        self._check_inside_cache(folder, revision)
+        own = os.path.basename(os.path.normpath(folder))
+        commit = agree_commit(own)
+        self._commits[revision] = commit
+        folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
+        self._check_inside_cache(folder, revision)
+        if not os.path.isdir(folder):  # process 0's commit, absent from this host's cache
+            raise CheckpointError(
+                f"process 0 scores commit {commit} of {self.repo_id!r}, which this process's hub "
+                f"cache ({_cache()}) does not hold (here {revision!r} is commit {own}); give "
+                f"every host the same revisions (huggingface-cli download {self.repo_id} "
+                f"--revision <revision> on each), or one shared cache."
+            )
+        _check_weights(folder, self.repo_id, revision)
+        return folder
+
+    def _download(self, revision: str) -> str:
+        """`snapshot_download` of `revision` (the commit it resolved to before, if any): offline
+        unless downloads are allowed, only `PATTERNS` (and pickles, to name them).
+
+        Raises:
+          CheckpointError: a revision not in the cache (offline) or not on the hub, naming it.
+        """
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-        revision = self.revision_of(step)
         commit = self._commits.get(revision)
         offline = not self.allow_download or _env_offline()
         try:
-            folder = snapshot_download(
+            return snapshot_download(
                 self.repo_id,
                 revision=commit or revision,
                 allow_patterns=PATTERNS + [f"*{p}" for p in _PICKLES],
@@ -125,31 +149,6 @@ class Repo:
                 f"hub revision {revision!r} of {self.repo_id!r} cannot be resolved "
                 f"({type(e).__name__}: {' '.join(str(e).split())[:200]})."
             ) from None
-        self._check_inside_cache(folder, revision)
-        own = os.path.basename(os.path.normpath(folder))
-        commit = agree_commit(own)
-        self._commits[revision] = commit
-        folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
-        self._check_inside_cache(folder, revision)
-        if not os.path.isdir(folder):  # process 0's commit, absent from this host's cache
-            raise CheckpointError(
-                f"process 0 scores commit {commit} of {self.repo_id!r}, which this process's hub "
-                f"cache ({_cache()}) does not hold (here {revision!r} is commit {own}); give "
-                f"every host the same revisions (huggingface-cli download {self.repo_id} "
-                f"--revision <revision> on each), or one shared cache."
-            )
-        names = os.listdir(folder)
-        if not any(n.endswith(".safetensors") for n in names):
-            pickles = [n for n in names if n.endswith(_PICKLES)]
-            what = (
-                f"only pickled weights ({', '.join(sorted(pickles))})" if pickles else "no weights"
-            )
-            raise CheckpointError(
-                f"hub revision {revision!r} of {self.repo_id!r} holds {what}; ppl_jax reads "
-                f"safetensors only (a pickle can run code). Convert it, or pick a revision with "
-                f"model.safetensors."
-            )
-        return folder
 
     def _check_inside_cache(self, folder: str, revision: str) -> None:
         """Refuses a snapshot folder outside the repository's `snapshots/` (a ref file naming
@@ -197,6 +196,23 @@ class Repo:
             if m and m.group("prefix") == self.prefix:
                 steps.append(int(m.group("n")))
         return sorted(steps)
+
+
+def _check_weights(folder: str, repo_id: str, revision: str) -> None:
+    """Refuses a revision whose snapshot holds no safetensors weights (only pickles, or none).
+
+    Raises:
+      CheckpointError: naming the revision, the repository and the pickled files.
+    """
+    names = os.listdir(folder)
+    if not any(n.endswith(".safetensors") for n in names):
+        pickles = [n for n in names if n.endswith(_PICKLES)]
+        what = f"only pickled weights ({', '.join(sorted(pickles))})" if pickles else "no weights"
+        raise CheckpointError(
+            f"hub revision {revision!r} of {repo_id!r} holds {what}; ppl_jax reads "
+            f"safetensors only (a pickle can run code). Convert it, or pick a revision with "
+            f"model.safetensors."
+        )
 
 
 def open_repo(path: str, allow_download: bool) -> Repo:
