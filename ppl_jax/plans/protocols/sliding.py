@@ -80,29 +80,7 @@ class Sliding(StreamProtocol):
         windows = windows_lib.sliding(np.broadcast_to(np.int32(0), (n,)), seq_len, stride)
         lo = windows.starts + windows.first_scored  # scored targets [lo, hi) (no prefix tokens)
         hi = windows.starts + windows.lengths
-        # Prefix sums of the stream's byte lengths at every window bound, while writing it.
-        bounds = np.concatenate([lo, hi])
-        order = np.argsort(bounds, kind="stable")
-        ordered = bounds[order]
-        cum = np.zeros(bounds.size, np.int64)
-        at, total, k = 0, 0, 0
-        stream = stream_plans.Stream(stream_path, n)
-        if bos:
-            stream.write(np.asarray([tok.bos_id], np.int32))
-            at = 1
-        for ids, lens in stream_plans.segments(entry, sep, (vocab_size, tok)):
-            stream.write(ids)
-            prefix = np.zeros(ids.size + 1, np.int64)
-            np.cumsum(lens, dtype=np.int64, out=prefix[1:])
-            j = int(np.searchsorted(ordered, at + ids.size, side="right"))
-            sel = order[k:j]
-            cum[sel] = total + prefix[np.maximum(bounds[sel] - at, 0)]
-            k = j
-            at += ids.size
-            total += int(prefix[-1])
-        cum[order[k:]] = total
-        digest = stream.close()
-        window_bytes = cum[lo.size :] - cum[: lo.size]
+        window_bytes, digest = _write_stream(entry, inputs, sep, n, lo, hi, stream_path)
         scored = int(windows.num_scored().sum())
         tokens = np.load(stream_path, mmap_mode="r")
         windows = windows_lib.Windows(
@@ -127,6 +105,42 @@ class Sliding(StreamProtocol):
             window_bytes=window_bytes,
             tokens_digest=digest,
         )
+
+
+def _write_stream(
+    entry: Entry,
+    inputs: PlanInputs,
+    sep: tuple[np.ndarray, np.ndarray] | None,
+    n: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    stream_path: str,
+) -> tuple[np.ndarray, str]:
+    """Writes the stream of `n` tokens (BOS, the documents and `sep`'s ids between them) to
+    `stream_path`, summing its byte lengths at every window bound meanwhile: returns each
+    window's scored bytes (`[W] int64`, targets `[lo, hi)`) and the stream's digest."""
+    tok = inputs.tokenizer
+    bounds = np.concatenate([lo, hi])
+    order = np.argsort(bounds, kind="stable")
+    ordered = bounds[order]
+    cum = np.zeros(bounds.size, np.int64)
+    at, total, k = 0, 0, 0
+    stream = stream_plans.Stream(stream_path, n)
+    if inputs.add_bos:
+        stream.write(np.asarray([tok.bos_id], np.int32))
+        at = 1
+    for ids, lens in stream_plans.segments(entry, sep, (inputs.vocab_size, tok)):
+        stream.write(ids)
+        prefix = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(lens, dtype=np.int64, out=prefix[1:])
+        j = int(np.searchsorted(ordered, at + ids.size, side="right"))
+        sel = order[k:j]
+        cum[sel] = total + prefix[np.maximum(bounds[sel] - at, 0)]
+        k = j
+        at += ids.size
+        total += int(prefix[-1])
+    cum[order[k:]] = total
+    return cum[lo.size :] - cum[: lo.size], stream.close()
 
 
 def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) -> int:
