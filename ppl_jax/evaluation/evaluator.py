@@ -90,8 +90,9 @@ class Evaluator:
         fingerprint name it; default what `auto` resolves to for a family's model on `mesh`
         (`ppl_jax.checkpoints.architecture.Architecture.attention`, as `Checkpoint.model` and
         the command line resolve it), `xla` for a model of one's own.
-      bootstrap_samples, seed: the records' 95% bootstrap intervals (`metrics.bootstrap_samples`,
-        `metrics.seed`; 0 samples: none).
+      bootstrap_samples: the resamples of the records' 95% bootstrap intervals
+        (`metrics.bootstrap_samples`; 0: none).
+      seed: their seed (`metrics.seed`).
 
     Attributes:
       datasets: the prepared datasets, in suite order.
@@ -280,7 +281,9 @@ class Evaluator:
             undefined.
 
         Raises:
-          As `score`; and the hooks' (the command line's `Interrupted`, journal refusals).
+          NumericsError, ConfigError: as `score`.
+          Interrupted, ConfigError: the hooks' (the command line's stop, a journal of another
+            run).
         """
         hooks = hooks or Hooks()
         if params is not None and (reference_params is None) == (self.scorer.reference is not None):
