@@ -26,8 +26,8 @@ From these answers every `Checkpoint` gives the architecture (`description`; `mo
 to `ppl_jax.checkpoints.architecture.resolve`, which resolves it once for the setup, the
 reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
 `ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its stored
-names onto a model's weights (`rules`, `known`, `naming`: the hooks `ppl_jax.checkpoints.mapped`
-reads). Readers whose stored tree is the model's own (ppl_jax's Orbax layout, a Hugging Face
+names onto a model's weights (`rules`, `known`, `naming`, `produced`, ...: the hooks
+`ppl_jax.checkpoints.mapped.MappedHooks` gives, which a reader may override). Readers whose stored tree is the model's own (ppl_jax's Orbax layout, a Hugging Face
 directory) restore their own way.
 """
 
@@ -43,7 +43,6 @@ import jax
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
-from ppl_jax.checkpoints import mapping as mapping_lib
 from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError
@@ -55,7 +54,7 @@ from ppl_jax.tokenizer.loading import for_setting
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
 
-class Checkpoint(LinksChecked, abc.ABC):
+class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
     """An opened checkpoint: one reader of one layout (see the module docstring).
 
     `step=None` in any method means the latest finalized step, looked up anew on each call (a
@@ -251,17 +250,6 @@ class Checkpoint(LinksChecked, abc.ABC):
         """
         return architecture_lib.resolve(self, step).model(dtype, attention)
 
-    def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
-        """The model weights the stored tensors make (their names), from the stored tree's
-        metadata and the mapping alone; None where the reader checks its architecture itself
-        (a Hugging Face directory's `config.json` against its headers).
-
-        Raises:
-          CheckpointError: as `stored` and `rules`.
-        """
-        step = self.resolve_step(step)
-        return list(mapping_lib.produced(self.rules(step), self.stored(step), description, ""))
-
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer, or None when it carries none (`stored_tokenizer`)."""
         return self.stored_tokenizer(step)
@@ -292,42 +280,6 @@ class Checkpoint(LinksChecked, abc.ABC):
             key=key,
             missing=f"{self.path!r} carries no tokenizer ({self.tokenizer_files})",
         )
-
-    # ------------------------------------------------------------------ mapped params
-
-    def mapping_file(self) -> dict[str, Any]:
-        """`checkpoint.mapping`'s file (`item`, `params`, `rules`), or {} for a preset or none.
-
-        Raises:
-          CheckpointError, ConfigError: as `presets.read_file`.
-        """
-        if self.mapping and self.mapping not in presets.PRESETS:
-            return presets.read_file(self.mapping)
-        return {}
-
-    def known(self, step: int | None) -> dict[str, Any]:
-        """The architecture's description where one is known (`{}` when the checkpoint carries
-        none and none is given: the caller brings the model), for the mapping's expressions."""
-        kind, _ = self.given_architecture()
-        if kind == "entry":
-            return self.model(step=step).description
-        if kind == "none" and self.carried_description(step) is None:
-            return {}
-        return self.description(step)
-
-    def naming(self, step: int | None) -> str:
-        """The checkpoint, step and mapping, for the sentences of the mapping's errors."""
-        at = f" step {step}" if step is not None else ""
-        return f"{self.path!r}{at} (mapping {self.mapping or 'detected'})"
-
-    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
-        """The mapping rules from the stored names to the model's (`mapped.rules`)."""
-        return mapped.rules(self, step)
-
-    def mapping_report(self, step: int | None, target: Any) -> list[str]:
-        """How the stored names become the weights of `target`, one line each (`ppl-jax
-        inspect`; `mapped.report`)."""
-        return mapped.report(self, step, target)
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The params of the step, read straight into their target shardings (through the

@@ -44,6 +44,60 @@ class MappedReader(Protocol):
     def naming(self, step: int | None) -> str: ...
 
 
+class MappedHooks:
+    """The mapping's hooks of `ppl_jax.checkpoints.checkpoint.Checkpoint` (a mixin it inherits):
+    what `rules`, `sources`, `restore` and `report` below ask of a checkpoint besides its reader
+    protocol, each with the default every reader gets and may override (a layout's own rules,
+    its own naming in sentences, the weights it makes). They read the checkpoint's own answers:
+    `path`, `mapping`, `given_architecture`, `description`, `carried_description`, `model`,
+    `resolve_step` and `stored`."""
+
+    def mapping_file(self) -> dict[str, Any]:
+        """`checkpoint.mapping`'s file (`item`, `params`, `rules`), or {} for a preset or none.
+
+        Raises:
+          CheckpointError, ConfigError: as `presets.read_file`.
+        """
+        if self.mapping and self.mapping not in presets.PRESETS:
+            return presets.read_file(self.mapping)
+        return {}
+
+    def known(self, step: int | None) -> dict[str, Any]:
+        """The architecture's description where one is known (`{}` when the checkpoint carries
+        none and none is given: the caller brings the model), for the mapping's expressions."""
+        kind, _ = self.given_architecture()
+        if kind == "entry":
+            return self.model(step=step).description
+        if kind == "none" and self.carried_description(step) is None:
+            return {}
+        return self.description(step)
+
+    def naming(self, step: int | None) -> str:
+        """The checkpoint, step and mapping, for the sentences of the mapping's errors."""
+        at = f" step {step}" if step is not None else ""
+        return f"{self.path!r}{at} (mapping {self.mapping or 'detected'})"
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
+        """The mapping rules from the stored names to the model's (`rules`)."""
+        return rules(self, step)
+
+    def mapping_report(self, step: int | None, target: Any) -> list[str]:
+        """How the stored names become the weights of `target`, one line each (`ppl-jax
+        inspect`; `report`)."""
+        return report(self, step, target)
+
+    def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
+        """The model weights the stored tensors make (their names), from the stored tree's
+        metadata and the mapping alone; None where the reader checks its architecture itself
+        (a Hugging Face directory's `config.json` against its headers).
+
+        Raises:
+          CheckpointError: as `stored` and `rules`.
+        """
+        step = self.resolve_step(step)
+        return list(mapping_lib.produced(self.rules(step), self.stored(step), description, ""))
+
+
 def rules(ckpt: MappedReader, step: int | None) -> list[dict[str, Any]]:
     """The mapping rules of a checkpoint: `checkpoint.mapping`'s file or preset, else the preset
     its stored names look like (`presets.detect`), else `identity`.
