@@ -208,7 +208,7 @@ def protocol_dict(ev: Evaluation) -> dict[str, Any]:
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,
         # hf_strided: the guide's loop as published (`ppl_jax.metrics.published`), else None.
-        "published": published.of_run(plan, ev.totals),
+        "published": published.of_run(plan, ev.totals) if rules.published_loop else None,
     }
 
 

@@ -58,6 +58,9 @@ class Protocol:
       strided: it reads `eval.stride` (unset: `seq_len // 2`).
       splits_documents: it reads `eval.long_documents`, the rule for a document longer than a
         window (`PlanInputs.options["long_documents"]`; the other protocols never receive it).
+      published_loop: its reference publishes its own loop, which the run reproduces beside
+        the exact numbers (`hf_strided`: the Hugging Face guide's; `ppl_jax.metrics.published`,
+        results.json's `protocol.published`).
       long_context: it scores documents whole from their first token, so that a target's
         position is its place in its document: the long-context measures apply (the position
         curve to the full length with bands over documents, context gains, LongPPL:
@@ -75,6 +78,7 @@ class Protocol:
     strided: ClassVar[bool] = False
     splits_documents: ClassVar[bool] = False
     long_context: ClassVar[bool] = False
+    published_loop: ClassVar[bool] = False
     stream_plan: Any = None
 
     def joiner(self, ds: Any) -> str:
