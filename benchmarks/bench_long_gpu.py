@@ -1,9 +1,10 @@
 """Benchmark on one GPU (issue 23 item 5): a 1B Llama scoring one long window, and the packed
-1B at 2,048 tokens with cuDNN.
+1B at 2,048 tokens with cuDNN; and, on any machine, the packing's padding on the same documents.
 
     python -m benchmarks.bench_long_gpu                         # both parts, on an H100
     python -m benchmarks.bench_long_gpu --part=long --lengths=131072,1048576
     python -m benchmarks.bench_long_gpu --part=packed --num_rows=256
+    python -m benchmarks.bench_long_gpu --part=padding          # planning only, CPU, seconds
 
 The model is the Llama 3.2 1B shape (16 layers, width 2048, 32 query heads over 8 key/value heads
 of 64, MLP 8192, vocabulary 128,256, tied), randomly initialised, bfloat16, scored by ppl_jax's
@@ -15,14 +16,18 @@ of 64, MLP 8192, vocabulary 128,256, tied), randomly initialised, bfloat16, scor
   model FLOPs utilisation with attention counted, the device's peak memory, and the compiled
   step's temporaries.
 - `packed`: documents of random lengths (1 to 2,048 tokens, log-uniform) packed into rows of
-  2,048 (`eval.packing`), cuDNN attention, against the same documents one per row.
+  2,048 (`eval.packing`, with `--length_buckets` row widths: the last batch may be narrower),
+  cuDNN attention, against the same documents one per row (one width).
+- `padding`: the same documents laid out by `ppl_jax.plans.plan_layout` alone (no model), packed
+  with 1, 4 and 8 length buckets and one per row. Reported: rows, batches, widths, the padding
+  (positions of the batches that hold no token), its two parts (the free positions of the rows
+  that hold windows, and the empty rows that fill the last batch), the most windows in a row, and
+  the planning time.
 
 MFU counts forward FLOPs per token = 2 x matmul parameters + attention `2 x 2 x L x d_attn x
 c`, where `c` is the mean number of keys a token sees (`(T + 1) / 2` for one causal window: the
 causal half is not counted) and `d_attn = heads x head width`; against the H100 SXM's 989
 TFLOP/s dense bfloat16.
-
-Not run in the session that wrote it (no GPU was lent); BENCHMARKS.md says so.
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ import time
 
 from absl import app, flags
 
-_PART = flags.DEFINE_enum("part", "both", ["both", "long", "packed"], "What to measure.")
+_PART = flags.DEFINE_enum("part", "both", ["both", "long", "packed", "padding"], "What to measure.")
 _LENGTHS = flags.DEFINE_list("lengths", ["131072", "1048576"], "Window lengths (part long).")
 _ATTENTION = flags.DEFINE_list("attention", ["xla", "cudnn"], "Implementations (part long).")
 _TOKEN_CHUNK = flags.DEFINE_integer("token_chunk", 16384, "model.token_chunk of part long.")
 _NUM_ROWS = flags.DEFINE_integer("num_rows", 256, "Rows of 2,048 tokens (part packed).")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Rows per step (part packed).")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Rows per step (parts packed and padding).")
+_BUCKETS = flags.DEFINE_integer(
+    "length_buckets", 8, "Row widths the packed rows may use (part packed; eval.length_buckets)."
+)
 _OUT = flags.DEFINE_string("out", "bench_long_gpu.json", "Where to write the JSON results.")
 _MODEL = flags.DEFINE_enum(
     "model", "llama-1b", ["llama-1b", "tiny"], "tiny: a small model to try the script on a CPU."
@@ -160,6 +168,24 @@ def long_window(t: int, attention: str) -> dict:
     }
 
 
+def documents(num_rows: int, vocab_size: int, seq: int = 2048):
+    """The packed part's documents: log-uniform lengths 2..`seq` (seed 1) until they hold
+    `num_rows` rows of `seq` tokens, random token ids below `vocab_size`; as `Windows` of
+    `seq_len = seq`, and their lengths."""
+    import numpy as np
+
+    from ppl_jax.plans import windows
+
+    rng = np.random.default_rng(1)
+    lengths = []
+    while sum(lengths) < num_rows * seq:
+        lengths.append(int(np.exp(rng.uniform(0, np.log(seq)))) + 1)
+    lengths = np.minimum(lengths, seq + 1)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    stream = rng.integers(0, vocab_size, int(lengths.sum())).astype(np.int32)
+    return windows.make(stream, starts, lengths, np.ones(len(lengths)), seq), lengths
+
+
 def packed(pack: bool) -> dict:
     import jax
     import numpy as np
@@ -167,18 +193,11 @@ def packed(pack: bool) -> dict:
     from ppl_jax.plans import plan_layout, windows
 
     scorer, params = _setup("cudnn" if jax.default_backend() == "gpu" else "xla")
-    rng = np.random.default_rng(1)
-    seq = 2048
-    lengths = []
-    while sum(lengths) < _NUM_ROWS.value * seq:
-        lengths.append(int(np.exp(rng.uniform(0, np.log(seq)))) + 1)
-    lengths = np.minimum(lengths, seq + 1)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    stream = rng.integers(0, _config()["vocab_size"], int(lengths.sum())).astype(np.int32)
-    wins = windows.make(stream, starts, lengths, np.ones(len(lengths)), seq)
-    layout = plan_layout(wins, _BATCH.value, pack=pack)
+    wins, lengths = documents(_NUM_ROWS.value, _config()["vocab_size"])
+    buckets = _BUCKETS.value if pack else 1
+    layout = plan_layout(wins, _BATCH.value, pack=pack, num_buckets=buckets)
     few = min(64, len(lengths))
-    warm = windows.make(stream, starts[:few], lengths[:few], np.ones(few), seq)
+    warm = windows.make(wins.tokens, wins.starts[:few], lengths[:few], np.ones(few), 2048)
     scorer.score(params, warm, plan_layout(warm, _BATCH.value, pack=pack))
     totals = scorer.score(params, wins, layout)
     rate = totals.num_tokens / totals.scoring_seconds
@@ -188,7 +207,9 @@ def packed(pack: bool) -> dict:
     return {
         "part": "packed",
         "packing": pack,
+        "length_buckets": buckets,
         "rows": len(layout.rows),
+        "widths": sorted(set(layout.widths)),
         "documents": len(lengths),
         "padding_fraction": layout.padding_fraction,
         "scored_tokens": totals.num_tokens,
@@ -196,6 +217,41 @@ def packed(pack: bool) -> dict:
         "mfu": rate * _flops_per_token(mean_keys) / peak if peak else None,
         "device_peak_bytes": _peak_bytes(),
         "device": jax.devices()[0].device_kind,
+    }
+
+
+def padding(pack: bool, buckets: int) -> dict:
+    """The layout of the packed part's documents, planned alone (no model, any machine)."""
+    import numpy as np
+
+    from ppl_jax.plans import plan_layout
+
+    wins, lengths = documents(_NUM_ROWS.value, _config()["vocab_size"])
+    t0 = time.perf_counter()
+    layout = plan_layout(wins, _BATCH.value, pack=pack, num_buckets=buckets)
+    seconds = time.perf_counter() - t0
+    b = layout.batch_size
+    positions = b * sum(layout.widths)
+    row_widths = np.repeat(layout.widths, b)[: len(layout.rows)]  # the rows that hold windows
+    tokens = int(wins.row_lengths().sum())
+    return {
+        "part": "padding",
+        "packing": pack,
+        "length_buckets": buckets,
+        "documents": len(lengths),
+        "tokens": tokens,
+        "rows": len(layout.rows),
+        "least_rows": -(-tokens // (wins.seq_len + 1)),
+        "batches": layout.num_batches,
+        "widths": sorted(set(layout.widths)),
+        "padding_fraction": layout.padding_fraction,
+        # The two parts of it, as shares of all positions: free positions in the rows that hold
+        # windows, and the empty rows that fill the last batch.
+        "row_padding_fraction": (int(row_widths.sum()) - tokens) / positions,
+        "empty_rows": layout.num_batches * b - len(layout.rows),
+        "empty_row_fraction": (positions - int(row_widths.sum())) / positions,
+        "max_segments": layout.max_segments,
+        "planning_seconds": seconds,
     }
 
 
@@ -210,6 +266,10 @@ def main(argv: list[str]) -> None:
     if _PART.value in ("both", "packed"):
         for pack in (True, False):
             rows.append(packed(pack))
+            print(json.dumps(rows[-1]), flush=True)
+    if _PART.value == "padding":
+        for pack, buckets in ((True, 1), (True, 4), (True, 8), (False, 1)):
+            rows.append(padding(pack, buckets))
             print(json.dumps(rows[-1]), flush=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
         json.dump({"model": _config(), "rows": rows}, f, indent=2)

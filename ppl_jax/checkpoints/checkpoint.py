@@ -25,10 +25,11 @@ No link leads out of a checkpoint: before `stored`, `read`, `restore`, `carried_
 From these answers every `Checkpoint` gives the architecture (`description`; `model`, a delegate
 to `ppl_jax.checkpoints.architecture.resolve`, which resolves it once for the setup, the
 reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
-`ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its stored
-names onto a model's weights (`rules`, `known`, `naming`, `produced`, ...: the hooks
-`ppl_jax.checkpoints.mapped.MappedHooks` gives, which a reader may override). Readers whose stored tree is the model's own (ppl_jax's Orbax layout, a Hugging Face
-directory) restore their own way.
+`ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its
+stored names onto a model's weights (`rules`, `known`, `naming`, `produced`, ...: the hooks of
+`ppl_jax.checkpoints.mapped.MappedHooks`, which a reader may override). Readers whose stored
+tree is the model's own (ppl_jax's Orbax layout, a Hugging Face directory) restore their own
+way.
 """
 
 from __future__ import annotations
@@ -158,16 +159,17 @@ class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
         """The tokenizer the checkpoint carries (BOS/EOS policy included), or None."""
         return None
 
+    def quantization(self, step: int | None) -> dict[str, Any] | None:
+        """How `step`'s weights are stored quantized (docs/outputs.md), or None: float."""
+        return None
+
     def identity(self, step: int | None) -> dict[str, Any]:
         """What identifies the weights a run scores at `step` (the `checkpoint` part of its
-        fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute),
-        `format` and `step`; the `files` that hold the weights (`files(step)`: path, size and
-        modification time or object version, digested); and what chooses or transforms the
-        weights read: `mapping` (a preset by name, a mapping file by its content, wherever it
-        lies), `item` and `params` (as set), and for a `checkpoint.architecture` entry point its
-        module's file (`entry_module`, by content: the user's own model code). Any other
-        architecture is in the model's description (the fingerprint's `model` part). A reader
-        adds what else names its weights (a hub revision's repository, revision and commit).
+        fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute), `format`,
+        `step`; the `files` of the weights (`files(step)`: path, size, modification time or object
+        version, digested); what chooses or transforms them: `mapping` (a preset by name, a file
+        by content), `item`, `params`, a `checkpoint.architecture` entry point's module file
+        (`entry_module`, by content), `quantization`. A reader adds what else names its weights.
 
         Raises:
           CheckpointError: as `resolve_step` (a reader that must resolve the step to name it).
@@ -195,6 +197,7 @@ class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
         found.update(
             {k: getattr(self.options, k) for k in ("item", "params") if getattr(self.options, k)}
         )
+        found.update({"quantization": q} if (q := self.quantization(step)) is not None else {})
         return found
 
     def files(self, step: int | None) -> str:

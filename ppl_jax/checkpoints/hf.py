@@ -13,7 +13,9 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
   its own as the stored region it needs (`ppl_jax.checkpoints.blocks`; a contiguous range of the
   stored tensor where the layout allows, otherwise one weight at most on the host), converted to
   the target dtype and placed straight into its sharding. A model is never gathered whole in one
-  host's memory.
+  host's memory. Quantized weights (`config.json`'s `quantization_config`:
+  `ppl_jax.checkpoints.quantization`) are read through `ppl_jax.checkpoints.quantized_parts`,
+  each block dequantized from the regions of its parts it needs.
 - `read_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
 A remote directory (`gs://...`, see `ppl_jax.runtime.paths`) is recognised, and its `config.json`,
@@ -37,7 +39,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so safetensors c
 import numpy as np
 from safetensors import safe_open
 
-from ppl_jax.checkpoints import blocks, mapping
+from ppl_jax.checkpoints import blocks, mapping, quantization, quantized_parts
+from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -53,7 +56,7 @@ _LAYER_WEIGHT = re.compile(r"^layers/(\d+)/")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+BYTES_ONLY = ("F8_E4M3", "F8_E5M2")  # read by their bytes (safetensors' NumPy reader lacks them)
 
 
 def _weight_files(path: str) -> list[str]:
@@ -97,6 +100,22 @@ def _config(path: str) -> tuple[dict[str, Any], bool]:
     return cfg, False
 
 
+def read_quantization(path: str) -> quantization.Scheme | None:
+    """The quantization `config.json`'s `quantization_config` declares
+    (`ppl_jax.checkpoints.quantization.read`), or None.
+
+    Raises:
+      CheckpointError: no or bad `config.json`; a method or parameter ppl_jax does not read.
+    """
+    where = paths.join(path, "config.json")
+    if paths.is_local(path):
+        _check_inside(path, None, "config.json", what="config.json")
+    cfg = paths.read_json_object(
+        where, "a Hugging Face checkpoint directory needs its config.json."
+    )
+    return quantization.read(cfg, where)
+
+
 def _is_text_tower(name: str) -> bool:
     """Whether a stored weight of a multimodal checkpoint belongs to its language model."""
     return name.startswith(("model.language_model.", "language_model.", "lm_head."))
@@ -122,6 +141,7 @@ def read_description(path: str) -> dict[str, Any]:
     """
     where = paths.join(path, "config.json")
     cfg, text_only = _config(path)
+    scheme = read_quantization(path)  # a quantization ppl_jax does not read: refused here
     model_type = cfg.get("model_type")
     try:
         desc = registry.read_hf_config(cfg)
@@ -138,11 +158,13 @@ def read_description(path: str) -> dict[str, Any]:
             f"{where}: a field has the wrong type or value ({str(e)[:120]})."
         ) from None
     if paths.is_local(path) and _weight_files(path):
-        _check_against_headers(path, where, desc, text_only)
+        _check_against_headers(path, where, desc, text_only, scheme)
     return desc
 
 
-def _check_against_headers(path: str, where: str, desc: dict[str, Any], text_only: bool) -> None:
+def _check_against_headers(
+    path: str, where: str, desc: dict[str, Any], text_only: bool, scheme: Any = None
+) -> None:
     """Refuses a config that the safetensors headers contradict (the number of layers, the
     embedding's shape), reading the headers only: what the family's rules make of the stored
     names and shapes (`mapping.produced`)."""
@@ -151,6 +173,7 @@ def _check_against_headers(path: str, where: str, desc: dict[str, Any], text_onl
             weights = Safetensors(path, stack)
             prefixes, rules = registry.hf_mapping(desc)
             stored = weights.stored(prefixes, text_only)
+            stored = quantized_parts.view(scheme, weights, stored, weights.real, where)[1]
             made = mapping.produced(rules, stored, desc, where)
         except CheckpointError:  # damaged weights or names: load_params says how
             return
@@ -235,6 +258,7 @@ class Safetensors:
 
     def __init__(self, path: str, stack: contextlib.ExitStack):
         self.path, self._stack, self._open = path, stack, {}
+        self._headers: dict[str, dict[str, ranges.Entry]] = {}
         if paths.isfile(paths.join(path, INDEX)):
             index = paths.read_json_object(paths.join(path, INDEX), "")
             self.file_of = dict(index.get("weight_map") or {})
@@ -330,9 +354,18 @@ class Safetensors:
         return real[name] if name in real else getattr(self, "_prefix", "") + name
 
     def read(self, stored_name: str, index: tuple[slice, ...]) -> np.ndarray:
-        """The region `index` of a stored tensor (`storage.Storage.read`)."""
+        """The region `index` of a stored tensor (`storage.Storage.read`); a dtype NumPy does not
+        name (float8: safetensors' NumPy reader has none) by its bytes
+        (`safetensors_ranges.read_block`)."""
         real = self.real(stored_name)
         with _open_slice(os.path.join(self.path, self.file_of[real]), real) as sl:
+            if sl.get_dtype() in BYTES_ONLY:
+                file = self.file_of[real]
+                if file not in self._headers:  # each file's header, once
+                    self._headers[file] = ranges.read_header(self.path, file)
+                entry = self._headers[file][real]
+                index = tuple(index) + (slice(None),) * (len(entry.shape) - len(index))
+                return ranges.read_block(self.path, entry, index)
             return np.asarray(sl[index] if index else sl[:])
 
 
@@ -350,29 +383,30 @@ def load_params(path: str, target: Any) -> Any:
       path: the directory (see `is_hf_checkpoint`).
       target: the params tree of `registry.build(read_description(path), dtype)`, with
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
-        float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even).
+        float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even);
+        quantized ones (`quantization_config`, `ppl_jax.checkpoints.quantized_parts`) are
+        dequantized by block, then converted.
 
     Returns:
       The params tree of `jax.Array`s, each with its target sharding.
 
     Raises:
       CheckpointError: pickled-only or missing weights files, a missing shard, non-float
-        weights, and (all named at once) missing or misshapen weights and stored weights the
-        architecture does not use.
+        weights outside a quantized layout, a quantization or quantized part that does not fit
+        (`quantized_parts.view`), and (all named at once) missing or misshapen weights and
+        stored weights the architecture does not use.
     """
     desc = read_description(path)
     text_only = _config(path)[1]  # a multimodal checkpoint: its text tower only
+    scheme = read_quantization(path)
     prefixes, rules = registry.hf_mapping(desc)
     expected = weight_paths(target)
+    where = f"the weights in {path!r}"
     with contextlib.ExitStack() as stack:
         weights = Safetensors(path, stack)
         stored = weights.stored(prefixes, text_only)
-        quantized = [n for n, (_, dtype) in stored.items() if dtype not in FLOAT_DTYPES]
-        if quantized:
-            raise CheckpointError(
-                f"the weights in {path!r} are not all floats: {weights.real(quantized[0])!r} is "
-                f"{stored[quantized[0]][1]} (quantized checkpoints are not supported)."
-            )
+        source, stored = quantized_parts.view(scheme, weights, stored, weights.real, where)
+        quantized_parts.check_floats(stored, weights.real, where)
         sources = mapping.resolve(
             rules,
             stored,
@@ -384,7 +418,7 @@ def load_params(path: str, target: Any) -> Any:
         )
     # The headers were read above; each block's data is read below with its own handle.
     numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
-    return nest_weights(blocks.place(sources, stored, expected, weights, numbers))
+    return nest_weights(blocks.place(sources, stored, expected, source, numbers))
 
 
 # ---------------------------------------------------------------------------------- tokenizer

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import blocks, hf, hub, mapped, mapping, storage
+from ppl_jax.checkpoints import blocks, hf, hub, mapped, mapping, quantized_parts, storage
 from ppl_jax.checkpoints import safetensors_ranges as ranges
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
 from ppl_jax.errors import CheckpointError
@@ -154,6 +154,15 @@ class HFDirectory(Checkpoint):
     def files(self, step: int | None) -> str:
         return self.folder(step)
 
+    def quantization(self, step: int | None) -> dict[str, Any] | None:
+        """config.json's quantization (`hf.read_quantization`'s `Scheme.record`), or None.
+
+        Raises:
+          CheckpointError: a method or parameter ppl_jax does not read.
+        """
+        scheme = hf.read_quantization(self.folder(step))
+        return None if scheme is None else scheme.record()
+
     def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
         return None  # config.json is checked against the headers by hf.read_description
 
@@ -161,7 +170,7 @@ class HFDirectory(Checkpoint):
         """Each model weight with the stored tensor it comes from, by the rules of config.json's
         family (`registry.hf_mapping`), or the sentence naming what does not match."""
         folder = self.folder(step)
-        weights, stored, rules, desc = _mapped_headers(folder, self.entries(step))
+        weights, stored, rules, desc, _ = _mapped_headers(folder, self.entries(step))
         try:
             found = mapping.resolve(
                 rules, stored, weight_paths(target), desc,
@@ -181,9 +190,11 @@ class HFDirectory(Checkpoint):
         found = [
             n for n in ("tokenizer.json", "tokenizer.model") if paths.isfile(paths.join(folder, n))
         ]
+        scheme = hf.read_quantization(folder)
+        stored = "" if scheme is None else f", dequantized as read from {scheme.describe()}"
         return [
             f"config.json: model_type {hf._config(folder)[0].get('model_type')!r}",
-            f"weights: {index}, {len(entries)} tensors, {size / 2**20:.1f} MiB ({how})",
+            f"weights: {index}, {len(entries)} tensors, {size / 2**20:.1f} MiB ({how}{stored})",
             f"tokenizer: {', '.join(found) or 'none'}",
         ]
 
@@ -207,14 +218,24 @@ class RangedSafetensors(hf.Safetensors):
 
 def _mapped_headers(
     folder: str, entries: dict[str, ranges.Entry]
-) -> tuple[RangedSafetensors, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """(the storage, its tensors by the rules' names, the family's rules, the description) of a
-    directory, from `config.json` and the headers."""
+) -> tuple[RangedSafetensors, dict[str, Any], list[dict[str, Any]], dict[str, Any], Any]:
+    """(the storage, its tensors by the rules' names, the family's rules, the description, the
+    storage to read them from) of a directory, from `config.json` and the headers: a quantized
+    checkpoint's weights seen dequantized (`quantized_parts.view`).
+
+    Raises:
+      CheckpointError: as `hf.read_description` and `quantized_parts.view`.
+    """
     desc = hf.read_description(folder)
     text_only = hf._config(folder)[1]  # a multimodal checkpoint: its text tower only
     prefixes, rules = registry.hf_mapping(desc)
     weights = RangedSafetensors(folder, entries)
-    return weights, weights.stored(prefixes, text_only), rules, desc
+    stored = weights.stored(prefixes, text_only)
+    where = f"the weights in {folder!r}"
+    source, stored = quantized_parts.view(
+        hf.read_quantization(folder), weights, stored, weights.real, where
+    )
+    return weights, stored, rules, desc, source
 
 
 def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> Any:
@@ -228,14 +249,9 @@ def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> A
       CheckpointError: as `hf.load_params` (non-float weights; missing, misshapen or unused
         weights, named); a damaged file.
     """
-    weights, stored, rules, desc = _mapped_headers(folder, entries)
+    weights, stored, rules, desc, source = _mapped_headers(folder, entries)
     expected = weight_paths(target)
-    quantized = [n for n, (_, dtype) in stored.items() if dtype not in hf.FLOAT_DTYPES]
-    if quantized:
-        raise CheckpointError(
-            f"the weights in {folder!r} are not all floats: {weights.real(quantized[0])!r} is "
-            f"{stored[quantized[0]][1]} (quantized checkpoints are not supported)."
-        )
+    quantized_parts.check_floats(stored, weights.real, f"the weights in {folder!r}")
     sources = mapping.resolve(
         rules, stored, expected, desc, f"the weights in {folder!r} do not match its config.json",
         shown=weights.real,
@@ -247,7 +263,7 @@ def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> A
         leaf = expected[name]
         shape = tuple(leaf.shape)
         block = tuple(range(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
-        return blocks.read_block(sources[name], stored, shape, block, weights, numbers, leaf.dtype)
+        return blocks.read_block(sources[name], stored, shape, block, source, numbers, leaf.dtype)
 
     return nest_weights(storage.place(dict(expected), read))
 

@@ -194,6 +194,8 @@ def describe(src: mapping_lib.Source) -> str:
         parts.append(f"x{src.scale:.6g}")
     if rule.get("plus_one"):
         parts.append("1+w")
+    if rule.get("offset"):
+        parts.append(f"{rule['offset']:+g}")
     return ", ".join(parts)
 
 

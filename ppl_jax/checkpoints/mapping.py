@@ -31,12 +31,14 @@ family (`Family.hf_rules`, `ppl_jax.models.registry`), the presets for other tra
 - `scale`: a constant factor, a number or an expression over the architecture
   (`head_dim ** 0.5` undoes MaxText's query scaling by `1/sqrt(head_dim)`).
 - `plus_one: true`: a norm scale stored in the `x̂·(1+w)` form (gemma) turned into `x̂·w`.
+- `offset`: a constant added after `scale` (`-1`: GGUF's Gemma norms, stored as `1 + w`).
 
-The operations apply in that order (`stack` last), in float32 when a factor or `plus_one` is
-involved, then the result is cast to the weight's dtype. Every stored weight must be taken by a
-rule and every model weight produced exactly once: `resolve` raises one sentence naming the
-unmatched names and the shapes that do not come out. How a model weight is read, block by block,
-is `ppl_jax.checkpoints.blocks`; where the bytes come from, `ppl_jax.checkpoints.storage`.
+The operations apply in that order (`stack` last), in float32 when a factor, `plus_one` or
+`offset` is involved, then the result is cast to the weight's dtype. Every stored weight must be
+taken by a rule and every model weight produced exactly once: `resolve` raises one sentence
+naming the unmatched names and the shapes that do not come out. How a model weight is read, block
+by block, is `ppl_jax.checkpoints.blocks`; where the bytes come from,
+`ppl_jax.checkpoints.storage`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Nothing outside `ppl_jax.checkpoints` asks which reader it is. The readers, in t
 | `LevanterRun` | a levanter (marin) run of `step-<N>/` folders, or one step | `step-<N>/metadata.json` |
 | `EasyDeLCheckpoint` | an EasyDeL checkpoint, or a run of `run-<step>/` milestones | `tensorstore_index.json` (+ `config.json`) |
 | `T5XCheckpoint` | a T5X model directory of `checkpoint_<step>/` steps, or one step | the msgpack file `checkpoint` in `checkpoint_<step>` |
+| `GGUFCheckpoint` | a GGUF file (llama.cpp), or a folder holding one | a `.gguf` file (GGUF magic); a folder of `.gguf` files without safetensors weights |
 | `HFDirectory` | a Hugging Face directory, local or on a bucket | `config.json` (+ `model.safetensors` or `model.safetensors.index.json`) |
 | `OwnOrbax` | ppl_jax's own Orbax steps | numbered steps whose latest has a `metadata` item |
 | `ForeignOrbax` | MaxText, gemma, Linen and NNX loops' Orbax trees | an item folder (`_METADATA`, `manifest.ocdbt`); steps without `metadata`; `checkpoints/` |
@@ -29,6 +30,7 @@ from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints.checkpoint import DTYPES, Checkpoint, Options, dtype_of
 from ppl_jax.checkpoints.easydel import EasyDeLCheckpoint
 from ppl_jax.checkpoints.foreign import ForeignOrbax
+from ppl_jax.checkpoints.gguf import GGUFCheckpoint
 from ppl_jax.checkpoints.huggingface import HFDirectory, HubRepo
 from ppl_jax.checkpoints.levanter import LevanterRun
 from ppl_jax.checkpoints.orbax_v1 import OrbaxV1
@@ -43,6 +45,7 @@ READERS: tuple[type[Checkpoint], ...] = (
     LevanterRun,
     EasyDeLCheckpoint,
     T5XCheckpoint,
+    GGUFCheckpoint,
     HFDirectory,
     OwnOrbax,
     ForeignOrbax,

@@ -293,11 +293,12 @@ def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: 
 
 
 def finish(x: np.ndarray, src: Any, dtype: Any) -> np.ndarray:
-    """`scale` and `plus_one` (in float32) and the cast to the model weight's dtype."""
-    if src.scale != 1.0 or src.rule.get("plus_one"):
+    """`scale`, `plus_one` and `offset` (in float32) and the cast to the model weight's dtype."""
+    offset = float(src.rule.get("offset", 0.0)) + (1.0 if src.rule.get("plus_one") else 0.0)
+    if src.scale != 1.0 or offset:
         x = x.astype(np.float32)
         if src.scale != 1.0:
             x = x * np.float32(src.scale)
-        if src.rule.get("plus_one"):
-            x = x + np.float32(1.0)
+        if offset:
+            x = x + np.float32(offset)
     return np.asarray(x).astype(dtype, copy=False)

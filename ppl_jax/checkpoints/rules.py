@@ -20,7 +20,7 @@ import re2
 from ppl_jax.errors import CheckpointError
 
 RULE_KEYS = ("from", "to", "layers", "view", "split", "transpose", "reshape", "rope", "cut",
-             "stack", "scale", "plus_one")  # fmt: skip
+             "stack", "scale", "plus_one", "offset")  # fmt: skip
 MAX_PATTERN = 2000  # characters
 PATTERN_MEMORY = 8 << 20  # bytes RE2 may use for one compiled pattern
 MAX_RULES = 100_000
@@ -103,6 +103,9 @@ def _problem(rule: dict[str, Any]) -> str | None:
         return "'scale' must be a number or an expression"
     if "plus_one" in rule and not isinstance(rule["plus_one"], bool):
         return "'plus_one' must be true or false"
+    offset = rule.get("offset", 0.0)
+    if isinstance(offset, bool) or not isinstance(offset, int | float) or abs(offset) > 1e6:
+        return "'offset' must be a number"
     return None
 
 

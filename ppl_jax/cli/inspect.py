@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--format",
         default="auto",
-        help="as checkpoint.format (auto, orbax, hf, levanter, easydel, t5x)",
+        help="as checkpoint.format (auto, orbax, hf, levanter, easydel, t5x, gguf)",
     )
     parser.add_argument("--step", type=int, default=None, help="a step (default: the latest)")
     args = parser.parse_args(argv)

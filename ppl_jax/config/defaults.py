@@ -77,6 +77,7 @@ def get_config() -> config_dict.ConfigDict:
     c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.context)
     c.model.token_chunk = 0  # tokens per chunk of the per-token layers on a device; 0: all
     c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
+    c.model.matmul_precision = "auto"  # matrix products: auto (float32: highest), highest, ...
 
     c.mesh = config_dict.ConfigDict()
     c.mesh.data = -1
@@ -214,7 +215,7 @@ KEY_MEANINGS = {
     "checkpoint.watch_timeout": "watch: seconds without a new finalized step before the run ends",
     "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
     "checkpoint.format": "'auto' (the reader its markers choose; ppl-jax inspect says which), or "
-    "'orbax' / 'hf' / 'levanter' / 'easydel' / 't5x' (only that layout's readers)",
+    "'orbax' / 'hf' / 'levanter' / 'easydel' / 't5x' / 'gguf' (only that layout's readers)",
     "data.name": "the corpus's name in the results; empty: derived from data.path",
     "data.path": "a file, a glob, or a comma-separated list of either",
     "data.format": "'auto' (jsonl for .jsonl/.ndjson files, a .json or .parquet file refused, "
@@ -251,7 +252,8 @@ KEY_MEANINGS = {
     "'sliding' (windows every eval.stride tokens within it) or 'truncate' (its first window); "
     "empty: such a document is refused",
     "eval.packing": "several short windows per row (segments, no attention across them)",
-    "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1)",
+    "eval.length_buckets": "row widths a run may compile, 1..8 (1: every row is seq_len + 1; "
+    "packed rows use two at most: the last batch, of the shortest windows, narrower)",
     "eval.context_lengths": "context lengths of a sweep that scores the same targets with each, "
     "e.g. '64,128,256' (empty: no sweep)",
     "eval.context_targets": "targets per window of the context-length sweep (0: L at length L, "
@@ -260,10 +262,15 @@ KEY_MEANINGS = {
     "model.rope_angles": "rotary angles: 'float32' (transformers' arithmetic, equal to it) or "
     "'exact' (reduced in float64 on the host; float32 drifts by up to 0.06 rad at 1M positions)",
     "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (by platform)",
+    "model.matmul_precision": "precision of the matrix products: 'auto' ('highest' for a "
+    "float32 model or reference, else 'default'), 'highest' (float32 on every backend), "
+    "'default' (the backend's: TF32 on NVIDIA GPUs, one bfloat16 pass on TPUs), "
+    "'tensorfloat32' (JAX's HIGH) or 'bf16_3x' (three bfloat16 products)",
     "model.context_attention": "how attention crosses mesh.context: 'all_gather' (each device "
     "gathers a layer's keys and values) or 'ring' (they go round the devices: less memory)",
-    "model.token_chunk": "tokens the MLP and the NLL take at once on each device (0: all; e.g. "
-    "16384 for windows of 1M tokens)",
+    "model.token_chunk": "tokens the MLP and the NLL take at once on each device, and on one "
+    "device the queries of each layer of a longer window (0: all; e.g. 16384 for windows of 1M "
+    "tokens)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
     "mesh.context": "devices along the context axis, over which each window's tokens are split "
     "(long windows); -1: the devices left over",

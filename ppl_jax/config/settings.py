@@ -34,6 +34,7 @@ from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
+from ppl_jax.scoring import precision
 from ppl_jax.scoring.nll import MAX_TOP_K
 
 _choice = choice
@@ -51,6 +52,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
     _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
     _choice("model.rope_angles", c.model.rope_angles, ANGLES)
+    _choice("model.matmul_precision", c.model.matmul_precision, precision.SETTINGS)
     data, protocol = _dataset(c.data, c.eval, c, "data", "eval")
     batch = BatchSpec(
         batch_size=int(c.eval.batch_size),
@@ -69,6 +71,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         dtype=str(c.model.dtype),
         attention=str(c.model.attention),
         rope_angles=str(c.model.rope_angles),
+        matmul_precision=str(c.model.matmul_precision),
         mesh=_mesh(c),
         output_dir=os.path.expanduser(str(c.output.dir)),
         progress=bool(c.output.progress),

@@ -144,6 +144,7 @@ def step_options(spec: RunSpec) -> StepOptions:
         reference=d.reference is not None,
         context_attention=spec.mesh.context_attention,
         token_chunk=spec.mesh.token_chunk,
+        matmul_precision=spec.matmul_precision,
     )
 
 
@@ -286,7 +287,7 @@ def context_sweep(
       DataError: the stream is not longer than the longest context length.
     """
     d: DiagnosticsSpec = spec.diagnostics
-    scorer = Scorer(model, mesh, shardings)
+    scorer = Scorer(model, mesh, shardings, StepOptions(matmul_precision=spec.matmul_precision))
     first = d.context_lengths[-1]
     results, targets, units, sweep = [], {}, [], []
     for length in d.context_lengths:

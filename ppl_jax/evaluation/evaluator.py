@@ -55,6 +55,7 @@ from ppl_jax.plans.protocols import Plan
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import precision
 from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 from ppl_jax.scoring.scorer import Scorer, ScoreTotals, StepOptions
 from ppl_jax.tokenizer import Tokenizer
@@ -143,11 +144,11 @@ class Evaluator:
         # A model that claims to keep segments apart is checked once, before its first packed row.
         self._segments_checked = False
         self.options = options or StepOptions(reference=reference is not None)
-        self.provenance = Provenance.of(
-            model, mesh, checkpoint, tokenizer, self.batch, rules, self.options, dtype,
-            attention, bootstrap_samples, seed,
-        )  # fmt: skip
         self.scorer = Scorer(model, mesh, param_shardings, self.options, reference)
+        self.provenance = Provenance.of(
+            model, mesh, checkpoint, tokenizer, self.batch, rules, self.options,
+            self.scorer.matmul_precision, dtype, attention, bootstrap_samples, seed,
+        )  # fmt: skip
         if compile:
             for d in self.datasets:
                 for width in sorted(set(d.layout.widths)):
@@ -223,7 +224,8 @@ class Evaluator:
         plan, layout = dataset.plan, dataset.layout
         if layout.max_segments > 1 and not self._segments_checked:
             own = params if self.scorer.reference is None else params[0]
-            segments.check(self.model, own, self.mesh)
+            with precision.applied(self.scorer.matmul_precision):
+                segments.check(self.model, own, self.mesh)
             self._segments_checked = True
         try:
             totals = self.scorer.score(

@@ -235,7 +235,8 @@ def score_pass(
     ended the pass. `bar`, given the pass's windows, makes its progress bar (closed after)."""
     if not windows.num_windows:
         return np.full(windows.tokens.size, np.nan, np.float32)
-    scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True))
+    options = StepOptions(per_token=True, matmul_precision=spec.matmul_precision)
+    scorer = Scorer(model, mesh, shardings, options)
     layout = plan_layout(windows, spec.batch.batch_size, pack=pack)
     gather = Gather(windows)
     progress = None if bar is None else bar(windows.num_windows)

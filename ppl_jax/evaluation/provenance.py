@@ -35,6 +35,8 @@ class Provenance:
     Attributes:
       dtype: the params' dtype as the records name it.
       attention: the attention implementation the model runs, as the records name it.
+      matmul_precision: the precision of the step's matrix products (`Scorer.matmul_precision`:
+        `StepOptions.matmul_precision`, `auto` resolved by the params' dtypes).
     """
 
     model: LanguageModel
@@ -46,6 +48,7 @@ class Provenance:
     options: StepOptions
     dtype: str
     attention: str
+    matmul_precision: str
     bootstrap_samples: int = 1000
     seed: int = 0
 
@@ -59,6 +62,7 @@ class Provenance:
         batch: BatchSpec,
         rules: Sequence[tuple[str, str | None]],
         options: StepOptions,
+        matmul_precision: str,
         dtype: str | None = None,
         attention: str | None = None,
         bootstrap_samples: int = 1000,
@@ -70,7 +74,7 @@ class Provenance:
         attention = attention or default_attention(model, dtype, mesh, options)
         return cls(
             model, mesh, checkpoint, tokenizer, batch, tuple(rules), options, dtype, attention,
-            int(bootstrap_samples), int(seed),
+            matmul_precision, int(bootstrap_samples), int(seed),
         )  # fmt: skip
 
     def fingerprint(
@@ -89,6 +93,7 @@ class Provenance:
                 "model": {
                     "description": fingerprint_lib.text_digest(model.description),
                     "dtype": self.dtype,
+                    "matmul_precision": self.matmul_precision,
                     "attention": self.attention,
                     "honours_segments": model.honours_segments,
                 },
@@ -148,8 +153,10 @@ class Provenance:
             model_description=model_record(self.model),
             tokenizer_name="" if self.tokenizer is None else self.tokenizer.name,
             checkpoint_format="" if ckpt is None else ckpt.format,
+            quantization=None if ckpt is None else ckpt.quantization(step),
             layout=d.layout,
             attention=self.attention,
+            matmul_precision=self.matmul_precision,
             gzip_bits_per_byte=None,
             wall_seconds=totals.scoring_seconds,
             dataset=d.data,

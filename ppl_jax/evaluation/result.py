@@ -48,6 +48,10 @@ class Evaluation:
       dtype: the params' dtype; packing: `BatchSpec.packing` as set.
       bootstrap_samples, seed: the 95% intervals' resamples (0: none) and their seed.
       reference: the reference model of the divergence (`path`, `step`, `dtype`), or None.
+      quantization: how the checkpoint's weights are stored quantized
+        (`Checkpoint.quantization`), or None.
+      matmul_precision: the precision of the step's matrix products (the scorer's resolved
+        `model.matmul_precision`), or None.
     """
 
     sums: metrics.Sums
@@ -81,6 +85,8 @@ class Evaluation:
     bootstrap_samples: int = 1000
     seed: int = 0
     reference: dict[str, Any] | None = None
+    quantization: dict[str, Any] | None = None
+    matmul_precision: str | None = None
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

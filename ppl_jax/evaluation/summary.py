@@ -101,6 +101,10 @@ def dataset_dict(ev: Evaluation) -> dict:
         "model": ev.model_description,
         "attention": ev.attention,
         "dtype": ev.dtype,
+        # The checkpoint's stored quantization (method, bits, group size; weights read
+        # dequantized into `dtype`), or None.
+        "quantization": ev.quantization,
+        "matmul_precision": ev.matmul_precision,
         "tokenizer": ev.tokenizer_name,
         "tokenizer_source": "checkpoint"
         if ev.tokenizer_is_checkpoints

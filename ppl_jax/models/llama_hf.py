@@ -38,22 +38,6 @@ def check_activation(c: dict[str, Any], key: str, default: str, allowed) -> str:
     return act
 
 
-def check_unquantized(c: dict[str, Any]) -> None:
-    """Refuses a config whose weights are stored quantized (`quantization_config`: GPT-OSS's
-    MXFP4 experts, DeepSeek-V3's and Llama 4's FP8 releases), which no rule reads.
-
-    Raises:
-      CheckpointError: naming the quantization method.
-    """
-    q = c.get("quantization_config")
-    if q:
-        method = q.get("quant_method", "quantized") if isinstance(q, dict) else "quantized"
-        raise CheckpointError(
-            f"the weights are {str(method)[:20]}-quantized (quantization_config), which ppl_jax "
-            f"does not read; give a dequantized (bfloat16 or float32) copy of the model."
-        )
-
-
 def hf_config(c: dict[str, Any], config: type = LlamaConfig, **fields: Any) -> LlamaConfig:
     """A `LlamaConfig` (or the subclass `config`) from the fields every Llama-like Hugging Face
     config shares (sizes, `rms_norm_eps`, `tie_word_embeddings`, the rotary settings of

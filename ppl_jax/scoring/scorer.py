@@ -27,6 +27,7 @@ from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring import observers as observers_lib
+from ppl_jax.scoring import precision
 from ppl_jax.scoring.feed import Feed
 from ppl_jax.scoring.observers import NonFiniteScores, ScoreObserver
 from ppl_jax.scoring.step import (  # noqa: F401  (the step's names, re-exported)
@@ -109,6 +110,9 @@ class Scorer:
 
     Attributes:
       traces: how many times the step was traced (once per batch shape).
+      matmul_precision: the precision of the step's matrix products
+        (`ppl_jax.scoring.precision`: `options.matmul_precision`, `auto` resolved by the params'
+        dtypes).
       prefetch: batches the feed's thread prepares ahead of the loop (0: each batch is prepared
         in the loop, just before it is dispatched).
     """
@@ -135,6 +139,12 @@ class Scorer:
         self.options = options
         self.reference = reference
         self.batch_sharding = mesh_lib.batch_sharding(mesh)
+        self.matmul_precision = precision.resolve(
+            options.matmul_precision,
+            precision.computes_in_float32(
+                model.abstract_params, *([reference[0].abstract_params] if reference else [])
+            ),
+        )
         self.traces = 0
         self._compiled: dict[tuple[int, int, int], Any] = {}
 
@@ -161,48 +171,54 @@ class Scorer:
         (cached per shape)."""
         key = (batch_size, width, num_slots)
         if key not in self._compiled:
-            reference_apply = self.reference[0].apply if self.reference else None
-
-            def step(params, batch):
-                self.traces += 1  # runs at trace time only
-                return score_step(
-                    self.model.apply,
-                    params,
-                    batch,
-                    num_slots,
-                    self.options,
-                    reference_apply,
-                    self.context,
-                )
-
-            shardings, abstract_params = self._abstract_params()
-            jitted = jax.jit(
-                step,
-                in_shardings=(shardings, {k: self.batch_sharding for k in BATCH_KEYS}),
-                out_shardings=mesh_lib.replicated(self.mesh),
-            )
-            dtypes = {
-                "tokens": jnp.int32,
-                "target_mask": jnp.bool_,
-                "segment_ids": jnp.int32,
-                "positions": jnp.int32,
-            }
-            abstract_batch = {
-                k: jax.ShapeDtypeStruct(
-                    (batch_size, width), dtypes[k], sharding=self.batch_sharding
-                )
-                for k in BATCH_KEYS
-            }
-            # The mesh is set while tracing, so that layers that split work by hand over `data`
-            # or `context` (the MoE layer's routing, `ppl_jax.models.experts.per_token_shard`;
-            # `attend` under a context axis) see it, and the step's layout settings.
-            settings = context_lib.Settings(
-                self.options.context_attention, self.options.token_chunk
-            )
-            with jax.set_mesh(self.mesh), context_lib.settings(settings):
-                lowered = jitted.lower(abstract_params, abstract_batch)
-            self._compiled[key] = lowered.compile()
+            self._compiled[key] = self.lowered(batch_size, width, num_slots).compile()
         return self._compiled[key]
+
+    def lowered(self, batch_size: int, width: int, num_slots: int = 1) -> jax.stages.Lowered:
+        """The step traced and lowered for `[batch_size, width]` batches of `num_slots` segment
+        slots, at the step's matmul precision (not cached: `compiled` keeps what it compiles);
+        `.as_text()` is its StableHLO."""
+        reference_apply = self.reference[0].apply if self.reference else None
+
+        def step(params, batch):
+            self.traces += 1  # runs at trace time only
+            return score_step(
+                self.model.apply,
+                params,
+                batch,
+                num_slots,
+                self.options,
+                reference_apply,
+                self.context,
+            )
+
+        shardings, abstract_params = self._abstract_params()
+        jitted = jax.jit(
+            step,
+            in_shardings=(shardings, {k: self.batch_sharding for k in BATCH_KEYS}),
+            out_shardings=mesh_lib.replicated(self.mesh),
+        )
+        dtypes = {
+            "tokens": jnp.int32,
+            "target_mask": jnp.bool_,
+            "segment_ids": jnp.int32,
+            "positions": jnp.int32,
+        }
+        abstract_batch = {
+            k: jax.ShapeDtypeStruct((batch_size, width), dtypes[k], sharding=self.batch_sharding)
+            for k in BATCH_KEYS
+        }
+        # The mesh is set while tracing, so that layers that split work by hand over `data`
+        # or `context` (the MoE layer's routing, `ppl_jax.models.experts.per_token_shard`;
+        # `attend` under a context axis) see it, and the step's layout settings; and the matmul
+        # precision, which every product traced without its own takes.
+        settings = context_lib.Settings(self.options.context_attention, self.options.token_chunk)
+        with (
+            jax.set_mesh(self.mesh),
+            context_lib.settings(settings),
+            precision.applied(self.matmul_precision),
+        ):
+            return jitted.lower(abstract_params, abstract_batch)
 
     def memory_analysis(self) -> dict[tuple[int, int, int], Any]:
         """XLA's memory analysis of each step compiled so far, by `(batch_size, width,

@@ -44,6 +44,9 @@ class StepOptions:
         (`ppl_jax.models.context.Settings`).
       token_chunk: tokens per chunk of the per-token layers on each device (the MLP, the NLL;
         `ppl_jax.models.context.per_token`), 0 for all at once.
+      matmul_precision: the precision of the step's matrix products (`model.matmul_precision`,
+        `ppl_jax.scoring.precision.SETTINGS`); `auto`: `highest` where the model or the
+        reference computes in float32, else the backend's default.
     """
 
     positions: int = 0
@@ -52,6 +55,7 @@ class StepOptions:
     reference: bool = False
     context_attention: str = "all_gather"
     token_chunk: int = 0
+    matmul_precision: str = "auto"
 
     @property
     def token_arrays(self) -> bool:

@@ -3,8 +3,10 @@ from the kernel to the command line. Collected only when PPL_JAX_GPU_TESTS=1 (te
 
     PPL_JAX_GPU_TESTS=1 python -m pytest -n 0 tests/gpu
 
-Both paths run in bfloat16 against a float32 reference of the XLA path; cuDNN must be as close
-to it as XLA's own bfloat16 result is, with the same token counts everywhere."""
+Both paths run in bfloat16 against a float32 reference of the XLA path (at `highest`, as a float32
+run computes: JAX's default on the GPU is TF32); cuDNN must be as close to it as XLA's own
+bfloat16 result is, with the same token counts everywhere. And a float32 run is float32: its
+compiled step asks for `highest` on every product, and its NLL equals NumPy float64's."""
 
 import dataclasses
 import json
@@ -22,6 +24,7 @@ from ppl_jax.models.attention import attend, resolve
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.windows import sliding
 from ppl_jax.runtime import mesh as mesh_lib
+from ppl_jax.scoring import precision
 from ppl_jax.scoring.scorer import Scorer
 
 import helpers
@@ -50,9 +53,10 @@ def test_cudnn_attention_matches_xla(heads, kv_heads, head_dim, window):
         rng.standard_normal((len(lengths), t, h, head_dim)).astype(np.float32)
         for h in (heads, kv_heads, kv_heads)
     )
-    ref = np.asarray(
-        attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos, window=window)
-    )
+    with precision.applied("highest"):
+        ref = np.asarray(
+            attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos, window=window)
+        )
     out = {}
     for impl in ("xla", "cudnn"):
         fn = jax.jit(
@@ -129,6 +133,7 @@ def test_demo_under_cudnn_matches_xla(tmp_path):
     )
     f32 = _run_demo(tmp_path, "f32")
     assert auto["config"]["model"]["attention"] == "auto"
+    assert (auto["matmul_precision"], f32["matmul_precision"]) == ("default", "highest")
     assert (auto["attention"], xla["attention"], f32["attention"]) == ("cudnn", "xla", "xla")
     assert resolve("auto", jnp.bfloat16, auto["model"]["head_dim"]) == "cudnn"
     for r in (auto, xla):
@@ -166,3 +171,29 @@ def test_split_merge_with_cudnn_matches_xla(start):
     err = {n: np.abs(o[scored] - ref[:, start : start + 128][scored]).max() for n, o in out.items()}
     assert np.isfinite(out["cudnn"][scored]).all()
     assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err
+
+
+def test_a_float32_run_is_float32():
+    """The scorer's float32 step on the GPU asks for `highest` on every product and scores every
+    window of 16 tokens within 1e-4 nats of the NumPy float64 model (float32 on a CPU: 1.1e-5;
+    TF32's 10-bit mantissa moves a logit of this model by about 1e-3)."""
+    cfg = dataclasses.replace(helpers.TINY, vocab_size=512, embed_dim=256, mlp_dim=512)
+    model = registry.build(cfg.to_dict(), jnp.float32, "xla")
+    mesh = mesh_lib.make_mesh(1, 1, devices=jax.devices()[:1])
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
+    host = helpers.random_params(cfg, seed=2)
+    params = jax.device_put(host, shardings)
+    scorer = Scorer(model, mesh, shardings)
+    assert scorer.matmul_precision == "highest"
+    assert "precision = [DEFAULT" not in scorer.lowered(4, 17).as_text()
+    tokens = np.random.default_rng(3).integers(0, 512, 16 * 16 + 1).astype(np.int32)
+    windows = sliding(tokens, 16, 16)
+    totals = scorer.score(params, windows, plan_layout(windows, 4))
+    rows = windows.rows(np.arange(windows.num_windows))
+    for k in range(windows.num_windows):
+        n = int(rows["segment_ids"][k].sum())
+        ref = helpers.reference_token_nll(host, cfg, rows["tokens"][k, :n])
+        scored = rows["target_mask"][k, 1:n]
+        assert abs(totals.window_nll[k] - ref[scored].sum()) < 1e-4

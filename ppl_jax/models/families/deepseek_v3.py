@@ -20,9 +20,10 @@ The description is a `LlamaConfig` whose `head_dim` is the rotary head dim (tran
 `head_dim`), `num_kv_heads` the heads (MLA has no key-value groups) and `query_scale` the
 softmax scale; the fields of its own are below.
 
-Refused: FP8-quantized weights (`quantization_config`, as published; a dequantized copy reads),
-and cuDNN attention (values narrower than the keys). Verified under a context axis
-(tests/slow/test_frontier_context.py).
+The published checkpoints' FP8 weights (`quantization_config` `fp8`: float8_e4m3fn with
+`weight_scale_inv` per 128 x 128 block) are dequantized where they are read
+(`ppl_jax.checkpoints.quantized_parts`). Refused: cuDNN attention (values narrower than the
+keys). Verified under a context axis (tests/slow/test_frontier_context.py).
 """
 
 from __future__ import annotations
@@ -139,10 +140,9 @@ def read_config(c: dict[str, Any]) -> DeepseekV3Config:
     """The architecture of a `deepseek_v3` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: quantized weights, an activation other than silu, an unsupported rope
-        scaling, sizes or groups that do not fit. KeyError: a required field is missing.
+      CheckpointError: an activation other than silu, an unsupported rope scaling, sizes or
+        groups that do not fit. KeyError: a required field is missing.
     """
-    llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
     rope_dim = int(c.get("qk_rope_head_dim", 64))

@@ -13,9 +13,10 @@ transformers 5.24's `modeling_gpt_oss` computes it:
   the clamped SwiGLU (`swiglu_alpha` 1.702, `swiglu_limit` 7; gate and up columns interleaved
   in the stored `gate_up_proj`); untied embeddings.
 
-Refused: MXFP4-quantized weights (`quantization_config`, as the published checkpoints store
-their experts; a dequantized copy reads) and cuDNN attention (no sinks). Verified under a
-context axis (tests/slow/test_frontier_context.py).
+The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
+`*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.quantized_parts`).
+Refused: cuDNN attention (no sinks). Verified under a context axis
+(tests/slow/test_frontier_context.py).
 """
 
 from __future__ import annotations
@@ -121,10 +122,9 @@ def read_config(c: dict[str, Any]) -> GptOssConfig:
     """The architecture of a `gpt_oss` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: quantized weights, an activation other than silu, an unsupported rope
-        scaling, bad `layer_types`. KeyError: a required field is missing.
+      CheckpointError: an activation other than silu, an unsupported rope scaling, bad
+        `layer_types`. KeyError: a required field is missing.
     """
-    llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     n = int(c["num_hidden_layers"])
     alternate = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]

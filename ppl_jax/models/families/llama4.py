@@ -14,8 +14,10 @@
   `sigmoid_of_chosen`): the top `num_experts_per_tok` router logits through a sigmoid scale
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
-Refused: quantized weights (`quantization_config`), `attention_bias`, and cuDNN and splash
-attention when chunked layers are present (no chunks). Verified under a context axis
+Quantized weights are read as `quantization_config` says where ppl_jax reads its method
+(`ppl_jax.checkpoints.quantization`; the FP8 release's `fbgemm_fp8` is refused there).
+Refused: `attention_bias`, and cuDNN and splash attention when chunked layers are present (no
+chunks). Verified under a context axis
 (tests/slow/test_frontier_context.py).
 """
 
@@ -140,11 +142,10 @@ def read_config(c: dict[str, Any]) -> Llama4Config:
     """The architecture of a `llama4_text` `config.json` (transformers 5.24's defaults).
 
     Raises:
-      CheckpointError: quantized weights, an activation other than silu, attention biases,
+      CheckpointError: an activation other than silu, attention biases,
         `no_rope_layers` or `layer_types` that do not mark every layer, an unsupported rope
         scaling. KeyError: a required field is missing.
     """
-    llama_hf.check_unquantized(c)
     llama_hf.check_activation(c, "hidden_act", "silu", ("silu",))
     if c.get("attention_bias"):
         raise CheckpointError("attention_bias is not supported for Llama 4 (no model uses it).")

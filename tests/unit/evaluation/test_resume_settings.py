@@ -153,6 +153,8 @@ CASES = [
     ("eval.length_buckets", {"eval__length_buckets": 2}, None, "layout.length_buckets: 1 -> 2"),
     ("model.dtype", {"model__dtype": "bfloat16"}, None, "model.dtype"),
     ("model.rope_angles", {"model__rope_angles": "exact"}, None, "model.description"),
+    ("model.matmul_precision", {"model__matmul_precision": "default"}, None,
+     'model.matmul_precision: "highest" -> "default"'),
     ("mesh.data and mesh.model", {"mesh__data": 4, "mesh__model": 2}, None,
      "mesh.data: 8 -> 4; mesh.model: 1 -> 2"),
     ("mesh.rules", {"mesh__rules": RULES}, None, "mesh.rules"),

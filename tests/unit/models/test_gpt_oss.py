@@ -52,11 +52,14 @@ def test_defaults_follow_transformers(tmp_path):
     assert d["rope_original_max_positions"] == 4096 and d["qkv_bias"]
 
 
-def test_quantized_weights_are_refused_in_one_sentence(tmp_path):
+def test_a_quantization_it_does_not_read_is_refused_in_one_sentence(tmp_path):
+    # MXFP4 experts are read (tests/unit/checkpoints/test_quantized.py); another method is not.
     config = json.loads(open(os.path.join(PATH, "config.json")).read())
-    config["quantization_config"] = {"quant_method": "mxfp4"}
+    config["quantization_config"] = {"quant_method": "bitsandbytes"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="mxfp4-quantized .* give a dequantized"):
+    with pytest.raises(
+        CheckpointError, match="'bitsandbytes', which ppl_jax does not read .* give a dequantized"
+    ):
         hf.read_description(str(tmp_path))
 
 

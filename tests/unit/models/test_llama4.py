@@ -74,7 +74,7 @@ def test_defaults_follow_transformers(tmp_path):
         ({"attention_bias": True}, "attention_bias is not supported"),
         (
             {"quantization_config": {"quant_method": "fbgemm_fp8"}},
-            "fbgemm_fp8-quantized .* dequantized",
+            "'fbgemm_fp8', which ppl_jax does not read .* dequantized",
         ),
     ],
 )

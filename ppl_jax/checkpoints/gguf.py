@@ -1,0 +1,267 @@
+"""A GGUF file (llama.cpp's format) as a reader: `checkpoint.dir=model.gguf`, or a folder holding
+one `.gguf` file, opens by path alone.
+
+- The file's header is read and checked by `ppl_jax.checkpoints.gguf_file` (the `gguf`
+  package's reader, its claims checked against the file's size) when the checkpoint is first
+  asked anything, before any weight is read.
+- The architecture is the metadata's (`general.architecture` and its keys), described as the
+  Hugging Face reader describes the original model (`ppl_jax.checkpoints.gguf_arch`); its sizes
+  are checked (`registry.check_sizes`) before anything is built.
+- The tokenizer is the metadata's (`ppl_jax.tokenizer.gguf`).
+- The weights are read through the GGUF mapping rules (`gguf_arch.rules`, the one mapping
+  language), each device's block from the byte ranges that hold it, dequantized by
+  `gguf.quants.dequantize` into the model's dtype (float32 where a rule adds to the values:
+  Gemma's norms) and placed straight into its sharding, several blocks at once within a bound on
+  host memory (`ppl_jax.checkpoints.storage.place`). These are weight-only semantics: the
+  activations stay in the model's dtype, where llama.cpp also quantizes them for its integer
+  dot products (docs/checkpoints.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import numpy as np
+
+from ppl_jax import tokenizer as tokenizer_lib
+from ppl_jax.checkpoints import blocks, gguf_arch, gguf_file, mapped, mapping, storage
+from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.errors import CheckpointError
+from ppl_jax.models.interface import nest_weights, weight_paths
+from ppl_jax.runtime import fingerprint as fingerprint_lib
+from ppl_jax.runtime import paths
+from ppl_jax.tokenizer import gguf as gguf_tokenizer
+
+SUFFIX = ".gguf"
+MAX_FACTORS = 1 << 16  # values of a rotary-factor tensor (one per frequency of a head)
+# llama.cpp's `llama_ftype` names of `general.file_type` (what the file was quantized as).
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+              16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S",
+              22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
+              28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+              37: "TQ2_0", 38: "MXFP4_MOE"}  # fmt: skip
+
+
+def _gguf_files(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(SUFFIX))
+
+
+def _has_magic(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == gguf_file.MAGIC
+    except OSError:
+        return False
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A GGUF file (see the module docstring): one set of weights, no steps."""
+
+    format = "gguf"
+    formats = ("gguf",)
+    layout_name = "a GGUF file"
+    tokenizer_files = "no tokenizer.ggml.tokens in the GGUF metadata"
+
+    def __init__(self, path: str, options: Options | None = None, why: str = ""):
+        super().__init__(path, options, why)
+        self._header: gguf_file.GGUFFile | None = None
+        self._description: dict[str, Any] | None = None
+
+    @classmethod
+    def claims(cls, path: str, options: Options) -> str | None:
+        if not paths.is_local(path):
+            return "a .gguf file" if path.endswith(SUFFIX) else None
+        if os.path.isfile(path):
+            magic = _has_magic(path)
+            if path.endswith(SUFFIX) or magic:
+                return "a .gguf file" + (" (GGUF magic)" if magic else "")
+            return None
+        if not os.path.isdir(path):
+            return None
+        found = _gguf_files(path)
+        weights = ("model.safetensors", "model.safetensors.index.json")
+        if not found or any(os.path.isfile(os.path.join(path, w)) for w in weights):
+            return None
+        return f"a folder holding {'one .gguf file' if len(found) == 1 else 'GGUF files'}"
+
+    # ------------------------------------------------------------------ the file
+
+    @property
+    def gguf_path(self) -> str:
+        """The GGUF file: the path itself, or the one `.gguf` file of the folder.
+
+        Raises:
+          CheckpointError: a remote path, a folder of several GGUF files (split or several
+            quantizations), a link leading out of the folder.
+        """
+        if not paths.is_local(self.path):
+            raise CheckpointError(
+                f"{self.path!r}: GGUF files are read from a local disk only; copy the file to a "
+                f"local disk and set checkpoint.dir to the copy."
+            )
+        if not os.path.isdir(self.path):
+            return self.path
+        found = _gguf_files(self.path)
+        if len(found) != 1:
+            raise CheckpointError(
+                f"{self.path!r} holds {len(found)} GGUF files ({', '.join(found[:4])}); set "
+                f"checkpoint.dir to the one to score (a split model: merge it first with "
+                f"llama-gguf-split --merge)."
+            )
+        real, inside = paths.resolves_inside(self.path, found[0])
+        if not inside:
+            raise CheckpointError(
+                f"{os.path.join(self.path, found[0])!r} is a link to {real!r}, outside the "
+                f"checkpoint folder {self.path!r}; weights are read only from inside it."
+            )
+        return os.path.join(self.path, found[0])
+
+    @property
+    def header(self) -> gguf_file.GGUFFile:
+        """The file's checked header (`gguf_file.read`), read once.
+
+        Raises:
+          CheckpointError: as `gguf_path` and `gguf_file.read`.
+        """
+        if self._header is None:
+            self._header = gguf_file.read(self.gguf_path)
+        return self._header
+
+    def _rows(self, name: str) -> np.ndarray:
+        """A small tensor of the file (rotary factors: a value per frequency), as float32.
+
+        Raises:
+          CheckpointError: a tensor of more than `MAX_FACTORS` values.
+        """
+        t = self.header.tensors[name]
+        if int(np.prod(t.shape)) > MAX_FACTORS:
+            raise CheckpointError(
+                f"{self.gguf_path!r}: {name} holds {int(np.prod(t.shape)):,} values, not the "
+                f"rotary factors of one head; re-convert the model."
+            )
+        return gguf_file.read_region(
+            self.header, name, tuple(slice(None) for _ in t.shape)
+        ).reshape(-1)
+
+    # ------------------------------------------------------------------ the protocol
+
+    def steps(self) -> list[int]:
+        return []
+
+    def resolve_step(self, step: int | None) -> int | None:
+        return None
+
+    def stored(self, step: int | None) -> Stored:
+        """The file's tensors: name -> (shape in NumPy's order, GGML type name: `Q4_K`, `F32`)."""
+        return {n: (t.shape, t.type) for n, t in self.header.tensors.items()}
+
+    def read(self, step: int | None, abstract: dict[str, Any]) -> dict[str, Any]:
+        header = self.header
+        return storage.place(
+            abstract,
+            lambda name, index: gguf_file.read_region(header, name, index, abstract[name].dtype),
+        )
+
+    def carried_description(self, step: int | None) -> dict[str, Any] | None:
+        if self._description is None:
+            self._description = gguf_arch.description(self.header, self._rows)
+        return copy.deepcopy(self._description)
+
+    def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
+        if "tokenizer.ggml.tokens" not in self.header.metadata:
+            return None
+        name = f"{os.path.basename(self.gguf_path)} (tokenizer.ggml)"
+        return gguf_tokenizer.build(self.header.metadata, name, repr(self.gguf_path))
+
+    def files(self, step: int | None) -> str:
+        return self.gguf_path
+
+    def identity(self, step: int | None) -> dict[str, Any]:
+        found = super().identity(step)
+        found["files"] = fingerprint_lib.text_digest(
+            [fingerprint_lib.file_identity(self.gguf_path, sample=False)]
+        )
+        return found
+
+    def quantization(self, step: int | None) -> dict[str, Any] | None:
+        """What the file stores its weights as: `{"method": "gguf", "file_type": llama.cpp's name
+        of `general.file_type` (`Q4_K_M`; absent when the file does not say), "types": {GGML
+        type: tensors}}`."""
+        out: dict[str, Any] = {"method": "gguf"}
+        file_type = self.header.metadata.get("general.file_type")
+        if isinstance(file_type, int) and file_type in FILE_TYPES:
+            out["file_type"] = FILE_TYPES[file_type]
+        out["types"] = self.header.types()
+        return out
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
+        """`checkpoint.mapping`'s file or preset when given, else the GGUF rules of the file's
+        architecture (`gguf_arch.rules`)."""
+        if self.mapping:
+            return mapped.rules(self, step)
+        return gguf_arch.rules(gguf_arch.architecture(self.header), self.known(step))
+
+    def naming(self, step: int | None) -> str:
+        return f"the tensors of {self.gguf_path!r}"
+
+    def restore(self, step: int | None, target: Any) -> Any:
+        """The weights through the mapping rules, each device's block read from the byte ranges
+        that hold it and dequantized into its leaf's dtype (see the module docstring).
+
+        Raises:
+          CheckpointError: tensors no rule takes (a name outside the architecture's), model
+            weights no tensor gives, shapes that do not come out; a file changed since it was
+            opened.
+        """
+        stored, expected, desc = self.stored(step), weight_paths(target), self.known(step)
+        sources = mapping.resolve(
+            self.rules(step), stored, expected, desc, self.naming(step),
+            remedy="Re-convert the model, or give checkpoint.architecture and checkpoint.mapping.",
+        )  # fmt: skip
+        numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
+        dtypes: dict[str, Any] = {}
+        for weight, src in sources.items():
+            for piece in src.pieces:
+                exact = piece.scale != 1.0 or piece.rule.get("offset") or piece.rule.get("plus_one")
+                dtypes[piece.stored] = np.float32 if exact else expected[weight].dtype
+        source = _Dequantized(self.header, dtypes)
+
+        def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
+            leaf = expected[name]
+            shape = tuple(leaf.shape)
+            block = tuple(range(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
+            return blocks.read_block(sources[name], stored, shape, block, source, numbers,
+                                     leaf.dtype)  # fmt: skip
+
+        return nest_weights(storage.place(dict(expected), read))
+
+    def layout_lines(self, step: int | None) -> list[str]:
+        h = self.header
+        meta = h.metadata
+        quant = self.quantization(step) or {}
+        types = ", ".join(f"{k} x{v}" for k, v in quant.get("types", {}).items())
+        params = sum(int(np.prod(t.shape)) for t in h.tensors.values())
+        kind = meta.get("tokenizer.ggml.model")
+        return [
+            f"file: {h.path} ({h.size / 2**20:.1f} MiB, GGUF v{h.version})",
+            f"architecture: {meta.get('general.architecture')!r} ({meta.get('general.name', '')})",
+            f"quantization: {quant.get('file_type', 'file type not given')}; tensor types {types}",
+            f"weights: {len(h.tensors)} tensors, {params:,} parameters",
+            "tokenizer: " + (f"tokenizer.ggml ({kind}, pre {meta.get('tokenizer.ggml.pre')!r}, "
+                             f"{len(meta.get('tokenizer.ggml.tokens') or [])} tokens)"
+                             if kind else "none"),
+        ]  # fmt: skip
+
+
+class _Dequantized:
+    """The file's tensors as a `storage.Storage`: each region read and dequantized into its
+    tensor's dtype in `dtypes` (`gguf_file.read_region`)."""
+
+    def __init__(self, header: gguf_file.GGUFFile, dtypes: dict[str, Any]):
+        self.header, self.dtypes = header, dtypes
+
+    def read(self, stored_name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return gguf_file.read_region(self.header, stored_name, index, self.dtypes[stored_name])
