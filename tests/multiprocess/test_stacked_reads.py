@@ -43,7 +43,7 @@ WORKER = textwrap.dedent(
         from ppl_jax.runtime import distributed
         assert distributed.initialize_from_env()
         import jax, numpy as np
-        from ppl_jax.checkpoints import open_checkpoint
+        from ppl_jax.checkpoints import mapped, open_checkpoint
         from ppl_jax.config.defaults import DEFAULT_RULES
         from ppl_jax.models.interface import weight_paths
         from ppl_jax.runtime import mesh as mesh_lib
