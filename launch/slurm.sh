@@ -32,24 +32,6 @@ usage() {
   exit 2
 }
 
-# One word for the shell: unchanged if plainly safe, else single-quoted (double-quoted when it
-# holds a single quote and nothing that double quotes would expand; bash's $'...' when it holds
-# a newline or another control character).
-quote() {
-  local s=$1 sq="'" esc="'\\''"
-  if [[ -n "$s" && "$s" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-    printf '%s' "$s"
-  elif [[ "$s" == *[[:cntrl:]]* ]]; then
-    printf '%q' "$s" # $'...', so that the command stays on one line (bash)
-  elif [[ "$s" != *"'"* ]]; then
-    printf "'%s'" "$s"
-  elif [[ "$s" != *[\"\$\`\\!]* ]]; then
-    printf '"%s"' "$s"
-  else
-    printf "'%s'" "${s//"$sq"/"$esc"}"
-  fi
-}
-
 dry_run=${DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then
   dry_run=1
@@ -79,11 +61,12 @@ fi
 cmd+=(env PPL_JAX_DISTRIBUTED=1 PPL_JAX_ALL_LOCAL_DEVICES=1 "$python" -m ppl_jax "$@")
 
 if [[ "$dry_run" == 1 ]]; then
-  words=()
-  for w in "${cmd[@]}"; do
-    words+=("$(quote "$w")")
-  done
-  echo "${words[*]}"
+  # Only a dry run quotes, and it runs from the repository (sbatch runs a copy of this script,
+  # away from launch/common.sh).
+  # shellcheck source=launch/common.sh
+  . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+  join_quoted "${cmd[@]}"
+  echo
   exit 0
 fi
 exec "${cmd[@]}"

@@ -23,32 +23,9 @@ usage() {
   exit 2
 }
 
-# One word for the shell: unchanged if plainly safe, else single-quoted (double-quoted when it
-# holds a single quote and nothing that double quotes would expand; bash's $'...' when it holds
-# a newline or another control character).
-quote() {
-  local s=$1 sq="'" esc="'\\''"
-  if [[ -n "$s" && "$s" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-    printf '%s' "$s"
-  elif [[ "$s" == *[[:cntrl:]]* ]]; then
-    printf '%q' "$s" # $'...', so that the command stays on one line (bash)
-  elif [[ "$s" != *"'"* ]]; then
-    printf "'%s'" "$s"
-  elif [[ "$s" != *[\"\$\`\\!]* ]]; then
-    printf '"%s"' "$s"
-  else
-    printf "'%s'" "${s//"$sq"/"$esc"}"
-  fi
-}
-
-# The words, quoted and joined by spaces.
-join_quoted() {
-  local out=() w
-  for w in "$@"; do
-    out+=("$(quote "$w")")
-  done
-  printf '%s' "${out[*]}"
-}
+# quote and join_quoted: one word, or the words, for the shell (shared with slurm.sh).
+# shellcheck source=launch/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 dry_run=${DRY_RUN:-0}
 if [[ "${1:-}" == "--dry-run" ]]; then

@@ -285,24 +285,10 @@ def figure(
     title_size = rcParams["axes.titlesize"]
     band_artist = None
     for i, (ax, group) in enumerate(zip(axes, panels, strict=False)):
-        drawn: list[float] = []
-        for j, col in enumerate(group):
-            series = _series(records, col, metric)
-            if series:
-                values, band = _draw(
-                    ax, series, col[1], j, group is averages, None if band_artist else BAND
-                )
-                drawn += values
-                band_artist = band_artist or band
-        name = "averages" if group is averages else group[0][1]
-        ax.set_title(figure_layout.fit_text(name, panel_width, title_size, max_lines=2))
-        if "perplexity" in metric and figures.log_if_wide(drawn):
-            ax.set_yscale("log")
+        fitted = (panel_width, title_size)
+        band_artist = _panel(ax, group, group is averages, records, metric, band_artist, fitted)
         if i % ncols == 0 and nrows == 1:
             ax.set_ylabel(label(metric))
-        ax.grid(True, **figures.GRID)
-        if not drawn:
-            ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
         _step_axis(ax, steps, label=i + ncols >= len(panels))
     for ax in axes[len(panels) :]:
         ax.axis("off")
@@ -318,6 +304,27 @@ def figure(
         figure_layout.fit_text(title, fig.get_figwidth() - 0.2, rcParams["figure.titlesize"])
     )
     return fig
+
+
+def _panel(ax, group: list[Column], is_averages, records, metric: str, band_artist, fitted) -> Any:
+    """One panel of `figure`: each column's series, its title fitted (`fitted`: width in inches,
+    font size), a log axis for a wide perplexity, "no value" when nothing was drawn; returns the
+    band's artist once one is drawn (`band_artist` until then: the legend's band)."""
+    drawn: list[float] = []
+    for j, col in enumerate(group):
+        series = _series(records, col, metric)
+        if series:
+            values, band = _draw(ax, series, col[1], j, is_averages, None if band_artist else BAND)
+            drawn += values
+            band_artist = band_artist or band
+    name = "averages" if is_averages else group[0][1]
+    ax.set_title(figure_layout.fit_text(name, *fitted, max_lines=2))
+    if "perplexity" in metric and figures.log_if_wide(drawn):
+        ax.set_yscale("log")
+    ax.grid(True, **figures.GRID)
+    if not drawn:
+        ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
+    return band_artist
 
 
 def _write(path: str, data: bytes, flag: str) -> str:

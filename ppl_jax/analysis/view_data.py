@@ -290,29 +290,8 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
     vocab: dict[str, str] = {}
     documents, deltas = [], []
     for d in sel["order"]:
-        rows = [t.rows(d, sel["shown"][d]) for t in tables]
-        a = tables[0].np
-        text = tables[0].table["token"].take(rows[0]).to_pylist()
-        offsets = a["offset"][rows[0]].tolist()
-        entry = {
-            "document": d,
-            "source": runs[0].name(d),
-            "title": title(text, offsets[0] if offsets else 0),
-            "tokens": sel["tokens"][d],
-            "shown": sel["shown"][d],
-            "mean": [m[d] for m in sel["means"]],
-            "diff": sel["means"][1][d] - sel["means"][0][d] if len(runs) == 2 else None,
-            "offset": offsets,
-            "position": a["position"][rows[0]].tolist(),
-            "id": a["token_id"][rows[0]].tolist(),
-            "text": text,
-            "sides": [t.side(r, vocab) for t, r in zip(tables, rows, strict=True)],
-        }
-        if len(runs) == 2:
-            sa, sb = (
-                t.np["surprisal"][r].astype(np.float64) for t, r in zip(tables, rows, strict=True)
-            )
-            entry["delta"] = sb - sa
+        entry = _document(runs, tables, sel, d, vocab)
+        if "delta" in entry:
             deltas.append(entry["delta"])
         documents.append(entry)
     scale = dict(SCALE)
@@ -322,26 +301,64 @@ def page_data(runs: list[Run], max_documents: int, max_tokens: int) -> dict[str,
             entry["delta"] = _floats(entry["delta"], scale["diff"]["decimals"])
     return {
         "runs": [_describe(r, "AB"[i] if len(runs) == 2 else "") for i, r in enumerate(runs)],
-        "selection": {
-            "rule": (
-                "the documents with the largest mean change |B - A|"
-                if len(runs) == 2
-                else "the documents with the highest mean surprisal"
-            ),
-            "max_documents": max_documents,
-            "max_tokens": max_tokens,
-            "documents": sel["documents"],
-            "corpus_documents": len(runs[0].names),
-            "shown_documents": len(documents),
-            "shown_tokens": sum(e["shown"] for e in documents),
-            "left_out_documents": sel["left_out"][0],
-            "left_out_tokens": sel["left_out"][1],
-            "cut_documents": sel["cut"][0],
-            "cut_tokens": sel["cut"][1],
-        },
+        "selection": _selection(runs, sel, documents, max_documents, max_tokens),
         "scale": scale,
         "vocab": vocab,
         "documents": documents,
+    }
+
+
+def _document(
+    runs: list[Run], tables: list[Any], sel: dict[str, Any], d: int, vocab: dict[str, str]
+) -> dict[str, Any]:
+    """Document `d`'s entry in the page (`page_data`), its top-k texts added to `vocab`; with two
+    runs its `delta` (float64, rounded with the page's scale)."""
+    rows = [t.rows(d, sel["shown"][d]) for t in tables]
+    a = tables[0].np
+    text = tables[0].table["token"].take(rows[0]).to_pylist()
+    offsets = a["offset"][rows[0]].tolist()
+    entry = {
+        "document": d,
+        "source": runs[0].name(d),
+        "title": title(text, offsets[0] if offsets else 0),
+        "tokens": sel["tokens"][d],
+        "shown": sel["shown"][d],
+        "mean": [m[d] for m in sel["means"]],
+        "diff": sel["means"][1][d] - sel["means"][0][d] if len(runs) == 2 else None,
+        "offset": offsets,
+        "position": a["position"][rows[0]].tolist(),
+        "id": a["token_id"][rows[0]].tolist(),
+        "text": text,
+        "sides": [t.side(r, vocab) for t, r in zip(tables, rows, strict=True)],
+    }
+    if len(runs) == 2:
+        sa, sb = (
+            t.np["surprisal"][r].astype(np.float64) for t, r in zip(tables, rows, strict=True)
+        )
+        entry["delta"] = sb - sa
+    return entry
+
+
+def _selection(
+    runs: list[Run], sel: dict, documents: list, max_documents: int, max_tokens: int
+) -> dict:
+    """The page's `selection`: the rule, the limits, and what was shown, left out and cut."""
+    return {
+        "rule": (
+            "the documents with the largest mean change |B - A|"
+            if len(runs) == 2
+            else "the documents with the highest mean surprisal"
+        ),
+        "max_documents": max_documents,
+        "max_tokens": max_tokens,
+        "documents": sel["documents"],
+        "corpus_documents": len(runs[0].names),
+        "shown_documents": len(documents),
+        "shown_tokens": sum(e["shown"] for e in documents),
+        "left_out_documents": sel["left_out"][0],
+        "left_out_tokens": sel["left_out"][1],
+        "cut_documents": sel["cut"][0],
+        "cut_tokens": sel["cut"][1],
     }
 
 

@@ -2,10 +2,15 @@
 
 `open_checkpoint(path, format)` is the one entry point (`opener`): it picks the reader of the
 checkpoint's layout (`opener.READERS`, each a `Checkpoint` subclass found by its markers) and
-returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; all Orbax calls of
+returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; a step's
+`Architecture` (`architecture.resolve`) builds its model and chooses its attention; all Orbax calls of
 ppl_jax live in `orbax` and `orbax_v1`, Hugging Face's in `hf` and `huggingface`.
 """
 
-from ppl_jax.checkpoints.opener import DTYPES, FORMATS, READERS, Checkpoint, open_checkpoint
+from etils import epy as _epy
 
-__all__ = ["DTYPES", "FORMATS", "READERS", "Checkpoint", "open_checkpoint"]
+with _epy.lazy_api_imports(globals()):
+    from ppl_jax.checkpoints.architecture import Architecture
+    from ppl_jax.checkpoints.opener import DTYPES, FORMATS, READERS, Checkpoint, open_checkpoint
+
+__all__ = ["DTYPES", "FORMATS", "READERS", "Architecture", "Checkpoint", "open_checkpoint"]

@@ -1,185 +1,155 @@
-"""Where a checkpoint's architecture comes from when the checkpoint does not carry it
-(`checkpoint.architecture`).
+"""A checkpoint's architecture: where it comes from (`parse`), and the `Architecture` of a
+step, resolved once (`resolve`), from which the run, the reference model, LongPPL's evaluator and
+the harness build their model and choose its attention.
+
+Where it comes from: the checkpoint's own (ppl_jax's `metadata` item, a Hugging Face
+directory's `config.json`), unless `checkpoint.architecture` names one, which wins (the user who
+sets it means it):
 
 - a Hugging Face `config.json` (the file, or the directory holding it): read as
   `ppl_jax.checkpoints.hf.read_description` reads a Hugging Face directory;
 - a ppl_jax description JSON (`{"family": "llama", ...}`, what `Checkpoint.description()` gives);
-- `maxtext:<model name> [key=value ...]`: a MaxText model (`configs/models/<name>.yml`, the
-  decoder blocks `llama2`, `mistral` and `qwen3`) with MaxText's own override names
-  (`base_num_decoder_layers=2 base_emb_dim=64 ...`), plus `model_vocab_size=N` to score only
-  the tokenizer's first N ids of a vocabulary padded past it;
+- `maxtext:<model name> [key=value ...]`: a MaxText model with MaxText's own override names
+  (`ppl_jax.checkpoints.maxtext`);
 - `module:function`: a Python entry point returning a `LanguageModel` (a model family of the
   user's own), called with `dtype=` when it takes it.
-
-When the checkpoint carries its own architecture (ppl_jax's `metadata` item, a Hugging Face
-directory), an explicit `checkpoint.architecture` wins: the user who sets it means it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
-import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ppl_jax.checkpoints import hf
+import jax.numpy as jnp
+
+from ppl_jax.checkpoints import hf, maxtext
+from ppl_jax.checkpoints.options import dtype_of
 from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import paths
 
-# MaxText's base.yml defaults and configs/models/*.yml (maxtext 0.2.5) for the decoder blocks
-# ppl_jax reads; every other key keeps its base.yml value.
-MAXTEXT_BASE = {
-    "base_emb_dim": 2048, "base_num_query_heads": 16, "base_num_kv_heads": 16,
-    "base_mlp_dim": 7168, "base_num_decoder_layers": 16, "head_dim": 128, "vocab_size": 32000,
-    "normalization_layer_epsilon": 1e-5, "rope_max_timescale": 10000,
-    "logits_via_embedding": False, "max_target_length": 2048, "decoder_block": "llama2",
-    "use_qk_norm": False, "rope_type": "default", "sliding_window_size": 0,
-    "mlp_activations": ["silu", "linear"], "scan_layers": True,
-}  # fmt: skip
-_LLAMA2 = {"head_dim": 128, "vocab_size": 32000, "decoder_block": "llama2"}
-_QWEN3 = {"head_dim": 128, "vocab_size": 151936, "decoder_block": "qwen3", "use_qk_norm": True,
-          "normalization_layer_epsilon": 1e-6, "rope_max_timescale": 1000000}  # fmt: skip
+if TYPE_CHECKING:
+    from ppl_jax.checkpoints.checkpoint import Checkpoint
 
 
-def _sizes(emb, heads, kv, mlp, layers, **more):
-    return {"base_emb_dim": emb, "base_num_query_heads": heads, "base_num_kv_heads": kv,
-            "base_mlp_dim": mlp, "base_num_decoder_layers": layers, **more}  # fmt: skip
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """The architecture of one step of a checkpoint, resolved once (`resolve`): its sizes checked
+    and its layer count held against the stored weights, before any model is built.
 
-
-MAXTEXT_MODELS = {
-    "default": {},
-    "llama2-7b": {**_LLAMA2, **_sizes(4096, 32, 32, 11008, 32)},
-    "llama2-13b": {**_LLAMA2, **_sizes(5120, 40, 40, 13824, 40)},
-    "llama2-70b": {**_LLAMA2, **_sizes(8192, 64, 8, 28672, 80)},
-    "mistral-7b": {
-        **_LLAMA2,
-        **_sizes(4096, 32, 8, 14336, 32),
-        "decoder_block": "mistral",
-        "rope_max_timescale": 1000000,
-    },  # fmt: skip
-    "qwen3-0.6b": {**_QWEN3, **_sizes(1024, 16, 8, 3072, 28), "logits_via_embedding": True},
-    "qwen3-1.7b": {**_QWEN3, **_sizes(2048, 16, 8, 6144, 28), "logits_via_embedding": True},
-    "qwen3-4b": {**_QWEN3, **_sizes(2560, 32, 8, 9728, 36), "logits_via_embedding": True},
-    "qwen3-8b": {**_QWEN3, **_sizes(4096, 32, 8, 12288, 36)},
-    "qwen3-14b": {**_QWEN3, **_sizes(5120, 40, 8, 17408, 40)},
-    "qwen3-32b": {**_QWEN3, **_sizes(5120, 64, 8, 25600, 64)},
-}
-MAXTEXT_BLOCKS = ("llama2", "mistral", "qwen3")
-
-
-def maxtext_description(name: str, overrides: dict[str, str]) -> dict[str, Any]:
-    """The ppl_jax description of a MaxText model with MaxText-named overrides.
-
-    Raises:
-      ConfigError: an unknown model name or override key, a value of the wrong type, or a
-        decoder block, RoPE type, activation or window ppl_jax does not read from MaxText.
+    Attributes:
+      description: the description (`ppl_jax.models.registry.build`'s argument) as given or
+        carried (`Checkpoint.description`, not normalized); None for an entry point's model
+        (its own, once built).
+      family: its family (`ppl_jax.models.registry.Family`), or None for an entry point.
+      config: the family's config of `description`, or None for an entry point.
+      entry: the `checkpoint.architecture` entry point `module:function`, or "".
     """
-    if name not in MAXTEXT_MODELS:
-        raise ConfigError(
-            f"checkpoint.architecture: MaxText model {name!r} is not one ppl_jax knows "
-            f"({', '.join(sorted(MAXTEXT_MODELS))}); give 'maxtext:default' with every size as "
-            f"an override (base_emb_dim=... base_num_decoder_layers=...)."
-        )
-    c = {**MAXTEXT_BASE, **MAXTEXT_MODELS[name]}
-    model_vocab = None
-    for key, raw in overrides.items():
-        if key == "model_vocab_size":
-            model_vocab = _positive(key, raw)
-            continue
-        if key not in c:
-            raise ConfigError(
-                f"checkpoint.architecture: {key!r} is not a MaxText setting ppl_jax reads "
-                f"({', '.join(sorted(c))}, model_vocab_size)."
-            )
-        try:
-            c[key] = _typed(raw, c[key])
-        except ValueError:
-            raise ConfigError(
-                f"checkpoint.architecture: {key}={raw[:40]!r} is not "
-                f"{_KINDS.get(type(c[key]).__name__, 'a ' + type(c[key]).__name__)}."
-            ) from None
-        if key in _POSITIVE:
-            _positive(key, c[key])
-    if model_vocab is not None and model_vocab > int(c["vocab_size"]):
-        raise ConfigError(
-            f"checkpoint.architecture: model_vocab_size={model_vocab} is more than the stored "
-            f"vocabulary (vocab_size={c['vocab_size']}); it scores the tokenizer's first ids of "
-            f"a vocabulary padded past them."
-        )
-    unsupported = [
-        (k, c[k], want)
-        for k, want in (("decoder_block", MAXTEXT_BLOCKS), ("rope_type", ("default",)))
-        if c[k] not in want
-    ]
-    if c["mlp_activations"] != ["silu", "linear"]:
-        unsupported.append(("mlp_activations", c["mlp_activations"], (["silu", "linear"],)))
-    if unsupported:
-        k, v, want = unsupported[0]
-        raise ConfigError(
-            f"checkpoint.architecture: MaxText {k}={v!r} is not read by ppl_jax (supported: "
-            f"{', '.join(map(str, want))})."
-        )
-    d = {
-        "family": "llama",
-        "vocab_size": model_vocab or int(c["vocab_size"]),
-        "embed_dim": int(c["base_emb_dim"]),
-        "num_layers": int(c["base_num_decoder_layers"]),
-        "num_heads": int(c["base_num_query_heads"]),
-        "num_kv_heads": int(c["base_num_kv_heads"]),
-        "head_dim": int(c["head_dim"]),
-        "mlp_dim": int(c["base_mlp_dim"]),
-        "max_positions": int(c["max_target_length"]),
-        "rope_theta": float(c["rope_max_timescale"]),
-        "norm_eps": float(c["normalization_layer_epsilon"]),
-        "tie_embeddings": bool(c["logits_via_embedding"]),
-    }
-    if c["use_qk_norm"]:
-        d["qk_norm"] = "head"
-    if int(c["sliding_window_size"]):
-        d["sliding_window"] = int(c["sliding_window_size"])
-        d["sliding_layers"] = list(range(d["num_layers"]))
-    return d
+
+    description: dict[str, Any] | None
+    family: Any = None
+    config: Any = None
+    entry: str = ""
+
+    def attention(
+        self, setting: str, dtype: str, mesh: Any = None, context_attention: str = "all_gather"
+    ) -> str:
+        """The attention implementation that `model.attention=setting` runs for this
+        architecture in `dtype` (`float32` or `bfloat16`) on this platform: `xla`, `cudnn` or
+        `splash` (`ppl_jax.models.attention.resolve_for`); with `mesh`, for its `context` axis
+        under `context_attention` (`mesh.context_attention`). A model of the user's own attends
+        its own way: `xla` (batches as for XLA).
+
+        Raises:
+          ConfigError: an unknown dtype or setting; an implementation this platform lacks.
+        """
+        if self.entry:
+            return "xla"
+        context = {}
+        if mesh is not None:
+            context = dict(context=int(mesh.shape["context"]), context_attention=context_attention)
+        return attention_lib.resolve_for(setting, dtype_of(dtype), self.description, **context)
+
+    def model(self, dtype: str = "float32", attention: str = "auto") -> LanguageModel:
+        """The model (abstract params, no weights): the family's, or the entry point's own.
+
+        Args:
+          dtype: the params' dtype, `float32` or `bfloat16`.
+          attention: an implementation (`xla`, `cudnn`, `splash`) or `auto`, resolved here
+            without a mesh (`attention`).
+
+        Raises:
+          ConfigError: an unknown dtype; an entry point that cannot be loaded; an attention
+            implementation the family refuses.
+        """
+        if self.entry:
+            return entry_model(self.entry, dtype_of(dtype))
+        resolved = self.attention(attention, dtype)
+        return registry.build(self.description, dtype_of(dtype), resolved)
 
 
-_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
-# The MaxText settings that are sizes (and the scales that must be positive).
-_POSITIVE = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
-             "base_num_decoder_layers", "head_dim", "vocab_size", "max_target_length",
-             "rope_max_timescale", "normalization_layer_epsilon")  # fmt: skip
-
-
-def _positive(key: str, value: Any) -> Any:
-    """`value` (a string is read as a whole number) if it is greater than 0.
+def resolve(ckpt: Checkpoint, step: int | None = None) -> Architecture:
+    """The `Architecture` of `step` of `ckpt` (None: the latest finalized): an entry point's, or
+    the description's, its sizes checked (`registry.config_of`) and its layer count held
+    against the stored weights (`check_stored_layers`) before anything is built.
 
     Raises:
-      ConfigError: not a number greater than 0, naming the setting.
+      ConfigError: a faulty `checkpoint.architecture`.
+      CheckpointError: as `Checkpoint.resolve_step` and `description`; a description of an
+        unknown family, with unknown keys or sizes out of bounds; another number of layers
+        than the stored weights make.
+    """
+    kind, value = ckpt.given_architecture()
+    if kind == "entry":
+        return Architecture(None, entry=value)
+    description = ckpt.description(step)
+    config = registry.config_of(description)  # sizes checked before anything reads them
+    check_stored_layers(ckpt, step, description)
+    return Architecture(description, registry.for_description(description), config)
+
+
+def check_same(ckpt: Checkpoint, step: int | None, model: LanguageModel) -> None:
+    """Checks that `step` of `ckpt` stores the architecture of `model` (a sweep scores one
+    model). The stored description is normalized as `model.description` was (through
+    `build`), so that metadata saved without a key that has its default value is the same
+    architecture as one saved with it. An architecture given by `checkpoint.architecture`,
+    or none carried, is the same for every step: nothing to check.
+
+    Raises:
+      CheckpointError: another architecture; or as `Checkpoint.description` and `build`.
+    """
+    if ckpt.architecture or ckpt.carried_description(step) is None:
+        return
+    stored = registry.build(ckpt.description(step), jnp.float32, "xla").description
+    if stored != model.description:
+        raise CheckpointError(
+            f"step {step} of {ckpt.path!r} holds another architecture than the model being "
+            f"scored; a sweep scores the steps of one model."
+        )
+
+
+def check_stored_layers(ckpt: Checkpoint, step: int | None, description: dict[str, Any]) -> None:
+    """Refuses an architecture whose layer count the stored weights contradict, before the
+    model is built (a description of 1,000 layers would take minutes to build): by what
+    the stored tree makes (`Checkpoint.produced`). Damage and a mapping that does not fit are
+    left to `restore`, which names them in their own words.
+
+    Raises:
+      CheckpointError: another number of layers (`registry.check_stored_layers`).
     """
     try:
-        number = int(value.replace("_", "")) if isinstance(value, str) else value
-    except ValueError:
-        number = None
-    if isinstance(number, bool) or not isinstance(number, int | float) or not number > 0:
-        raise ConfigError(
-            f"checkpoint.architecture: {key}={str(value)[:40]} is not a number greater than 0."
-        )
-    return number
-
-
-def _typed(raw: str, like: Any) -> Any:
-    if isinstance(like, bool):
-        if raw.lower() not in ("true", "false"):
-            raise ValueError(raw)
-        return raw.lower() == "true"
-    if isinstance(like, int):
-        return int(raw.replace("_", ""))
-    if isinstance(like, float):
-        return float(raw)
-    if isinstance(like, list):
-        return [s.strip() for s in raw.strip("[]").replace('"', "").split(",")]
-    return raw
+        names = ckpt.produced(step, description)
+    except CheckpointError:
+        return
+    except Exception:  # Orbax's own errors for unreadable metadata: restore says how
+        return
+    if names is not None:
+        registry.check_stored_layers(description, names, repr(ckpt.path))
 
 
 def parse(setting: str) -> tuple[str, Any]:
@@ -198,7 +168,7 @@ def parse(setting: str) -> tuple[str, Any]:
         if not words or "=" in words[0]:
             raise ConfigError(
                 f"checkpoint.architecture={setting[:80]!r} names no MaxText model; write "
-                f"'maxtext:<model> key=value ...' (models: {', '.join(sorted(MAXTEXT_MODELS))})."
+                f"'maxtext:<model> key=value ...' (models: {', '.join(sorted(maxtext.MAXTEXT_MODELS))})."
             )
         name, *rest = words
         bad = [r for r in rest if "=" not in r]
@@ -207,7 +177,7 @@ def parse(setting: str) -> tuple[str, Any]:
                 f"checkpoint.architecture: {bad[0]!r} is not a key=value override of the "
                 f"MaxText model {name!r}."
             )
-        return "maxtext", maxtext_description(name, dict(r.split("=", 1) for r in rest))
+        return "maxtext", maxtext.description(name, dict(r.split("=", 1) for r in rest))
     path = os.path.expanduser(setting)
     if paths.isdir(path) and paths.isfile(paths.join(path, "config.json")):
         return "hf", hf.read_description(path)
@@ -235,7 +205,7 @@ def parse(setting: str) -> tuple[str, Any]:
 
 def entry_model(entry: str, dtype: Any) -> LanguageModel:
     """The `LanguageModel` a Python entry point `module:function` returns (called with
-    `dtype=` when it has that parameter).
+    `dtype=` when it has that parameter), its `origin` the entry point.
 
     Raises:
       ConfigError: the module or function cannot be found, or it returns something else.
@@ -260,8 +230,4 @@ def entry_model(entry: str, dtype: Any) -> LanguageModel:
             f"checkpoint.architecture: {entry!r} returned a {type(model).__name__}, not a "
             f"ppl_jax.LanguageModel (see ppl_jax.from_linen / ppl_jax.from_nnx)."
         )
-    return model
-
-
-def as_json(description: dict[str, Any]) -> str:
-    return json.dumps(description, sort_keys=True)
+    return dataclasses.replace(model, origin=entry)

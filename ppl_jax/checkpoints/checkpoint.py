@@ -22,11 +22,14 @@ No link leads out of a checkpoint: before `stored`, `read`, `restore`, `carried_
 (`ppl_jax.runtime.paths.refuse_links_out`) over `files(step)` (or `links_scope(step)`;
 `ppl_jax.checkpoints.links`): a new reader gets it by subclassing `Checkpoint`.
 
-From these answers every `Checkpoint` gives the architecture (`description`, `model`,
-`attention`), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`), the mapping of its
-stored names onto a model's weights (`rules`, `mapped`; `ppl_jax.checkpoints.mapping`) and the
-params (`restore`). Readers whose stored tree is the model's own (ppl_jax's Orbax layout, a
-Hugging Face directory) restore their own way.
+From these answers every `Checkpoint` gives the architecture (`description`; `model`, a delegate
+to `ppl_jax.checkpoints.architecture.resolve`, which resolves it once for the setup, the
+reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
+`ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its
+stored names onto a model's weights (`rules`, `known`, `naming`, `produced`, ...: the hooks of
+`ppl_jax.checkpoints.mapped.MappedHooks`, which a reader may override). Readers whose stored
+tree is the model's own (ppl_jax's Orbax layout, a Hugging Face directory) restore their own
+way.
 """
 
 from __future__ import annotations
@@ -37,25 +40,22 @@ import importlib.util
 from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.checkpoints import mapped, presets
-from ppl_jax.checkpoints import mapping as mapping_lib
 from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
-from ppl_jax.errors import CheckpointError, ConfigError
-from ppl_jax.models import attention as attention_lib
-from ppl_jax.models import registry
+from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
+from ppl_jax.tokenizer.loading import for_setting
 
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
 
-class Checkpoint(LinksChecked, abc.ABC):
+class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
     """An opened checkpoint: one reader of one layout (see the module docstring).
 
     `step=None` in any method means the latest finalized step, looked up anew on each call (a
@@ -182,7 +182,7 @@ class Checkpoint(LinksChecked, abc.ABC):
                 fingerprint_lib.tree_identity(paths.absolute(self.files(step)))
             ),
         }
-        kind, entry = self._given_architecture()
+        kind, entry = self.given_architecture()
         if kind == "entry":
             module = importlib.util.find_spec(entry.partition(":")[0])
             origin = module.origin if module is not None else None
@@ -211,7 +211,8 @@ class Checkpoint(LinksChecked, abc.ABC):
 
     # ------------------------------------------------------------------ derived answers
 
-    def _given_architecture(self) -> tuple[str, Any]:
+    def given_architecture(self) -> tuple[str, Any]:
+        """`checkpoint.architecture` parsed once (`architecture.parse`): `(kind, value)`."""
         if self._given is None:
             self._given = architecture_lib.parse(self.architecture)
         return self._given
@@ -226,7 +227,7 @@ class Checkpoint(LinksChecked, abc.ABC):
             `checkpoint.architecture`; a stored description that cannot be read.
           ConfigError: a faulty `checkpoint.architecture`.
         """
-        kind, value = self._given_architecture()
+        kind, value = self.given_architecture()
         if kind == "entry":
             return self.model(step=step).description
         if kind != "none":
@@ -240,75 +241,17 @@ class Checkpoint(LinksChecked, abc.ABC):
             )
         return carried
 
-    def attention(self, setting: str, dtype: str, step: int | None = None, **mesh: Any) -> str:
-        """The attention implementation that `model.attention=setting` runs for this
-        architecture in `dtype` (`float32` or `bfloat16`) on this platform: `xla`, `cudnn` or
-        `splash` (`ppl_jax.models.attention.resolve_for`, which `mesh` may tell the context
-        axis's `context` size and `context_attention`).
-
-        Raises:
-          ConfigError: an unknown dtype.
-          CheckpointError: as `description`.
-        """
-        if self._given_architecture()[0] == "entry":
-            return "xla"  # a model of the user's own attends its own way; batches as for XLA
-        description = self.description(step)
-        registry.config_of(description)  # sizes checked before anything reads them
-        return attention_lib.resolve_for(setting, dtype_of(dtype), description, **mesh)
-
     def model(
         self, dtype: str = "float32", attention: str = "auto", step: int | None = None
     ) -> LanguageModel:
-        """The model (abstract params, no weights) of the step's architecture; a Python entry
-        point's own model when `checkpoint.architecture` names one.
-
-        Args:
-          dtype: the params' dtype, `float32` or `bfloat16`.
-          attention: an implementation (`xla`, `cudnn`, `splash`) or `auto`, resolved here.
-          step: as in `resolve_step`.
+        """The model (abstract params, no weights) of the step's architecture in `dtype`
+        (`float32`, `bfloat16`) with `attention` (`auto` resolved without a mesh):
+        `architecture.resolve(self, step).model(dtype, attention)`, the one resolution.
 
         Raises:
-          ConfigError: an unknown dtype; an entry point that cannot be loaded.
-          CheckpointError: as `description`, or a description of an unknown family or with
-            unknown keys.
+          ConfigError, CheckpointError: as `architecture.resolve` and `Architecture.model`.
         """
-        kind, value = self._given_architecture()
-        if kind == "entry":
-            return architecture_lib.entry_model(value, dtype_of(dtype))
-        description = self.description(step)
-        registry.config_of(description)  # sizes checked before anything reads them
-        self.check_stored_layers(step, description)
-        resolved = attention_lib.resolve_for(attention, dtype_of(dtype), description)
-        return registry.build(description, dtype_of(dtype), resolved)
-
-    def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
-        """The model weights the stored tensors make (their names), from the stored tree's
-        metadata and the mapping alone; None where the reader checks its architecture itself
-        (a Hugging Face directory's `config.json` against its headers).
-
-        Raises:
-          CheckpointError: as `stored` and `rules`.
-        """
-        step = self.resolve_step(step)
-        return list(mapping_lib.produced(self.rules(step), self.stored(step), description, ""))
-
-    def check_stored_layers(self, step: int | None, description: dict[str, Any]) -> None:
-        """Refuses an architecture whose layer count the stored weights contradict, before the
-        model is built (a description of 1,000 layers would take minutes to build): by what
-        the stored tree makes (`produced`). Damage and a mapping that does not fit are left to
-        `restore`, which names them in their own words.
-
-        Raises:
-          CheckpointError: another number of layers (`registry.check_stored_layers`).
-        """
-        try:
-            names = self.produced(step, description)
-        except CheckpointError:
-            return
-        except Exception:  # Orbax's own errors for unreadable metadata: restore says how
-            return
-        if names is not None:
-            registry.check_stored_layers(description, names, repr(self.path))
+        return architecture_lib.resolve(self, step).model(dtype, attention)
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer, or None when it carries none (`stored_tokenizer`)."""
@@ -323,112 +266,23 @@ class Checkpoint(LinksChecked, abc.ABC):
         model: LanguageModel | None = None,
         key: str = "data.tokenizer",
     ) -> tuple[tokenizer_lib.Tokenizer, str | None]:
-        """The tokenizer a run scores this checkpoint with: the one resolution of
-        `data.tokenizer` (the command line, the library and the harness model all ask here).
-
-        Args:
-          setting: `auto` (the checkpoint's own), `byte`, or a path (a `tokenizer.json`, a
-            SentencePiece `.model`, a folder holding one; `ppl_jax.tokenizer.load_tokenizer`).
-          allow_mismatch: score with a tokenizer whose vocabulary does not fit the model's
-            (`data.allow_tokenizer_mismatch`), noting why.
-          step: as in `resolve_step`.
-          model: the model scored (None: `self.model(step=step)`).
-          key: the setting's name in the caller's words, for the sentence.
-
-        Returns:
-          (the tokenizer, None or the note on a mismatch that was allowed).
+        """The tokenizer a run scores this checkpoint with (`ppl_jax.tokenizer.loading.for_setting`, the
+        one resolution of `data.tokenizer`: `auto` is this checkpoint's own), and None or the
+        note on a vocabulary mismatch that was allowed; `model` is the model scored (None:
+        `self.model(step=step)`), `key` the setting's name in the caller's words.
 
         Raises:
-          ConfigError: `auto` for a checkpoint that carries no tokenizer; a bad path; a
-            vocabulary that does not fit without `allow_mismatch`
-            (`ppl_jax.tokenizer.check_vocabulary`).
+          ConfigError: as `for_setting`.
         """
-        if setting == "auto":
-            tok = self.tokenizer(step)
-            if tok is None:
-                raise ConfigError(
-                    f"{key}=auto, but {self.path!r} carries no tokenizer "
-                    f"({self.tokenizer_files}); set {key} to a tokenizer.json, a SentencePiece "
-                    f".model, a folder holding one, or 'byte'."
-                )
-        else:
-            tok = tokenizer_lib.load_tokenizer(setting)
         vocab = (model or self.model(step=step)).vocab_size
-        return tok, tokenizer_lib.check_vocabulary(tok, vocab, allow_mismatch=allow_mismatch)
-
-    def check_sweep(self, setting: str) -> None:
-        """Refuses a sweep (`checkpoint.step=setting`) over a checkpoint of one set of weights.
-
-        Raises:
-          ConfigError: naming the checkpoint and what it is.
-          CheckpointError: as `resolve_step`.
-        """
-        if self.resolve_step(None) is None:
-            raise ConfigError(
-                f"checkpoint.step={setting} needs a checkpoint of several steps; "
-                f"{self.path!r} is {self.layout_name} (one set of weights)."
-            )
-
-    def check_same_architecture(self, step: int | None, model: LanguageModel) -> None:
-        """Checks that `step` stores the architecture of `model` (a sweep scores one model).
-
-        The stored description is normalized as `model.description` was (through `build`), so
-        that metadata saved without a key that has its default value is the same architecture
-        as one saved with it. An architecture given by `checkpoint.architecture`, or none
-        carried, is the same for every step: nothing to check.
-
-        Raises:
-          CheckpointError: another architecture; or as `description` and `build`.
-        """
-        if self.architecture or self.carried_description(step) is None:
-            return
-        stored = registry.build(self.description(step), jnp.float32, "xla").description
-        if stored != model.description:
-            raise CheckpointError(
-                f"step {step} of {self.path!r} holds another architecture than the model being "
-                f"scored; a sweep scores the steps of one model."
-            )
-
-    # ------------------------------------------------------------------ mapped params
-
-    def mapping_file(self) -> dict[str, Any]:
-        """`checkpoint.mapping`'s file (`item`, `params`, `rules`), or {} for a preset or none.
-
-        Raises:
-          CheckpointError, ConfigError: as `presets.read_file`.
-        """
-        if self.mapping and self.mapping not in presets.PRESETS:
-            return presets.read_file(self.mapping)
-        return {}
-
-    def known(self, step: int | None) -> dict[str, Any]:
-        """The architecture's description where one is known (`{}` when the checkpoint carries
-        none and none is given: the caller brings the model), for the mapping's expressions."""
-        kind, _ = self._given_architecture()
-        if kind == "entry":
-            return self.model(step=step).description
-        if kind == "none" and self.carried_description(step) is None:
-            return {}
-        return self.description(step)
-
-    def naming(self, step: int | None) -> str:
-        """The checkpoint, step and mapping, for the sentences of the mapping's errors."""
-        at = f" step {step}" if step is not None else ""
-        return f"{self.path!r}{at} (mapping {self.mapping or 'detected'})"
-
-    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
-        """The mapping rules from the stored names to the model's (`mapped.rules`)."""
-        return mapped.rules(self, step)
-
-    def mapped(self, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
-        """Which stored tensor (layer, part, operations) gives each model weight of `target`
-        (`mapped.sources`), from the stored tree's metadata only."""
-        return mapped.sources(self, step, target)
-
-    def mapping_report(self, step: int | None, target: Any) -> list[str]:
-        """How the stored names become the weights of `target`, one line each (`ppl-jax
-        inspect`; `mapped.report`)."""
-        return mapped.report(self, step, target)
+        return for_setting(
+            setting,
+            lambda: self.tokenizer(step),
+            vocab,
+            allow_mismatch=allow_mismatch,
+            key=key,
+            missing=f"{self.path!r} carries no tokenizer ({self.tokenizer_files})",
+        )
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The params of the step, read straight into their target shardings (through the

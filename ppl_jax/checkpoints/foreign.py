@@ -1,7 +1,7 @@
 """Orbax checkpoints that other trainers write (`ForeignOrbax`): where the params are, read through
 a mapping (`ppl_jax.checkpoints.mapping`) into a model's params.
 
-Layouts (measured in `INTEROP.md`):
+Layouts (measured with the trainers themselves; docs/other-trainers.md):
 
 - a `CheckpointManager` directory of numbered steps (or a MaxText run folder, whose steps are
   under `checkpoints/`), each step with one PyTree item: `state` (ppl_jax), `items` (MaxText),

@@ -77,11 +77,11 @@ class Repo:
     revision: str | None
     allow_download: bool
     prefix: str = "step"
-    steps_only: bool = False  # a sweep's repository folder: step None is the latest step revision
+    steps_only: bool = False  # a cache's repository folder: step None is the latest step revision
     _commits: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     def revision_of(self, step: int | None) -> str:
-        """The revision name of a step (None: the id's own revision, or `main`; for a sweep's
+        """The revision name of a step (None: the id's own revision, or `main`; for a cache's
         repository folder, the latest step revision)."""
         if step is None and self.steps_only and self.steps():
             step = self.steps()[-1]
@@ -95,14 +95,38 @@ class Repo:
           CheckpointError: an unknown repository or revision (naming it and the cache), a
             revision with only pickled weights.
         """
+        revision = self.revision_of(step)
+        folder = self._download(revision)
+        self._check_inside_cache(folder, revision)
+        own = os.path.basename(os.path.normpath(folder))
+        commit = agree_commit(own)
+        self._commits[revision] = commit
+        folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
+        self._check_inside_cache(folder, revision)
+        if not os.path.isdir(folder):  # process 0's commit, absent from this host's cache
+            raise CheckpointError(
+                f"process 0 scores commit {commit} of {self.repo_id!r}, which this process's hub "
+                f"cache ({_cache()}) does not hold (here {revision!r} is commit {own}); give "
+                f"every host the same revisions (huggingface-cli download {self.repo_id} "
+                f"--revision <revision> on each), or one shared cache."
+            )
+        _check_weights(folder, self.repo_id, revision)
+        return folder
+
+    def _download(self, revision: str) -> str:
+        """`snapshot_download` of `revision` (the commit it resolved to before, if any): offline
+        unless downloads are allowed, only `PATTERNS` (and pickles, to name them).
+
+        Raises:
+          CheckpointError: a revision not in the cache (offline) or not on the hub, naming it.
+        """
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-        revision = self.revision_of(step)
         commit = self._commits.get(revision)
         offline = not self.allow_download or _env_offline()
         try:
-            folder = snapshot_download(
+            return snapshot_download(
                 self.repo_id,
                 revision=commit or revision,
                 allow_patterns=PATTERNS + [f"*{p}" for p in _PICKLES],
@@ -125,31 +149,6 @@ class Repo:
                 f"hub revision {revision!r} of {self.repo_id!r} cannot be resolved "
                 f"({type(e).__name__}: {' '.join(str(e).split())[:200]})."
             ) from None
-        self._check_inside_cache(folder, revision)
-        own = os.path.basename(os.path.normpath(folder))
-        commit = agree_commit(own)
-        self._commits[revision] = commit
-        folder = os.path.join(os.path.dirname(os.path.normpath(folder)), commit)
-        self._check_inside_cache(folder, revision)
-        if not os.path.isdir(folder):  # process 0's commit, absent from this host's cache
-            raise CheckpointError(
-                f"process 0 scores commit {commit} of {self.repo_id!r}, which this process's hub "
-                f"cache ({_cache()}) does not hold (here {revision!r} is commit {own}); give "
-                f"every host the same revisions (huggingface-cli download {self.repo_id} "
-                f"--revision <revision> on each), or one shared cache."
-            )
-        names = os.listdir(folder)
-        if not any(n.endswith(".safetensors") for n in names):
-            pickles = [n for n in names if n.endswith(_PICKLES)]
-            what = (
-                f"only pickled weights ({', '.join(sorted(pickles))})" if pickles else "no weights"
-            )
-            raise CheckpointError(
-                f"hub revision {revision!r} of {self.repo_id!r} holds {what}; ppl_jax reads "
-                f"safetensors only (a pickle can run code). Convert it, or pick a revision with "
-                f"model.safetensors."
-            )
-        return folder
 
     def _check_inside_cache(self, folder: str, revision: str) -> None:
         """Refuses a snapshot folder outside the repository's `snapshots/` (a ref file naming
@@ -199,6 +198,23 @@ class Repo:
         return sorted(steps)
 
 
+def _check_weights(folder: str, repo_id: str, revision: str) -> None:
+    """Refuses a revision whose snapshot holds no safetensors weights (only pickles, or none).
+
+    Raises:
+      CheckpointError: naming the revision, the repository and the pickled files.
+    """
+    names = os.listdir(folder)
+    if not any(n.endswith(".safetensors") for n in names):
+        pickles = [n for n in names if n.endswith(_PICKLES)]
+        what = f"only pickled weights ({', '.join(sorted(pickles))})" if pickles else "no weights"
+        raise CheckpointError(
+            f"hub revision {revision!r} of {repo_id!r} holds {what}; ppl_jax reads "
+            f"safetensors only (a pickle can run code). Convert it, or pick a revision with "
+            f"model.safetensors."
+        )
+
+
 def open_repo(path: str, allow_download: bool) -> Repo:
     """The `Repo` of a hub id; its revision's step prefix (`step` of `step1000`) is kept."""
     repo_id, revision = parse(path)
@@ -222,47 +238,10 @@ def is_repo_folder(path: str) -> bool:
 
 
 def repo_of_folder(path: str, allow_download: bool) -> Repo:
-    """The `Repo` of a cache folder (what `local_dir` gives for a sweep over revisions)."""
+    """The `Repo` of a cache's repository folder given as the checkpoint (its step None: the
+    latest step revision)."""
     name = os.path.basename(os.path.normpath(path))[len("models--") :]
     return Repo(name.replace("--", "/", 1), None, allow_download, steps_only=True)
-
-
-def cached_commit(folder: str, step: int | None) -> str | None:
-    """The commit a cache's repository folder holds for a step revision (`refs/step<N>`; None:
-    the latest one), read from the ref file alone (what the run's fingerprint records)."""
-    repo = repo_of_folder(folder, False)
-    ref = os.path.join(folder, "refs", repo.revision_of(step))
-    try:
-        with open(ref) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def local_dir(path: str, sweep: bool, allow_download: bool) -> str:
-    """The local folder a hub id stands for in a run: its revision's snapshot folder
-    (`snapshots/<commit>`, so that the commit is in the run's fingerprint and results), or for a
-    sweep over revisions (`checkpoint.step=step1000,step2000`) the repository's cache folder,
-    whose step revisions `Repo.steps` lists.
-
-    Raises:
-      ConfigError: a malformed id.
-      CheckpointError: as `Repo.snapshot`.
-    """
-    repo = open_repo(path, allow_download)
-    if not sweep:
-        return repo.snapshot(None)
-    repo_id = repo.repo_id
-    if allow_download and not _env_offline():
-        repo.snapshot(None)  # the repository exists
-    folder = repo_folder(repo_id)
-    if not os.path.isdir(folder):
-        raise CheckpointError(
-            f"hub repository {repo_id!r} is not in the local hub cache ({_cache()}); download "
-            f"its revisions (huggingface-cli download {repo_id} --revision step1000), or set "
-            f"checkpoint.allow_download=true."
-        )
-    return folder
 
 
 def agree_commit(commit: str) -> str:

@@ -1,25 +1,104 @@
 """A checkpoint's stored tree read through a mapping (`ppl_jax.checkpoints.mapping`) into a
-model's params: what `Checkpoint.rules`, `mapped` and `restore` do for every reader whose stored
-names are not the model's own (another trainer's Orbax tree, an Orbax v1 tree, ...), from the
-reader's answers alone (`stored`, `read`, `known`, `naming`)."""
+model's params: what `Checkpoint.rules`, `mapping_report` and `restore` do for every reader
+whose stored names are not the model's own (another trainer's Orbax tree, an Orbax v1 tree, ...),
+from the reader's answers alone (`MappedReader`: `stored`, `read`, `rules`, `known`, `naming`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from ppl_jax.checkpoints import blocks, damage, presets, storage
 from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.options import Stored
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 
 READ_GROUP_BYTES = 1 << 30  # stored bytes read at a time
 
 
-def rules(ckpt: Any, step: int | None) -> list[dict[str, Any]]:
+class MappedReader(Protocol):
+    """What this module asks of a checkpoint (`ppl_jax.checkpoints.checkpoint.Checkpoint`
+    answers it): the reader protocol's `resolve_step`, `stored` and `read`, and the mapping's
+    hooks (`mapping`, `mapping_file`, `rules`, `known`, `naming`), which a reader may override."""
+
+    mapping: str
+
+    def resolve_step(self, step: int | None) -> int | None: ...
+
+    def stored(self, step: int | None) -> Stored: ...
+
+    def read(
+        self, step: int | None, abstract: dict[str, jax.ShapeDtypeStruct]
+    ) -> dict[str, jax.Array]: ...
+
+    def mapping_file(self) -> dict[str, Any]: ...
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]: ...
+
+    def known(self, step: int | None) -> dict[str, Any]: ...
+
+    def naming(self, step: int | None) -> str: ...
+
+
+class MappedHooks:
+    """The mapping's hooks of `ppl_jax.checkpoints.checkpoint.Checkpoint` (a mixin it inherits):
+    what `rules`, `sources`, `restore` and `report` below ask of a checkpoint besides its reader
+    protocol, each with the default every reader gets and may override (a layout's own rules,
+    its own naming in sentences, the weights it makes). They read the checkpoint's own answers:
+    `path`, `mapping`, `given_architecture`, `description`, `carried_description`, `model`,
+    `resolve_step` and `stored`."""
+
+    def mapping_file(self) -> dict[str, Any]:
+        """`checkpoint.mapping`'s file (`item`, `params`, `rules`), or {} for a preset or none.
+
+        Raises:
+          CheckpointError, ConfigError: as `presets.read_file`.
+        """
+        if self.mapping and self.mapping not in presets.PRESETS:
+            return presets.read_file(self.mapping)
+        return {}
+
+    def known(self, step: int | None) -> dict[str, Any]:
+        """The architecture's description where one is known (`{}` when the checkpoint carries
+        none and none is given: the caller brings the model), for the mapping's expressions."""
+        kind, _ = self.given_architecture()
+        if kind == "entry":
+            return self.model(step=step).description
+        if kind == "none" and self.carried_description(step) is None:
+            return {}
+        return self.description(step)
+
+    def naming(self, step: int | None) -> str:
+        """The checkpoint, step and mapping, for the sentences of the mapping's errors."""
+        at = f" step {step}" if step is not None else ""
+        return f"{self.path!r}{at} (mapping {self.mapping or 'detected'})"
+
+    def rules(self, step: int | None = None) -> list[dict[str, Any]]:
+        """The mapping rules from the stored names to the model's (`rules`)."""
+        return rules(self, step)
+
+    def mapping_report(self, step: int | None, target: Any) -> list[str]:
+        """How the stored names become the weights of `target`, one line each (`ppl-jax
+        inspect`; `report`)."""
+        return report(self, step, target)
+
+    def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
+        """The model weights the stored tensors make (their names), from the stored tree's
+        metadata and the mapping alone; None where the reader checks its architecture itself
+        (a Hugging Face directory's `config.json` against its headers).
+
+        Raises:
+          CheckpointError: as `stored` and `rules`.
+        """
+        step = self.resolve_step(step)
+        return list(mapping_lib.produced(self.rules(step), self.stored(step), description, ""))
+
+
+def rules(ckpt: MappedReader, step: int | None) -> list[dict[str, Any]]:
     """The mapping rules of a checkpoint: `checkpoint.mapping`'s file or preset, else the preset
     its stored names look like (`presets.detect`), else `identity`.
 
@@ -33,7 +112,7 @@ def rules(ckpt: Any, step: int | None) -> list[dict[str, Any]]:
     return presets.rules_for(name, ckpt.known(step))
 
 
-def sources(ckpt: Any, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
+def sources(ckpt: MappedReader, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
     """Which stored tensor (layer, part, operations) gives each model weight of `target` (leaves
     with `.shape`), read from the tree metadata only.
 
@@ -47,7 +126,7 @@ def sources(ckpt: Any, step: int | None, target: Any) -> dict[str, mapping_lib.S
     )  # fmt: skip
 
 
-def restore(ckpt: Any, step: int | None, target: Any) -> Any:
+def restore(ckpt: MappedReader, step: int | None, target: Any) -> Any:
     """The model's params from the stored tree through the checkpoint's rules, in the target
     shardings.
 
@@ -120,7 +199,7 @@ def describe(src: mapping_lib.Source) -> str:
     return ", ".join(parts)
 
 
-def report(ckpt: Any, step: int | None, target: Any) -> list[str]:
+def report(ckpt: MappedReader, step: int | None, target: Any) -> list[str]:
     """Each model weight of `target` with the stored tensor it comes from and the operations
     (`listing`), or the one sentence naming the first unmatched names.
 

@@ -1,7 +1,7 @@
 """Built-in mappings (`ppl_jax.checkpoints.mapping` rules) for the trees other trainers write, and
 the reading of a user's mapping file.
 
-Presets (the layouts measured in `INTEROP.md` with the libraries themselves):
+Presets (the layouts measured with the libraries themselves; docs/other-trainers.md):
 
 - `maxtext`: MaxText's Linen decoder (`llama2`, `mistral`, `qwen3` blocks), scanned
   (`decoder/layers/...`, layers on axis 1) or not (`decoder/layers_{i}/...`); the query kernel
@@ -15,7 +15,7 @@ Presets (the layouts measured in `INTEROP.md` with the libraries themselves):
 
 A mapping file is YAML (JSON is YAML too): YAML because regular expressions are written as they
 are read (no doubled backslashes in single quotes), comments explain a rule, and `yaml.safe_load`
-runs no code (a Python file would, and DESIGN.md forbids executing configuration from data):
+runs no code (a Python file would; configuration read from data is never executed):
 
 ```yaml
 item: default            # optional: the Orbax item (default: found)

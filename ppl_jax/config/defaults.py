@@ -20,6 +20,7 @@ from ppl_jax.data.spec import corpus_name as spec_corpus_name
 from ppl_jax.evaluation.spec import CHECKPOINT_FORMATS, DTYPES  # noqa: F401
 from ppl_jax.plans.protocols import PROTOCOLS, SLIDING
 from ppl_jax.runtime.mesh import DEFAULT_RULES  # noqa: F401
+from ppl_jax.scoring.nll import MAX_TOP_K
 
 # Modules of the CPython standard library that the demo model never saw in training
 # (launch/train_demo.py leaves them out); the default run scores their CPython 3.11.7 text,
@@ -60,59 +61,15 @@ def get_config() -> config_dict.ConfigDict:
     Each key's meaning is in `KEY_MEANINGS` (shown by `ppl-jax --help`).
     """
     c = config_dict.ConfigDict()
-    c.checkpoint = config_dict.ConfigDict()
-    c.checkpoint.dir = demo_checkpoint_dir()
-    c.checkpoint.step = "latest"
-    c.checkpoint.format = "auto"
-    c.checkpoint.watch = False
-    c.checkpoint.watch_until = -1  # watch: stop once this step is evaluated (-1: idle timeout only)
-    c.checkpoint.watch_timeout = 600.0  # watch: seconds without a new step before it ends
-    c.checkpoint.watch_interval = 10.0  # watch: seconds between two looks at checkpoint.dir
-    c.checkpoint.architecture = (
-        ""  # another trainer's checkpoint: where the architecture comes from
-    )
-    c.checkpoint.mapping = ""  # another trainer's checkpoint: a preset or a YAML mapping file
-    c.checkpoint.item = ""  # the Orbax item holding the params ("": found)
-    c.checkpoint.params = ""  # the params subtree inside the item ("": found)
-    c.checkpoint.allow_download = False  # a hub id may be downloaded (default: local cache only)
-
-    c.data = config_dict.ConfigDict()
-    c.data.name = ""  # derived from data.path (see `corpus_name`)
-    c.data.path = held_out_paths()
-    c.data.format = "auto"
-    c.data.tokenizer = "auto"
-    c.data.errors = "strict"
-    c.data.separator = "\n\n"
-    c.data.jsonl_field = "text"
-    c.data.allow_tokenizer_mismatch = False
-    c.data.preparation = ""  # a standard preparation of the text (ppl_jax.data.preparations)
-    c.data.tags = ""  # e.g. "domain=web,split=val": groups of the macro averages
-    c.data.max_documents = 0  # budget: at most this many documents (0: all)
-    c.data.max_tokens = 0  # budget: documents until this many tokens (0: all)
-    c.data.sample_seed = -1  # budgets take the first documents (-1) or a sample with this seed
-    c.data.cache_dir = (
-        ""  # token and plan caches (ppl_jax.plans.token_cache, ppl_jax.plans.plan_cache)
-    )
-    c.data.fingerprint = "stat"  # corpus files in cache keys and journals: stat or content
+    c.checkpoint = _checkpoint_keys()
+    c.data = _data_keys()
 
     # Several datasets scored by one run (a config file's list of ConfigDicts, each with the
     # keys of `data` it changes and its own `name`, plus `protocol`, `seq_len`, `stride`,
     # `add_bos`, `long_documents`); empty: the one dataset of `data`. See configs/suite_example.py.
     c.suite = ()
 
-    c.eval = config_dict.ConfigDict()
-    c.eval.protocol = SLIDING.name
-    c.eval.seq_len = 256
-    c.eval.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
-    c.eval.batch_size = 8
-    c.eval.add_bos = "auto"
-    c.eval.long_documents = ""  # whole_documents: sliding or truncate a longer one ("": refuse)
-    c.eval.packing = True
-    c.eval.length_buckets = 1
-    c.eval.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
-    c.eval.context_targets = 0  # targets per window of the sweep; 0: min(L, positions - L + 1)
-    c.eval.short_context = 0  # whole_documents: context gains and LongPPL's short context (0: off)
-    c.eval.short_targets = 1024  # targets per short-context window (contexts C..C+S-1)
+    c.eval = _eval_keys()
 
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
@@ -151,22 +108,85 @@ def get_config() -> config_dict.ConfigDict:
     c.longppl.evaluator.format = "auto"
     c.longppl.evaluator.dtype = "float32"
 
-    c.output = config_dict.ConfigDict()
-    c.output.dir = "results"
-    c.output.progress = True
-    c.output.gzip_baseline = True
-    c.output.per_document = False
-    c.output.journal_every = 50
-    c.output.resume = True
-    c.output.tokens = False
-    c.output.top_k = 0
-    c.output.position_curve = False
-    c.output.figures = "png"  # the curves' figure files: png, pdf, svg, or several ("pdf,png")
-    c.output.figure_size = ""  # WIDTHxHEIGHT in inches; "": each figure's own
-    c.output.figure_dpi = 100  # pixels per inch of a PNG
-    c.output.sinks = ""  # record sinks beyond results.json and results.jsonl: "tensorboard"
-    c.output.tensorboard = False  # shorthand for output.sinks=tensorboard
+    c.output = _output_keys()
     return c
+
+
+def _checkpoint_keys() -> config_dict.ConfigDict:
+    """`checkpoint.*`: which checkpoint, which steps, and how another trainer's is read."""
+    s = config_dict.ConfigDict()
+    s.dir = demo_checkpoint_dir()
+    s.step = "latest"
+    s.format = "auto"
+    s.watch = False
+    s.watch_until = -1  # watch: stop once this step is evaluated (-1: idle timeout only)
+    s.watch_timeout = 600.0  # watch: seconds without a new step before it ends
+    s.watch_interval = 10.0  # watch: seconds between two looks at checkpoint.dir
+    s.architecture = ""  # another trainer's checkpoint: where the architecture comes from
+    s.mapping = ""  # another trainer's checkpoint: a preset or a YAML mapping file
+    s.item = ""  # the Orbax item holding the params ("": found)
+    s.params = ""  # the params subtree inside the item ("": found)
+    s.allow_download = False  # a hub id may be downloaded (default: local cache only)
+    return s
+
+
+def _data_keys() -> config_dict.ConfigDict:
+    """`data.*`: the corpus, how it is read, prepared, cut to a budget and cached."""
+    s = config_dict.ConfigDict()
+    s.name = ""  # derived from data.path (see `corpus_name`)
+    s.path = held_out_paths()
+    s.format = "auto"
+    s.tokenizer = "auto"
+    s.errors = "strict"
+    s.separator = "\n\n"
+    s.jsonl_field = "text"
+    s.allow_tokenizer_mismatch = False
+    s.preparation = ""  # a standard preparation of the text (ppl_jax.data.preparations)
+    s.tags = ""  # e.g. "domain=web,split=val": groups of the macro averages
+    s.max_documents = 0  # budget: at most this many documents (0: all)
+    s.max_tokens = 0  # budget: documents until this many tokens (0: all)
+    s.sample_seed = -1  # budgets take the first documents (-1) or a sample with this seed
+    s.cache_dir = ""  # token and plan caches (ppl_jax.plans.token_cache, ppl_jax.plans.plan_cache)
+    s.fingerprint = "stat"  # corpus files in cache keys and journals: stat or content
+    return s
+
+
+def _eval_keys() -> config_dict.ConfigDict:
+    """`eval.*`: the protocol, windows and batches, and the context measures."""
+    s = config_dict.ConfigDict()
+    s.protocol = SLIDING.name
+    s.seq_len = 256
+    s.stride = config_dict.placeholder(int)  # unset: seq_len // 2 where a protocol uses it
+    s.batch_size = 8
+    s.add_bos = "auto"
+    s.long_documents = ""  # whole_documents: sliding or truncate a longer one ("": refuse)
+    s.packing = True
+    s.length_buckets = 1
+    s.context_lengths = ""  # e.g. "64,128,256": the context-length sweep (off when empty)
+    s.context_targets = 0  # targets per window of the sweep; 0: min(L, positions - L + 1)
+    s.short_context = 0  # whole_documents: context gains and LongPPL's short context (0: off)
+    s.short_targets = 1024  # targets per short-context window (contexts C..C+S-1)
+    return s
+
+
+def _output_keys() -> config_dict.ConfigDict:
+    """`output.*`: the output folder, journal, per-token output, curves, figures and sinks."""
+    s = config_dict.ConfigDict()
+    s.dir = "results"
+    s.progress = True
+    s.gzip_baseline = True
+    s.per_document = False
+    s.journal_every = 50
+    s.resume = True
+    s.tokens = False
+    s.top_k = 0
+    s.position_curve = False
+    s.figures = "png"  # the curves' figure files: png, pdf, svg, or several ("pdf,png")
+    s.figure_size = ""  # WIDTHxHEIGHT in inches; "": each figure's own
+    s.figure_dpi = 100  # pixels per inch of a PNG
+    s.sinks = ""  # record sinks beyond results.json and results.jsonl: "tensorboard"
+    s.tensorboard = False  # shorthand for output.sinks=tensorboard
+    return s
 
 
 # One line per key of `get_config()` (a test checks that the two name the same keys); `--help`
@@ -287,7 +307,8 @@ KEY_MEANINGS = {
     "run resume)",
     "output.resume": "resume from a matching journal in output.dir",
     "output.tokens": "also write tokens.parquet: every scored token's NLL, surprisal, entropy",
-    "output.top_k": "with output.tokens, the k most probable tokens at each position, 0..20",
+    "output.top_k": f"with output.tokens, the k most probable tokens at each position, "
+    f"0..{MAX_TOP_K}",
     "output.position_curve": "also write position_curve.json and its figure: perplexity by "
     "position in the window, with 95% bands",
     "output.figures": "the file formats of the curves' figures, by extension: png (raster), pdf, "

@@ -15,7 +15,6 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from ppl_jax.checkpoints import hub
 from ppl_jax.config.defaults import MIN_BOOTSTRAP_SAMPLES, held_out_paths
 from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec, choice, corpus_name
@@ -23,7 +22,6 @@ from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation.spec import (
     CHECKPOINT_FORMATS,
     DTYPES,
-    MAX_TOP_K,
     DiagnosticsSpec,
     LongContextSpec,
     ReferenceSpec,
@@ -37,6 +35,7 @@ from ppl_jax.plans import protocols
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 from ppl_jax.scoring import precision
+from ppl_jax.scoring.nll import MAX_TOP_K
 
 _choice = choice
 
@@ -60,22 +59,10 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         packing=bool(c.eval.packing),
         length_buckets=int(c.eval.length_buckets),
     )
-    journal_every = int(c.output.journal_every)
-    if journal_every < 1:
-        raise ConfigError(
-            f"output.journal_every={journal_every} must be at least 1 (batches between "
-            f"journal flushes)."
-        )
-    rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
-    samples = int(c.metrics.bootstrap_samples)
-    if samples != 0 and samples < MIN_BOOTSTRAP_SAMPLES:
-        raise ConfigError(
-            f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
-            f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
-        )
+    journal_every, samples = _journal_every(c), _bootstrap_samples(c)
     options = checkpoint_options(c.checkpoint)
     return RunSpec(
-        checkpoint_dir=checkpoint_dir(c.checkpoint, steps.is_sweep or _revisions(c), options),
+        checkpoint_dir=checkpoint_dir(c.checkpoint),
         checkpoint_options=options,
         checkpoint_step=step,
         checkpoint_format=str(c.checkpoint.format),
@@ -85,14 +72,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         attention=str(c.model.attention),
         rope_angles=str(c.model.rope_angles),
         matmul_precision=str(c.model.matmul_precision),
-        mesh=MeshSpec(
-            data=int(c.mesh.data),
-            model=int(c.mesh.model),
-            rules=rules,
-            context=int(c.mesh.context),
-            context_attention=str(c.model.context_attention),
-            token_chunk=int(c.model.token_chunk),
-        ),
+        mesh=_mesh(c),
         output_dir=os.path.expanduser(str(c.output.dir)),
         progress=bool(c.output.progress),
         gzip_baseline=bool(c.output.gzip_baseline),
@@ -108,6 +88,42 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
         suite=_suite(c),
         sinks=_sinks(c),
     )
+
+
+def _mesh(c: config_dict.ConfigDict) -> MeshSpec:
+    """`mesh.*`, with `model.context_attention` and `model.token_chunk` (how the context axis
+    and the per-token layers run)."""
+    rules = tuple((str(k), None if v is None else str(v)) for k, v in c.mesh.rules)
+    return MeshSpec(
+        data=int(c.mesh.data),
+        model=int(c.mesh.model),
+        rules=rules,
+        context=int(c.mesh.context),
+        context_attention=str(c.model.context_attention),
+        token_chunk=int(c.model.token_chunk),
+    )
+
+
+def _journal_every(c: config_dict.ConfigDict) -> int:
+    """`output.journal_every`, at least 1."""
+    journal_every = int(c.output.journal_every)
+    if journal_every < 1:
+        raise ConfigError(
+            f"output.journal_every={journal_every} must be at least 1 (batches between "
+            f"journal flushes)."
+        )
+    return journal_every
+
+
+def _bootstrap_samples(c: config_dict.ConfigDict) -> int:
+    """`metrics.bootstrap_samples`: 0 (no intervals) or at least `MIN_BOOTSTRAP_SAMPLES`."""
+    samples = int(c.metrics.bootstrap_samples)
+    if samples != 0 and samples < MIN_BOOTSTRAP_SAMPLES:
+        raise ConfigError(
+            f"metrics.bootstrap_samples={samples} is too few for a 95% interval; use 0 "
+            f"(no intervals) or at least {MIN_BOOTSTRAP_SAMPLES} (1000 is usual)."
+        )
+    return samples
 
 
 SUITE_DATA_KEYS = (
@@ -206,25 +222,12 @@ def checkpoint_options(ckpt: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(out)
 
 
-def _revisions(c: config_dict.ConfigDict) -> bool:
-    """`checkpoint.step` names hub revisions (`step1000,step2000`), not step numbers."""
-    return any(
-        ch.isalpha() for ch in str(c.checkpoint.step).replace("latest", "").replace("all", "")
-    )
-
-
-def checkpoint_dir(ckpt: Any, sweep: bool, options: tuple[tuple[str, Any], ...]) -> str:
-    """`checkpoint.dir`, a hub id resolved to a local folder (`ppl_jax.checkpoints.hub
-    .local_dir`: the revision's snapshot, whose commit is then in the fingerprint and results;
-    for a sweep over revisions, the repository's cache folder).
-
-    Raises:
-      ConfigError, CheckpointError: a malformed hub id, or one not in the cache (offline).
-    """
-    path = str(ckpt.dir).strip()
-    if hub.is_hub_id(path):
-        return hub.local_dir(path, sweep, dict(options).get("allow_download", False))
-    return os.path.expanduser(path)
+def checkpoint_dir(ckpt: Any) -> str:
+    """`checkpoint.dir` as given, `~` expanded: a local or remote folder, or a hub id
+    (`hf://org/name[@revision]`), which its reader resolves when the run opens it
+    (`ppl_jax.checkpoints.huggingface.HubRepo`: the revision's snapshot, its step revisions for
+    a sweep). Reads nothing."""
+    return os.path.expanduser(str(ckpt.dir).strip())
 
 
 _REVISION = re.compile(r"^(?:[a-z][a-z_-]*)?(\d+)$")  # `1000`, or a hub revision `step1000`

@@ -59,7 +59,7 @@ class Prepared:
 
     @property
     def doc_counts(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """`(num_bytes, num_words)` for `protocols.plan(..., doc_counts=...)`, or None."""
+        """`(num_bytes, num_words)` for `Protocol.plan(..., doc_counts=...)`, or None."""
         if self.num_bytes is None or self.num_words is None:
             return None
         return self.num_bytes, self.num_words

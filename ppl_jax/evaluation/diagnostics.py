@@ -231,20 +231,37 @@ def before(
         )
     else:
         with passes.timed("longppl_evaluator_seconds"):
-            restored = key_eval.restore()
-            keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop, passes)
-            del restored
-            if keys_e is None:
-                return False
-            mask = long_context.matched_keys(
-                dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
-            )
-        watch.keys = (mask, int(keys_e.sum()), key_eval.name)
+            watch.keys = _evaluator_keys(p, dataset, docs, spec, stop, passes)
+        if watch.keys is None:
+            return False
     if watch.tokens_pending is not None:
         columns = long_context.TokenColumns(short)
         watch.token_writer = _token_writer(watch.tokens_pending, extra_columns=columns)
         watch.tokens_pending = None
     return True
+
+
+def _evaluator_keys(
+    p: Any,
+    dataset: Dataset,
+    docs: list[Any],
+    spec: RunSpec,
+    stop: ScoreObserver | None,
+    passes: Passes,
+) -> tuple[np.ndarray, int, str] | None:
+    """LongPPL's key tokens found by its evaluator model (`p.long_context`: its weights, its two
+    passes), matched to the run's tokens by characters: `(mask over the run's token stream, the
+    evaluator's key count, its name)`, or None if `stop` ended a pass."""
+    key_eval = p.long_context
+    restored = key_eval.restore()
+    keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop, passes)
+    del restored
+    if keys_e is None:
+        return None
+    mask = long_context.matched_keys(
+        dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
+    )
+    return mask, int(keys_e.sum()), key_eval.name
 
 
 def context_sweep(

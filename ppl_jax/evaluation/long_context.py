@@ -1,4 +1,4 @@
-"""The long-context measures of a run that scores documents whole (`whole_documents`; issue 23):
+"""The long-context measures of a run that scores documents whole (`whole_documents`; docs/long-context.md):
 loss by position in the document to its full length with 95% bands over documents, the context
 gain of every token, and LongPPL (Fang et al., ICLR 2025), from one job.
 
@@ -42,7 +42,7 @@ from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans import planner, protocols
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.layout import plan_layout
-from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.protocols import Plan, PlanInputs
 from ppl_jax.plans.windows import NO_PREFIX, Windows
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.observers import ScoreObserver
@@ -135,10 +135,11 @@ def check(
 def plan_of(spec: RunSpec, docs: list, tok: Tokenizer, vocab_size: int, add_bos: bool) -> Plan:
     """The run's protocol over `docs` with another tokenizer (LongPPL's evaluator)."""
     protocol = spec.protocol
-    return protocol.rules.plan(
-        docs, tok, vocab_size, protocol.seq_len, protocol.stride, add_bos, spec.data.separator,
-        **protocol.options,
+    given = PlanInputs(
+        tok, vocab_size, protocol.seq_len, protocol.stride, add_bos, spec.data.separator,
+        protocol.options,
     )  # fmt: skip
+    return protocol.rules.plan(docs, given)
 
 
 class Gather:

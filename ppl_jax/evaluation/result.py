@@ -43,8 +43,15 @@ class Evaluation:
         setup, restore, short context, LongPPL evaluator, compile, scoring, context sweep, gzip
         baseline), None for a pass that did not run.
       dataset, protocol_spec: the dataset's specs.
+      checkpoint_path: the checkpoint as given (`Checkpoint.path`), or None (params from a
+        training loop); checkpoint_commit: a hub revision's commit, else None.
+      dtype: the params' dtype; packing: `BatchSpec.packing` as set.
+      bootstrap_samples, seed: the 95% intervals' resamples (0: none) and their seed.
+      reference: the reference model of the divergence (`path`, `step`, `dtype`), or None.
       quantization: how the checkpoint's weights are stored quantized
         (`Checkpoint.quantization`), or None.
+      matmul_precision: the precision of the step's matrix products (the scorer's resolved
+        `model.matmul_precision`), or None.
     """
 
     sums: metrics.Sums
@@ -71,8 +78,15 @@ class Evaluation:
     diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)
     gzip_sample_bytes: int | None = None
     timing: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    checkpoint_path: str | None = None
+    checkpoint_commit: str | None = None
+    dtype: str = "float32"
+    packing: bool = True
+    bootstrap_samples: int = 1000
+    seed: int = 0
+    reference: dict[str, Any] | None = None
     quantization: dict[str, Any] | None = None
-    matmul_precision: str | None = None  # `RunSetup.matmul_precision`
+    matmul_precision: str | None = None
 
 
 def per_document(plan: Plan, totals: ScoreTotals) -> list[dict[str, Any]]:

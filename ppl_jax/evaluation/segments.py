@@ -1,4 +1,4 @@
-"""The one-row check that a model which claims to keep segments apart does (issue 19 item 8).
+"""The one-row check that a model which claims to keep segments apart does (docs/protocols.md).
 
 Packing (`ppl_jax.plans.layout`) puts several windows into one row as segments and relies on the
 model to keep them apart: a token attends only to earlier tokens of its own segment, at the

@@ -13,11 +13,12 @@ import jax
 from jax.experimental.compilation_cache import compilation_cache
 
 from ppl_jax import tokenizer
-from ppl_jax.checkpoints import DTYPES, Checkpoint, open_checkpoint
+from ppl_jax.checkpoints import DTYPES, Checkpoint, architecture, open_checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError, settings_named
 from ppl_jax.evaluation import diagnostics
-from ppl_jax.evaluation.evaluator import check_batch_size, check_window
+from ppl_jax.evaluation.checks import check_batch_size, check_context, check_window
+from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
@@ -28,8 +29,6 @@ from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import distributed
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.scoring import precision
-from ppl_jax.scoring import scorer as scorer_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +56,8 @@ class RunSetup:
     Attributes:
       attention: the attention implementation the model runs (recorded in the fingerprint and
         the results; the model's `honours_segments` already says what it means for packing).
+      evaluator: the run's `Evaluator` over `datasets` (not compiled yet), which scores every
+        step (`ppl_jax.evaluation.run`).
     """
 
     spec: RunSpec
@@ -72,71 +73,22 @@ class RunSetup:
     target: Any
     shardings: Any
     reference: Reference | None
+    evaluator: Evaluator
     long_context: Any = None  # LongPPL's evaluator (`long_context.KeyEvaluator`), if named
 
     @property
     def matmul_precision(self) -> str:
         """The precision of the run's matrix products: `model.matmul_precision`, `auto` resolved
-        as the scorer resolves it (`highest` where the model or the reference computes in
+        by the evaluator's scorer (`highest` where the model or the reference computes in
         float32; `ppl_jax.scoring.precision`)."""
-        trees = [self.model.abstract_params]
-        if self.reference is not None:
-            trees.append(self.reference.model.abstract_params)
-        return precision.resolve(self.spec.matmul_precision, precision.computes_in_float32(*trees))
+        return self.evaluator.scorer.matmul_precision
 
     def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
-        """What decides the numbers of dataset `d` scored at `step`
-        (`ppl_jax.runtime.fingerprint.run_fingerprint`): every setting, file and version that
-        could change them, so that a journal or a stored record of another is never taken for
-        this pair's."""
-        model, plan = self.model, d.plan
-        return fingerprint_lib.run_fingerprint(
-            {
-                "checkpoint": self.ckpt.identity(step),
-                "model": {
-                    "description": fingerprint_lib.text_digest(model.description),
-                    "dtype": self.spec.dtype,
-                    "matmul_precision": self.matmul_precision,
-                    "attention": self.attention,
-                    "honours_segments": model.honours_segments,
-                },
-                "data": d.data.fingerprint_part(),
-                "tokenizer": {"description": fingerprint_lib.text_digest(self.tok.describe())},
-                "protocol": {
-                    **d.protocol.fingerprint_part(),
-                    "add_bos": plan.add_bos,
-                    "prefix_id": plan.prefix_id,
-                    "num_windows": plan.windows.num_windows,
-                    **self._long_context_part(),
-                },
-                "layout": {
-                    **self.spec.batch.fingerprint_part(),
-                    "num_batches": d.layout.num_batches,
-                },
-                "mesh": {
-                    **{k: int(v) for k, v in self.mesh.shape.items() if k != "context"},
-                    "processes": jax.process_count(),
-                    "rules": [list(rule) for rule in self.spec.mesh.rules],
-                    **self._context_part(),
-                },
-                "environment": fingerprint_lib.environment(),
-            }
-        )
+        """What decides the numbers of dataset `d` scored at `step`: the evaluator's
+        (`Evaluator.fingerprint`), with the long-context measures' part."""
+        return self.evaluator.fingerprint(d, step, self.long_context_part())
 
-    def _context_part(self) -> dict[str, Any]:
-        """The context axis's settings (they change the order of float32 additions), where a
-        run sets them; empty otherwise (the fingerprints of other runs as before)."""
-        m = self.spec.mesh
-        part: dict[str, Any] = {}
-        if int(self.mesh.shape.get("context", 1)) > 1:
-            part.update(
-                context=int(self.mesh.shape["context"]), context_attention=m.context_attention
-            )
-        if m.token_chunk:
-            part["token_chunk"] = m.token_chunk
-        return part
-
-    def _long_context_part(self) -> dict[str, Any]:
+    def long_context_part(self) -> dict[str, Any]:
         """The long-context measures' settings (`LongContextSpec.fingerprint_part`) and their
         LongPPL evaluator's identity (its checkpoint, model, tokenizer), under `long_context`;
         empty without them (the fingerprints of other runs as before)."""
@@ -160,8 +112,9 @@ def check(spec: RunSpec, ckpt: Checkpoint) -> None:
 
     Raises:
       ConfigError: diagnostics, per-document output or a reference model with a sweep or a
-        suite; a sweep over a checkpoint of one set of weights (`Checkpoint.check_sweep`);
+        suite; a sweep over a checkpoint of one set of weights;
         per-document output of a protocol whose windows span documents.
+      CheckpointError: as `Checkpoint.resolve_step` (a sweep over a checkpoint without steps).
     """
     d = spec.diagnostics
     if spec.is_training_run and (
@@ -177,8 +130,11 @@ def check(spec: RunSpec, ckpt: Checkpoint) -> None:
             "reference.* and output.per_document score one checkpoint step on one dataset; run "
             "them without suite, a step sweep or checkpoint.watch."
         )
-    if spec.steps.is_sweep:
-        ckpt.check_sweep(spec.steps.kind)
+    if spec.steps.is_sweep and not ckpt.steps() and ckpt.resolve_step(None) is None:
+        raise ConfigError(
+            f"checkpoint.step={spec.steps.kind} needs a checkpoint of several steps; "
+            f"{ckpt.path!r} is {ckpt.layout_name} (one set of weights)."
+        )
     if spec.per_document and not spec.protocol.rules.document_level:
         levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
@@ -191,56 +147,21 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     """Every step of a run that needs no weights, in the order that reports a user's mistake
     soonest: settings, mesh, the corpora's files, the architecture, the tokenizer, the plans,
     the diagnostics, the reference model, the processes' agreement on the plans."""
-    if (
-        spec.compilation_cache_dir
-        and jax.config.jax_compilation_cache_dir != spec.compilation_cache_dir
-    ):
-        # A process that compiled before (a training loop, a test run) has its cache set up
-        # already: reset it, or the folder asked for would be ignored.
-        jax.config.update("jax_compilation_cache_dir", spec.compilation_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        compilation_cache.reset_cache()
+    _use_compilation_cache(spec.compilation_cache_dir)
     ckpt = open_checkpoint(
         spec.checkpoint_dir, spec.checkpoint_format, **dict(spec.checkpoint_options)
     )
     check(spec, ckpt)
     sinks.check(spec.sinks, out)
     mesh = mesh_lib.make_mesh(spec.mesh.data, spec.mesh.model, context=spec.mesh.context)
-    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     check_batch_size(spec.batch.batch_size, mesh)
-    # The corpora before the checkpoint (with a cache, only their file list: a hit reads none).
-    raw = []
-    for ds, _ in spec.datasets:
-        raw.append(None if ds.cache_dir else planner.read(ds))
-        if ds.cache_dir:
-            data.resolve_paths(ds.path)
-    first_step = ckpt.resolve_step(spec.checkpoint_step)
-    attention = ckpt.attention(spec.attention, spec.dtype, first_step, **context)
-    model = ckpt.model(spec.dtype, attention, first_step)
-    if spec.rope_angles != "float32":
-        model = _rope_angles(model, spec, attention)
-    _check_context(model, mesh)
-    check_window(spec.protocol.seq_len, model)
+    raw = _read_corpora(spec)
+    first_step = _first_step(spec, ckpt)
+    model, attention = _model(spec, ckpt, first_step, mesh)
     tok, note = ckpt.tokenizer_for(
         spec.data.tokenizer, spec.data.allow_tokenizer_mismatch, step=first_step, model=model
     )
-    datasets, documents = [], {}
-    for (ds, protocol), read_first in zip(spec.datasets, raw, strict=True):
-        check_window(
-            protocol.seq_len,
-            model,
-            f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len",
-        )
-        plan, docs, _ = planner.planned(ds, protocol, tok, model.vocab_size, read_first)
-        datasets.append(
-            Dataset(
-                ds,
-                protocol,
-                plan,
-                planner.batches(plan, spec.batch, model.honours_segments, mesh.shape["data"]),
-            )
-        )
-        documents[ds.name] = docs
+    datasets, documents = _plan(spec, raw, tok, model, mesh)
     key_eval = None
     if not spec.is_training_run:
         first = datasets[0]
@@ -256,40 +177,125 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
     )
+    evaluator = _evaluator(spec, ckpt, model, attention, mesh, datasets, tok, shardings, reference)
     return RunSetup(
-        spec,
-        mesh,
-        ckpt,
-        first_step,
-        model,
-        attention,
-        tok,
-        note,
-        datasets,
-        documents,
-        target,
-        shardings,
-        reference,
-        key_eval,
+        spec=spec,
+        mesh=mesh,
+        ckpt=ckpt,
+        first_step=first_step,
+        model=model,
+        attention=attention,
+        tok=tok,
+        tokenizer_note=note,
+        datasets=datasets,
+        documents=documents,
+        target=target,
+        shardings=shardings,
+        reference=reference,
+        evaluator=evaluator,
+        long_context=key_eval,
     )
 
 
-def _check_context(model: LanguageModel, mesh: Any, what: str = "the model") -> None:
-    """`scorer.check_context`, with the reason of a family whose `Limit("context")` refuses
-    this description (`registry.context_refusal`), before any weight is read.
+def _evaluator(
+    spec: RunSpec,
+    ckpt: Checkpoint,
+    model: LanguageModel,
+    attention: str,
+    mesh: Any,
+    datasets: list[Dataset],
+    tok: tokenizer.Tokenizer,
+    shardings: Any,
+    reference: Reference | None,
+) -> Evaluator:
+    """The run's `Evaluator` over its planned datasets (compiled at its first step), with the
+    step's diagnostics and what its records and fingerprints name: the checkpoint, dtype,
+    attention, sharding rules and intervals of the settings."""
+    return Evaluator(
+        model,
+        mesh,
+        datasets,
+        tok,
+        param_shardings=shardings,
+        batch=spec.batch,
+        options=diagnostics.step_options(spec),
+        reference=None if reference is None else (reference.model, reference.shardings),
+        compile=False,
+        rules=spec.mesh.rules,
+        checkpoint=ckpt,
+        dtype=spec.dtype,
+        attention=attention,
+        bootstrap_samples=spec.bootstrap_samples,
+        seed=spec.seed,
+    )
+
+
+def _use_compilation_cache(folder: str) -> None:
+    """JAX's persistent compilation cache in `folder` (`runtime.compilation_cache_dir`; "": as
+    it is)."""
+    if folder and jax.config.jax_compilation_cache_dir != folder:
+        # A process that compiled before (a training loop, a test run) has its cache set up
+        # already: reset it, or the folder asked for would be ignored.
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        compilation_cache.reset_cache()
+
+
+def _read_corpora(spec: RunSpec) -> list[Any]:
+    """The corpora, read before the checkpoint (a user's mistake in them is reported first);
+    with a cache, only their file list (a hit reads none): None for those."""
+    raw = []
+    for ds, _ in spec.datasets:
+        raw.append(None if ds.cache_dir else planner.read(ds))
+        if ds.cache_dir:
+            data.resolve_paths(ds.path)
+    return raw
+
+
+def _model(
+    spec: RunSpec, ckpt: Checkpoint, step: int | None, mesh: Any
+) -> tuple[LanguageModel, str]:
+    """The model of the step's architecture (resolved once) and the attention it runs, checked
+    against the mesh's context axis and `eval.seq_len`."""
+    arch = architecture.resolve(ckpt, step)
+    attention = arch.attention(spec.attention, spec.dtype, mesh, spec.mesh.context_attention)
+    model = arch.model(spec.dtype, attention)
+    if spec.rope_angles != "float32":
+        model = _rope_angles(model, spec, attention)
+    check_context(model, mesh)
+    check_window(spec.protocol.seq_len, model)
+    return model, attention
+
+
+def _plan(
+    spec: RunSpec, raw: list[Any], tok: tokenizer.Tokenizer, model: LanguageModel, mesh: Any
+) -> tuple[list[Dataset], dict[str, Any]]:
+    """Each dataset planned (`planner.planned`) and laid out in batches, and the documents read
+    while planning (by name: the gzip baseline's)."""
+    datasets, documents = [], {}
+    for (ds, protocol), read_first in zip(spec.datasets, raw, strict=True):
+        where = f"dataset {ds.name!r}: seq_len" if spec.suite else "eval.seq_len"
+        check_window(protocol.seq_len, model, where)
+        plan, docs, _ = planner.planned(ds, protocol, tok, model.vocab_size, read_first)
+        layout = planner.batches(plan, spec.batch, model.honours_segments, mesh.shape["data"])
+        datasets.append(Dataset(ds, protocol, plan, layout))
+        documents[ds.name] = docs
+    return datasets, documents
+
+
+def _first_step(spec: RunSpec, ckpt: Checkpoint) -> int | None:
+    """The step whose architecture and tokenizer the run reads: `checkpoint.step`'s, else the
+    latest finalized one; for a sweep the latest of `ckpt.steps()` (a hub repository's latest
+    step revision, not its main branch).
 
     Raises:
-      ConfigError: `mesh.context > 1` for a model that cannot run under it.
+      CheckpointError: as `Checkpoint.resolve_step`.
     """
-    n = int(dict(mesh.shape).get("context", 1))
-    family = model.description.get("family") if isinstance(model.description, dict) else None
-    reason = registry.context_refusal(model.description) if n > 1 and family else None
-    if reason and not model.context_parallel:
-        raise ConfigError(
-            f"mesh.context={n} is refused for {what} (family {family!r}): {reason}; set "
-            f"mesh.context=1."
-        )
-    scorer_lib.check_context(model, mesh, what)
+    if spec.steps.is_sweep and spec.checkpoint_step is None:
+        listed = ckpt.steps()
+        if listed:
+            return ckpt.resolve_step(listed[-1])
+    return ckpt.resolve_step(spec.checkpoint_step)
 
 
 def _rope_angles(model: LanguageModel, spec: RunSpec, attention: str) -> LanguageModel:
@@ -320,12 +326,13 @@ def _reference(
         Hugging Face directory's tokenizer files): the same ids would name other strings.
     """
     ref = spec.diagnostics.reference
-    context = dict(context=mesh.shape["context"], context_attention=spec.mesh.context_attention)
     with settings_named("reference.checkpoint"):  # its own keys, not the scored model's
         ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
         step = ckpt.resolve_step(ref.checkpoint_step)
-        ref_model = ckpt.model(ref.dtype, ckpt.attention("auto", ref.dtype, step, **context), step)
-    _check_context(ref_model, mesh, "the reference model")
+        arch = architecture.resolve(ckpt, step)
+        attention = arch.attention("auto", ref.dtype, mesh, spec.mesh.context_attention)
+        ref_model = arch.model(ref.dtype, attention)
+    check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "

@@ -20,7 +20,6 @@ from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
 
 DTYPES = tuple(_DTYPES)  # model.dtype's choices: the checkpoints' one table
-MAX_TOP_K = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +116,7 @@ class LongContextSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DiagnosticsSpec:
-    """What a run reports beyond its sums (issue 9's diagnostics); all off by default."""
+    """What a run reports beyond its sums (docs/diagnostics.md); all off by default."""
 
     tokens: bool = False  # tokens.parquet
     top_k: int = 0  # alternatives per token in tokens.parquet

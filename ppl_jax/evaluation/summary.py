@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from ml_collections import config_dict
 
+from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.evaluation.result import Evaluation
-from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import published, uncertainty
 from ppl_jax.outputs import results_json, store
 from ppl_jax.runtime import fingerprint as fingerprint_lib
+from ppl_jax.runtime import paths
 
 METRIC_KEYS = (
     "perplexity",
@@ -27,9 +27,7 @@ METRIC_KEYS = (
 )
 
 
-def results_dict(
-    ev: Evaluation, spec: RunSpec, config: config_dict.ConfigDict | dict | None = None
-) -> dict:
+def results_dict(ev: Evaluation, config: config_dict.ConfigDict | dict | None = None) -> dict:
     """`results.json` of a run of this one dataset (`ppl_jax.outputs.results_json.assemble`, the
     one assembly: the file a run writes): `dataset_dict` at the top level, plus `step`,
     `datasets` (its record), `averages` (none), `run`, `config` and `notes`.
@@ -43,27 +41,28 @@ def results_dict(
     """
     if isinstance(config, config_dict.ConfigDict):
         config = json.loads(config.to_json_best_effort())
-    checkpoint = {"path": spec.checkpoint_dir, "format": ev.checkpoint_format}
-    record = dataset_record(ev, spec)
+    checkpoint = {"path": ev.checkpoint_path, "format": ev.checkpoint_format}
+    record = dataset_record(ev)
     return results_json.assemble(ev.step, [record], checkpoint, None, ev.wall_seconds, config)
 
 
-def dataset_record(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
+def dataset_record(ev: Evaluation) -> dict[str, Any]:
     """The record of the dataset at its step (`ppl_jax.outputs.store.dataset_record`), with its
-    fingerprint's digest and `dataset_dict` as its `details`."""
+    fingerprint's digest and `dataset_dict` as its `details`: the one record builder, of the
+    evaluation loop (`Evaluator.__call__`) for a training loop and the command line alike."""
     return store.dataset_record(
         step=ev.step,
         dataset=ev.dataset.name,
         sums=ev.sums,
         fingerprint=fingerprint_lib.digest(ev.fingerprint),
         tags=dict(ev.dataset.tags),
-        checkpoint=spec.checkpoint_dir,
+        checkpoint=ev.checkpoint_path,
         wall_seconds=ev.totals.scoring_seconds,
-        details=dataset_dict(ev, spec),
+        details=dataset_dict(ev),
     )
 
 
-def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
+def dataset_dict(ev: Evaluation) -> dict:
     """One dataset's result at one step: metrics, counts, protocol, intervals, gzip baseline,
     diagnostics, timings, checkpoint, model, tokenizer, fingerprint, data, mesh; strict JSON
     (see `results_dict`). The same for a single run and for each dataset of a sweep: it is the
@@ -79,12 +78,12 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         **{key: m[key] for key in METRIC_KEYS},
         "num_documents": s.num_documents,
         "num_windows": s.num_windows,
-        "protocol": protocol_dict(ev, spec),
+        "protocol": protocol_dict(ev),
         "text_tokens": ev.plan.text_tokens,
         "gzip_bits_per_byte": ev.gzip_bits_per_byte,
         "gzip_sample_bytes": ev.gzip_sample_bytes,
-        "intervals": intervals_dict(ev, spec),
-        "divergence": _divergence_dict(ev, spec),
+        "intervals": intervals_dict(ev),
+        "divergence": _divergence_dict(ev),
         "context_curve": ev.diagnostics.get("context_curve"),
         "long_context": ev.diagnostics.get("long_context"),
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
@@ -98,14 +97,10 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         # Every pass's seconds (`ppl_jax.evaluation.passes`), null for one that did not run.
         "timing": dict(ev.timing) or None,
         "wall_seconds": ev.wall_seconds,
-        "checkpoint": {
-            "path": os.path.abspath(spec.checkpoint_dir),
-            "step": ev.step,
-            "format": ev.checkpoint_format,
-        },
+        "checkpoint": _checkpoint_dict(ev),
         "model": ev.model_description,
         "attention": ev.attention,
-        "dtype": spec.dtype,
+        "dtype": ev.dtype,
         # The checkpoint's stored quantization (method, bits, group size; weights read
         # dequantized into `dtype`), or None.
         "quantization": ev.quantization,
@@ -116,23 +111,7 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
         else f"data.tokenizer={ev.dataset.tokenizer}",
         "fingerprint": fingerprint_lib.digest(ev.fingerprint),
         "resumed_batches": ev.resumed_batches,
-        "data": {
-            "name": ev.dataset.name,
-            "path": ev.dataset.path,
-            "format": ev.dataset.format,
-            # How a cached corpus is matched to its files (`data.fingerprint`).
-            "cache_dir": ev.dataset.cache_dir or None,
-            "fingerprint": ev.dataset.fingerprint,
-            # What shaped the documents scored: a standard preparation, and a budget.
-            "preparation": ev.dataset.preparation or None,
-            "budget": {
-                "max_documents": ev.dataset.max_documents,
-                "max_tokens": ev.dataset.max_tokens,
-                "sample_seed": ev.dataset.sample_seed,
-            }
-            if ev.dataset.has_budget
-            else None,
-        },
+        "data": _data_dict(ev.dataset),
         "mesh": ev.mesh_shape,
         "num_processes": _process_count(),
     }
@@ -143,47 +122,77 @@ def dataset_dict(ev: Evaluation, spec: RunSpec) -> dict:
     return results
 
 
-def _divergence_dict(ev: Evaluation, spec: RunSpec) -> dict | None:
-    """The divergence from the reference model (`ppl_jax.metrics.divergence`), with the reference."""
-    found = ev.diagnostics.get("divergence")
-    ref = spec.diagnostics.reference
-    if found is None or ref is None:
-        return None
+def _data_dict(ds: DatasetSpec) -> dict[str, Any]:
+    """The dataset scored: its name, files, format, how a cached corpus is matched to its files,
+    and what shaped the documents (a standard preparation, a budget)."""
     return {
-        "reference": {
-            "path": os.path.abspath(ref.checkpoint_dir),
-            "step": ref.checkpoint_step,
-            "dtype": ref.dtype,
-        },
-        **found,
+        "name": ds.name,
+        "path": ds.path,
+        "format": ds.format,
+        # How a cached corpus is matched to its files (`data.fingerprint`).
+        "cache_dir": ds.cache_dir or None,
+        "fingerprint": ds.fingerprint,
+        # What shaped the documents scored: a standard preparation, and a budget.
+        "preparation": ds.preparation or None,
+        "budget": {
+            "max_documents": ds.max_documents,
+            "max_tokens": ds.max_tokens,
+            "sample_seed": ds.sample_seed,
+        }
+        if ds.has_budget
+        else None,
     }
 
 
-def intervals_dict(ev: Evaluation, spec: RunSpec) -> dict | None:
-    """The run's 95% bootstrap intervals (`uncertainty.intervals`); None when
-    `metrics.bootstrap_samples` is 0; intervals of None, with a `note`, for a run of one unit."""
-    if spec.bootstrap_samples == 0:
+def _checkpoint_dict(ev: Evaluation) -> dict[str, Any]:
+    """The checkpoint scored: its path (absolute; a hub id or a bucket path as given), step and
+    format (the reader's), and a hub revision's commit."""
+    path = ev.checkpoint_path
+    found = {
+        "path": None if path is None else paths.absolute(path),
+        "step": ev.step,
+        "format": ev.checkpoint_format,
+    }
+    if ev.checkpoint_commit:
+        found["commit"] = ev.checkpoint_commit
+    return found
+
+
+def _divergence_dict(ev: Evaluation) -> dict | None:
+    """The divergence from the reference model (`ppl_jax.metrics.divergence`), with the
+    reference (`Evaluation.reference`: its path, step and dtype)."""
+    found = ev.diagnostics.get("divergence")
+    if found is None or ev.reference is None:
+        return None
+    return {"reference": dict(ev.reference), **found}
+
+
+def intervals_dict(ev: Evaluation) -> dict | None:
+    """The run's 95% bootstrap intervals (`uncertainty.intervals`, `ev.bootstrap_samples` drawn
+    with `ev.seed`); None for 0 samples; intervals of None, with a `note`, for a run of one
+    unit."""
+    if ev.bootstrap_samples == 0:
         return None
     units = uncertainty.units_of(ev.plan, ev.totals)
     if units.count < 2:  # said inside the object (`notes` is for the metrics)
         return {
             "method": units.method,
-            "samples": spec.bootstrap_samples,
-            "seed": spec.seed,
+            "samples": ev.bootstrap_samples,
+            "seed": ev.seed,
             "unit": units.kind,
             "units": units.count,
             "perplexity": None,
             "bits_per_byte": None,
             "note": f"undefined (one {units.kind}: nothing to resample)",
         }
-    return uncertainty.intervals(units, spec.bootstrap_samples, spec.seed)
+    return uncertainty.intervals(units, ev.bootstrap_samples, ev.seed)
 
 
 def _resumed_tokens(ev: Evaluation) -> int:
     return ev.recorder.resumed_tokens if ev.recorder is not None else 0
 
 
-def protocol_dict(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
+def protocol_dict(ev: Evaluation) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
     plan, rules = ev.plan, ev.protocol_spec.rules
     return {
@@ -192,7 +201,7 @@ def protocol_dict(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
         "seq_len": ev.protocol_spec.seq_len,
         "stride": ev.protocol_spec.stride,
         **ev.protocol_spec.options,
-        "packing": spec.batch.packing,
+        "packing": ev.packing,
         "padding_fraction": ev.layout.padding_fraction,
         "row_widths": sorted(set(ev.layout.widths)),
         "add_bos": plan.add_bos,
@@ -203,7 +212,7 @@ def protocol_dict(ev: Evaluation, spec: RunSpec) -> dict[str, Any]:
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,
         # hf_strided: the guide's loop as published (`ppl_jax.metrics.published`), else None.
-        "published": published.of_run(plan, ev.totals),
+        "published": published.of_run(plan, ev.totals) if rules.published_loop else None,
     }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+from ppl_jax.checkpoints import Checkpoint, architecture, open_checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.runtime import mesh as mesh_lib
@@ -142,8 +142,9 @@ def open_model(words: str = LIBRARY, **args: Any) -> Opened:
     )
     dtype = str(args.get("dtype") or "float32")
     step = ckpt.resolve_step(step)
-    attention = ckpt.attention(str(args.get("attention") or "auto"), dtype, step)
-    model = ckpt.model(dtype, attention, step)
+    arch = architecture.resolve(ckpt, step)
+    attention = arch.attention(str(args.get("attention") or "auto"), dtype, mesh)
+    model = arch.model(dtype, attention)
     tok, _ = ckpt.tokenizer_for(
         str(args.get("tokenizer") or "auto"), step=step, model=model, key="tokenizer"
     )

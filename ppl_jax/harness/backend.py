@@ -21,9 +21,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from ppl_jax.checkpoints import architecture
 from ppl_jax.checkpoints.opener import Checkpoint, dtype_of
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.evaluation.evaluator import Evaluator, check_window
+from ppl_jax.evaluation.checks import check_window
+from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.harness import transport
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs.console import ProgressBar
@@ -238,7 +240,8 @@ def load(
         vocabulary does not fit the model; CheckpointError: as `Checkpoint.restore`.
     """
     step = ckpt.resolve_step(step)
-    model = ckpt.model(dtype, attention, step)
+    arch = architecture.resolve(ckpt, step)
+    model = arch.model(dtype, arch.attention(attention, dtype, mesh))
     tok, _ = ckpt.tokenizer_for(tokenizer, step=step, model=model, key="tokenizer")
     return model, restore(ckpt, step, model, mesh, dtype), tok
 

@@ -67,6 +67,44 @@ def document_curve(
       ValueError: arrays of different lengths, a position outside `[0, P)`, a negative
         document, or a non-finite NLL.
     """
+    nll, position, document = _checked(nll, position, document, num_positions)
+    edges = curves.bucket_edges(num_positions, max_points)
+    k = edges.size - 1
+    bucket = np.searchsorted(edges, position, side="right") - 1
+    values = nll.astype(np.float64)
+    gains = None if short_nll is None else _rescored(short_nll, values, bucket)
+    units, nll_u, tokens_u = _unit_sums(values, bucket, document, k)
+    bands = (
+        uncertainty.curve_intervals(nll_u, tokens_u, samples, seed)
+        if samples > 0 and units
+        else [None] * k
+    )
+    notes: dict[str, str] = {}
+    rows = _bucket_rows(values, bucket, document, edges, bands, gains, notes)
+    total = curves.stats(math.fsum(values.tolist()), int(values.size), "total", notes)
+    out: dict[str, Any] = {
+        "num_positions": int(num_positions),
+        "bucketing": "every position" if num_positions <= max_points else "log",
+        "max_points": int(max_points),
+        "buckets": rows,
+        "total": total,
+        "documents": int(units),
+        "intervals": None if samples <= 0 else _intervals(units, samples, seed),
+        "notes": notes,
+    }
+    if gains is not None:
+        out["context_gain"] = _gain(gains[0], gains[1])
+    return out
+
+
+def _checked(
+    nll: Any, position: Any, document: Any, num_positions: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-token arrays as NumPy arrays (positions and documents int64), checked.
+
+    Raises:
+      ValueError: as `document_curve`.
+    """
     nll = np.asarray(nll)
     position, document = np.asarray(position, np.int64), np.asarray(document, np.int64)
     n = nll.size
@@ -78,62 +116,65 @@ def document_curve(
         raise ValueError("a position outside [0, num_positions) or a negative document")
     if not np.isfinite(nll).all():
         raise ValueError("a scored target has a non-finite NLL")
-    edges = curves.bucket_edges(num_positions, max_points)
+    return nll, position, document
+
+
+def _rescored(
+    short_nll: Any, values: np.ndarray, bucket: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(short NLLs, long NLLs, buckets) of the targets scored again with the short context
+    (float64; not NaN in `short_nll`).
+
+    Raises:
+      ValueError: `short_nll` of another length than the targets.
+    """
+    short_nll = np.asarray(short_nll)
+    if short_nll.shape != values.shape:
+        raise ValueError(f"short NLLs of shape {short_nll.shape} for {values.size} targets")
+    again = ~np.isnan(short_nll)
+    return short_nll[again].astype(np.float64), values[again], bucket[again]
+
+
+def _intervals(units: int, samples: int, seed: int) -> dict[str, Any]:
+    """How the bands were drawn: the bootstrap over documents."""
+    return {
+        "method": uncertainty.METHODS["document"],
+        "unit": "document",
+        "units": int(units),
+        "samples": int(samples),
+        "seed": int(seed),
+        "level": uncertainty.LEVEL,
+    }
+
+
+def _bucket_rows(
+    values: np.ndarray,
+    bucket: np.ndarray,
+    document: np.ndarray,
+    edges: np.ndarray,
+    bands: list[Any],
+    gains: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    notes: dict[str, str],
+) -> list[dict[str, Any]]:
+    """One row per bucket that holds a target: its positions, `curves.stats` of its NLLs, its
+    documents, its band and (with `gains`: short NLLs, long NLLs, buckets) its context gain."""
     k = edges.size - 1
-    bucket = np.searchsorted(edges, position, side="right") - 1
     order = np.argsort(bucket, kind="stable")
     bounds = np.searchsorted(bucket[order], np.arange(k + 1))
-    values = nll.astype(np.float64)
-    gains = None
-    if short_nll is not None:
-        short_nll = np.asarray(short_nll)
-        if short_nll.shape != (n,):
-            raise ValueError(f"short NLLs of shape {short_nll.shape} for {n} targets")
-        again = ~np.isnan(short_nll)
-        gains = (short_nll[again].astype(np.float64), values[again], bucket[again])
-    units, nll_u, tokens_u = _unit_sums(values, bucket, document, k)
-    bands = (
-        uncertainty.curve_intervals(nll_u, tokens_u, samples, seed)
-        if samples > 0 and units
-        else [None] * k
-    )
-    notes: dict[str, str] = {}
-    out_buckets = []
+    rows = []
     for b in range(k):
         ids = order[bounds[b] : bounds[b + 1]]
         if not ids.size:
             continue
-        path = f"buckets[{len(out_buckets)}]"
+        path = f"buckets[{len(rows)}]"
         row = {"first": int(edges[b]), "last": int(edges[b + 1] - 1)}
         row.update(curves.stats(math.fsum(values[ids].tolist()), int(ids.size), path, notes))
         row["documents"] = int(np.unique(document[ids]).size)
         row["perplexity_interval"] = bands[b]
         if gains is not None:
             row["context_gain"] = _gain(*[g[gains[2] == b] for g in gains[:2]])
-        out_buckets.append(row)
-    total = curves.stats(math.fsum(values.tolist()), int(n), "total", notes)
-    out: dict[str, Any] = {
-        "num_positions": int(num_positions),
-        "bucketing": "every position" if num_positions <= max_points else "log",
-        "max_points": int(max_points),
-        "buckets": out_buckets,
-        "total": total,
-        "documents": int(units),
-        "intervals": None
-        if samples <= 0
-        else {
-            "method": uncertainty.METHODS["document"],
-            "unit": "document",
-            "units": int(units),
-            "samples": int(samples),
-            "seed": int(seed),
-            "level": uncertainty.LEVEL,
-        },
-        "notes": notes,
-    }
-    if gains is not None:
-        out["context_gain"] = _gain(gains[0], gains[1])
-    return out
+        rows.append(row)
+    return rows
 
 
 def _unit_sums(

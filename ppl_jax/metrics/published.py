@@ -109,11 +109,10 @@ def hf_guide_loop(
     return out
 
 
-def of_run(plan: Any, totals: Any) -> dict[str, Any] | None:
-    """`hf_guide_loop` of an `hf_strided` run, from its plan (`protocols.Plan`: the windows and
-    the stream) and its per-window sums (`scoring.ScoreTotals`); None for other protocols."""
-    if plan.protocol != "hf_strided":
-        return None
+def of_run(plan: Any, totals: Any) -> dict[str, Any]:
+    """`hf_guide_loop` of an `hf_strided` run (a protocol whose `published_loop` is the guide's),
+    from its plan (`protocols.Plan`: the windows and the stream) and its per-window sums
+    (`scoring.ScoreTotals`)."""
     w = plan.windows
     valid, empty = hf_guide_valid_labels(w.starts, w.lengths, w.first_scored, w.tokens.size)
     return hf_guide_loop(totals.window_nll, totals.window_tokens, valid, empty)

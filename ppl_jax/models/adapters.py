@@ -45,6 +45,11 @@ def _call_kwargs(fn: Callable, positions: Any, segment_ids: Any) -> dict[str, An
     return kwargs
 
 
+def _qualified(cls: type) -> str:
+    """`pkg.mod.Class` of a module class (`LanguageModel.origin`)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _axes(leaf: Any) -> tuple[str, ...]:
     names = getattr(leaf, "names", None)  # nn.LogicallyPartitioned
     return tuple(names) if names else ()
@@ -119,6 +124,7 @@ def from_linen(
         max_positions=max_positions,
         description=description or {"family": "linen", "module": repr(module)[:2000]},
         honours_segments=honours,
+        origin=f"ppl_jax.from_linen({_qualified(type(module))})",
     )
 
 
@@ -196,6 +202,7 @@ def from_nnx(
         max_positions=max_positions,
         description=description or {"family": "nnx", "module": type(abstract_module).__name__},
         honours_segments=honours,
+        origin=f"ppl_jax.from_nnx({_qualified(type(abstract_module))})",
     )
 
 

@@ -1,6 +1,6 @@
 """Attention within segments, by position, on every backend and across the context axis.
 
-`attend` is the interface every family codes against (ATTENTION.md section 1): queries, keys and
+`attend` is the interface every family codes against: queries, keys and
 values with segment ids and positions, optionally a sliding window, chunked attention (Llama 4),
 learned sinks (GPT-OSS), a soft-cap (Gemma 2), a scale, and value heads of another width than the
 query/key heads (DeepSeek's MLA). For query `i` and key `j` of the same row:
@@ -17,7 +17,7 @@ Implementations (`resolve` picks one for `model.attention=auto`):
 - `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.fused_attention`).
 - `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.fused_attention`).
 
-**The context axis** (ATTENTION.md section 2). Under a mesh whose `context` axis has `N > 1`
+**The context axis** (docs/clusters.md, "One window over several devices"). Under a mesh whose `context` axis has `N > 1`
 devices (set by `jax.set_mesh` while tracing; the scorer sets its own), `attend` takes the row in
 the load-balanced order of `ppl_jax.models.context.load_balanced_order`, `T` split over
 `context`, and runs in a `shard_map` manual over `context` only: each device all-gathers the

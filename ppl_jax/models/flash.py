@@ -12,7 +12,7 @@ accumulator, never a `[T, T]` matrix; the program is the same size whatever `T` 
 Python-unrolled block pairs), so a 65,536- or 1,048,576-token window compiles as fast as a short
 one.
 
-The mask (ATTENTION.md section 1), for query `i` and key `j` of the same row:
+The mask (`ppl_jax.models.attention`), for query `i` and key `j` of the same row:
 
     visible(i, j) = seg[i] == seg[j] and pos[j] <= pos[i]
                     and (window is None or pos[i] - pos[j] < window)
@@ -158,7 +158,7 @@ def key_ranges(
 
 
 def visible(q_seg, q_pos, k_seg, k_pos, window, chunk) -> jax.Array:
-    """The mask `[B, Tq, Tk]` of ATTENTION.md section 1 (segment 0 sees nothing)."""
+    """The mask `[B, Tq, Tk]` of `attend` (above; segment 0 sees nothing)."""
     qs, qp = q_seg[:, :, None], q_pos[:, :, None]
     ks, kp = k_seg[:, None, :], k_pos[:, None, :]
     mask = (qs == ks) & (kp <= qp) & (qs > 0)

@@ -17,7 +17,7 @@ these blocks.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +27,8 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models import rope as rope_lib
 from ppl_jax.models.attention import attend
 from ppl_jax.models.llama import LlamaConfig, normal_param, ones_param, rms_norm, zeros_param
+
+_Spec = TypeVar("_Spec")
 
 ACTIVATIONS = {"silu": jax.nn.silu, "relu2": lambda x: jnp.square(jax.nn.relu(x))}
 
@@ -217,6 +219,16 @@ class DescribedConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Any:
         return config_from_dict(cls, d)
+
+
+def spec_of(spec_class: type[_Spec], cfg: Any, **given: Any) -> _Spec:
+    """A layer's spec (`AttentionSpec`, `MLPSpec`) from a family's config: each field of
+    `spec_class` that `cfg` has under the same name (`embed_dim`, `num_heads`, ...), then the
+    `given` fields (the config's own names for the rest: `bias=cfg.attention_bias`, or values)."""
+    same = {
+        f.name: getattr(cfg, f.name) for f in dataclasses.fields(spec_class) if hasattr(cfg, f.name)
+    }
+    return spec_class(**{**same, **given})
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

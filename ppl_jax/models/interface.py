@@ -60,6 +60,10 @@ class LanguageModel:
         sequence-carrying layers through `ppl_jax.models.context.pass_state`. Only then does the
         scorer run the model with `mesh.context > 1`. True for ppl_jax's own families (set when
         they are built); False by default (a user's own model).
+      origin: who built it, for the records (`ppl_jax.outputs.model_record`): `family:<name>`
+        for ppl_jax's own families (`ppl_jax.models.registry.build`),
+        `ppl_jax.from_nnx(<module>.<Class>)` or `ppl_jax.from_linen(...)` for an adapted
+        module, the `module:function` of a `checkpoint.architecture` entry point; "" unknown.
     """
 
     apply: ApplyFn
@@ -70,6 +74,7 @@ class LanguageModel:
     description: dict[str, Any]
     honours_segments: bool = True
     context_parallel: bool = False
+    origin: str = ""
 
 
 def weight_paths(params: Any) -> dict[str, Any]:

@@ -262,6 +262,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         (`ppl_jax.models.attention`); the model keeps packed windows apart
         (`honours_segments`) where it does (`attention.keeps_segments`). The model runs under
         a context axis (`context_parallel`) unless the family has a `context` limit for it.
+        Its `origin` is `family:<name>`.
 
     Raises:
       CheckpointError: an unknown family, unknown keys, or a size out of bounds.
@@ -288,15 +289,11 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
     # A family's layers are per token or by positions, attention is `attend` and recurrences go
     # through `ppl_jax.models.context.pass_state`: right under the context axis's token order
     # (`LanguageModel.context_parallel`) unless the family says otherwise (`Limit("context")`).
-    model = dataclasses.replace(model, context_parallel=family.refusal(cfg, "context") is None)
-    adapted = model.apply
-
-    def apply(params, tokens, positions, segment_ids):
-        # The family's own apply, not a user's adapter model (the records tell them apart by
-        # where `apply` is defined: `ppl_jax.outputs.model_record`).
-        return adapted(params, tokens, positions, segment_ids)
-
-    return dataclasses.replace(model, apply=apply)
+    return dataclasses.replace(
+        model,
+        context_parallel=family.refusal(cfg, "context") is None,
+        origin=f"family:{family.name}",
+    )
 
 
 def context_refusal(description: Any) -> str | None:

@@ -141,7 +141,20 @@ def budget_text(budget: dict[str, Any]) -> str:
 
 
 def summary_table(results: dict[str, Any]) -> str:
-    """A two-column text table of the run, for the terminal."""
+    """A two-column text table of the run, for the terminal: what ran, its numbers, its cost."""
+    rows = [*_run_rows(results), *_number_rows(results), *_cost_rows(results)]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if results.get("divergence"):
+        lines += divergence.summary_lines(
+            results["divergence"], results["divergence"]["reference"]["path"]
+        )
+    return "\n".join(lines)
+
+
+def _run_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """What ran: model, tokenizer, checkpoint, data (cache, preparation, budget), protocol,
+    mesh."""
     arch = model_record.describe(results["model"])
     proto = results["protocol"]
     stride = f" stride={proto['stride']}" if proto["stride"] is not None else ""
@@ -152,8 +165,7 @@ def summary_table(results: dict[str, Any]) -> str:
     )
     ckpt = results["checkpoint"]
     where = "one set of weights" if ckpt["step"] is None else f"step {ckpt['step']}"
-    gzip_bpb = results["gzip_bits_per_byte"]
-    rows = [
+    return [
         (
             "model",
             f"{arch} ({results['tokenizer']}), {results['dtype']}, "
@@ -194,6 +206,15 @@ def summary_table(results: dict[str, Any]) -> str:
             + f"model={results['mesh']['model']}, "
             f"{plural(results['num_processes'], 'process', 'processes')}",
         ),
+    ]
+
+
+def _number_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """Its numbers: tokens scored, perplexity (as published), bits per token and byte (gzip's),
+    intervals, byte and word perplexity, top-1 accuracy."""
+    proto = results["protocol"]
+    gzip_bpb = results["gzip_bits_per_byte"]
+    return [
         (
             "tokens",
             f"{results['num_tokens']:,} scored in {plural(results['num_windows'], 'window')}"
@@ -224,6 +245,14 @@ def summary_table(results: dict[str, Any]) -> str:
             f"{_metric(results, 'top1_accuracy')}   (predictive perplexity exp(H) "
             f"{_metric(results, 'predictive_perplexity')})",
         ),
+    ]
+
+
+def _cost_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """Its cost: compiled shapes and padding, throughput, the time of each pass, wall time,
+    batches resumed."""
+    proto = results["protocol"]
+    return [
         (
             "batches",
             f"{plural(len(proto['row_widths']), 'compiled shape')}, "
@@ -249,13 +278,6 @@ def summary_table(results: dict[str, Any]) -> str:
             else []
         ),
     ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    if results.get("divergence"):
-        lines += divergence.summary_lines(
-            results["divergence"], results["divergence"]["reference"]["path"]
-        )
-    return "\n".join(lines)
 
 
 def _gzip_sample(results: dict[str, Any]) -> str:

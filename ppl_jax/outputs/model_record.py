@@ -6,10 +6,11 @@ A model is recorded from what its `LanguageModel` offers, whoever built it: its 
 - `vocab_size` and `max_positions` (the model's own, where the description does not say them);
 - `num_params`: the elements of every params leaf (`abstract_params`), whatever the dtype;
 - `entry_point`: how it was built, where the description does not say it: the
-  `checkpoint.architecture` entry point `module:function` of the run, else, for a model made by
-  `ppl_jax.from_linen` / `from_nnx`, the adapter and the user's module class
-  (`ppl_jax.from_linen(mylm.MyLM)`), else None. A model may name it itself with
-  `description["entry_point"]`.
+  `checkpoint.architecture` entry point `module:function` of the run, else the model's
+  `LanguageModel.origin` (the entry point, or for a model made by `ppl_jax.from_linen` /
+  `from_nnx` the adapter and the user's module class, `ppl_jax.from_linen(mylm.MyLM)`), else
+  None: a family's model is named by its description (`family:<name>` is not an entry point).
+  A model may name it itself with `description["entry_point"]`.
 
 So a user's own model is not `linen ?L d? vocab ?` in the summary, nor only a module name in
 results.json.
@@ -17,7 +18,6 @@ results.json.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import re
@@ -26,6 +26,7 @@ from typing import Any
 import jax
 
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+FAMILY = "family:"  # `LanguageModel.origin` of ppl_jax's own families
 
 
 def entry_point_of(architecture: str | None) -> str | None:
@@ -35,33 +36,6 @@ def entry_point_of(architecture: str | None) -> str | None:
     if not _ENTRY.match(text) or text.startswith("maxtext:") or os.path.exists(text):
         return None
     return text
-
-
-def _owner(fn: Any) -> str | None:
-    """`pkg.mod.Class` of a method `Class.__call__`."""
-    qual = getattr(fn, "__qualname__", "")
-    if not qual.endswith(".__call__"):
-        return None
-    return f"{fn.__module__}.{qual[: -len('.__call__')]}"
-
-
-def _adapter_of(apply: Any) -> str | None:
-    """`ppl_jax.from_linen(pkg.MyLM)` for a model made by an adapter, from its `apply`'s name
-    and the module class it closes over; None for any other `apply`."""
-    qual = getattr(apply, "__qualname__", "")
-    if not qual.endswith(".<locals>.apply") or "adapters" not in getattr(apply, "__module__", ""):
-        return None
-    adapter = qual.split(".", 1)[0]
-    try:
-        closed = inspect.getclosurevars(apply).nonlocals
-    except (TypeError, ValueError):
-        closed = {}
-    cls = None
-    for value in closed.values():
-        cls = cls or _owner(value)  # from_nnx: the module class's __call__
-        if cls is None and hasattr(value, "apply") and hasattr(value, "init"):  # a Linen module
-            cls = f"{type(value).__module__}.{type(value).__qualname__}"
-    return f"ppl_jax.{adapter}({cls})" if cls else f"ppl_jax.{adapter}"
 
 
 def num_params(abstract_params: Any) -> int:
@@ -85,7 +59,9 @@ def model_record(model: Any, architecture: str | None = None) -> dict[str, Any]:
     record.setdefault("max_positions", int(model.max_positions))
     record["num_params"] = num_params(model.abstract_params)
     if record.get("entry_point") is None:
-        record["entry_point"] = entry_point_of(architecture) or _adapter_of(model.apply)
+        origin = model.origin
+        own = origin if origin and not origin.startswith(FAMILY) else None
+        record["entry_point"] = entry_point_of(architecture) or own
     return record
 
 

@@ -178,8 +178,6 @@ def average_records(
         checkpoint, with distinct dataset names.
       tags: the tag keys to average by; None for all.
       time: ISO-8601 UTC; default now.
-      details: the dataset's full result (`ppl_jax.evaluation.summary.dataset_dict`: counts,
-        protocol, intervals, gzip baseline, timings, model, tokenizer), or None.
 
     Returns:
       `[micro, macro, macro/<key>=<value>, ...]`; `wall_seconds` is the datasets' total. Empty
@@ -192,13 +190,7 @@ def average_records(
     records = list(dataset_records)
     if not records:
         return []
-    if any(r["kind"] != "dataset" for r in records):
-        raise ValueError("average_records takes records of kind 'dataset' only")
-    if len({r["step"] for r in records}) != 1 or len({r["checkpoint"] for r in records}) != 1:
-        raise ValueError("average_records takes the records of one step and checkpoint")
-    names = [r["dataset"] for r in records]
-    if len(set(names)) != len(names):
-        raise ValueError(f"average_records: a dataset is given twice in {names}")
+    _check_one_step(records)
     walls = [r.get("wall_seconds") for r in records]
     base = {
         "kind": "average",
@@ -207,31 +199,46 @@ def average_records(
         "time": time or now(),
         "wall_seconds": None if None in walls else math.fsum(walls),
     }
-    total = metrics_lib.Sums.merge(sums_of(r) for r in records)
-    values, notes = _metrics(total)
-    for metric in values:  # a dataset without bytes adds NLL but no bytes: no pooled ratio
-        undefined = [r["dataset"] for r in records if _undefined(r, metric)]
-        if undefined:
-            values[metric] = None
-            notes[metric] = f"undefined ({metric} is undefined for {', '.join(undefined)})"
-    out = [
-        {
-            **base,
-            "dataset": "micro",
-            "tags": {},
-            "metrics": values,
-            "notes": notes,
-            "sums": _sums_dict(total),
-            "datasets": names,
-        },
-        _average("macro", records, {}, base),
-    ]
+    out = [_micro(records, base), _average("macro", records, {}, base)]
     keys = sorted({k for r in records for k in r["tags"]} if tags is None else set(tags))
     for key in keys:
         for value in sorted({r["tags"][key] for r in records if key in r["tags"]}):
             group = [r for r in records if r["tags"].get(key) == value]
             out.append(_average(f"macro/{key}={value}", group, {key: value}, base))
     return out
+
+
+def _check_one_step(records: Sequence[Mapping[str, Any]]) -> None:
+    """Raises ValueError unless `records` are dataset records of one step and checkpoint, each
+    dataset once."""
+    if any(r["kind"] != "dataset" for r in records):
+        raise ValueError("average_records takes records of kind 'dataset' only")
+    if len({r["step"] for r in records}) != 1 or len({r["checkpoint"] for r in records}) != 1:
+        raise ValueError("average_records takes the records of one step and checkpoint")
+    names = [r["dataset"] for r in records]
+    if len(set(names)) != len(names):
+        raise ValueError(f"average_records: a dataset is given twice in {names}")
+
+
+def _micro(records: Sequence[Mapping[str, Any]], base: dict[str, Any]) -> dict[str, Any]:
+    """The micro average: every metric of the summed sums, null where a dataset's value is
+    undefined (a dataset without bytes adds NLL but no bytes: no pooled ratio)."""
+    total = metrics_lib.Sums.merge(sums_of(r) for r in records)
+    values, notes = _metrics(total)
+    for metric in values:
+        undefined = [r["dataset"] for r in records if _undefined(r, metric)]
+        if undefined:
+            values[metric] = None
+            notes[metric] = f"undefined ({metric} is undefined for {', '.join(undefined)})"
+    return {
+        **base,
+        "dataset": "micro",
+        "tags": {},
+        "metrics": values,
+        "notes": notes,
+        "sums": _sums_dict(total),
+        "datasets": [r["dataset"] for r in records],
+    }
 
 
 def _undefined(record: Mapping[str, Any], metric: str) -> bool:

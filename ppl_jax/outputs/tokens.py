@@ -1,4 +1,4 @@
-"""Per-token outputs: one Parquet row per scored target token (`tokens.parquet`, issue 9).
+"""Per-token outputs: one Parquet row per scored target token (`tokens.parquet`; docs/diagnostics.md).
 
 `TokenWriter` is a sink fed batch by batch with the per-token arrays the scoring step returns
 (`[B, width - 1]` host arrays; index `[r, p - 1]` is the target at row position `p`). It maps

@@ -25,7 +25,7 @@ from ppl_jax.data import preparations
 from ppl_jax.data.spec import DatasetSpec
 from ppl_jax.plans import plan_cache, protocols, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
-from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.protocols import Plan, PlanInputs
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime import distributed
 from ppl_jax.tokenizer import Tokenizer
@@ -114,6 +114,20 @@ def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.nda
     return np.sort(order)
 
 
+def inputs(ds: DatasetSpec, protocol: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> PlanInputs:
+    """What the dataset's protocol plans it with (`protocols.PlanInputs`): its window, stride,
+    BOS (resolved for `tok`), separator and options."""
+    return PlanInputs(
+        tokenizer=tok,
+        vocab_size=vocab_size,
+        seq_len=protocol.seq_len,
+        stride=protocol.stride,
+        add_bos=protocols.resolve_add_bos(protocol.add_bos, tok),
+        separator=ds.separator,
+        options=protocol.options,
+    )
+
+
 def plan(
     ds: DatasetSpec,
     protocol: ProtocolSpec,
@@ -123,17 +137,7 @@ def plan(
     vocab_size: int,
 ) -> Plan:
     """The dataset's protocol plan (`Protocol.plan`)."""
-    return protocol.rules.plan(
-        docs,
-        tok,
-        vocab_size,
-        protocol.seq_len,
-        protocol.stride,
-        protocols.resolve_add_bos(protocol.add_bos, tok),
-        separator=ds.separator,
-        doc_counts=counts,
-        **protocol.options,
-    )
+    return protocol.rules.plan(docs, inputs(ds, protocol, tok, vocab_size), doc_counts=counts)
 
 
 def batches(p: Plan, batch: BatchSpec, segments: bool = True, rows_multiple: int = 0) -> Layout:
@@ -248,24 +252,12 @@ def streamed(
     held = [token_cache.build(ds, tok)]
     if jax.process_index() != 0:
         held.clear()
-    add_bos = protocols.resolve_add_bos(protocol.add_bos, tok)
+    given = inputs(ds, protocol, tok, vocab_size)
 
     def write() -> None:
         entry = held.pop()
         plan_cache.save_built(
-            ds.cache_dir,
-            key,
-            lambda path: protocol.rules.stream_plan(
-                entry,
-                tok,
-                vocab_size,
-                protocol.seq_len,
-                protocol.stride,
-                add_bos,
-                ds.separator,
-                path,
-                **protocol.options,
-            ),
+            ds.cache_dir, key, lambda path: protocol.rules.stream_plan(entry, given, path)
         )
 
     return plan_cache.made_once(ds.cache_dir, key, write, f"data {ds.name!r}")[0]

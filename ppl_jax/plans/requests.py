@@ -19,6 +19,7 @@ row position attends only within its own request, so packing and batch size chan
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,31 +74,11 @@ def loglikelihood_plan(
     rows, starts, lengths, first = [], [], [], []
     at = 0
     for k, (ctx, cont) in enumerate(zip(contexts, continuations, strict=True)):
-        ctx, cont = np.asarray(ctx, np.int64), np.asarray(cont, np.int64)
-        if ctx.size == 0 or cont.size == 0:
-            raise DataError(
-                f"loglikelihood request {k} has an empty "
-                f"{'context' if ctx.size == 0 else 'continuation'} after tokenization; the "
-                f"harness scores a continuation of at least one token after a context of at "
-                f"least one (the prefix token stands for an empty context text)."
-            )
-        if cont.size > seq_len:
-            raise DataError(
-                f"loglikelihood request {k}: its continuation is {cont.size} tokens, longer than "
-                f"the model's window of {seq_len} (seq_len), which the harness refuses too; "
-                f"use a larger seq_len or a shorter continuation."
-            )
-        whole = np.concatenate([ctx, cont])[-(seq_len + 1) :]
-        if whole.min() < 0 or whole.max() >= vocab_size:
-            bad = int(whole[(whole < 0) | (whole >= vocab_size)][0])
-            raise DataError(
-                f"loglikelihood request {k}: token id {bad} is outside the model's vocabulary "
-                f"of {vocab_size}; the tokenizer does not match the model."
-            )
-        rows.append(whole.astype(np.int32))
+        whole, scored = _request_row(k, ctx, cont, seq_len, vocab_size)
+        rows.append(whole)
         starts.append(at)
         lengths.append(whole.size)
-        first.append(whole.size - cont.size)
+        first.append(whole.size - scored)
         at += whole.size
     tokens, _ = _stream(rows)
     windows = windows_lib.make(tokens, starts, lengths, first, seq_len, document=np.arange(n))
@@ -117,6 +98,39 @@ def loglikelihood_plan(
         sources=tuple(f"request {k}" for k in range(n)),
         doc_starts=np.asarray(starts, np.int64),
     )
+
+
+def _request_row(
+    k: int, ctx: Any, cont: Any, seq_len: int, vocab_size: int
+) -> tuple[np.ndarray, int]:
+    """Request `k`'s row, `[<= seq_len + 1] int32`: its context's last tokens then its
+    continuation, and the continuation's length (the targets scored).
+
+    Raises:
+      DataError: as `loglikelihood_plan`, naming the request.
+    """
+    ctx, cont = np.asarray(ctx, np.int64), np.asarray(cont, np.int64)
+    if ctx.size == 0 or cont.size == 0:
+        raise DataError(
+            f"loglikelihood request {k} has an empty "
+            f"{'context' if ctx.size == 0 else 'continuation'} after tokenization; the "
+            f"harness scores a continuation of at least one token after a context of at "
+            f"least one (the prefix token stands for an empty context text)."
+        )
+    if cont.size > seq_len:
+        raise DataError(
+            f"loglikelihood request {k}: its continuation is {cont.size} tokens, longer than "
+            f"the model's window of {seq_len} (seq_len), which the harness refuses too; "
+            f"use a larger seq_len or a shorter continuation."
+        )
+    whole = np.concatenate([ctx, cont])[-(seq_len + 1) :]
+    if whole.min() < 0 or whole.max() >= vocab_size:
+        bad = int(whole[(whole < 0) | (whole >= vocab_size)][0])
+        raise DataError(
+            f"loglikelihood request {k}: token id {bad} is outside the model's vocabulary "
+            f"of {vocab_size}; the tokenizer does not match the model."
+        )
+    return whole.astype(np.int32), int(cont.size)
 
 
 def rolling_plan(

@@ -273,27 +273,8 @@ def build(ds, tok: Tokenizer) -> Entry:
         _check_text(found, ds)
         return found
     index, count = jax.process_index(), jax.process_count()
+    num_documents = _tokenize_share(ds, tok, folder, index, count)
     error: PplJaxError | None = None
-    num_documents: int | None = None  # one process: not counted first (its part counts them)
-    try:
-        with preemption.signals_raise(f"tokenizing data {ds.name!r} into {folder}"):
-            os.makedirs(folder, exist_ok=True)
-            temporaries.remove_stale(folder)
-            if count > 1:
-                num_documents = data.count_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
-            build_part(ds, tok, folder, index, count, num_documents)
-    except OSError as e:
-        error = write_error(ds.cache_dir, "the token cache", e)
-    except PplJaxError as e:
-        error = e
-    failed = _gather_failures(error is not None)
-    if error is not None:
-        raise error
-    if failed:
-        raise DataError(
-            f"data {ds.name!r}: process {failed[0]} could not tokenize its share of the corpus "
-            f"(its log says why); fix that and run again."
-        )
     names = part_names(count)
     missing = [n for n in names if not os.path.isdir(os.path.join(folder, n))]
     if missing:
@@ -319,6 +300,39 @@ def build(ds, tok: Tokenizer) -> Entry:
         raise DataError(f"data.cache_dir={ds.cache_dir!r}: the token cache {folder} is incomplete.")
     _check_text(entry, ds)
     return entry
+
+
+def _tokenize_share(ds, tok: Tokenizer, folder: str, index: int, count: int) -> int | None:
+    """This process's share of the corpus tokenized into its part of `folder` (`build_part`);
+    every process learns whether one failed. Returns the corpus's documents when they were
+    counted first (several processes), else None (one process: its part counts them).
+
+    Raises:
+      PplJaxError: this process's own error (a write error named by `write_error`); DataError
+        naming the first other process that failed.
+    """
+    error: PplJaxError | None = None
+    num_documents: int | None = None
+    try:
+        with preemption.signals_raise(f"tokenizing data {ds.name!r} into {folder}"):
+            os.makedirs(folder, exist_ok=True)
+            temporaries.remove_stale(folder)
+            if count > 1:
+                num_documents = data.count_documents(ds.path, ds.format, ds.errors, ds.jsonl_field)
+            build_part(ds, tok, folder, index, count, num_documents)
+    except OSError as e:
+        error = write_error(ds.cache_dir, "the token cache", e)
+    except PplJaxError as e:
+        error = e
+    failed = _gather_failures(error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise DataError(
+            f"data {ds.name!r}: process {failed[0]} could not tokenize its share of the corpus "
+            f"(its log says why); fix that and run again."
+        )
+    return num_documents
 
 
 def _part_documents(part: str) -> tuple[int, int]:

@@ -112,46 +112,63 @@ def initialize_from_env() -> bool:
         initialization_timeout=_env_seconds("PPL_JAX_INIT_TIMEOUT", INITIALIZATION_TIMEOUT_S),
     )
     if num > 1:
-        rollcall.roll_call(coordinator, num, process_id, timeouts["initialization_timeout"])
-        # CPU collectives across processes (real multi-process tests run on CPU).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=num,
-            process_id=process_id,
-            **timeouts,
-        )
+        _join_given(coordinator, num, process_id, timeouts)
     else:
-        cluster = rollcall.detect_cluster(timeouts["initialization_timeout"])
-        if cluster is None or cluster.num_processes == 1:
-            jax.distributed.initialize(**timeouts)
-        else:
-            rollcall.roll_call(
-                cluster.coordinator,
-                cluster.num_processes,
-                cluster.process_id,
-                timeouts["initialization_timeout"],
-                source=cluster.source,
-            )
-            # The addresses the roll call used (JAX still takes local_device_ids from the
-            # cluster, and does not ask for the coordinator again).
-            jax.distributed.initialize(
-                coordinator_address=cluster.coordinator,
-                num_processes=cluster.num_processes,
-                process_id=cluster.process_id,
-                **timeouts,
-            )
-        if all_local and not os.environ.get("JAX_LOCAL_DEVICE_IDS"):
-            # JAX's SLURM detection restricts each process to the GPU numbered SLURM_LOCALID
-            # (one process per GPU, each seeing all of its node's GPUs). `launch/slurm.sh` runs
-            # one process per node, or one per GPU that sees only its own GPU: either way a
-            # process drives every GPU it can see. Applies before the backend starts.
-            jax.config.update("jax_cuda_visible_devices", "all")
-            jax.config.update("jax_rocm_visible_devices", "all")
+        _join_detected(timeouts, all_local)
     _guard_stderr(jax.process_count(), timeouts["heartbeat_timeout_seconds"])
     sys.excepthook = _make_excepthook(sys.excepthook, timeouts["heartbeat_timeout_seconds"])
     absl_app.install_exception_handler(_FailFast(timeouts["heartbeat_timeout_seconds"]))
     return True
+
+
+def _join_given(coordinator: str, num: int, process_id: int, timeouts: dict[str, int]) -> None:
+    """Joins the `num` processes `PPL_JAX_*` names (`launch/local.sh`): a roll call, then
+    `jax.distributed.initialize` with CPU collectives (gloo) for runs on CPU."""
+    import jax
+
+    rollcall.roll_call(coordinator, num, process_id, timeouts["initialization_timeout"])
+    # CPU collectives across processes (real multi-process tests run on CPU).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=num,
+        process_id=process_id,
+        **timeouts,
+    )
+
+
+def _join_detected(timeouts: dict[str, int], all_local: bool) -> None:
+    """Joins the processes JAX's cluster detection finds (SLURM, Open MPI, Cloud TPU VMs,
+    Kubernetes; `PPL_JAX_DISTRIBUTED=1`), after a roll call where it finds several; with
+    `all_local` (`PPL_JAX_ALL_LOCAL_DEVICES=1`), each process drives every GPU it sees."""
+    import jax
+
+    cluster = rollcall.detect_cluster(timeouts["initialization_timeout"])
+    if cluster is None or cluster.num_processes == 1:
+        jax.distributed.initialize(**timeouts)
+    else:
+        rollcall.roll_call(
+            cluster.coordinator,
+            cluster.num_processes,
+            cluster.process_id,
+            timeouts["initialization_timeout"],
+            source=cluster.source,
+        )
+        # The addresses the roll call used (JAX still takes local_device_ids from the
+        # cluster, and does not ask for the coordinator again).
+        jax.distributed.initialize(
+            coordinator_address=cluster.coordinator,
+            num_processes=cluster.num_processes,
+            process_id=cluster.process_id,
+            **timeouts,
+        )
+    if all_local and not os.environ.get("JAX_LOCAL_DEVICE_IDS"):
+        # JAX's SLURM detection restricts each process to the GPU numbered SLURM_LOCALID
+        # (one process per GPU, each seeing all of its node's GPUs). `launch/slurm.sh` runs
+        # one process per node, or one per GPU that sees only its own GPU: either way a
+        # process drives every GPU it can see. Applies before the backend starts.
+        jax.config.update("jax_cuda_visible_devices", "all")
+        jax.config.update("jax_rocm_visible_devices", "all")
 
 
 # ------------------------------------------------------------------------- lost processes

@@ -29,6 +29,11 @@ from ppl_jax.errors import Interrupted
 EXIT_CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
+def signal_name(sig: int | None) -> str:
+    """The signal's name (`SIGTERM`), or "a signal" for None."""
+    return signal.Signals(sig).name if sig is not None else "a signal"
+
+
 class StopRequest:
     """The signal handlers of one run, installed by `with StopRequest() as stop:`; an observer
     of the scoring loop (`ppl_jax.scoring.observers.ScoreObserver`) that asks it to stop.

@@ -7,7 +7,7 @@ the progress bar (`ppl_jax.outputs.console.ProgressBar`), the per-token file's `
 (`ppl_jax.outputs.tokens`) and the divergence gatherer (`ppl_jax.metrics.divergence.Divergence`)
 are observers: each implements the three methods (structurally: none imports this module).
 This is clu's and big_vision's shape (the loop returns sums; what watches it is a list of
-objects with one small interface), and DESIGN.md's "observers".
+objects with one small interface).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ class StepOptions:
         target's context length), over `positions` slots (`seq_len + 1`).
       per_token: per-token arrays (`ppl_jax.outputs.tokens`); the window sums are then reduced on the
         host in float64 from them, so the per-token NLLs add up to the run's NLL exactly.
-      top_k: with per_token, the k most probable tokens and their log-probabilities (<= 20).
+      top_k: with per_token, the k most probable tokens and their log-probabilities (at most
+        `nll.MAX_TOP_K`).
       reference: the params are `(model params, reference params)`; the step also scores the
         reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
       context_attention: how attention crosses the context axis, `all_gather` or `ring`

@@ -9,11 +9,14 @@ stays a few times the text instead of the ~70x that one `tokenizers` encoding of
 holds; a tokenizer with no such rule encodes the whole document at once.
 """
 
-from ppl_jax.tokenizer.core import META, ByteTokenizer, Tokenizer, specials
-from ppl_jax.tokenizer.directory import apply_tokenizer_config
-from ppl_jax.tokenizer.hf import HFTokenizer
-from ppl_jax.tokenizer.loading import check_vocabulary, from_description, load_tokenizer
-from ppl_jax.tokenizer.spm import SentencePieceTokenizer
+from etils import epy as _epy
+
+with _epy.lazy_api_imports(globals()):
+    from ppl_jax.tokenizer.core import META, ByteTokenizer, Tokenizer, specials
+    from ppl_jax.tokenizer.directory import apply_tokenizer_config
+    from ppl_jax.tokenizer.hf import HFTokenizer
+    from ppl_jax.tokenizer.loading import check_vocabulary, from_description, load_tokenizer
+    from ppl_jax.tokenizer.spm import SentencePieceTokenizer
 
 __all__ = [
     "META",

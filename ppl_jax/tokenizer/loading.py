@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ppl_jax.errors import ConfigError
@@ -54,6 +55,49 @@ def check_vocabulary(tok: Tokenizer, model_vocab_size: int, *, allow_mismatch: b
         f"{what}: it is probably not the checkpoint's tokenizer; use data.tokenizer=auto (the "
         f"checkpoint's own) or set data.allow_tokenizer_mismatch=true to score anyway."
     )
+
+
+def for_setting(
+    setting: str,
+    own: Callable[[], Tokenizer | None],
+    vocab_size: int,
+    *,
+    allow_mismatch: bool = False,
+    key: str = "data.tokenizer",
+    missing: str = "the checkpoint carries no tokenizer",
+) -> tuple[Tokenizer, str | None]:
+    """The tokenizer a run scores with: the one resolution of `data.tokenizer` (the command
+    line, the library and the harness model all ask here, through `Checkpoint.tokenizer_for`).
+
+    Args:
+      setting: `auto` (the checkpoint's own: `own()`), `byte`, or a path (a `tokenizer.json`, a
+        SentencePiece `.model`, a folder holding one; `load_tokenizer`).
+      own: the checkpoint's own tokenizer, or None where it carries none (called for `auto`
+        only).
+      vocab_size: the model's vocabulary (`check_vocabulary`).
+      allow_mismatch: score with a tokenizer whose vocabulary does not fit the model's
+        (`data.allow_tokenizer_mismatch`), noting why.
+      key: the setting's name in the caller's words, for the sentences.
+      missing: the sentence's words when `own()` is None (the checkpoint, and where it would
+        keep a tokenizer).
+
+    Returns:
+      (the tokenizer, None or the note on a mismatch that was allowed).
+
+    Raises:
+      ConfigError: `auto` for a checkpoint that carries no tokenizer; a bad path; a vocabulary
+        that does not fit without `allow_mismatch` (`check_vocabulary`).
+    """
+    if setting == "auto":
+        tok = own()
+        if tok is None:
+            raise ConfigError(
+                f"{key}=auto, but {missing}; set {key} to a tokenizer.json, a SentencePiece "
+                f".model, a folder holding one, or 'byte'."
+            )
+    else:
+        tok = load_tokenizer(setting)
+    return tok, check_vocabulary(tok, vocab_size, allow_mismatch=allow_mismatch)
 
 
 def from_description(desc: dict[str, Any]) -> Tokenizer:

@@ -133,7 +133,7 @@ def test_a_foreign_tokenizer_is_refused_before_the_weights(tmp_path, monkeypatch
     c.checkpoint.dir, c.data.path, c.data.tokenizer = ckpt, str(corpus), SP_MODEL
     c.data.allow_tokenizer_mismatch, c.eval.seq_len, c.output.progress = True, 32, False
     s = from_config(c)
-    results = summary.results_dict(evaluate(s), s, c)
+    results = summary.results_dict(evaluate(s), c)
     assert results["tokenizer_source"] == f"data.tokenizer={SP_MODEL}"
     assert "scored anyway" in results["notes"]["tokenizer"]
     table = console.summary_table(results)

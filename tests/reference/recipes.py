@@ -17,14 +17,18 @@ import helpers
 
 HF_SEQ = 40  # scored targets of the log-probability comparison
 HF_VOCAB = 300
+# ppl_jax.testing.TINY's sizes in transformers' names.
+TINY_SIZES = dict(
+    hidden_size=helpers.TINY.embed_dim,
+    intermediate_size=helpers.TINY.mlp_dim,
+    num_hidden_layers=helpers.TINY.num_layers,
+    num_attention_heads=helpers.TINY.num_heads,
+    num_key_value_heads=helpers.TINY.num_kv_heads,
+)
 COMMON = dict(
     vocab_size=HF_VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
+    **TINY_SIZES,
+    max_position_embeddings=helpers.TINY.max_positions,
     initializer_range=0.2,
     rms_norm_eps=1e-5,
 )
@@ -184,11 +188,7 @@ def _reference_model(family: str, vocab_size: int, eot: int):
     return tf.LlamaForCausalLM(
         tf.LlamaConfig(
             vocab_size=vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
+            **TINY_SIZES,
             max_position_embeddings=64,
             initializer_range=0.2,
             bos_token_id=vocab_size - 1,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppl_jax.plans.protocols import plan
+from ppl_jax.plans.protocols import PlanInputs, get
 
 import recipes
 from test_protocols import DOC_LENGTHS, SEQ_LENS, FakeTokenizer, docs_of, rows_as_lists
@@ -13,7 +13,7 @@ from test_protocols import DOC_LENGTHS, SEQ_LENS, FakeTokenizer, docs_of, rows_a
 def test_lm_eval_rolling_matches_the_harness_windows_live(seq_len, add_bos):
     tok = FakeTokenizer(add_bos_default=add_bos)
     docs = docs_of(DOC_LENGTHS)
-    p = plan("lm_eval_rolling", docs, tok, 258, seq_len, seq_len, add_bos=add_bos)
+    p = get("lm_eval_rolling").plan(docs, PlanInputs(tok, 258, seq_len, seq_len, add_bos))
     expected = [
         tuple(window)
         for d in docs

@@ -64,7 +64,7 @@ def test_gpt2_counts_on_a_real_text(gpt2, test_data):
 @pytest.mark.parametrize("protocol", ["sliding", "lm_eval_rolling"])
 def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_path, protocol):
     """WikiText-2 test (its articles) through GPT-2: the token cache written in three shares
-    plans exactly what `protocols.plan` plans from the documents in memory."""
+    plans exactly what `Protocol.plan` plans from the documents in memory."""
     from ppl_jax.data import documents as data
     from ppl_jax.plans import protocols, token_cache
 
@@ -76,10 +76,9 @@ def test_wikitext_through_the_token_cache_in_three_shares(gpt2, test_data, tmp_p
     token_cache.write_parts(str(tmp_path), 3, len(docs))
     entry = token_cache.open_entry(str(tmp_path))
     stride = 512 if protocol == "sliding" else None
-    want = protocols.plan(protocol, docs, gpt2, gpt2.vocab_size, 1024, stride, False)
-    got = protocols.get(protocol).stream_plan(
-        entry, gpt2, gpt2.vocab_size, 1024, stride, False, "\n\n", str(tmp_path / "s.npy")
-    )
+    inputs = protocols.PlanInputs(gpt2, gpt2.vocab_size, 1024, stride, False)
+    want = protocols.get(protocol).plan(docs, inputs)
+    got = protocols.get(protocol).stream_plan(entry, inputs, str(tmp_path / "s.npy"))
     assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
     for name in ("starts", "lengths", "prefix", "first_scored", "document"):
         np.testing.assert_array_equal(getattr(got.windows, name), getattr(want.windows, name))

@@ -12,7 +12,7 @@ from test_preparations import check_pages_against_articles
 
 from ppl_jax.data.documents import read_documents
 from ppl_jax.data.preparations import apply_preparation
-from ppl_jax.plans.protocols import plan
+from ppl_jax.plans.protocols import PlanInputs, get
 from ppl_jax.tokenizer import HFTokenizer
 
 import helpers
@@ -34,8 +34,10 @@ def test_hf_guide_stream_has_the_guides_token_count(test_data):
         "hf_guide_wikitext", read_documents(path, "text"), allow_tokenized=True
     )
     assert len(prepared.documents) == 1
-    guide = plan("hf_strided", prepared.documents, gpt2, 50257, 1024, 512, False)
-    lines = plan("hf_strided", read_documents(path, "lines"), gpt2, 50257, 1024, 512, False)
+    guide = get("hf_strided").plan(prepared.documents, PlanInputs(gpt2, 50257, 1024, 512, False))
+    lines = get("hf_strided").plan(
+        read_documents(path, "lines"), PlanInputs(gpt2, 50257, 1024, 512, False)
+    )
     assert (guide.text_tokens, lines.text_tokens) == (297_300, 292_942)
     # Independently: the rows as the builder's text-mode iteration of the file gives them.
     with open(path, encoding="utf-8") as f:

@@ -41,7 +41,7 @@ def run(checkpoint, corpus, out, tokenizer, protocol):
     settings = from_config(c)
     with OutputDir.open(out) as o:
         ev = evaluate(settings, out=o)
-        o.write_json("results.json", summary.results_dict(ev, settings, c))
+        o.write_json("results.json", summary.results_dict(ev, c))
         o.write_bytes("units.npz", uncertainty.units_npz(ev))
         ev.recorder.discard()
     return ev

@@ -17,7 +17,7 @@ from test_one_job import config, run
 from ppl_jax.checkpoints import hf
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import ConfigError
-from ppl_jax.evaluation import setup
+from ppl_jax.evaluation import checks
 from ppl_jax.models import registry
 from ppl_jax.models.gpt2 import GPT2Config
 from ppl_jax.models.gpt_neox import GPTNeoXConfig
@@ -200,7 +200,7 @@ def test_a_family_with_a_context_limit_is_refused_with_its_reason(monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"^mesh.context=4 is refused for the model \(family "
                        r"'llama'\): its toy layer runs in row order; set mesh.context=1\.$"):  # fmt: skip
-        setup._check_context(model, mesh)  # the run's check, before any weight is read
+        checks.check_context(model, mesh)  # the run's check, before any weight is read
     with pytest.raises(ConfigError, match=r"^mesh.context=4 splits"):
         Scorer(model, mesh, shardings)  # the library's own check, without the family's reason
 

@@ -21,8 +21,8 @@ SUBPACKAGES = sorted(
     for name in os.listdir(PACKAGE)
     if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))
 )
-# Faces still imported eagerly (being changed on other branches); the rest import on first use.
-EAGER = {"checkpoints", "tokenizer"}
+# Every face imports its modules on first use.
+EAGER: set[str] = set()
 OUTSIDE = ("launch", "benchmarks", "examples")
 
 

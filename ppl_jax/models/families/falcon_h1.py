@@ -80,21 +80,12 @@ class FalconH1Config(ssd.SsmFields, hybrid.DescribedConfig):
         self.attention_spec()
 
     def attention_spec(self) -> hybrid.AttentionSpec:
-        return hybrid.AttentionSpec(
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            rope=self.rope,
-            max_positions=self.max_positions,
-            key_scale=self.key_scale,
-            bias=self.attention_bias,
-        )
+        return hybrid.spec_of(hybrid.AttentionSpec, self, bias=self.attention_bias)
 
     def mlp_spec(self) -> hybrid.MLPSpec:
-        return hybrid.MLPSpec(
-            embed_dim=self.embed_dim,
-            mlp_dim=self.mlp_dim,
+        return hybrid.spec_of(
+            hybrid.MLPSpec,
+            self,
             bias=self.mlp_bias,
             gate_scale=self.mlp_gate_scale,
             down_scale=self.mlp_down_scale,

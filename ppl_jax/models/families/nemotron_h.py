@@ -106,13 +106,7 @@ class NemotronHConfig(ssd.SsmFields, hybrid.DescribedConfig):
                 )
 
     def attention_spec(self) -> hybrid.AttentionSpec:
-        return hybrid.AttentionSpec(
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            max_positions=self.max_positions,
-        )
+        return hybrid.spec_of(hybrid.AttentionSpec, self)
 
 
 def from_hf_config(c: dict[str, Any]) -> NemotronHConfig:

@@ -93,17 +93,8 @@ class Qwen35Config(hybrid.DescribedConfig):
             self.moe_spec()
 
     def attention_spec(self) -> hybrid.AttentionSpec:
-        return hybrid.AttentionSpec(
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            rope=self.rope,
-            max_positions=self.max_positions,
-            output_gate=True,
-            qk_norm=True,
-            norm_eps=self.norm_eps,
-            bias=self.attention_bias,
+        return hybrid.spec_of(
+            hybrid.AttentionSpec, self, output_gate=True, qk_norm=True, bias=self.attention_bias
         )
 
     def gdn_spec(self) -> gated_delta.GatedDeltaSpec:

@@ -2,7 +2,8 @@
 
 Each protocol is one object (`Protocol`, one module each) that owns its rules: its name and
 note, whether it is document-level and strided, which text joins the documents (`joiner`), its
-plan from documents (`plan`) and from the token cache (`stream_plan`, or None). `PROTOCOLS` maps
+plan from documents (`plan(docs, inputs)`) and from the token cache (`stream_plan(entry, inputs,
+path)`, or None), both given the dataset's `PlanInputs` (built once by the planner). `PROTOCOLS` maps
 each name to its object; callers ask the object (`get(spec.protocol).document_level`), never
 compare names, so that a new protocol is one module here and one line in `PROTOCOLS`.
 
@@ -34,9 +35,6 @@ last scored token (for `sliding` and `lm_eval_rolling` exactly the scored text).
 
 from __future__ import annotations
 
-import numpy as np
-
-from ppl_jax.data.documents import Document
 from ppl_jax.data.words import count_harness_words  # noqa: F401  (the harness's word count)
 from ppl_jax.errors import ConfigError
 from ppl_jax.plans.plan import (  # noqa: F401  (a plan's types and helpers, with the protocols)
@@ -47,7 +45,7 @@ from ppl_jax.plans.plan import (  # noqa: F401  (a plan's types and helpers, wit
     tokens_digest,
     window_spans,
 )
-from ppl_jax.plans.protocols.base import JOIN, Protocol
+from ppl_jax.plans.protocols.base import JOIN, PlanInputs, Protocol  # noqa: F401
 from ppl_jax.plans.protocols.gptq_chunks import GPTQ_CHUNKS
 from ppl_jax.plans.protocols.hf_strided import HF_STRIDED
 from ppl_jax.plans.protocols.lm_eval_rolling import (  # noqa: F401
@@ -57,7 +55,6 @@ from ppl_jax.plans.protocols.lm_eval_rolling import (  # noqa: F401
 )
 from ppl_jax.plans.protocols.sliding import SLIDING
 from ppl_jax.plans.protocols.whole_documents import WHOLE_DOCUMENTS
-from ppl_jax.tokenizer import Tokenizer
 
 PROTOCOLS: dict[str, Protocol] = {
     p.name: p for p in (SLIDING, HF_STRIDED, LM_EVAL_ROLLING, GPTQ_CHUNKS, WHOLE_DOCUMENTS)
@@ -74,26 +71,3 @@ def get(name: str, where: str = "eval") -> Protocol:
     if found is None:
         raise ConfigError(f"{where}.protocol={name!r} is not one of {', '.join(PROTOCOLS)}.")
     return found
-
-
-def plan(
-    protocol: str,
-    docs: list[Document],
-    tokenizer: Tokenizer,
-    vocab_size: int,
-    seq_len: int,
-    stride: int | None,
-    add_bos: bool,
-    separator: str = JOIN,
-    doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
-    **options: str,
-) -> Plan:
-    """`get(protocol).plan(...)` (`Protocol.plan`): the windows and counts of the protocol
-    named `protocol` for `docs` (`options`: its own keywords, `ProtocolSpec.options`).
-
-    Raises:
-      ConfigError: an unknown protocol; and as `Protocol.plan`.
-    """
-    return get(protocol).plan(
-        docs, tokenizer, vocab_size, seq_len, stride, add_bos, separator, doc_counts, **options
-    )

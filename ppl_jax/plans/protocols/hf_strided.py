@@ -19,6 +19,7 @@ class HfStrided(StreamProtocol):
     name = "hf_strided"
     note = "Hugging Face 'Perplexity of fixed-length models' strided recipe"
     strided = True
+    published_loop = True
 
     def check_length(self, n: int, num_docs: int, seq_len: int) -> None:
         if n < 2:

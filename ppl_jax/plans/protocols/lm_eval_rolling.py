@@ -9,6 +9,8 @@ wikitext task counts them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ppl_jax.data.documents import Document
@@ -17,7 +19,7 @@ from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.plans import stream_plans
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.plan import Plan, check_ids
-from ppl_jax.plans.protocols.base import JOIN, Protocol
+from ppl_jax.plans.protocols.base import PlanInputs, Protocol
 from ppl_jax.plans.windows import Windows
 from ppl_jax.tokenizer import Tokenizer
 
@@ -30,15 +32,10 @@ class LmEvalRolling(Protocol):
     def plan(
         self,
         docs: list[Document],
-        tokenizer: Tokenizer,
-        vocab_size: int,
-        seq_len: int,
-        stride: int | None,
-        add_bos: bool,
-        separator: str = JOIN,
+        inputs: PlanInputs,
         doc_counts: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> Plan:
-        """`Protocol.plan`; `add_bos` places BOS before each document's tokens, as the
+        """`Protocol.plan`; `inputs.add_bos` places BOS before each document's tokens, as the
         harness's `tok_encode` does when the tokenizer adds BOS (the prefix token comes before
         that).
 
@@ -46,6 +43,7 @@ class LmEvalRolling(Protocol):
           ConfigError: a tokenizer that has neither BOS nor EOS.
           ValueError: `doc_counts` without one count per document.
         """
+        tokenizer, vocab_size, add_bos = inputs.tokenizer, inputs.vocab_size, inputs.add_bos
         prefix = rolling_prefix(tokenizer, vocab_size)
         encoded = tokenizer.encode([d.text for d in docs])
         if add_bos:  # the harness encodes with the tokenizer's own special tokens (HFLM.tok_encode)
@@ -56,7 +54,7 @@ class LmEvalRolling(Protocol):
             check_ids(ids, vocab_size, f"document {d} ({doc.source})", tokenizer)
         offsets = np.cumsum([0] + [ids.size for ids in encoded]).astype(np.int64)
         tokens = np.concatenate(encoded).astype(np.int32) if encoded else np.zeros(0, np.int32)
-        windows = rolling_windows(tokens, offsets, seq_len, prefix)
+        windows = rolling_windows(tokens, offsets, inputs.seq_len, prefix)
         if doc_counts is None:
             doc_bytes = np.asarray([len(d.text.encode("utf-8")) for d in docs], np.int64)
             doc_words = np.asarray([count_harness_words(d.text) for d in docs], np.int64)
@@ -82,8 +80,14 @@ class LmEvalRolling(Protocol):
             doc_starts=offsets[:-1].astype(np.int64),
         )
 
-    def stream_plan(self, entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path):
+    def stream_plan(self, entry: Any, inputs: PlanInputs, stream_path: str) -> Plan:
         """`Protocol.stream_plan`: the plan from the token cache's entry (`stream_plans`)."""
+        tok, vocab_size, seq_len, add_bos = (
+            inputs.tokenizer,
+            inputs.vocab_size,
+            inputs.seq_len,
+            inputs.add_bos,
+        )
         prefix = rolling_prefix(tok, vocab_size)
         doc_tokens = entry.doc_array("doc_tokens") + (1 if add_bos else 0)
         num_docs = doc_tokens.size

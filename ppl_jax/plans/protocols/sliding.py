@@ -12,6 +12,7 @@ from ppl_jax.errors import DataError
 from ppl_jax.plans import stream_plans
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.plan import Plan, check_ids
+from ppl_jax.plans.protocols.base import PlanInputs
 from ppl_jax.plans.protocols.stream import StreamProtocol
 from ppl_jax.plans.token_cache import ENDS, STARTS, Entry, edges_of
 from ppl_jax.plans.windows import Windows
@@ -27,9 +28,10 @@ class Sliding(StreamProtocol):
         return separator
 
     def encode(
-        self, docs: list[Document], tokenizer: Tokenizer, vocab_size: int, separator: str
+        self, docs: list[Document], inputs: PlanInputs
     ) -> tuple[str, list[np.ndarray], list[np.ndarray], list[int]]:
         """The documents tokenized one by one, the separator's tokens between them."""
+        tokenizer, vocab_size, separator = inputs.tokenizer, inputs.vocab_size, inputs.separator
         texts = [d.text for d in docs]
         encoded = tokenizer.encode_with_bytes(texts)
         sep = tokenizer.encode_with_bytes([separator])[0] if separator and len(docs) > 1 else None
@@ -60,10 +62,10 @@ class Sliding(StreamProtocol):
     def windows(self, tokens: np.ndarray, seq_len: int, stride: int | None) -> Windows:
         return windows_lib.sliding(tokens, seq_len, stride)
 
-    def stream_plan(
-        self, entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path
-    ) -> Plan:
+    def stream_plan(self, entry: Entry, inputs: PlanInputs, stream_path: str) -> Plan:
         """`Protocol.stream_plan`: the plan from the token cache's entry (`stream_plans`)."""
+        tok, vocab_size, separator = inputs.tokenizer, inputs.vocab_size, inputs.separator
+        seq_len, stride, add_bos = inputs.seq_len, inputs.stride, inputs.add_bos
         num_docs = entry.num_documents
         sep = None
         if separator and num_docs > 1:
@@ -78,29 +80,7 @@ class Sliding(StreamProtocol):
         windows = windows_lib.sliding(np.broadcast_to(np.int32(0), (n,)), seq_len, stride)
         lo = windows.starts + windows.first_scored  # scored targets [lo, hi) (no prefix tokens)
         hi = windows.starts + windows.lengths
-        # Prefix sums of the stream's byte lengths at every window bound, while writing it.
-        bounds = np.concatenate([lo, hi])
-        order = np.argsort(bounds, kind="stable")
-        ordered = bounds[order]
-        cum = np.zeros(bounds.size, np.int64)
-        at, total, k = 0, 0, 0
-        stream = stream_plans.Stream(stream_path, n)
-        if bos:
-            stream.write(np.asarray([tok.bos_id], np.int32))
-            at = 1
-        for ids, lens in stream_plans.segments(entry, sep, (vocab_size, tok)):
-            stream.write(ids)
-            prefix = np.zeros(ids.size + 1, np.int64)
-            np.cumsum(lens, dtype=np.int64, out=prefix[1:])
-            j = int(np.searchsorted(ordered, at + ids.size, side="right"))
-            sel = order[k:j]
-            cum[sel] = total + prefix[np.maximum(bounds[sel] - at, 0)]
-            k = j
-            at += ids.size
-            total += int(prefix[-1])
-        cum[order[k:]] = total
-        digest = stream.close()
-        window_bytes = cum[lo.size :] - cum[: lo.size]
+        window_bytes, digest = _write_stream(entry, inputs, sep, n, lo, hi, stream_path)
         scored = int(windows.num_scored().sum())
         tokens = np.load(stream_path, mmap_mode="r")
         windows = windows_lib.Windows(
@@ -125,6 +105,42 @@ class Sliding(StreamProtocol):
             window_bytes=window_bytes,
             tokens_digest=digest,
         )
+
+
+def _write_stream(
+    entry: Entry,
+    inputs: PlanInputs,
+    sep: tuple[np.ndarray, np.ndarray] | None,
+    n: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    stream_path: str,
+) -> tuple[np.ndarray, str]:
+    """Writes the stream of `n` tokens (BOS, the documents and `sep`'s ids between them) to
+    `stream_path`, summing its byte lengths at every window bound meanwhile: returns each
+    window's scored bytes (`[W] int64`, targets `[lo, hi)`) and the stream's digest."""
+    tok = inputs.tokenizer
+    bounds = np.concatenate([lo, hi])
+    order = np.argsort(bounds, kind="stable")
+    ordered = bounds[order]
+    cum = np.zeros(bounds.size, np.int64)
+    at, total, k = 0, 0, 0
+    stream = stream_plans.Stream(stream_path, n)
+    if inputs.add_bos:
+        stream.write(np.asarray([tok.bos_id], np.int32))
+        at = 1
+    for ids, lens in stream_plans.segments(entry, sep, (inputs.vocab_size, tok)):
+        stream.write(ids)
+        prefix = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(lens, dtype=np.int64, out=prefix[1:])
+        j = int(np.searchsorted(ordered, at + ids.size, side="right"))
+        sel = order[k:j]
+        cum[sel] = total + prefix[np.maximum(bounds[sel] - at, 0)]
+        k = j
+        at += ids.size
+        total += int(prefix[-1])
+    cum[order[k:]] = total
+    return cum[lo.size :] - cum[: lo.size], stream.close()
 
 
 def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) -> int:

@@ -11,9 +11,8 @@ import numpy as np
 
 from ppl_jax.data.documents import Document
 from ppl_jax.plans.plan import Plan, check_ids, join_ids, span_words, window_spans
-from ppl_jax.plans.protocols.base import JOIN, Protocol
+from ppl_jax.plans.protocols.base import PlanInputs, Protocol
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer import Tokenizer
 
 
 class StreamProtocol(Protocol):
@@ -22,7 +21,7 @@ class StreamProtocol(Protocol):
     text from the first to the last scored token."""
 
     def encode(
-        self, docs: list[Document], tokenizer: Tokenizer, vocab_size: int, separator: str
+        self, docs: list[Document], inputs: PlanInputs
     ) -> tuple[str, list[np.ndarray], list[np.ndarray], list[int]]:
         """`(joined text, id parts, byte-length parts, each document's first token)`: by
         default the documents joined by `between(separator)` and tokenized as one string (the
@@ -31,14 +30,14 @@ class StreamProtocol(Protocol):
         Raises:
           DataError: an id outside the vocabulary.
         """
-        joiner = self.between(separator)
+        joiner = self.between(inputs.separator)
         texts = [d.text for d in docs]
         text = joiner.join(texts)
-        ids, nbytes = tokenizer.encode_with_bytes([text])[0]
+        tok = inputs.tokenizer
+        ids, nbytes = tok.encode_with_bytes([text])[0]
         shown = joiner.encode("unicode_escape").decode()
-        check_ids(
-            ids, vocab_size, f"the corpus joined with '{shown}' ({len(docs)} documents)", tokenizer
-        )
+        where = f"the corpus joined with '{shown}' ({len(docs)} documents)"
+        check_ids(ids, inputs.vocab_size, where, tok)
         step = len(joiner.encode("utf-8"))
         starts_chars = np.cumsum([0] + [len(t.encode()) + step for t in texts[:-1]])
         doc_starts = list(
@@ -54,29 +53,17 @@ class StreamProtocol(Protocol):
         """The protocol's windows over the stream `tokens` (`[N] int32`)."""
         raise NotImplementedError
 
-    def plan(
-        self,
-        docs: list[Document],
-        tokenizer: Tokenizer,
-        vocab_size: int,
-        seq_len: int,
-        stride: int | None,
-        add_bos: bool,
-        separator: str = JOIN,
-        doc_counts: Any = None,
-    ) -> Plan:
+    def plan(self, docs: list[Document], inputs: PlanInputs, doc_counts: Any = None) -> Plan:
         self._no_counts(doc_counts)
-        bos = [tokenizer.bos_id] if add_bos else []
-        text, ids_parts, byte_parts, doc_starts = self.encode(
-            docs, tokenizer, vocab_size, separator
-        )
+        bos = [inputs.tokenizer.bos_id] if inputs.add_bos else []
+        text, ids_parts, byte_parts, doc_starts = self.encode(docs, inputs)
         # Bounded memory for long corpora: int32 arrays, and no copy where one part suffices.
         text_ids = join_ids([np.zeros(0, np.int32), *ids_parts])
         token_bytes = join_ids([np.zeros(0, np.int32), *byte_parts])
         tokens = join_ids([np.asarray(bos, np.int32), text_ids])
         byte_lens = join_ids([np.zeros(len(bos), np.int32), token_bytes])
-        self.check_length(tokens.size, len(docs), seq_len)
-        windows = self.windows(tokens, seq_len, stride)
+        self.check_length(tokens.size, len(docs), inputs.seq_len)
+        windows = self.windows(tokens, inputs.seq_len, inputs.stride)
         scored = windows.scored_token_mask()
         return Plan(
             protocol=self.name,

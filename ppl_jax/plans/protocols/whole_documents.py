@@ -34,9 +34,8 @@ from ppl_jax.errors import DataError
 from ppl_jax.plans import stream_plans
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.plan import Plan, check_ids
-from ppl_jax.plans.protocols.base import JOIN, Protocol
+from ppl_jax.plans.protocols.base import PlanInputs, Protocol
 from ppl_jax.plans.windows import Windows
-from ppl_jax.tokenizer import Tokenizer
 
 LONG_DOCUMENTS = ("sliding", "truncate")  # the rules `eval.long_documents` may name ("": none)
 
@@ -48,25 +47,16 @@ class WholeDocuments(Protocol):
     splits_documents = True
     long_context = True
 
-    def plan(
-        self,
-        docs: list[Document],
-        tokenizer: Tokenizer,
-        vocab_size: int,
-        seq_len: int,
-        stride: int | None,
-        add_bos: bool,
-        separator: str = JOIN,
-        doc_counts: Any = None,
-        long_documents: str = "",
-    ) -> Plan:
-        """`Protocol.plan` (see the module docstring for `long_documents`).
+    def plan(self, docs: list[Document], inputs: PlanInputs, doc_counts: Any = None) -> Plan:
+        """`Protocol.plan` (see the module docstring for `inputs.options["long_documents"]`).
 
         Raises:
           DataError: a document longer than a window and no rule named (naming the document),
             an id outside the vocabulary, or no document with a token to score.
         """
         self._no_counts(doc_counts)
+        tokenizer, vocab_size, seq_len = inputs.tokenizer, inputs.vocab_size, inputs.seq_len
+        add_bos, long_documents = inputs.add_bos, long_documents_of(inputs)
         encoded = tokenizer.encode_with_bytes([d.text for d in docs])
         bos = [tokenizer.bos_id] if add_bos else []
         ids_parts, byte_parts = [], []
@@ -79,7 +69,7 @@ class WholeDocuments(Protocol):
         tokens = np.concatenate([np.zeros(0, np.int32), *ids_parts]).astype(np.int32)
         byte_lens = np.concatenate([np.zeros(0, np.int32), *byte_parts]).astype(np.int64)
         sources = tuple(d.source for d in docs)
-        windows = document_windows(tokens, offsets, seq_len, stride, long_documents, sources)
+        windows = document_windows(tokens, offsets, seq_len, inputs.stride, long_documents, sources)
         scored = windows.scored_token_mask()
         doc_bytes = _per_document(np.where(scored, byte_lens, 0), offsets)
         words = np.asarray([len(d.text.split()) for d in docs], np.int64)
@@ -100,12 +90,11 @@ class WholeDocuments(Protocol):
             doc_starts=offsets[:-1],
         )
 
-    def stream_plan(
-        self, entry, tok, vocab_size, seq_len, stride, add_bos, separator, stream_path,
-        long_documents: str = "",
-    ) -> Plan:  # fmt: skip
+    def stream_plan(self, entry: Any, inputs: PlanInputs, stream_path: str) -> Plan:
         """`Protocol.stream_plan`: the plan from the token cache's entry (`stream_plans`), its
         per-document scored bytes summed while the stream is written."""
+        tok, vocab_size, seq_len = inputs.tokenizer, inputs.vocab_size, inputs.seq_len
+        add_bos, long_documents = inputs.add_bos, long_documents_of(inputs)
         bos = 1 if add_bos else 0
         sizes = entry.doc_array("doc_tokens").astype(np.int64) + bos
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -113,7 +102,7 @@ class WholeDocuments(Protocol):
         # The windows need only the documents' lengths: a stand-in of the stream's length.
         stand_in = np.broadcast_to(np.int32(0), (n,))
         windows = document_windows(
-            stand_in, offsets, seq_len, stride, long_documents, entry.sources
+            stand_in, offsets, seq_len, inputs.stride, long_documents, entry.sources
         )
         # Per document, the stream range of its scored targets (one range: windows in order).
         has = np.bincount(windows.document, minlength=sizes.size) > 0
@@ -164,6 +153,11 @@ class WholeDocuments(Protocol):
 
 
 WHOLE_DOCUMENTS = WholeDocuments()
+
+
+def long_documents_of(inputs: PlanInputs) -> str:
+    """The rule for a document longer than a window (`eval.long_documents`; "": none)."""
+    return str(inputs.options.get("long_documents", ""))
 
 
 def document_windows(

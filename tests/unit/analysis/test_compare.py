@@ -61,7 +61,7 @@ def run(checkpoint, corpus, out, tokenizer, protocol="sliding", seq_len=32):
     settings = from_config(c)
     with OutputDir.open(out) as o:
         ev = evaluate(settings, out=o)
-        results = summary.results_dict(ev, settings, c)
+        results = summary.results_dict(ev, c)
         o.write_json("results.json", results)
         o.write_bytes("units.npz", uncertainty.units_npz(ev))
         ev.recorder.discard()

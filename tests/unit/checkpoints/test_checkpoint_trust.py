@@ -13,7 +13,7 @@ import shutil
 import pytest
 from absl import logging as absl_logging
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.runtime import mesh as mesh_lib
@@ -81,7 +81,7 @@ def test_an_unknown_model_family_is_named_before_any_key(own):
     (own / "3" / "metadata" / "metadata").write_text('{"model": {"family": "mamba", "d": 1}}')
     ckpt = open_checkpoint(str(own))
     with pytest.raises(CheckpointError, match="unknown model family 'mamba'"):
-        ckpt.attention("auto", "float32")  # was KeyError: 'embed_dim'
+        architecture.resolve(ckpt)  # was KeyError: 'embed_dim'
     with pytest.raises(CheckpointError, match="unknown model family 'mamba'"):
         ckpt.model()
 

@@ -1,5 +1,5 @@
 """Hub ids resolved offline from a hand-made hub cache (refs, snapshots linking into blobs, as
-huggingface_hub lays it out; INTEROP.md): revisions as steps, the commit recorded, unknown
+huggingface_hub lays it out; docs/other-trainers.md): revisions as steps, the commit recorded, unknown
 revisions and pickled weights refused in one sentence."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ppl_jax.checkpoints import hub, open_checkpoint
 from ppl_jax.checkpoints.huggingface import HubRepo
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.evaluation import setup
 
 HF_LLAMA = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "hf", "llama")
 
@@ -99,31 +100,32 @@ def test_unknown_revisions_repos_and_pickles_are_one_sentence(cache):
         open_checkpoint("hf://not a repo")
 
 
-def test_settings_resolve_a_hub_id_to_a_local_folder(cache):
+def test_settings_keep_a_hub_id_and_its_reader_resolves_it(cache):
     c = defaults.get_config()
     c.checkpoint.dir = "hf://org/tiny@step2000"
     spec = settings.from_config(c)
+    assert spec.checkpoint_dir == "hf://org/tiny@step2000"  # the config reads nothing
+    ckpt = open_checkpoint(spec.checkpoint_dir)
     commit = hashlib.sha1(b"org/tiny@step2000").hexdigest()
-    # The snapshot folder: its commit is in the fingerprint and results.json (the path).
-    assert spec.checkpoint_dir.endswith(os.path.join("snapshots", commit))
+    # The revision's commit is in the fingerprint (`identity`) and in results.json.
+    assert isinstance(ckpt, HubRepo) and ckpt.identity(None)["commit"] == commit
     c.checkpoint.step = "step1000,step2000"
     spec = settings.from_config(c)
     assert spec.steps.steps == (1000, 2000) and spec.steps.kind == "list"
-    assert os.path.basename(spec.checkpoint_dir) == "models--org--tiny"
-    assert isinstance(open_checkpoint(spec.checkpoint_dir), HubRepo)
-    # The sweep's fingerprint records each revision's commit, read from its ref.
-    assert (
-        hub.cached_commit(spec.checkpoint_dir, 1000)
-        == hashlib.sha1(b"org/tiny@step1000").hexdigest()
-    )
+    ckpt = open_checkpoint(spec.checkpoint_dir)
+    assert ckpt.steps() == [1000, 2000, 3000]  # the repository's step revisions
+    # The sweep's fingerprint records each revision's commit.
+    assert ckpt.identity(1000)["commit"] == hashlib.sha1(b"org/tiny@step1000").hexdigest()
     shutil.rmtree(cache / "models--org--tiny")
-    with pytest.raises(CheckpointError, match="'org/tiny' is not in the local hub cache"):
-        settings.from_config(c)
+    spec = settings.from_config(c)  # still nothing read
+    with pytest.raises(CheckpointError, match="'org/tiny': it is not in the local hub cache"):
+        setup.check(spec, open_checkpoint(spec.checkpoint_dir))
 
 
 def test_a_ref_naming_a_folder_outside_the_cache_is_refused(cache, tmp_path):
-    # refs/main names '../../../elsewhere', a folder of weights outside the cache (issue 26: it
-    # was read and scored as the hub id): one sentence, from the library and the settings.
+    # refs/main names '../../../elsewhere', a folder of weights outside the cache (it
+    # was read and scored as the hub id): one sentence, from the library and from a run's
+    # first read (the settings read nothing).
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(HF_LLAMA, elsewhere)
     ref = cache / "models--org--tiny" / "refs" / "main"
@@ -134,8 +136,9 @@ def test_a_ref_naming_a_folder_outside_the_cache_is_refused(cache, tmp_path):
     assert "outside the hub cache's snapshots" in str(e.value) and "refs/main" in str(e.value)
     c = defaults.get_config()
     c.checkpoint.dir = "hf://org/tiny"
+    spec = settings.from_config(c)
     with pytest.raises(CheckpointError, match="outside the hub cache's snapshots"):
-        settings.from_config(c)
+        open_checkpoint(spec.checkpoint_dir).resolve_step(spec.checkpoint_step)
     # A snapshot that is itself a link out of the cache is refused the same way.
     commit = ref.read_text()
     ref.write_text("b" * 40)

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import hf, open_checkpoint
+from ppl_jax.checkpoints import architecture, hf, open_checkpoint
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -105,8 +105,11 @@ def test_orbax_steps_latest_and_architecture(orbax_dir):
     model = ckpt.model()
     assert (model.vocab_size, model.max_positions) == (256, 128)
     assert model.description == helpers.TINY.to_dict()
-    assert ckpt.attention("auto", "float32") == "xla"  # CPU
-    assert ckpt.attention("splash", "bfloat16") == "splash"
+    arch = architecture.resolve(ckpt)  # one resolution: the setup's, the reference's, the harness's
+    assert arch.description == helpers.TINY.to_dict() and arch.family.name == "llama"
+    assert arch.attention("auto", "float32") == "xla"  # CPU
+    assert arch.attention("splash", "bfloat16") == "splash"
+    assert arch.model().description == model.description
     bf16 = ckpt.model("bfloat16", "xla", step=3)
     assert {leaf.dtype for leaf in jax.tree.leaves(bf16.abstract_params)} == {
         jnp.dtype(jnp.bfloat16)
@@ -203,8 +206,8 @@ def test_steps_saved_without_a_default_key_are_the_same_architecture(tmp_path):
     ckpt = open_checkpoint(path)
     model = ckpt.model(step=1)
     assert ckpt.description(2) != model.description  # the raw dict lacks the default
-    ckpt.check_same_architecture(2, model)
-    ckpt.check_same_architecture(1, model)
+    architecture.check_same(ckpt, 2, model)
+    architecture.check_same(ckpt, 1, model)
 
 
 def test_a_step_of_another_architecture_is_refused(tmp_path):
@@ -215,7 +218,7 @@ def test_a_step_of_another_architecture_is_refused(tmp_path):
     ckpt = open_checkpoint(path)
     model = ckpt.model(step=1)
     with pytest.raises(CheckpointError) as e:
-        ckpt.check_same_architecture(2, model)
+        architecture.check_same(ckpt, 2, model)
     assert str(e.value) == (
         f"step 2 of {path!r} holds another architecture than the model being scored; a sweep "
         f"scores the steps of one model."

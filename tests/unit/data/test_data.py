@@ -12,7 +12,7 @@ import pytest
 
 from ppl_jax.data.documents import Document, read_documents, resolve_paths
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.plans.protocols import plan
+from ppl_jax.plans.protocols import PlanInputs, get
 from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, from_description
 
 import helpers
@@ -306,15 +306,8 @@ def stream(docs, tokenizer, separator, vocab_size):
     """The `sliding` protocol's stream of `docs` (one-token windows, so window k starts at k)."""
     from types import SimpleNamespace
 
-    p = plan(
-        "sliding",
-        docs,
-        tokenizer,
-        vocab_size,
-        seq_len=1,
-        stride=1,
-        add_bos=False,
-        separator=separator,
+    p = get("sliding").plan(
+        docs, PlanInputs(tokenizer, vocab_size, 1, 1, False, separator=separator)
     )
     joined = separator.join(d.text for d in docs) if len(docs) > 1 else docs[0].text
     return SimpleNamespace(

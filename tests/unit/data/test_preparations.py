@@ -18,7 +18,7 @@ from ppl_jax.data.preparations import (
     wikitext_rows,
 )
 from ppl_jax.errors import ConfigError
-from ppl_jax.plans.protocols import count_harness_words, plan
+from ppl_jax.plans.protocols import PlanInputs, count_harness_words, get
 from ppl_jax.tokenizer import ByteTokenizer
 
 import helpers
@@ -239,10 +239,10 @@ def test_plan_reports_the_preparations_counts():
     pages; and the same windows as without the counts."""
     p = apply_preparation("lm_eval_wikitext", [Document(RAW, "a.txt")])
     tok = RollingTokenizer()
-    with_counts = plan(
-        "lm_eval_rolling", p.documents, tok, 257, 8, None, False, doc_counts=p.doc_counts
+    with_counts = get("lm_eval_rolling").plan(
+        p.documents, PlanInputs(tok, 257, 8, None, False), doc_counts=p.doc_counts
     )
-    plain = plan("lm_eval_rolling", p.documents, tok, 257, 8, None, False)
+    plain = get("lm_eval_rolling").plan(p.documents, PlanInputs(tok, 257, 8, None, False))
     assert with_counts.doc_bytes.tolist() == [len(t.encode()) for _, t in RAW_PAGES]
     assert with_counts.doc_words.tolist() == [count_harness_words(t) for _, t in RAW_PAGES]
     assert with_counts.num_bytes == sum(len(t.encode()) for _, t in RAW_PAGES)
@@ -250,17 +250,10 @@ def test_plan_reports_the_preparations_counts():
     assert plain.num_bytes == sum(len(d.text.encode()) for d in p.documents) < with_counts.num_bytes
     np.testing.assert_array_equal(with_counts.windows.starts, plain.windows.starts)
     with pytest.raises(ValueError, match="only lm_eval_rolling"):
-        plan("sliding", p.documents, tok, 257, 8, 4, False, doc_counts=p.doc_counts)
+        get("sliding").plan(p.documents, PlanInputs(tok, 257, 8, 4, False), doc_counts=p.doc_counts)
     with pytest.raises(ValueError, match="one count per document"):
-        plan(
-            "lm_eval_rolling",
-            p.documents,
-            tok,
-            257,
-            8,
-            None,
-            False,
-            doc_counts=(p.num_bytes[:1],) * 2,
+        get("lm_eval_rolling").plan(
+            p.documents, PlanInputs(tok, 257, 8, None, False), doc_counts=(p.num_bytes[:1],) * 2
         )
 
 

@@ -135,7 +135,7 @@ def test_every_pass_has_its_progress_bar_and_its_seconds(scored):
     assert all(timing[f"{k}_seconds"] > 0 for k in ran), timing
     assert timing["context_sweep_seconds"] is timing["reference_restore_seconds"] is None
     assert sum(timing[f"{k}_seconds"] for k in ran) <= ev.wall_seconds
-    results = summary.results_dict(ev, from_config(get_config()))
+    results = summary.results_dict(ev)
     assert results["timing"] == timing
     table = console.summary_table(results)
     assert "short context " in table and "LongPPL evaluator " in table and "scoring " in table

@@ -16,7 +16,7 @@ from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import run as run_lib
 from ppl_jax.metrics import uncertainty
-from ppl_jax.outputs import files, store
+from ppl_jax.outputs import files, sinks, store
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.scoring.scorer import StepOptions
 
@@ -170,3 +170,49 @@ def test_the_evaluator_gives_the_per_token_output_and_kl_of_the_cli(
     np.testing.assert_allclose(
         ours, np.sort(table.column("nll").to_numpy().astype(np.float64)), rtol=0, atol=0
     )
+
+
+def test_a_training_loops_records_are_the_command_lines_and_it_resumes_them(
+    tiny_checkpoint, corpus, tmp_path
+):
+    """The library's loop (`evaluator(params, step, sinks=[StoreSink(...)])`) writes the records
+    the command line writes for the same run, fingerprint and details included; the command
+    line run on the loop's folder finds every pair done and scores nothing."""
+    ckpt = ppl_jax.open_checkpoint(tiny_checkpoint)
+    tags = {"b": "domain=code"}
+    evaluator = ppl_jax.Evaluator(
+        ckpt.model(), ppl_jax.make_mesh(-1, 1),
+        [ppl_jax.DatasetSpec(name=n, path=corpus, tags=tags.get(n, "")) for n in ("a", "b")],
+        ckpt.tokenizer(5),
+        protocol=ppl_jax.ProtocolSpec(seq_len=32), batch=ppl_jax.BatchSpec(batch_size=8),
+        checkpoint=ckpt, bootstrap_samples=200,
+    )  # fmt: skip
+    loop_dir = tmp_path / "loop"
+    loop_dir.mkdir()
+    loop_store = store.ResultsStore.in_dir(str(loop_dir))
+    params = ckpt.restore(5, evaluator.param_targets)
+    scalars = evaluator(params, 5, sinks=[sinks.StoreSink(loop_store)])
+    written = loop_store.records()
+    assert [(r["kind"], r["dataset"]) for r in written][:2] == [("dataset", "a"), ("dataset", "b")]
+
+    def cli(out):
+        c = config(tiny_checkpoint, corpus, out, checkpoint__step="5", output__gzip_baseline=False)
+        c.suite = [dict(name=n, path=corpus, tags=tags.get(n, "")) for n in ("a", "b")]
+        return run(c)
+
+    found, cli_dir = cli(tmp_path / "cli")
+    theirs = store.ResultsStore.in_dir(cli_dir).records()
+    assert len(theirs) == len(written) and {r["kind"] for r in theirs} == {"dataset", "average"}
+    for ours, their in zip(written, theirs, strict=True):
+        if ours["kind"] == "dataset":
+            assert ours["fingerprint"] and ours["fingerprint"] == their["fingerprint"]
+            assert without_timings(ours) == without_timings(their)
+        else:
+            assert {k: v for k, v in ours.items() if k not in TIMINGS} == {
+                k: v for k, v in their.items() if k not in TIMINGS
+            }
+    assert scalars["a/perplexity"] == found.results["datasets"]["a"]["metrics"]["perplexity"]
+    # The command line resumes the loop's folder: every pair is done, nothing is scored again.
+    again, _ = cli(loop_dir)
+    assert again.evaluations == [] and loop_store.records() == written
+    assert again.results["datasets"]["a"]["fingerprint"] == written[0]["fingerprint"]

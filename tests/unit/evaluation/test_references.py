@@ -127,7 +127,7 @@ def run(
     settings = from_config(c)
     if settings not in _RUNS:
         ev = evaluate(settings)
-        _RUNS[settings] = (ev, summary.results_dict(ev, settings, c))
+        _RUNS[settings] = (ev, summary.results_dict(ev, c))
     return _RUNS[settings]
 
 

@@ -29,7 +29,7 @@ def run(checkpoint: str, path: str) -> tuple[dict, RunSpec]:
     c.eval.seq_len = 32
     c.output.progress = False
     settings = from_config(c)
-    return summary.results_dict(evaluate(settings), settings, c), settings
+    return summary.results_dict(evaluate(settings), c), settings
 
 
 @pytest.fixture(scope="module")

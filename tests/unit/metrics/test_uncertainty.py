@@ -6,7 +6,7 @@ import pytest
 
 from ppl_jax.data.documents import Document
 from ppl_jax.metrics import uncertainty
-from ppl_jax.plans.protocols import plan, window_spans
+from ppl_jax.plans.protocols import PlanInputs, get, window_spans
 from ppl_jax.tokenizer import load_tokenizer
 
 import helpers
@@ -135,7 +135,7 @@ def test_window_bytes_are_the_scored_tokens_bytes_and_add_up(bpe, protocol, stri
         Document("return self.value # naïve café " * (i + 2) + "größer 北京 " * i, f"d{i}")
         for i in range(5)
     ]
-    p = plan(protocol, docs, bpe, bpe.vocab_size, 16, stride, add_bos=False)
+    p = get(protocol).plan(docs, PlanInputs(bpe, bpe.vocab_size, 16, stride, False))
     # Independently: each token's bytes, from the stream the windows slice, read at the
     # positions the batch rows' target masks mark (the scorer's own view of what is scored).
     text = "\n\n".join(d.text for d in docs)  # data.separator's default, and the others' join

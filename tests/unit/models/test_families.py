@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints import architecture, hf
 from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.checkpoints.opener import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -358,7 +358,8 @@ def test_the_command_lines_reader_opens_each_family(family):
     it, `auto` attention resolves (`xla` on the CPU, also for Mamba2, which has no attention
     layers: once a KeyError), and the model builds with the description `loaded` reads."""
     ckpt = open_checkpoint(os.path.join(FAMILY_DIR, family))
-    assert ckpt.attention("auto", "float32") == "xla"
-    assert ckpt.attention("auto", "float32", context=2) == "xla"
+    arch = architecture.resolve(ckpt)
+    assert arch.attention("auto", "float32") == "xla"
+    assert arch.attention("auto", "float32", mesh_lib.make_mesh(-1, 1, context=2)) == "xla"
     model = ckpt.model()
     assert model.description == loaded(family)[0].description

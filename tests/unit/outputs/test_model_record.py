@@ -115,7 +115,7 @@ def test_a_run_of_an_entry_point_records_it(trainer_models, tmp_path):
     s = from_config(c)
     with OutputDir.open(s.output_dir) as out:
         ev = evaluate(s, out=out)
-    results = summary.results_dict(ev, s)
+    results = summary.results_dict(ev)
     model = results["model"]
     assert model["entry_point"] == "trainer_models:linen_model"
     assert (

@@ -17,7 +17,7 @@ def test_the_budget_is_in_results_and_in_the_table(tiny_checkpoint, tmp_path):
         tiny_checkpoint, corpus, tmp_path / "out", data__max_documents=2, data__sample_seed=7
     )
     ev = run(s)
-    results = summary.results_dict(ev, s, {})
+    results = summary.results_dict(ev, {})
     assert results["num_documents"] == 2
     assert results["data"]["budget"] == {"max_documents": 2, "max_tokens": 0, "sample_seed": 7}
     assert results["data"]["preparation"] is None
@@ -29,7 +29,7 @@ def test_the_budget_is_in_results_and_in_the_table(tiny_checkpoint, tmp_path):
 def test_no_budget_no_row(tiny_checkpoint, tmp_path):
     corpus = helpers.corpus_files(tmp_path, [helpers.stdlib_text(300)])
     s = settings(tiny_checkpoint, corpus, tmp_path / "out")
-    results = summary.results_dict(run(s), s, {})
+    results = summary.results_dict(run(s), {})
     assert results["data"]["budget"] is None
     assert "budget" not in console.summary_table(results)
 

@@ -19,7 +19,7 @@ from ppl_jax.data.documents import Document
 from ppl_jax.errors import ConfigError, DataError
 from ppl_jax.outputs import tokens as tokens_lib
 from ppl_jax.plans.layout import plan_layout
-from ppl_jax.plans.protocols import get, plan
+from ppl_jax.plans.protocols import PlanInputs, get
 from ppl_jax.plans.windows import NO_PREFIX
 from ppl_jax.tokenizer import ByteTokenizer, HFTokenizer, SentencePieceTokenizer
 
@@ -66,7 +66,9 @@ SEPARATOR = "\n\n"  # data.separator
 
 
 def make_plan(protocol, seq_len, stride, add_bos, docs=DOCS):
-    return plan(protocol, docs, SpecialBytes(), MODEL_VOCAB, seq_len, stride, add_bos, SEPARATOR)
+    return get(protocol).plan(
+        docs, PlanInputs(SpecialBytes(), MODEL_VOCAB, seq_len, stride, add_bos, separator=SEPARATOR)
+    )
 
 
 def batch_arrays(p, rows, width, top_k):

@@ -11,7 +11,7 @@ from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.data.documents import Document
 from ppl_jax.models import registry
 from ppl_jax.plans.layout import bucket_widths, plan_layout
-from ppl_jax.plans.protocols import plan
+from ppl_jax.plans.protocols import PlanInputs, get
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.scorer import Scorer
 from ppl_jax.tokenizer import ByteTokenizer
@@ -42,7 +42,7 @@ def setup():
         Document("".join(chr(c) for c in rng.integers(97, 123, n)), f"d{i}")
         for i, n in enumerate(lengths)
     ]
-    p = plan("lm_eval_rolling", docs, BosTokenizer(), CFG.vocab_size, 32, 32, add_bos=False)
+    p = get("lm_eval_rolling").plan(docs, PlanInputs(BosTokenizer(), CFG.vocab_size, 32, 32, False))
     return model, mesh, shardings, params, p
 
 
@@ -98,7 +98,9 @@ def test_packed_windows_match_the_numpy_reference(setup):
 
 def _few_documents(copies: int = 1):
     docs = [Document("x" * n, f"d{i}") for i, n in enumerate((20, 25, 30))] * copies
-    return plan("whole_documents", docs, BosTokenizer(), CFG.vocab_size, 32, None, add_bos=False)
+    return get("whole_documents").plan(
+        docs, PlanInputs(BosTokenizer(), CFG.vocab_size, 32, None, False)
+    )
 
 
 def test_a_plan_of_fewer_rows_than_a_batch_gets_a_smaller_batch():

@@ -8,7 +8,7 @@ import pytest
 
 from ppl_jax.data.documents import Document
 from ppl_jax.errors import ConfigError, DataError
-from ppl_jax.plans.protocols import plan, resolve_add_bos
+from ppl_jax.plans.protocols import PlanInputs, get, resolve_add_bos
 from ppl_jax.plans.windows import NO_PREFIX
 from ppl_jax.tokenizer import ByteTokenizer
 
@@ -64,7 +64,7 @@ def test_lm_eval_rolling_matches_the_harness_windows(seq_len, add_bos):
     tok = FakeTokenizer(add_bos_default=add_bos)
     docs = docs_of(DOC_LENGTHS)
     assert [d.text for d in docs] == golden["documents"]
-    p = plan("lm_eval_rolling", docs, tok, 258, seq_len, seq_len, add_bos=add_bos)
+    p = get("lm_eval_rolling").plan(docs, PlanInputs(tok, 258, seq_len, seq_len, add_bos))
     # HFLM scores the last len(continuation) logits of (context + continuation)[:-1].
     expected = [tuple(w) for doc in golden["windows"][f"{seq_len}-{add_bos}"] for w in doc]
     assert rows_as_lists(p.windows) == expected
@@ -78,18 +78,20 @@ def test_lm_eval_rolling_matches_the_harness_windows(seq_len, add_bos):
 
 
 def test_lm_eval_rolling_prefix_is_eos_without_bos():
-    p = plan("lm_eval_rolling", docs_of([3]), FakeTokenizer(bos=False), 258, 8, 8, False)
+    p = get("lm_eval_rolling").plan(
+        docs_of([3]), PlanInputs(FakeTokenizer(bos=False), 258, 8, 8, False)
+    )
     assert p.prefix_id == 257 and p.windows.prefix[0] == 257
 
 
 def test_lm_eval_rolling_needs_bos_or_eos():
     with pytest.raises(ConfigError, match="needs a BOS or EOS token"):
-        plan("lm_eval_rolling", docs_of([3]), ByteTokenizer(), 256, 8, 8, False)
+        get("lm_eval_rolling").plan(docs_of([3]), PlanInputs(ByteTokenizer(), 256, 8, 8, False))
 
 
 def test_lm_eval_words_follow_re_split():
     docs = [Document("  two words \n", "a"), Document("one", "b")]
-    p = plan("lm_eval_rolling", docs, FakeTokenizer(), 258, 8, 8, False)
+    p = get("lm_eval_rolling").plan(docs, PlanInputs(FakeTokenizer(), 258, 8, 8, False))
     assert p.doc_words.tolist() == [4, 1]  # ['', 'two', 'words', ''] as re.split gives
     assert p.num_bytes == len("  two words \n") + 3
 
@@ -119,7 +121,7 @@ def hf_guide(ids, max_length, stride):
 @pytest.mark.parametrize("add_bos", [False, True])
 def test_hf_strided_matches_the_guide(seq_len, stride, add_bos):
     docs = docs_of([30, 0, 41, 9])
-    p = plan("hf_strided", docs, FakeTokenizer(), 258, seq_len, stride, add_bos=add_bos)
+    p = get("hf_strided").plan(docs, PlanInputs(FakeTokenizer(), 258, seq_len, stride, add_bos))
     ids = ([256] if add_bos else []) + list("\n\n".join(d.text for d in docs).encode())
     expected = hf_guide(ids, seq_len, stride)
     assert rows_as_lists(p.windows) == expected
@@ -133,7 +135,7 @@ def test_hf_strided_matches_the_guide(seq_len, stride, add_bos):
 @pytest.mark.parametrize("seq_len", [4, 16, 32])
 def test_gptq_chunks_match_the_recipe(seq_len):
     docs = docs_of([30, 12, 41])
-    p = plan("gptq_chunks", docs, FakeTokenizer(), 258, seq_len, seq_len, add_bos=False)
+    p = get("gptq_chunks").plan(docs, PlanInputs(FakeTokenizer(), 258, seq_len, seq_len, False))
     ids = list("\n\n".join(d.text for d in docs).encode())
     nsamples = len(ids) // seq_len
     expected = [
@@ -147,12 +149,12 @@ def test_gptq_chunks_match_the_recipe(seq_len):
 
 def test_gptq_needs_one_chunk():
     with pytest.raises(DataError, match="fewer than one chunk"):
-        plan("gptq_chunks", docs_of([5]), FakeTokenizer(), 258, 16, 16, False)
+        get("gptq_chunks").plan(docs_of([5]), PlanInputs(FakeTokenizer(), 258, 16, 16, False))
 
 
 def test_sliding_with_bos_scores_every_text_token():
     docs = docs_of([10, 20])
-    p = plan("sliding", docs, FakeTokenizer(), 258, 8, 4, add_bos=True)
+    p = get("sliding").plan(docs, PlanInputs(FakeTokenizer(), 258, 8, 4, True))
     text = "\n\n".join(d.text for d in docs).encode()
     assert p.windows.tokens[0] == 256
     assert p.windows.num_scored().sum() == len(text)
@@ -162,7 +164,7 @@ def test_sliding_with_bos_scores_every_text_token():
 
 def test_stream_protocol_bytes_are_those_of_scored_tokens():
     docs = docs_of([33, 20])
-    p = plan("gptq_chunks", docs, FakeTokenizer(), 258, 8, 8, add_bos=False)
+    p = get("gptq_chunks").plan(docs, PlanInputs(FakeTokenizer(), 258, 8, 8, False))
     n = len("\n\n".join(d.text for d in docs))  # 55 bytes -> 6 chunks, 7 scored each
     assert p.num_bytes == (n // 8) * 7
 
@@ -178,4 +180,4 @@ def test_resolve_add_bos():
 
 def test_unknown_protocol():
     with pytest.raises(ConfigError, match="not one of sliding, hf_strided"):
-        plan("nope", docs_of([5]), FakeTokenizer(), 258, 8, 8, False)
+        get("nope")

@@ -1,6 +1,6 @@
 """The token cache (`ppl_jax.plans.token_cache`, `ppl_jax.plans.stream_plans`): a corpus tokenized once, in shares across processes,
 into flat memory-mapped arrays, and the per-document protocols planned from document lengths.
-Plans equal `protocols.plan`'s array for array whatever the number of shares and chunk sizes; a
+Plans equal `Protocol.plan`'s array for array whatever the number of shares and chunk sizes; a
 second run, another protocol or another sequence length tokenizes nothing; a changed file or
 tokenizer is tokenized again (two real processes: tests/multiprocess/test_token_cache_processes.py)."""
 
@@ -99,13 +99,10 @@ def test_plans_equal_protocols_plan_for_any_shares(tmp_path, bpe_tokenizer, kind
             ran.add((protocol, rule))
             used = rules.strided or options.get("long_documents") == "sliding"
             stride = stride if used else None
-            want = protocols.plan(
-                protocol, docs, tok, 600, seq_len, stride, add_bos, separator=separator, **options
-            )
+            inputs = protocols.PlanInputs(tok, 600, seq_len, stride, add_bos, separator, options)
+            want = rules.plan(docs, inputs)
             stream = str(tmp_path / f"stream-{count}.npy")
-            got = rules.stream_plan(
-                entry, tok, 600, seq_len, stride, add_bos, separator, stream, **options
-            )
+            got = rules.stream_plan(entry, inputs, stream)
             assert got.tokens_digest == protocols.tokens_digest(want.windows.tokens)
             same_plan(got, dataclass_with(want, tokens_digest=got.tokens_digest))
         assert {("whole_documents", r) for r in ("", "sliding", "truncate")} <= ran
@@ -121,7 +118,8 @@ def test_an_id_outside_the_vocabulary_names_the_document(tmp_path):
     tok = tokenizer.load_tokenizer("byte", None)
     entry = entry_of(tmp_path, path, tok, 2)
     with pytest.raises(DataError) as e:  # "ÿ" is UTF-8 0xc3 0xbf: byte ids past 150
-        protocols.SLIDING.stream_plan(entry, tok, 150, 8, 4, False, "\n\n", str(tmp_path / "s.npy"))
+        inputs = protocols.PlanInputs(tok, 150, 8, 4, False, "\n\n")
+        protocols.SLIDING.stream_plan(entry, inputs, str(tmp_path / "s.npy"))
     assert "document 2 (" in str(e.value) and "b.jsonl:2" in str(e.value)
 
 
@@ -173,8 +171,9 @@ def test_a_second_run_and_other_protocols_tokenize_nothing(tmp_path, bpe_tokeniz
     s = settings(path, cache, "sliding", format="jsonl")
     first, docs, _ = planner.planned(s.data, s.protocol, tok, 512)
     assert docs is None and isinstance(first.windows.tokens, np.memmap)
-    want = protocols.plan(
-        "sliding", data.read_documents(path, "jsonl"), tok, 512, 48, s.protocol.stride, False
+    want = protocols.SLIDING.plan(
+        data.read_documents(path, "jsonl"),
+        protocols.PlanInputs(tok, 512, 48, s.protocol.stride, False),
     )
     same_plan(first, dataclass_with(want, tokens_digest=first.tokens_digest))
     # From now on nothing is read or tokenized: the token cache serves every protocol and length.

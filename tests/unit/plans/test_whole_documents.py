@@ -18,9 +18,8 @@ LENGTHS = [1, 5, 15, 16, 17, 40, 55, 0]
 def whole(docs, seq_len, add_bos, rule="", stride=None):
     tok = FakeTokenizer()
     options = {"long_documents": rule} if rule else {}
-    return protocols.plan(
-        "whole_documents", docs, tok, tok.vocab_size, seq_len, stride, add_bos, **options
-    )
+    inputs = protocols.PlanInputs(tok, tok.vocab_size, seq_len, stride, add_bos, options=options)
+    return protocols.WHOLE_DOCUMENTS.plan(docs, inputs)
 
 
 @pytest.mark.parametrize("add_bos", [False, True])

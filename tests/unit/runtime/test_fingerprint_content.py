@@ -148,7 +148,7 @@ def test_a_run_reusing_a_cached_corpus_says_how_it_was_matched(tiny_checkpoint, 
     corpus = helpers.corpus_files(tmp_path, [helpers.stdlib_text(400)])
     for name in ("first", "again"):
         s = settings(tiny_checkpoint, corpus, tmp_path / name, data__cache_dir=str(tmp_path / "c"))
-        results = summary.results_dict(run(s), s)
+        results = summary.results_dict(run(s))
         assert results["data"]["cache_dir"] == str(tmp_path / "c")
         assert results["data"]["fingerprint"] == "stat"
         (row,) = [
@@ -157,5 +157,5 @@ def test_a_run_reusing_a_cached_corpus_says_how_it_was_matched(tiny_checkpoint, 
         assert "16 sampled 4 KiB blocks (data.fingerprint=stat)" in row
         assert "data.fingerprint=content hashes every byte" in row
     plain = settings(tiny_checkpoint, corpus, tmp_path / "plain")
-    table = console.summary_table(summary.results_dict(run(plain), plain))
+    table = console.summary_table(summary.results_dict(run(plain)))
     assert not any(line.startswith("cache") for line in table.splitlines())

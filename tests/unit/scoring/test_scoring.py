@@ -96,17 +96,12 @@ def test_nonfinite_log_probabilities_are_counted():
 
 def _plan(tokens, seq_len):
     from ppl_jax.data.documents import Document
-    from ppl_jax.plans.protocols import plan
+    from ppl_jax.plans.protocols import PlanInputs, get
     from ppl_jax.tokenizer import ByteTokenizer
 
-    return plan(
-        "sliding",
+    return get("sliding").plan(
         [Document(bytes(tokens.tolist()).decode("latin-1"), "x")],
-        ByteTokenizer(),
-        256,
-        seq_len,
-        seq_len,
-        add_bos=False,
+        PlanInputs(ByteTokenizer(), 256, seq_len, seq_len, False),
     )
 
 

@@ -253,7 +253,8 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 if {plan}:
     text = data.read_documents(path, "text")[0].text
-    p = protocols.plan("sliding", [data.Document(text, path)], tok, tok.vocab_size, 1024, 512, False)
+    inputs = protocols.PlanInputs(tok, tok.vocab_size, 1024, 512, False)
+    p = protocols.SLIDING.plan([data.Document(text, path)], inputs)
     ids, lengths = p.windows.tokens, np.zeros(0, np.int32)
 else:
     ids, lengths = tok.encode_with_bytes([text])[0]

@@ -1,0 +1,191 @@
+"""What an evaluator's records and fingerprints say of where its numbers come from, beyond its
+datasets' sums (`Provenance`): the checkpoint, the model's dtype and attention, the tokenizer, the
+batch layout, mesh and sharding rules, the step's options, the intervals' settings. The
+`Evaluator` makes one from its arguments; each (step, dataset) pair gets its fingerprint
+(`fingerprint`: the one the journal, the results store and the cross-process checks compare)
+and the `Evaluation` its record is made of (`evaluation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from ppl_jax.checkpoints import Checkpoint, architecture
+from ppl_jax.evaluation.result import Evaluation
+from ppl_jax.metrics import sums as metrics
+from ppl_jax.models.interface import LanguageModel
+from ppl_jax.outputs.model_record import FAMILY, model_record
+from ppl_jax.plans.planner import Dataset
+from ppl_jax.plans.spec import BatchSpec
+from ppl_jax.runtime import fingerprint as fingerprint_lib
+from ppl_jax.scoring.scorer import ScoreTotals, StepOptions
+from ppl_jax.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """See the module docstring; the arguments of `ppl_jax.Evaluator` of the same names.
+
+    Attributes:
+      dtype: the params' dtype as the records name it.
+      attention: the attention implementation the model runs, as the records name it.
+      matmul_precision: the precision of the step's matrix products (`Scorer.matmul_precision`:
+        `StepOptions.matmul_precision`, `auto` resolved by the params' dtypes).
+    """
+
+    model: LanguageModel
+    mesh: Mesh
+    checkpoint: Checkpoint | None
+    tokenizer: Tokenizer | None
+    batch: BatchSpec
+    rules: tuple[tuple[str, str | None], ...]
+    options: StepOptions
+    dtype: str
+    attention: str
+    matmul_precision: str
+    bootstrap_samples: int = 1000
+    seed: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        model: LanguageModel,
+        mesh: Mesh,
+        checkpoint: Checkpoint | None,
+        tokenizer: Tokenizer | None,
+        batch: BatchSpec,
+        rules: Sequence[tuple[str, str | None]],
+        options: StepOptions,
+        matmul_precision: str,
+        dtype: str | None = None,
+        attention: str | None = None,
+        bootstrap_samples: int = 1000,
+        seed: int = 0,
+    ) -> Provenance:
+        """With the defaults of `dtype` (the float dtype of the model's params) and `attention`
+        (what `auto` resolves to for a family's model on `mesh`, `xla` for one's own)."""
+        dtype = dtype or params_dtype(model.abstract_params)
+        attention = attention or default_attention(model, dtype, mesh, options)
+        return cls(
+            model, mesh, checkpoint, tokenizer, batch, tuple(rules), options, dtype, attention,
+            matmul_precision, int(bootstrap_samples), int(seed),
+        )  # fmt: skip
+
+    def fingerprint(
+        self, d: Dataset, step: int | None, protocol_part: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What decides the numbers of dataset `d` scored at `step`
+        (`ppl_jax.runtime.fingerprint.run_fingerprint`): the checkpoint's identity, the model
+        (description, dtype, attention), the data, tokenizer, protocol (with `protocol_part`:
+        the command line's long-context measures), layout, mesh and environment; so that a
+        journal or a stored record of another is never taken for this pair's."""
+        model, plan = self.model, d.plan
+        tok = None if self.tokenizer is None else self.tokenizer.describe()
+        return fingerprint_lib.run_fingerprint(
+            {
+                "checkpoint": {} if self.checkpoint is None else self.checkpoint.identity(step),
+                "model": {
+                    "description": fingerprint_lib.text_digest(model.description),
+                    "dtype": self.dtype,
+                    "matmul_precision": self.matmul_precision,
+                    "attention": self.attention,
+                    "honours_segments": model.honours_segments,
+                },
+                "data": d.data.fingerprint_part(),
+                "tokenizer": {
+                    "description": None if tok is None else fingerprint_lib.text_digest(tok)
+                },
+                "protocol": {
+                    **d.protocol.fingerprint_part(),
+                    "add_bos": plan.add_bos,
+                    "prefix_id": plan.prefix_id,
+                    "num_windows": plan.windows.num_windows,
+                    **(protocol_part or {}),
+                },
+                "layout": {**self.batch.fingerprint_part(), "num_batches": d.layout.num_batches},
+                "mesh": {
+                    **{k: int(v) for k, v in self.mesh.shape.items() if k != "context"},
+                    "processes": jax.process_count(),
+                    "rules": [list(rule) for rule in self.rules],
+                    **self._context_part(),
+                },
+                "environment": fingerprint_lib.environment(),
+            }
+        )
+
+    def _context_part(self) -> dict[str, Any]:
+        """The context axis's settings (they change the order of float32 additions), where a
+        run sets them; empty otherwise (the fingerprints of other runs as before)."""
+        part: dict[str, Any] = {}
+        context = int(self.mesh.shape.get("context", 1))
+        if context > 1:
+            part.update(context=context, context_attention=self.options.context_attention)
+        if self.options.token_chunk:
+            part["token_chunk"] = self.options.token_chunk
+        return part
+
+    def evaluation(
+        self,
+        d: Dataset,
+        step: int | None,
+        parts: dict[str, Any],
+        sums: metrics.Sums,
+        totals: ScoreTotals,
+    ) -> Evaluation:
+        """The `Evaluation` of dataset `d` scored at `step` (its fingerprint `parts`), of what
+        the evaluator knows: the hooks add the rest (`PairHooks.finish`)."""
+        ckpt = self.checkpoint
+        return Evaluation(
+            sums=sums,
+            metrics=metrics.derive(sums),
+            totals=totals,
+            plan=d.plan,
+            step=step,
+            documents=None,
+            # `context` only where it splits windows: other runs' records as before.
+            mesh_shape={k: v for k, v in self.mesh.shape.items() if k != "context" or v > 1},
+            model_description=model_record(self.model),
+            tokenizer_name="" if self.tokenizer is None else self.tokenizer.name,
+            checkpoint_format="" if ckpt is None else ckpt.format,
+            quantization=None if ckpt is None else ckpt.quantization(step),
+            layout=d.layout,
+            attention=self.attention,
+            matmul_precision=self.matmul_precision,
+            gzip_bits_per_byte=None,
+            wall_seconds=totals.scoring_seconds,
+            dataset=d.data,
+            protocol_spec=d.protocol,
+            fingerprint=parts,
+            tokenizer_is_checkpoints=d.data.tokenizer == "auto",
+            checkpoint_path=None if ckpt is None else ckpt.path,
+            checkpoint_commit=parts["checkpoint"].get("commit"),
+            dtype=self.dtype,
+            packing=self.batch.packing,
+            bootstrap_samples=self.bootstrap_samples,
+            seed=self.seed,
+        )
+
+
+def params_dtype(abstract_params: Any) -> str:
+    """The float dtype of a params tree (`float32`), or its float dtypes joined by `,`."""
+    found = {
+        jnp.dtype(leaf.dtype).name
+        for leaf in jax.tree.leaves(abstract_params)
+        if jnp.issubdtype(leaf.dtype, jnp.floating)
+    }
+    return ",".join(sorted(found)) or "float32"
+
+
+def default_attention(model: LanguageModel, dtype: str, mesh: Mesh, options: StepOptions) -> str:
+    """What `model.attention=auto` resolves to for a family's model (its description) on
+    `mesh`; `xla` for a model of one's own, which attends its own way."""
+    if not model.origin.startswith(FAMILY) or "," in dtype:
+        return "xla"
+    arch = architecture.Architecture(model.description)
+    return arch.attention("auto", dtype, mesh, options.context_attention)
