@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models.gguf_names import LAYER as GGUF_LAYER
+from ppl_jax.models import gguf_names
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.gpt2 import GPT2, GPT2Config
 from ppl_jax.models.registry import Family
@@ -87,29 +87,29 @@ def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
     """The mapping rules of a `gpt2` GGUF file's tensors: llama.cpp's converter stores the
     `Conv1D` weights transposed (`[out, in]`) and keeps the fused `c_attn` (`attn_qkv`: rows q,
     then k, then v)."""
-    qkv = [f"layers/{{l}}/attn/{p}" for p in "qkv"]
+    layer, qkv = gguf_names.LAYER, [f"layers/{{l}}/attn/{p}" for p in "qkv"]
     out = [
         {"from": r"token_embd\.weight", "to": "embedding"},
         {"from": r"position_embd\.weight", "to": "position_embedding"},
         {"from": r"output_norm\.weight", "to": "final_norm"},
         {"from": r"output_norm\.bias", "to": "final_norm_bias"},
         {"from": r"output\.weight", "to": "lm_head", "transpose": [1, 0]},
-        {"from": GGUF_LAYER + r"attn_qkv\.weight", "to": qkv, "split": {"axis": 0},
+        {"from": layer + r"attn_qkv\.weight", "to": qkv, "split": {"axis": 0},
          "transpose": [1, 0], "reshape": ["embed_dim", "num_heads", -1]},
-        {"from": GGUF_LAYER + r"attn_qkv\.bias", "to": [n + "_bias" for n in qkv],
+        {"from": layer + r"attn_qkv\.bias", "to": [n + "_bias" for n in qkv],
          "split": {"axis": 0}, "reshape": ["num_heads", -1]},
-        {"from": GGUF_LAYER + r"attn_output\.weight", "to": "layers/{l}/attn/o",
+        {"from": layer + r"attn_output\.weight", "to": "layers/{l}/attn/o",
          "transpose": [1, 0], "reshape": ["num_heads", -1, "embed_dim"]},
-        {"from": GGUF_LAYER + r"attn_output\.bias", "to": "layers/{l}/attn/o_bias"},
-        {"from": GGUF_LAYER + r"ffn_up\.weight", "to": "layers/{l}/mlp/fc", "transpose": [1, 0]},
-        {"from": GGUF_LAYER + r"ffn_up\.bias", "to": "layers/{l}/mlp/fc_bias"},
-        {"from": GGUF_LAYER + r"ffn_down\.weight", "to": "layers/{l}/mlp/proj",
+        {"from": layer + r"attn_output\.bias", "to": "layers/{l}/attn/o_bias"},
+        {"from": layer + r"ffn_up\.weight", "to": "layers/{l}/mlp/fc", "transpose": [1, 0]},
+        {"from": layer + r"ffn_up\.bias", "to": "layers/{l}/mlp/fc_bias"},
+        {"from": layer + r"ffn_down\.weight", "to": "layers/{l}/mlp/proj",
          "transpose": [1, 0]},
-        {"from": GGUF_LAYER + r"ffn_down\.bias", "to": "layers/{l}/mlp/proj_bias"},
+        {"from": layer + r"ffn_down\.bias", "to": "layers/{l}/mlp/proj_bias"},
     ]  # fmt: skip
     for theirs, ours in (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm")):
-        out.append({"from": GGUF_LAYER + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": GGUF_LAYER + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
+        out.append({"from": layer + theirs + r"\.weight", "to": "layers/{l}/" + ours})
+        out.append({"from": layer + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
     return out
 
 

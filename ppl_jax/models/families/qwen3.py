@@ -2,8 +2,7 @@
 (`q_norm`/`k_norm`, weights `[head_dim]`, after the projection and before RoPE), a `head_dim`
 independent of the hidden size, optional q/k/v/o biases (`attention_bias`) and Qwen2's optional
 sliding window (`use_sliding_window`, `max_window_layers`, `layer_types`). As transformers 5.23's
-`modeling_qwen3`. From GGUF: llama.cpp's architecture `qwen3`, `head_dim` its
-`attention.key_length`.
+`modeling_qwen3`. From GGUF: llama.cpp's architecture `qwen3`.
 """
 
 from __future__ import annotations
