@@ -5,11 +5,12 @@ one `.gguf` file, opens by path alone.
   package's reader, its claims checked against the file's size) when the checkpoint is first
   asked anything, before any weight is read.
 - The architecture is the metadata's (`general.architecture` and its keys), described as the
-  Hugging Face reader describes the original model (`ppl_jax.checkpoints.gguf_arch`); its sizes
-  are checked (`registry.check_sizes`) before anything is built.
+  Hugging Face reader describes the original model (`ppl_jax.checkpoints.gguf_arch`, with the
+  family that declares the architecture: `Family.gguf`); its sizes are checked
+  (`registry.check_sizes`) before anything is built.
 - The tokenizer is the metadata's (`ppl_jax.tokenizer.gguf`).
-- The weights are read through the GGUF mapping rules (`gguf_arch.rules`, the one mapping
-  language), each device's block from the byte ranges that hold it, dequantized by
+- The weights are read through the GGUF mapping rules of that family (`gguf_arch.rules`, the
+  one mapping language), each device's block from the byte ranges that hold it, dequantized by
   `gguf.quants.dequantize` into the model's dtype (float32 where a rule adds to the values:
   Gemma's norms) and placed straight into its sharding, several blocks at once within a bound on
   host memory (`ppl_jax.checkpoints.storage.place`). These are weight-only semantics: the

@@ -2,11 +2,13 @@
 
 A family is a `Family` record: its name; the description's config class and its Flax NNX module;
 the Hugging Face `model_type`s it reads, each with its `config.json` reader; its Hugging Face
-weights as rules of the one mapping language (`ppl_jax.checkpoints.mapping`); the kinds of its
+weights as rules of the one mapping language (`ppl_jax.checkpoints.mapping`); the GGUF
+architectures it reads (llama.cpp's `general.architecture` names); the kinds of its
 layers; and its limits (what it refuses, and why). The registry finds the families by itself:
 every module of `ppl_jax.models.families` whose name does not start with `_` is imported on first
 use and holds its record as the module attribute `FAMILY`. Nothing else in the package lists
-families: `ppl_jax.checkpoints.hf` asks `for_model_type` and `hf_mapping`, the opener `build`.
+families: `ppl_jax.checkpoints.hf` asks `for_model_type` and `hf_mapping`,
+`ppl_jax.checkpoints.gguf_arch` `for_gguf_architecture`, the opener `build`.
 
 Adding a family is one new module `ppl_jax/models/families/<name>.py`:
 
@@ -18,6 +20,7 @@ FAMILY = Family(
     hf_readers={"<type>": read_config},   # config.json dict -> config (raises CheckpointError)
     hf_rules=llama_hf.rules,              # description dict -> mapping rules (Hugging Face names)
     hf_prefixes=llama_hf.PREFIXES,        # stored-name heads removed before the rules
+    gguf={"<arch>": GGUFArchitecture("<type>", rules, config)},  # GGUF architectures
     layers=lambda cfg: ...,               # the kind of each layer (`Layer`)
     limits=(Limit("context", "why", applies),),
 )
@@ -55,6 +58,7 @@ from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
 from ppl_jax.models.bounds import MAX_SIZES, MAY_BE_ZERO, check_finite, check_hf_sizes
+from ppl_jax.models.gguf_names import GGUFArchitecture
 from ppl_jax.models.interface import LanguageModel
 
 MIXERS = ("attention", "linear_attention", "state_space", "none")
@@ -103,6 +107,8 @@ class Family:
       hf_rules: description dict -> the mapping rules of its Hugging Face weights (names with
         `hf_prefixes` removed), or None when the family reads no Hugging Face weights.
       hf_prefixes: heads of stored names that the rules do not see (`model.`), longest first.
+      gguf: GGUF architecture (llama.cpp's `general.architecture`) -> how the family reads a
+        file of it (`ppl_jax.models.gguf_names.GGUFArchitecture`).
       layers: config -> the `Layer` of each layer (default: attention and a dense MLP).
       limits: what the family refuses (`Limit`).
     """
@@ -115,6 +121,7 @@ class Family:
     )
     hf_rules: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
     hf_prefixes: tuple[str, ...] = ()
+    gguf: Mapping[str, GGUFArchitecture] = dataclasses.field(default_factory=dict)
     layers: Callable[[Any], tuple[Layer, ...]] | None = None
     limits: tuple[Limit, ...] = ()
 
@@ -136,8 +143,9 @@ def families() -> dict[str, Family]:
     """Every family, by name: the `FAMILY` of each module of `ppl_jax.models.families`.
 
     Raises:
-      RuntimeError: a module without a `Family`, two families of one name or model type, or a
-        config class with no owner (a mistake in the package, not in a user's input).
+      RuntimeError: a module without a `Family`, two families of one name, model type or GGUF
+        architecture, or a config class with no owner (a mistake in the package, not in a
+        user's input).
     """
     found: dict[str, Family] = {}
     for info in sorted(pkgutil.iter_modules(families_pkg.__path__), key=lambda m: m.name):
@@ -150,6 +158,9 @@ def families() -> dict[str, Family]:
     types = [t for f in found.values() for t in f.hf_readers]
     if len(types) != len(set(types)):
         raise RuntimeError(f"two families read one Hugging Face model type: {sorted(types)}")
+    archs = [a for f in found.values() for a in f.gguf]
+    if len(archs) != len(set(archs)):
+        raise RuntimeError(f"two families read one GGUF architecture: {sorted(archs)}")
     for f in found.values():
         owner = found.get(f.config.FAMILY)
         if owner is None or (owner.config, owner.module) != (f.config, f.module):
@@ -165,6 +176,18 @@ def model_types() -> tuple[str, ...]:
 def for_model_type(model_type: Any) -> Family | None:
     """The family that reads Hugging Face `model_type`, or None."""
     return next((f for f in families().values() if model_type in f.hf_readers), None)
+
+
+def gguf_architectures() -> tuple[str, ...]:
+    """The GGUF architectures ppl_jax reads (`general.architecture` names), sorted."""
+    return tuple(sorted(a for f in families().values() for a in f.gguf))
+
+
+def for_gguf_architecture(arch: Any) -> GGUFArchitecture | None:
+    """How the family that reads GGUF architecture `arch` reads it, or None."""
+    if not isinstance(arch, str):
+        return None
+    return next((f.gguf[arch] for f in families().values() if arch in f.gguf), None)
 
 
 def for_description(description: dict[str, Any]) -> Family:

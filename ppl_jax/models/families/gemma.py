@@ -12,6 +12,11 @@ transformers 5.23's `modeling_gemma2` and `modeling_gemma3`.
 The text tower of a multimodal `gemma3` checkpoint is read through its nested `text_config`
 (`ppl_jax.checkpoints.hf`). Refused: Gemma 3's `use_bidirectional_attention` (an encoder, not a
 causal language model); cuDNN attention where the scores are soft-capped (Gemma 2).
+
+From GGUF (llama.cpp's architectures `gemma2`, `gemma3`): norms stored as `1 + w`; what the file
+leaves out is what llama.cpp runs it with: the attention scale `head_dim ** -0.5` except on the
+27B models (`(hidden / heads) ** -0.5`, by their layer count), Gemma 3's one global layer in six
+and local rotary base 10,000 unless the file says otherwise.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from __future__ import annotations
 from typing import Any
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import llama_hf
+from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.registry import Family, Limit
 
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_new", "gelu")
+# GGUF architecture -> the layer count of its 27B model, whose attention scale llama.cpp takes as
+# (hidden / heads) ** -0.5.
+_GGUF_27B = {"gemma2": 46, "gemma3": 62}
 
 
 def read_config(c: dict[str, Any]) -> LlamaConfig:
@@ -70,6 +79,46 @@ def read_config(c: dict[str, Any]) -> LlamaConfig:
     )
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """A `gemma2` or `gemma3` GGUF file's fields that llama.cpp fixes or reads apart (see the
+    module docstring): the attention scale, GELU-tanh, the soft-caps (Gemma 3: none unless the
+    file gives them), the sliding layers of `attention.sliding_window_pattern` (a list, or one
+    global layer in every n: Gemma 2 two, Gemma 3 six; none without a window), Gemma 3's local
+    rotary base (`rope.freq_base_swa`)."""
+    gemma2 = h.arch == "gemma2"
+    hidden, heads, layers = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
+    big = layers == _GGUF_27B[h.arch]
+    c["query_pre_attn_scalar"] = hidden // heads if big else c["head_dim"]
+    c["hidden_activation"] = "gelu_pytorch_tanh"
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = h.key(key, None)
+        if not gemma2 or value is not None:
+            c[key] = value
+    window = h.key("attention.sliding_window", 0)
+    pattern = h.key("attention.sliding_window_pattern", 2 if gemma2 else 6)
+    if isinstance(pattern, list):
+        types = gguf_names.layer_types(pattern)
+    else:
+        pattern = int(pattern)
+        types = ["sliding_attention" if pattern and i % pattern < pattern - 1 else
+                 "full_attention" for i in range(layers)]  # fmt: skip
+    if not window:
+        types = ["full_attention"] * layers
+    c.update(sliding_window=window or None, layer_types=types)
+    if not gemma2:
+        local = float(h.key("rope.freq_base_swa", 10000.0))
+        c["rope_parameters"] = {
+            "full_attention": dict(c["rope_parameters"]),
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        }
+    return c
+
+
+def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Llama-like GGUF rules with every norm stored as `1 + w` (`offset: -1`)."""
+    return gguf_names.llama_rules(d, offset=-1.0)
+
+
 FAMILY = Family(
     name="gemma",
     config=LlamaConfig,
@@ -77,6 +126,10 @@ FAMILY = Family(
     hf_readers={"gemma2": read_config, "gemma3_text": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,
+    gguf={
+        "gemma2": GGUFArchitecture("gemma2", gguf_rules, gguf_config),
+        "gemma3": GGUFArchitecture("gemma3_text", gguf_rules, gguf_config),
+    },
     layers=layer_kinds,
     limits=LIMITS
     + (

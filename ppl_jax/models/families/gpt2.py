@@ -2,13 +2,17 @@
 and its weights as transformers 5.23's `modeling_gpt2` stores them: `Conv1D` weights `[in, out]`,
 the fused `c_attn` (`[embed, 3 * embed]`: q, then k, then v) split into q, k and v of
 `[embed, heads, head_dim]`, names with or without the `transformer.` head, and the causal-mask
-buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) left unused.
+buffers of old checkpoints (`attn.bias`, `attn.masked_bias`) left unused. From GGUF (llama.cpp's
+architecture `gpt2`): the `Conv1D` weights stored transposed (`[out, in]`), `c_attn` fused as
+`attn_qkv`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ppl_jax.models import gguf_names
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.gpt2 import GPT2, GPT2Config
 from ppl_jax.models.registry import Family
 
@@ -66,6 +70,49 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """A `gpt2` GGUF file's `config.json`, in GPT-2's own names (`n_embd`, ...), from the sizes
+    every architecture shares (`c`) and its MLP width and LayerNorm epsilon."""
+    return {
+        "model_type": c["model_type"], "vocab_size": c["vocab_size"], "n_embd": c["hidden_size"],
+        "n_layer": c["num_hidden_layers"], "n_head": c["num_attention_heads"],
+        "n_positions": c["max_position_embeddings"],
+        "n_inner": h.key("feed_forward_length", None),
+        "layer_norm_epsilon": h.key("attention.layer_norm_epsilon", 1e-5),
+        "tie_word_embeddings": c["tie_word_embeddings"],
+    }  # fmt: skip
+
+
+def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mapping rules of a `gpt2` GGUF file's tensors: llama.cpp's converter stores the
+    `Conv1D` weights transposed (`[out, in]`) and keeps the fused `c_attn` (`attn_qkv`: rows q,
+    then k, then v)."""
+    layer, qkv = gguf_names.LAYER, [f"layers/{{l}}/attn/{p}" for p in "qkv"]
+    out = [
+        {"from": r"token_embd\.weight", "to": "embedding"},
+        {"from": r"position_embd\.weight", "to": "position_embedding"},
+        {"from": r"output_norm\.weight", "to": "final_norm"},
+        {"from": r"output_norm\.bias", "to": "final_norm_bias"},
+        {"from": r"output\.weight", "to": "lm_head", "transpose": [1, 0]},
+        {"from": layer + r"attn_qkv\.weight", "to": qkv, "split": {"axis": 0},
+         "transpose": [1, 0], "reshape": ["embed_dim", "num_heads", -1]},
+        {"from": layer + r"attn_qkv\.bias", "to": [n + "_bias" for n in qkv],
+         "split": {"axis": 0}, "reshape": ["num_heads", -1]},
+        {"from": layer + r"attn_output\.weight", "to": "layers/{l}/attn/o",
+         "transpose": [1, 0], "reshape": ["num_heads", -1, "embed_dim"]},
+        {"from": layer + r"attn_output\.bias", "to": "layers/{l}/attn/o_bias"},
+        {"from": layer + r"ffn_up\.weight", "to": "layers/{l}/mlp/fc", "transpose": [1, 0]},
+        {"from": layer + r"ffn_up\.bias", "to": "layers/{l}/mlp/fc_bias"},
+        {"from": layer + r"ffn_down\.weight", "to": "layers/{l}/mlp/proj",
+         "transpose": [1, 0]},
+        {"from": layer + r"ffn_down\.bias", "to": "layers/{l}/mlp/proj_bias"},
+    ]  # fmt: skip
+    for theirs, ours in (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm")):
+        out.append({"from": layer + theirs + r"\.weight", "to": "layers/{l}/" + ours})
+        out.append({"from": layer + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
+    return out
+
+
 FAMILY = Family(
     name="gpt2",
     config=GPT2Config,
@@ -73,4 +120,5 @@ FAMILY = Family(
     hf_readers={"gpt2": read_config},
     hf_rules=rules,
     hf_prefixes=("transformer.",),
+    gguf={"gpt2": GGUFArchitecture("gpt2", gguf_rules, gguf_config, llama_like=False)},
 )

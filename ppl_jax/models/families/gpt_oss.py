@@ -16,7 +16,8 @@ transformers 5.24's `modeling_gpt_oss` computes it:
 The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
 `*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.quantized_parts`).
 Refused: cuDNN attention (no sinks). Verified under a context axis
-(tests/slow/test_frontier_context.py).
+(tests/slow/test_frontier_context.py). From GGUF (llama.cpp's architecture `gpt-oss`): gate and
+up stored apart, the norm after attention (`post_attention_norm`) as the MLP's.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.models import llama_hf, routing
+from ppl_jax.models import gguf_names, llama_hf, routing
 from ppl_jax.models.attention import attend
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers import zeros_param
 from ppl_jax.models.llama import Attention, Llama, LlamaConfig
 from ppl_jax.models.registry import Family, Layer, Limit
@@ -166,6 +168,25 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
     ] + llama_hf.rules(d)  # fmt: skip
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """A `gpt-oss` GGUF file's window (128 unless it gives one), biases, the experts' width as
+    `intermediate_size`, and YaRN without truncation, as the original's config (OpenAI's
+    YaRN)."""
+    c.update(sliding_window=h.key("attention.sliding_window", 0) or 128,
+             attention_bias="blk.0.attn_q.bias" in h.tensors,
+             intermediate_size=h.key("expert_feed_forward_length"))  # fmt: skip
+    if c["rope_parameters"].get("rope_type") == "yarn":
+        c["rope_parameters"]["truncate"] = False
+    return c
+
+
+def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Llama-like GGUF rules with GPT-OSS's norms: `attn_norm` before attention and
+    `post_attention_norm` before the MLP."""
+    norms = {"attn_norm": "attn_norm", "post_attention_norm": "mlp_norm"}
+    return gguf_names.llama_rules(d, norms=norms)
+
+
 def layer_kinds(cfg: GptOssConfig) -> tuple[Layer, ...]:
     """Attention with sinks on every layer (`sliding` where windowed), a routed block."""
     return tuple(
@@ -185,6 +206,7 @@ FAMILY = Family(
     hf_readers={"gpt_oss": read_config},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
+    gguf={"gpt-oss": GGUFArchitecture("gpt_oss", gguf_rules, gguf_config)},
     layers=layer_kinds,
     limits=(Limit("cudnn", "cuDNN attention has no learned sinks", lambda cfg: cfg.attn_sinks),),
 )

@@ -8,6 +8,9 @@ families (Qwen3, OLMo, Gemma, Phi-3, the mixtures) build too.
 - Qwen2: q/k/v biases; a window only with `use_sliding_window`, on the layers `layer_types`
   names (or from `max_window_layers` on).
 
+From GGUF (llama.cpp's architectures `llama`, which Mistral is converted as too, without its
+window, and `qwen2`): Llama's biases when the file has them, and its q and k rows un-permuted.
+
 Defaults are transformers 5.23's (`rms_norm_eps` 1e-6, untied embeddings, `head_dim` = hidden /
 heads).
 """
@@ -16,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models import llama_hf
+from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.registry import Family
@@ -47,6 +51,20 @@ def read_config(c: dict[str, Any]) -> LlamaConfig:
     )
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """A `llama` GGUF file's biases: q, k, v and output (`attention_bias`), the MLP's
+    (`mlp_bias`), as the file has them."""
+    c["attention_bias"] = "blk.0.attn_q.bias" in h.tensors
+    c["mlp_bias"] = "blk.0.ffn_down.bias" in h.tensors
+    return c
+
+
+def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Llama-like GGUF rules, with the q and k rows that llama.cpp's converter permutes per
+    head into interleaved pairs (`LlamaModel.permute`) turned back into halves."""
+    return gguf_names.llama_rules(d, rope_pairs=True)
+
+
 FAMILY = Family(
     name="llama",
     config=LlamaConfig,
@@ -54,6 +72,10 @@ FAMILY = Family(
     hf_readers={"llama": read_config, "mistral": read_config, "qwen2": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,
+    gguf={
+        "llama": GGUFArchitecture("llama", gguf_rules, gguf_config),
+        "qwen2": GGUFArchitecture("qwen2", gguf_names.llama_rules),
+    },
     layers=layer_kinds,
     limits=LIMITS,
 )

@@ -11,7 +11,9 @@
   refused (not implemented).
 
 On disk transformers 5.23 keeps one tensor per expert (`experts.{e}.{gate,up,down}_proj.weight`),
-which the rules stack into `[experts, ...]` (`stack`).
+which the rules stack into `[experts, ...]` (`stack`). From GGUF (llama.cpp's architectures
+`qwen2moe`, `qwen3moe`): experts stacked `[experts, out, in]`; as llama.cpp runs them, every
+layer with a router is sparse and Qwen3-MoE renormalizes its top-k weights.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import llama_hf
+from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.moe import MoeSpec
@@ -155,6 +158,22 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
     return llama_hf.rules(d) + out
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """A `qwen2moe` or `qwen3moe` GGUF file's MoE fields as llama.cpp runs the file: the layers
+    without a router (`ffn_gate_inp`) dense, every other one sparse; the top-k weights
+    renormalized for Qwen3-MoE (`norm_topk_prob`), not for Qwen2-MoE, whose shared expert's
+    width is `expert_shared_feed_forward_length`; Qwen3-MoE's biases as the file has them."""
+    qwen3 = h.arch == "qwen3moe"
+    if qwen3:
+        c["attention_bias"] = "blk.0.attn_q.bias" in h.tensors
+    dense = [i for i in range(c["num_hidden_layers"]) if f"blk.{i}.ffn_gate_inp.weight"
+             not in h.tensors]  # fmt: skip
+    c.update(norm_topk_prob=qwen3, decoder_sparse_step=1, mlp_only_layers=dense)
+    if not qwen3:
+        c["shared_expert_intermediate_size"] = h.key("expert_shared_feed_forward_length", 0)
+    return c
+
+
 FAMILY = Family(
     name="mixture",
     config=LlamaConfig,
@@ -162,6 +181,10 @@ FAMILY = Family(
     hf_readers={t: read_config for t in MODEL_TYPES},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
+    gguf={
+        "qwen2moe": GGUFArchitecture("qwen2_moe", gguf_names.llama_rules, gguf_config),
+        "qwen3moe": GGUFArchitecture("qwen3_moe", gguf_names.llama_rules, gguf_config),
+    },
     layers=layer_kinds,
     limits=LIMITS,
 )

@@ -3,14 +3,16 @@ RMSNorm after attention and after the MLP (`h = x + norm(attn(x))`, `y = h + nor
 QK-norm over the whole q and k projections (weights `[heads * head_dim]`, before the split into
 heads). OLMo 3 adds a sliding window on the layers `layer_types` names (by default three of every
 four, the fourth full) and `rope_parameters` per layer type (e.g. yarn on the full layers). As
-transformers 5.23's `modeling_olmo2` and `modeling_olmo3`.
+transformers 5.23's `modeling_olmo2` and `modeling_olmo3`. From GGUF: llama.cpp's architecture
+`olmo2`, which OLMo 3 is converted as too (with a window).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models import llama_hf
+from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.registry import Family
@@ -37,6 +39,19 @@ def read_config(c: dict[str, Any]) -> LlamaConfig:
     )
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """An `olmo2` GGUF file's biases, as it has them; with a window it is OLMo 3 (`olmo3`),
+    whose sliding layers are those of `attention.sliding_window_pattern` when it is a list."""
+    c["attention_bias"] = "blk.0.attn_q.bias" in h.tensors
+    window = h.key("attention.sliding_window", 0)
+    if window:
+        pattern = h.key("attention.sliding_window_pattern", None)
+        c.update(model_type="olmo3", sliding_window=window)
+        if isinstance(pattern, list):
+            c["layer_types"] = gguf_names.layer_types(pattern)
+    return c
+
+
 FAMILY = Family(
     name="olmo",
     config=LlamaConfig,
@@ -44,6 +59,7 @@ FAMILY = Family(
     hf_readers={"olmo2": read_config, "olmo3": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,
+    gguf={"olmo2": GGUFArchitecture("olmo2", gguf_names.llama_rules, gguf_config)},
     layers=layer_kinds,
     limits=LIMITS,
 )

@@ -2,14 +2,15 @@
 (`q_norm`/`k_norm`, weights `[head_dim]`, after the projection and before RoPE), a `head_dim`
 independent of the hidden size, optional q/k/v/o biases (`attention_bias`) and Qwen2's optional
 sliding window (`use_sliding_window`, `max_window_layers`, `layer_types`). As transformers 5.23's
-`modeling_qwen3`.
+`modeling_qwen3`. From GGUF: llama.cpp's architecture `qwen3`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models import llama_hf
+from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.llama import LlamaConfig
 from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.registry import Family
@@ -30,6 +31,12 @@ def read_config(c: dict[str, Any]) -> LlamaConfig:
     return llama_hf.hf_config(c, qkv_bias=bias, o_bias=bias, qk_norm="head", **sliding)
 
 
+def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
+    """A `qwen3` GGUF file's q, k, v and output biases (`attention_bias`), as it has them."""
+    c["attention_bias"] = "blk.0.attn_q.bias" in h.tensors
+    return c
+
+
 FAMILY = Family(
     name="qwen3",
     config=LlamaConfig,
@@ -37,6 +44,7 @@ FAMILY = Family(
     hf_readers={"qwen3": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,
+    gguf={"qwen3": GGUFArchitecture("qwen3", gguf_names.llama_rules, gguf_config)},
     layers=layer_kinds,
     limits=LIMITS,
 )

@@ -1,10 +1,12 @@
 """What a GGUF file's metadata means (`ppl_jax.checkpoints.gguf_arch`), for the fields the golden
 files do not vary: Llama 3's rotary factors (`rope_freqs`) recognized as its `llama3` scaling,
 YaRN keys, Phi-3's `longrope` factors, Gemma's attention scale on the 27B models (llama.cpp's rule,
-by layer count), Qwen3-MoE's dense layers, and what is refused."""
+by layer count), Qwen3-MoE's dense layers, what is refused, and that each architecture is read by
+one family (`Family.gguf`) as one of its model types."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,6 +15,8 @@ import pytest
 from ppl_jax.checkpoints import gguf_arch
 from ppl_jax.checkpoints.gguf_file import GGUFFile, Tensor
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models import registry
+from ppl_jax.models.families import qwen3
 
 
 def header(arch: str, tensors: dict[str, tuple[int, ...]] | None = None, **keys) -> GGUFFile:
@@ -129,3 +133,29 @@ def test_a_missing_key_is_named():
     del h.metadata["llama.block_count"]
     with pytest.raises(CheckpointError, match="lacks the metadata key llama.block_count"):
         gguf_arch.description(h, None)
+
+
+def test_gpt_oss_without_its_experts_width_is_named():
+    h = header("gpt-oss")
+    with pytest.raises(CheckpointError, match="lacks the metadata key "
+                       "gpt-oss.expert_feed_forward_length"):  # fmt: skip
+        gguf_arch.description(h, None)
+
+
+def test_each_architecture_is_read_as_a_model_type_of_its_own_family():
+    for family in registry.families().values():
+        for arch, reader in family.gguf.items():
+            assert reader.model_type in family.hf_readers, (family.name, arch)
+
+
+def test_two_families_may_not_read_one_architecture(monkeypatch):
+    claims = dataclasses.replace(qwen3.FAMILY, gguf={**qwen3.FAMILY.gguf, "llama": None})
+    monkeypatch.setattr(qwen3, "FAMILY", claims)
+    registry.families.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="two families read one GGUF architecture"):
+            registry.families()
+    finally:
+        monkeypatch.undo()
+        registry.families.cache_clear()
+    assert registry.for_gguf_architecture("llama").model_type == "llama"

@@ -4,6 +4,7 @@ the batch, on packing, or on the experts (or heads) split over the `model` mesh 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -87,19 +88,62 @@ def check_invariance(
     )
 
 
+# Tables keyed by another program's own vocabulary, not by ppl_jax's families: file (relative to
+# the package) -> the names of its module-level assignments that hold one. llama.cpp names its
+# pre-tokenizers (`tokenizer.ggml.pre`) after the models that introduced them ("llama4",
+# "qwen2", ...), but a GGUF of any architecture may carry any of them, and the table would stay
+# right with the family gone.
+FOREIGN_VOCABULARIES = {os.path.join("tokenizer", "gguf.py"): ("SPLITS",)}
+
+
+def family_names(family: str) -> set[str]:
+    """The names by which ppl_jax knows `family`: its own (the description's `family`), the
+    Hugging Face model types it reads and the GGUF architectures it reads."""
+    from ppl_jax.models import registry
+
+    record = registry.families()[family]
+    return {family, *record.hf_readers, *record.gguf}
+
+
+def _without_foreign_tables(source: str, tables: tuple[str, ...]) -> str:
+    """`source` with the module-level assignments to `tables` blanked out (lines kept)."""
+    lines = source.splitlines()
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id in tables for t in targets):
+            for i in range(node.lineno - 1, node.end_lineno):
+                lines[i] = ""
+    return "\n".join(lines)
+
+
 def names_of(family: str) -> list[str]:
-    """The package files that name `family` as ppl_jax knows it (`"name"` or
-    `families.name`; a docstring naming transformers' own classes is not a second room): a
-    family is one module, so only its own."""
+    """The package files that name `family` as a family: a string literal equal to one of its
+    names (`family_names`: its own, its Hugging Face model types, its GGUF architectures: what a
+    branch on a description, a `config.json` or a GGUF file would compare with), or its module
+    (`families.<name>`, `from ppl_jax.models.families import <name>`). A family is one module,
+    so the answer is its own.
+
+    Not a family's name: prose (a docstring naming transformers' own classes is not a second
+    room for the family) and a table keyed by another program's vocabulary
+    (`FOREIGN_VOCABULARIES`: llama.cpp's pre-tokenizer names, among them "llama4", are data for
+    every GGUF file). Only the assignment of such a table is left out, so any other use of the
+    name in its file still counts."""
     import ppl_jax
 
     package = os.path.dirname(os.path.abspath(ppl_jax.__file__))
-    naming = re.compile(rf"[\"']{family}[\"']|families\.{family}\b")
+    quoted = "|".join(re.escape(n) for n in sorted(family_names(family)))
+    naming = re.compile(
+        rf"[\"'](?:{quoted})[\"']|families\.{family}\b|families import [^\n]*\b{family}\b"
+    )
     found = []
     for folder, _, files in os.walk(package):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
-                if naming.search(open(path, encoding="utf-8").read()):
-                    found.append(os.path.relpath(path, package))
-    return found
+                relative = os.path.relpath(path, package)
+                source = open(path, encoding="utf-8").read()
+                if relative in FOREIGN_VOCABULARIES:
+                    source = _without_foreign_tables(source, FOREIGN_VOCABULARIES[relative])
+                if naming.search(source):
+                    found.append(relative)
+    return sorted(found)

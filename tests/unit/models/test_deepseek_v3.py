@@ -120,4 +120,7 @@ def test_results_do_not_depend_on_batch_packing_or_experts_over_model():
 
 
 def test_no_other_package_file_names_the_family():
+    """A family is one module: no other package file names it as a family (its name, model
+    types or GGUF architectures as string literals, its module in an import; not prose, nor
+    llama.cpp's pre-tokenizer table, whose names are llama.cpp's: `family_checks.names_of`)."""
     assert family_checks.names_of(FAMILY) == [os.path.join("models", "families", f"{FAMILY}.py")]
