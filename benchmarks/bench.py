@@ -175,8 +175,9 @@ def run_jax(
     from ppl_jax import plans, scoring
     from ppl_jax.checkpoints import hf
     from ppl_jax.config.defaults import DEFAULT_RULES
-    from ppl_jax.models import attention as attention_lib
-    from ppl_jax.models import flash, registry
+    from ppl_jax.models import registry
+    from ppl_jax.models.layers import attention as attention_lib
+    from ppl_jax.models.layers import flash
     from ppl_jax.plans import windows
     from ppl_jax.runtime import mesh as mesh_lib
 

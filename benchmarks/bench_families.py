@@ -52,7 +52,9 @@ from absl import app, flags
 from flax import nnx
 
 from ppl_jax.checkpoints import hf
-from ppl_jax.models import gated_delta, hybrid, registry, ssd
+from ppl_jax.models import registry
+from ppl_jax.models.decoders import hybrid
+from ppl_jax.models.layers import gated_delta, ssd
 from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
 from ppl_jax.scoring import token_nll
 

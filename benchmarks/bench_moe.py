@@ -1,5 +1,5 @@
-"""Benchmark: the grouped MoE layer (`ppl_jax.models.moe.moe_mlp`) against a dense loop over all
-experts and against a dense SwiGLU MLP of the same active width, on this machine.
+"""Benchmark: the grouped MoE layer (`ppl_jax.models.layers.moe.dropless.moe_mlp`) against a dense
+loop over all experts and against a dense SwiGLU MLP of the same active width, on this machine.
 
     python -m benchmarks.bench_moe                       # both shapes below, float32
     python -m benchmarks.bench_moe --shapes=qwen3 --tokens=8192 --repeats=5
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from ppl_jax.models import moe
+from ppl_jax.models.layers.moe import dropless
 
 SHAPES = {
     "mixtral": dict(embed=512, mlp=1024, experts=8, top_k=2, norm=True),
@@ -47,7 +47,7 @@ _OUT = flags.DEFINE_string("out", "bench_moe_results.json", "Where to write the 
 
 def all_experts(x, router, gate, up, down, *, top_k, norm_topk_prob):
     """Every expert on every token, weighted by the routing (0 for unselected experts)."""
-    weights, chosen = moe.route(x, router, top_k, norm_topk_prob)
+    weights, chosen = dropless.route(x, router, top_k, norm_topk_prob)
     num_experts = router.shape[1]
     per_expert = jnp.zeros((x.shape[0], num_experts), jnp.float32)
     per_expert = per_expert.at[jnp.arange(x.shape[0])[:, None], chosen].add(weights)
@@ -86,7 +86,7 @@ def run_shape(name: str, tokens: int, repeats: int) -> dict:
     x = draw(tokens, d) * d**0.5
     router, gate, up, down = draw(d, e), draw(e, d, f), draw(e, d, f), draw(e, f, d)
     kw = dict(top_k=k, norm_topk_prob=s["norm"])
-    grouped_fn = jax.jit(lambda *a: moe.moe_mlp(*a, **kw))
+    grouped_fn = jax.jit(lambda *a: dropless.moe_mlp(*a, **kw))
     all_fn = jax.jit(lambda *a: all_experts(*a, **kw))
     y_grouped = grouped_fn(x, router, gate, up, down)
     y_all = all_fn(x, router, gate, up, down)

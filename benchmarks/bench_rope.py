@@ -25,7 +25,8 @@ import numpy as np
 
 from ppl_jax.checkpoints import open_checkpoint
 from ppl_jax.config import demo_checkpoint_dir, held_out_paths
-from ppl_jax.models import LlamaConfig, registry, rope
+from ppl_jax.models import LlamaConfig, registry
+from ppl_jax.models.layers import rope
 from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets
 from ppl_jax.scoring import token_stats
 

@@ -25,7 +25,7 @@ from flax import nnx
 
 from ppl_jax.checkpoints import orbax
 from ppl_jax.models.adapters import params_of_nnx
-from ppl_jax.models.llama import Llama, LlamaConfig
+from ppl_jax.models.decoders.llama import Llama, LlamaConfig
 
 # A 2-layer Llama with grouped-query attention and an untied head over byte ids (21k params).
 TINY = LlamaConfig(

@@ -8,7 +8,7 @@ import socket
 
 import numpy as np
 
-from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.testing import (  # noqa: F401  (the tests' names for the shared pieces)
     TEXT_MODULES,
     TINY,

@@ -28,9 +28,9 @@ import jax.numpy as jnp
 from ppl_jax.checkpoints import hf, maxtext
 from ppl_jax.checkpoints.options import dtype_of
 from ppl_jax.errors import CheckpointError, ConfigError
-from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.layers import attention as attention_lib
 from ppl_jax.runtime import paths
 
 if TYPE_CHECKING:
@@ -61,8 +61,8 @@ class Architecture:
     ) -> str:
         """The attention implementation that `model.attention=setting` runs for this
         architecture in `dtype` (`float32` or `bfloat16`) on this platform: `xla`, `cudnn` or
-        `splash` (`ppl_jax.models.attention.resolve_for`); with `mesh`, for its `context` axis
-        under `context_attention` (`mesh.context_attention`). A model of the user's own attends
+        `splash` (`ppl_jax.models.layers.attention.resolve_for`); with `mesh`, for its `context`
+        axis under `context_attention` (`mesh.context_attention`). A model of the user's own attends
         its own way: `xla` (batches as for XLA).
 
         Raises:

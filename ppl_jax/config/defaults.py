@@ -74,7 +74,7 @@ def get_config() -> config_dict.ConfigDict:
     c.model = config_dict.ConfigDict()
     c.model.dtype = "float32"
     c.model.attention = "auto"
-    c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.context)
+    c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.layers.context)
     c.model.token_chunk = 0  # tokens per chunk of the per-token layers on a device; 0: all
     c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
     c.model.matmul_precision = "auto"  # matrix products: auto (float32: highest), highest, ...

@@ -28,7 +28,7 @@ from ppl_jax.evaluation.spec import (
     RunSpec,
     StepSpec,
 )
-from ppl_jax.models.rope import ANGLES
+from ppl_jax.models.layers.rope import ANGLES
 from ppl_jax.outputs import sinks
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans import protocols

@@ -299,7 +299,7 @@ def _first_step(spec: RunSpec, ckpt: Checkpoint) -> int | None:
 
 
 def _rope_angles(model: LanguageModel, spec: RunSpec, attention: str) -> LanguageModel:
-    """The model with `model.rope_angles` (`ppl_jax.models.rope.cos_sin`).
+    """The model with `model.rope_angles` (`ppl_jax.models.layers.rope.cos_sin`).
 
     Raises:
       ConfigError: a model without rotary embeddings, or not of ppl_jax's own families.

@@ -183,7 +183,7 @@ class RunSpec:
     sinks: tuple[str, ...] = ()
     # `open_checkpoint`'s keyword options (architecture, mapping, item, params, allow_download).
     checkpoint_options: tuple[tuple[str, object], ...] = ()
-    rope_angles: str = "float32"  # `model.rope_angles`: `ppl_jax.models.rope.ANGLES`
+    rope_angles: str = "float32"  # `model.rope_angles`: `ppl_jax.models.layers.rope.ANGLES`
     # `model.matmul_precision`: `ppl_jax.scoring.precision.SETTINGS` (auto: highest in float32).
     matmul_precision: str = "auto"
 

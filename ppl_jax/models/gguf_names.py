@@ -23,7 +23,7 @@ from ppl_jax.errors import CheckpointError
 
 LAYER = r"blk\.(?P<l>\d+)\."
 HEADS_IN = {"transpose": [1, 0], "reshape": ["embed_dim", -1, "head_dim"]}
-# The norm tensors of each `norm_layout` (ppl_jax.models.llama), llama.cpp's name -> ours.
+# The norm tensors of each `norm_layout` (ppl_jax.models.decoders.llama), llama.cpp's name -> ours.
 NORMS = {
     "pre": {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"},
     "sandwich": {"attn_norm": "attn_norm", "post_attention_norm": "post_attn_norm",

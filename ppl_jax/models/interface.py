@@ -55,11 +55,12 @@ class LanguageModel:
         by a one-row check before scoring (`ppl_jax.evaluation.evaluator`). True for ppl_jax's
         own families; set it False for a model that ignores `segment_ids`.
       context_parallel: whether `apply` is right when each row's tokens come in the context
-        axis's load-balanced order, split over `mesh.context` (`ppl_jax.models.context`): every
-        layer per token or by positions, attention through `ppl_jax.models.attention.attend`,
-        sequence-carrying layers through `ppl_jax.models.context.pass_state`. Only then does the
-        scorer run the model with `mesh.context > 1`. True for ppl_jax's own families (set when
-        they are built); False by default (a user's own model).
+        axis's load-balanced order, split over `mesh.context` (`ppl_jax.models.layers.context`):
+        every layer per token or by positions, attention through
+        `ppl_jax.models.layers.attention.attend`, sequence-carrying layers through
+        `ppl_jax.models.layers.context.pass_state`. Only then does the scorer run the model with
+        `mesh.context > 1`. True for ppl_jax's own families (set when they are built); False by
+        default (a user's own model).
       origin: who built it, for the records (`ppl_jax.outputs.model_record`): `family:<name>`
         for ppl_jax's own families (`ppl_jax.models.registry.build`),
         `ppl_jax.from_nnx(<module>.<Class>)` or `ppl_jax.from_linen(...)` for an adapted

@@ -54,12 +54,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError, ConfigError
-from ppl_jax.models import attention as attention_lib
 from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
 from ppl_jax.models.bounds import MAX_SIZES, MAY_BE_ZERO, check_finite, check_hf_sizes
 from ppl_jax.models.gguf_names import GGUFArchitecture
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.layers import attention as attention_lib
 
 MIXERS = ("attention", "linear_attention", "state_space", "none")
 MLPS = ("dense", "moe", "none")
@@ -282,7 +282,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         `ppl_jax.checkpoints.hf.read_description` returns).
       dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
       attention: the attention implementation, `xla`, `cudnn` or `splash`
-        (`ppl_jax.models.attention`); the model keeps packed windows apart
+        (`ppl_jax.models.layers.attention`); the model keeps packed windows apart
         (`honours_segments`) where it does (`attention.keeps_segments`). The model runs under
         a context axis (`context_parallel`) unless the family has a `context` limit for it.
         Its `origin` is `family:<name>`.
@@ -310,7 +310,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
         dtype=jnp.dtype(dtype),
     )
     # A family's layers are per token or by positions, attention is `attend` and recurrences go
-    # through `ppl_jax.models.context.pass_state`: right under the context axis's token order
+    # through `ppl_jax.models.layers.context.pass_state`: right under the context axis's token order
     # (`LanguageModel.context_parallel`) unless the family says otherwise (`Limit("context")`).
     return dataclasses.replace(
         model,

@@ -1,10 +1,10 @@
 """The device mesh, and the mapping of logical axis names to mesh axes.
 
 The mesh has three named axes: `data` (the batch's rows are split over it), `context` (each
-row's tokens are split over it: `ppl_jax.models.context`; size 1 unless `mesh.context` asks) and
-`model` (weights are split over it by the logical rules). Sharding is data: a table of
-`(logical name, mesh axis or None)` pairs from the config, as in flax's lm1b
-`logical_axis_rules` and jax-llm-examples' `ShardingRules`.
+row's tokens are split over it: `ppl_jax.models.layers.context`; size 1 unless `mesh.context` asks)
+and `model` (weights are split over it by the logical rules). Sharding is data: a table of
+`(logical name, mesh axis or None)` pairs from the config, as in flax's lm1b `logical_axis_rules`
+and jax-llm-examples' `ShardingRules`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ CONTEXT_ATTENTION = ("all_gather", "ring")
 
 
 # Logical axis name -> mesh axis (or None: replicated). Weights name their dims logically
-# (see `ppl_jax.models.llama`); the batch dim is `batch`.
+# (see `ppl_jax.models.decoders.llama`); the batch dim is `batch`.
 DEFAULT_RULES = (
     ("batch", "data"),
     ("vocab", "model"),
@@ -35,7 +35,10 @@ DEFAULT_RULES = (
     ("kv_heads", "model"),
     ("head_dim", None),
     ("mlp", "model"),
-    ("experts", None),  # MoE experts replicated, split along mlp (ppl_jax.models.moe)
+    (
+        "experts",
+        None,
+    ),  # MoE experts replicated, split along mlp (ppl_jax.models.layers.moe.dropless)
 )
 
 
@@ -50,7 +53,7 @@ class MeshSpec:
       context: devices along the `context` axis, over which each window's tokens are split
         (-1: the devices left over; 1: none).
       context_attention: how attention crosses the context axis, `all_gather` or `ring`
-        (`model.context_attention`; `ppl_jax.models.context.Settings`).
+        (`model.context_attention`; `ppl_jax.models.layers.context.Settings`).
       token_chunk: tokens per chunk of the per-token layers on each device, 0 for all at once
         (`model.token_chunk`).
 

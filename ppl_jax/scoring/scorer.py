@@ -21,8 +21,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ppl_jax.metrics import curves
-from ppl_jax.models import context as context_lib
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.layers import context as context_lib
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import mesh as mesh_lib
@@ -209,9 +209,10 @@ class Scorer:
             for k in BATCH_KEYS
         }
         # The mesh is set while tracing, so that layers that split work by hand over `data`
-        # or `context` (the MoE layer's routing, `ppl_jax.models.experts.per_token_shard`;
-        # `attend` under a context axis) see it, and the step's layout settings; and the matmul
-        # precision, which every product traced without its own takes.
+        # or `context` (the MoE layer's routing,
+        # `ppl_jax.models.layers.moe.experts.per_token_shard`; `attend` under a context axis) see
+        # it, and the step's layout settings; and the matmul precision, which every product traced
+        # without its own takes.
         settings = context_lib.Settings(self.options.context_attention, self.options.token_chunk)
         with (
             jax.set_mesh(self.mesh),

@@ -4,7 +4,7 @@
 The step shifts each row by one token (position `j` reads token `j` and predicts `j + 1`), runs
 the model, and reduces per-window sums of negative log-likelihood (nats) and counts, never means;
 under a context axis it lays each row out in the load-balanced order first
-(`ppl_jax.models.context`) and puts per-token outputs back in row order.
+(`ppl_jax.models.layers.context`) and puts per-token outputs back in row order.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ppl_jax.errors import ConfigError
-from ppl_jax.models import context as context_lib
 from ppl_jax.models.interface import HiddenStates, LanguageModel, Logits
+from ppl_jax.models.layers import context as context_lib
 from ppl_jax.scoring.nll import token_stats
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
@@ -41,9 +41,9 @@ class StepOptions:
       reference: the params are `(model params, reference params)`; the step also scores the
         reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
       context_attention: how attention crosses the context axis, `all_gather` or `ring`
-        (`ppl_jax.models.context.Settings`).
+        (`ppl_jax.models.layers.context.Settings`).
       token_chunk: tokens per chunk of the per-token layers on each device (the MLP, the NLL;
-        `ppl_jax.models.context.per_token`), 0 for all at once.
+        `ppl_jax.models.layers.context.per_token`), 0 for all at once.
       matmul_precision: the precision of the step's matrix products (`model.matmul_precision`,
         `ppl_jax.scoring.precision.SETTINGS`); `auto`: `highest` where the model or the
         reference computes in float32, else the backend's default.
@@ -112,8 +112,8 @@ def score_step(
         `(params, reference params)` and `reference_apply` the reference's apply.
       context: devices along the mesh's `context` axis. Above 1, the rows (after the shift) are
         padded to a multiple of `2 * context` and laid out in the load-balanced order split
-        over `data` and `context` (`ppl_jax.models.context`); per-token outputs are put back in
-        row order before they leave the step, and the sums do not depend on the order.
+        over `data` and `context` (`ppl_jax.models.layers.context`); per-token outputs are put back
+        in row order before they leave the step, and the sums do not depend on the order.
 
     Returns:
       `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
@@ -205,7 +205,7 @@ _TOKEN_EXTRAS = ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1")
 
 def _context_order(row: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], np.ndarray]:
     """The step's `[B, T]` row arrays padded to a multiple of `2n` (segment 0, not scored) and
-    laid out in the load-balanced order (`ppl_jax.models.context.load_balanced_order`), split
+    laid out in the load-balanced order (`ppl_jax.models.layers.context.load_balanced_order`), split
     over `data` and `context`; and the order."""
     width = row["inputs"].shape[1]
     padded = -(-width // (2 * n)) * 2 * n
@@ -246,6 +246,6 @@ def check_context(model: LanguageModel, mesh: Mesh, what: str = "the model") -> 
         raise ConfigError(
             f"mesh.context={n} splits each window's tokens over devices in another order, which "
             f"{name} is not built for (only ppl_jax's own families, whose attention is "
-            f"ppl_jax.models.attention.attend, set LanguageModel.context_parallel); set "
+            f"ppl_jax.models.layers.attention.attend, set LanguageModel.context_parallel); set "
             f"mesh.context=1."
         )

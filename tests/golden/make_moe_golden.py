@@ -12,7 +12,7 @@ drawn with NumPy (seed per case), not by transformers' initialisation.
 Two cases tie: `tie_inside` gives experts 2 and 5 the same router row and pushes every token
 towards it, so the tied pair is the top 2 of every token; `tie_boundary` gives them the same row
 without the push, so for some tokens the pair straddles the k-th place, where torch.topk on CPU
-picks one of the two by its internal selection order (see `ppl_jax.models.moe`).
+picks one of the two by its internal selection order (see `ppl_jax.models.layers.moe.dropless`).
 
 tests/unit/models/test_moe.py compares ppl_jax with these files; tests/reference/test_moe_live.py
 reruns `run_case` with the installed transformers.

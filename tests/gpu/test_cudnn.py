@@ -20,7 +20,7 @@ import pytest
 
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
-from ppl_jax.models.attention import attend, resolve
+from ppl_jax.models.layers.attention import attend, resolve
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.windows import sliding
 from ppl_jax.runtime import mesh as mesh_lib
@@ -148,9 +148,9 @@ def test_demo_under_cudnn_matches_xla(tmp_path):
 def test_split_merge_with_cudnn_matches_xla(start):
     """A chunk of 128 queries at `start` of 1,024-token rows of one document (one full, one
     short, one empty): cuDNN's diagonal block and prefix merged by their float32 log-sum-exp
-    (`ppl_jax.models.split_merge`, what the context axis and a long window's query chunks run)
-    against the flash kernel doing the same, and against the whole row in float32."""
-    from ppl_jax.models import split_merge
+    (`ppl_jax.models.layers.split_merge`, what the context axis and a long window's query chunks
+    run) against the flash kernel doing the same, and against the whole row in float32."""
+    from ppl_jax.models.layers import split_merge
 
     t, lengths = 1024, [1024, 700, 0]
     seg, pos = _padded_rows(lengths, t)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from test_attention import packed_rows, reference
 
-from ppl_jax.models import fused_attention as fused
-from ppl_jax.models.attention import attend, keeps_segments
+from ppl_jax.models.layers import fused
+from ppl_jax.models.layers.attention import attend, keeps_segments
 from ppl_jax.scoring import precision
 
 

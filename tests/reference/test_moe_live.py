@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import test_moe
 
-from ppl_jax.models import moe
 from ppl_jax.models.families import mixture
+from ppl_jax.models.layers.moe import dropless
 
 import helpers
 
@@ -44,7 +44,7 @@ def test_layer_equals_transformers_block(make_moe_golden, name):
     x = jnp.asarray(fresh["x"])
     y = np.asarray(test_moe.call(params, x, top_k, norm))
     flat = x.reshape(-1, x.shape[-1])
-    _, chosen = moe.route(flat, params["router"], top_k, norm)
+    _, chosen = dropless.route(flat, params["router"], top_k, norm)
     same = np.array(
         [
             set(a) == set(b)

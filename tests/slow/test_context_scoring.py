@@ -19,8 +19,8 @@ from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import checks
 from ppl_jax.models import registry
-from ppl_jax.models.gpt2 import GPT2Config
-from ppl_jax.models.gpt_neox import GPTNeoXConfig
+from ppl_jax.models.families.gpt2 import GPT2Config
+from ppl_jax.models.families.gpt_neox import GPTNeoXConfig
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime import mesh as mesh_lib

@@ -2,9 +2,10 @@
 (`GptOssMLP`, `Llama4TextMoe`, `DeepseekV3MoE`, `DeepseekV3Attention`, `Llama4TextAttention`) on
 the weights stored in tests/golden/frontier_layers/ by tests/golden/make_frontier_layers_golden.py
 (tests/reference/test_frontier_layers_live.py reruns them live): the routed MLP blocks
-(`ppl_jax.models.routing`, on `ppl_jax.models.experts`), the latent attention's projections
-(`ppl_jax.models.mla`), and Llama 4's rotation of pairs, L2 QK-norm and temperature tuning
-(`ppl_jax.models.qk`). Each feature turned off moves the result past the tolerance."""
+(`ppl_jax.models.layers.moe.routing`, on `ppl_jax.models.layers.moe.experts`), the latent
+attention's projections (`ppl_jax.models.layers.mla`), and Llama 4's rotation of pairs, L2 QK-norm
+and temperature tuning (`ppl_jax.models.layers.qk`). Each feature turned off moves the result past
+the tolerance."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ppl_jax.models import experts, mla, qk, routing
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.layers import mla, qk
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers.moe import experts, routing
 
 import helpers
 

@@ -1,5 +1,5 @@
-"""The chunked gated delta rule (`ppl_jax.models.gated_delta`) and the pieces it shares with the
-SSD scan (`ppl_jax.models.recurrence`) against NumPy float64 token-by-token recurrences
+"""The chunked gated delta rule (`ppl_jax.models.layers.gated_delta`) and the pieces it shares with
+the SSD scan (`ppl_jax.models.layers.recurrence`) against NumPy float64 token-by-token recurrences
 (scan_reference.py); the whole layer against transformers' own `Qwen3_5GatedDeltaNet` and
 `Qwen3NextGatedDeltaNet` is in test_scan_layers.py."""
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.models import gated_delta, recurrence
+from ppl_jax.models.layers import gated_delta, recurrence
 
 import scan_reference as ref
 

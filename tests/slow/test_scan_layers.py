@@ -1,5 +1,5 @@
-"""ppl_jax's Gated DeltaNet and Mamba2 layers (`ppl_jax.models.gated_delta`,
-`ppl_jax.models.ssd`) against transformers' own `Qwen3_5GatedDeltaNet`,
+"""ppl_jax's Gated DeltaNet and Mamba2 layers (`ppl_jax.models.layers.gated_delta`,
+`ppl_jax.models.layers.ssd`) against transformers' own `Qwen3_5GatedDeltaNet`,
 `Qwen3NextGatedDeltaNet`, `Mamba2Mixer`, `NemotronHMamba2Mixer` and `FalconH1Mixer` (their
 PyTorch fallbacks, float32) on the same weights: golden files of
 tests/golden/make_scan_golden.py (tests/reference/test_scans_live.py recomputes them live).
@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from ppl_jax.checkpoints import blocks, mapping
-from ppl_jax.models import gated_delta, ssd
+from ppl_jax.models.layers import gated_delta, ssd
 
 import helpers
 
@@ -230,7 +230,7 @@ def test_a_row_cut_in_parts_scores_as_one(name, monkeypatch):
     """Parts cut inside a document (2 tokens after its start, inside the convolution's reach)
     and at a document start: the convolution's tail, the segment id and the recurrent state
     cross each cut."""
-    from ppl_jax.models import recurrence
+    from ppl_jax.models.layers import recurrence
 
     z = load_golden(name)
     layer, scale = layer_of(name, z, 8)

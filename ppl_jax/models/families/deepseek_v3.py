@@ -1,18 +1,19 @@
 """DeepSeek-V3 (Hugging Face `deepseek_v3`; DeepSeek-AI 2024, "DeepSeek-V3 Technical Report"), as
 transformers 5.24's `modeling_deepseek_v3` computes it:
 
-- multi-head latent attention on every layer (`ppl_jax.models.mla`: `q_lora_rank` (or one query
-  projection when null), `kv_lora_rank`, rotary and non-rotary head dims `qk_rope_head_dim` and
-  `qk_nope_head_dim`, values of `v_head_dim`; rotation of adjacent pairs with `rope_interleave`);
+- multi-head latent attention on every layer (`ppl_jax.models.layers.mla`: `q_lora_rank` (or one
+  query projection when null), `kv_lora_rank`, rotary and non-rotary head dims `qk_rope_head_dim`
+  and `qk_nope_head_dim`, values of `v_head_dim`; rotation of adjacent pairs with
+  `rope_interleave`);
 - the softmax scale `qk_head_dim ** -0.5`, times YaRN's `mscale(factor, mscale_all_dim) ** 2`
   (`mla.softmax_scale`), and YaRN's cos/sin factor `mscale / mscale_all_dim`
-  (`ppl_jax.models.rope`);
+  (`ppl_jax.models.layers.rope`);
 - dense SwiGLU MLPs (`intermediate_size`) on the first `first_k_dense_replace` layers, then
-  routed blocks (`ppl_jax.models.routing`, `grouped_sigmoid`): `n_routed_experts` experts of
-  `moe_intermediate_size`, sigmoid scores plus the correction bias `e_score_correction_bias` for
+  routed blocks (`ppl_jax.models.layers.moe.routing`, `grouped_sigmoid`): `n_routed_experts` experts
+  of `moe_intermediate_size`, sigmoid scores plus the correction bias `e_score_correction_bias` for
   the choice, `n_group` groups of which the best `topk_group` stay, `num_experts_per_tok` chosen,
-  their scores renormalised (`norm_topk_prob`) and times `routed_scaling_factor`; a shared expert
-  of `n_shared_experts * moe_intermediate_size`;
+  their scores renormalised (`norm_topk_prob`) and times `routed_scaling_factor`; a shared expert of
+  `n_shared_experts * moe_intermediate_size`;
 - the multi-token-prediction layers (`num_nextn_predict_layers`, stored as
   `model.layers.{num_hidden_layers + i}.*`) are not part of the causal LM and are left unread.
 
@@ -35,8 +36,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import llama_hf, mla, routing
-from ppl_jax.models.llama import Llama, LlamaConfig
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import Llama, LlamaConfig
+from ppl_jax.models.layers import mla
+from ppl_jax.models.layers.moe import routing
 from ppl_jax.models.registry import Family, Layer, Limit
 
 # Upper bounds of the latent sizes (DeepSeek-V3: 1536, 512, 128, 64, 128), far above them.

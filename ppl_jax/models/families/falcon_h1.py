@@ -1,5 +1,5 @@
 """Falcon-H1 (Hugging Face `falcon_h1`, transformers 5.24's `FalconH1ForCausalLM`): in every
-layer, attention and a Mamba2 layer (`ppl_jax.models.ssd`) side by side on the same normed
+layer, attention and a Mamba2 layer (`ppl_jax.models.layers.ssd`) side by side on the same normed
 input, then a SwiGLU MLP, with the µP multipliers of its config:
 
     h = rms_norm(x)
@@ -25,11 +25,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import hybrid, ssd
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.llama import normal_param, ones_param
+from ppl_jax.models.decoders import hybrid
+from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers import ssd
+from ppl_jax.models.layers.core import normal_param, ones_param
 from ppl_jax.models.registry import Family, Layer
-from ppl_jax.models.stack import run_layers
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,10 +39,11 @@ class FalconH1Config(ssd.SsmFields, hybrid.DescribedConfig):
 
     Attributes:
       vocab_size, embed_dim, num_layers, num_heads, num_kv_heads, head_dim, mlp_dim: the sizes.
-      rope: the `rope_*` fields of the attention (`ppl_jax.models.hybrid.AttentionSpec.rope`).
+      rope: the `rope_*` fields of the attention
+        (`ppl_jax.models.decoders.hybrid.AttentionSpec.rope`).
       max_positions: `max_position_embeddings`.
       attention_bias, mlp_bias: biases of the attention's and the MLP's projections.
-      ssm_*: every layer's Mamba2 layer (`ppl_jax.models.ssd.SsmFields`).
+      ssm_*: every layer's Mamba2 layer (`ppl_jax.models.layers.ssd.SsmFields`).
       embedding_scale, lm_head_scale, key_scale, attention_in_scale, attention_out_scale,
         ssm_in_scale, ssm_out_scale, mlp_gate_scale, mlp_down_scale: the multipliers
         (`embedding_multiplier`, ..., `mlp_multipliers`).

@@ -3,15 +3,15 @@ transformers 5.24's `modeling_gpt_oss` computes it:
 
 - grouped-query attention with biases on q, k, v and o (`attention_bias`, default true) and
   learned attention sinks: one logit per query head that joins each row's softmax and is then
-  dropped (`eager_attention_forward`'s `sinks`; `ppl_jax.models.attention.attend(sinks=)`);
+  dropped (`eager_attention_forward`'s `sinks`; `ppl_jax.models.layers.attention.attend(sinks=)`);
 - a sliding window (`sliding_window`, 128) on the layers `layer_types` names `sliding_attention`
   (by default the even layers: 0, 2, ...), full attention on the others;
 - rotary embedding of the two halves of each head with YaRN (by default factor 32 past 4,096
   positions, `rope_theta` 150,000, no truncation; cos and sin times YaRN's factor);
-- on every layer a routed block (`ppl_jax.models.routing`, `softmax_of_chosen`): router logits
-  with a bias, the `num_experts_per_tok` largest, softmax over those; experts with biases and
-  the clamped SwiGLU (`swiglu_alpha` 1.702, `swiglu_limit` 7; gate and up columns interleaved
-  in the stored `gate_up_proj`); untied embeddings.
+- on every layer a routed block (`ppl_jax.models.layers.moe.routing`, `softmax_of_chosen`): router
+  logits with a bias, the `num_experts_per_tok` largest, softmax over those; experts with biases and
+  the clamped SwiGLU (`swiglu_alpha` 1.702, `swiglu_limit` 7; gate and up columns interleaved in the
+  stored `gate_up_proj`); untied embeddings.
 
 The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
 `*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.quantized_parts`).
@@ -29,11 +29,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.models import gguf_names, llama_hf, routing
-from ppl_jax.models.attention import attend
+from ppl_jax.models import gguf_names
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.layers import zeros_param
-from ppl_jax.models.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.layers.attention import attend
+from ppl_jax.models.layers.core import zeros_param
+from ppl_jax.models.layers.moe import routing
 from ppl_jax.models.registry import Family, Layer, Limit
 
 # transformers 5.24's GptOssConfig rope_parameters when a config gives none.
@@ -53,7 +55,7 @@ class GptOssConfig(LlamaConfig):
 
     Attributes:
       attn_sinks: learned attention sinks on every layer (the description key
-        `ppl_jax.models.attention.resolve_for` reads).
+        `ppl_jax.models.layers.attention.resolve_for` reads).
       swiglu_alpha, swiglu_limit: the experts' `sigmoid(alpha * g)` and clamp.
     """
 

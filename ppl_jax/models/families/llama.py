@@ -1,7 +1,7 @@
 """Llama, Mistral and Qwen2 (Hugging Face `llama`, `mistral`, `qwen2`): the Llama decoder of
-`ppl_jax.models.llama` (with the mixture-of-experts layers of `ppl_jax.models.mixture` where a
-description has them), and the owner of its description family `llama`, which the Llama-like
-families (Qwen3, OLMo, Gemma, Phi-3, the mixtures) build too.
+`ppl_jax.models.decoders.llama` (with the mixture-of-experts layers of
+`ppl_jax.models.decoders.llama_moe` where a description has them), and the owner of its description
+family `llama`, which the Llama-like families (Qwen3, OLMo, Gemma, Phi-3, the mixtures) build too.
 
 - Llama: optional `attention_bias` (q, k, v and output) and `mlp_bias`; no sliding window.
 - Mistral: a sliding window on every layer (`sliding_window`).
@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models import gguf_names
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.llama import LlamaConfig
-from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.registry import Family
 
 

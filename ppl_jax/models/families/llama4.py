@@ -2,15 +2,15 @@
 `modeling_llama4` computes it:
 
 - rotary layers (`no_rope_layers` 1; by default all but every fourth, `no_rope_layer_interval`)
-  rotate adjacent pairs of each head (complex multiplication, `ppl_jax.models.qk.rotate_pairs`)
-  with the `llama3` scaling, then (with `use_qk_norm`) normalise queries and keys by the L2 norm
-  without a weight (`qk.l2_norm`), and attend within chunks of `attention_chunk_size` positions
-  (`layer_types` `chunked_attention`; `attend(chunk=)`);
+  rotate adjacent pairs of each head (complex multiplication,
+  `ppl_jax.models.layers.qk.rotate_pairs`) with the `llama3` scaling, then (with `use_qk_norm`)
+  normalise queries and keys by the L2 norm without a weight (`qk.l2_norm`), and attend within
+  chunks of `attention_chunk_size` positions (`layer_types` `chunked_attention`; `attend(chunk=)`);
 - NoPE layers (`no_rope_layers` 0) attend to every earlier position without rotation or QK-norm,
   their queries at position p times `1 + attn_scale * log(1 + floor((p + 1) / floor_scale))`
   (`attn_temperature_tuning`; `qk.temperature`);
 - MLPs: dense SwiGLU of `intermediate_size_mlp`, or on `moe_layers` (by default every
-  `interleave_moe_layer_step`-th) a routed block (`ppl_jax.models.routing`,
+  `interleave_moe_layer_step`-th) a routed block (`ppl_jax.models.layers.moe.routing`,
   `sigmoid_of_chosen`): the top `num_experts_per_tok` router logits through a sigmoid scale
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
@@ -31,10 +31,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import llama_hf, qk, routing
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.attention import attend
-from ppl_jax.models.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.layers import qk
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers.attention import attend
+from ppl_jax.models.layers.moe import routing
 from ppl_jax.models.registry import Family, Layer, Limit
 
 
@@ -45,7 +47,7 @@ class Llama4Config(LlamaConfig):
     Attributes:
       nope_layers: the layers without rotary embedding.
       attn_chunk, chunk_layers: the chunk of chunked attention and its layers (the description
-        key `attn_chunk` is what `ppl_jax.models.attention.resolve_for` reads).
+        key `attn_chunk` is what `ppl_jax.models.layers.attention.resolve_for` reads).
       qk_l2_norm: the L2 QK-norm on the rotary layers (`use_qk_norm`).
       temperature_tuning, floor_scale, attn_scale: the NoPE layers' query temperature.
     """

@@ -1,6 +1,6 @@
 """Mamba2 language models (Dao & Gu 2024; Hugging Face `mamba2`, transformers 5.24's
 `Mamba2ForCausalLM`): an embedding, layers of `x + mixer(rms_norm(x))` with the Mamba2 layer of
-`ppl_jax.models.ssd`, a final RMSNorm, and the output matrix (tied to the embedding or not).
+`ppl_jax.models.layers.ssd`, a final RMSNorm, and the output matrix (tied to the embedding or not).
 
 With `residual_in_fp32` (transformers' default) the residual stream is kept in float32 and each
 layer's input is cast to the weights' dtype, as `Mamba2Block` does; RMSNorms scale by their
@@ -19,10 +19,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import hybrid, ssd
-from ppl_jax.models.llama import normal_param, ones_param
+from ppl_jax.models.decoders import hybrid
+from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import ssd
+from ppl_jax.models.layers.core import normal_param, ones_param
 from ppl_jax.models.registry import Family, Layer
-from ppl_jax.models.stack import run_layers
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
 

@@ -1,6 +1,7 @@
 """The Llama decoder with mixtures of experts (Hugging Face `mixtral`, `qwen2_moe`, `qwen3_moe`,
-`olmoe`; transformers 5.23): the layers of `moe_layers` run `ppl_jax.models.moe.MoeMLP`
-(`ppl_jax.models.mixture`), the others the dense MLP.
+`olmoe`; transformers 5.23): the layers of `moe_layers` run
+`ppl_jax.models.layers.moe.dropless.MoeMLP` (`ppl_jax.models.decoders.llama_moe`), the others the
+dense MLP.
 
 - Mixtral: Mistral's attention (optional window), softmax top-2 renormalised, every layer sparse;
   weights `block_sparse_moe.{gate, experts.{e}.w1/w3/w2}`.
@@ -21,11 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models import gguf_names
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.llama import LlamaConfig
-from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
-from ppl_jax.models.moe import MoeSpec
+from ppl_jax.models.layers.moe.dropless import MoeSpec
 from ppl_jax.models.registry import Family
 
 MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")

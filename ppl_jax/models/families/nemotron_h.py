@@ -2,7 +2,7 @@
 `NemotronHForCausalLM`): a stack of blocks `x + mixer(rms_norm(x))` whose mixer follows the
 pattern of `layers_block_type` (the older `hybrid_override_pattern` `M E * -`):
 
-- `linear_attention` (`M`): the Mamba2 layer of `ppl_jax.models.ssd` (gated RMSNorm over
+- `linear_attention` (`M`): the Mamba2 layer of `ppl_jax.models.layers.ssd` (gated RMSNorm over
   groups, dt clamped below at `time_step_min`);
 - `full_attention` (`*`): grouped-query attention without any position embedding
   (`NemotronHAttention` applies none);
@@ -29,11 +29,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import hybrid, ssd
-from ppl_jax.models.experts import ReluSquared, per_token_shard, weighted_sum
-from ppl_jax.models.llama import normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.decoders import hybrid
+from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import ssd
+from ppl_jax.models.layers.core import normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.layers.moe.experts import ReluSquared, per_token_shard, weighted_sum
 from ppl_jax.models.registry import Family, Layer
-from ppl_jax.models.stack import run_layers
 
 KINDS = ("mamba", "attention", "mlp", "moe")
 _HF_KINDS = {"linear_attention": "mamba", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
@@ -49,7 +50,7 @@ class NemotronHConfig(ssd.SsmFields, hybrid.DescribedConfig):
       layer_kinds: each layer's mixer, one of `KINDS`.
       num_heads, num_kv_heads, head_dim: the attention layers.
       mlp_dim, mlp_bias: the MLP layers (`intermediate_size`, `mlp_bias`).
-      ssm_*: the Mamba2 layers (`ppl_jax.models.ssd.SsmFields`).
+      ssm_*: the Mamba2 layers (`ppl_jax.models.layers.ssd.SsmFields`).
       moe_experts, moe_top_k, moe_mlp_dim, moe_shared_mlp_dim, moe_latent_dim (0: none),
         moe_groups, moe_top_groups, moe_scale, moe_norm_topk_prob: the MoE layers
         (`n_routed_experts`, `num_experts_per_tok`, `moe_intermediate_size`,

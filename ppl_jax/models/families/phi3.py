@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppl_jax.models import gguf_names, llama_hf
+from ppl_jax.models import gguf_names
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.llama import LlamaConfig
-from ppl_jax.models.mixture import LIMITS, MixtureLlama, layer_kinds
 from ppl_jax.models.registry import Family
 
 

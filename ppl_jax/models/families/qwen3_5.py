@@ -1,20 +1,20 @@
 """Qwen3.5 and Qwen3-Next (Hugging Face `qwen3_5_text`, the text model of `qwen3_5`, and
 `qwen3_next`; transformers 5.24's `modeling_qwen3_5` and `modeling_qwen3_next`): decoders whose
-layers mix with Gated DeltaNet (`ppl_jax.models.gated_delta`, the `linear_attention` layers,
+layers mix with Gated DeltaNet (`ppl_jax.models.layers.gated_delta`, the `linear_attention` layers,
 three of every four by default) or with gated full attention, each followed by an MLP:
 
     x = x + mixer(rms_norm(x));   x = x + mlp(rms_norm(x))
 
-with RMSNorms `x̂·(1+w)` (weights stored around 0). The attention (`ppl_jax.models.hybrid`) packs
-each head's query and output gate in `q_proj` (`out = attn * sigmoid(gate)`), normalises each
+with RMSNorms `x̂·(1+w)` (weights stored around 0). The attention (`ppl_jax.models.decoders.hybrid`)
+packs each head's query and output gate in `q_proj` (`out = attn * sigmoid(gate)`), normalises each
 head of q and k (`x̂·(1+w)`) and rotates the first `partial_rotary_factor` of each head's dims
-(Qwen3.5's multimodal rotary sections coincide with the plain rotation when the three position
-axes are equal, as they are for text). Qwen3-Next's MLPs are mixtures of experts on the layers
+(Qwen3.5's multimodal rotary sections coincide with the plain rotation when the three position axes
+are equal, as they are for text). Qwen3-Next's MLPs are mixtures of experts on the layers
 `decoder_sparse_step` and `mlp_only_layers` choose (softmax top-k, renormalised by
 `norm_topk_prob`), each with a shared expert scaled by `sigmoid(x @ shared_expert_gate)`
-(`ppl_jax.models.moe`). Qwen3-Next keeps each key head's q, k, values and gates interleaved in one
-projection (`in_proj_qkvz`, `in_proj_ba`), Qwen3.5 in separate ones: the weights' mapping
-differs, the model does not.
+(`ppl_jax.models.layers.moe.dropless`). Qwen3-Next keeps each key head's q, k, values and gates
+interleaved in one projection (`in_proj_qkvz`, `in_proj_ba`), Qwen3.5 in separate ones: the weights'
+mapping differs, the model does not.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import gated_delta, hybrid, llama_hf, moe
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.llama import normal_param, rms_norm
+from ppl_jax.models.decoders import hybrid, llama_hf
+from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import gated_delta
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers.core import normal_param, rms_norm
+from ppl_jax.models.layers.moe import dropless
 from ppl_jax.models.registry import Family, Layer
-from ppl_jax.models.stack import run_layers
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 
@@ -109,8 +111,8 @@ class Qwen35Config(hybrid.DescribedConfig):
             chunk=self.gdn_chunk,
         )
 
-    def moe_spec(self) -> moe.MoeSpec:
-        return moe.MoeSpec(
+    def moe_spec(self) -> dropless.MoeSpec:
+        return dropless.MoeSpec(
             embed_dim=self.embed_dim,
             mlp_dim=self.moe_mlp_dim,
             num_experts=self.moe_experts,
@@ -209,7 +211,7 @@ class Block(nnx.Module):
             self.attn = hybrid.Attention(cfg.attention_spec(), rngs, dtype, attention)
         self.mlp_norm = _norm(cfg.embed_dim, dtype)
         if layer in cfg.moe_layers:
-            self.mlp = moe.MoeMLP(cfg.moe_spec(), rngs, dtype)
+            self.mlp = dropless.MoeMLP(cfg.moe_spec(), rngs, dtype)
         else:
             self.mlp = hybrid.MLP(hybrid.MLPSpec(cfg.embed_dim, cfg.mlp_dim), rngs, dtype)
 

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import llama_hf
-from ppl_jax.models.llama import Attention, LlamaConfig
-from ppl_jax.models.mixture import MixtureLlama
+from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders.llama import Attention, LlamaConfig
+from ppl_jax.models.decoders.llama_moe import MixtureLlama
 from ppl_jax.models.registry import Family, Layer
 
 

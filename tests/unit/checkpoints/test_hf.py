@@ -22,7 +22,7 @@ from ppl_jax.checkpoints import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
-from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
 
@@ -536,7 +536,7 @@ def test_dynamic_rope_is_default_within_max_positions(tmp_path):
     """transformers' dynamic NTK scaling changes nothing up to max_position_embeddings (and past
     it depends on the longest sequence seen so far): ppl_jax scores windows up to that length
     with the default frequencies, and the model's max_positions stops longer ones."""
-    from ppl_jax.models import rope
+    from ppl_jax.models.layers import rope
 
     descs = []
     for name, rope_parameters in (

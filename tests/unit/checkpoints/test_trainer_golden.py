@@ -17,7 +17,7 @@ from ppl_jax.checkpoints import open_checkpoint, orbax
 from ppl_jax.checkpoints.foreign import ForeignOrbax
 from ppl_jax.checkpoints.own import OwnOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
-from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "golden")

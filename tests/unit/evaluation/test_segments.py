@@ -95,8 +95,8 @@ def test_a_model_that_says_it_ignores_segments_is_scored_unpacked(tiny_checkpoin
 
 def test_a_model_on_cudnn_attention_is_scored_unpacked(tiny_checkpoint, short_documents):
     """cuDNN's attention takes per-row sequence lengths, not segments: a family model built for
-    it says so (`honours_segments`, `ppl_jax.models.attention.keeps_segments`), and its windows
-    are laid out one per row, with no attention setting passed to the planner."""
+    it says so (`honours_segments`, `ppl_jax.models.layers.attention.keeps_segments`), and its
+    windows are laid out one per row, with no attention setting passed to the planner."""
     ckpt = open_checkpoint(tiny_checkpoint)
     tok = ckpt.tokenizer(5)
     tok.eos_id = 0

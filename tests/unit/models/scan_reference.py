@@ -1,7 +1,7 @@
 """NumPy float64 token-by-token references of the state-carrying layers, written from their
-definitions (the recurrences of `ppl_jax.models.gated_delta` and `ppl_jax.models.ssd`, which are
-transformers' `torch_recurrent_gated_delta_rule` and `mamba2_selective_state_update`), one token
-at a time, restarting at every change of segment id. Used by test_gated_delta.py and
+definitions (the recurrences of `ppl_jax.models.layers.gated_delta` and `ppl_jax.models.layers.ssd`,
+which are transformers' `torch_recurrent_gated_delta_rule` and `mamba2_selective_state_update`), one
+token at a time, restarting at every change of segment id. Used by test_gated_delta.py and
 test_ssd.py."""
 
 from __future__ import annotations

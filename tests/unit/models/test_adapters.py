@@ -13,8 +13,8 @@ from flax import nnx
 import ppl_jax
 from ppl_jax import testing
 from ppl_jax.models import adapters, registry
+from ppl_jax.models.decoders.llama import Llama
 from ppl_jax.models.interface import HiddenStates, Logits
-from ppl_jax.models.llama import Llama
 
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 12)), jnp.int32)
 POSITIONS = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from ppl_jax.errors import ConfigError
-from ppl_jax.models import flash, registry
-from ppl_jax.models import fused_attention as fused
-from ppl_jax.models.attention import attend, resolve, resolve_for
+from ppl_jax.models import registry
+from ppl_jax.models.layers import flash, fused
+from ppl_jax.models.layers.attention import attend, resolve, resolve_for
 from ppl_jax.scoring.nll import token_nll
 
 import helpers

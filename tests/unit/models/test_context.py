@@ -1,4 +1,4 @@
-"""The context axis at the layer level (`ppl_jax.models.context`, `attend` under a `context`
+"""The context axis at the layer level (`ppl_jax.models.layers.context`, `attend` under a `context`
 mesh): the load-balanced order, attention by all-gather and by ring equal to one device, the
 per-token chunks, and the state passes of sequence-carrying layers against a NumPy float64 loop,
 on 8 CPU devices."""
@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from test_attention import packed_rows
 
-from ppl_jax.models import context as context_lib
-from ppl_jax.models.attention import attend
+from ppl_jax.models.layers import context as context_lib
+from ppl_jax.models.layers.attention import attend
 from ppl_jax.runtime.mesh import make_mesh
 
 MESHES = [(1, 8), (2, 4), (4, 2)]  # (data, context)

@@ -329,8 +329,8 @@ def test_mixture_results_do_not_depend_on_batch_packing_or_mesh():
 
 def test_scorer_routes_each_data_shard_of_a_mixture_apart():
     """The Scorer compiles its step under its mesh, so on data=8 each device routes and sorts
-    only its own rows' (token, expert) assignments (`ppl_jax.models.moe`'s `shard_map` over
-    `data`); the windows score as on one device."""
+    only its own rows' (token, expert) assignments (`ppl_jax.models.layers.moe.dropless`'s
+    `shard_map` over `data`); the windows score as on one device."""
     from ppl_jax.plans.layout import plan_layout
     from ppl_jax.scoring.scorer import Scorer
 

@@ -1,6 +1,6 @@
-"""The MoE layer (ppl_jax.models.moe) against a NumPy float64 loop over experts (transformers'
-math), against transformers' own blocks (golden files of tests/golden/make_moe_golden.py),
-invariance to batch size, order and mesh, and a memory guard."""
+"""The MoE layer (ppl_jax.models.layers.moe.dropless) against a NumPy float64 loop over experts
+(transformers' math), against transformers' own blocks (golden files of
+tests/golden/make_moe_golden.py), invariance to batch size, order and mesh, and a memory guard."""
 
 import functools
 import math
@@ -16,8 +16,8 @@ from jax.sharding import NamedSharding
 
 from ppl_jax.checkpoints import blocks, mapping, storage
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import experts, moe
 from ppl_jax.models.families import mixture
+from ppl_jax.models.layers.moe import dropless, experts
 from ppl_jax.runtime import mesh as mesh_lib
 
 import helpers
@@ -75,7 +75,7 @@ def rel_diff(a, b) -> float:
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-LAYER = jax.jit(moe.moe_mlp, static_argnames=("top_k", "norm_topk_prob", "tile"))
+LAYER = jax.jit(dropless.moe_mlp, static_argnames=("top_k", "norm_topk_prob", "tile"))
 
 
 def call(params, x, top_k, norm):
@@ -165,7 +165,7 @@ def test_equals_transformers_golden(name):
     y = call(params, jnp.asarray(z["x"]), top_k, norm)
     assert rel_diff(y, z["y"]) < 1e-6
     flat = jnp.asarray(z["x"]).reshape(-1, z["x"].shape[-1])
-    _, chosen = moe.route(flat, params["router"], top_k, norm)
+    _, chosen = dropless.route(flat, params["router"], top_k, norm)
     assert [sorted(r) for r in np.asarray(chosen).tolist()] == [
         sorted(r) for r in z["experts"].tolist()
     ]
@@ -177,7 +177,7 @@ def test_tied_experts_are_chosen_as_transformers_chooses_them():
     z = load_golden("tie_inside")
     params = hf_to_ppl(z)
     flat = jnp.asarray(z["x"]).reshape(-1, z["x"].shape[-1])
-    weights, chosen = moe.route(flat, params["router"], 2, True)
+    weights, chosen = dropless.route(flat, params["router"], 2, True)
     both = [set(r) == {2, 5} for r in z["experts"].tolist()]
     assert sum(both) >= 20
     assert [set(r) == {2, 5} for r in np.asarray(chosen).tolist()] == both
@@ -191,7 +191,7 @@ def test_tie_at_the_kth_place_goes_to_the_lower_index():
     z = load_golden("tie_boundary")
     params = hf_to_ppl(z)
     x = jnp.asarray(z["x"]).reshape(-1, z["x"].shape[-1])
-    _, chosen = moe.route(x, params["router"], 3, True)
+    _, chosen = dropless.route(x, params["router"], 3, True)
     ours, theirs = np.asarray(chosen), z["experts"]
     straddles = np.array([(2 in r) != (5 in r) for r in theirs.tolist()])
     assert straddles.any() and not straddles.all()
@@ -228,8 +228,8 @@ EXPERT_RULES = tuple(r for r in mesh_lib.DEFAULT_RULES if r[0] != "mlp") + (
 
 @pytest.mark.slow
 def test_invariant_to_batch_size_order_and_mesh():
-    spec = moe.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=16, top_k=4, shared_mlp_dim=24)
-    module = moe.MoeMLP(spec, nnx.Rngs(0))
+    spec = dropless.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=16, top_k=4, shared_mlp_dim=24)
+    module = dropless.MoeMLP(spec, nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).standard_normal((16, 8, 32)), jnp.float32)
 
     def run(params, x, mesh=None, set_mesh=False):
@@ -285,7 +285,7 @@ def test_each_data_shard_is_routed_and_sorted_on_its_own():
     x = jnp.asarray(rng.standard_normal((16, 8, 32)), jnp.float32)
     mesh = mesh_lib.make_mesh(8, 1)
     x = jax.device_put(x, NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
-    layer = jax.jit(functools.partial(moe.moe_mlp, top_k=4, norm_topk_prob=True))
+    layer = jax.jit(functools.partial(dropless.moe_mlp, top_k=4, norm_topk_prob=True))
     assert _sort_sizes(layer.lower(x, **params).compile().as_text()) == {512}
     with jax.set_mesh(mesh):
         assert experts.data_shards() == 8
@@ -314,7 +314,7 @@ def test_compiled_layer_holds_no_tokens_experts_mlp_buffer():
             (experts, mlp, embed),
         )
     ]
-    layer = lambda x, r, g, u, d: moe.moe_mlp(x, r, g, u, d, top_k=top_k, norm_topk_prob=True)  # noqa: E731
+    layer = lambda x, r, g, u, d: dropless.moe_mlp(x, r, g, u, d, top_k=top_k, norm_topk_prob=True)  # noqa: E731
     compiled = jax.jit(layer).lower(*abstract).compile()
     full = tokens * experts * mlp
     assert _largest_buffer_elements(compiled.as_text()) < full // 4
@@ -341,8 +341,8 @@ def test_compiled_layer_holds_no_tokens_experts_mlp_buffer():
 
 
 def test_module_params_and_bfloat16():
-    spec = moe.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=8, top_k=2, shared_mlp_dim=16)
-    module = moe.MoeMLP(spec, nnx.Rngs(0), jnp.bfloat16)
+    spec = dropless.MoeSpec(embed_dim=32, mlp_dim=48, num_experts=8, top_k=2, shared_mlp_dim=16)
+    module = dropless.MoeMLP(spec, nnx.Rngs(0), jnp.bfloat16)
     axes = {
         k[0]: v.get_metadata()["logical_axes"]
         for k, v in nnx.to_flat_state(nnx.state(module, nnx.Param))
@@ -369,7 +369,7 @@ def test_spec_from_transformers_configs():
             "num_hidden_layers": 3,
         }
     )
-    assert mixtral == moe.MoeSpec(64, 96, 8, 2, True, 0)
+    assert mixtral == dropless.MoeSpec(64, 96, 8, 2, True, 0)
     qwen2 = {
         "model_type": "qwen2_moe",
         "hidden_size": 64,
@@ -383,16 +383,16 @@ def test_spec_from_transformers_configs():
         "decoder_sparse_step": 2,
         "mlp_only_layers": [3],
     }
-    assert mixture.moe_spec(qwen2) == moe.MoeSpec(64, 32, 60, 4, False, 128)
+    assert mixture.moe_spec(qwen2) == dropless.MoeSpec(64, 32, 60, 4, False, 128)
     assert mixture.sparse_layers(qwen2) == (1, 5)
     assert mixture.sparse_layers({**qwen2, "model_type": "olmoe"}) == tuple(range(6))
     # transformers 5.23 writes Qwen3-MoE's expert count as num_local_experts; defaults fill gaps.
     qwen3 = {"model_type": "qwen3_moe", "hidden_size": 64, "moe_intermediate_size": 32,
              "num_local_experts": 16, "num_hidden_layers": 2}  # fmt: skip
-    assert mixture.moe_spec(qwen3) == moe.MoeSpec(64, 32, 16, 8, False, 0)
+    assert mixture.moe_spec(qwen3) == dropless.MoeSpec(64, 32, 16, 8, False, 0)
     assert mixture.sparse_layers(qwen3) == (0, 1)
     with pytest.raises(CheckpointError, match="num_experts_per_tok"):
-        moe.MoeSpec(64, 32, 4, 5)
+        dropless.MoeSpec(64, 32, 4, 5)
     # decoder_sparse_step 0 was a ZeroDivisionError; now one sentence (issue 26).
     for step in (0, -2, "x", 1.5):
         with pytest.raises(CheckpointError, match=r"decoder_sparse_step=.* is not a whole number"):
@@ -438,7 +438,7 @@ def test_mixture_rules_stack_per_expert_tensors(name, model_type):
             tensors[f"layers.0.mlp.shared_expert.{ours}.weight"] = z[f"shared_{ours}"]
     if "shared_expert_gate" in z:
         tensors["layers.0.mlp.shared_expert_gate.weight"] = z["shared_expert_gate"]
-    spec = moe.MoeSpec(
+    spec = dropless.MoeSpec(
         z["x"].shape[-1], mlp, z["router"].shape[0], int(z["top_k"]), bool(z["norm_topk_prob"]),
         z["shared_down_proj"].shape[-1] if "shared_down_proj" in z else 0,
     )  # fmt: skip
@@ -451,7 +451,7 @@ def test_mixture_rules_stack_per_expert_tensors(name, model_type):
         np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
-def hf_block_params(tensors: dict, spec: moe.MoeSpec, model_type: str) -> dict:
+def hf_block_params(tensors: dict, spec: dropless.MoeSpec, model_type: str) -> dict:
     """Layer 0's MoE block (`MoeMLP`'s names and layouts, NumPy) from transformers' stored
     tensors (names without `model.`), read through the mixture family's mapping rules."""
     d, f, e, sh = spec.embed_dim, spec.mlp_dim, spec.num_experts, spec.shared_mlp_dim

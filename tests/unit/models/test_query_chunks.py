@@ -1,7 +1,7 @@
-"""A long window's layers in chunks of queries (`ppl_jax.models.context.query_chunk`: the keys and
-values of every token first, then the rest of each layer chunk by chunk of queries) score every
-token as the layer over the whole row does, for each kind of attention and norm layout, on packed
-rows whose length is no multiple of the chunk; and the per-token chunks keep 16-bit values as
+"""A long window's layers in chunks of queries (`ppl_jax.models.layers.context.query_chunk`: the
+keys and values of every token first, then the rest of each layer chunk by chunk of queries) score
+every token as the layer over the whole row does, for each kind of attention and norm layout, on
+packed rows whose length is no multiple of the chunk; and the per-token chunks keep 16-bit values as
 they are."""
 
 import jax
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_families import golden, loaded, ppl_windows
 
-from ppl_jax.models import context as context_lib
+from ppl_jax.models.layers import context as context_lib
 from ppl_jax.scoring.nll import token_nll
 
 # Gemma 2: norms around the sublayers, soft-caps, sliding layers; OLMo 2: norms after; GPT-OSS:

@@ -1,4 +1,4 @@
-"""RoPE at positions up to 1,048,575 (`ppl_jax.models.rope`): the float32 angles equal
+"""RoPE at positions up to 1,048,575 (`ppl_jax.models.layers.rope`): the float32 angles equal
 transformers' (tests/golden/rope, made by tests/golden/make_rope_golden.py) for every scaling, far
 past each original length; the exact angles equal the float64 cosine."""
 
@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.models import rope
-from ppl_jax.models.gpt_neox import GPTNeoXConfig
-from ppl_jax.models.llama import LlamaConfig
+from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.families.gpt_neox import GPTNeoXConfig
+from ppl_jax.models.layers import rope
 
 import helpers
 

@@ -8,7 +8,7 @@ import pytest
 from test_attention import packed_inputs
 
 from ppl_jax.errors import ConfigError
-from ppl_jax.models.attention import attend, resolve, resolve_for
+from ppl_jax.models.layers.attention import attend, resolve, resolve_for
 
 
 def reference(q, k, v, seg, pos, window, cap, scale):

@@ -1,7 +1,7 @@
 """cuDNN's way across the context axis and a long window's chunks of queries
-(`ppl_jax.models.split_merge`), tested on the CPU with the flash kernel in cuDNN's place: each
-chunk's diagonal block and prefix, merged by log-sum-exp, equal the attention over the whole row;
-`attend(implementation="cudnn")` takes that path for rows of one document and the flash kernel
+(`ppl_jax.models.layers.split_merge`), tested on the CPU with the flash kernel in cuDNN's place:
+each chunk's diagonal block and prefix, merged by log-sum-exp, equal the attention over the whole
+row; `attend(implementation="cudnn")` takes that path for rows of one document and the flash kernel
 for packed rows."""
 
 import jax
@@ -11,9 +11,9 @@ import pytest
 from test_attention import packed_rows
 from test_context import _on_mesh
 
-from ppl_jax.models import context as context_lib
-from ppl_jax.models import flash, split_merge
-from ppl_jax.models.attention import attend
+from ppl_jax.models.layers import context as context_lib
+from ppl_jax.models.layers import flash, split_merge
+from ppl_jax.models.layers.attention import attend
 
 SCALE = 8**-0.5
 

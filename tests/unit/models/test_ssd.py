@@ -1,6 +1,6 @@
-"""The chunked SSD scan of Mamba2 (`ppl_jax.models.ssd`) against a NumPy float64 token-by-token
-recurrence (scan_reference.py): several chunk sizes (dividing the length and not), groups shared
-by several heads, packed rows, a row continued from its state. The whole layer against
+"""The chunked SSD scan of Mamba2 (`ppl_jax.models.layers.ssd`) against a NumPy float64
+token-by-token recurrence (scan_reference.py): several chunk sizes (dividing the length and not),
+groups shared by several heads, packed rows, a row continued from its state. The whole layer against
 transformers' own `Mamba2Mixer` and `FalconH1Mixer` is in test_scan_layers.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.models import recurrence, ssd
+from ppl_jax.models.layers import recurrence, ssd
 
 import scan_reference as ref
 

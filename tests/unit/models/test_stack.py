@@ -1,6 +1,7 @@
-"""The decoders' layers run as scans over runs of identical layers (`ppl_jax.models.stack`): how
-a stack is cut into segments, that the scanned decoder computes what the layers one by one do,
-and that the compiled step neither grows nor keeps more memory with depth."""
+"""The decoders' layers run as scans over runs of identical layers
+(`ppl_jax.models.decoders.stack`): how a stack is cut into segments, that the scanned decoder
+computes what the layers one by one do, and that the compiled step neither grows nor keeps more
+memory with depth."""
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,9 @@ from flax import nnx
 from ppl_jax import testing
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import LlamaConfig, registry
-from ppl_jax.models.layers import rms_norm
-from ppl_jax.models.llama import Llama
-from ppl_jax.models.stack import Segment, segments
+from ppl_jax.models.decoders.llama import Llama
+from ppl_jax.models.decoders.stack import Segment, segments
+from ppl_jax.models.layers.core import rms_norm
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring import Scorer, StepOptions
 

@@ -9,12 +9,12 @@ a sliding attention window on chosen layers (Mistral, Jiang et al. 2023; Qwen2's
 `use_sliding_window`), and the rotary scalings `linear` (Chen et al. 2023, position
 interpolation) and `llama3` (Meta's Llama 3.1 frequency-dependent scaling, as in Hugging Face
 `modeling_rope_utils._compute_llama3_parameters`); the other rotary scalings are in
-`ppl_jax.models.rope`. The flags: QK-norm per head (Qwen3, Gemma 3) or over the whole projection
-(OLMo 2); norms after the sublayers (OLMo 2) or around them (Gemma's four per block); RMSNorm
-`x̂·(offset + w)` (Gemma: 1); GELU-tanh gating; the embedding times `sqrt(embed_dim)` rounded to
-the weight dtype (Gemma); the attention scale (`query_pre_attn_scalar`); attention and final-logit
-soft-caps (Gemma 2); partial rotary; and a rotary scaling of its own on the sliding layers
-(`sliding_rope`, transformers 5's `rope_parameters` per layer type).
+`ppl_jax.models.layers.rope`. The flags: QK-norm per head (Qwen3, Gemma 3) or over the whole
+projection (OLMo 2); norms after the sublayers (OLMo 2) or around them (Gemma's four per block);
+RMSNorm `x̂·(offset + w)` (Gemma: 1); GELU-tanh gating; the embedding times `sqrt(embed_dim)`
+rounded to the weight dtype (Gemma); the attention scale (`query_pre_attn_scalar`); attention and
+final-logit soft-caps (Gemma 2); partial rotary; and a rotary scaling of its own on the sliding
+layers (`sliding_rope`, transformers 5's `rope_parameters` per layer type).
 
 Every parameter carries its logical axis names in the `logical_axes` metadata of its `nnx.Param`
 (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`); `ppl_jax.runtime.mesh` maps them to mesh axes
@@ -26,8 +26,8 @@ and composes its layers through the decoder's two factories, `make_attention(cfg
 and `make_mlp(cfg, layer, ...)` (attention with sinks and a routed block; `Attention(rotary=False)`
 on layers without rotary embedding); a subclass of `Attention` may override
 `position_qk` (what happens to queries and keys before attention) and `attend_heads` (the call of
-`attend`: sinks, chunks). The layers run through `ppl_jax.models.stack.run_layers`: scans over
-the runs of identical layers.
+`attend`: sinks, chunks). The layers run through `ppl_jax.models.decoders.stack.run_layers`: scans
+over the runs of identical layers.
 """
 
 from __future__ import annotations
@@ -38,11 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.attention import attend
-from ppl_jax.models.context import per_token, query_chunk
-from ppl_jax.models.layers import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
-from ppl_jax.models.llama_config import (  # noqa: F401  (the config's names, as before)
+from ppl_jax.models.decoders.llama_config import (  # noqa: F401  (the config's names, as before)
     GATED_ACTIVATIONS,
     NORM_LAYOUTS,
     QK_NORMS,
@@ -50,7 +46,11 @@ from ppl_jax.models.llama_config import (  # noqa: F401  (the config's names, as
     LlamaConfig,
     sorted_items,
 )
-from ppl_jax.models.stack import run_layers
+from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers.attention import attend
+from ppl_jax.models.layers.context import per_token, query_chunk
+from ppl_jax.models.layers.core import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
 
 
 def _projection_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -240,7 +240,7 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`[B, T, embed]` -> `[B, T, embed]`. A long window (more tokens than `model.token_chunk`
-        on one device, `ppl_jax.models.context.query_chunk`) runs in two passes: the keys and
+        on one device, `ppl_jax.models.layers.context.query_chunk`) runs in two passes: the keys and
         values of every token, per token in chunks; then, chunk by chunk of queries, the rest of
         the layer (attention of the chunk's queries to every key, the MLP), so that nothing of
         the window's size but the residual stream and the keys and values is ever held."""

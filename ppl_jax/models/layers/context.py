@@ -6,7 +6,7 @@ The mesh is `("data", "context", "model")` (`ppl_jax.runtime.mesh.make_mesh`). W
 device `r` holds `c_r` then `c_{2N-1-r}`, so every device has the same share of the causal work
 (MaxText's `context_parallel_load_balance`; Meta's context-parallel inference, arXiv 2411.01783).
 Activations `[B, T, ...]` then carry `PartitionSpec("data", "context", ...)`. Per-token layers
-need nothing; attention (`ppl_jax.models.attention.attend`) all-gathers keys and values over
+need nothing; attention (`ppl_jax.models.layers.attention.attend`) all-gathers keys and values over
 `context` (or passes them around a ring); sequence-carrying layers pass their state along the
 chunks with `pass_state` or `prefix_state` below.
 
@@ -129,7 +129,7 @@ def shard_over_context(fn: Callable[..., Any], *args: Any, replicated: tuple[int
 
 
 # The attention implementations whose queries may run apart from their keys
-# (`ppl_jax.models.attention.attend(kv_segment_ids=...)`).
+# (`ppl_jax.models.layers.attention.attend(kv_segment_ids=...)`).
 QUERIES_APART = ("xla", "cudnn")
 
 

@@ -1,7 +1,7 @@
 """The experts of a mixture-of-experts layer, dropless and grouped, for any expert MLP: the
-computation every MoE family shares once its router has chosen (`ppl_jax.models.moe` for the
-softmax routers of Mixtral, Qwen-MoE and OLMoE; `ppl_jax.models.routing` for GPT-OSS, Llama 4
-and DeepSeek-V3).
+computation every MoE family shares once its router has chosen (`ppl_jax.models.layers.moe.dropless`
+for the softmax routers of Mixtral, Qwen-MoE and OLMoE; `ppl_jax.models.layers.moe.routing` for
+GPT-OSS, Llama 4 and DeepSeek-V3).
 
 Expert MLPs (`SwiGLU`, `ClampedSwiGLU`, `ReluSquared`) are small frozen dataclasses that say how one expert maps
 its rows, `one(x, *params_e)`, and how all experts map rows sorted by expert,

@@ -1,7 +1,7 @@
-"""What the state-carrying layers share (Mamba2's SSD scan in `ppl_jax.models.ssd`, Gated
-DeltaNet in `ppl_jax.models.gated_delta`): where each document starts, the within-chunk decays
-that stop there, the depthwise causal ("short") convolution that does not look across a document
-start, and the gated RMSNorm of their outputs.
+"""What the state-carrying layers share (Mamba2's SSD scan in `ppl_jax.models.layers.ssd`, Gated
+DeltaNet in `ppl_jax.models.layers.gated_delta`): where each document starts, the within-chunk
+decays that stop there, the depthwise causal ("short") convolution that does not look across a
+document start, and the gated RMSNorm of their outputs.
 
 A layer runs its sequence part as `scan_chunk(inputs, state) -> (outputs, state)` over
 consecutive tokens of each row (the contract of the context axis's state passing): the state
@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ppl_jax.models import context
+from ppl_jax.models.layers import context
 
 
 def segment_starts(segment_ids: jax.Array) -> jax.Array:
@@ -146,7 +146,7 @@ def gated_rms_norm(
 def run(scan_chunk, inputs, initial_state):
     """A layer's `scan_chunk(inputs, initial_state)` over whole rows (`[B, T, ...]` inputs):
     under a context axis, with the state passed from chunk to chunk in row order
-    (`ppl_jax.models.context.pass_state`); without one, the plain call."""
+    (`ppl_jax.models.layers.context.pass_state`); without one, the plain call."""
     return context.pass_state(scan_chunk, inputs, initial_state)
 
 

@@ -3,7 +3,7 @@ Gu 2024, "Transformers are SSMs"), forward only, with its state in float32; shar
 Hugging Face `mamba2`, `nemotron_h` and `falcon_h1` model types.
 
 The recurrence, per head h with state `S [P, N]` zero at each segment start
-(`ppl_jax.models.recurrence`), B and C shared by the `H / G` heads of each of G groups
+(`ppl_jax.models.layers.recurrence`), B and C shared by the `H / G` heads of each of G groups
 (transformers' `mamba2_selective_state_update`):
 
     S = exp(dt_t * A_h) * S + dt_t * x_t B_t^T
@@ -35,8 +35,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import recurrence
-from ppl_jax.models.llama import normal_param, ones_param, zeros_param
+from ppl_jax.models.layers import recurrence
+from ppl_jax.models.layers.core import normal_param, ones_param, zeros_param
 
 NORMS = ("gated", "gated_first_norm", "none")
 
@@ -298,7 +298,7 @@ class SsmFields:
         `Mamba2Spec`).
       ssm_dt_min, ssm_dt_max: dt's clamp (`time_step_limit`; None: no upper bound).
       ssm_conv_bias, ssm_in_bias, ssm_out_bias: the convolution's and projections' biases.
-      ssm_norm: the gate and norm of the output (`ppl_jax.models.ssd.NORMS`).
+      ssm_norm: the gate and norm of the output (`ppl_jax.models.layers.ssd.NORMS`).
       ssm_scales: factors of the input projection's parts z, x, B, C, dt.
     """
 

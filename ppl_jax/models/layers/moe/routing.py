@@ -1,6 +1,6 @@
 """The routed MLP blocks of GPT-OSS, Llama 4 and DeepSeek-V3 (transformers 5 `GptOssMLP`,
 `Llama4TextMoe`, `DeepseekV3MoE`): their routers and the blocks, dropless, on the grouped experts
-of `ppl_jax.models.experts`.
+of `ppl_jax.models.layers.moe.experts`.
 
 Routers (each returns weights `[tokens, top_k] float32` and experts `[tokens, top_k] int32`):
 
@@ -19,12 +19,13 @@ Routers (each returns weights `[tokens, top_k] float32` and experts `[tokens, to
   `+ 1e-20`), times `routed_scaling_factor`.
 
 Ties: `jax.lax.top_k` takes the lower index first among equal values, where `torch.topk` may take
-either (see `ppl_jax.models.moe`); only exactly equal values at the k-th place can differ.
+either (see `ppl_jax.models.layers.moe.dropless`); only exactly equal values at the k-th place can
+differ.
 
 The blocks add their shared expert (Llama 4, DeepSeek-V3: a SwiGLU, ungated) to the routed sum.
-Params carry `logical_axes` as `ppl_jax.models.moe.MoeMLP`'s do (`experts`, `embed`, `mlp`); the
-routing and the grouped experts run per `data` (and `context`) shard
-(`ppl_jax.models.experts.per_token_shard`).
+Params carry `logical_axes` as `ppl_jax.models.layers.moe.dropless.MoeMLP`'s do (`experts`, `embed`,
+`mlp`); the routing and the grouped experts run per `data` (and `context`) shard
+(`ppl_jax.models.layers.moe.experts.per_token_shard`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.experts import SWIGLU, ClampedSwiGLU, per_token_shard, swiglu, weighted_sum
-from ppl_jax.models.layers import normal_param, zeros_param
+from ppl_jax.models.layers.core import normal_param, zeros_param
+from ppl_jax.models.layers.moe.experts import (
+    SWIGLU,
+    ClampedSwiGLU,
+    per_token_shard,
+    swiglu,
+    weighted_sum,
+)
 
 
 def _logits(x, router, bias=None):

@@ -2,7 +2,7 @@
 layer of Qwen3-Next and Qwen3.5, forward only, with its state in float32.
 
 The recurrence, per value head (transformers' `torch_recurrent_gated_delta_rule`), with the state
-`S [Dk, Dv]` zero at each segment start (`ppl_jax.models.recurrence`):
+`S [Dk, Dv]` zero at each segment start (`ppl_jax.models.layers.recurrence`):
 
     S = exp(g_t) * S
     S = S + k_t (beta_t * (v_t - S^T k_t))^T       (the delta rule)
@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.models import recurrence
-from ppl_jax.models.llama import normal_param, ones_param
+from ppl_jax.models.layers import recurrence
+from ppl_jax.models.layers.core import normal_param, ones_param
 
 DEFAULT_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule and FLA's chunk size
 

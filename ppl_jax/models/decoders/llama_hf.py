@@ -1,6 +1,7 @@
 """What the Llama-like families of `ppl_jax.models.families` (Llama, Qwen3, OLMo, Gemma, Phi-3,
-the mixtures of experts and the others built on `ppl_jax.models.llama`) share on the Hugging Face
-side: their `config.json` fields read into `LlamaConfig`, and the mapping rules of their weights.
+the mixtures of experts and the others built on `ppl_jax.models.decoders.llama`) share on the
+Hugging Face side: their `config.json` fields read into `LlamaConfig`, and the mapping rules of
+their weights.
 
 The config fields every such family shares (sizes, `rms_norm_eps`, `tie_word_embeddings`), the
 rotary settings (`rope_parameters` of transformers 5, one dict or one per layer type, or the
@@ -20,8 +21,8 @@ import dataclasses
 from typing import Any
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.llama import LlamaConfig, sorted_items
+from ppl_jax.models.decoders.llama import LlamaConfig, sorted_items
+from ppl_jax.models.layers import rope as rope_lib
 
 
 def check_activation(c: dict[str, Any], key: str, default: str, allowed) -> str:

@@ -11,15 +11,15 @@ query/key heads (DeepSeek's MLA). For query `i` and key `j` of the same row:
 
 Implementations (`resolve` picks one for `model.attention=auto`):
 
-- `xla`: flash attention in plain JAX (`ppl_jax.models.flash`): key blocks with an online
+- `xla`: flash attention in plain JAX (`ppl_jax.models.layers.flash`): key blocks with an online
   softmax in float32, memory linear in the window, blocks that the mask rules out skipped.
   Runs everywhere and everything; the reference the others are tested against.
-- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.fused_attention`).
-- `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.fused_attention`).
+- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`).
+- `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.layers.fused`).
 
 **The context axis** (docs/clusters.md, "One window over several devices"). Under a mesh whose `context` axis has `N > 1`
 devices (set by `jax.set_mesh` while tracing; the scorer sets its own), `attend` takes the row in
-the load-balanced order of `ppl_jax.models.context.load_balanced_order`, `T` split over
+the load-balanced order of `ppl_jax.models.layers.context.load_balanced_order`, `T` split over
 `context`, and runs in a `shard_map` manual over `context` only: each device all-gathers the
 layer's keys, values, segment ids and positions (and puts them back in row order), then attends
 its own queries (`model.context_attention=all_gather`, the default); or the keys and values go
@@ -35,13 +35,12 @@ import jax
 import jax.numpy as jnp
 
 from ppl_jax.errors import ConfigError
-from ppl_jax.models import context as context_lib
-from ppl_jax.models import flash, split_merge
-from ppl_jax.models import fused_attention as fused
+from ppl_jax.models.layers import context as context_lib
+from ppl_jax.models.layers import flash, fused, split_merge
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 # The implementations that keep the segments of a packed row apart (segment ids in the mask);
-# cuDNN's does through its packed layout on Hopper or newer only (`fused_attention.cudnn_packs`),
+# cuDNN's does through its packed layout on Hopper or newer only (`fused.cudnn_packs`),
 # before that it takes per-row sequence lengths, so each of its rows holds one window.
 KEEP_SEGMENTS = ("xla", "splash")
 

@@ -19,7 +19,7 @@ rows, or bfloat16 logits rounded to the same value).
 
 Dropless and grouped: every (token, slot) assignment reaches its expert whatever the batch, with
 no capacity; the grouped computation (`jax.lax.ragged_dot` on TPU and GPU, tiles per expert on
-CPU) is `ppl_jax.models.experts.weighted_sum`, shared with the other MoE families.
+CPU) is `ppl_jax.models.layers.moe.experts.weighted_sum`, shared with the other MoE families.
 
 Sharding. Weights carry `logical_axes`: router `("embed", "experts")`, expert weights
 `("experts", "embed", "mlp")` and `("experts", "mlp", "embed")`, the shared expert as the dense
@@ -33,9 +33,9 @@ partitioner then stores each expert on one device at rest and all-gathers the ex
 the step: results are identical, but this is not all-to-all expert parallelism. The batch is
 split over `data` (and a row's tokens over `context`): under the mesh that
 `ppl_jax.scoring.scorer.Scorer` sets while compiling, the routing, the sort by expert and the
-grouped computation run per shard (`ppl_jax.models.experts.per_token_shard`: `jax.shard_map` over
-`data` and `context`, the `model` axis left to the partitioner), so each device sorts and
-computes only its own tokens' assignments; a sort over the whole batch would make the
+grouped computation run per shard (`ppl_jax.models.layers.moe.experts.per_token_shard`:
+`jax.shard_map` over `data` and `context`, the `model` axis left to the partitioner), so each device
+sorts and computes only its own tokens' assignments; a sort over the whole batch would make the
 partitioner gather the routing and run every token's experts on every device of the axis.
 """
 
@@ -49,8 +49,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.experts import per_token_shard, swiglu, weighted_sum
-from ppl_jax.models.layers import normal_param
+from ppl_jax.models.layers.core import normal_param
+from ppl_jax.models.layers.moe.experts import per_token_shard, swiglu, weighted_sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +141,7 @@ def moe_mlp(
       top_k, norm_topk_prob: the routing (see `route`).
       shared_expert: Qwen2-MoE's shared expert `(gate [embed, s], up [embed, s], down [s, embed],
         shared_gate [embed])`, added as `sigmoid(x @ shared_gate) * swiglu(x)`; or None.
-      tile: rows per tile on CPU (see `ppl_jax.models.experts.weighted_sum`).
+      tile: rows per tile on CPU (see `ppl_jax.models.layers.moe.experts.weighted_sum`).
 
     Returns:
       `x.shape`, in `x.dtype`. Routing weights multiply the experts' outputs and the sum over

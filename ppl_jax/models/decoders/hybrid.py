@@ -1,12 +1,12 @@
 """The softmax-attention and MLP blocks of the hybrid families (Qwen3.5 and Qwen3-Next,
 Nemotron-H, Falcon-H1, and Mamba2's norms), whose recurrent layers are in
-`ppl_jax.models.gated_delta` and `ppl_jax.models.ssd`, and the Hugging Face mapping rules of
-these blocks.
+`ppl_jax.models.layers.gated_delta` and `ppl_jax.models.layers.ssd`, and the Hugging Face mapping
+rules of these blocks.
 
-- `Attention`: grouped-query attention through `ppl_jax.models.attention.attend`, with the
+- `Attention`: grouped-query attention through `ppl_jax.models.layers.attention.attend`, with the
   variants these families use: Qwen3.5's and Qwen3-Next's output gate (`q_proj` packs each
   head's query and gate; the output is `attn * sigmoid(gate)`) and per-head QK-norm `x̂·(1+w)`,
-  partial rotary embeddings (`ppl_jax.models.rope`), Nemotron-H's attention without any
+  partial rotary embeddings (`ppl_jax.models.layers.rope`), Nemotron-H's attention without any
   position embedding, Falcon-H1's `key_multiplier` on the keys.
 - `MLP`: the gated MLP `down(act(gate(x) * g) * up(x)) * d` (SwiGLU; Falcon-H1's
   `mlp_multipliers` g and d) or the plain `down(act(up(x)))` (Nemotron-H's squared ReLU).
@@ -24,9 +24,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.attention import attend
-from ppl_jax.models.llama import LlamaConfig, normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers.attention import attend
+from ppl_jax.models.layers.core import normal_param, ones_param, rms_norm, zeros_param
 
 _Spec = TypeVar("_Spec")
 
@@ -40,9 +41,9 @@ class AttentionSpec:
     Attributes:
       embed_dim, num_heads, num_kv_heads, head_dim: the shapes (`num_heads` a multiple of
         `num_kv_heads`).
-      rope: the `rope_*` fields of `ppl_jax.models.llama.LlamaConfig` as sorted `(name, value)`
-        pairs (`rope_type`, `rope_theta`, `rotary_dim`, ...), or `()` for no position embedding
-        (Nemotron-H).
+      rope: the `rope_*` fields of `ppl_jax.models.decoders.llama.LlamaConfig` as sorted
+        `(name, value)` pairs (`rope_type`, `rope_theta`, `rotary_dim`, ...), or `()` for no
+        position embedding (Nemotron-H).
       max_positions: `max_position_embeddings` (the rope scalings that need it).
       output_gate: `q_proj` gives each head's query and gate (Qwen3.5, Qwen3-Next).
       qk_norm: per-head RMSNorm `x̂·(1+w)` of q and k before the rotation (Qwen3.5).
@@ -71,7 +72,8 @@ class AttentionSpec:
             )
 
     def rope_config(self) -> LlamaConfig | None:
-        """The config `ppl_jax.models.rope.rotary` reads, or None without rotary embeddings."""
+        """The config `ppl_jax.models.layers.rope.rotary` reads, or None without rotary
+        embeddings."""
         if not self.rope:
             return None
         return LlamaConfig(

@@ -18,10 +18,10 @@ which is attention over the union of the keys (Milakov & Gimelshein 2018; FlashA
 This holds for rows whose real tokens are one document from the row's start (`one_document`:
 positions equal to the index, padding only at the end), where cuDNN's masks by index and
 per-row lengths are the mask by positions; rows packed with several documents run the flash
-attention of `ppl_jax.models.flash` instead, chosen at run time (`jax.lax.cond`), as do layers
-with a window (cuDNN windows causal calls only). The partial attention is a function
-(`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which
-stands in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
+attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax.cond`), as do
+layers with a window (cuDNN windows causal calls only). The partial attention is a function
+(`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which stands
+in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from ppl_jax.models import context as context_lib
-from ppl_jax.models import flash
+from ppl_jax.models.layers import context as context_lib
+from ppl_jax.models.layers import flash
 
 # (q [B, L, H, D], k [B, S, KV, D], v [B, S, KV, Dv], q_len [B], kv_len [B], causal, scale) ->
 # (out [B, L, H, Dv] float32, lse [B, L, H] float32): the first `q_len` queries of each row

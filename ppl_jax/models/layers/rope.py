@@ -48,7 +48,7 @@ ANGLES = ("float32", "exact")  # `rope_angles`: transformers' float32 arithmetic
 def inv_freq(cfg, long: bool = False) -> np.ndarray:
     """`[rotary_dim // 2] float32`, radians per position, as transformers computes them (`long`:
     longrope's long factors), for a config with the `rope_*` fields of
-    `ppl_jax.models.llama.LlamaConfig` (see `frequencies`)."""
+    `ppl_jax.models.decoders.llama.LlamaConfig` (see `frequencies`)."""
     return frequencies(cfg, long, np.float32)
 
 

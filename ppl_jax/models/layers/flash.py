@@ -1,18 +1,17 @@
 """Flash attention in plain JAX: query blocks against key blocks with an online softmax.
 
-The `xla` implementation of `ppl_jax.models.attention.attend` (Dao et al. 2022, "FlashAttention";
-the online softmax of Milakov & Gimelshein 2018). Queries are cut into blocks of `block_q`, keys
-and values into blocks of `block_k`; for each query block a `lax.fori_loop` runs over the key
-blocks it may see, keeping per query the running maximum `m`, the running denominator `denom` and
-the unnormalised output `acc`, all float32 (scores and statistics are float32 whatever the input
-dtype; probabilities are cast to the value dtype for the product with the values, as the
-former query-blocked path did). Memory is linear in the window: the largest temporaries are
-one block pair's `[B, KV, G, block_q, block_k]` scores and the `[B, KV, G, T, Dv]` float32
-accumulator, never a `[T, T]` matrix; the program is the same size whatever `T` (lax loops, not
-Python-unrolled block pairs), so a 65,536- or 1,048,576-token window compiles as fast as a short
-one.
+The `xla` implementation of `ppl_jax.models.layers.attention.attend` (Dao et al. 2022,
+"FlashAttention"; the online softmax of Milakov & Gimelshein 2018). Queries are cut into blocks of
+`block_q`, keys and values into blocks of `block_k`; for each query block a `lax.fori_loop` runs
+over the key blocks it may see, keeping per query the running maximum `m`, the running denominator
+`denom` and the unnormalised output `acc`, all float32 (scores and statistics are float32 whatever
+the input dtype; probabilities are cast to the value dtype for the product with the values, as the
+former query-blocked path did). Memory is linear in the window: the largest temporaries are one
+block pair's `[B, KV, G, block_q, block_k]` scores and the `[B, KV, G, T, Dv]` float32 accumulator,
+never a `[T, T]` matrix; the program is the same size whatever `T` (lax loops, not Python-unrolled
+block pairs), so a 65,536- or 1,048,576-token window compiles as fast as a short one.
 
-The mask (`ppl_jax.models.attention`), for query `i` and key `j` of the same row:
+The mask (`ppl_jax.models.layers.attention`), for query `i` and key `j` of the same row:
 
     visible(i, j) = seg[i] == seg[j] and pos[j] <= pos[i]
                     and (window is None or pos[i] - pos[j] < window)
@@ -31,7 +30,7 @@ its own diagonal. Queries of padding (segment 0) see no key and get zeros.
 Sinks (GPT-OSS): one logit per query head joins the softmax's denominator and is dropped
 (transformers' `eager_attention_forward` for `gpt_oss`), added once after the key loop.
 
-`update` is also the step of the ring over the context axis (`ppl_jax.models.context`): the
+`update` is also the step of the ring over the context axis (`ppl_jax.models.layers.context`): the
 state `(m, denom, acc)` is carried from one shard of keys to the next, and `finish` divides once.
 """
 
@@ -369,7 +368,7 @@ def attention_lse(
     """`flash_attention` without sinks that also gives each query's log-sum-exp: `(out [B, T, H,
     Dv] float32, lse [B, T, H] float32)`, `lse = log sum_j exp(s_ij)` over the visible keys
     (`-inf`, and `out` 0, for a query that sees none): what partial results over disjoint sets of
-    keys merge by (`ppl_jax.models.split_merge.merge`)."""
+    keys merge by (`ppl_jax.models.layers.split_merge.merge`)."""
     b, t, h, _ = q.shape
     kv, dv = k.shape[2], v.shape[3]
     block_q, block_k = blocks or block_sizes(t, k.shape[1])

@@ -1,5 +1,5 @@
-"""The fused attention kernels behind `ppl_jax.models.attention.attend`: cuDNN on NVIDIA GPUs and
-splash attention on TPUs.
+"""The fused attention kernels behind `ppl_jax.models.layers.attention.attend`: cuDNN on NVIDIA GPUs
+and splash attention on TPUs.
 
 - `cudnn`: cuDNN's flash attention through JAX's private entry
   `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`, which takes packed rows

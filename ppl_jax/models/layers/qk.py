@@ -1,5 +1,5 @@
 """What Llama 4 and DeepSeek-V3 do to queries and keys before attention, beyond
-`ppl_jax.models.rope`'s rotate-half rotation.
+`ppl_jax.models.layers.rope`'s rotate-half rotation.
 
 - `rotate_pairs`: the rotary embedding of adjacent pairs `(x0, x1), (x2, x3), ...`, each pair
   rotated by one frequency: Llama 4's complex multiplication (transformers 5
@@ -33,7 +33,7 @@ def rotate_pairs(
       x: `[batch, seq, heads, dim]`, `dim` even.
       positions: `[batch, seq] int32`.
       inv_freq: `[dim // 2] float32`, radians per position of each pair
-        (`ppl_jax.models.rope.inv_freq`).
+        (`ppl_jax.models.layers.rope.inv_freq`).
       attention_factor: cos and sin are multiplied by it (YaRN's; 1 otherwise).
 
     Returns:

@@ -1,5 +1,6 @@
 """The architecture of a Llama-family decoder (`LlamaConfig`), stored as JSON beside each
-checkpoint; the module is `ppl_jax.models.llama`, whose docstring lists what each field turns on."""
+checkpoint; the module is `ppl_jax.models.decoders.llama`, whose docstring lists what each field
+turns on."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import rope as rope_lib
+from ppl_jax.models.layers import rope as rope_lib
 
 ROPE_TYPES = rope_lib.ROPE_TYPES
 QK_NORMS = ("none", "head", "projection")
 NORM_LAYOUTS = ("pre", "post", "sandwich")
-# Hugging Face `ACT2FN` names of the gated MLP's activation (`ppl_jax.models.layers`).
+# Hugging Face `ACT2FN` names of the gated MLP's activation (`ppl_jax.models.layers.core`).
 GATED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_new", "gelu")
 
 
@@ -27,7 +28,7 @@ class LlamaConfig:
       qkv_bias: biases on the q, k and v projections (Qwen2; Llama `attention_bias`).
       o_bias: a bias on the output projection (Llama `attention_bias`).
       mlp_bias: biases on the gate, up and down projections (Llama `mlp_bias`).
-      rope_type: one of `ppl_jax.models.rope.ROPE_TYPES`.
+      rope_type: one of `ppl_jax.models.layers.rope.ROPE_TYPES`.
       rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions,
         rope_beta_fast, rope_beta_slow, rope_truncate, rope_short_factor, rope_long_factor:
         the scaling's parameters (Hugging Face `rope_parameters` names: `factor`,
@@ -49,9 +50,10 @@ class LlamaConfig:
       embed_scale: the embedding is multiplied by `sqrt(embed_dim)` rounded to the weight dtype.
       query_scale: the attention logits' scale (None: `head_dim ** -0.5`).
       attn_softcap, final_softcap: `c * tanh(x / c)` on attention scores and on the logits.
-      moe_layers: the layers whose MLP is a mixture of experts (`ppl_jax.models.mixture`),
-        with `moe_experts` experts of width `moe_mlp_dim`, `moe_top_k` per token,
-        `moe_norm_topk_prob`, and a shared expert of width `moe_shared_mlp_dim` (0: none).
+      moe_layers: the layers whose MLP is a mixture of experts
+        (`ppl_jax.models.decoders.llama_moe`), with `moe_experts` experts of width `moe_mlp_dim`,
+        `moe_top_k` per token, `moe_norm_topk_prob`, and a shared expert of width
+        `moe_shared_mlp_dim` (0: none).
     """
 
     vocab_size: int
@@ -98,7 +100,9 @@ class LlamaConfig:
     moe_top_k: int = 0
     moe_norm_topk_prob: bool = True
     moe_shared_mlp_dim: int = 0
-    rope_angles: str = "float32"  # `ppl_jax.models.rope.ANGLES`: transformers' float32, or exact
+    rope_angles: str = (
+        "float32"  # `ppl_jax.models.layers.rope.ANGLES`: transformers' float32, or exact
+    )
 
     # The description's `family`: a subclass (a family with fields of its own) names its own.
     FAMILY: ClassVar[str] = "llama"

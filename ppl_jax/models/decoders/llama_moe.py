@@ -1,10 +1,10 @@
 """The Llama decoder with mixture-of-experts MLPs: the layers of `LlamaConfig.moe_layers` run
-`ppl_jax.models.moe.MoeMLP` (dropless, grouped; routing in float32) and the others the dense MLP.
-The Hugging Face mixtures (`mixtral`, `qwen2_moe`, `qwen3_moe`, `olmoe`) are read by
+`ppl_jax.models.layers.moe.dropless.MoeMLP` (dropless, grouped; routing in float32) and the others
+the dense MLP. The Hugging Face mixtures (`mixtral`, `qwen2_moe`, `qwen3_moe`, `olmoe`) are read by
 `ppl_jax.models.families.mixture`.
 
 `MixtureLlama` is the module of the `llama` description family: without `moe_layers` it is
-exactly `ppl_jax.models.llama.Llama`.
+exactly `ppl_jax.models.decoders.llama.Llama`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.models.llama import Llama, LlamaConfig
-from ppl_jax.models.moe import MoeMLP, MoeSpec
+from ppl_jax.models.decoders.llama import Llama, LlamaConfig
+from ppl_jax.models.layers.moe.dropless import MoeMLP, MoeSpec
 from ppl_jax.models.registry import Layer, Limit
 
 # What every family built on `MixtureLlama` refuses: nothing so far. Its mixture-of-experts
-# layers route per (data, context) shard (`ppl_jax.models.moe.moe_mlp`), so they run under a
-# context axis too; a family adds its own limits to these.
+# layers route per (data, context) shard (`ppl_jax.models.layers.moe.dropless.moe_mlp`), so they run
+# under a context axis too; a family adds its own limits to these.
 LIMITS: tuple[Limit, ...] = ()
 
 

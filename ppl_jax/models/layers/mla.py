@@ -7,7 +7,7 @@ projection `q` without it); keys and values through a shared latent: `x @ kv_a` 
 RMS-normalised, goes through `kv_b` to each head's non-rotary key (`qk_nope_head_dim`) and value
 (`v_head_dim`). A query head is its non-rotary part then its rotary part; a key head the
 non-rotary key then the shared rotary key. Only the rotary parts are rotated (rotate-half, or
-adjacent pairs with `rope_interleave`: `ppl_jax.models.qk.rotate_pairs`). Attention runs with
+adjacent pairs with `rope_interleave`: `ppl_jax.models.layers.qk.rotate_pairs`). Attention runs with
 query and key heads of `qk_nope_head_dim + qk_rope_head_dim` and value heads of `v_head_dim`,
 scaled by `softmax_scale` (transformers: `qk_head_dim ** -0.5`, times YaRN's
 `mscale(factor, mscale_all_dim) ** 2` when the rotary scaling is YaRN with `mscale_all_dim`).
@@ -30,10 +30,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models import qk
-from ppl_jax.models import rope as rope_lib
-from ppl_jax.models.attention import attend
-from ppl_jax.models.layers import normal_param, ones_param, rms_norm, zeros_param
+from ppl_jax.models.layers import qk
+from ppl_jax.models.layers import rope as rope_lib
+from ppl_jax.models.layers.attention import attend
+from ppl_jax.models.layers.core import normal_param, ones_param, rms_norm, zeros_param
 
 LATENT_NORM_EPS = 1e-6
 
@@ -96,9 +96,9 @@ class LatentAttention(nnx.Module):
 
     Args:
       spec: the layer's shapes.
-      rope: the rotary scaling, any object with `ppl_jax.models.rope`'s `rope_*` fields whose
+      rope: the rotary scaling, any object with `ppl_jax.models.layers.rope`'s `rope_*` fields whose
         rotary width is `qk_rope_dim` (a `LlamaConfig` with `head_dim=qk_rope_dim`).
-      attention: the attention implementation (`ppl_jax.models.attention.attend`).
+      attention: the attention implementation (`ppl_jax.models.layers.attention.attend`).
     """
 
     def __init__(
@@ -206,7 +206,7 @@ class LatentAttention(nnx.Module):
     ) -> jax.Array:
         """The layer's output `[B, Tq, embed]` for the queries of `x [B, Tq, embed]` against the
         `keys_values` `kv` of `[B, T]` tokens with their own positions and segment ids (as
-        `ppl_jax.models.llama.Attention.attend_queries`)."""
+        `ppl_jax.models.decoders.llama.Attention.attend_queries`)."""
         out = attend(
             self._queries(x, positions, segment_ids),
             *kv,
