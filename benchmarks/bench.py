@@ -173,7 +173,7 @@ def run_jax(
     import numpy as np
 
     from ppl_jax import plans, scoring
-    from ppl_jax.checkpoints import hf
+    from ppl_jax.checkpoints.formats import safetensors
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models import registry
     from ppl_jax.models.layers import attention as attention_lib
@@ -184,7 +184,7 @@ def run_jax(
     chunks = np.load(tokens_path)
     num, seq_len = chunks.shape
     jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
-    description = hf.read_description(model_dir)
+    description = safetensors.read_description(model_dir)
     attention, _, query_block = attention.partition("@")
     if query_block:
         block_q, _, block_k = query_block.partition("x")
@@ -196,7 +196,7 @@ def run_jax(
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jdtype
     )
-    params = hf.load_params(model_dir, target)
+    params = safetensors.load_params(model_dir, target)
     # The chunks as windows of seq_len - 1 model inputs, scored from their second token.
     win = windows.make(
         chunks.ravel(), np.arange(num) * seq_len, np.full(num, seq_len), np.ones(num), seq_len - 1

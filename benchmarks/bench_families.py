@@ -10,8 +10,8 @@ weights, on this machine, in one run.
 Per family, a random model of the shape below (transformers 5 class, seed 0) is saved with
 `save_pretrained` and read back by both: transformers (`AutoModelForCausalLM`, float32, eager
 attention where the family needs it for soft-caps, `torch.no_grad`, all CPU threads) computes
-the logits and the float32 log-softmax of the targets; ppl_jax (`hf.read_description` +
-`hf.load_params`, `model.attention=xla`, jitted, the vocabulary-blocked scorer) computes the
+the logits and the float32 log-softmax of the targets; ppl_jax (`safetensors.read_description` +
+`safetensors.load_params`, `model.attention=xla`, jitted, the vocabulary-blocked scorer) computes the
 per-token NLL of the same `[batch, seq_len]` random tokens. Each is timed as the median of
 `--repeats` calls after one warm-up call (compilation excluded), the two taking turns in each
 round, and by its fastest call (on shared cores torch's timings spread much more than XLA's: one
@@ -51,7 +51,7 @@ import transformers as tf
 from absl import app, flags
 from flax import nnx
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.models import registry
 from ppl_jax.models.decoders import hybrid
 from ppl_jax.models.layers import gated_delta, ssd
@@ -251,12 +251,12 @@ def run_family(name: str, config, batch: int, seq_len: int, repeats: int) -> dic
     tokens = np.random.default_rng(0).integers(0, config.vocab_size, (batch, seq_len + 1))
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        desc = hf.read_description(tmp)
+        desc = safetensors.read_description(tmp)
         ours = registry.build(desc, jnp.float32)
         target, _ = param_targets(
             ours.abstract_params, ours.logical_axes, make_mesh(-1, 1), DEFAULT_RULES
         )
-        params = hf.load_params(tmp, target)
+        params = safetensors.load_params(tmp, target)
     x = jnp.asarray(tokens[:, :-1], jnp.int32)
     y = jnp.asarray(tokens[:, 1:], jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), x.shape)

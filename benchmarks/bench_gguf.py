@@ -1,4 +1,4 @@
-"""Benchmark: reading a GGUF file: its header (the walk of `ppl_jax.checkpoints.gguf_file`
+"""Benchmark: reading a GGUF file: its header (the walk of `ppl_jax.checkpoints.formats.gguf_file`
 against the `gguf` package's `GGUFReader`) and its weights dequantized onto the devices.
 
     python -m benchmarks.bench_gguf [--layers 8] [--vocab_tokens 150000] [--dir /tmp]
@@ -22,7 +22,8 @@ import gguf
 import jax
 
 from ppl_jax import testing
-from ppl_jax.checkpoints import gguf_file, open_checkpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.runtime import mesh as mesh_lib
 

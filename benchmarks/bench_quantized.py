@@ -4,12 +4,12 @@ second, and the temporary memory a block's read needs beyond the block it return
     python -m benchmarks.bench_quantized [--rows 4096] [--cols 14336]
 
 Each layout's parts for one weight of `[rows, cols]` (Llama 3 8B's `down_proj` by default:
-58.7 M weights) are made in memory with random codes and scales (`ppl_jax.checkpoints.storage
-.Arrays`), and the whole weight is read as one device's block through the reader ppl_jax uses
-(`quantized_parts.view`, then `Dequantized.read`): one thread, the time of the best of three
-reads, and the peak of NumPy's allocations during a read (`tracemalloc`, which NumPy reports
-to) beyond the block it returns. The float baseline casts the same weight stored in bfloat16 to
-float32, as a float checkpoint's block is.
+58.7 M weights) are made in memory with random codes and scales
+(`ppl_jax.checkpoints.mapping.storage.Arrays`), and the whole weight is read as one device's block
+through the reader ppl_jax uses (`quantized_parts.view`, then `Dequantized.read`): one thread, the
+time of the best of three reads, and the peak of NumPy's allocations during a read (`tracemalloc`,
+which NumPy reports to) beyond the block it returns. The float baseline casts the same weight stored
+in bfloat16 to float32, as a float checkpoint's block is.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 
-from ppl_jax.checkpoints import quantization, quantized_parts, storage
+from ppl_jax.checkpoints.formats import quantization, quantized_parts
+from ppl_jax.checkpoints.mapping import storage
 
 
 def _packed(rng, shape, bits, axis) -> np.ndarray:

@@ -27,7 +27,7 @@ from absl import app, flags
 from flax import nnx
 
 import ppl_jax
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
 from ppl_jax.config import HELD_OUT_MODULES, demo_checkpoint_dir, held_out_paths
 from ppl_jax.models import Llama, LlamaConfig, params_of_nnx, registry
 from ppl_jax.runtime import DEFAULT_RULES, make_mesh, param_targets

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ppl_jax.checkpoints import orbax
+from ppl_jax.checkpoints.formats import orbax
 from ppl_jax.models.adapters import params_of_nnx
 from ppl_jax.models.decoders.llama import Llama, LlamaConfig
 

@@ -3,8 +3,13 @@
 `open_checkpoint(path, format)` is the one entry point (`opener`): it picks the reader of the
 checkpoint's layout (`opener.READERS`, each a `Checkpoint` subclass found by its markers) and
 returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; a step's
-`Architecture` (`architecture.resolve`) builds its model and chooses its attention; all Orbax calls of
-ppl_jax live in `orbax` and `orbax_v1`, Hugging Face's in `hf` and `huggingface`.
+`Architecture` (`architecture.resolve`) builds its model and chooses its attention.
+
+Three rooms hold the rest: `readers` (one reader per layout), `mapping` (the one mapping
+language from stored names to a model's params, read block by block from a storage) and
+`formats` (the files: Orbax, TensorStore trees, safetensors, the hub, GGUF, quantized weights).
+All Orbax calls of ppl_jax live in `formats.orbax` and `readers.orbax_v1`, Hugging Face's files
+in `formats.safetensors` and `formats.hub`.
 """
 
 from etils import epy as _epy

@@ -7,10 +7,10 @@ directory's `config.json`), unless `checkpoint.architecture` names one, which wi
 sets it means it):
 
 - a Hugging Face `config.json` (the file, or the directory holding it): read as
-  `ppl_jax.checkpoints.hf.read_description` reads a Hugging Face directory;
+  `ppl_jax.checkpoints.formats.safetensors.read_description` reads a Hugging Face directory;
 - a ppl_jax description JSON (`{"family": "llama", ...}`, what `Checkpoint.description()` gives);
 - `maxtext:<model name> [key=value ...]`: a MaxText model with MaxText's own override names
-  (`ppl_jax.checkpoints.maxtext`);
+  (`ppl_jax.checkpoints.readers.maxtext`);
 - `module:function`: a Python entry point returning a `LanguageModel` (a model family of the
   user's own), called with `dtype=` when it takes it.
 """
@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 
-from ppl_jax.checkpoints import hf, maxtext
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.options import dtype_of
+from ppl_jax.checkpoints.readers import maxtext
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
@@ -158,7 +159,7 @@ def parse(setting: str) -> tuple[str, Any]:
 
     Raises:
       ConfigError: a file that is neither a Hugging Face `config.json` nor a description, a
-        setting of no recognised form. CheckpointError: as `hf.read_description`.
+        setting of no recognised form. CheckpointError: as `safetensors.read_description`.
     """
     setting = str(setting or "").strip()
     if not setting:
@@ -180,7 +181,7 @@ def parse(setting: str) -> tuple[str, Any]:
         return "maxtext", maxtext.description(name, dict(r.split("=", 1) for r in rest))
     path = os.path.expanduser(setting)
     if paths.isdir(path) and paths.isfile(paths.join(path, "config.json")):
-        return "hf", hf.read_description(path)
+        return "hf", safetensors.read_description(path)
     if paths.isfile(path):
         data = paths.read_json_object(path, "checkpoint.architecture")
         if "family" in data:
@@ -190,7 +191,7 @@ def parse(setting: str) -> tuple[str, Any]:
                 raise CheckpointError(f"{path!r}: {e}") from None
             return "description", data
         if "model_type" in data and os.path.basename(path) == "config.json":
-            return "hf", hf.read_description(os.path.dirname(path) or ".")
+            return "hf", safetensors.read_description(os.path.dirname(path) or ".")
         raise ConfigError(
             f"checkpoint.architecture {setting!r} is neither a Hugging Face config.json "
             f"(model_type, in a file named config.json) nor a ppl_jax description (family)."

@@ -27,7 +27,7 @@ to `ppl_jax.checkpoints.architecture.resolve`, which resolves it once for the se
 reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
 `ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its
 stored names onto a model's weights (`rules`, `known`, `naming`, `produced`, ...: the hooks of
-`ppl_jax.checkpoints.mapped.MappedHooks`, which a reader may override). Readers whose stored
+`ppl_jax.checkpoints.mapping.apply.MappedHooks`, which a reader may override). Readers whose stored
 tree is the model's own (ppl_jax's Orbax layout, a Hugging Face directory) restore their own
 way.
 """
@@ -43,8 +43,8 @@ import jax
 
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import architecture as architecture_lib
-from ppl_jax.checkpoints import mapped, presets
 from ppl_jax.checkpoints.links import LinksChecked
+from ppl_jax.checkpoints.mapping import apply, presets
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import LanguageModel
@@ -55,7 +55,7 @@ from ppl_jax.tokenizer.loading import for_setting
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
 
 
-class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
+class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
     """An opened checkpoint: one reader of one layout (see the module docstring).
 
     `step=None` in any method means the latest finalized step, looked up anew on each call (a
@@ -286,7 +286,7 @@ class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The params of the step, read straight into their target shardings (through the
-        mapping: `mapped.restore`; readers of the model's own layout override this).
+        mapping: `apply.restore`; readers of the model's own layout override this).
 
         Args:
           step: as in `resolve_step`.
@@ -301,4 +301,4 @@ class Checkpoint(LinksChecked, mapped.MappedHooks, abc.ABC):
           CheckpointError: a missing, misshapen or damaged weight, named; the first unmatched
             names of the mapping.
         """
-        return mapped.restore(self, step, target)
+        return apply.restore(self, step, target)

@@ -26,16 +26,16 @@ item or params path is given.
 
 from __future__ import annotations
 
-from ppl_jax.checkpoints import hf
 from ppl_jax.checkpoints.checkpoint import DTYPES, Checkpoint, Options, dtype_of
-from ppl_jax.checkpoints.easydel import EasyDeLCheckpoint
-from ppl_jax.checkpoints.foreign import ForeignOrbax
-from ppl_jax.checkpoints.gguf import GGUFCheckpoint
-from ppl_jax.checkpoints.huggingface import HFDirectory, HubRepo
-from ppl_jax.checkpoints.levanter import LevanterRun
-from ppl_jax.checkpoints.orbax_v1 import OrbaxV1
-from ppl_jax.checkpoints.own import OwnOrbax
-from ppl_jax.checkpoints.t5x import T5XCheckpoint
+from ppl_jax.checkpoints.formats import safetensors
+from ppl_jax.checkpoints.readers.easydel import EasyDeLCheckpoint
+from ppl_jax.checkpoints.readers.foreign import ForeignOrbax
+from ppl_jax.checkpoints.readers.gguf import GGUFCheckpoint
+from ppl_jax.checkpoints.readers.huggingface import HFDirectory, HubRepo
+from ppl_jax.checkpoints.readers.levanter import LevanterRun
+from ppl_jax.checkpoints.readers.orbax_v1 import OrbaxV1
+from ppl_jax.checkpoints.readers.own import OwnOrbax
+from ppl_jax.checkpoints.readers.t5x import T5XCheckpoint
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.runtime import paths
 
@@ -82,7 +82,7 @@ def choose(
         raise paths.missing_backend(path, e) from None
     if format == "hf":
         if not found:
-            hf.read_description(path)  # its sentence for a missing directory
+            safetensors.read_description(path)  # its sentence for a missing directory
         return HFDirectory, "checkpoint.format=hf"
     if not found:
         layouts = dict.fromkeys(
@@ -114,7 +114,7 @@ def open_checkpoint(
 
     Args:
       path: the directory, or a hub id (`hf://org/name[@revision]`, or a bare `org/name` that is
-        not a path; `ppl_jax.checkpoints.hub`).
+        not a path; `ppl_jax.checkpoints.formats.hub`).
       format: `auto` (the markers decide), or one of `FORMATS` (only its readers are asked:
         `orbax`, `hf`).
       architecture: `checkpoint.architecture` (`ppl_jax.checkpoints.architecture.parse`): wins

@@ -2,9 +2,10 @@
 
     ppl-jax convert HF_DIR ORBAX_DIR [--step N] [--dtype float32|bfloat16]
 
-The params are read with `ppl_jax.checkpoints.hf.load_params` onto a mesh over every device (`data` = all,
-`model` = 1, the default sharding rules), then saved with `ppl_jax.checkpoints.orbax.save_train_state`
-as step N (default 0) of `{"step": N, "params": ..., "opt_state": {}}` with the metadata
+The params are read with `ppl_jax.checkpoints.formats.safetensors.load_params` onto a mesh over
+every device (`data` = all, `model` = 1, the default sharding rules), then saved with
+`ppl_jax.checkpoints.formats.orbax.save_train_state` as step N (default 0) of
+`{"step": N, "params": ..., "opt_state": {}}` with the metadata
 `{"model": description, "tokenizer": tokenizer description or None, "source": ...}`, so that
 `checkpoint.read_metadata`, `model.build` and `checkpoint.restore_params` load it like any other
 ppl_jax checkpoint.
@@ -30,7 +31,8 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32", step: int = 0) ->
     """Converts `hf_dir` into step `step` of the Orbax checkpoint `out_dir`.
 
     Args:
-      hf_dir: a Hugging Face directory (see `ppl_jax.checkpoints.hf.is_hf_checkpoint`).
+      hf_dir: a Hugging Face directory (see
+        `ppl_jax.checkpoints.formats.safetensors.is_hf_checkpoint`).
       out_dir: the Orbax checkpoint directory: new, empty, or one this command wrote (its step
         folders only), whose steps hold the same architecture.
       dtype: `float32` or `bfloat16`, the dtype of the saved params.
@@ -42,14 +44,14 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32", step: int = 0) ->
     Raises:
       CheckpointError: not a Hugging Face directory; an output directory that holds something
         other than step folders, holds `step` already, or holds another architecture (checked
-        before any weight is read); or any error of `hf.read_description` / `hf.load_params` /
-        `hf.read_tokenizer`.
+        before any weight is read); or any error of `safetensors.read_description` /
+        `safetensors.load_params` / `safetensors.read_tokenizer`.
       ConfigError: an unknown dtype, a negative step.
     """
     import jax.numpy as jnp
 
-    from ppl_jax.checkpoints import hf
-    from ppl_jax.checkpoints import orbax as checkpoint
+    from ppl_jax.checkpoints.formats import orbax as checkpoint
+    from ppl_jax.checkpoints.formats import safetensors
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.errors import CheckpointError, ConfigError
     from ppl_jax.models import registry
@@ -60,19 +62,19 @@ def convert(hf_dir: str, out_dir: str, dtype: str = "float32", step: int = 0) ->
         raise ConfigError(f"--dtype={dtype!r} is not one of {', '.join(dtypes)}.")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"--step={step!r}: give the step as a whole number, 0 or more.")
-    if not hf.is_hf_checkpoint(hf_dir):
+    if not safetensors.is_hf_checkpoint(hf_dir):
         raise CheckpointError(
             f"--hf_dir={hf_dir!r} is not a Hugging Face checkpoint directory (config.json and "
             f"model.safetensors or model.safetensors.index.json)."
         )
-    model = registry.build(hf.read_description(hf_dir), dtypes[dtype])
+    model = registry.build(safetensors.read_description(hf_dir), dtypes[dtype])
     _check_out(out_dir, step, model.description)
-    tok = hf.read_tokenizer(hf_dir) if hf.has_tokenizer(hf_dir) else None
+    tok = safetensors.read_tokenizer(hf_dir) if safetensors.has_tokenizer(hf_dir) else None
     mesh = mesh_lib.make_mesh(-1, 1)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
     )
-    params = hf.load_params(hf_dir, target)
+    params = safetensors.load_params(hf_dir, target)
     metadata = {
         "model": model.description,
         "tokenizer": tok.describe() if tok is not None else None,
@@ -89,7 +91,7 @@ def _check_out(out_dir: str, step: int, description: dict[str, Any]) -> None:
     one, nor one of step folders without `step` whose latest step holds `description`."""
     import jax.numpy as jnp
 
-    from ppl_jax.checkpoints import orbax as checkpoint
+    from ppl_jax.checkpoints.formats import orbax as checkpoint
     from ppl_jax.errors import CheckpointError
     from ppl_jax.models import registry
 

@@ -225,8 +225,8 @@ def checkpoint_options(ckpt: Any) -> tuple[tuple[str, Any], ...]:
 def checkpoint_dir(ckpt: Any) -> str:
     """`checkpoint.dir` as given, `~` expanded: a local or remote folder, or a hub id
     (`hf://org/name[@revision]`), which its reader resolves when the run opens it
-    (`ppl_jax.checkpoints.huggingface.HubRepo`: the revision's snapshot, its step revisions for
-    a sweep). Reads nothing."""
+    (`ppl_jax.checkpoints.readers.huggingface.HubRepo`: the revision's snapshot, its step revisions
+    for a sweep). Reads nothing."""
     return os.path.expanduser(str(ckpt.dir).strip())
 
 

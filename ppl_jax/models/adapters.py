@@ -14,8 +14,8 @@
 
 Params are the module's own tree (Linen: the `params` collection; NNX: the `nnx.Param` state as
 a pure dict, `nnx.to_pure_dict` form), so the checkpoint a training loop saved restores with the
-`identity` mapping (`ppl_jax.checkpoints.presets`). Weights are replicated unless the module's
-params carry logical axis names (`nn.with_logical_partitioning`, `nnx.Param(...,
+`identity` mapping (`ppl_jax.checkpoints.mapping.presets`). Weights are replicated unless the
+module's params carry logical axis names (`nn.with_logical_partitioning`, `nnx.Param(...,
 sharding=...)`/`logical_axes=...`).
 """
 

@@ -10,7 +10,7 @@ Keys (`{arch}.block_count`, `{arch}.attention.head_count`, ...) and tensor names
 them (`modeling_gguf_pytorch_utils`): an `[out, in]` projection is GGML's `[in, out]` `ne`, i.e.
 the Hugging Face `nn.Linear` weight; experts are stacked `[experts, out, in]`. The reading of the
 keys every architecture shares, and the choice of the record by `general.architecture`, are
-`ppl_jax.checkpoints.gguf_arch`'s.
+`ppl_jax.checkpoints.readers.gguf_arch`'s.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 A family is a `Family` record: its name; the description's config class and its Flax NNX module;
 the Hugging Face `model_type`s it reads, each with its `config.json` reader; its Hugging Face
-weights as rules of the one mapping language (`ppl_jax.checkpoints.mapping`); the GGUF
+weights as rules of the one mapping language (`ppl_jax.checkpoints.mapping.language`); the GGUF
 architectures it reads (llama.cpp's `general.architecture` names); the kinds of its
 layers; and its limits (what it refuses, and why). The registry finds the families by itself:
 every module of `ppl_jax.models.families` whose name does not start with `_` is imported on first
 use and holds its record as the module attribute `FAMILY`. Nothing else in the package lists
-families: `ppl_jax.checkpoints.hf` asks `for_model_type` and `hf_mapping`,
-`ppl_jax.checkpoints.gguf_arch` `for_gguf_architecture`, the opener `build`.
+families: `ppl_jax.checkpoints.formats.safetensors` asks `for_model_type` and `hf_mapping`,
+`ppl_jax.checkpoints.readers.gguf_arch` `for_gguf_architecture`, the opener `build`.
 
 Adding a family is one new module `ppl_jax/models/families/<name>.py`:
 
@@ -279,7 +279,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
 
     Args:
       description: the JSON-able architecture (`config.to_dict()` of a family; what
-        `ppl_jax.checkpoints.hf.read_description` returns).
+        `ppl_jax.checkpoints.formats.safetensors.read_description` returns).
       dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
       attention: the attention implementation, `xla`, `cudnn` or `splash`
         (`ppl_jax.models.layers.attention`); the model keeps packed windows apart

@@ -127,7 +127,8 @@ def from_description(desc: dict[str, Any]) -> Tokenizer:
 
 def load_tokenizer(spec: str, checkpoint_description: dict[str, Any] | None = None) -> Tokenizer:
     """The tokenizer for `data.tokenizer`: `auto` (the checkpoint's own), `byte`, or a path: a
-    `tokenizer.json`, a SentencePiece `.model`, or a Hugging Face directory (`ppl_jax.checkpoints.hf`).
+    `tokenizer.json`, a SentencePiece `.model`, or a Hugging Face directory
+    (`ppl_jax.checkpoints.formats.safetensors`).
 
     Raises:
       ConfigError: `auto` with a checkpoint that stores no tokenizer, or a bad path.

@@ -12,7 +12,7 @@ import sys
 import optax
 import pytest
 
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
 
 from helpers import GOLDEN, TINY, random_params, xla_flags
 

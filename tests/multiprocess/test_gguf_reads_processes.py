@@ -17,7 +17,8 @@ import range_reads
 
 WORKER = """
     import gguf
-    from ppl_jax.checkpoints import gguf_file, open_checkpoint
+    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints.formats import gguf_file
     from ppl_jax.models.interface import weight_paths
 
     asked = {"bytes": 0}

@@ -33,7 +33,7 @@ def test_two_processes_each_fetch_their_half_within_bounded_memory(tmp_path):
 TS_WORKER = """
     import tensorstore as ts
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from ppl_jax.checkpoints import storage
+    from ppl_jax.checkpoints.mapping import storage
     from ppl_jax.runtime import mesh as mesh_lib
 
     def bytes_read():

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ppl_jax.checkpoints import mapped, open_checkpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.mapping import apply
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import nest_weights
 from ppl_jax.runtime import mesh as mesh_lib
@@ -27,7 +28,8 @@ SIZES = ("maxtext:default base_emb_dim=64 base_num_query_heads=8 base_num_kv_hea
          "max_target_length=64")  # fmt: skip
 
 WORKER = """
-    from ppl_jax.checkpoints import mapped, open_checkpoint
+    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints.mapping import apply
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models.interface import weight_paths
     from ppl_jax.runtime import mesh as mesh_lib
@@ -43,7 +45,7 @@ WORKER = """
         mesh = mesh_lib.make_mesh(data, model_axis)
         target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                         DEFAULT_RULES)[0]
-        mapped.sources(ckpt, None, target)  # the tree metadata, read before counting
+        apply.sources(ckpt, None, target)  # the tree metadata, read before counting
         before = rchar()
         params = ckpt.restore(None, target)
         jax.block_until_ready(params)
@@ -85,10 +87,10 @@ def _write(tmp_path) -> tuple[str, int]:
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)[
         0
     ]
-    from ppl_jax.checkpoints import blocks, storage
+    from ppl_jax.checkpoints.mapping import blocks, storage
     from ppl_jax.models.interface import weight_paths
 
-    sources = mapped.sources(ckpt, 0, target)
+    sources = apply.sources(ckpt, 0, target)
     leaves = weight_paths(target)
     stored = {name: (shape, np.float32) for name, shape in shapes.items()}
     names = {k: v for k, v in model.description.items() if isinstance(v, int | float)}

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import transformers
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 
 import helpers
 
@@ -30,7 +30,7 @@ _spec.loader.exec_module(golden)
 def test_ids_and_specials_match_autotokenizer(tmp_path, case):
     golden.write_directory(case, str(tmp_path))
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    ours = hf.read_tokenizer(str(tmp_path))
+    ours = safetensors.read_tokenizer(str(tmp_path))
     bos = [ours.bos_id] if ours.add_bos_default else []
     for text in case["texts"]:
         assert bos + ours.encode([text])[0].tolist() == theirs(text)["input_ids"], text
@@ -47,7 +47,7 @@ def test_sentencepiece_only_runs_of_spaces_differ(tmp_path):
     golden.write_directory(case, str(tmp_path))
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(FIXTURES, "sp_bpe.model"))
-    ours = hf.read_tokenizer(str(tmp_path))
+    ours = safetensors.read_tokenizer(str(tmp_path))
     text = "   naïve be"
     assert ours.encode([text])[0].tolist() == sp.encode(text)
     assert theirs(text, add_special_tokens=False)["input_ids"] != sp.encode(text)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_one_job import config, run
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import checks
@@ -72,13 +72,13 @@ def golden():
 
 def _hf_model(name):
     path = os.path.join(CONTEXT_GOLDEN, name)
-    description = hf.read_description(path)
+    description = safetensors.read_description(path)
     model = registry.build(description, jnp.float32, "xla")
     mesh = mesh_lib.make_mesh(-1, 1)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jnp.float32
     )
-    params = jax.device_get(hf.load_params(path, target))
+    params = jax.device_get(safetensors.load_params(path, target))
     return model, params
 
 

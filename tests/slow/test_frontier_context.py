@@ -12,7 +12,7 @@ import pytest
 from test_context_scoring import score
 from test_families import FAMILY_DIR, golden, ppl_windows
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
 from ppl_jax.plans.layout import plan_layout
@@ -23,12 +23,12 @@ from ppl_jax.runtime import mesh as mesh_lib
 @pytest.mark.parametrize("family", ["gpt_oss", "llama4", "deepseek_v3"])
 def test_a_context_axis_scores_as_one_device_and_transformers(family, options):
     path = f"{FAMILY_DIR}/{family}"
-    model = registry.build(hf.read_description(path), jnp.float32, "xla")
+    model = registry.build(safetensors.read_description(path), jnp.float32, "xla")
     assert model.context_parallel
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )
-    params = jax.device_get(hf.load_params(path, target))
+    params = jax.device_get(safetensors.load_params(path, target))
     g = golden(family)
     wins = ppl_windows(g, "sliding")
     layout = plan_layout(wins, 4, pack=True)

@@ -37,7 +37,7 @@ import test_context_scoring
 import test_families
 from test_families import FAMILY_DIR, golden, loaded, ppl_windows, protocol_nll, score_rows
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.models import registry
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.layout import plan_layout
@@ -67,7 +67,7 @@ def reference(family, protocol="sliding"):
 
 
 def test_the_descriptions_read_every_feature():
-    d = {f: hf.read_description(os.path.join(FAMILY_DIR, f)) for f in HYBRIDS}
+    d = {f: safetensors.read_description(os.path.join(FAMILY_DIR, f)) for f in HYBRIDS}
     assert {f: x["family"] for f, x in d.items()} == {
         "falcon_h1": "falcon_h1",
         "mamba2": "mamba2",
@@ -185,7 +185,7 @@ CHANGES = [
 @pytest.mark.parametrize("family,change,edit", CHANGES)
 def test_the_comparison_sees_each_feature(family, change, edit):
     if change.get("rope") == "rotary_dim=0":
-        d = hf.read_description(os.path.join(FAMILY_DIR, family))
+        d = safetensors.read_description(os.path.join(FAMILY_DIR, family))
         change = {"rope": {**d["rope"], "rotary_dim": 0}}
     ours = nll(family, change, edit=edit)
     assert np.max(np.abs(ours - reference(family))) > 1e-3

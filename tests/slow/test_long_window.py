@@ -23,7 +23,7 @@ CHILD = r"""
 import json, os, resource, sys
 import numpy as np
 import jax, jax.numpy as jnp
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
 from ppl_jax.plans import windows
@@ -33,12 +33,12 @@ from ppl_jax.scoring.scorer import Scorer, StepOptions
 
 model_dir, tokens_path, out_path, data, context, model_axis = sys.argv[1:7]
 tokens = np.load(tokens_path)
-model = registry.build(hf.read_description(model_dir), jnp.float32, "xla")
+model = registry.build(safetensors.read_description(model_dir), jnp.float32, "xla")
 mesh = mesh_lib.make_mesh(int(data), int(model_axis), context=int(context))
 target, shardings = mesh_lib.param_targets(
     model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES, jnp.float32
 )
-params = hf.load_params(model_dir, target)
+params = safetensors.load_params(model_dir, target)
 n = tokens.size - 1
 wins = windows.make(np.tile(tokens, 2), [0, tokens.size], [tokens.size] * 2, [1, 1], n)
 scorer = Scorer(model, mesh, shardings, StepOptions(per_token=True, token_chunk=8192))

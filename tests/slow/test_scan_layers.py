@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ppl_jax.checkpoints import blocks, mapping
+from ppl_jax.checkpoints import mapping
+from ppl_jax.checkpoints.mapping import blocks
 from ppl_jax.models.layers import gated_delta, ssd
 
 import helpers

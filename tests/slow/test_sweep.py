@@ -223,7 +223,7 @@ def test_an_interrupted_sweep_skips_what_is_stored_and_resumes(run_dir, swept, t
 
 def test_evaluator_traces_once_per_shape_and_equals_the_cli(run_dir, swept):
     import ppl_jax
-    from ppl_jax.checkpoints import orbax as checkpoint
+    from ppl_jax.checkpoints.formats import orbax as checkpoint
 
     ckpt, files = run_dir
     s = from_config(config(ckpt, "unused"))

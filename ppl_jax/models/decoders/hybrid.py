@@ -284,10 +284,10 @@ def norm_then_cast(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 
 def attention_rules(layer: str, to: str, output_gate: bool = False) -> list[dict[str, Any]]:
-    """The mapping rules (`ppl_jax.checkpoints.mapping`) of a transformers attention layer whose
-    stored names start with the pattern `layer` (capturing `l`), into the `Attention` params
-    under `to` (`layers/{l}/attn/`): `nn.Linear`'s `[out, in]` transposed and cut in heads;
-    with `output_gate`, `q_proj` `[H, (query, gate), Dh, embed]` (Qwen3.5, Qwen3-Next)."""
+    """The mapping rules (`ppl_jax.checkpoints.mapping.language`) of a transformers attention layer
+    whose stored names start with the pattern `layer` (capturing `l`), into the `Attention` params
+    under `to` (`layers/{l}/attn/`): `nn.Linear`'s `[out, in]` transposed and cut in heads; with
+    `output_gate`, `q_proj` `[H, (query, gate), Dh, embed]` (Qwen3.5, Qwen3-Next)."""
     heads, kv = ["num_heads", "head_dim"], ["num_kv_heads", "head_dim"]
     if output_gate:
         q = {"from": layer + r"q_proj\.weight", "to": [to + "q", to + "gate"],

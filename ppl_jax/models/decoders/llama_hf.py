@@ -163,8 +163,8 @@ HEADS_IN = {"transpose": [1, 0], "reshape": ["embed_dim", -1, "head_dim"]}
 
 
 def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The mapping rules (`ppl_jax.checkpoints.mapping`) of a Llama-like description's Hugging
-    Face weights, names without `PREFIXES`: embeddings, norms (by `norm_layout`), attention
+    """The mapping rules (`ppl_jax.checkpoints.mapping.language`) of a Llama-like description's
+    Hugging Face weights, names without `PREFIXES`: embeddings, norms (by `norm_layout`), attention
     (biases, QK-norms by `qk_norm`) and dense MLPs (biases by `mlp_bias`). A family with other
     weights (fused projections, experts) replaces or adds rules."""
     tied = d["tie_embeddings"]

@@ -10,8 +10,8 @@ local to one global). Gemma 3 adds a `(1 + w)` RMSNorm on each head of q and k a
 transformers 5.23's `modeling_gemma2` and `modeling_gemma3`.
 
 The text tower of a multimodal `gemma3` checkpoint is read through its nested `text_config`
-(`ppl_jax.checkpoints.hf`). Refused: Gemma 3's `use_bidirectional_attention` (an encoder, not a
-causal language model); cuDNN attention where the scores are soft-capped (Gemma 2).
+(`ppl_jax.checkpoints.formats.safetensors`). Refused: Gemma 3's `use_bidirectional_attention` (an
+encoder, not a causal language model); cuDNN attention where the scores are soft-capped (Gemma 2).
 
 From GGUF (llama.cpp's architectures `gemma2`, `gemma3`): norms stored as `1 + w`; what the file
 leaves out is what llama.cpp runs it with: the attention scale `head_dim ** -0.5` except on the

@@ -305,13 +305,13 @@ class GatedDeltaNet(nnx.Module):
 
 
 def hf_rules(layer: str, to: str, layout: str) -> list[dict[str, Any]]:
-    """The mapping rules (`ppl_jax.checkpoints.mapping`) of transformers' Gated DeltaNet layer
-    whose stored names start with the pattern `layer` (capturing `l`), into the `GatedDeltaNet`
-    params under `to` (`layers/{l}/linear_attn/`). `layout` `qwen3_next` reads
+    """The mapping rules (`ppl_jax.checkpoints.mapping.language`) of transformers' Gated DeltaNet
+    layer whose stored names start with the pattern `layer` (capturing `l`), into the
+    `GatedDeltaNet` params under `to` (`layers/{l}/linear_attn/`). `layout` `qwen3_next` reads
     `Qwen3NextGatedDeltaNet`'s `in_proj_qkvz` `[Hk, (q, k, r values, r gates), embed]` and
     `in_proj_ba` `[Hk, (r betas, r decay inputs), embed]` (`r = Hv / Hk`), any other
-    `Qwen3_5GatedDeltaNet`'s `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`; `conv1d` is
-    `[q | k | v, 1, K]` in both. Sizes are expressions over the `gdn_*` fields."""
+    `Qwen3_5GatedDeltaNet`'s `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`; `conv1d` is `[q |
+    k | v, 1, K]` in both. Sizes are expressions over the `gdn_*` fields."""
     kd, vd = "gdn_key_heads * gdn_key_dim", "gdn_value_heads * gdn_value_dim"
     linear = {"transpose": [1, 0]}
     if layout == "qwen3_next":

@@ -362,7 +362,7 @@ def dt_limit(value: Any, low_default: float = 0.0) -> tuple[float, float]:
 
 
 def hf_rules(layer: str, to: str) -> list[dict[str, Any]]:
-    """The mapping rules (`ppl_jax.checkpoints.mapping`) of transformers' Mamba2 layer
+    """The mapping rules (`ppl_jax.checkpoints.mapping.language`) of transformers' Mamba2 layer
     (`Mamba2Mixer`, `NemotronHMamba2Mixer`, `FalconH1Mixer`) whose stored names start with the
     pattern `layer` (capturing `l`), into the `Mamba2Mixer` params under `to` (`layers/{l}/mixer/`):
     `in_proj` `[z | x | B | C | dt, embed]` and `conv1d` `[x | B | C, 1, K]` cut in their parts,

@@ -1,4 +1,5 @@
-"""Orbax checkpoints (`ppl_jax.checkpoints.orbax`): params-only restore onto a mesh, metadata, errors."""
+"""Orbax checkpoints (`ppl_jax.checkpoints.formats.orbax`): params-only restore onto a mesh,
+metadata, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry

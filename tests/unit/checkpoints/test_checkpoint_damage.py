@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ppl_jax.checkpoints import hf, open_checkpoint
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
@@ -291,13 +292,13 @@ def _hf_dir(path: str, second: str) -> str:
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(CONFIG, f)
     weight_map = {n: "model-1.safetensors" if n in SHARD_A else second for n in SHAPES}
-    with open(os.path.join(path, hf.INDEX), "w") as f:
+    with open(os.path.join(path, safetensors.INDEX), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     return path
 
 
 def _hf_target(path: str):
-    model = registry.build(hf.read_description(path), jnp.float32)
+    model = registry.build(safetensors.read_description(path), jnp.float32)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(2, 4), DEFAULT_RULES
     )
@@ -310,15 +311,16 @@ def _hf_target(path: str):
 
 @pytest.fixture
 def opened(monkeypatch) -> list[str]:
-    """Every file that `ppl_jax.checkpoints.hf` opens with `safe_open`, as real paths."""
+    """Every file that `ppl_jax.checkpoints.formats.safetensors` opens with `safe_open`, as real
+    paths."""
     files: list[str] = []
-    real_open = hf.safe_open
+    real_open = safetensors.safe_open
 
     def recording(file, *args, **kwargs):
         files.append(os.path.realpath(file))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(hf, "safe_open", recording)
+    monkeypatch.setattr(safetensors, "safe_open", recording)
     return files
 
 
@@ -346,8 +348,8 @@ def test_index_naming_a_file_outside_is_refused_unread(tmp_path, opened, how):
     _hf_dir(ckpt, entry)
     target = _hf_target(ckpt)
     with pytest.raises(CheckpointError) as e:
-        hf.load_params(ckpt, target)
-    index = os.path.join(ckpt, hf.INDEX)
+        safetensors.load_params(ckpt, target)
+    index = os.path.join(ckpt, safetensors.INDEX)
     assert str(e.value).startswith(
         f"{index!r} names the shard {entry!r} (for 'model.layers.0.input_layernorm.weight'), "
         f"which lies outside the checkpoint directory {ckpt!r} (at {outside!r}); "
@@ -361,7 +363,7 @@ def test_shards_inside_the_directory_still_load(tmp_path, opened):
     a, b = _write_shards(os.path.join(ckpt, "shards"))
     os.symlink(a, os.path.join(ckpt, "model-1.safetensors"))
     _hf_dir(ckpt, "shards/model-2.safetensors")
-    params = hf.load_params(ckpt, _hf_target(ckpt))
+    params = safetensors.load_params(ckpt, _hf_target(ckpt))
     want = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(params["embedding"]), want)
     assert set(opened) == {a, b}
@@ -373,7 +375,7 @@ def test_an_index_naming_the_wrong_shard_is_damage_named_by_weight_and_shard(tmp
     ckpt = str(tmp_path / "ckpt")
     _write_shards(ckpt)
     _hf_dir(ckpt, "model-2.safetensors")
-    index = os.path.join(ckpt, hf.INDEX)
+    index = os.path.join(ckpt, safetensors.INDEX)
     with open(index) as f:
         data = json.load(f)
     data["weight_map"]["model.norm.weight"] = "model-2.safetensors"  # it is in model-1
@@ -385,7 +387,7 @@ def test_an_index_naming_the_wrong_shard_is_damage_named_by_weight_and_shard(tmp
         f"match its shards"
     )
     with pytest.raises(CheckpointError) as e:
-        hf.load_params(ckpt, _hf_target(ckpt))
+        safetensors.load_params(ckpt, _hf_target(ckpt))
     assert str(e.value).startswith(want), str(e.value)
     with pytest.raises(CheckpointError, match="names the shard 'model-2.safetensors' for the"):
         open_checkpoint(ckpt).restore(None, _hf_target(ckpt))
@@ -399,7 +401,7 @@ def test_hub_cache_snapshot_links_into_its_blobs(tmp_path):
     _hf_dir(snapshot, "model-2.safetensors")
     os.symlink(os.path.relpath(a, snapshot), os.path.join(snapshot, "model-1.safetensors"))
     os.symlink(os.path.relpath(b, snapshot), os.path.join(snapshot, "model-2.safetensors"))
-    params = hf.load_params(snapshot, _hf_target(snapshot))
+    params = safetensors.load_params(snapshot, _hf_target(snapshot))
     assert params["layers"]["0"]["mlp"]["up"].shape == (D, F)
 
 
@@ -410,8 +412,8 @@ def test_single_file_link_leading_out_is_refused(tmp_path, opened):
     save_file({n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}, outside)
     ckpt = str(tmp_path / "ckpt")
     _hf_dir(ckpt, "unused")
-    os.remove(os.path.join(ckpt, hf.INDEX))
-    os.symlink(outside, os.path.join(ckpt, hf.SINGLE))
+    os.remove(os.path.join(ckpt, safetensors.INDEX))
+    os.symlink(outside, os.path.join(ckpt, safetensors.SINGLE))
     with pytest.raises(CheckpointError, match="is a link, which lies outside the checkpoint"):
-        hf.load_params(ckpt, _hf_target(ckpt))
+        safetensors.load_params(ckpt, _hf_target(ckpt))
     assert opened == []

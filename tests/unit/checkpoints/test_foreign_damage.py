@@ -87,7 +87,7 @@ def test_after_a_failed_read_only_orbax_leftovers_are_dropped(monkeypatch):
 
     from orbax.checkpoint._src.serialization import serialization
 
-    from ppl_jax.checkpoints import damage
+    from ppl_jax.checkpoints.formats import damage
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)

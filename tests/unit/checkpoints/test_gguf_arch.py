@@ -1,8 +1,8 @@
-"""What a GGUF file's metadata means (`ppl_jax.checkpoints.gguf_arch`), for the fields the golden
-files do not vary: Llama 3's rotary factors (`rope_freqs`) recognized as its `llama3` scaling,
-YaRN keys, Phi-3's `longrope` factors, Gemma's attention scale on the 27B models (llama.cpp's rule,
-by layer count), Qwen3-MoE's dense layers, what is refused, and that each architecture is read by
-one family (`Family.gguf`) as one of its model types."""
+"""What a GGUF file's metadata means (`ppl_jax.checkpoints.readers.gguf_arch`), for the fields the
+golden files do not vary: Llama 3's rotary factors (`rope_freqs`) recognized as its `llama3`
+scaling, YaRN keys, Phi-3's `longrope` factors, Gemma's attention scale on the 27B models
+(llama.cpp's rule, by layer count), Qwen3-MoE's dense layers, what is refused, and that each
+architecture is read by one family (`Family.gguf`) as one of its model types."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import gguf_arch
-from ppl_jax.checkpoints.gguf_file import GGUFFile, Tensor
+from ppl_jax.checkpoints.formats.gguf_file import GGUFFile, Tensor
+from ppl_jax.checkpoints.readers import gguf_arch
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.families import qwen3

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import gguf_file, open_checkpoint
-from ppl_jax.checkpoints.gguf import GGUFCheckpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import gguf_file
+from ppl_jax.checkpoints.readers.gguf import GGUFCheckpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib

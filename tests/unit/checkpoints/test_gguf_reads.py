@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from ppl_jax.checkpoints import gguf_file, open_checkpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.runtime import mesh as mesh_lib

@@ -14,7 +14,8 @@ import struct
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import gguf_file, open_checkpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.cli import inspect as inspect_cli
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError

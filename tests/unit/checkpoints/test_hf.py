@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import hf
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
@@ -46,7 +46,7 @@ def golden_tokens() -> np.ndarray:
 
 
 def _load(path, mesh, dtype=jnp.float32, description=None):
-    model = registry.build(description or hf.read_description(path), dtype)
+    model = registry.build(description or safetensors.read_description(path), dtype)
     shardings = mesh_lib.param_shardings(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
     )
@@ -55,7 +55,7 @@ def _load(path, mesh, dtype=jnp.float32, description=None):
         model.abstract_params,
         shardings,
     )
-    return model, hf.load_params(path, target), shardings
+    return model, safetensors.load_params(path, target), shardings
 
 
 def _log_probs(model, params, tokens):
@@ -121,14 +121,14 @@ def test_each_block_is_read_once_and_alone(hf_dirs, monkeypatch, family):
     """On a 2x4 mesh every stored element is read exactly once: replicated weights once for all
     devices, split weights as disjoint per-device blocks (GPT-2's fused c_attn included)."""
     reads = []
-    real = hf._open_slice
+    real = safetensors._open_slice
 
     @contextlib.contextmanager
     def counting(file, name):
         with real(file, name) as sl:
             yield _CountingSlice(sl, name, reads)
 
-    monkeypatch.setattr(hf, "_open_slice", counting)
+    monkeypatch.setattr(safetensors, "_open_slice", counting)
     _, params, _ = _load(hf_dirs[family], mesh_lib.make_mesh(2, 4))
     assert sum(size for _, size in reads) == sum(leaf.size for leaf in jax.tree.leaves(params))
     name = (
@@ -141,19 +141,19 @@ def test_each_block_is_read_once_and_alone(hf_dirs, monkeypatch, family):
 
 def check_descriptions(hf_dirs: dict[str, str]) -> None:
     """What ppl_jax reads from the config.json of each family as transformers saves it."""
-    llama = hf.read_description(hf_dirs["llama"])
+    llama = safetensors.read_description(hf_dirs["llama"])
     assert (llama["rope_type"], llama["rope_theta"], llama["rope_original_max_positions"]) == (
         "llama3",
         5000.0,
         64,
     )
     assert (llama["num_kv_heads"], llama["tie_embeddings"], llama["qkv_bias"]) == (2, False, False)
-    mistral = hf.read_description(hf_dirs["mistral"])
+    mistral = safetensors.read_description(hf_dirs["mistral"])
     assert (mistral["sliding_window"], mistral["sliding_layers"]) == (8, [0, 1])
-    qwen2 = hf.read_description(hf_dirs["qwen2"])
+    qwen2 = safetensors.read_description(hf_dirs["qwen2"])
     assert (qwen2["qkv_bias"], qwen2["o_bias"], qwen2["tie_embeddings"]) == (True, False, True)
     assert qwen2["sliding_window"] is None
-    gpt2 = hf.read_description(hf_dirs["gpt2"])
+    gpt2 = safetensors.read_description(hf_dirs["gpt2"])
     assert gpt2 == {
         "family": "gpt2",
         "vocab_size": 300,
@@ -183,7 +183,9 @@ CHANGES = [
 def check_sees_change(path: str, tokens: np.ndarray, ref: np.ndarray, change: dict) -> None:
     """Without the llama3 scaling or the window, the log-probabilities move well beyond 1e-4."""
     model, params, _ = _load(
-        path, mesh_lib.make_mesh(-1, 1), description={**hf.read_description(path), **change}
+        path,
+        mesh_lib.make_mesh(-1, 1),
+        description={**safetensors.read_description(path), **change},
     )
     assert np.abs(_log_probs(model, params, tokens) - ref).max() > 1e-2
 
@@ -246,7 +248,7 @@ def test_old_and_new_rope_spellings_agree(tmp_path):
     for name, cfg in (("old", old), ("new", new)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
-        descs.append(hf.read_description(str(tmp_path / name)))
+        descs.append(safetensors.read_description(str(tmp_path / name)))
     assert descs[0] == descs[1]
     assert descs[0]["rope_factor"] == 8.0 and descs[0]["num_kv_heads"] == 4
     assert descs[0]["head_dim"] == 8 and descs[0]["norm_eps"] == 1e-6  # transformers' defaults
@@ -255,7 +257,7 @@ def test_old_and_new_rope_spellings_agree(tmp_path):
 def test_unsupported_model_type(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(CheckpointError, match=r"model_type 'bert' is not supported; ") as e:
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
     listed = str(e.value).split("model types ")[1].rstrip(".").split(", ")
     assert listed == sorted(listed)  # sorted, each once: a family added keeps the others
     expected = "gpt2 gpt_neox llama mamba2 mistral mixtral nemotron_h olmo2 olmo3 olmoe phi3 "
@@ -269,20 +271,20 @@ def test_unsupported_model_type(tmp_path):
         match=r"config.json: rope_type 'proportional' is not supported "
         r"\(supported: default, linear, llama3, yarn, longrope, dynamic\)",
     ):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**BASE_CONFIG, "hidden_act": "gelu"}))
     with pytest.raises(CheckpointError, match="hidden_act 'gelu' is not supported"):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**BASE_CONFIG, "vocab_size": None}))
     with pytest.raises(CheckpointError, match="config.json: a field has the wrong type"):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "gpt2", "n_embd": 32, "vocab_size": 9})
     )
     with pytest.raises(
         CheckpointError, match="config.json: the gpt2 config lacks the field 'n_layer'"
     ):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
 
 
 class _Marker:
@@ -301,16 +303,16 @@ def test_pickled_weights_are_refused_unread(hf_dirs, tmp_path):
     (d / "config.json").write_text(open(os.path.join(hf_dirs["llama"], "config.json")).read())
     marker = tmp_path / "unpickled"
     (d / "pytorch_model.bin").write_bytes(pickle.dumps(_Marker(str(marker))))
-    assert hf.is_hf_checkpoint(str(d))
-    model = registry.build(hf.read_description(str(d)), jnp.float32)
+    assert safetensors.is_hf_checkpoint(str(d))
+    model = registry.build(safetensors.read_description(str(d)), jnp.float32)
     with pytest.raises(
         CheckpointError,
         match=r"only pickled PyTorch weights \(pytorch_model.bin\)"
         r".*safe_serialization=True",
     ):
-        hf.load_params(str(d), model.abstract_params)
+        safetensors.load_params(str(d), model.abstract_params)
     assert not marker.exists()
-    assert not hf.is_hf_checkpoint(str(tmp_path))
+    assert not safetensors.is_hf_checkpoint(str(tmp_path))
 
 
 def test_missing_and_misshapen_weights_are_named(hf_dirs, tmp_path):
@@ -324,9 +326,9 @@ def test_missing_and_misshapen_weights_are_named(hf_dirs, tmp_path):
     weights["model.layers.0.self_attn.k_proj.bias"] = np.zeros(17, np.float32)
     save_file(weights, str(d / "model.safetensors"))
     (d / "config.json").write_text(open(os.path.join(src, "config.json")).read())
-    model = registry.build(hf.read_description(str(d)), jnp.float32)
+    model = registry.build(safetensors.read_description(str(d)), jnp.float32)
     with pytest.raises(CheckpointError) as e:
-        hf.load_params(str(d), model.abstract_params)
+        safetensors.load_params(str(d), model.abstract_params)
     assert (
         "the model weights 'layers/1/mlp/up' (stored as 'model.layers.1.mlp.up_proj.weight') are "
         "given by no stored weight" in str(e.value)
@@ -380,7 +382,7 @@ def test_conversion_to_orbax_restores_the_same_params(hf_dirs, tmp_path, dtype):
     out = str(tmp_path / "orbax")
     convert(path, out, dtype)
     step, meta = checkpoint.read_metadata(out, None)
-    assert step == 0 and meta["model"] == hf.read_description(path)
+    assert step == 0 and meta["model"] == safetensors.read_description(path)
     tok = tokenizer_lib.from_description(meta["tokenizer"])
     assert (tok.bos_id, tok.eos_id, tok.add_bos_default) == (1, 2, True)
     assert tok.encode(["hello world hello"])[0].tolist() == [3, 4, 3]
@@ -456,17 +458,17 @@ def test_config_and_tokenizer_linked_out_of_the_directory_are_refused(tmp_path):
     os.replace(path / "config.json", outside / "config.json")
     os.symlink(outside / "config.json", path / "config.json")
     with pytest.raises(CheckpointError, match=r"config.json' is a link, which lies outside"):
-        hf.read_description(str(path))
+        safetensors.read_description(str(path))
     os.remove(path / "config.json")
     os.symlink("../elsewhere/config.json", path / "config.json")  # relative, still outside
     with pytest.raises(CheckpointError, match="its config.json is read only from inside it"):
-        hf.read_description(str(path))
+        safetensors.read_description(str(path))
     os.remove(path / "config.json")
     os.replace(outside / "config.json", path / "config.json")
     _write_word_tokenizer(str(outside))
     os.symlink(outside / "tokenizer.json", path / "tokenizer.json")
     with pytest.raises(CheckpointError, match="its tokenizer.json is read only from inside it"):
-        hf.read_tokenizer(str(path))
+        safetensors.read_tokenizer(str(path))
 
 
 def test_a_tokenizer_folder_named_by_data_tokenizer_keeps_its_files_inside(tmp_path):
@@ -499,7 +501,7 @@ def test_hub_cache_config_links_into_blobs_are_read(tmp_path):
     for i, name in enumerate(sorted(os.listdir(src))):
         shutil.copy(src / name, repo / "blobs" / f"blob{i}")
         os.symlink(f"../../blobs/blob{i}", snapshot / name)
-    assert hf.read_description(str(snapshot)) == hf.read_description(str(src))
+    assert safetensors.read_description(str(snapshot)) == safetensors.read_description(str(src))
 
 
 def test_absurd_configs_are_one_short_sentence(tmp_path):
@@ -507,18 +509,18 @@ def test_absurd_configs_are_one_short_sentence(tmp_path):
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1000}))
     with pytest.raises(CheckpointError) as e:
-        hf.read_description(str(path))
+        safetensors.read_description(str(path))
     assert str(e.value).endswith(
         "config.json describes 1000 layers but the safetensors weights hold 2; fix config.json "
         "to describe these weights."
     )
     (path / "config.json").write_text(json.dumps({**config, "vocab_size": 99}))
     with pytest.raises(CheckpointError, match=r"implies an embedding of shape \(99, 32\)"):
-        hf.read_description(str(path))
+        safetensors.read_description(str(path))
     for bad in ({"hidden_size": "x" * 75_695}, {"model_type": "y" * 75_695}):
         (path / "config.json").write_text(json.dumps({**config, **bad}))
         with pytest.raises(CheckpointError) as e:
-            hf.read_description(str(path))
+            safetensors.read_description(str(path))
         # one line, bounded: a hostile value is shortened; the longest is the list of the
         # supported model types (30 of them)
         assert len(str(e.value)) < 700 and "\n" not in str(e.value)
@@ -527,7 +529,7 @@ def test_absurd_configs_are_one_short_sentence(tmp_path):
 def test_unknown_model_type_lists_every_family(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     with pytest.raises(CheckpointError) as e:
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
     for family in ("qwen3", "olmo2", "olmo3", "gemma2", "gemma3_text", "gpt_neox", "phi3"):
         assert family in str(e.value)
 
@@ -546,7 +548,9 @@ def test_dynamic_rope_is_default_within_max_positions(tmp_path):
         (tmp_path / name).mkdir()
         config = {**BASE_CONFIG, "rope_parameters": rope_parameters}
         (tmp_path / name / "config.json").write_text(json.dumps(config))
-        descs.append(registry.build(hf.read_description(str(tmp_path / name)), jnp.float32))
+        descs.append(
+            registry.build(safetensors.read_description(str(tmp_path / name)), jnp.float32)
+        )
     dynamic, default = (LlamaConfig.from_dict(m.description) for m in descs)
     assert dynamic.rope_type == "dynamic" and descs[0].max_positions == 128
     np.testing.assert_array_equal(rope.inv_freq(dynamic), rope.inv_freq(default))
@@ -599,14 +603,14 @@ def test_a_billion_experts_or_a_zero_sparse_step_is_one_sentence(tmp_path):
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "num_local_experts": 10**9}))
     assert "num_local_experts=1000000000 is not a whole number from 0 to 16,384" in _seconds(
-        hf.read_description, str(path)
+        safetensors.read_description, str(path)
     )
     (path / "config.json").write_text(json.dumps({**config, "decoder_sparse_step": 0}))
     assert "decoder_sparse_step=0 is not a whole number from 1 to" in _seconds(
-        hf.read_description, str(path)
+        safetensors.read_description, str(path)
     )
     (path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": -3}))
-    _seconds(hf.read_description, str(path))
+    _seconds(safetensors.read_description, str(path))
 
 
 def test_absurd_descriptions_are_one_sentence_before_anything_is_built(tmp_path):

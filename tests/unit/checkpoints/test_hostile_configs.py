@@ -2,7 +2,7 @@
 memory, naming the key and the file: sizes are checked before anything sized by them is built
 (`ppl_jax.models.bounds`), every zero or negative chunk, kernel, interval and step of the
 2025-26 families and every NaN is refused by name, and a mapping file is read as a bounded
-regular file of YAML without aliases (`ppl_jax.checkpoints.presets.read_file`). The command
+regular file of YAML without aliases (`ppl_jax.checkpoints.mapping.presets.read_file`). The command
 line's exit 2 for such a config: tests/e2e/test_errors_cli.py."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import jax.numpy as jnp
 import pytest
 
 from ppl_jax import testing
-from ppl_jax.checkpoints import architecture, hf, presets
+from ppl_jax.checkpoints import architecture
+from ppl_jax.checkpoints.formats import safetensors
+from ppl_jax.checkpoints.mapping import presets
 from ppl_jax.errors import CheckpointError, PplJaxError
 from ppl_jax.models import registry
 from ppl_jax.runtime import paths
@@ -83,7 +85,7 @@ def test_an_absurd_config_is_one_sentence_naming_the_key_and_the_file(
     tmp_path, family, change, named
 ):
     path = _config(tmp_path, family, **change)
-    message = _one_sentence(hf.read_description, path)
+    message = _one_sentence(safetensors.read_description, path)
     assert message.startswith(f"{os.path.join(path, 'config.json')}: "), message
     assert named in message, message
 
@@ -92,7 +94,7 @@ def test_every_2025_family_reads_its_own_golden_config(tmp_path):
     """The control: the bounds refuse none of the golden configs."""
     for family in ("olmo3", "mamba2", "falcon_h1", "nemotron_h", "qwen3_next", "qwen3_5",
                    "llama4", "gpt_oss", "deepseek_v3", "smollm3"):  # fmt: skip
-        assert hf.read_description(_config(tmp_path, family))["vocab_size"] > 0
+        assert safetensors.read_description(_config(tmp_path, family))["vocab_size"] > 0
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,7 @@ def test_every_2025_family_reads_its_own_golden_config(tmp_path):
     ],
 )
 def test_a_stored_description_is_bounded_the_same_way(tmp_path, change, named):
-    description = hf.read_description(_config(tmp_path, "mamba2"))
+    description = safetensors.read_description(_config(tmp_path, "mamba2"))
     assert named in _one_sentence(registry.build, {**description, **change}, jnp.float32)
 
 
@@ -191,7 +193,7 @@ def test_no_number_of_any_golden_config_is_a_traceback(tmp_path):
                 (path / "config.json").write_text(json.dumps({**config, key: value}))
                 start = time.monotonic()
                 try:
-                    registry.build(hf.read_description(str(path)), jnp.float32)
+                    registry.build(safetensors.read_description(str(path)), jnp.float32)
                 except PplJaxError:
                     pass
                 except Exception as e:  # noqa: BLE001 - the finding

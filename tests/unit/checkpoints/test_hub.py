@@ -11,8 +11,9 @@ import shutil
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hub, open_checkpoint
-from ppl_jax.checkpoints.huggingface import HubRepo
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import hub
+from ppl_jax.checkpoints.readers.huggingface import HubRepo
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.evaluation import setup

@@ -15,8 +15,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ppl_jax.checkpoints import blocks, mapping, open_checkpoint, presets, storage
-from ppl_jax.checkpoints.foreign import ForeignOrbax
+from ppl_jax.checkpoints import mapping, open_checkpoint
+from ppl_jax.checkpoints.mapping import blocks, presets, storage
+from ppl_jax.checkpoints.readers.foreign import ForeignOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry

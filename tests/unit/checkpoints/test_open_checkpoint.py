@@ -13,9 +13,10 @@ import optax
 import pytest
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import architecture, hf, open_checkpoint
-from ppl_jax.checkpoints import orbax as checkpoint
-from ppl_jax.checkpoints.own import OwnOrbax
+from ppl_jax.checkpoints import architecture, open_checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
+from ppl_jax.checkpoints.formats import safetensors
+from ppl_jax.checkpoints.readers.own import OwnOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models.interface import weight_paths
@@ -131,7 +132,7 @@ def test_hf_has_one_set_of_weights_and_its_config(tmp_path):
     path = os.path.join(GOLDEN_HF, "gpt2")
     ckpt = open_checkpoint(path)
     assert (ckpt.steps(), ckpt.resolve_step(None), ckpt.resolve_step(5)) == ([], None, None)
-    desc = hf.read_description(path)
+    desc = safetensors.read_description(path)
     assert ckpt.description() == desc
     assert desc["family"] == "gpt2"
     model = ckpt.model()
@@ -189,7 +190,7 @@ def test_hf_restore_is_load_params():
     path = os.path.join(GOLDEN_HF, "llama")  # sharded safetensors
     ckpt = open_checkpoint(path)
     target, _ = _targets(ckpt.model())
-    _assert_bitwise_equal(ckpt.restore(None, target), hf.load_params(path, target))
+    _assert_bitwise_equal(ckpt.restore(None, target), safetensors.load_params(path, target))
 
 
 def _save(path: str, step: int, description: dict, cfg=helpers.TINY) -> None:

@@ -21,16 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import (
-    dequantizing,
-    hf,
-    huggingface,
-    quantization,
-    quantized_parts,
-    storage,
-)
-from ppl_jax.checkpoints import safetensors_ranges as ranges
+from ppl_jax.checkpoints.formats import dequantizing, quantization, quantized_parts, safetensors
+from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
+from ppl_jax.checkpoints.mapping import storage
 from ppl_jax.checkpoints.opener import open_checkpoint
+from ppl_jax.checkpoints.readers import huggingface
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib
@@ -53,13 +48,13 @@ def golden(name: str) -> dict:
 
 def dequantized_view(path: str):
     """(the `Dequantized` storage, the stored tree, the family's prefixes) of a folder."""
-    desc = hf.read_description(path)
+    desc = safetensors.read_description(path)
     prefixes, _ = registry.hf_mapping(desc)
     with contextlib.ExitStack() as stack:
-        weights = hf.Safetensors(path, stack)
+        weights = safetensors.Safetensors(path, stack)
         stored = weights.stored(prefixes, False)
         source, stored = quantized_parts.view(
-            hf.read_quantization(path), weights, stored, weights.real, path
+            safetensors.read_quantization(path), weights, stored, weights.real, path
         )
     return source, stored, prefixes
 

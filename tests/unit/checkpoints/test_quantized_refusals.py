@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
@@ -61,16 +61,16 @@ def load(folder: str, monkeypatch) -> None:
     """Restores the folder's weights with the storage's reads counted; raises what it raises
     (after checking the sentence is one line), and that no read came before the refusal."""
     reads = []
-    real_read = hf.Safetensors.read
+    real_read = safetensors.Safetensors.read
     monkeypatch.setattr(
-        hf.Safetensors, "read", lambda self, *a: reads.append(a[0]) or real_read(self, *a)
+        safetensors.Safetensors, "read", lambda self, *a: reads.append(a[0]) or real_read(self, *a)
     )
     try:
-        model = registry.build(hf.read_description(folder), np.float32)
+        model = registry.build(safetensors.read_description(folder), np.float32)
         target, _ = mesh_lib.param_targets(
             model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
         )
-        jax.block_until_ready(hf.load_params(folder, target))
+        jax.block_until_ready(safetensors.load_params(folder, target))
     except CheckpointError as e:
         assert "\n" not in str(e) and str(e).endswith("."), str(e)
         assert not reads, f"read {reads[:3]} before refusing: {e}"
@@ -149,13 +149,13 @@ def test_parts_that_do_not_fit_are_refused_before_any_read(tmp_path, monkeypatch
 def test_a_g_idx_naming_a_missing_group_is_refused_when_read(tmp_path):
     folder = copy(tmp_path)
     edit_tensors(folder, lambda t: t[Q + "g_idx"].__setitem__(3, 4))  # 4 groups: 0..3
-    model = registry.build(hf.read_description(folder), np.float32)
+    model = registry.build(safetensors.read_description(folder), np.float32)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )
     with pytest.raises(CheckpointError, match="q_proj.g_idx' names group 4, but its weight's "
                        "scales hold 4 groups; the checkpoint is damaged."):  # fmt: skip
-        hf.load_params(folder, target)
+        safetensors.load_params(folder, target)
 
 
 def test_packed_tensors_without_a_quantization_config_are_refused(tmp_path, monkeypatch):

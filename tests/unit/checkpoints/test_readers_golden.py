@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from ppl_jax.checkpoints import open_checkpoint
-from ppl_jax.checkpoints.huggingface import HFDirectory
-from ppl_jax.checkpoints.orbax_v1 import OrbaxV1
+from ppl_jax.checkpoints.readers.huggingface import HFDirectory
+from ppl_jax.checkpoints.readers.orbax_v1 import OrbaxV1
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.runtime import mesh as mesh_lib

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint, orbax
-from ppl_jax.checkpoints.foreign import ForeignOrbax
-from ppl_jax.checkpoints.own import OwnOrbax
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import orbax
+from ppl_jax.checkpoints.readers.foreign import ForeignOrbax
+from ppl_jax.checkpoints.readers.own import OwnOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.runtime import mesh as mesh_lib

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from test_trainer_golden import RTOL, TRAINERS, _logits, _targets
 
-from ppl_jax.checkpoints import open_checkpoint, tensorstore_tree
-from ppl_jax.checkpoints.easydel import EasyDeLCheckpoint
-from ppl_jax.checkpoints.levanter import LevanterRun
-from ppl_jax.checkpoints.t5x import T5XCheckpoint
+from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import tensorstore_tree
+from ppl_jax.checkpoints.readers.easydel import EasyDeLCheckpoint
+from ppl_jax.checkpoints.readers.levanter import LevanterRun
+from ppl_jax.checkpoints.readers.t5x import T5XCheckpoint
 from ppl_jax.errors import CheckpointError
 from ppl_jax.outputs import store
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq  # noqa: E402  (the `test` extra installs it)
 import pytest
 
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError

@@ -9,7 +9,7 @@ import pytest
 from test_diagnostics import corpus, run, settings  # noqa: F401  (a fixture)
 
 from ppl_jax import tokenizer
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import setup
 

@@ -265,7 +265,7 @@ def test_an_orbax_step_scores_as_a_numpy_reference(tiny_checkpoint):
 def test_a_tokenizer_without_bos_or_eos_needs_a_prefix_token_first(tiny_checkpoint, monkeypatch):
     # Refused when the model is made, before any weight is read (not after the tasks are built),
     # in the words of the caller: the library's, or the command line's --model_args.
-    from ppl_jax.checkpoints.own import OwnOrbax
+    from ppl_jax.checkpoints.readers.own import OwnOrbax
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights read before the prefix token was checked")

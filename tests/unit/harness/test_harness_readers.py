@@ -113,7 +113,7 @@ def test_auto_without_a_tokenizer_names_the_key_of_the_caller(tmp_path):
     ],
 )
 def test_bad_model_args_are_one_sentence_before_any_weight(key, value, words, monkeypatch):
-    from ppl_jax.checkpoints.huggingface import HFDirectory
+    from ppl_jax.checkpoints.readers.huggingface import HFDirectory
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights read before the model_args were checked")

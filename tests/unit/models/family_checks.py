@@ -21,7 +21,7 @@ from test_families import (
     score_rows,
 )
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.runtime import mesh as mesh_lib
 
@@ -78,7 +78,7 @@ def check_invariance(
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(4, 2), EXPERTS_OVER_MODEL
     )
-    sharded = hf.load_params(path, target)
+    sharded = safetensors.load_params(path, target)
     param = sharded
     for key in sharded_param:
         param = param[key]

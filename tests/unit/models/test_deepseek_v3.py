@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_families import FAMILY_DIR, golden, loaded, protocol_nll
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
 
@@ -28,7 +28,7 @@ PATH = os.path.join(FAMILY_DIR, FAMILY)
 
 
 def test_the_description_reads_every_feature():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     assert d["family"] == FAMILY and d["model_type"] == FAMILY
     assert (d["q_lora_rank"], d["kv_lora_rank"]) == (16, 16)
     assert (d["head_dim"], d["qk_nope_head_dim"], d["v_head_dim"]) == (8, 8, 12)
@@ -64,7 +64,7 @@ def _config(tmp_path, **change):
 def test_configs_it_cannot_build_are_one_sentence(tmp_path, change, message):
     _config(tmp_path, **change)
     with pytest.raises(CheckpointError, match=message):
-        registry.build(hf.read_description(str(tmp_path)), jnp.float32)
+        registry.build(safetensors.read_description(str(tmp_path)), jnp.float32)
 
 
 # Each feature turned off moves the result well past the tolerance: the comparison sees it.
@@ -98,16 +98,16 @@ def test_the_comparison_sees_the_correction_bias():
 def test_the_multi_token_prediction_layer_is_left_unread(tmp_path):
     """The stored layer 3 (after the 3 decoder layers) is not the causal LM's: the rules leave
     it; a config without it (`num_nextn_predict_layers` 0) reads as weights of 4 layers."""
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     assert registry.hf_mapping(d)[1][0] == {"from": r"layers\.(3)\..+", "to": None}
     _config(tmp_path, num_nextn_predict_layers=0)
     shutil.copy(os.path.join(PATH, "model.safetensors"), tmp_path)
     with pytest.raises(CheckpointError, match="describes 3 layers but the safetensors weights"):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
 
 
 def test_refuses_a_context_axis_before_reading_weights():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     family = registry.for_description(d)
     assert family.refusal(registry.config_of(d), "context") is None  # tests/slow
     with pytest.raises(ConfigError, match="model.attention=cudnn is refused .*as wide as the keys"):

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import architecture, hf
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints import architecture
+from ppl_jax.checkpoints.formats import orbax as checkpoint
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.opener import open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
@@ -73,12 +74,12 @@ def loaded(family: str, dtype=jnp.float32, description: str | None = None):
 
 @functools.cache
 def load_dir(path: str, dtype=jnp.float32, description: str | None = None):
-    desc = {**hf.read_description(path), **json.loads(description or "{}")}
+    desc = {**safetensors.read_description(path), **json.loads(description or "{}")}
     model = registry.build(desc, dtype)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )
-    return model, hf.load_params(path, target)
+    return model, safetensors.load_params(path, target)
 
 
 def score_rows(model, params, rows: dict[str, np.ndarray]) -> np.ndarray:
@@ -219,7 +220,7 @@ def test_the_comparison_sees_each_feature(family, change):
 
 
 def test_descriptions_read_every_feature():
-    d = {f: hf.read_description(os.path.join(FAMILY_DIR, f)) for f in FAMILIES}
+    d = {f: safetensors.read_description(os.path.join(FAMILY_DIR, f)) for f in FAMILIES}
     assert (d["qwen3"]["qk_norm"], d["qwen3"]["head_dim"], d["qwen3"]["rope_type"]) == (
         "head",
         16,
@@ -319,7 +320,7 @@ def test_mixture_results_do_not_depend_on_batch_packing_or_mesh():
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(4, 2), rules
     )
-    sharded = hf.load_params(path, target)
+    sharded = safetensors.load_params(path, target)
     gate = sharded["layers"]["1"]["mlp"]["gate"]
     assert gate.addressable_shards[0].data.shape[0] == gate.shape[0] // 2  # experts split
     np.testing.assert_allclose(
@@ -345,7 +346,7 @@ def test_scorer_routes_each_data_shard_of_a_mixture_apart():
     rows = windows.rows(np.arange(windows.num_windows))
     expected = score_rows(model, params, rows).sum()
     np.testing.assert_allclose(totals.nll_sum, expected, rtol=1e-6)
-    top_k = hf.read_description(os.path.join(FAMILY_DIR, "qwen3_moe"))["moe_top_k"]
+    top_k = safetensors.read_description(os.path.join(FAMILY_DIR, "qwen3_moe"))["moe_top_k"]
     pairs = 8 * (layout.widths[0] - 1) * top_k  # the batch's (token, expert) assignments
     text = scorer.compiled(8, layout.widths[0]).as_text()
     sizes = {int(n) for n in re.findall(r"= \(s32\[(\d+)\]\{0\}, [^=]*\bsort\(", text)}

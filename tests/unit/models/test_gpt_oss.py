@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_families import FAMILY_DIR, golden, loaded, protocol_nll
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
 
@@ -27,7 +27,7 @@ PATH = os.path.join(FAMILY_DIR, FAMILY)
 
 
 def test_the_description_reads_every_feature():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     assert d["family"] == FAMILY and d["attn_sinks"]
     assert (d["sliding_window"], d["sliding_layers"]) == (8, [0, 2])
     assert (d["qkv_bias"], d["o_bias"], d["tie_embeddings"]) == (True, True, False)
@@ -46,7 +46,7 @@ def test_defaults_follow_transformers(tmp_path):
     for key in ("layer_types", "rope_parameters", "sliding_window", "attention_bias"):
         config.pop(key)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    d = hf.read_description(str(tmp_path))
+    d = safetensors.read_description(str(tmp_path))
     assert (d["sliding_window"], d["sliding_layers"]) == (128, [0, 2])
     assert (d["rope_type"], d["rope_factor"], d["rope_theta"]) == ("yarn", 32.0, 150000.0)
     assert d["rope_original_max_positions"] == 4096 and d["qkv_bias"]
@@ -60,11 +60,11 @@ def test_a_quantization_it_does_not_read_is_refused_in_one_sentence(tmp_path):
     with pytest.raises(
         CheckpointError, match="'bitsandbytes', which ppl_jax does not read .* give a dequantized"
     ):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
 
 
 def test_refusals_before_reading_weights():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     family = registry.for_description(d)
     assert family.refusal(registry.config_of(d), "context") is None  # tests/slow
     with pytest.raises(ConfigError, match="model.attention=cudnn is refused .* no learned sinks"):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 from test_families import FAMILY_DIR
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
 
@@ -26,7 +26,7 @@ PATH = os.path.join(FAMILY_DIR, FAMILY)
 
 
 def test_the_description_reads_every_feature():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     assert d["family"] == FAMILY and d["model_type"] == "llama4_text"
     assert d["nope_layers"] == [3] and (d["attn_chunk"], d["chunk_layers"]) == (8, [0, 1, 2])
     assert d["qk_l2_norm"] and d["temperature_tuning"]
@@ -60,7 +60,7 @@ def test_defaults_follow_transformers(tmp_path):
     """Without `no_rope_layers`, `layer_types` and `moe_layers`: every fourth layer NoPE, the
     others chunked, every `interleave_moe_layer_step`-th layer routed."""
     _config(tmp_path, ("no_rope_layers", "layer_types", "moe_layers"), num_hidden_layers=8)
-    d = hf.read_description(str(tmp_path))
+    d = safetensors.read_description(str(tmp_path))
     assert d["nope_layers"] == [3, 7] and d["chunk_layers"] == [0, 1, 2, 4, 5, 6]
     assert d["moe_layers"] == [1, 3, 5, 7]
 
@@ -81,11 +81,11 @@ def test_defaults_follow_transformers(tmp_path):
 def test_configs_it_cannot_match_are_one_sentence(tmp_path, change, message):
     _config(tmp_path, **change)
     with pytest.raises(CheckpointError, match=message):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
 
 
 def test_refusals_before_reading_weights():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     family = registry.for_description(d)
     assert family.refusal(registry.config_of(d), "context") is None  # tests/slow
     for attention in ("cudnn", "splash"):

@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from ppl_jax.checkpoints import blocks, mapping, storage
+from ppl_jax.checkpoints import mapping
+from ppl_jax.checkpoints.mapping import blocks, storage
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.families import mixture
 from ppl_jax.models.layers.moe import dropless, experts

@@ -24,7 +24,7 @@ from test_families import (
     score_rows,
 )
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
@@ -34,7 +34,7 @@ PATH = os.path.join(FAMILY_DIR, "smollm3")
 
 
 def test_the_description_reads_every_feature():
-    d = hf.read_description(PATH)
+    d = safetensors.read_description(PATH)
     assert d["family"] == "smollm3" and d["model_type"] == "smollm3"
     assert d["nope_layers"] == [1, 3]
     assert (d["sliding_window"], d["sliding_layers"]) == (8, [0, 1])
@@ -60,12 +60,12 @@ def test_defaults_follow_transformers(tmp_path):
     """Without `no_rope_layers` every fourth layer has no rotary embedding
     (`no_rope_layer_interval` 4); without `layer_types` the window is on those layers."""
     _config(tmp_path, no_rope_layers=None, layer_types=None, num_hidden_layers=8)
-    d = hf.read_description(str(tmp_path))
+    d = safetensors.read_description(str(tmp_path))
     assert d["nope_layers"] == [3, 7] and d["sliding_layers"] == [3, 7]
     _config(tmp_path, no_rope_layers=None, layer_types=None, no_rope_layer_interval=2)
-    assert hf.read_description(str(tmp_path))["nope_layers"] == [1, 3]
+    assert safetensors.read_description(str(tmp_path))["nope_layers"] == [1, 3]
     _config(tmp_path, use_sliding_window=False, layer_types=None)
-    d = hf.read_description(str(tmp_path))
+    d = safetensors.read_description(str(tmp_path))
     assert d["sliding_window"] is None and d["nope_layers"] == [1, 3]
 
 
@@ -81,7 +81,7 @@ def test_defaults_follow_transformers(tmp_path):
 def test_configs_it_cannot_match_are_one_sentence(tmp_path, change, message):
     _config(tmp_path, **change)
     with pytest.raises(CheckpointError, match=message):
-        hf.read_description(str(tmp_path))
+        safetensors.read_description(str(tmp_path))
 
 
 # Each feature turned off moves the result well past the tolerance: the comparison sees it.
@@ -130,7 +130,7 @@ def test_results_do_not_depend_on_batch_packing_or_mesh():
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(4, 2), DEFAULT_RULES
     )
-    sharded = hf.load_params(PATH, target)
+    sharded = safetensors.load_params(PATH, target)
     q = sharded["layers"]["1"]["attn"]["q"]
     assert q.addressable_shards[0].data.shape[1] == q.shape[1] // 2  # heads split
     np.testing.assert_allclose(

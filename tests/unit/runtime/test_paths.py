@@ -28,8 +28,8 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import _registry as fsspec_registry
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import hf
-from ppl_jax.checkpoints import orbax as checkpoint
+from ppl_jax.checkpoints.formats import orbax as checkpoint
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.data import documents as data
 from ppl_jax.errors import CheckpointError, ConfigError, DataError
 from ppl_jax.outputs import folder as outputs
@@ -316,25 +316,27 @@ def test_remote_checkpoint_checks(bucket, saved_checkpoint):
 def test_remote_hf_directory(bucket):
     shutil.copytree(os.path.join(GOLDEN_HF, "llama"), bucket / "b" / "llama")
     path = "gs://b/llama"
-    assert hf.is_hf_checkpoint(path) and not hf.is_hf_checkpoint("gs://b/none")
-    assert hf.read_description(path) == hf.read_description(os.path.join(GOLDEN_HF, "llama"))
+    assert safetensors.is_hf_checkpoint(path) and not safetensors.is_hf_checkpoint("gs://b/none")
+    assert safetensors.read_description(path) == safetensors.read_description(
+        os.path.join(GOLDEN_HF, "llama")
+    )
     # Weights are refused with a request for a local copy, after the index is checked.
     with pytest.raises(CheckpointError, match=r"'gs://b/llama': Hugging Face weights are read fr"):
-        hf.load_params(path, {})
-    index = bucket / "b" / "llama" / hf.INDEX
+        safetensors.load_params(path, {})
+    index = bucket / "b" / "llama" / safetensors.INDEX
     for bad in ("../other/x.safetensors", "gs://elsewhere/x.safetensors", "/etc/passwd"):
         value = json.loads(index.read_text())
         first = next(iter(value["weight_map"]))
         value["weight_map"][first] = bad
         index.write_text(json.dumps(value))
         with pytest.raises(CheckpointError, match=r"names the shard .* outside the checkpoint dir"):
-            hf.load_params(path, {})
+            safetensors.load_params(path, {})
     # A tokenizer is read through the store, as from a local file.
     local = bucket / "tokenizer.json"
     helpers.train_bpe(["the cat sat on the mat. " * 20], vocab_size=300).save(str(local))
     shutil.copy(local, bucket / "b" / "llama" / "tokenizer.json")
-    assert hf.has_tokenizer(path)
-    tok = hf.read_tokenizer(path)
+    assert safetensors.has_tokenizer(path)
+    tok = safetensors.read_tokenizer(path)
     assert tok.name == "llama/tokenizer.json"
     text = ["the cat sat on the mat, a cat."]
     want = tokenizer_lib.HFTokenizer.from_file(str(local)).encode(text)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import ConfigError
 from ppl_jax.models import registry
@@ -56,7 +56,9 @@ def lowered_products(family: str, dtype, reference: bool = False) -> list[tuple[
 
 FAMILIES = {
     "llama": lambda: helpers.TINY.to_dict(),
-    "qwen3_5": lambda: hf.read_description(os.path.join(helpers.GOLDEN, "families", "qwen3_5")),
+    "qwen3_5": lambda: safetensors.read_description(
+        os.path.join(helpers.GOLDEN, "families", "qwen3_5")
+    ),
 }
 
 

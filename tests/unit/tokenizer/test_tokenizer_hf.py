@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import hf
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.tokenizer import (
     ByteTokenizer,
@@ -90,7 +90,7 @@ def test_sentencepiece_description_round_trip():
 
 def test_sentencepiece_directory_with_llama_tokenizer_config(tmp_path):
     shutil.copy(SP_MODEL, tmp_path / "tokenizer.model")
-    plain = hf.read_tokenizer(str(tmp_path))
+    plain = safetensors.read_tokenizer(str(tmp_path))
     assert isinstance(plain, SentencePieceTokenizer)
     assert (plain.bos_id, plain.eos_id, plain.add_bos_default) == (1, 2, False)
     _write_config(
@@ -100,7 +100,7 @@ def test_sentencepiece_directory_with_llama_tokenizer_config(tmp_path):
         add_bos_token=True,
         add_eos_token=False,
     )
-    tok = hf.read_tokenizer(str(tmp_path))
+    tok = safetensors.read_tokenizer(str(tmp_path))
     assert (tok.bos_id, tok.eos_id, tok.add_bos_default) == (1, 2, True)
     again = from_description(tok.describe())
     assert (again.bos_id, again.eos_id, again.add_bos_default) == (1, 2, True)
@@ -108,14 +108,14 @@ def test_sentencepiece_directory_with_llama_tokenizer_config(tmp_path):
     with pytest.raises(
         CheckpointError, match="names bos_token '<never>', which the tokenizer lacks"
     ):
-        hf.read_tokenizer(str(tmp_path))
+        safetensors.read_tokenizer(str(tmp_path))
 
 
 def test_bytelevel_tokenizer_json_policy(tmp_path):
     from tokenizers import Tokenizer
 
     shutil.copy(BYTELEVEL, tmp_path / "tokenizer.json")
-    tok = hf.read_tokenizer(str(tmp_path))
+    tok = safetensors.read_tokenizer(str(tmp_path))
     assert isinstance(tok, HFTokenizer)
     # GPT-2 style: no BOS added; <|endoftext|> is its EOS and, by name, its BOS.
     eot = Tokenizer.from_file(BYTELEVEL).token_to_id("<|endoftext|>")
@@ -126,7 +126,7 @@ def test_bytelevel_tokenizer_json_policy(tmp_path):
     _write_config(
         tmp_path, bos_token="<|endoftext|>", eos_token="<|endoftext|>", add_bos_token=True
     )
-    tok = hf.read_tokenizer(str(tmp_path))
+    tok = safetensors.read_tokenizer(str(tmp_path))
     assert (tok.add_bos_default, tok.eos_id, tok.bos_id) == (False, eot, eot)
     again = from_description(json.loads(json.dumps(tok.describe())))
     assert (again.add_bos_default, again.eos_id, again.bos_id) == (False, eot, eot)
@@ -145,7 +145,7 @@ def test_ids_and_specials_match_transformers_golden(tmp_path, case):
         shutil.copy(os.path.join(FIXTURES, src), tmp_path / dst)
     _write_config(tmp_path, **case["tokenizer_config"])
     (tmp_path / "config.json").write_text(json.dumps(case["config"]))
-    tok = hf.read_tokenizer(str(tmp_path))
+    tok = safetensors.read_tokenizer(str(tmp_path))
     theirs = case["transformers"]
     bos = [tok.bos_id] if tok.add_bos_default else []
     for text, ids in zip(case["texts"], theirs["input_ids"], strict=True):
@@ -190,9 +190,9 @@ def test_tokenizer_json_bos_policy(tmp_path, post_processor, config, expected):
         _write_config(tmp_path, **config)
     if expected[0] is None:  # the tokenizer prepends <s>, the config says there is no BOS
         with pytest.raises(CheckpointError, match="asks for a BOS token but names none"):
-            hf.read_tokenizer(str(tmp_path))
+            safetensors.read_tokenizer(str(tmp_path))
         return
-    tok = hf.read_tokenizer(str(tmp_path))
+    tok = safetensors.read_tokenizer(str(tmp_path))
     assert (tok.bos_id, tok.eos_id, tok.add_bos_default) == expected
     assert tok.encode(["hello world"])[0].tolist() == [3, 4]  # encode never adds specials
     assert (
@@ -201,9 +201,9 @@ def test_tokenizer_json_bos_policy(tmp_path, post_processor, config, expected):
 
 
 def test_no_tokenizer(tmp_path):
-    assert not hf.has_tokenizer(str(tmp_path))
+    assert not safetensors.has_tokenizer(str(tmp_path))
     with pytest.raises(CheckpointError, match="has no tokenizer.json or tokenizer.model"):
-        hf.read_tokenizer(str(tmp_path))
+        safetensors.read_tokenizer(str(tmp_path))
 
 
 def test_span_lengths_counts_each_fallback_byte_once():

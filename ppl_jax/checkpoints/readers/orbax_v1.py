@@ -9,13 +9,13 @@ Layout (orbax.readthedocs.io, "Checkpoint format", and as orbax-checkpoint 0.12 
   `save_pytree` names it, `pytree` in later releases), a PyTree of OCDBT arrays;
 - a training run (`ocp.training.Checkpointer(root).save_pytree(step, tree)`) is a folder of
   numbered step folders, each such a checkpoint (finalized steps are Orbax's own notion,
-  `ppl_jax.checkpoints.orbax.finalized_steps`).
+  `ppl_jax.checkpoints.formats.orbax.finalized_steps`).
 
 The PyTree checkpointable read is `checkpoint.item` or the one whose handler is a PyTree handler
 (`pytree` first); inside it the params subtree is found as for other trainers' trees
-(`ppl_jax.checkpoints.foreign.params_of`), and mapped onto the model's weights
-(`ppl_jax.checkpoints.mapping`). The tree's shapes and dtypes come from `ocp.v1.metadata`, the
-arrays from `ocp.v1.load` with partial loading, straight into their target shardings.
+(`ppl_jax.checkpoints.readers.foreign.params_of`), and mapped onto the model's weights
+(`ppl_jax.checkpoints.mapping.language`). The tree's shapes and dtypes come from `ocp.v1.metadata`,
+the arrays from `ocp.v1.load` with partial loading, straight into their target shardings.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from typing import Any
 
 import jax
 
-from ppl_jax.checkpoints import damage, foreign, orbax
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.formats import damage, orbax
+from ppl_jax.checkpoints.readers import foreign
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths

@@ -1,5 +1,5 @@
-"""Mapping rules as data (`ppl_jax.checkpoints.mapping` says what each key means): their form
-checked before anything is read, their patterns compiled safely, and the stored name a rule
+"""Mapping rules as data (`ppl_jax.checkpoints.mapping.language` says what each key means): their
+form checked before anything is read, their patterns compiled safely, and the stored name a rule
 expects, for the sentences.
 
 Patterns are RE2 (`google-re2`): matching takes time linear in the name whatever the pattern, so

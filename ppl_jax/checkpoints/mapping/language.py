@@ -2,7 +2,7 @@
 
 Every layout ppl_jax reads is a list of these rules (plain data): the Hugging Face layout of each
 family (`Family.hf_rules`, `ppl_jax.models.registry`), the presets for other trainers' Orbax trees
-(`ppl_jax.checkpoints.presets`) and a user's YAML or JSON file. Each rule is a dict:
+(`ppl_jax.checkpoints.mapping.presets`) and a user's YAML or JSON file. Each rule is a dict:
 
 - `from`: a regular expression in RE2 syntax (`re2`: linear-time matching, so no pattern can
   backtrack for long; no backreferences or lookarounds), matched in full against a stored name
@@ -37,8 +37,8 @@ The operations apply in that order (`stack` last), in float32 when a factor, `pl
 `offset` is involved, then the result is cast to the weight's dtype. Every stored weight must be
 taken by a rule and every model weight produced exactly once: `resolve` raises one sentence
 naming the unmatched names and the shapes that do not come out. How a model weight is read, block
-by block, is `ppl_jax.checkpoints.blocks`; where the bytes come from,
-`ppl_jax.checkpoints.storage`.
+by block, is `ppl_jax.checkpoints.mapping.blocks`; where the bytes come from,
+`ppl_jax.checkpoints.mapping.storage`.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ppl_jax.checkpoints import operations
-from ppl_jax.checkpoints import rules as rules_lib
-from ppl_jax.checkpoints.operations import evaluate
-from ppl_jax.checkpoints.rules import RULE_KEYS, check_rules, compile_pattern
+from ppl_jax.checkpoints.mapping import operations
+from ppl_jax.checkpoints.mapping import rules as rules_lib
+from ppl_jax.checkpoints.mapping.operations import evaluate
+from ppl_jax.checkpoints.mapping.rules import RULE_KEYS, check_rules, compile_pattern
 from ppl_jax.errors import CheckpointError
 
 __all__ = ["RULE_KEYS", "Source", "check_rules", "evaluate", "out_shape", "resolve"]

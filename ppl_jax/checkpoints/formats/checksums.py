@@ -1,5 +1,6 @@
 """Fingerprints of weights: Orbax stores no checksum of array data, so ppl_jax's own saves keep
-one per weight (`ppl_jax.checkpoints.orbax.save_train_state`), checked when the step is restored.
+one per weight (`ppl_jax.checkpoints.formats.orbax.save_train_state`), checked when the step is
+restored.
 """
 
 from __future__ import annotations

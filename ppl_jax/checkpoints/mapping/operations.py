@@ -1,6 +1,6 @@
-"""A mapping rule's operations on one stored tensor (`ppl_jax.checkpoints.mapping` says what each
-means), as a `Plan`: the shape they make, the stored region a block of the model weight needs,
-and the operations applied to that region alone.
+"""A mapping rule's operations on one stored tensor (`ppl_jax.checkpoints.mapping.language` says
+what each means), as a `Plan`: the shape they make, the stored region a block of the model weight
+needs, and the operations applied to that region alone.
 
 A block is read as a box: a NumPy array together with the stored (or intermediate) indices where
 it starts on each axis. `Plan.region` carries a model weight's block back through the operations

@@ -18,7 +18,7 @@ on its own checkpoints in tests/golden/trainers/levanter):
   Face `config.json` or a ppl_jax description (`checkpoint.architecture`).
 
 The stored names map onto ppl_jax's llama family (Llama, Mistral, Qwen2 with q/k/v biases, Qwen3
-with QK-norm, tied or not) by `RULES` (`ppl_jax.checkpoints.mapping`); `checkpoint.mapping`
+with QK-norm, tied or not) by `RULES` (`ppl_jax.checkpoints.mapping.language`); `checkpoint.mapping`
 (a preset or a file) replaces them.
 """
 
@@ -31,9 +31,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppl_jax.checkpoints import presets, storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
-from ppl_jax.checkpoints.step_folders import StepFolders
+from ppl_jax.checkpoints.formats import tensorstore_tree
+from ppl_jax.checkpoints.mapping import presets, storage
+from ppl_jax.checkpoints.readers.step_folders import StepFolders
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 

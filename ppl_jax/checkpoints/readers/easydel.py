@@ -14,9 +14,10 @@ tests/golden/trainers/easydel):
   .q_proj`), NNX `Linear` kernels are `[in, out]` with the heads flattened, tables are
   `embedding`, norms `kernel`.
 
-The architecture is the checkpoint's `config.json` (`ppl_jax.checkpoints.hf.read_description`),
-the tokenizer its tokenizer files when the trainer saved them; the names map onto ppl_jax's llama
-family (Llama, Mistral, Qwen2, Qwen3) by `RULES`; `checkpoint.mapping` replaces them.
+The architecture is the checkpoint's `config.json`
+(`ppl_jax.checkpoints.formats.safetensors.read_description`), the tokenizer its tokenizer files when
+the trainer saved them; the names map onto ppl_jax's llama family (Llama, Mistral, Qwen2, Qwen3) by
+`RULES`; `checkpoint.mapping` replaces them.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import jax
 import numpy as np
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import hf, presets, storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
-from ppl_jax.checkpoints.step_folders import StepFolders
+from ppl_jax.checkpoints.formats import safetensors, tensorstore_tree
+from ppl_jax.checkpoints.mapping import presets, storage
+from ppl_jax.checkpoints.readers.step_folders import StepFolders
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 
@@ -138,11 +140,11 @@ class EasyDeLCheckpoint(StepFolders, Checkpoint):
         return storage.place(abstract, tensorstore_tree.wrap_read_errors(read, self._where(step)))
 
     def carried_description(self, step: int | None) -> dict[str, Any] | None:
-        return hf.read_description(self._folder(self.resolve_step(step)))
+        return safetensors.read_description(self._folder(self.resolve_step(step)))
 
     def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
         folder = self._folder(self.resolve_step(step))
-        return hf.read_tokenizer(folder) if hf.has_tokenizer(folder) else None
+        return safetensors.read_tokenizer(folder) if safetensors.has_tokenizer(folder) else None
 
     def rules(self, step: int | None = None) -> list[dict[str, Any]]:
         file = self.mapping_file()

@@ -1,6 +1,6 @@
 """ppl_jax's own Orbax checkpoints (`OwnOrbax`): a `CheckpointManager` directory of numbered
 steps, each with the items `state` (`{"step", "params", "opt_state"}`), `metadata` (the
-architecture and the tokenizer's description) and `checksums` (`ppl_jax.checkpoints.orbax
+architecture and the tokenizer's description) and `checksums` (`ppl_jax.checkpoints.formats.orbax
 .save_train_state`). The architecture and tokenizer are the step's own; the params are read by
 their own names and checked against the fingerprints saved with them."""
 
@@ -12,8 +12,9 @@ from typing import Any
 import jax
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import foreign, orbax
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.formats import orbax
+from ppl_jax.checkpoints.readers import foreign
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.runtime import paths

@@ -1,19 +1,19 @@
 """A GGUF file (llama.cpp's format) as a reader: `checkpoint.dir=model.gguf`, or a folder holding
 one `.gguf` file, opens by path alone.
 
-- The file's header is read and checked by `ppl_jax.checkpoints.gguf_file` (the `gguf`
+- The file's header is read and checked by `ppl_jax.checkpoints.formats.gguf_file` (the `gguf`
   package's reader, its claims checked against the file's size) when the checkpoint is first
   asked anything, before any weight is read.
 - The architecture is the metadata's (`general.architecture` and its keys), described as the
-  Hugging Face reader describes the original model (`ppl_jax.checkpoints.gguf_arch`, with the
-  family that declares the architecture: `Family.gguf`); its sizes are checked
+  Hugging Face reader describes the original model (`ppl_jax.checkpoints.readers.gguf_arch`, with
+  the family that declares the architecture: `Family.gguf`); its sizes are checked
   (`registry.check_sizes`) before anything is built.
 - The tokenizer is the metadata's (`ppl_jax.tokenizer.gguf`).
 - The weights are read through the GGUF mapping rules of that family (`gguf_arch.rules`, the
   one mapping language), each device's block from the byte ranges that hold it, dequantized by
   `gguf.quants.dequantize` into the model's dtype (float32 where a rule adds to the values:
   Gemma's norms) and placed straight into its sharding, several blocks at once within a bound on
-  host memory (`ppl_jax.checkpoints.storage.place`). These are weight-only semantics: the
+  host memory (`ppl_jax.checkpoints.mapping.storage.place`). These are weight-only semantics: the
   activations stay in the model's dtype, where llama.cpp also quantizes them for its integer
   dot products (docs/checkpoints.md).
 """
@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import blocks, gguf_arch, gguf_file, mapped, mapping, storage
+from ppl_jax.checkpoints import mapping
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.formats import gguf_file
+from ppl_jax.checkpoints.mapping import apply, blocks, storage
+from ppl_jax.checkpoints.readers import gguf_arch
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import fingerprint as fingerprint_lib
@@ -202,7 +205,7 @@ class GGUFCheckpoint(Checkpoint):
         """`checkpoint.mapping`'s file or preset when given, else the GGUF rules of the file's
         architecture (`gguf_arch.rules`)."""
         if self.mapping:
-            return mapped.rules(self, step)
+            return apply.rules(self, step)
         return gguf_arch.rules(gguf_arch.architecture(self.header), self.known(step))
 
     def naming(self, step: int | None) -> str:

@@ -2,16 +2,16 @@
 
 A quantized weight (`Quantized`: its kind, its stored parts, its shape in Hugging Face's layout,
 `<m>.weight [out, in]` or GPT-OSS's `experts.gate_up_proj [experts, in, out]`, found by
-`ppl_jax.checkpoints.quantized_parts`) is read by block (`read`): a block is read as the rows,
-words, groups and blocks of its parts that this block needs (a device's block of `q_proj` reads
-its own columns of `qweight`, `scales` and `qzeros`, and its own rows of `g_idx`), and
-dequantized by `ppl_jax.checkpoints.quantized`. `Dequantized` is the storage the mapping reads
-through: so each process dequantizes only its own shard, and a quantized weight never passes
+`ppl_jax.checkpoints.formats.quantized_parts`) is read by block (`read`): a block is read as the
+rows, words, groups and blocks of its parts that this block needs (a device's block of `q_proj`
+reads its own columns of `qweight`, `scales` and `qzeros`, and its own rows of `g_idx`), and
+dequantized by `ppl_jax.checkpoints.formats.quantized`. `Dequantized` is the storage the mapping
+reads through: so each process dequantizes only its own shard, and a quantized weight never passes
 through a full-precision copy of the model. A block's parts are read at once (packed, they are a
-fraction of the block), and dequantized in slabs of about `SLAB` weights into the block, so that
-the unpacked codes, expanded scales and float32 products a slab needs stay a few MiB whatever the
-block's size. The mapping rules, the blocks and the cast to the model's dtype are the same as
-for a float checkpoint.
+fraction of the block), and dequantized in slabs of about `SLAB` weights into the block, so that the
+unpacked codes, expanded scales and float32 products a slab needs stay a few MiB whatever the
+block's size. The mapping rules, the blocks and the cast to the model's dtype are the same as for a
+float checkpoint.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from ppl_jax.checkpoints import quantized as q
-from ppl_jax.checkpoints.storage import Storage
+from ppl_jax.checkpoints.formats import quantized as q
+from ppl_jax.checkpoints.mapping.storage import Storage
 from ppl_jax.errors import CheckpointError
 
 SLAB = 1 << 18  # weights dequantized at once: about 5 MiB of temporaries
@@ -271,7 +271,7 @@ _NP = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 
 
 class Dequantized:
-    """A `ppl_jax.checkpoints.storage.Storage` over another: the quantized weights
+    """A `ppl_jax.checkpoints.mapping.storage.Storage` over another: the quantized weights
     (`Quantized`, by the rules' names) read and dequantized by block (`read`), every other
     tensor read from the storage underneath."""
 

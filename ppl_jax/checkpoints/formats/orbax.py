@@ -6,17 +6,17 @@ Two kinds of directory are read:
   `state` (the training state `{"step", "params", "opt_state"}`), `metadata` (JSON `{"model":
   <architecture>, "tokenizer": <tokenizer description>}`) and, from `save_train_state`,
   `checksums` (a fingerprint of each weight, checked on restore: Orbax checks none of the array
-  data it reads; `ppl_jax.checkpoints.checksums`);
+  data it reads; `ppl_jax.checkpoints.formats.checksums`);
 - any other Orbax item folder (another trainer's step item, a bare `StandardCheckpointer`
   directory), whose stored tree `tree_metadata` lists and whose arrays `read_arrays` restores by
-  name (`ppl_jax.checkpoints.foreign` finds the item and maps the names).
+  name (`ppl_jax.checkpoints.readers.foreign` finds the item and maps the names).
 
 Restoring reads only the named arrays (the optimizer state is never read), straight into their
 target shardings, and then checks every weight (MaxText's `_raise_on_weight_mismatch` habit: Orbax
 does not raise for a leaf missing from the checkpoint when partial restore is on; we do). A
 damaged step (lost, truncated or corrupt files, links leading out of the checkpoint folder) raises
 `CheckpointError` naming the directory, the step and the weights concerned
-(`ppl_jax.checkpoints.damage`).
+(`ppl_jax.checkpoints.formats.damage`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ppl_jax.checkpoints import checksums as checksums_lib
-from ppl_jax.checkpoints import damage
-from ppl_jax.checkpoints.checksums import CHECKSUM_ALGORITHM, fingerprint  # noqa: F401 (API)
+from ppl_jax.checkpoints.formats import checksums as checksums_lib
+from ppl_jax.checkpoints.formats import damage
+from ppl_jax.checkpoints.formats.checksums import CHECKSUM_ALGORITHM, fingerprint  # noqa: F401 (API)
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
@@ -157,7 +157,7 @@ def read_metadata(directory: str, step: int | None) -> tuple[int, dict[str, Any]
             raise CheckpointError(
                 f"step {chosen} of {directory!r} has no '{METADATA}' item (the model "
                 f"architecture and tokenizer); save checkpoints with "
-                f"ppl_jax.checkpoints.orbax.save_train_state, or give the architecture "
+                f"ppl_jax.checkpoints.formats.orbax.save_train_state, or give the architecture "
                 f"(checkpoint.architecture) and a mapping (checkpoint.mapping)."
             )
         paths.refuse_links_out(paths.join(directory, str(chosen), METADATA), directory)
@@ -191,7 +191,7 @@ def tree_metadata(item_dir: str) -> dict[str, tuple[tuple[int, ...], np.dtype | 
 
     Raises:
       Exception: Orbax's own errors for an unreadable `_METADATA` (callers turn them into
-        sentences: `ppl_jax.checkpoints.damage`).
+        sentences: `ppl_jax.checkpoints.formats.damage`).
     """
     meta = ocp.PyTreeCheckpointer().metadata(paths.absolute(item_dir))
     tree = getattr(meta, "item_metadata", meta)

@@ -2,7 +2,7 @@
 the Hugging Face reader reads (`config`, then `ppl_jax.models.registry.read_hf_config`, so a GGUF
 file is described exactly as its original Hugging Face checkpoint would be, where the GGUF
 carries the field), and the mapping rules of its tensors (`rules`, in the one mapping language
-of `ppl_jax.checkpoints.mapping`).
+of `ppl_jax.checkpoints.mapping.language`).
 
 The architectures are `general.architecture`'s names, each read by the family that declares it
 (`Family.gguf` in `ppl_jax.models.families`: `registry.for_gguf_architecture`); this module
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.checkpoints.gguf_file import GGUFFile
+from ppl_jax.checkpoints.formats.gguf_file import GGUFFile
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader

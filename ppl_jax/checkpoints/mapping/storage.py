@@ -1,21 +1,22 @@
-"""Where the stored tensors of a mapping (`ppl_jax.checkpoints.mapping`) are read from: the
+"""Where the stored tensors of a mapping (`ppl_jax.checkpoints.mapping.language`) are read from: the
 `Storage` protocol, and the storages that are not a reader's own.
 
 A storage answers one question, `read(stored_name, index) -> np.ndarray`: the region `index` (one
 contiguous `slice` per stored axis, step 1) of a stored tensor, in its stored dtype, in host
-memory. `ppl_jax.checkpoints.blocks` asks it for the region that each device's block of a model
-weight needs (`operations.Plan.region`), so a storage that can read a region alone (safetensors
-slices, TensorStore chunks, byte ranges) never reads a model whole on one host. The storages:
+memory. `ppl_jax.checkpoints.mapping.blocks` asks it for the region that each device's block of a
+model weight needs (`operations.Plan.region`), so a storage that can read a region alone
+(safetensors slices, TensorStore chunks, byte ranges) never reads a model whole on one host. The
+storages:
 
-- `ppl_jax.checkpoints.hf.Safetensors`: a Hugging Face directory's safetensors files, each region
-  read on its own (`safe_open(...).get_slice`);
+- `ppl_jax.checkpoints.formats.safetensors.Safetensors`: a Hugging Face directory's safetensors
+  files, each region read on its own (`safe_open(...).get_slice`);
 - `DeviceArrays`: stored tensors restored onto the devices (Orbax through TensorStore,
-  `ppl_jax.checkpoints.foreign`, each process reading only its own devices' chunks), a region
-  read back from the device shard that holds it;
+  `ppl_jax.checkpoints.readers.foreign`, each process reading only its own devices' chunks), a
+  region read back from the device shard that holds it;
 - `Arrays`: NumPy arrays in memory (tests, and trees a program holds);
 - `tensorstore_read`: TensorStore arrays, one per leaf (levanter's, EasyDeL's, T5X's), a region
   read as the chunks it touches;
-- `ppl_jax.checkpoints.huggingface.RangedSafetensors`: safetensors files on a bucket (or
+- `ppl_jax.checkpoints.readers.huggingface.RangedSafetensors`: safetensors files on a bucket (or
   on disk) read by byte ranges.
 
 A new storage is a class (or function) with that one method; nothing else in the engine changes.
@@ -78,7 +79,7 @@ def _covers(shard_index: tuple[slice, ...], shape: tuple[int, ...], index: Index
 class DeviceArrays:
     """Stored tensors restored as `jax.Array`s (name -> array), each region read back from an
     addressable shard that holds it (the restore's sharding makes each device's shard hold what
-    that device's blocks need: `ppl_jax.checkpoints.blocks.stored_sharding`)."""
+    that device's blocks need: `ppl_jax.checkpoints.mapping.blocks.stored_sharding`)."""
 
     def __init__(self, arrays: Mapping[str, jax.Array]):
         self.arrays = arrays

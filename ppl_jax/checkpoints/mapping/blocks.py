@@ -19,9 +19,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ppl_jax.checkpoints import operations
-from ppl_jax.checkpoints.mapping import Source
-from ppl_jax.checkpoints.storage import Storage
+from ppl_jax.checkpoints.mapping import operations
+from ppl_jax.checkpoints.mapping.language import Source
+from ppl_jax.checkpoints.mapping.storage import Storage
 
 
 def _ranges(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[range, ...]:

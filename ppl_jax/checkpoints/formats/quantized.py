@@ -1,5 +1,5 @@
 """The dequantization formulas of quantized Hugging Face weights, one function per layout, in
-NumPy, on the stored regions a block of the weight needs (`ppl_jax.checkpoints.dequantizing`
+NumPy, on the stored regions a block of the weight needs (`ppl_jax.checkpoints.formats.dequantizing`
 says which regions those are).
 
 Each function gives the weight as its format's reference computes it: the exact product of the

@@ -1,6 +1,6 @@
 """Trees of TensorStore arrays, one array per leaf, as levanter, EasyDeL and T5X write them: the
 leaves' names, shapes and dtypes read from array metadata alone, and the specs
-`ppl_jax.checkpoints.storage.tensorstore_read` reads blocks of.
+`ppl_jax.checkpoints.mapping.storage.tensorstore_read` reads blocks of.
 
 Two ways of keeping the arrays: a folder per leaf (zarr v2 `.zarray` or zarr v3 `zarr.json` in
 it; old levanter, EasyDeL, T5X) and one OCDBT database per step whose keys are the leaves'
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.checkpoints import storage
 from ppl_jax.checkpoints.checkpoint import Stored
+from ppl_jax.checkpoints.mapping import storage
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 

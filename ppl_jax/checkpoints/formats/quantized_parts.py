@@ -1,8 +1,8 @@
 """Which stored tensors of a Hugging Face checkpoint make which quantized weight, checked before
 any tensor is read (`view`).
 
-By the method of `config.json`'s `quantization_config` (`ppl_jax.checkpoints.quantization`), a
-quantized weight is found by its parts' names, as the format's writer names them:
+By the method of `config.json`'s `quantization_config` (`ppl_jax.checkpoints.formats.quantization`),
+a quantized weight is found by its parts' names, as the format's writer names them:
 
 - GPTQ: `<m>.qweight`, `<m>.qzeros`, `<m>.scales` and (act-order) `<m>.g_idx`; AWQ: the
   first three -> `<m>.weight [out, in]`;
@@ -27,9 +27,9 @@ from typing import Any
 
 import re2
 
-from ppl_jax.checkpoints.dequantizing import Dequantized, Quantized
-from ppl_jax.checkpoints.quantization import Scheme, Weights
-from ppl_jax.checkpoints.storage import Storage
+from ppl_jax.checkpoints.formats.dequantizing import Dequantized, Quantized
+from ppl_jax.checkpoints.formats.quantization import Scheme, Weights
+from ppl_jax.checkpoints.mapping.storage import Storage
 from ppl_jax.errors import CheckpointError
 
 Stored = dict[str, tuple[tuple[int, ...], Any]]

@@ -1,5 +1,5 @@
-"""Built-in mappings (`ppl_jax.checkpoints.mapping` rules) for the trees other trainers write, and
-the reading of a user's mapping file.
+"""Built-in mappings (`ppl_jax.checkpoints.mapping.language` rules) for the trees other trainers
+write, and the reading of a user's mapping file.
 
 Presets (the layouts measured with the libraries themselves; docs/other-trainers.md):
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from ppl_jax.checkpoints import mapping
+from ppl_jax.checkpoints.mapping.rules import check_rules
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 
@@ -208,5 +208,5 @@ def read_file(path: str) -> dict[str, Any]:
             f"checkpoint.mapping {path!r} must hold 'rules' (a list), and optionally 'item' and "
             f"'params'; it holds {sorted(data) if isinstance(data, dict) else type(data).__name__}."
         )
-    data["rules"] = mapping.check_rules(data["rules"], f"checkpoint.mapping {path!r}")
+    data["rules"] = check_rules(data["rules"], f"checkpoint.mapping {path!r}")
     return data

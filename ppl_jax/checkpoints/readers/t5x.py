@@ -26,9 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppl_jax.checkpoints import storage, tensorstore_tree
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
-from ppl_jax.checkpoints.step_folders import StepFolders
+from ppl_jax.checkpoints.formats import tensorstore_tree
+from ppl_jax.checkpoints.mapping import storage
+from ppl_jax.checkpoints.readers.step_folders import StepFolders
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 

@@ -9,13 +9,14 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
   `ppl_jax.models.registry.model_types`; a multimodal checkpoint's nested `text_config`).
 - `load_params` reads the weights through their family's mapping rules
   (`ppl_jax.models.registry.hf_mapping`, the one mapping language of
-  `ppl_jax.checkpoints.mapping`) from the `Safetensors` storage: each device's block is read on
-  its own as the stored region it needs (`ppl_jax.checkpoints.blocks`; a contiguous range of the
-  stored tensor where the layout allows, otherwise one weight at most on the host), converted to
-  the target dtype and placed straight into its sharding. A model is never gathered whole in one
-  host's memory. Quantized weights (`config.json`'s `quantization_config`:
-  `ppl_jax.checkpoints.quantization`) are read through `ppl_jax.checkpoints.quantized_parts`,
-  each block dequantized from the regions of its parts it needs.
+  `ppl_jax.checkpoints.mapping.language`) from the `Safetensors` storage: each device's block is
+  read on its own as the stored region it needs (`ppl_jax.checkpoints.mapping.blocks`; a contiguous
+  range of the stored tensor where the layout allows, otherwise one weight at most on the host),
+  converted to the target dtype and placed straight into its sharding. A model is never gathered
+  whole in one host's memory. Quantized weights (`config.json`'s `quantization_config`:
+  `ppl_jax.checkpoints.formats.quantization`) are read through
+  `ppl_jax.checkpoints.formats.quantized_parts`, each block dequantized from the regions of its
+  parts it needs.
 - `read_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
 A remote directory (`gs://...`, see `ppl_jax.runtime.paths`) is recognised, and its `config.json`,
@@ -39,8 +40,10 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so safetensors c
 import numpy as np
 from safetensors import safe_open
 
-from ppl_jax.checkpoints import blocks, mapping, quantization, quantized_parts
-from ppl_jax.checkpoints import safetensors_ranges as ranges
+from ppl_jax.checkpoints import mapping
+from ppl_jax.checkpoints.formats import quantization, quantized_parts
+from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
+from ppl_jax.checkpoints.mapping import blocks
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -102,7 +105,7 @@ def _config(path: str) -> tuple[dict[str, Any], bool]:
 
 def read_quantization(path: str) -> quantization.Scheme | None:
     """The quantization `config.json`'s `quantization_config` declares
-    (`ppl_jax.checkpoints.quantization.read`), or None.
+    (`ppl_jax.checkpoints.formats.quantization.read`), or None.
 
     Raises:
       CheckpointError: no or bad `config.json`; a method or parameter ppl_jax does not read.
@@ -247,10 +250,10 @@ def _local_only(path: str) -> None:
 
 
 class Safetensors:
-    """A directory's safetensors tensors as a `ppl_jax.checkpoints.storage.Storage`: the stored
-    name -> file map (from the index, or the single file's header), the headers read lazily
-    with `safe_open`, and each region read on its own with a short-lived handle (the file pages
-    it touched leave this process's memory once the block is placed).
+    """A directory's safetensors tensors as a `ppl_jax.checkpoints.mapping.storage.Storage`: the
+    stored name -> file map (from the index, or the single file's header), the headers read lazily
+    with `safe_open`, and each region read on its own with a short-lived handle (the file pages it
+    touched leave this process's memory once the block is placed).
 
     Names are the mapping rules' (`stored`): a family's prefix removed (`model.`), and for the
     text tower of a multimodal checkpoint only its own weights.
@@ -384,7 +387,7 @@ def load_params(path: str, target: Any) -> Any:
       target: the params tree of `registry.build(read_description(path), dtype)`, with
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
         float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even);
-        quantized ones (`quantization_config`, `ppl_jax.checkpoints.quantized_parts`) are
+        quantized ones (`quantization_config`, `ppl_jax.checkpoints.formats.quantized_parts`) are
         dequantized by block, then converted.
 
     Returns:

@@ -1,14 +1,14 @@
 """Hugging Face checkpoints as readers: a directory (`HFDirectory`: `config.json` and safetensors
 weights, one file or shards listed in `model.safetensors.index.json`, local or on a bucket) and a
 hub repository (`HubRepo`: a hub id `hf://org/name[@revision]` or a hub cache's repository
-folder, whose step revisions are its steps; `ppl_jax.checkpoints.hub`).
+folder, whose step revisions are its steps; `ppl_jax.checkpoints.formats.hub`).
 
-The architecture is `config.json`'s (`ppl_jax.checkpoints.hf.read_description`), the tokenizer
-the directory's own (`hf.read_tokenizer`). A local directory's weights are read as
-`hf.load_params` reads them (each device's block from the memory-mapped file); a remote one's
-(`gs://`, `s3://`, `az://`) by byte ranges (`ppl_jax.checkpoints.safetensors_ranges`): each
+The architecture is `config.json`'s (`ppl_jax.checkpoints.formats.safetensors.read_description`),
+the tokenizer the directory's own (`safetensors.read_tokenizer`). A local directory's weights are read as
+`safetensors.load_params` reads them (each device's block from the memory-mapped file); a remote one's
+(`gs://`, `s3://`, `az://`) by byte ranges (`ppl_jax.checkpoints.formats.safetensors_ranges`): each
 process fetches only the ranges of its own devices' blocks, in parallel, within a bound on host
-memory (`ppl_jax.checkpoints.storage.place`).
+memory (`ppl_jax.checkpoints.mapping.storage.place`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import jax
 import numpy as np
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import blocks, hf, hub, mapped, mapping, quantized_parts, storage
-from ppl_jax.checkpoints import safetensors_ranges as ranges
+from ppl_jax.checkpoints import mapping
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.formats import hub, quantized_parts, safetensors
+from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
+from ppl_jax.checkpoints.mapping import apply, blocks, storage
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -36,7 +38,7 @@ def weight_files(folder: str) -> list[str]:
       CheckpointError: an index naming a file outside the directory (absolute, `..`, or a link
         leading out) or a missing shard; only pickled weights; no weights.
     """
-    index = paths.join(folder, hf.INDEX)
+    index = paths.join(folder, safetensors.INDEX)
     if paths.isfile(index):
         weight_map = paths.read_json_object(index, "").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
@@ -51,18 +53,18 @@ def weight_files(folder: str) -> list[str]:
         for file in files:
             if not paths.isfile(paths.join(folder, file)):
                 raise CheckpointError(
-                    f"{folder!r}: {hf.INDEX} lists the shard {file!r}, which is missing; "
+                    f"{folder!r}: {safetensors.INDEX} lists the shard {file!r}, which is missing; "
                     f"download every shard of the checkpoint."
                 )
         return files
-    if paths.isfile(paths.join(folder, hf.SINGLE)):
-        if not _inside(folder, hf.SINGLE):
+    if paths.isfile(paths.join(folder, safetensors.SINGLE)):
+        if not _inside(folder, safetensors.SINGLE):
             raise CheckpointError(
-                f"{paths.join(folder, hf.SINGLE)!r} is a link outside the checkpoint directory "
+                f"{paths.join(folder, safetensors.SINGLE)!r} is a link outside the checkpoint directory "
                 f"{folder!r}; weights are read only from files inside it."
             )
-        return [hf.SINGLE]
-    pickles = sorted(n for n in paths.listdir(folder) if n.endswith(hf.PICKLE_SUFFIXES))
+        return [safetensors.SINGLE]
+    pickles = sorted(n for n in paths.listdir(folder) if n.endswith(safetensors.PICKLE_SUFFIXES))
     if pickles:
         raise CheckpointError(
             f"{folder!r} holds only pickled PyTorch weights ({', '.join(pickles)}); ppl_jax "
@@ -70,7 +72,7 @@ def weight_files(folder: str) -> list[str]:
             f"where you trust the file: model.save_pretrained(dir, safe_serialization=True)."
         )
     raise CheckpointError(
-        f"{folder!r} has no {hf.SINGLE} or {hf.INDEX}; give a Hugging Face directory with "
+        f"{folder!r} has no {safetensors.SINGLE} or {safetensors.INDEX}; give a Hugging Face directory with "
         f"safetensors weights."
     )
 
@@ -132,39 +134,39 @@ class HFDirectory(Checkpoint):
         )
 
     def carried_description(self, step: int | None) -> dict[str, Any] | None:
-        return hf.read_description(self.folder(step))
+        return safetensors.read_description(self.folder(step))
 
     def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
         folder = self.folder(step)
-        return hf.read_tokenizer(folder) if hf.has_tokenizer(folder) else None
+        return safetensors.read_tokenizer(folder) if safetensors.has_tokenizer(folder) else None
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The weights through `config.json`'s family's mapping rules, each device's block read on
-        its own: `hf.load_params` for a local directory, byte ranges for a remote one
+        its own: `safetensors.load_params` for a local directory, byte ranges for a remote one
         (`load_ranged`).
 
         Raises:
-          CheckpointError: as `hf.load_params` (missing, misshapen or unused weights, named).
+          CheckpointError: as `safetensors.load_params` (missing, misshapen or unused weights, named).
         """
         folder = self.folder(step)
         if paths.is_local(folder):
-            return hf.load_params(folder, target)
+            return safetensors.load_params(folder, target)
         return load_ranged(folder, self.entries(step), target)
 
     def files(self, step: int | None) -> str:
         return self.folder(step)
 
     def quantization(self, step: int | None) -> dict[str, Any] | None:
-        """config.json's quantization (`hf.read_quantization`'s `Scheme.record`), or None.
+        """config.json's quantization (`safetensors.read_quantization`'s `Scheme.record`), or None.
 
         Raises:
           CheckpointError: a method or parameter ppl_jax does not read.
         """
-        scheme = hf.read_quantization(self.folder(step))
+        scheme = safetensors.read_quantization(self.folder(step))
         return None if scheme is None else scheme.record()
 
     def produced(self, step: int | None, description: dict[str, Any]) -> list[str] | None:
-        return None  # config.json is checked against the headers by hf.read_description
+        return None  # config.json is checked against the headers by safetensors.read_description
 
     def mapping_report(self, step: int | None, target: Any) -> list[str]:
         """Each model weight with the stored tensor it comes from, by the rules of config.json's
@@ -178,7 +180,7 @@ class HFDirectory(Checkpoint):
             )  # fmt: skip
         except CheckpointError as e:
             return [f"mapping: {e}"]
-        return mapped.listing(found, "the rules of config.json's family", weights.real)
+        return apply.listing(found, "the rules of config.json's family", weights.real)
 
     def layout_lines(self, step: int | None) -> list[str]:
         folder = self.folder(step)
@@ -186,22 +188,26 @@ class HFDirectory(Checkpoint):
         files = sorted({e.file for e in entries.values()})
         size = sum(e.end - e.begin for e in entries.values())
         how = "memory-mapped" if paths.is_local(folder) else "read by byte ranges"
-        index = f"{hf.INDEX} -> {len(files)} shards" if files != [hf.SINGLE] else hf.SINGLE
+        index = (
+            f"{safetensors.INDEX} -> {len(files)} shards"
+            if files != [safetensors.SINGLE]
+            else safetensors.SINGLE
+        )
         found = [
             n for n in ("tokenizer.json", "tokenizer.model") if paths.isfile(paths.join(folder, n))
         ]
-        scheme = hf.read_quantization(folder)
+        scheme = safetensors.read_quantization(folder)
         stored = "" if scheme is None else f", dequantized as read from {scheme.describe()}"
         return [
-            f"config.json: model_type {hf._config(folder)[0].get('model_type')!r}",
+            f"config.json: model_type {safetensors._config(folder)[0].get('model_type')!r}",
             f"weights: {index}, {len(entries)} tensors, {size / 2**20:.1f} MiB ({how}{stored})",
             f"tokenizer: {', '.join(found) or 'none'}",
         ]
 
 
-class RangedSafetensors(hf.Safetensors):
+class RangedSafetensors(safetensors.Safetensors):
     """A directory's safetensors tensors read by byte ranges, as a `storage.Storage`
-    (`hf.Safetensors`' names and checks, each region fetched as the byte ranges that hold it:
+    (`safetensors.Safetensors`' names and checks, each region fetched as the byte ranges that hold it:
     `safetensors_ranges.read_block`), from a local file or a bucket."""
 
     def __init__(self, folder: str, entries: dict[str, ranges.Entry]):
@@ -224,29 +230,29 @@ def _mapped_headers(
     checkpoint's weights seen dequantized (`quantized_parts.view`).
 
     Raises:
-      CheckpointError: as `hf.read_description` and `quantized_parts.view`.
+      CheckpointError: as `safetensors.read_description` and `quantized_parts.view`.
     """
-    desc = hf.read_description(folder)
-    text_only = hf._config(folder)[1]  # a multimodal checkpoint: its text tower only
+    desc = safetensors.read_description(folder)
+    text_only = safetensors._config(folder)[1]  # a multimodal checkpoint: its text tower only
     prefixes, rules = registry.hf_mapping(desc)
     weights = RangedSafetensors(folder, entries)
     stored = weights.stored(prefixes, text_only)
     where = f"the weights in {folder!r}"
     source, stored = quantized_parts.view(
-        hf.read_quantization(folder), weights, stored, weights.real, where
+        safetensors.read_quantization(folder), weights, stored, weights.real, where
     )
     return weights, stored, rules, desc, source
 
 
 def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> Any:
     """A remote Hugging Face directory's weights into the target shardings, by byte ranges:
-    `hf.load_params`' mapping (its family's rules, `registry.hf_mapping`) and blocks
+    `safetensors.load_params`' mapping (its family's rules, `registry.hf_mapping`) and blocks
     (`blocks.read_block`: each device's block from the stored region it needs) over a
     `RangedSafetensors` storage, placed by `storage.place` (several blocks at once, host memory
     bounded).
 
     Raises:
-      CheckpointError: as `hf.load_params` (non-float weights; missing, misshapen or unused
+      CheckpointError: as `safetensors.load_params` (non-float weights; missing, misshapen or unused
         weights, named); a damaged file.
     """
     weights, stored, rules, desc, source = _mapped_headers(folder, entries)

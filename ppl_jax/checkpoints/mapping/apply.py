@@ -1,4 +1,4 @@
-"""A checkpoint's stored tree read through a mapping (`ppl_jax.checkpoints.mapping`) into a
+"""A checkpoint's stored tree read through a mapping (`ppl_jax.checkpoints.mapping.language`) into a
 model's params: what `Checkpoint.rules`, `mapping_report` and `restore` do for every reader
 whose stored names are not the model's own (another trainer's Orbax tree, an Orbax v1 tree, ...),
 from the reader's answers alone (`MappedReader`: `stored`, `read`, `rules`, `known`, `naming`)."""
@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from ppl_jax.checkpoints import blocks, damage, presets, storage
-from ppl_jax.checkpoints import mapping as mapping_lib
+from ppl_jax.checkpoints.formats import damage
+from ppl_jax.checkpoints.mapping import blocks, language, presets, storage
 from ppl_jax.checkpoints.options import Stored
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -95,7 +95,7 @@ class MappedHooks:
           CheckpointError: as `stored` and `rules`.
         """
         step = self.resolve_step(step)
-        return list(mapping_lib.produced(self.rules(step), self.stored(step), description, ""))
+        return list(language.produced(self.rules(step), self.stored(step), description, ""))
 
 
 def rules(ckpt: MappedReader, step: int | None) -> list[dict[str, Any]]:
@@ -112,15 +112,15 @@ def rules(ckpt: MappedReader, step: int | None) -> list[dict[str, Any]]:
     return presets.rules_for(name, ckpt.known(step))
 
 
-def sources(ckpt: MappedReader, step: int | None, target: Any) -> dict[str, mapping_lib.Source]:
+def sources(ckpt: MappedReader, step: int | None, target: Any) -> dict[str, language.Source]:
     """Which stored tensor (layer, part, operations) gives each model weight of `target` (leaves
     with `.shape`), read from the tree metadata only.
 
     Raises:
-      CheckpointError: as `mapping.resolve` (the first unmatched names).
+      CheckpointError: as `language.resolve` (the first unmatched names).
     """
     step = ckpt.resolve_step(step)
-    return mapping_lib.resolve(
+    return language.resolve(
         ckpt.rules(step), ckpt.stored(step), weight_paths(target), ckpt.known(step),
         ckpt.naming(step),
     )  # fmt: skip
@@ -138,14 +138,14 @@ def restore(ckpt: MappedReader, step: int | None, target: Any) -> Any:
     dropped once its weights are made.
 
     Raises:
-      CheckpointError: as `mapping.resolve` (unmatched names, shapes) and `Checkpoint.read`.
+      CheckpointError: as `language.resolve` (unmatched names, shapes) and `Checkpoint.read`.
     """
     step = ckpt.resolve_step(step)
     stored = ckpt.stored(step)
     expected = weight_paths(target)
     names = ckpt.known(step)
     where = ckpt.naming(step)
-    found = mapping_lib.resolve(ckpt.rules(step), stored, expected, names, where)
+    found = language.resolve(ckpt.rules(step), stored, expected, names, where)
     numbers = {k: v for k, v in names.items() if isinstance(v, int | float)}
     out: dict[str, Any] = {}
     for group in blocks.read_groups(found, stored, READ_GROUP_BYTES):
@@ -176,7 +176,7 @@ def restore(ckpt: MappedReader, step: int | None, target: Any) -> Any:
     return nest_weights(out)
 
 
-def describe(src: mapping_lib.Source) -> str:
+def describe(src: language.Source) -> str:
     """The operations a mapping applies to make one model weight, in words (`ppl-jax
     inspect`): the layer and part taken, transpose, reshape, cut, RoPE order, scale, `1+w`."""
     rule = src.rule
@@ -213,7 +213,7 @@ def report(ckpt: MappedReader, step: int | None, target: Any) -> list[str]:
     return listing(found, "every stored array used")
 
 
-def listing(found: dict[str, mapping_lib.Source], how: str, shown: Any = None) -> list[str]:
+def listing(found: dict[str, language.Source], how: str, shown: Any = None) -> list[str]:
     """`found` (model weight -> Source) one line each under a heading that says `how`: the
     weight, the stored tensor (`shown(name)`: the name as stored) and the operations."""
     shown = shown or (lambda name: name)

@@ -16,7 +16,7 @@ ppl_jax reads these methods (`quant_method`), each as transformers 5.24 names it
 
 Any other method (bitsandbytes, HQQ, fbgemm_fp8, ...), or a parameter these layouts do not
 have, is refused in one sentence naming it. The weights are dequantized where they are read
-(`ppl_jax.checkpoints.dequantizing`); activations are not quantized (weight-only semantics,
+(`ppl_jax.checkpoints.formats.dequantizing`); activations are not quantized (weight-only semantics,
 docs/checkpoints.md).
 """
 

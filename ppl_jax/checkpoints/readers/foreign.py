@@ -1,5 +1,5 @@
 """Orbax checkpoints that other trainers write (`ForeignOrbax`): where the params are, read through
-a mapping (`ppl_jax.checkpoints.mapping`) into a model's params.
+a mapping (`ppl_jax.checkpoints.mapping.language`) into a model's params.
 
 Layouts (measured with the trainers themselves; docs/other-trainers.md):
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import jax
 
-from ppl_jax.checkpoints import damage, orbax
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
+from ppl_jax.checkpoints.formats import damage, orbax
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 
