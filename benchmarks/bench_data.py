@@ -266,7 +266,7 @@ def child_prepare(task: dict) -> dict:
     )
     sliding = task["protocol"] == "sliding"
     protocol = ProtocolSpec(
-        protocol=task["protocol"],
+        name=task["protocol"],
         seq_len=task["seq_len"],
         stride=task["stride"] if sliding else None,
         add_bos="auto",

@@ -169,7 +169,7 @@ def _dataset(
         where=data_key,
     )
     protocol = ProtocolSpec(
-        protocol=str(eval_["protocol"]),
+        name=str(eval_["protocol"]),
         seq_len=int(eval_["seq_len"]),
         stride=None if eval_["stride"] is None else int(eval_["stride"]),
         add_bos=str(eval_["add_bos"]),
@@ -177,7 +177,7 @@ def _dataset(
         where=eval_key,
     )
     if ds.preparation:
-        preparations.check(ds.preparation, ds.format, protocol.protocol)
+        preparations.check(ds.preparation, ds.format, protocol.name)
     return ds, protocol
 
 
@@ -309,12 +309,12 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
             f"--config.output.tokens=true too."
         )
     lengths = _int_list("eval.context_lengths", c.eval.context_lengths)
-    rules = protocols.PROTOCOLS.get(str(c.eval.protocol))
-    if lengths and rules is not None and rules.document_level:
+    convention = protocols.PROTOCOLS.get(str(c.eval.protocol))
+    if lengths and convention is not None and convention.document_level:
         streams = [name for name, p in protocols.PROTOCOLS.items() if not p.document_level]
         raise ConfigError(
             f"eval.context_lengths needs a stream protocol ({', '.join(streams)}); "
-            f"{rules.name} scores documents one by one."
+            f"{convention.name} scores documents one by one."
         )
     targets = int(c.eval.context_targets)
     if targets < 0:
@@ -339,11 +339,13 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
         figures=FigureSpec.parse(
             c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
         ),
-        long_context=_long_context(c, rules, seq_len),
+        long_context=_long_context(c, convention, seq_len),
     )
 
 
-def _long_context(c: config_dict.ConfigDict, rules: Any, seq_len: int) -> LongContextSpec | None:
+def _long_context(
+    c: config_dict.ConfigDict, convention: Any, seq_len: int
+) -> LongContextSpec | None:
     """`eval.short_context`, `eval.short_targets` and `longppl.*` (None: short_context 0)."""
     short = int(c.eval.short_context)
     evaluator_dir = str(c.longppl.evaluator.dir)
@@ -355,11 +357,11 @@ def _long_context(c: config_dict.ConfigDict, rules: Any, seq_len: int) -> LongCo
             )
         return None
     whole = [name for name, p in protocols.PROTOCOLS.items() if p.long_context]
-    if rules is not None and not rules.long_context:
+    if convention is not None and not convention.long_context:
         raise ConfigError(
             f"eval.short_context={short} needs a protocol that scores documents whole "
             f"({', '.join(whole)}), so that a token's context is its document's; "
-            f"eval.protocol is {rules.name}."
+            f"eval.protocol is {convention.name}."
         )
     if not 1 <= short < seq_len:
         raise ConfigError(

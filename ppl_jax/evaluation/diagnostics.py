@@ -131,7 +131,9 @@ def by_document(spec: RunSpec) -> bool:
     """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
     that scores documents whole, with the position curve or a short context."""
     d = spec.diagnostics
-    return spec.protocol.rules.long_context and (d.position_curve or d.long_context is not None)
+    return spec.protocol.convention.long_context and (
+        d.position_curve or d.long_context is not None
+    )
 
 
 def step_options(spec: RunSpec) -> StepOptions:

@@ -139,7 +139,7 @@ def plan_of(spec: RunSpec, docs: list, tok: Tokenizer, vocab_size: int, add_bos:
         tok, vocab_size, protocol.seq_len, protocol.stride, add_bos, spec.data.separator,
         protocol.options,
     )  # fmt: skip
-    return protocol.rules.plan(docs, given)
+    return protocol.convention.plan(docs, given)
 
 
 class Gather:

@@ -148,7 +148,7 @@ class RunHooks(Hooks):
                 p = self.setup
                 with passes.timed("gzip_seconds"):
                     docs = p.documents.get(d.name) or planner.documents(d.data, p.tok)
-                    joined = d.protocol.rules.joiner(d.data)
+                    joined = d.protocol.convention.joiner(d.data)
                     texts = (x.text for x in docs)
                     self.gzip[d.name] = metrics.gzip_bits_per_byte_of(texts, joined)
         return self.gzip[d.name]

@@ -135,11 +135,11 @@ def check(spec: RunSpec, ckpt: Checkpoint) -> None:
             f"checkpoint.step={spec.steps.kind} needs a checkpoint of several steps; "
             f"{ckpt.path!r} is {ckpt.layout_name} (one set of weights)."
         )
-    if spec.per_document and not spec.protocol.rules.document_level:
+    if spec.per_document and not spec.protocol.convention.document_level:
         levels = [name for name, p in protocols.PROTOCOLS.items() if p.document_level]
         raise ConfigError(
             f"output.per_document=true needs a document-level protocol ({', '.join(levels)}); "
-            f"the windows of {spec.protocol.protocol} span documents."
+            f"the windows of {spec.protocol.name} span documents."
         )
 
 

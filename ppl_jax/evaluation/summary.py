@@ -194,10 +194,10 @@ def _resumed_tokens(ev: Evaluation) -> int:
 
 def protocol_dict(ev: Evaluation) -> dict[str, Any]:
     """The convention, named, with every count a reader needs to match a published number."""
-    plan, rules = ev.plan, ev.protocol_spec.rules
+    plan, convention = ev.plan, ev.protocol_spec.convention
     return {
         "name": plan.protocol,
-        "reference": rules.note,
+        "reference": convention.note,
         "seq_len": ev.protocol_spec.seq_len,
         "stride": ev.protocol_spec.stride,
         **ev.protocol_spec.options,
@@ -207,12 +207,12 @@ def protocol_dict(ev: Evaluation) -> dict[str, Any]:
         "add_bos": plan.add_bos,
         "add_bos_setting": ev.protocol_spec.add_bos,
         "prefix_token_id": plan.prefix_id,
-        "separator": rules.joiner(ev.dataset),
+        "separator": convention.joiner(ev.dataset),
         "text_tokens": plan.text_tokens,
         "scored_tokens": ev.sums.num_tokens,
         "unscored_tokens": plan.unscored_tokens,
         # hf_strided: the guide's loop as published (`ppl_jax.metrics.published`), else None.
-        "published": published.of_run(plan, ev.totals) if rules.published_loop else None,
+        "published": published.of_run(plan, ev.totals) if convention.published_loop else None,
     }
 
 

@@ -119,7 +119,7 @@ class RequestScorer:
         layout = dataclasses.replace(layout, max_segments=max(slots, layout.max_segments))
         dataset = Dataset(
             DatasetSpec(path="<harness requests>", name="harness"),
-            ProtocolSpec(protocol=LM_EVAL_ROLLING.name, seq_len=self.seq_len),
+            ProtocolSpec(name=LM_EVAL_ROLLING.name, seq_len=self.seq_len),
             plan,
             layout,
         )

@@ -80,7 +80,7 @@ def key(ds: DatasetSpec, protocol: ProtocolSpec, tok: Tokenizer, vocab_size: int
         "tokenizer": fingerprint.text_digest(tok.describe()),
         "vocab_size": vocab_size,
         "protocol": {
-            "name": protocol.protocol,
+            "name": protocol.name,
             "seq_len": protocol.seq_len,
             "stride": protocol.stride,
             "add_bos": protocols.resolve_add_bos(protocol.add_bos, tok),

@@ -137,7 +137,7 @@ def plan(
     vocab_size: int,
 ) -> Plan:
     """The dataset's protocol plan (`Protocol.plan`)."""
-    return protocol.rules.plan(docs, inputs(ds, protocol, tok, vocab_size), doc_counts=counts)
+    return protocol.convention.plan(docs, inputs(ds, protocol, tok, vocab_size), doc_counts=counts)
 
 
 def batches(p: Plan, batch: BatchSpec, segments: bool = True, rows_multiple: int = 0) -> Layout:
@@ -213,7 +213,7 @@ def planned(
         # looks after another one wrote the entry must not take it alone.
         if all(distributed.flags_of_all(found is not None)):
             return found[0], None, found[1]
-    if entry is not None and read_first is None and token_cache.applies(ds, protocol.rules):
+    if entry is not None and read_first is None and token_cache.applies(ds, protocol.convention):
         return streamed(ds, protocol, tok, vocab_size, entry), None, {}
     if entry is not None and read_first is None and jax.process_count() > 1:
         # A shared cache: process 0 reads and plans, the others wait and memory-map its plan.
@@ -257,7 +257,7 @@ def streamed(
     def write() -> None:
         entry = held.pop()
         plan_cache.save_built(
-            ds.cache_dir, key, lambda path: protocol.rules.stream_plan(entry, given, path)
+            ds.cache_dir, key, lambda path: protocol.convention.stream_plan(entry, given, path)
         )
 
     return plan_cache.made_once(ds.cache_dir, key, write, f"data {ds.name!r}")[0]

@@ -20,7 +20,8 @@ class ProtocolSpec:
     """A scoring protocol (see `ppl_jax.plans.protocols` for each convention and its source).
 
     Attributes:
-      protocol: a name of `ppl_jax.plans.protocols.PROTOCOLS` (its object: `rules`).
+      name: a name of `ppl_jax.plans.protocols.PROTOCOLS` (its object: `convention`); the
+        setting `eval.protocol`.
       seq_len: tokens the model reads per window (at least 1).
       stride: tokens a window advances by, 1..seq_len, for the strided protocols; None there
         means seq_len // 2 (at least 1). Always None for the other protocols (they use none).
@@ -35,7 +36,7 @@ class ProtocolSpec:
       ConfigError: a value out of range, naming the setting.
     """
 
-    protocol: str = protocols.SLIDING.name
+    name: str = protocols.SLIDING.name
     seq_len: int = 256
     stride: int | None = None
     add_bos: str = "auto"
@@ -44,7 +45,7 @@ class ProtocolSpec:
 
     def __post_init__(self) -> None:
         w = self.where
-        protocols.get(self.protocol, w)
+        protocols.get(self.name, w)
         add_bos = str(self.add_bos).lower()
         if add_bos not in ("auto", "true", "false"):
             raise ConfigError(f"{w}.add_bos={add_bos!r} is not one of auto, true, false.")
@@ -57,9 +58,10 @@ class ProtocolSpec:
         object.__setattr__(self, "stride", self._stride())
 
     @property
-    def rules(self) -> Protocol:
-        """The protocol's object (`ppl_jax.plans.protocols.Protocol`): ask it, not the name."""
-        return protocols.PROTOCOLS[self.protocol]
+    def convention(self) -> Protocol:
+        """The protocol's object (`ppl_jax.plans.protocols.Protocol`): its convention of which
+        tokens are scored with what context. Ask it, not the name."""
+        return protocols.PROTOCOLS[self.name]
 
     @property
     def options(self) -> dict[str, str]:
@@ -71,11 +73,11 @@ class ProtocolSpec:
         object.__setattr__(self, "long_documents", rule)
         if not rule:
             return
-        if not self.rules.splits_documents:
+        if not self.convention.splits_documents:
             names = [n for n, p in protocols.PROTOCOLS.items() if p.splits_documents]
             raise ConfigError(
                 f"{self.where}.long_documents={rule!r} is the rule of the protocols that score "
-                f"documents whole ({', '.join(names)}); {self.protocol} cuts its own windows. "
+                f"documents whole ({', '.join(names)}); {self.name} cuts its own windows. "
                 f"Unset it, or use one of those."
             )
         if rule not in LONG_DOCUMENTS:
@@ -88,7 +90,7 @@ class ProtocolSpec:
         """The protocol's settings that decide a run's numbers, as used (its part of the run's
         fingerprint; the plan adds what it resolved: BOS, prefix, windows)."""
         return {
-            "name": self.protocol,
+            "name": self.name,
             "seq_len": self.seq_len,
             "stride": self.stride,
             **self.options,
@@ -99,7 +101,7 @@ class ProtocolSpec:
         none (or, for a protocol that scores documents whole, where no long document is split
         into sliding windows). Only a stride that is used is checked; a stride never set never
         fails."""
-        if not (self.rules.strided or self.long_documents == "sliding"):
+        if not (self.convention.strided or self.long_documents == "sliding"):
             return None
         if self.stride is None:
             return max(self.seq_len // 2, 1)

@@ -261,7 +261,7 @@ class Safetensors:
 
     def __init__(self, path: str, stack: contextlib.ExitStack):
         self.path, self._stack, self._open = path, stack, {}
-        self._headers: dict[str, dict[str, ranges.Entry]] = {}
+        self._headers: dict[str, dict[str, ranges.TensorRange]] = {}
         if paths.isfile(paths.join(path, INDEX)):
             index = paths.read_json_object(paths.join(path, INDEX), "")
             self.file_of = dict(index.get("weight_map") or {})

@@ -53,7 +53,7 @@ BATCH_BYTES = 4 << 20  # bytes of ranges asked of a remote file in one `cat_rang
 
 
 @dataclasses.dataclass(frozen=True)
-class Entry:
+class TensorRange:
     """One stored tensor: its file (a name inside the folder), dtype name (`F32`, `BF16`, ...),
     shape, and the absolute byte range `[begin, end)` of its data in the file."""
 
@@ -82,7 +82,7 @@ def _read_range(path: str, start: int, end: int) -> bytes:
     return remote[0].cat_file(remote[1], start=start, end=end)
 
 
-def read_header(folder: str, file: str) -> dict[str, Entry]:
+def read_header(folder: str, file: str) -> dict[str, TensorRange]:
     """The tensors of one safetensors file, from its header alone (two small reads).
 
     Raises:
@@ -123,7 +123,7 @@ def read_header(folder: str, file: str) -> dict[str, Entry]:
     return out
 
 
-def _entry(file: str, name: str, spec: Any, data: int, size: int, where: str) -> Entry:
+def _entry(file: str, name: str, spec: Any, data: int, size: int, where: str) -> TensorRange:
     bad = f"{where}: the stored tensor {name[:200]!r} has"
     if not isinstance(spec, dict):
         raise CheckpointError(f"{bad} no dtype, shape and offsets.")
@@ -147,10 +147,10 @@ def _entry(file: str, name: str, spec: Any, data: int, size: int, where: str) ->
             f"{bad} {offsets[1] - offsets[0]} bytes of data for {dtype}{shape}; the file is "
             f"damaged."
         )
-    return Entry(file, dtype, tuple(shape), data + offsets[0], data + offsets[1])
+    return TensorRange(file, dtype, tuple(shape), data + offsets[0], data + offsets[1])
 
 
-def read_headers(folder: str, files: list[str]) -> dict[str, Entry]:
+def read_headers(folder: str, files: list[str]) -> dict[str, TensorRange]:
     """The tensors of several files of `folder` (headers fetched in parallel).
 
     Raises:
@@ -158,7 +158,7 @@ def read_headers(folder: str, files: list[str]) -> dict[str, Entry]:
     """
     with ThreadPoolExecutor(min(HEADER_WORKERS, max(1, len(files)))) as pool:
         headers = list(pool.map(lambda f: read_header(folder, f), files))
-    out: dict[str, Entry] = {}
+    out: dict[str, TensorRange] = {}
     for header in headers:
         for name, entry in header.items():
             if name in out:
@@ -171,7 +171,7 @@ def read_headers(folder: str, files: list[str]) -> dict[str, Entry]:
 
 
 def byte_runs(
-    entry: Entry, index: tuple[slice, ...]
+    entry: TensorRange, index: tuple[slice, ...]
 ) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
     """The block `index` (one slice of step 1 per axis) of a stored tensor: its shape, and the
     absolute byte ranges that hold it in row-major order (adjacent ranges merged)."""
@@ -226,7 +226,7 @@ def _batches(runs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return batches
 
 
-def read_block(folder: str, entry: Entry, index: tuple[slice, ...]) -> np.ndarray:
+def read_block(folder: str, entry: TensorRange, index: tuple[slice, ...]) -> np.ndarray:
     """The block `index` of a stored tensor, fetching only its byte ranges (a remote file's in
     `cat_ranges` calls of about `BATCH_BYTES`, whose requests asynchronous filesystems such as
     gcsfs run concurrently; so the block, plus one batch, is what it holds on the host).
@@ -271,7 +271,7 @@ class RangedSlice:
     """A stored tensor as `safetensors.safe_open(...).get_slice(name)` gives it (`get_shape`,
     `get_dtype`, `[index]`), each `[index]` fetched by byte ranges (`read_block`)."""
 
-    def __init__(self, folder: str, entry: Entry):
+    def __init__(self, folder: str, entry: TensorRange):
         self.folder, self.entry = folder, entry
 
     def get_shape(self) -> list[int]:

@@ -3,10 +3,11 @@ reading block by block.
 
 The language (`language`: what each key of a rule means; `resolve` matches the stored names and
 gives each model weight its `Source`), the rules' form and patterns (`rules`: `check_rules`), a
-rule's operations on one stored tensor (`operations`: `evaluate`), the reading of each device's
-block as the stored region it needs (`blocks`) from a `Storage` (`storage`), the built-in
-mappings of other trainers' trees and a user's mapping file (`presets`), and a reader's stored
-tree read through its rules (`apply`: what every `MappedReader` gets).
+rule's operations on one stored tensor (`operations`: `evaluate`, and the `ReadPlan` of a
+block), the reading of each device's block as the stored region it needs (`blocks`) from a
+`Storage` (`storage`), the built-in mappings of other trainers' trees and a user's mapping file
+(`presets`), and a reader's stored tree read through its rules (`apply`: what every
+`MappedReader` gets).
 """
 
 from etils import epy as _epy
@@ -14,12 +15,13 @@ from etils import epy as _epy
 with _epy.lazy_api_imports(globals()):
     from ppl_jax.checkpoints.mapping.apply import MappedReader
     from ppl_jax.checkpoints.mapping.language import Source, out_shape, produced, resolve
-    from ppl_jax.checkpoints.mapping.operations import evaluate
+    from ppl_jax.checkpoints.mapping.operations import ReadPlan, evaluate
     from ppl_jax.checkpoints.mapping.rules import check_rules
     from ppl_jax.checkpoints.mapping.storage import Storage
 
 __all__ = [
     "MappedReader",
+    "ReadPlan",
     "Source",
     "Storage",
     "check_rules",

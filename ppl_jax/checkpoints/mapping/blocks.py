@@ -1,5 +1,5 @@
 """Model weights made block by block from a `Storage` through the mapping's `Source`s: each
-device's block of a weight is read as the stored region it needs (`operations.Plan.region`), the
+device's block of a weight is read as the stored region it needs (`operations.ReadPlan.region`), the
 rule's operations run on that region in NumPy, and the block is placed on its device
 (`jax.make_array_from_callback`). Devices holding the same block share one read; a model is never
 gathered whole in one host's memory.

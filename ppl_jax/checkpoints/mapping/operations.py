@@ -1,13 +1,13 @@
 """A mapping rule's operations on one stored tensor (`ppl_jax.checkpoints.mapping.language` says
-what each means), as a `Plan`: the shape they make, the stored region a block of the model weight
-needs, and the operations applied to that region alone.
+what each means), as a `ReadPlan`: the shape they make, the stored region a block of the model
+weight needs, and the operations applied to that region alone.
 
 A block is read as a box: a NumPy array together with the stored (or intermediate) indices where
-it starts on each axis. `Plan.region` carries a model weight's block back through the operations
+it starts on each axis. `ReadPlan.region` carries a model weight's block back through the operations
 to the smallest box of the stored tensor that holds it (a contiguous range per axis: a transposed
 `[out, in]` projection sharded over heads reads only its heads' rows; a split or cut shifts or
 clips the range; a `reshape` or `view` that splits an axis keeps it narrow, one that merges axes,
-and `rope`, read them whole); `Plan.apply` then runs the operations forward on the box. The same
+and `rope`, read them whole); `ReadPlan.apply` then runs the operations forward on the box. The same
 code makes a whole tensor (a box of everything), so every storage reads through it alike.
 """
 
@@ -183,7 +183,7 @@ class _Step:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class ReadPlan:
     """The operations of one stored tensor's rule (see the module docstring).
 
     Attributes:
@@ -217,8 +217,8 @@ def _axis(axis: int, shape: tuple[int, ...], key: str) -> int:
     return axis % len(shape)
 
 
-def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: dict) -> Plan:
-    """The `Plan` of a `mapping.Source` (one stored tensor, its layer and part) for a stored
+def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: dict) -> ReadPlan:
+    """The `ReadPlan` of a `mapping.Source` (one stored tensor, its layer and part) for a stored
     tensor of `stored_shape` (`want`: the model weight's shape without a `stack` axis, for `cut`).
 
     Raises:
@@ -289,7 +289,7 @@ def plan(src: Any, stored_shape: tuple[int, ...], want: tuple[int, ...], names: 
             f"the rule for '{str(rule['from'])[:80]}' does not fit the stored '{src.stored}' of "
             f"shape {list(stored_shape)}: {str(e)[:80]}."
         ) from None
-    return Plan(tuple(stored_shape), shape, tuple(steps))
+    return ReadPlan(tuple(stored_shape), shape, tuple(steps))
 
 
 def finish(x: np.ndarray, src: Any, dtype: Any) -> np.ndarray:

@@ -4,7 +4,7 @@
 A storage answers one question, `read(stored_name, index) -> np.ndarray`: the region `index` (one
 contiguous `slice` per stored axis, step 1) of a stored tensor, in its stored dtype, in host
 memory. `ppl_jax.checkpoints.mapping.blocks` asks it for the region that each device's block of a
-model weight needs (`operations.Plan.region`), so a storage that can read a region alone
+model weight needs (`operations.ReadPlan.region`), so a storage that can read a region alone
 (safetensors slices, TensorStore chunks, byte ranges) never reads a model whole on one host. The
 storages:
 

@@ -33,7 +33,7 @@ ITEM_FILES = ("_METADATA", "manifest.ocdbt", "checkpoint")
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class TreeLocation:
     """Where an Orbax checkpoint keeps its params.
 
     Attributes:
@@ -60,8 +60,8 @@ def is_item(folder: str) -> bool:
     return any(paths.isfile(paths.join(folder, f)) for f in ITEM_FILES)
 
 
-def locate(directory: str, item: str = "", params: str = "") -> Layout:
-    """The layout of `directory`, from its latest finalized step.
+def locate(directory: str, item: str = "", params: str = "") -> TreeLocation:
+    """Where `directory` keeps its params, from its latest finalized step.
 
     Args:
       directory: the checkpoint folder (a run folder with `checkpoints/`, a folder of steps, or
@@ -73,7 +73,7 @@ def locate(directory: str, item: str = "", params: str = "") -> Layout:
         what is there and the setting to give).
     """
     if is_item(directory) and not item:
-        return Layout(directory, True, "", params)
+        return TreeLocation(directory, True, "", params)
     root = directory
     sub = paths.join(directory, "checkpoints")
     if not orbax_steps(directory) and paths.isdir(sub) and orbax_steps(sub):
@@ -102,7 +102,7 @@ def locate(directory: str, item: str = "", params: str = "") -> Layout:
                     f"with the params."
                 )
             item = items[0]
-    return Layout(root, False, item, params)
+    return TreeLocation(root, False, item, params)
 
 
 def has_steps(directory: str) -> bool:
@@ -120,7 +120,7 @@ def orbax_steps(folder: str) -> list[int]:
 
 
 def stored_params(
-    layout: Layout, directory: str, step: int | None
+    location: TreeLocation, directory: str, step: int | None
 ) -> tuple[Stored, dict[str, str], str]:
     """The params the item stores: (name -> (shape, dtype), name -> stored name, params path).
 
@@ -132,17 +132,17 @@ def stored_params(
       CheckpointError: damaged tree metadata or index; no params subtree (naming
         `checkpoint.params`).
     """
-    item_dir = layout.item_dir(step)
+    item_dir = location.item_dir(step)
     paths.refuse_links_out(item_dir, directory)
-    damage.check_tree_metadata(item_dir, directory, step, layout.item)
-    damage.check_ocdbt_index(item_dir, directory, step, layout.item)
+    damage.check_tree_metadata(item_dir, directory, step, location.item)
+    damage.check_ocdbt_index(item_dir, directory, step, location.item)
     try:
         tree = orbax.tree_metadata(item_dir)
     except Exception as e:  # Orbax's own errors for an unreadable `_METADATA`
         raise damage.damaged(
             directory, step, "the tree metadata of its item cannot be read", e
         ) from None
-    return params_of(tree, layout.params, directory, step)
+    return params_of(tree, location.params, directory, step)
 
 
 def params_of(
@@ -189,14 +189,14 @@ class ForeignOrbax(Checkpoint):
 
     def __init__(self, path: str, options: Options | None = None, why: str = ""):
         super().__init__(path, options, why)
-        self._layout: Layout | None = None
+        self._location: TreeLocation | None = None
         self._trees: dict[int | None, tuple[Stored, dict[str, str], str]] = {}
         self._finalized: set[int] = set()  # steps seen finalized (a finalized step stays so)
 
     def _tree(self, step: int | None) -> tuple[Stored, dict[str, str], str]:
         """`stored_params` of a resolved step, read once (a finalized step does not change)."""
         if step not in self._trees:
-            self._trees[step] = stored_params(self.layout(), self.path, step)
+            self._trees[step] = stored_params(self.location(), self.path, step)
         return self._trees[step]
 
     @classmethod
@@ -212,29 +212,29 @@ class ForeignOrbax(Checkpoint):
             return f"numbered Orbax steps whose latest ({steps[-1]}) has no ppl_jax metadata item"
         return None
 
-    def layout(self) -> Layout:
+    def location(self) -> TreeLocation:
         """Where the params are (`locate`, with `checkpoint.item`/`params` or the mapping
         file's)."""
-        if self._layout is None:
+        if self._location is None:
             file = self.mapping_file()
             item = self.options.item or file.get("item", "")
-            self._layout = locate(self.path, item, file.get("params", "") or self.options.params)
-        return self._layout
+            self._location = locate(self.path, item, file.get("params", "") or self.options.params)
+        return self._location
 
     def steps(self) -> list[int]:
-        if self._layout is None and not has_steps(self.path):
+        if self._location is None and not has_steps(self.path):
             return []  # a run that has not finalized its first step yet (watch mode)
-        layout = self.layout()
-        return [] if layout.bare else orbax.finalized_steps(layout.root)
+        location = self.location()
+        return [] if location.bare else orbax.finalized_steps(location.root)
 
     def resolve_step(self, step: int | None) -> int | None:
         """As `Checkpoint.resolve_step`; a step seen finalized before is not looked up again
         (each look opens an Orbax `CheckpointManager`, a barrier of every process)."""
-        layout = self.layout()
-        if layout.bare:
+        location = self.location()
+        if location.bare:
             return None
         if step is None or step not in self._finalized:
-            step = orbax.pick_step(layout.root, step)
+            step = orbax.pick_step(location.root, step)
             self._finalized.add(step)
         return step
 
@@ -243,26 +243,26 @@ class ForeignOrbax(Checkpoint):
 
     def read(self, step: int | None, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
         step = self.resolve_step(step)
-        layout = self.layout()
+        location = self.location()
         full = self._tree(step)[1]
         got = orbax.read_arrays(
-            layout.item_dir(step), self.path, step, {full[n]: v for n, v in abstract.items()},
-            layout.item,
+            location.item_dir(step), self.path, step, {full[n]: v for n, v in abstract.items()},
+            location.item,
         )  # fmt: skip
         return {n: got[full[n]] for n in abstract}
 
     def files(self, step: int | None) -> str:
-        layout = self.layout()
-        return layout.root if layout.bare else paths.join(layout.root, str(step))
+        location = self.location()
+        return location.root if location.bare else paths.join(location.root, str(step))
 
     def layout_lines(self, step: int | None) -> list[str]:
         step = self.resolve_step(step)
-        layout = self.layout()
+        location = self.location()
         lines = []
-        if not layout.bare:
-            folder = paths.join(layout.root, str(step))
+        if not location.bare:
+            folder = paths.join(location.root, str(step))
             lines.append(f"step {step} items: {', '.join(sorted(paths.listdir(folder)))}")
         prefix = self._tree(step)[2]
-        item = "(bare directory)" if layout.bare else layout.item or "(the step folder)"
+        item = "(bare directory)" if location.bare else location.item or "(the step folder)"
         lines.append(f"item: {item}   params: {prefix or '(the whole item)'}")
         return lines

@@ -95,7 +95,7 @@ class HFDirectory(Checkpoint):
 
     def __init__(self, path: str, options: Options | None = None, why: str = ""):
         super().__init__(path, options, why)
-        self._entries: dict[str, dict[str, ranges.Entry]] = {}
+        self._entries: dict[str, dict[str, ranges.TensorRange]] = {}
 
     @classmethod
     def claims(cls, path: str, options: Options) -> str | None:
@@ -113,7 +113,7 @@ class HFDirectory(Checkpoint):
     def resolve_step(self, step: int | None) -> int | None:
         return None
 
-    def entries(self, step: int | None) -> dict[str, ranges.Entry]:
+    def entries(self, step: int | None) -> dict[str, ranges.TensorRange]:
         """The stored tensors of the step's directory, from the safetensors headers.
 
         Raises:
@@ -210,7 +210,7 @@ class RangedSafetensors(safetensors.Safetensors):
     (`safetensors.Safetensors`' names and checks, each region fetched as the byte ranges that hold it:
     `safetensors_ranges.read_block`), from a local file or a bucket."""
 
-    def __init__(self, folder: str, entries: dict[str, ranges.Entry]):
+    def __init__(self, folder: str, entries: dict[str, ranges.TensorRange]):
         self.path, self.entries = folder, entries
         self.file_of = {name: entry.file for name, entry in entries.items()}
 
@@ -223,7 +223,7 @@ class RangedSafetensors(safetensors.Safetensors):
 
 
 def _mapped_headers(
-    folder: str, entries: dict[str, ranges.Entry]
+    folder: str, entries: dict[str, ranges.TensorRange]
 ) -> tuple[RangedSafetensors, dict[str, Any], list[dict[str, Any]], dict[str, Any], Any]:
     """(the storage, its tensors by the rules' names, the family's rules, the description, the
     storage to read them from) of a directory, from `config.json` and the headers: a quantized
@@ -244,7 +244,7 @@ def _mapped_headers(
     return weights, stored, rules, desc, source
 
 
-def load_ranged(folder: str, entries: dict[str, ranges.Entry], target: Any) -> Any:
+def load_ranged(folder: str, entries: dict[str, ranges.TensorRange], target: Any) -> Any:
     """A remote Hugging Face directory's weights into the target shardings, by byte ranges:
     `safetensors.load_params`' mapping (its family's rules, `registry.hf_mapping`) and blocks
     (`blocks.read_block`: each device's block from the stored region it needs) over a

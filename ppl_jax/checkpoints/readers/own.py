@@ -87,18 +87,18 @@ class OwnOrbax(Checkpoint):
         description = self._read(step)[1].get("tokenizer")
         return tokenizer_lib.from_description(copy.deepcopy(description)) if description else None
 
-    def _layout(self) -> foreign.Layout:
-        return foreign.Layout(self.path, False, orbax.STATE, "params")
+    def _location(self) -> foreign.TreeLocation:
+        return foreign.TreeLocation(self.path, False, orbax.STATE, "params")
 
     def stored(self, step: int | None) -> Stored:
         step = self.resolve_step(step)
         if step not in self._stored:
-            self._stored[step] = foreign.stored_params(self._layout(), self.path, step)[0]
+            self._stored[step] = foreign.stored_params(self._location(), self.path, step)[0]
         return self._stored[step]
 
     def read(self, step: int | None, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
         step = self.resolve_step(step)
-        item = self._layout().item_dir(step)
+        item = self._location().item_dir(step)
         got = orbax.read_arrays(
             item, self.path, step, {PARAMS + n: v for n, v in abstract.items()}, shown=PARAMS
         )

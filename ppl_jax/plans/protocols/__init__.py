@@ -4,7 +4,7 @@ Each protocol is one object (`Protocol`, one module each) that owns its rules: i
 note, whether it is document-level and strided, which text joins the documents (`joiner`), its
 plan from documents (`plan(docs, inputs)`) and from the token cache (`stream_plan(entry, inputs,
 path)`, or None), both given the dataset's `PlanInputs` (built once by the planner). `PROTOCOLS` maps
-each name to its object; callers ask the object (`get(spec.protocol).document_level`), never
+each name to its object; callers ask the object (`spec.convention.document_level`), never
 compare names, so that a new protocol is one module here and one line in `PROTOCOLS`.
 
 Every protocol turns documents into `Windows` plus the counts its convention reports, and every

@@ -92,7 +92,7 @@ def test_maxtext_llama2_restores_the_params(tmp_path, scanned):
                  extra={"opt_state": {"mu": np.zeros(3, np.float32)}})  # fmt: skip
     ckpt = open_checkpoint(str(tmp_path / "run"), architecture=f"maxtext:default {SIZES}")
     assert isinstance(ckpt, ForeignOrbax) and ckpt.steps() == [10, 20]
-    assert ckpt.layout().item == "items"
+    assert ckpt.location().item == "items"
     model = ckpt.model()
     assert model.description["vocab_size"] == C.vocab_size
     target = targets(model)
@@ -112,7 +112,7 @@ def test_maxtext_nnx_param_only_checkpoint(tmp_path):
         checkpointer.save(str(tmp_path / "nnx"), nest_weights(tree))
         checkpointer.wait_until_finished()
     ckpt = open_checkpoint(str(tmp_path / "nnx"), architecture=f"maxtext:default {SIZES}")
-    assert ckpt.layout().bare and ckpt.steps() == []
+    assert ckpt.location().bare and ckpt.steps() == []
     assert_params_equal(ckpt.restore(None, targets(ckpt.model())), params)
 
 
@@ -191,7 +191,7 @@ rules:
 """)
     ckpt = open_checkpoint(str(tmp_path / "ck"), architecture=str(tmp_path / "arch.json"),
                            mapping=str(tmp_path / "map.yaml"))  # fmt: skip
-    assert ckpt.layout().item == "default"
+    assert ckpt.location().item == "default"
     got = ckpt.restore(3, targets(ckpt.model()))
     assert_params_equal(got, nest_weights(dict(params)))
     # A damaged file, an unknown key, a pattern that is not a regular expression.

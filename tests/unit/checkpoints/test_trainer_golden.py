@@ -69,7 +69,7 @@ def test_maxtext_logits_equal_maxtext(name):
     if "qwen3" in name and "qk_norm" not in LlamaConfig.__dataclass_fields__:
         pytest.skip("the llama family has no QK-norm yet (issue 17)")
     ckpt = open_checkpoint(os.path.join(TRAINERS, name), architecture=_arch(name))
-    assert isinstance(ckpt, ForeignOrbax) and ckpt.layout().item == "items"
+    assert isinstance(ckpt, ForeignOrbax) and ckpt.location().item == "items"
     golden = np.load(os.path.join(TRAINERS, name, "logits.npz"))
     _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
 
@@ -80,7 +80,7 @@ def test_gemma_library_logits_equal_gemma():
     folder = os.path.join(TRAINERS, "gemma3_tiny")
     ckpt = open_checkpoint(os.path.join(folder, "params"),
                            architecture=os.path.join(folder, "config.json"))  # fmt: skip
-    assert isinstance(ckpt, ForeignOrbax) and ckpt.layout().bare and ckpt.steps() == []
+    assert isinstance(ckpt, ForeignOrbax) and ckpt.location().bare and ckpt.steps() == []
     golden = np.load(os.path.join(folder, "logits.npz"))
     model = ckpt.model()
     want = golden["bare"]
@@ -112,7 +112,7 @@ def test_flax_loops_logits_equal_their_own(name, entry, monkeypatch):
     monkeypatch.syspath_prepend(os.path.abspath(GOLDEN))
     sys.modules.pop("trainer_models", None)
     ckpt = open_checkpoint(os.path.join(TRAINERS, name, "checkpoints"), architecture=entry)
-    assert ckpt.layout().item == {"linen_trainstate": "default", "nnx_state": "model"}[name]
+    assert ckpt.location().item == {"linen_trainstate": "default", "nnx_state": "model"}[name]
     golden = np.load(os.path.join(TRAINERS, name, "logits.npz"))
     _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
 

@@ -42,7 +42,7 @@ def evaluator(model, tok, corpus, mesh):
         param_shardings=None,
         suite=[ppl_jax.DatasetSpec(path=corpus)],
         tokenizer=tok,
-        protocol=ppl_jax.ProtocolSpec(protocol="lm_eval_rolling", seq_len=64),
+        protocol=ppl_jax.ProtocolSpec(name="lm_eval_rolling", seq_len=64),
         batch=ppl_jax.BatchSpec(batch_size=8),
     )
 
@@ -105,7 +105,7 @@ def test_a_model_on_cudnn_attention_is_scored_unpacked(tiny_checkpoint, short_do
         assert model.honours_segments is packs
         d = ppl_jax.prepare(
             ppl_jax.DatasetSpec(path=short_documents),
-            ppl_jax.ProtocolSpec(protocol="lm_eval_rolling", seq_len=64),
+            ppl_jax.ProtocolSpec(name="lm_eval_rolling", seq_len=64),
             tok, model.vocab_size, ppl_jax.BatchSpec(batch_size=8), model.honours_segments,
         )  # fmt: skip
         assert (d.layout.max_segments > 1) is packs, attention
