@@ -1,7 +1,9 @@
 """The subpackages' faces (REVIEW defect 9): each `ppl_jax/<sub>/__init__.py` says what its room
 holds and re-exports its public names (`__all__`), which resolve; importing the faces imports none
-of their modules; and code outside the package (`launch/`, `benchmarks/`, `examples/`, the docs'
-Python blocks) imports a name a face exports from the face, not from the module below it."""
+of their modules; the rooms inside a subpackage (`models.layers`, `checkpoints.mapping`, ...) have
+lazy faces too, none exporting a name one of its modules takes; and code outside the package
+(`launch/`, `benchmarks/`, `examples/`, the docs' Python blocks) imports a name a face exports from
+the face, not from the module below it."""
 
 from __future__ import annotations
 
@@ -21,6 +23,14 @@ SUBPACKAGES = sorted(
     for name in os.listdir(PACKAGE)
     if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))
 )
+# The rooms inside a subpackage (`models.layers`, `checkpoints.readers`, ...): each has a face of
+# its own. `plans.protocols` is the protocols' registry, not a face.
+ROOMS = sorted(
+    os.path.relpath(folder, PACKAGE).replace(os.sep, ".")
+    for folder, _, names in os.walk(PACKAGE)
+    if "__init__.py" in names and os.path.relpath(folder, PACKAGE).count(os.sep) >= 1
+)
+NOT_FACES = {"plans.protocols"}
 # Every face imports its modules on first use.
 EAGER: set[str] = set()
 OUTSIDE = ("launch", "benchmarks", "examples")
@@ -28,7 +38,8 @@ OUTSIDE = ("launch", "benchmarks", "examples")
 
 def face_names(sub: str) -> set[str]:
     """The face's `__all__`, read from its source (as Griffe reads it), without importing it."""
-    tree = ast.parse(open(os.path.join(PACKAGE, sub, "__init__.py"), encoding="utf-8").read())
+    face = os.path.join(PACKAGE, *sub.split("."), "__init__.py")
+    tree = ast.parse(open(face, encoding="utf-8").read())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
@@ -129,3 +140,38 @@ def test_a_deep_import_is_found():
     assert found == ["x.py:1 from ppl_jax.scoring.scorer import Scorer "
                      "(use: from ppl_jax.scoring import Scorer)"]  # fmt: skip
     assert deep_imports("from ppl_jax.models.registry import build\n", "x.py", faces) == []
+
+
+def test_every_room_has_a_lazy_face_whose_names_are_not_its_modules():
+    rooms = [room for room in ROOMS if room not in NOT_FACES]
+    wanted = {"models.layers", "models.layers.moe", "models.decoders", "models.families"}
+    assert wanted <= set(rooms)
+    assert {"checkpoints.readers", "checkpoints.mapping", "checkpoints.formats"} <= set(rooms)
+    for room in rooms:
+        folder = os.path.join(PACKAGE, *room.split("."))
+        face = open(os.path.join(folder, "__init__.py"), encoding="utf-8").read()
+        doc = ast.get_docstring(ast.parse(face)) or ""
+        assert len(doc.split()) > 10, f"ppl_jax.{room}: its docstring says too little: {doc!r}"
+        assert "lazy_api_imports" in face, f"ppl_jax.{room}: not a lazy face"
+        names = face_names(room)
+        assert 2 <= len(names) <= 10, f"ppl_jax.{room}.__all__: {sorted(names)}"
+        # A module of the room replaces the face's name once it is imported.
+        modules = {n[:-3] for n in os.listdir(folder) if n.endswith(".py")} | {
+            n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n, "__init__.py"))
+        }
+        assert not names & modules, f"ppl_jax.{room} exports its modules' names: {names & modules}"
+        module = importlib.import_module(f"ppl_jax.{room}")
+        assert set(module.__all__) == names
+        for name in names:
+            obj = getattr(module, name)
+            assert obj is not None and not isinstance(obj, type(module)), f"ppl_jax.{room}.{name}"
+    # The faces of the rooms and of their subpackages, and nothing below them.
+    faces = {f"ppl_jax.{'.'.join(room.split('.')[:n])}" for room in rooms for n in (1, 2, 3)}
+    code = (
+        "import sys\n"
+        + "".join(f"import ppl_jax.{room}\n" for room in rooms)
+        + f"loaded = [m for m in sys.modules if m.startswith('ppl_jax.') and m not in {faces!r}]\n"
+        + "print(sorted(loaded), 'jax' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[] False", r.stdout
