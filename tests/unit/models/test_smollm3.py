@@ -104,7 +104,7 @@ def test_the_comparison_sees_each_feature(change):
 
 @pytest.mark.slow
 def test_results_do_not_depend_on_batch_packing_or_mesh():
-    """Every window's NLL is the same within 1e-6 relative scored in batches of 1, 4 or 16 rows,
+    """Every window's NLL is the same within 2e-6 relative scored in batches of 1, 4 or 16 rows,
     packed two windows to a row, and with the heads sharded over the model axis of a data=4,
     model=2 mesh."""
     g = golden("smollm3")
@@ -119,7 +119,9 @@ def test_results_do_not_depend_on_batch_packing_or_mesh():
                 for i in range(0, n, batch)
             ]
         )[:n]
-        np.testing.assert_allclose(got, base, rtol=1e-6)
+        # Batches of one row round 1.42e-6 apart on this golden on AVX-512 CPUs (the same at
+        # 6ad7991, before the layers were scanned; under 1e-6 elsewhere): float32, not the batch.
+        np.testing.assert_allclose(got, base, rtol=2e-6)
     pairs = [tuple(range(i, min(i + 2, n))) for i in range(0, n, 2)]
     packed = windows.fill(pairs + [()] * (16 - len(pairs)), 2 * (g["seq_len"] + 1))
     nll = score_rows(model, params, packed)
