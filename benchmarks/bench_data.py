@@ -3,7 +3,7 @@
     python -m benchmarks.bench --data_scale                      # 10 MB, 100 MB, 1 GB; 1 and 2 processes
     python -m benchmarks.bench --data_scale --data_sizes_mb=1,10 --data_processes=1
 
-What is measured is what `ppl_jax.evaluation.job.evaluate` does with the data before it scores: load
+What is measured is what `ppl_jax.evaluation.run.evaluate` does with the data before it scores: load
 the tokenizer; with `data.cache_dir` (the default here), `planner.planned`: a plan-cache hit, else
 the token cache (each process reads and tokenizes its share of the documents, `ppl_jax.plans.token_cache`)
 and the plan from its lengths (`ppl_jax.plans.stream_plans`); without one, read the documents
