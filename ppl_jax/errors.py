@@ -41,6 +41,13 @@ class Interrupted(PplJaxError):
         self.exit_code = exit_code
 
 
+def quoted(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters, ending in "...", for a bad value named in an
+    error's sentence (a config's or a file's value may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 _CHECKPOINT_KEY = re.compile(r"(?<![\w.])checkpoint\.(dir|step|format)\b")
 
 

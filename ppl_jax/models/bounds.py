@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, quoted
 
 # Upper bounds of a description's sizes, each far above the largest published models'.
 MAX_SIZES = {
@@ -156,7 +156,7 @@ def check_hf_sizes(config: dict[str, Any], prefix: str = "") -> None:
         )
         if not whole or not least <= value <= bound:
             raise CheckpointError(
-                f"{prefix}{key}={_short(value, 40)} is not a whole number from {least} to "
+                f"{prefix}{key}={quoted(value, 40)} is not a whole number from {least} to "
                 f"{bound:,}; fix the config (its sizes are checked before anything is built)."
             )
     for keys, upper, what in ((HF_FRACTIONS, 1, "a fraction in (0, 1]"),
@@ -166,7 +166,7 @@ def check_hf_sizes(config: dict[str, Any], prefix: str = "") -> None:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                       or not 0 < value <= upper):  # fmt: skip
                 raise CheckpointError(
-                    f"{prefix}{key}={_short(value, 40)} is not {what}; fix the config."
+                    f"{prefix}{key}={quoted(value, 40)} is not {what}; fix the config."
                 )
     for key, value in config.items():
         if (key.endswith(("_eps", "_epsilon")) and isinstance(value, int | float)
@@ -174,8 +174,3 @@ def check_hf_sizes(config: dict[str, Any], prefix: str = "") -> None:
             raise CheckpointError(f"{prefix}{key}={value} is negative; fix the config.")
     if isinstance(config.get("text_config"), dict) and not prefix:
         check_hf_sizes(config["text_config"], "text_config.")
-
-
-def _short(value: Any, limit: int) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

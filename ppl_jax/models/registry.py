@@ -53,7 +53,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.errors import CheckpointError, ConfigError, quoted
 from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
 from ppl_jax.models.bounds import MAX_SIZES, MAY_BE_ZERO, check_finite, check_hf_sizes
@@ -341,7 +341,7 @@ def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
     family = for_model_type(config.get("model_type"))
     if family is None:
         raise CheckpointError(
-            f"model_type {_short(config.get('model_type'))} is not supported; ppl_jax loads "
+            f"model_type {quoted(config.get('model_type'))} is not supported; ppl_jax loads "
             f"Hugging Face model types {', '.join(sorted(model_types()))}."
         )
     check_hf_sizes(config)
@@ -360,8 +360,3 @@ def hf_mapping(description: dict[str, Any]) -> tuple[tuple[str, ...], list[dict[
     if family.hf_rules is None:
         raise CheckpointError(f"the {family.name} family reads no Hugging Face weights.")
     return family.hf_prefixes, family.hf_rules(description)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

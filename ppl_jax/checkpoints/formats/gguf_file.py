@@ -45,7 +45,7 @@ PIECE_BYTES = 16 << 20  # float32 bytes dequantized at a time
 _FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
             11: "<q", 12: "<d"}  # fmt: skip
 _SIZES = {kind: struct.calcsize(fmt) for kind, fmt in _FORMATS.items()}
-_FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "BF16": "bfloat16"}
+_FLOAT_TYPES = ("F32", "F16", "BF16")  # one value a block
 
 
 @dataclasses.dataclass(frozen=True)

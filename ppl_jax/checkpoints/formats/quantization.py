@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, quoted
 
 METHODS = ("gptq", "awq", "compressed-tensors", "fp8", "mxfp4")
 CT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized")
@@ -132,18 +132,13 @@ def _fail(where: str, what: str, fix: str = "") -> CheckpointError:
     return CheckpointError(f"{where}: quantization_config {what}{tail}.")
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _int(q: dict, keys: tuple[str, ...], default: Any, where: str) -> Any:
     """The first of `keys` in `q` as an int (or `default`), refusing another type."""
     value = next((q[k] for k in keys if k in q and q[k] is not None), default)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, f"has {keys[0]}={_short(value)}, not a whole number")
+        raise _fail(where, f"has {keys[0]}={quoted(value, 40)}, not a whole number")
     return value
 
 
@@ -179,12 +174,12 @@ def read(config: dict[str, Any], where: str) -> Scheme | None:
     if not q:
         return None
     if not isinstance(q, dict):
-        raise _fail(where, f"is {_short(q)}, not an object")
+        raise _fail(where, f"is {quoted(q, 40)}, not an object")
     method = q.get("quant_method")
     if method not in METHODS:
         raise _fail(
             where,
-            f"names the method {_short(method)}, which ppl_jax does not read (it reads "
+            f"names the method {quoted(method, 40)}, which ppl_jax does not read (it reads "
             f"{', '.join(METHODS)})",
             "give a dequantized (bfloat16 or float32) copy of the model",
         )
@@ -200,14 +195,16 @@ def _gptq(q: dict, where: str) -> Scheme:
     if fmt not in ("gptq", "gptq_v2"):
         raise _fail(
             where,
-            f"has the GPTQ checkpoint_format {_short(fmt)}, a kernel's layout that ppl_jax does "
+            f"has the GPTQ checkpoint_format {quoted(fmt, 40)}, a kernel's layout that ppl_jax does "
             f"not read (it reads gptq and gptq_v2)",
             "save the model in the gptq format",
         )
     if q.get("dynamic"):
         raise _fail(where, "has per-module overrides (dynamic), which ppl_jax does not read")
     if q.get("pack_dtype") not in (None, "int32", "torch.int32"):
-        raise _fail(where, f"has pack_dtype={_short(q['pack_dtype'])}; only int32 words are read")
+        raise _fail(
+            where, f"has pack_dtype={quoted(q['pack_dtype'], 40)}; only int32 words are read"
+        )
     sym = q.get("sym", True)
     w = Weights(bits, "int", bool(sym), "group", _group_size(q, ("group_size",), where))
     return Scheme("gptq", fmt, (w,), act_order=bool(q.get("desc_act", False)))
@@ -221,7 +218,7 @@ def _awq(q: dict, where: str) -> Scheme:
     if version != "gemm":
         raise _fail(
             where,
-            f"has the AWQ version {_short(q.get('version'))}, a kernel's layout that ppl_jax does "
+            f"has the AWQ version {quoted(q.get('version'), 40)}, a kernel's layout that ppl_jax does "
             f"not read (it reads gemm)",
         )
     size = _group_size(q, ("group_size", "q_group_size"), where)
@@ -234,7 +231,7 @@ def _compressed(q: dict, where: str) -> Scheme:
     if status != "compressed":
         raise _fail(
             where,
-            f"has quantization_status {_short(status)}: the weights are stored in full precision "
+            f"has quantization_status {quoted(status, 40)}: the weights are stored in full precision "
             f"with their quantization parameters beside them, which ppl_jax does not apply",
             "save the model compressed (llm-compressor's save_compressed=True)",
         )
@@ -248,19 +245,19 @@ def _compressed(q: dict, where: str) -> Scheme:
     out = []
     for name, group in groups.items():
         if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
-            raise _fail(where, f"group {_short(name)} quantizes no weights")
+            raise _fail(where, f"group {quoted(name, 40)} quantizes no weights")
         fmt = group.get("format") or top
         if fmt not in CT_FORMATS:
             raise _fail(
                 where,
-                f"has the compressed-tensors format {_short(fmt)}, which ppl_jax does not read "
+                f"has the compressed-tensors format {quoted(fmt, 40)}, which ppl_jax does not read "
                 f"(it reads {', '.join(CT_FORMATS)})",
                 "give a dequantized (bfloat16 or float32) copy of the model",
             )
-        out.append(_ct_weights(group, fmt, f"{where}: config group {_short(name)}"))
+        out.append(_ct_weights(group, fmt, f"{where}: config group {quoted(name, 40)}"))
     ignore = q.get("ignore") or ()
     if not isinstance(ignore, list | tuple) or not all(isinstance(i, str) for i in ignore):
-        raise _fail(where, f"has ignore={_short(ignore)}, not a list of module names")
+        raise _fail(where, f"has ignore={quoted(ignore, 40)}, not a list of module names")
     formats = {g.format for g in out}
     return Scheme(
         "compressed-tensors", top if len(formats) > 1 else formats.pop(), tuple(out),
@@ -274,7 +271,9 @@ def _ct_weights(group: dict, fmt: str, where: str) -> Weights:
     kind = w.get("type", "int")
     strategy = w.get("strategy") or "tensor"
     if strategy not in CT_STRATEGIES:
-        raise _fail(where, f"has the strategy {_short(strategy)} (ppl_jax reads {CT_STRATEGIES})")
+        raise _fail(
+            where, f"has the strategy {quoted(strategy, 40)} (ppl_jax reads {CT_STRATEGIES})"
+        )
     good = {
         "pack-quantized": kind == "int" and bits in (2, 4, 8),
         "naive-quantized": kind == "int" and bits <= 8 or kind == "float" and bits == 8,
@@ -282,24 +281,24 @@ def _ct_weights(group: dict, fmt: str, where: str) -> Weights:
         "float-quantized": kind == "float" and bits == 8,
     }[fmt]
     if not good or bits < 2:
-        raise _fail(where, f"has {bits}-bit {_short(kind)} weights in {fmt}, a layout ppl_jax "
+        raise _fail(where, f"has {bits}-bit {quoted(kind, 40)} weights in {fmt}, a layout ppl_jax "
                            f"does not read (pack-quantized: 2, 4 or 8-bit int; float-quantized: "
                            f"8-bit float)")  # fmt: skip
     if w.get("actorder") not in (None, "weight", "static", "group", False):
-        raise _fail(where, f"has actorder={_short(w.get('actorder'))}")
+        raise _fail(where, f"has actorder={quoted(w.get('actorder'), 40)}")
     size = block = None
     if strategy == "group":
         size = _int(w, ("group_size",), None, where)
         if size is None or not 0 < size <= 1 << 20:
-            raise _fail(where, f"has the group strategy with group_size={_short(size)}")
+            raise _fail(where, f"has the group strategy with group_size={quoted(size, 40)}")
     if strategy == "block":
         given = w.get("block_structure")
         block = _block_shape(given)
         if block is None:
-            raise _fail(where, f"has the block strategy with block_structure={_short(given)}")
+            raise _fail(where, f"has the block strategy with block_structure={quoted(given, 40)}")
     targets = group.get("targets") or ["Linear"]
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise _fail(where, f"has targets={_short(targets)}, not a list of names")
+        raise _fail(where, f"has targets={quoted(targets, 40)}, not a list of names")
     act = group.get("input_activations")
     act_bits = _int(act, ("num_bits",), None, where) if isinstance(act, dict) else None
     return Weights(bits, kind, bool(w.get("symmetric", True)), strategy, size, block, fmt,
@@ -309,11 +308,11 @@ def _ct_weights(group: dict, fmt: str, where: str) -> Weights:
 def _fp8(q: dict, where: str) -> Scheme:
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
-        raise _fail(where, f"has fmt={_short(fmt)}; ppl_jax reads float8_e4m3fn weights (e4m3)")
+        raise _fail(where, f"has fmt={quoted(fmt, 40)}; ppl_jax reads float8_e4m3fn weights (e4m3)")
     given = q.get("weight_block_size")
     block = None if given is None else _block_shape(given)
     if given is not None and block is None:
-        raise _fail(where, f"has weight_block_size={_short(given)}, not two sizes")
+        raise _fail(where, f"has weight_block_size={quoted(given, 40)}, not two sizes")
     w = Weights(8, "float", True, "block" if block else "tensor", None, block, "float8_e4m3fn",
                 activation_bits=8)  # fmt: skip
     return Scheme("fp8", "float8_e4m3fn", (w,))

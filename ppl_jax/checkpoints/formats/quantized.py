@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
-# AWQ's order of 8 codes in a word: stored position k holds code ORDER[k]
-# (autoawq `WQLinear_GEMM.from_linear`: order_map [0, 2, 4, 6, 1, 3, 5, 7]); unpacking takes
-# code j from stored position REVERSE[j] (autoawq `AWQ_REVERSE_ORDER`).
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# AWQ's order of 8 codes in a word: stored position k holds code [0, 2, 4, 6, 1, 3, 5, 7][k]
+# (autoawq `WQLinear_GEMM.from_linear`'s order_map); unpacking takes code j from stored position
+# AWQ_REVERSE[j] (autoawq `AWQ_REVERSE_ORDER`).
 AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
 # E2M1 values by code (sign bit 3), OCP Microscaling Formats v1.0 Table 5; transformers'
 # `integrations/mxfp4.FP4_VALUES`.
@@ -157,6 +155,3 @@ def mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     exp = scales.astype(np.int32) - E8M0_BIAS
     out = np.ldexp(values, exp[..., None]).astype(np.float32)
     return out.reshape(out.shape[:-2] + (out.shape[-2] * 32,))
-
-
-FLOAT8 = np.dtype(ml_dtypes.float8_e4m3fn)

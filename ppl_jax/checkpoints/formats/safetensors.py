@@ -44,7 +44,7 @@ from ppl_jax.checkpoints import mapping
 from ppl_jax.checkpoints.formats import quantization, quantized_parts
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import blocks
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
 from ppl_jax.runtime import paths
@@ -79,12 +79,6 @@ def is_hf_checkpoint(path: str) -> bool:
     except ImportError as e:
         raise paths.missing_backend(path, e) from None
     return bool(_weight_files(path) or _pickle_files(path))
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """`repr(value)` cut to `limit` characters (a config's bad value may be megabytes long)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _config(path: str) -> tuple[dict[str, Any], bool]:
@@ -154,7 +148,7 @@ def read_description(path: str) -> dict[str, Any]:
         raise CheckpointError(f"{where}: {str(e)[:1000]}") from None
     except KeyError as e:
         raise CheckpointError(
-            f"{where}: the {_short(model_type)[1:-1]} config lacks the field {_short(e.args[0])}."
+            f"{where}: the {quoted(model_type)[1:-1]} config lacks the field {quoted(e.args[0])}."
         ) from None
     except (TypeError, ValueError, OverflowError, AttributeError) as e:
         raise CheckpointError(

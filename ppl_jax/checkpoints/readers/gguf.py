@@ -1,9 +1,9 @@
 """A GGUF file (llama.cpp's format) as a reader: `checkpoint.dir=model.gguf`, or a folder holding
 one `.gguf` file, opens by path alone.
 
-- The file's header is read and checked by `ppl_jax.checkpoints.formats.gguf_file` (the `gguf`
-  package's reader, its claims checked against the file's size) when the checkpoint is first
-  asked anything, before any weight is read.
+- The file's header is read and checked by `ppl_jax.checkpoints.formats.gguf_file` (its own walk
+  of the published layout, every count and extent checked against the file's size) when the
+  checkpoint is first asked anything, before any weight is read.
 - The architecture is the metadata's (`general.architecture` and its keys), described as the
   Hugging Face reader describes the original model (`ppl_jax.checkpoints.readers.gguf_arch`, with
   the family that declares the architecture: `Family.gguf`); its sizes are checked
@@ -24,6 +24,7 @@ import copy
 import os
 from typing import Any
 
+import gguf
 import numpy as np
 
 from ppl_jax import tokenizer as tokenizer_lib
@@ -40,13 +41,13 @@ from ppl_jax.tokenizer import gguf as gguf_tokenizer
 
 SUFFIX = ".gguf"
 MAX_FACTORS = 1 << 16  # values of a rotary-factor tensor (one per frequency of a head)
-# llama.cpp's `llama_ftype` names of `general.file_type` (what the file was quantized as).
-FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
-              16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S",
-              22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
-              28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
-              37: "TQ2_0", 38: "MXFP4_MOE"}  # fmt: skip
+# llama.cpp's `llama_ftype` names of `general.file_type` (what the file was quantized as), from
+# the gguf package's `LlamaFileType`: 0 is "F32", 15 "Q4_K_M", 38 "MXFP4_MOE".
+FILE_TYPES = {
+    t.value: "F32" if t.name == "ALL_F32" else t.name.removeprefix("MOSTLY_")
+    for t in gguf.LlamaFileType
+    if t.name != "GUESSED"
+}
 
 
 def _gguf_files(folder: str) -> list[str]:
@@ -206,7 +207,7 @@ class GGUFCheckpoint(Checkpoint):
         architecture (`gguf_arch.rules`)."""
         if self.mapping:
             return apply.rules(self, step)
-        return gguf_arch.rules(gguf_arch.architecture(self.header), self.known(step))
+        return gguf_arch.rules(self.header, self.known(step))
 
     def naming(self, step: int | None) -> str:
         return f"the tensors of {self.gguf_path!r}"

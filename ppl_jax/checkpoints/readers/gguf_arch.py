@@ -198,14 +198,11 @@ def description(file: GGUFFile, tensor_rows: Any) -> dict[str, Any]:
         ) from None
 
 
-def rules(arch: str, d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The mapping rules from a GGUF file's tensor names to the model's weights, for the
-    description `d` of architecture `arch` (its family's `GGUFArchitecture.rules`).
+def rules(file: GGUFFile, d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mapping rules from the GGUF file's tensor names to the model's weights, for its
+    description `d` (the family's `GGUFArchitecture.rules`).
 
     Raises:
-      CheckpointError: an architecture no family reads.
+      CheckpointError: an architecture no family reads (see `architecture`).
     """
-    found = registry.for_gguf_architecture(arch)
-    if found is None:
-        raise CheckpointError(f"no family of ppl_jax reads the GGUF architecture {arch!r}.")
-    return found.rules(d)
+    return _architecture(file)[1].rules(d)
