@@ -187,7 +187,12 @@ class Evaluator:
         for i, d in enumerate(datasets):
             check_batch_size(d.layout.batch_size, mesh)
             if d.layout.max_segments > 1 and not model.honours_segments:  # laid out elsewhere
-                layout = plan_layout(d.plan.windows, d.layout.batch_size, pack=False)
+                layout = plan_layout(
+                    d.plan.windows,
+                    d.layout.batch_size,
+                    pack=False,
+                    num_buckets=self.batch.length_buckets,  # as the run's fingerprint says
+                )
                 datasets[i] = Dataset(d.data, d.protocol, d.plan, layout)
         return datasets
 

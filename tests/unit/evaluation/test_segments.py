@@ -13,6 +13,7 @@ import ppl_jax
 from ppl_jax.checkpoints import open_checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import segments
+from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime.mesh import make_mesh
 
 import helpers
@@ -109,3 +110,30 @@ def test_a_model_on_cudnn_attention_is_scored_unpacked(tiny_checkpoint, short_do
             tok, model.vocab_size, ppl_jax.BatchSpec(batch_size=8), model.honours_segments,
         )  # fmt: skip
         assert (d.layout.max_segments > 1) is packs, attention
+
+
+def test_a_prepared_packed_dataset_is_laid_out_again_with_the_runs_length_buckets(
+    tiny_checkpoint, short_documents
+):
+    """A dataset prepared packed (`ppl_jax.prepare`) for a model that does not keep segments
+    apart is laid out unpacked again, in the widths of the run's `length_buckets`, as its
+    fingerprint says (it was laid out at the full width, whatever the buckets)."""
+    ckpt = open_checkpoint(tiny_checkpoint)
+    tok = ckpt.tokenizer(5)
+    tok.eos_id = 0
+    model = ckpt.model()
+    said = dataclasses.replace(ignoring_segments(model), honours_segments=False)
+    batch = ppl_jax.BatchSpec(batch_size=8, length_buckets=4)
+    protocol = ppl_jax.ProtocolSpec(name="lm_eval_rolling", seq_len=64)
+    prepared = ppl_jax.prepare(
+        ppl_jax.DatasetSpec(path=short_documents), protocol, tok, model.vocab_size, batch
+    )
+    assert prepared.layout.max_segments > 1
+    ev = ppl_jax.Evaluator(
+        model=said, mesh=make_mesh(-1, 1), param_shardings=None, suite=[prepared],
+        tokenizer=tok, protocol=protocol, batch=batch,
+    )  # fmt: skip
+    layout = ev.datasets[0].layout
+    want = plan_layout(prepared.plan.windows, prepared.layout.batch_size, pack=False, num_buckets=4)
+    assert layout.max_segments == 1
+    assert layout.widths == want.widths and max(layout.widths) < 65  # 21-token windows
