@@ -160,11 +160,12 @@ def _checkpoint_dict(ev: Evaluation) -> dict[str, Any]:
 
 def _divergence_dict(ev: Evaluation) -> dict | None:
     """The divergence from the reference model (`ppl_jax.metrics.divergence`), with the
-    reference (`Evaluation.reference`: its path, step and dtype)."""
+    reference (`Evaluation.reference`: its path, step and dtype; None for a reference model a
+    training loop gave the `Evaluator` itself, whose checkpoint it does not know)."""
     found = ev.diagnostics.get("divergence")
-    if found is None or ev.reference is None:
+    if found is None:
         return None
-    return {"reference": dict(ev.reference), **found}
+    return {"reference": None if ev.reference is None else dict(ev.reference), **found}
 
 
 def intervals_dict(ev: Evaluation) -> dict | None:

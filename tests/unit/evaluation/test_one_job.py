@@ -148,9 +148,23 @@ def test_the_evaluator_gives_the_per_token_output_and_kl_of_the_cli(
     )  # fmt: skip
     params = ckpt.restore(5, evaluator.param_targets)
     ref_params = ref.restore(None, evaluator.reference_targets)
-    scalars = evaluator(params, step=5, reference_params=ref_params)
+    written = []
+
+    class Records:  # a sink: the records a training loop's store or TensorBoard receives
+        def write(self, records):
+            written.extend(records)
+
+        def end_step(self, step, records):
+            pass
+
+        def close(self):
+            pass
+
+    scalars = evaluator(params, step=5, reference_params=ref_params, sinks=[Records()])
     name = evaluator.datasets[0].name
     assert np.isclose(scalars[f"{name}/kl/kl_mean"], cli_kl, rtol=1e-12, atol=0)
+    (record,) = written  # the record holds the KL too, as results.json does
+    assert np.isclose(record["details"]["divergence"]["kl_mean"], cli_kl, rtol=1e-12, atol=0)
     assert np.isclose(scalars[f"{name}/perplexity"], found.results["perplexity"], rtol=1e-12)
     nll = []
 
