@@ -250,10 +250,14 @@ class Evaluator:
         return sums_of(plan, totals), totals
 
     def fingerprint(
-        self, d: Dataset, step: int | None, protocol_part: Mapping[str, Any] | None = None
+        self,
+        d: Dataset,
+        step: int | None,
+        protocol_part: Mapping[str, Any] | None = None,
+        shared: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """What decides the numbers of dataset `d` scored at `step` (`Provenance.fingerprint`)."""
-        return self.provenance.fingerprint(d, step, protocol_part)
+        return self.provenance.fingerprint(d, step, protocol_part, shared)
 
     def __call__(
         self,
@@ -295,7 +299,8 @@ class Evaluator:
         hooks = hooks or Hooks()
         if params is not None and (reference_params is None) == (self.scorer.reference is not None):
             raise ValueError("reference_params are given exactly when there is a reference model")
-        parts = {d.name: self.fingerprint(d, step, hooks.protocol_part()) for d in self.datasets}
+        shared, protocol_part = self.provenance.step_part(step), hooks.protocol_part()
+        parts = {d.name: self.fingerprint(d, step, protocol_part, shared) for d in self.datasets}
         todo = hooks.todo(step, {n: fingerprint_lib.digest(p) for n, p in parts.items()})
         # Each pair's hooks before any weight is read (a journal of another run is refused now).
         pairs = {d.name: hooks.pair(self, d, step, parts[d.name]) for d in self.datasets if d.name in todo}  # fmt: skip

@@ -77,19 +77,34 @@ class Provenance:
             matmul_precision, int(bootstrap_samples), int(seed),
         )  # fmt: skip
 
+    def step_part(self, step: int | None) -> dict[str, Any]:
+        """What the fingerprints of every dataset at `step` share and take I/O to find: the
+        checkpoint's identity (its files listed) and the environment (packages, devices), found
+        once for a step's datasets."""
+        return {
+            "checkpoint": {} if self.checkpoint is None else self.checkpoint.identity(step),
+            "environment": fingerprint_lib.environment(),
+        }
+
     def fingerprint(
-        self, d: Dataset, step: int | None, protocol_part: Mapping[str, Any] | None = None
+        self,
+        d: Dataset,
+        step: int | None,
+        protocol_part: Mapping[str, Any] | None = None,
+        shared: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """What decides the numbers of dataset `d` scored at `step`
         (`ppl_jax.runtime.fingerprint.run_fingerprint`): the checkpoint's identity, the model
         (description, dtype, attention), the data, tokenizer, protocol (with `protocol_part`:
         the command line's long-context measures), layout, mesh and environment; so that a
-        journal or a stored record of another is never taken for this pair's."""
+        journal or a stored record of another is never taken for this pair's. `shared`: the
+        step's `step_part`, when the caller found it for several datasets."""
         model, plan = self.model, d.plan
+        shared = self.step_part(step) if shared is None else shared
         tok = None if self.tokenizer is None else self.tokenizer.describe()
         return fingerprint_lib.run_fingerprint(
             {
-                "checkpoint": {} if self.checkpoint is None else self.checkpoint.identity(step),
+                "checkpoint": shared["checkpoint"],
                 "model": {
                     "description": fingerprint_lib.text_digest(model.description),
                     "dtype": self.dtype,
@@ -115,7 +130,7 @@ class Provenance:
                     "rules": [list(rule) for rule in self.rules],
                     **self._context_part(),
                 },
-                "environment": fingerprint_lib.environment(),
+                "environment": shared["environment"],
             }
         )
 

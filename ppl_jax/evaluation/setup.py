@@ -76,13 +76,6 @@ class RunSetup:
     evaluator: Evaluator
     long_context: Any = None  # LongPPL's evaluator (`long_context.KeyEvaluator`), if named
 
-    @property
-    def matmul_precision(self) -> str:
-        """The precision of the run's matrix products: `model.matmul_precision`, `auto` resolved
-        by the evaluator's scorer (`highest` where the model or the reference computes in
-        float32; `ppl_jax.scoring.precision`)."""
-        return self.evaluator.scorer.matmul_precision
-
     def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
         """What decides the numbers of dataset `d` scored at `step`: the evaluator's
         (`Evaluator.fingerprint`), with the long-context measures' part."""
