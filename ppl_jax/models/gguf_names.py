@@ -20,9 +20,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ppl_jax.errors import CheckpointError
+from ppl_jax.models.decoders.llama_hf import HEADS_IN
 
 LAYER = r"blk\.(?P<l>\d+)\."
-HEADS_IN = {"transpose": [1, 0], "reshape": ["embed_dim", -1, "head_dim"]}
 # The norm tensors of each `norm_layout` (ppl_jax.models.decoders.llama), llama.cpp's name -> ours.
 NORMS = {
     "pre": {"attn_norm": "attn_norm", "ffn_norm": "mlp_norm"},

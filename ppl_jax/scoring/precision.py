@@ -48,7 +48,8 @@ SETTINGS = (AUTO, *JAX_NAMES)
 
 def resolve(setting: str, float32: bool) -> str:
     """The precision a step runs at: `setting`, or for `auto` `highest` where the step computes
-    in float32 (`float32`: a model of the step, or its reference, has float32 params) and
+    in float32 (`float32`: a model of the step, or its reference, computes in float32, as
+    `computes_in_float32` says: most of its float params are float32) and
     `default` where it does not.
 
     Raises:

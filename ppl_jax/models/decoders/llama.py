@@ -25,8 +25,8 @@ A family that changes a layer subclasses the config (its own `FAMILY` and fields
 and composes its layers through the decoder's two factories, `make_attention(cfg, layer, ...)`
 and `make_mlp(cfg, layer, ...)` (attention with sinks and a routed block; `Attention(rotary=False)`
 on layers without rotary embedding); a subclass of `Attention` may override
-`position_qk` (what happens to queries and keys before attention) and `attend_heads` (the call of
-`attend`: sinks, chunks). The layers run through `ppl_jax.models.decoders.stack.run_layers`: scans
+`position_q` and `position_k` (what happens to queries and keys before attention) and
+`attend_heads` (the call of `attend`: sinks, chunks). The layers run through `ppl_jax.models.decoders.stack.run_layers`: scans
 over the runs of identical layers.
 """
 
@@ -38,11 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ppl_jax.models.decoders.llama_config import (  # noqa: F401  (the config's names, as before)
-    GATED_ACTIVATIONS,
-    NORM_LAYOUTS,
-    QK_NORMS,
-    ROPE_TYPES,
+from ppl_jax.models.decoders.llama_config import (  # noqa: F401  (the families import them here)
     LlamaConfig,
     sorted_items,
 )
@@ -98,7 +94,7 @@ class Attention(nnx.Module):
         """`[B, T, embed]` -> `[B, T, embed]`: each token attends to the earlier tokens of its
         segment (`attend_queries` over `keys_values` of the same tokens)."""
         kv = self.keys_values(x, positions, segment_ids)
-        return self.attend_queries(x, positions, segment_ids, kv, positions, segment_ids)
+        return self.attend_queries(x, positions, segment_ids, kv, None, None)
 
     def keys_values(
         self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array
@@ -117,13 +113,13 @@ class Attention(nnx.Module):
         positions: jax.Array,
         segment_ids: jax.Array,
         kv: tuple[jax.Array, jax.Array],
-        kv_positions: jax.Array,
-        kv_segment_ids: jax.Array,
+        kv_positions: jax.Array | None,
+        kv_segment_ids: jax.Array | None,
     ) -> jax.Array:
         """The layer's output `[B, Tq, embed]` for the queries of `x [B, Tq, embed]` (positions
         and segment ids `[B, Tq]`) against `keys_values` `kv` of `[B, T]` tokens with their own
-        positions and segment ids: the tokens themselves, or (a long window's queries in chunks)
-        every token of the row."""
+        positions and segment ids `[B, T]`: every token of the row, for a long window's queries in
+        chunks; or None, None: the keys and values are those of `x`'s own tokens."""
         q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
         if self.cfg.qkv_bias:
             q = q + self.q_bias[...]
@@ -161,8 +157,8 @@ class Attention(nnx.Module):
         positions: jax.Array,
         segment_ids: jax.Array,
         *,
-        kv_positions: jax.Array,
-        kv_segment_ids: jax.Array,
+        kv_positions: jax.Array | None,
+        kv_segment_ids: jax.Array | None,
     ) -> jax.Array:
         """`[B, Tq, heads, head_dim]`: causal attention within a segment (and within the window,
         where there is one), by the queries' and the keys' own positions and segment ids; a
@@ -336,8 +332,10 @@ class Llama(nnx.Module):
         self, cfg: LlamaConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
     ) -> nnx.Module:
         """Layer `layer`'s attention: `Attention` with the window on the sliding layers and the
-        layer's rotary scaling (`LlamaConfig.layer_rope`); `__call__(x, positions,
-        segment_ids)` -> `[batch, seq, embed_dim]`."""
+        layer's rotary scaling (`LlamaConfig.layer_rope`). What `Block` calls of it:
+        `__call__(x, positions, segment_ids)` -> `[batch, seq, embed_dim]`, and for a long
+        window's query chunks (`context.query_chunk`) its `attention` setting, `keys_values`
+        and `attend_queries` (as `Attention`'s)."""
         window = cfg.sliding_window if layer in cfg.sliding_layers else None
         return Attention(cfg.layer_rope(layer), rngs, dtype, window, attention)
 

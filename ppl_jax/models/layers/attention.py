@@ -186,7 +186,7 @@ def attend(
         along the row within a segment.
       kv_segment_ids, kv_positions: `[B, S] int32`, the keys' own, when they are other tokens
         than the queries (a chunk of a long window's queries against every key of the row:
-        `xla` only, and not under a context axis); None: the queries'.
+        `context.QUERIES_APART`, one device); None: the keys are the queries' tokens.
       window: keys with `pos[i] - pos[j] < window` only (Mistral, Gemma, GPT-OSS), or None.
       chunk: keys of the same chunk `pos // chunk` only (Llama 4's chunked attention), or None.
       sinks: `[H]` float, one logit per query head in the softmax's denominator, not scaled nor
@@ -206,17 +206,12 @@ def attend(
     """
     b, t, h, dk = q.shape
     kv = k.shape[2]
-    apart = kv_segment_ids is not None and kv_segment_ids is not segment_ids
+    apart = kv_segment_ids is not None
     s = k.shape[1] if apart else t
     if k.shape[:2] != (b, s) or v.shape[:3] != (b, s, kv) or k.shape[3] != dk or h % kv:
         raise ValueError(f"attend: q {q.shape}, k {k.shape}, v {v.shape} do not fit")
     if segment_ids.shape != (b, t) or positions.shape != (b, t):
         raise ValueError(f"attend: segment ids / positions {segment_ids.shape} for q {q.shape}")
-    if apart:
-        return _queries_apart(
-            q, k, v, segment_ids, positions, kv_segment_ids, kv_positions,
-            dict(window=window, chunk=chunk, sinks=sinks, softcap=softcap), scale, implementation,
-        )  # fmt: skip
     if (window is not None and window < 1) or (chunk is not None and chunk < 1):
         raise ValueError(f"attend: window={window}, chunk={chunk} must be None or at least 1")
     if sinks is not None and sinks.shape != (h,):
@@ -236,6 +231,11 @@ def attend(
         raise ConfigError(f"model.attention={implementation} cannot {missing}; use xla.")
     if implementation not in IMPLEMENTATIONS[1:]:
         raise ValueError(f"unknown attention implementation {implementation!r}")
+    if apart:
+        return _queries_apart(
+            q, k, v, segment_ids, positions, kv_segment_ids, kv_positions,
+            dict(window=window, chunk=chunk, sinks=sinks, softcap=softcap), scale, implementation,
+        )  # fmt: skip
     scale = dk**-0.5 if scale is None else scale
     mask = dict(window=window, chunk=chunk, sinks=sinks, scale=scale, softcap=softcap)
     if n == 1:

@@ -387,7 +387,7 @@ def attention_lse(
         block_q=block_q,
         block_k=block_k,
     )
-    out = _finished(state, None).transpose(0, 3, 1, 2, 4).reshape(b, t, h, dv)
+    out = finish(state, None, jnp.float32)
     lse = jnp.where(
         state.denom > 0, state.m + jnp.log(jnp.where(state.denom > 0, state.denom, 1.0)), -jnp.inf
     )

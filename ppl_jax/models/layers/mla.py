@@ -193,7 +193,7 @@ class LatentAttention(nnx.Module):
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`[B, T, embed]` -> `[B, T, embed]`: causal attention within segments."""
         kv = self.keys_values(x, positions, segment_ids)
-        return self.attend_queries(x, positions, segment_ids, kv, positions, segment_ids)
+        return self.attend_queries(x, positions, segment_ids, kv, None, None)
 
     def attend_queries(
         self,
@@ -201,8 +201,8 @@ class LatentAttention(nnx.Module):
         positions: jax.Array,
         segment_ids: jax.Array,
         kv: tuple[jax.Array, jax.Array],
-        kv_positions: jax.Array,
-        kv_segment_ids: jax.Array,
+        kv_positions: jax.Array | None,
+        kv_segment_ids: jax.Array | None,
     ) -> jax.Array:
         """The layer's output `[B, Tq, embed]` for the queries of `x [B, Tq, embed]` against the
         `keys_values` `kv` of `[B, T]` tokens with their own positions and segment ids (as

@@ -11,6 +11,7 @@ import pytest
 from test_attention import packed_rows
 from test_context import _on_mesh
 
+from ppl_jax.errors import ConfigError
 from ppl_jax.models.layers import context as context_lib
 from ppl_jax.models.layers import flash, split_merge
 from ppl_jax.models.layers.attention import attend
@@ -145,3 +146,14 @@ def test_attend_cudnn_queries_apart(cudnn_on_cpu):
     scored = seg[:, 32:64] > 0
     expected = np.asarray(_whole(q, k, v, seg, pos))[:, 32:64]
     np.testing.assert_allclose(np.asarray(got)[scored], expected[scored], atol=1e-6)
+
+
+def test_attend_queries_apart_refuses_what_cudnn_cannot_do(cudnn_on_cpu):
+    """A chunk of queries apart from its keys takes `attend`'s checks too: cuDNN with a soft-cap
+    is refused by name (the split-merge path would have dropped it)."""
+    q, k, v, seg, pos = _case([[96], [70], [96], [5]])
+    with pytest.raises(ConfigError, match="model.attention=cudnn cannot"):
+        attend(
+            q[:, 32:64], k, v, segment_ids=seg[:, 32:64], positions=pos[:, 32:64],
+            kv_segment_ids=seg, kv_positions=pos, softcap=30.0, implementation="cudnn",
+        )  # fmt: skip
