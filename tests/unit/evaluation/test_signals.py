@@ -29,14 +29,19 @@ def own_handler():
     """A SIGTERM handler of the test's own, where the default action would end pytest: a signal
     that no handler of the run took lands here."""
     landed: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda sig, frame: landed.append(sig))
-    yield landed
+
+    def handler(sig, frame):
+        landed.append(sig)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield landed, handler
     signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_sigterm_right_after_a_steps_line_stops_the_sweep_in_one_sentence(
     tiny_checkpoint, tmp_path, own_handler
 ):
+    landed, handler = own_handler
     corpus = helpers.corpus_files(tmp_path, [helpers.stdlib_text(400)])
     spec = from_config(config(tiny_checkpoint, corpus, tmp_path / "out", checkpoint__step="all"))
     lines: list[str] = []
@@ -48,7 +53,7 @@ def test_a_sigterm_right_after_a_steps_line_stops_the_sweep_in_one_sentence(
 
     with OutputDir.open(spec.output_dir) as out, pytest.raises(Interrupted) as e:
         run_lib.run(spec, out, printer=printer)
-    assert own_handler == []  # the run's handler took it (once, the default action)
+    assert landed == []  # the run's handler took it (once, the default action)
     assert e.value.exit_code == 143
     assert str(e.value) == (
         "stopped by SIGTERM before step 5; every finished (step, dataset) is in results.jsonl; "
@@ -56,7 +61,7 @@ def test_a_sigterm_right_after_a_steps_line_stops_the_sweep_in_one_sentence(
     )
     with open(os.path.join(spec.output_dir, "results.jsonl")) as f:
         assert [json.loads(x)["step"] for x in f] == [3]
-    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the test's own, restored
+    assert signal.getsignal(signal.SIGTERM) is handler  # the test's own, restored
 
 
 def _caught_signals(pid: int) -> int:
