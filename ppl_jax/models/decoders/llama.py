@@ -26,13 +26,14 @@ and composes its layers through the decoder's two factories, `make_attention(cfg
 and `make_mlp(cfg, layer, ...)` (attention with sinks and a routed block; `Attention(rotary=False)`
 on layers without rotary embedding); a subclass of `Attention` may override
 `position_q` and `position_k` (what happens to queries and keys before attention) and
-`attend_heads` (the call of `attend`: sinks, chunks). The layers run through `ppl_jax.models.decoders.stack.run_layers`: scans
-over the runs of identical layers.
+`attend_options` (what it adds to the call of `attend`: sinks, chunks). The layers run through
+`ppl_jax.models.decoders.stack.run_layers`: scans over the runs of identical layers.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -161,8 +162,8 @@ class Attention(nnx.Module):
         kv_segment_ids: jax.Array | None,
     ) -> jax.Array:
         """`[B, Tq, heads, head_dim]`: causal attention within a segment (and within the window,
-        where there is one), by the queries' and the keys' own positions and segment ids; a
-        family with sinks or chunks overrides it."""
+        where there is one), by the queries' and the keys' own positions and segment ids, with
+        what the family adds (`attend_options`)."""
         return attend(
             q,
             k,
@@ -175,7 +176,12 @@ class Attention(nnx.Module):
             scale=self.cfg.query_scale,
             softcap=self.cfg.attn_softcap,
             implementation=self.attention,
+            **self.attend_options(),
         )
+
+    def attend_options(self) -> dict[str, Any]:
+        """What a family adds to `attend`'s call (`sinks`, `chunk`); none for Llama."""
+        return {}
 
 
 class MLP(nnx.Module):

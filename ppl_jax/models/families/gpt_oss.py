@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -33,7 +32,6 @@ from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.layers.attention import attend
 from ppl_jax.models.layers.core import zeros_param
 from ppl_jax.models.layers.moe import routing
 from ppl_jax.models.registry import Family, Layer, Limit
@@ -73,22 +71,8 @@ class SinkAttention(Attention):
         super().__init__(cfg, rngs, dtype, window, attention)
         self.sinks = zeros_param((cfg.num_heads,), ("heads",), dtype)
 
-    def attend_heads(
-        self, q, k, v, positions, segment_ids, *, kv_positions, kv_segment_ids
-    ) -> jax.Array:
-        return attend(
-            q,
-            k,
-            v,
-            segment_ids=segment_ids,
-            positions=positions,
-            kv_segment_ids=kv_segment_ids,
-            kv_positions=kv_positions,
-            window=self.window,
-            sinks=self.sinks[...],
-            scale=self.cfg.query_scale,
-            implementation=self.attention,
-        )
+    def attend_options(self) -> dict[str, Any]:
+        return {"sinks": self.sinks[...]}
 
 
 def routed_spec(cfg: GptOssConfig) -> routing.RoutedSpec:

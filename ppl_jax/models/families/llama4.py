@@ -35,7 +35,6 @@ from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
 from ppl_jax.models.layers import qk
 from ppl_jax.models.layers import rope as rope_lib
-from ppl_jax.models.layers.attention import attend
 from ppl_jax.models.layers.moe import routing
 from ppl_jax.models.registry import Family, Layer, Limit
 
@@ -96,21 +95,8 @@ class Llama4Attention(Attention):
         x = qk.rotate_pairs(x, positions, rope_lib.inv_freq(cfg), cfg.rope_attention_factor)
         return qk.l2_norm(x, cfg.norm_eps) if cfg.qk_l2_norm else x
 
-    def attend_heads(
-        self, q, k, v, positions, segment_ids, *, kv_positions, kv_segment_ids
-    ) -> jax.Array:
-        return attend(
-            q,
-            k,
-            v,
-            segment_ids=segment_ids,
-            positions=positions,
-            kv_segment_ids=kv_segment_ids,
-            kv_positions=kv_positions,
-            chunk=self.chunk,
-            scale=self.cfg.query_scale,
-            implementation=self.attention,
-        )
+    def attend_options(self) -> dict[str, Any]:
+        return {"chunk": self.chunk}
 
 
 def routed_spec(cfg: Llama4Config) -> routing.RoutedSpec:
