@@ -342,7 +342,7 @@ class Llama(nnx.Module):
         `__call__(x, positions, segment_ids)` -> `[batch, seq, embed_dim]`, and for a long
         window's query chunks (`context.query_chunk`) its `attention` setting, `keys_values`
         and `attend_queries` (as `Attention`'s)."""
-        window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        window = cfg.layer_window(layer)
         return Attention(cfg.layer_rope(layer), rngs, dtype, window, attention)
 
     def make_mlp(

@@ -164,6 +164,10 @@ class LlamaConfig:
         kwargs["sliding_rope"] = sorted_items(kwargs.get("sliding_rope") or {})
         return cls(**kwargs)
 
+    def layer_window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window (`sliding_window` on the sliding layers), or None."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
     def layer_rope(self, layer: int) -> LlamaConfig:
         """The config whose `rope_*` fields are those of layer `layer` (`sliding_rope` applied
         on the sliding layers)."""

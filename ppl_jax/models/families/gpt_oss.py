@@ -97,7 +97,7 @@ class GptOss(Llama):
     ) -> nnx.Module:
         if not cfg.attn_sinks:
             return super().make_attention(cfg, layer, rngs, dtype, attention)
-        window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        window = cfg.layer_window(layer)
         return SinkAttention(cfg, rngs, dtype, window, attention)
 
     def make_mlp(self, cfg: GptOssConfig, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype):

@@ -41,7 +41,7 @@ class SmolLM3(MixtureLlama):
     def make_attention(
         self, cfg: SmolLM3Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str
     ) -> nnx.Module:
-        window = cfg.sliding_window if layer in cfg.sliding_layers else None
+        window = cfg.layer_window(layer)
         return Attention(
             cfg.layer_rope(layer),
             rngs,
