@@ -71,6 +71,23 @@ def test_float32_asks_for_highest_on_every_product(family):
     assert set(found) == {("HIGHEST", "HIGHEST")}
 
 
+def test_a_long_windows_query_chunks_ask_for_highest_too():
+    """A window longer than `model.token_chunk` runs each layer in two passes (keys and values
+    per token, then the queries in chunks: `ppl_jax.models.decoders.llama.Block`); their
+    products are lowered at HIGHEST as the one-pass step's are."""
+
+    def lowered(token_chunk):
+        s = scorer(helpers.TINY.to_dict(), jnp.float32, StepOptions(token_chunk=token_chunk))
+        return s.lowered(1, 65, 1).as_text()
+
+    text = lowered(16)
+    assert text.count("stablehlo.while") > lowered(0).count("stablehlo.while")  # the chunks
+    found = [m.groups() if (m := PRECISION.search(x)) else ("none", "none")
+             for x in PRODUCT.findall(text)]  # fmt: skip
+    assert len(found) >= 10
+    assert set(found) == {("HIGHEST", "HIGHEST")}
+
+
 def test_bfloat16_keeps_the_backend_default():
     assert scorer(FAMILIES["llama"](), jnp.bfloat16).matmul_precision == "default"
     found = lowered_products("llama", jnp.bfloat16)
