@@ -247,22 +247,27 @@ def arrays_writer(run_case: Callable[[str], dict], compressed: bool = False) -> 
     return write
 
 
-def main(cases: Iterable[str], write: Callable[[str, str, bool], str], out: str) -> None:
+def main(
+    cases: Iterable[str], write: Callable[[str, str, bool], str], out: str, models: bool = False
+) -> None:
     """A generator's command line: `write(name, folder, numbers_only)` for every case (or those of
-    `--only`) into `--out` (default `out`, the committed goldens), torch on one thread."""
+    `--only`) into `--out` (default `out`, the committed goldens), torch on one thread; prints
+    each file or folder written with its size. `models`: the cases save models, and
+    `--numbers-only` keeps those already saved."""
     import torch
 
     cases = list(cases)
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", choices=cases, default=None)
     parser.add_argument("--out", default=out, help="the folder to write in (default: %(default)s)")
-    parser.add_argument(
-        "--numbers-only", action="store_true", help="keep the saved models, rewrite the numbers"
-    )
+    if models:
+        parser.add_argument(
+            "--numbers-only", action="store_true", help="keep the saved models, rewrite the numbers"
+        )
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
     for name in args.only or cases:
-        path = write(name, args.out, args.numbers_only)
+        path = write(name, args.out, getattr(args, "numbers_only", False))
         files = [os.path.join(path, n) for n in os.listdir(path)] if os.path.isdir(path) else [path]
         print(f"{path}: {sum(map(os.path.getsize, files)) / 1024:.0f} KB")

@@ -242,4 +242,9 @@ def save_family(name: str, path: str):
 
 
 if __name__ == "__main__":
-    common.main(FAMILIES, common.family_writer(save_family, lambda p: numbers(load(p))), FAMILY_DIR)
+    common.main(
+        FAMILIES,
+        common.family_writer(save_family, lambda p: numbers(load(p))),
+        FAMILY_DIR,
+        models=True,
+    )

@@ -174,4 +174,9 @@ def save(name: str, path: str):
 
 
 if __name__ == "__main__":
-    common.main(FAMILIES, common.family_writer(save, lambda p: common.numbers(common.load(p))), OUT)
+    common.main(
+        FAMILIES,
+        common.family_writer(save, lambda p: common.numbers(common.load(p))),
+        OUT,
+        models=True,
+    )

@@ -199,4 +199,4 @@ def numbers(path: str) -> dict:
 
 
 if __name__ == "__main__":
-    common.main(FAMILIES, common.family_writer(save_family, numbers), OUT)
+    common.main(FAMILIES, common.family_writer(save_family, numbers), OUT, models=True)
