@@ -195,3 +195,29 @@ def token_rows(path: str, document: int):
     keep = np.flatnonzero(cols["document"] == document)
     keep = keep[np.argsort(cols["offset"][keep], kind="stable")]
     return types.SimpleNamespace(**{n: c[keep] for n, c in cols.items()})
+
+
+def chunked_scan(scan_fn, args, segments, chunk=8, initial_state=None, starts=None):
+    """One of the chunked scans of `ppl_jax.models.layers` (`gated_delta.chunk_gated_delta_rule`,
+    `ssd.ssd_scan`: `scan_fn(*args, starts, chunk=..., initial_state=...)`), jitted, on the NumPy
+    float32 `args`; the segment starts are those of the segment ids `segments [B, T]` unless
+    `starts [B, T] bool` is given. Returns its output and final state as float64 NumPy arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    from ppl_jax.models.layers import recurrence
+
+    starts = recurrence.segment_starts(jnp.asarray(segments)) if starts is None else starts
+    out, state = jax.jit(scan_fn, static_argnames="chunk")(
+        *map(jnp.asarray, args), starts, chunk=chunk, initial_state=initial_state
+    )
+    return np.asarray(out, np.float64), np.asarray(state, np.float64)
+
+
+def chunk_size_spread(scan, args, chunks=(3, 5, 8, 13, 29, 32)) -> tuple[float, float]:
+    """How far `scan(args, chunk=c)`'s output moves from that of chunks of 64 over `chunks` (the
+    largest absolute difference), and the largest absolute output: `scan` is a test's
+    `chunked_scan` with its layer and segments bound."""
+    base, _ = scan(args, chunk=64)
+    spread = max(float(np.abs(scan(args, chunk=c)[0] - base).max()) for c in chunks)
+    return spread, float(np.abs(base).max())

@@ -3,6 +3,7 @@ test_context_scoring.py) by running transformers in PyTorch, float32.
 
     python tests/golden/make_context_golden.py          # the models, then the numbers
     python tests/golden/make_context_golden.py --numbers-only
+    python tests/golden/make_context_golden.py --out /tmp/context
 
 What it writes under tests/golden/context/ (committed, about 150 KB):
 
@@ -22,11 +23,14 @@ import argparse
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CONTEXT_DIR = os.path.join(HERE, "context")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+CONTEXT_DIR = os.path.join(common.HERE, "context")
 MODELS = ("llama", "mistral")
 VOCAB = 256
 DOC = 2048
@@ -34,34 +38,24 @@ WINDOW = 300  # Mistral's sliding window
 
 
 def context_model(name: str, positions: int = 4096):
-    """A tiny random transformers model of `name` (seed 0): 2 layers, width 32, 4 query heads
-    over 2 key/value heads, RoPE, `positions` positions; norms and biases perturbed so that a
-    wrongly loaded one shows."""
+    """A tiny random transformers model of `name` (seed 0): `common.DECODER` (2 layers, width 32,
+    4 query heads over 2 key/value heads, RoPE) over `VOCAB` ids with `positions` positions and
+    eager attention; norms and biases perturbed so that a wrongly loaded one shows."""
     import torch
     import transformers as tf
 
-    common = dict(
+    fields = dict(
+        common.DECODER,
         vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=positions,
-        initializer_range=0.2,
-        rms_norm_eps=1e-5,
         attn_implementation="eager",
     )
     torch.manual_seed(0)
     if name == "llama":
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**fields))
     else:
-        model = tf.MistralForCausalLM(tf.MistralConfig(**common, sliding_window=WINDOW))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    return model.eval()
+        model = tf.MistralForCausalLM(tf.MistralConfig(**fields, sliding_window=WINDOW))
+    return common.perturbed(model)
 
 
 def document(length: int = DOC, seed: int = 0) -> np.ndarray:
@@ -71,12 +65,7 @@ def document(length: int = DOC, seed: int = 0) -> np.ndarray:
 
 def log_probs(model, tokens: np.ndarray) -> np.ndarray:
     """`[len(tokens) - 1]` float32 log-probabilities (nats) of `tokens[1:]`, one forward pass."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor(np.asarray(tokens)[None, :-1])).logits
-    lp = torch.log_softmax(logits.float(), dim=-1)[0]
-    return lp[torch.arange(len(tokens) - 1), torch.tensor(np.asarray(tokens)[1:])].numpy()
+    return common.row_log_probs(model, tokens)
 
 
 def main() -> None:
@@ -84,19 +73,20 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--numbers-only", action="store_true")
+    parser.add_argument("--out", default=CONTEXT_DIR)
     args = parser.parse_args()
     if not args.numbers_only:
-        shutil.rmtree(CONTEXT_DIR, ignore_errors=True)
+        shutil.rmtree(args.out, ignore_errors=True)
         for name in MODELS:
-            context_model(name).save_pretrained(os.path.join(CONTEXT_DIR, name))
+            context_model(name).save_pretrained(os.path.join(args.out, name))
     tokens = document()
     out = {"tokens": tokens.tolist(), "transformers": tf.__version__}
     for name in MODELS:
         model = tf.AutoModelForCausalLM.from_pretrained(
-            os.path.join(CONTEXT_DIR, name), attn_implementation="eager"
+            os.path.join(args.out, name), attn_implementation="eager"
         ).eval()
         out[name] = [float(x) for x in log_probs(model, tokens)]
-    with open(os.path.join(CONTEXT_DIR, "log_probs.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(args.out, "log_probs.json"), "w", encoding="utf-8") as f:
         json.dump(out, f)
 
 

@@ -2,81 +2,57 @@
 
     python tests/golden/make_family_golden.py                 # rebuilds the models and numbers
     python tests/golden/make_family_golden.py --numbers-only  # keeps the committed models
+    python tests/golden/make_family_golden.py --only qwen3 --out /tmp/families
 
 For each family in `FAMILIES`, `tests/golden/families/<name>/` holds a tiny random transformers 5
 model (seed 0, its 1-D weights perturbed so that a wrongly loaded norm or bias shows) as
-`save_pretrained` writes it, and `golden.json`: the token ids (bytes of English text, ids below
-256; 256 is the documents' prefix token, and the vocabularies are padded past it), and for each
-protocol (`sliding`, `hf_strided`, `lm_eval_rolling`) its windows as the reference loops cut them
-(each a row of ids, the row position of its first scored target) with transformers' float32
-log-probabilities of every scored target. The reference loops are those of the Hugging Face guide
-(hf_strided), the plain sliding loop, and lm-evaluation-harness's `get_rolling_token_windows` +
-`make_disjoint_window` as HFLM scores them. Nothing here imports ppl_jax.
+`save_pretrained` writes it, and `golden.json` (`common.numbers`): the token ids (bytes of English
+text, ids below 256; 256 is the documents' prefix token, and the vocabularies are padded past it),
+and for each protocol (`sliding`, `hf_strided`, `lm_eval_rolling`) its windows as the reference
+loops cut them (each a row of ids, the row position of its first scored target) with transformers'
+float32 log-probabilities of every scored target. The reference loops are those of the Hugging
+Face guide (hf_strided), the plain sliding loop, and lm-evaluation-harness's
+`get_rolling_token_windows` + `make_disjoint_window` as HFLM scores them. Nothing here imports
+ppl_jax; what the generators share is in common.py.
 
 The traps each family covers are in `FAMILIES` (sliding windows of 8 shorter than the scored
 windows of 24 targets, yarn and longrope past an original length of 16, a soft-cap that bites,
-tied and untied embeddings, a padded vocabulary, SmolLM3's layers without rotary embedding). tests/unit/models/test_families.py compares
-ppl_jax with these files; tests/reference/test_families_live.py recomputes them live.
+tied and untied embeddings, a padded vocabulary, SmolLM3's layers without rotary embedding).
+tests/unit/models/test_families.py compares ppl_jax with these files;
+tests/reference/test_families_live.py recomputes them live.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
+import sys
 
 import torch
 import transformers as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-FAMILY_DIR = os.path.join(HERE, "families")
-SEQ_LEN, STRIDE = 24, 16
-PREFIX = 256  # the documents' prefix token (lm_eval_rolling), outside the byte range
-VOCAB = 320  # bytes, the prefix, and padding rows never used by the text
-DOCUMENTS = [
-    "The committee met on Tuesday to review the budget for the new library, which had grown "
-    "by nearly a third since the spring. Several members argued that the reading rooms should "
-    "open earlier, while others wanted the money spent on the roof.",
-    "Rain fell over the valley for six days.",
-    "In 1887 the railway reached the town; within a decade its population had doubled, and "
-    "the old market square was paved with stone brought from the quarry at Hill End.",
-]
-SMALL = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-    rms_norm_eps=1e-5,
-)
-YARN = {
-    "rope_type": "yarn",
-    "rope_theta": 10000.0,
-    "factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import DECODER, VOCAB, YARN, load, numbers  # noqa: E402 (tests/reference: load, numbers)
+
+FAMILY_DIR = common.FAMILY_DIR
 
 
 def _qwen3():
     # per-head QK-norm, head_dim 16 independent of 32 / 4, tied, yarn past 16 positions
     return tf.Qwen3ForCausalLM(
-        tf.Qwen3Config(**SMALL, head_dim=16, tie_word_embeddings=True, rope_parameters=YARN)
+        tf.Qwen3Config(**DECODER, head_dim=16, tie_word_embeddings=True, rope_parameters=YARN)
     )
 
 
 def _olmo2():
-    return tf.Olmo2ForCausalLM(tf.Olmo2Config(**SMALL, tie_word_embeddings=False))
+    return tf.Olmo2ForCausalLM(tf.Olmo2Config(**DECODER, tie_word_embeddings=False))
 
 
 def _olmo3():
     # 4 layers: 3 sliding (window 8) and 1 full; default rope on sliding, yarn on full layers
     return tf.Olmo3ForCausalLM(
         tf.Olmo3Config(
-            **{**SMALL, "num_hidden_layers": 4},
+            **{**DECODER, "num_hidden_layers": 4},
             sliding_window=8,
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -90,7 +66,7 @@ def _gemma2():
     # alternating window 8 / global; soft-caps small enough to bite on these logits
     return tf.Gemma2ForCausalLM(
         tf.Gemma2Config(
-            **SMALL,
+            **DECODER,
             head_dim=16,
             query_pre_attn_scalar=12,
             sliding_window=8,
@@ -101,7 +77,7 @@ def _gemma2():
 
 
 GEMMA3_TEXT = dict(
-    **{**SMALL, "num_hidden_layers": 3},
+    **{**DECODER, "num_hidden_layers": 3},
     head_dim=16,
     query_pre_attn_scalar=16,
     sliding_window=8,
@@ -160,7 +136,7 @@ def _phi3():
     half = 8 // 2  # rotary dims 8 of head_dim 16 -> 4 factors
     return tf.Phi3ForCausalLM(
         tf.Phi3Config(
-            **{**SMALL, "num_attention_heads": 2, "num_key_value_heads": 1},
+            **{**DECODER, "num_attention_heads": 2, "num_key_value_heads": 1},
             original_max_position_embeddings=16,
             sliding_window=8,
             partial_rotary_factor=0.5,
@@ -177,7 +153,7 @@ def _phi3():
     )
 
 
-MOE = dict(**SMALL, num_experts_per_tok=2)
+MOE = dict(**DECODER, num_experts_per_tok=2)
 
 
 def _mixtral():
@@ -231,7 +207,7 @@ def _smollm3():
     # each of the four (rotary or not, windowed or not) is scored; biases on q, k, v and o
     return tf.SmolLM3ForCausalLM(
         tf.SmolLM3Config(
-            **{**SMALL, "num_hidden_layers": 4},
+            **{**DECODER, "num_hidden_layers": 4},
             use_sliding_window=True,
             sliding_window=8,
             no_rope_layers=[1, 0, 1, 0],
@@ -261,143 +237,14 @@ FAMILIES = {
 }
 
 
-def _perturbed(model):
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    return model.eval()
-
-
 def save_family(name: str, path: str):
-    torch.manual_seed(0)
-    model = _perturbed(FAMILIES[name]())
-    model.save_pretrained(path)
-    return model
-
-
-def load(path: str):
-    config = tf.AutoConfig.from_pretrained(path)
-    cls = (
-        tf.Gemma3ForConditionalGeneration
-        if config.model_type == "gemma3"
-        else tf.AutoModelForCausalLM
-    )
-    return cls.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def documents() -> list[list[int]]:
-    return [list(d.encode("utf-8")) for d in DOCUMENTS]
-
-
-def stream() -> list[int]:
-    return list("\n\n".join(DOCUMENTS).encode("utf-8"))
-
-
-def _row_log_probs(model, row: list[int], first: int) -> list[float]:
-    """transformers' float32 log-probabilities of `row[first:]` given the row before each."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([row[:-1]])).logits.float()
-    log_probs = torch.log_softmax(logits, dim=-1)[0]
-    targets = torch.tensor(row[first:])
-    return log_probs[torch.arange(first - 1, len(row) - 1), targets].tolist()
-
-
-def sliding_windows(ids: list[int], seq_len: int, stride: int) -> list[tuple[list[int], int]]:
-    """Every token after the first scored once, by windows of `seq_len` inputs every `stride`."""
-    out, scored_upto, begin = [], 0, 0
-    while scored_upto < len(ids) - 1:
-        row = ids[begin : begin + seq_len + 1]
-        first = max(1, scored_upto - begin + 1)
-        out.append((row, first))
-        scored_upto = begin + len(row) - 1
-        begin += stride
-    return out
-
-
-def hf_strided_windows(ids: list[int], max_length: int, stride: int) -> list[tuple[list[int], int]]:
-    """The Hugging Face guide's loop: labels of the first `len - trg_len` tokens are -100."""
-    out, prev_end = [], 0
-    for begin in range(0, len(ids), stride):
-        end = min(begin + max_length, len(ids))
-        trg_len = end - prev_end
-        row = ids[begin:end]
-        first = max(1, len(row) - trg_len)
-        if first < len(row):
-            out.append((row, first))
-        prev_end = end
-        if end == len(ids):
-            break
-    return out
-
-
-def rolling_windows(doc: list[int], prefix: int, seq_len: int) -> list[tuple[list[int], int]]:
-    """lm-evaluation-harness's rolling windows of one document as HFLM scores them."""
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-    out = []
-    for context, continuation in map(
-        make_disjoint_window,
-        get_rolling_token_windows(doc, prefix, max_seq_len=seq_len, context_len=1),
-    ):
-        row = (context + continuation)[-(seq_len + 1) :]
-        out.append((row, len(row) - len(continuation)))
-    return out
-
-
-def protocol_windows() -> dict[str, list[tuple[list[int], int]]]:
-    rolling = [w for d in documents() for w in rolling_windows(d, PREFIX, SEQ_LEN)]
-    return {
-        "sliding": sliding_windows(stream(), SEQ_LEN, STRIDE),
-        "hf_strided": hf_strided_windows(stream(), SEQ_LEN, STRIDE),
-        "lm_eval_rolling": rolling,
-    }
-
-
-def numbers(model) -> dict:
-    import lm_eval
-
-    out = {
-        "generated_with": {
-            "torch": torch.__version__,
-            "transformers": tf.__version__,
-            "lm_eval": getattr(lm_eval, "__version__", "?"),
-        },
-        "seq_len": SEQ_LEN,
-        "stride": STRIDE,
-        "prefix": PREFIX,
-        "documents": documents(),
-        "stream": stream(),
-        "protocols": {},
-    }
-    for protocol, windows in protocol_windows().items():
-        out["protocols"][protocol] = [
-            {"row": row, "first": first, "log_probs": _row_log_probs(model, row, first)}
-            for row, first in windows
-        ]
-    return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--numbers-only", action="store_true")
-    parser.add_argument("--only", nargs="*", default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in args.only or FAMILIES:
-        path = os.path.join(FAMILY_DIR, name)
-        if not args.numbers_only:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-            save_family(name, path)
-            for extra in ("generation_config.json",):
-                if os.path.exists(os.path.join(path, extra)):
-                    os.remove(os.path.join(path, extra))
-        with open(os.path.join(path, "golden.json"), "w", encoding="utf-8") as f:
-            json.dump(numbers(load(path)), f)
-        size = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
-        print(f"{name}: {size / 1024:.0f} KB")
+    return common.save_family(FAMILIES[name], path)
 
 
 if __name__ == "__main__":
-    main()
+    common.main(
+        FAMILIES,
+        common.family_writer(save_family, lambda p: numbers(load(p))),
+        FAMILY_DIR,
+        models=True,
+    )

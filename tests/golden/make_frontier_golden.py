@@ -1,29 +1,28 @@
 """Writes the golden files of GPT-OSS, Llama 4 (text) and DeepSeek-V3 (issue 24) by running
 transformers itself, as tests/golden/make_family_golden.py does for the families before them
-(whose helpers this reuses: the documents, the protocols' reference windows, the 1-D weight
-perturbation and the numbers).
+(with the same helpers, in common.py: the documents, the protocols' reference windows, the 1-D
+weight perturbation and the numbers).
 
     python tests/golden/make_frontier_golden.py                 # rebuilds the models and numbers
     python tests/golden/make_frontier_golden.py --numbers-only  # keeps the committed models
-    python tests/golden/make_frontier_golden.py --only gpt_oss
+    python tests/golden/make_frontier_golden.py --only gpt_oss --out /tmp/families
 
 Each family of `FAMILIES` gets `tests/golden/families/<name>/` (`OUT`, where
 tests/unit/models/test_families.py finds them; `<name>` is the ppl_jax family that reads it): a
-tiny random transformers 5
-model (seed 0, 1-D weights perturbed, and the weights named below drawn so that their feature
-bites) as `save_pretrained` writes it, and `golden.json` with transformers' float32
-log-probabilities of every scored target of the `sliding`, `hf_strided` and `lm_eval_rolling`
-windows (24 inputs each). What each exercises inside the scored windows:
+tiny random transformers 5 model (seed 0, 1-D weights perturbed, and the weights named below drawn
+so that their feature bites) as `save_pretrained` writes it, and `golden.json` with transformers'
+float32 log-probabilities of every scored target of the `sliding`, `hf_strided` and
+`lm_eval_rolling` windows (24 inputs each). What each exercises inside the scored windows:
 
 - `gpt_oss` (`GptOssForCausalLM`): learned attention sinks (drawn N(0, 1)); a sliding window of 8
   on layers 0 and 2, full attention on 1 and 3; q/k/v/o biases; 6 experts, 3 chosen, softmax over
   the chosen router logits (router bias); expert biases; the clamped SwiGLU (alpha 1.702, limit
   7) with the experts' gate-and-up weights scaled so that about a tenth of the pre-activations
   pass the limit; YaRN (factor 4, no truncation) past an original length of 16; untied.
-- `llama4` (`Llama4ForCausalLM`, model type `llama4_text`): layers 0-2 rotary (interleaved pairs, llama3 scaling past
-  an original length of 16) with chunked attention of 8 and L2 QK-norm, layer 3 NoPE with
-  attention temperature tuning (`floor_scale` 4, `attn_scale` 0.25, so that the scale grows
-  inside the window); MoE on layers 1 and 3 (`interleave_moe_layer_step` 2): 4 experts, a
+- `llama4` (`Llama4ForCausalLM`, model type `llama4_text`): layers 0-2 rotary (interleaved pairs,
+  llama3 scaling past an original length of 16) with chunked attention of 8 and L2 QK-norm, layer
+  3 NoPE with attention temperature tuning (`floor_scale` 4, `attn_scale` 0.25, so that the scale
+  grows inside the window); MoE on layers 1 and 3 (`interleave_moe_layer_step` 2): 4 experts, a
   sigmoid top-1 router scaling the expert's input, a shared expert; dense MLPs of
   `intermediate_size_mlp` on 0 and 2; untied.
 - `deepseek_v3` (`DeepseekV3ForCausalLM`): multi-head latent attention (`q_lora_rank` 16,
@@ -42,30 +41,19 @@ tests/reference/test_frontier_live.py recomputes the numbers from the committed 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
 
 import torch
 import transformers as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import make_family_golden as family  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import GQA, LLAMA3, TINY, YARN  # noqa: E402
 
-OUT = os.path.join(HERE, "families")
-SMALL = dict(
-    vocab_size=family.VOCAB,
-    hidden_size=32,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-    rms_norm_eps=1e-5,
-)
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+OUT = common.FAMILY_DIR
+SMALL = dict(**TINY, **GQA)
 
 
 def _gpt_oss():
@@ -78,13 +66,7 @@ def _gpt_oss():
             num_local_experts=6,
             num_experts_per_tok=3,
             sliding_window=8,
-            rope_parameters={
-                **YARN,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "original_max_position_embeddings": 16,
-            },
+            rope_parameters={**YARN, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
         )
     )
     with torch.no_grad():
@@ -114,14 +96,7 @@ def _llama4_text():
             attn_temperature_tuning=True,
             floor_scale=4,
             attn_scale=0.25,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16,
-            },
+            rope_parameters=LLAMA3,
         )
     )
 
@@ -154,7 +129,6 @@ def _deepseek_v3():
                 "beta_slow": 1.0,
                 "mscale": 1.0,
                 "mscale_all_dim": 0.8,
-                "original_max_position_embeddings": 16,
             },
         )
     )
@@ -193,35 +167,16 @@ def _add_mtp_layer(path: str) -> None:
 
 
 def save(name: str, path: str):
-    torch.manual_seed(0)
-    model = family._perturbed(FAMILIES[name]())
-    model.save_pretrained(path)
+    model = common.save_family(FAMILIES[name], path)
     if name == "deepseek_v3":
         _add_mtp_layer(path)
     return model
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--numbers-only", action="store_true")
-    parser.add_argument("--only", nargs="*", default=None)
-    parser.add_argument("--out", default=OUT)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in args.only or FAMILIES:
-        path = os.path.join(args.out, name)
-        if not args.numbers_only:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-            save(name, path)
-            extra = os.path.join(path, "generation_config.json")
-            if os.path.exists(extra):
-                os.remove(extra)
-        with open(os.path.join(path, "golden.json"), "w", encoding="utf-8") as f:
-            json.dump(family.numbers(family.load(path)), f)
-        size = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
-        print(f"{name}: {size / 1024:.0f} KB")
-
-
 if __name__ == "__main__":
-    main()
+    common.main(
+        FAMILIES,
+        common.family_writer(save, lambda p: common.numbers(common.load(p))),
+        OUT,
+        models=True,
+    )

@@ -2,6 +2,7 @@
 DeepSeek-V3 on drawn weights, float32.
 
     python tests/golden/make_frontier_layers_golden.py
+    python tests/golden/make_frontier_layers_golden.py --only deepseek_mla --out /tmp/layers
 
 For each case of `CASES` one file (a few KB) with the module's weights under their transformers
 names (`w:<state_dict key>`), its input `x [2, 24, embed]`, and what it computes:
@@ -24,21 +25,17 @@ transformers.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "frontier_layers")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+OUT = os.path.join(common.HERE, "frontier_layers")
 T = 24
 COMMON = dict(hidden_size=16, initializer_range=0.2, rms_norm_eps=1e-5, max_position_embeddings=64)
-YARN = {
-    "rope_type": "yarn",
-    "rope_theta": 10000.0,
-    "factor": 4.0,
-    "original_max_position_embeddings": 16,
-    "mscale": 1.0,
-    "mscale_all_dim": 0.8,
-}
+YARN = {**common.YARN, "mscale": 1.0, "mscale_all_dim": 0.8}
 DEEPSEEK_MOE = dict(
     n_routed_experts=8,
     n_group=4,
@@ -67,14 +64,7 @@ LLAMA4 = dict(
     attention_chunk_size=8,
     floor_scale=4,
     attn_scale=0.25,
-    rope_parameters={
-        "rope_type": "llama3",
-        "rope_theta": 500000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16,
-    },
+    rope_parameters=common.LLAMA3,
 )
 
 # name -> (model type, what, config overrides)
@@ -166,17 +156,14 @@ def run_case(name: str) -> dict[str, np.ndarray]:
     config = _config(model_type, overrides)
     module = _module(model_type, what, config, overrides.get("layer", 0))
     _init(module, model_type, config)
+    common.perturbed(module)
     with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
         if model_type == "gpt_oss":
             module.experts.gate_up_proj.mul_(6.0)
             module.experts.gate_up_proj_bias.normal_(0.0, 0.5)
             module.experts.down_proj_bias.normal_(0.0, 0.2)
         if model_type == "deepseek_v3" and what == "mlp":
             module.gate.e_score_correction_bias.normal_(0.0, 0.3)
-    module.eval()
     x = torch.randn(2, T, config.hidden_size)
     out = {f"w:{k}": v.detach().numpy().copy() for k, v in module.state_dict().items()}
     out["x"] = x.numpy()
@@ -229,18 +216,5 @@ def run_case(name: str) -> dict[str, np.ndarray]:
     return out
 
 
-def main() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    os.makedirs(OUT, exist_ok=True)
-    for name in CASES:
-        arrays = run_case(name)
-        path = os.path.join(OUT, f"{name}.npz")
-        np.savez(path, **arrays)
-        extra = f" clamped {float(arrays['clamped']):.2f}" if "clamped" in arrays else ""
-        print(f"{name}: {os.path.getsize(path) / 1024:.0f} KB{extra}")
-
-
 if __name__ == "__main__":
-    main()
+    common.main(CASES, common.arrays_writer(run_case), OUT)

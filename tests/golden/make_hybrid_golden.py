@@ -1,11 +1,11 @@
 """Writes the golden files of the hybrid families (issue 24: Gated DeltaNet and Mamba2 layers) by
 running transformers itself, as tests/golden/make_family_golden.py does for the softmax-attention
-families (whose helpers this reuses: the documents, the protocols' reference windows, the 1-D
-weight perturbation and the numbers).
+families (with the same helpers, in common.py: the documents, the protocols' reference windows,
+the 1-D weight perturbation and the numbers).
 
     python tests/golden/make_hybrid_golden.py                 # rebuilds the models and numbers
     python tests/golden/make_hybrid_golden.py --numbers-only  # keeps the committed models
-    python tests/golden/make_hybrid_golden.py --only mamba2
+    python tests/golden/make_hybrid_golden.py --only mamba2 --out /tmp/families
 
 Each family of `FAMILIES` gets `tests/golden/families/<name>/` (`OUT`, where
 tests/unit/models/test_families.py finds it by itself): a tiny random transformers 5 model
@@ -40,36 +40,19 @@ tests/reference/test_families_live.py recomputes them live.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import shutil
 import sys
 
 import torch
 import transformers as tf
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import make_family_golden as family  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import GDN, MAMBA, TINY  # noqa: E402
 
-OUT = os.path.join(HERE, "families")
-
-SMALL = dict(
-    vocab_size=family.VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-)
-GDN = dict(
-    linear_num_key_heads=2,
-    linear_key_head_dim=8,
-    linear_num_value_heads=4,
-    linear_value_head_dim=8,
-    linear_conv_kernel_dim=4,
-)
+OUT = common.FAMILY_DIR
+SMALL = dict(**TINY, intermediate_size=64)
 QWEN_ATTENTION = dict(
     num_hidden_layers=4,
     num_attention_heads=4,
@@ -78,7 +61,6 @@ QWEN_ATTENTION = dict(
     rms_norm_eps=1e-6,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
 )
-MAMBA = dict(n_groups=2, conv_kernel=4, chunk_size=8)
 
 
 def _milder_decays(model):
@@ -168,12 +150,8 @@ def _falcon_h1():
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        mamba_d_ssm=32,
-        mamba_n_heads=8,
-        mamba_n_groups=2,
+        **common.FALCON_MAMBA,
         mamba_d_state=8,
-        mamba_d_conv=4,
-        mamba_chunk_size=8,
         mamba_rms_norm=True,
         mamba_norm_before_gate=True,
         rms_norm_eps=1e-5,
@@ -183,7 +161,7 @@ def _falcon_h1():
         key_multiplier=1.3,
         attention_in_multiplier=0.8,
         attention_out_multiplier=1.2,
-        ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 2.0],
+        ssm_multipliers=common.SSM_MULTIPLIERS,
         ssm_in_multiplier=0.7,
         ssm_out_multiplier=1.1,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
@@ -202,49 +180,23 @@ FAMILIES = {
 
 
 def save_family(name: str, path: str):
-    torch.manual_seed(0)
-    model = family._perturbed(FAMILIES[name]())
-    model.save_pretrained(path)
-    return model
+    return common.save_family(FAMILIES[name], path)
 
 
 def load(path: str, dtype=torch.float32):
-    return tf.AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, experts_implementation="eager"
-    ).eval()
+    return common.load(path, dtype, experts_implementation="eager")
 
 
 def numbers(path: str) -> dict:
-    """make_family_golden's numbers (transformers in float32), and each window's
-    `log_probs_float64`: the same model run in float64, the float32 numbers' own error."""
-    out = family.numbers(load(path))
+    """`common.numbers` (transformers in float32), and each window's `log_probs_float64`: the
+    same model run in float64, the float32 numbers' own error."""
+    out = common.numbers(load(path))
     model = load(path, torch.float64)
     for windows in out["protocols"].values():
         for w in windows:
-            w["log_probs_float64"] = family._row_log_probs(model, w["row"], w["first"])
+            w["log_probs_float64"] = common.row_log_probs(model, w["row"], w["first"]).tolist()
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--numbers-only", action="store_true")
-    parser.add_argument("--only", nargs="*", default=None)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for name in args.only or FAMILIES:
-        path = os.path.join(OUT, name)
-        if not args.numbers_only:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-            save_family(name, path)
-            for extra in ("generation_config.json",):
-                if os.path.exists(os.path.join(path, extra)):
-                    os.remove(os.path.join(path, extra))
-        with open(os.path.join(path, "golden.json"), "w", encoding="utf-8") as f:
-            json.dump(numbers(path), f)
-        size = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
-        print(f"{name}: {size / 1024:.0f} KB")
-
-
 if __name__ == "__main__":
-    main()
+    common.main(FAMILIES, common.family_writer(save_family, numbers), OUT, models=True)

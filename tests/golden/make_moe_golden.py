@@ -1,6 +1,7 @@
 """Writes tests/golden/moe/*.npz: transformers' own MoE blocks on random weights, float32.
 
     python tests/golden/make_moe_golden.py
+    python tests/golden/make_moe_golden.py --only mixtral --out /tmp/moe
 
 For each case of `CASES` one file (a few KB) with the block's weights in transformers' layout
 (`gate.weight [experts, embed]`, `experts.gate_up_proj [experts, 2 * mlp, embed]` (gate rows
@@ -21,11 +22,14 @@ reruns `run_case` with the installed transformers.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "moe")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+OUT = os.path.join(common.HERE, "moe")
 EMBED, MLP, SHARED = 16, 24, 20
 
 # name -> (model type, experts, top_k, norm_topk_prob, tie: None, "inside" or "boundary")
@@ -120,12 +124,5 @@ def run_case(name: str) -> dict[str, np.ndarray]:
     }
 
 
-def main() -> None:
-    os.makedirs(OUT, exist_ok=True)
-    for name in CASES:
-        np.savez_compressed(os.path.join(OUT, f"{name}.npz"), **run_case(name))
-        print("wrote", os.path.join(OUT, f"{name}.npz"))
-
-
 if __name__ == "__main__":
-    main()
+    common.main(CASES, common.arrays_writer(run_case, compressed=True), OUT)

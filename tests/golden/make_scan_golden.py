@@ -2,6 +2,7 @@
 fallbacks, float32) on random weights.
 
     python tests/golden/make_scan_golden.py
+    python tests/golden/make_scan_golden.py --only mamba2 --out /tmp/scans
 
 For each case of `CASES` one file (a few KB) with the layer's weights under transformers' own
 parameter names (`in_proj_qkv.weight`, `conv1d.weight`, `A_log`, ...; Qwen3-Next's interleaved
@@ -26,25 +27,34 @@ tests/reference/test_scans_live.py reruns `run_case` with the installed transfor
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "scans")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+OUT = os.path.join(common.HERE, "scans")
 HIDDEN, T = 16, 70
 
-GDN = dict(
+GDN = {
+    **common.GDN,
+    "linear_value_head_dim": 6,
+    "hidden_size": HIDDEN,
+    "rms_norm_eps": 1e-6,
+    "num_hidden_layers": 1,
+    "layer_types": ["linear_attention"],
+}
+MAMBA = dict(**common.MAMBA, hidden_size=HIDDEN)
+FALCON = dict(
+    **common.FALCON_MAMBA,
     hidden_size=HIDDEN,
-    linear_num_key_heads=2,
-    linear_key_head_dim=8,
-    linear_num_value_heads=4,
-    linear_value_head_dim=6,
-    linear_conv_kernel_dim=4,
-    rms_norm_eps=1e-6,
+    mamba_d_state=6,
     num_hidden_layers=1,
-    layer_types=["linear_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
 )
-MAMBA = dict(hidden_size=HIDDEN, n_groups=2, conv_kernel=4, chunk_size=8)
 CASES = {
     "qwen3_5": ("qwen3_5", GDN),
     "qwen3_next": ("qwen3_next", GDN),
@@ -77,40 +87,14 @@ CASES = {
     "falcon_h1": (
         "falcon_h1",
         dict(
-            hidden_size=HIDDEN,
-            mamba_d_ssm=32,
-            mamba_n_heads=8,
-            mamba_n_groups=2,
-            mamba_d_state=6,
-            mamba_d_conv=4,
-            mamba_chunk_size=8,
+            **FALCON,
             mamba_rms_norm=True,
             mamba_norm_before_gate=True,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-5,
-            ssm_multipliers=[0.5, 1.5, 0.8, 1.25, 2.0],
+            ssm_multipliers=common.SSM_MULTIPLIERS,
             ssm_in_multiplier=0.7,
         ),
     ),
-    "falcon_h1_plain": (
-        "falcon_h1",
-        dict(
-            hidden_size=HIDDEN,
-            mamba_d_ssm=32,
-            mamba_n_heads=8,
-            mamba_n_groups=2,
-            mamba_d_state=6,
-            mamba_d_conv=4,
-            mamba_chunk_size=8,
-            mamba_rms_norm=False,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-5,
-        ),
-    ),
+    "falcon_h1_plain": ("falcon_h1", dict(**FALCON, mamba_rms_norm=False)),
 }
 
 
@@ -187,13 +171,5 @@ def run_case(name: str) -> dict[str, np.ndarray]:
     return {**weights, **config_arrays(name), "x": x, "y": y.numpy()}
 
 
-def main() -> None:
-    os.makedirs(OUT, exist_ok=True)
-    for name in CASES:
-        path = os.path.join(OUT, f"{name}.npz")
-        np.savez_compressed(path, **run_case(name))
-        print(f"wrote {path} ({os.path.getsize(path) / 1024:.0f} KB)")
-
-
 if __name__ == "__main__":
-    main()
+    common.main(CASES, common.arrays_writer(run_case, compressed=True), OUT)
