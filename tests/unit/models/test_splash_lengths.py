@@ -84,3 +84,24 @@ def test_model_with_splash_scores_a_96_token_window_like_xla():
             token_nll(model.apply(params, tokens[:, :-1], pos, seg), tokens[:, 1:])
         )
     np.testing.assert_allclose(nll["splash"], nll["xla"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_splash_over_context_at_a_length_off_the_block():
+    """`eval.seq_len=200` under `mesh.context=2`: each device's chunks of 50 queries against the
+    gathered row of 200 keys, both padded."""
+    from test_context import _on_mesh
+
+    from ppl_jax.models.layers import context as context_lib
+
+    q, k, v, seg, pos, sinks = _inputs([[120, 80], [200], [50], [10, 150]], 200)
+    kw = {"window": 60, "sinks": sinks}
+    whole = np.asarray(attend(q, k, v, segment_ids=seg, positions=pos, **kw))
+    order = context_lib.load_balanced_order(200, 2)
+
+    def fn(q, k, v, seg, pos):
+        return attend(q, k, v, segment_ids=seg, positions=pos, implementation="splash", **kw)
+
+    out = _on_mesh(4, 2, fn, *(x[:, order] for x in (q, k, v, seg, pos)))
+    real = np.asarray(seg)[:, order] > 0
+    np.testing.assert_allclose(out[real], whole[:, order][real], atol=ATOL)
