@@ -180,6 +180,7 @@ def run_jax(
     from ppl_jax.models.layers import flash
     from ppl_jax.plans import windows
     from ppl_jax.runtime import mesh as mesh_lib
+    from ppl_jax.runtime.pathways import memory_stats
 
     chunks = np.load(tokens_path)
     num, seq_len = chunks.shape
@@ -215,7 +216,7 @@ def run_jax(
     compile_seconds = time.perf_counter() - t0
     totals = scorer.score(params, win, plans.plan_layout(win, batch_size))
     device = jax.devices()[0]
-    stats = device.memory_stats() if device.platform == "gpu" else None
+    stats = memory_stats(device) if device.platform == "gpu" else {}
     return {
         "nll_sum": totals.nll_sum,
         "num_tokens": totals.num_tokens,
@@ -226,7 +227,7 @@ def run_jax(
         "host_seconds": totals.host_seconds,
         "prepare_seconds": totals.prepare_seconds,
         "peak_rss_bytes": _peak_rss_bytes(),
-        "device_peak_bytes": stats.get("peak_bytes_in_use") if stats else None,
+        "device_peak_bytes": stats.get("peak_bytes_in_use"),
         "device": device.device_kind,
         "temp_bytes": _temp_bytes(scorer),
     }

@@ -114,8 +114,9 @@ def _setup(attention: str, token_chunk: int = 0):
 def _peak_bytes() -> int | None:
     import jax
 
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
+    from ppl_jax.runtime.pathways import memory_stats
+
+    return memory_stats(jax.devices()[0]).get("peak_bytes_in_use")
 
 
 def long_window(t: int, attention: str) -> dict:

@@ -36,7 +36,7 @@ import time
 from absl import app as absl_app
 
 from ppl_jax.errors import ConfigError
-from ppl_jax.runtime import rollcall
+from ppl_jax.runtime import pathways, rollcall
 
 HEARTBEAT_TIMEOUT_S = 10  # a process silent this long is dead (JAX's default is 100)
 SHUTDOWN_TIMEOUT_S = 60  # how long a finished process waits at exit for the others
@@ -85,14 +85,22 @@ def initialize_from_env() -> bool:
     and with `PPL_JAX_DISTRIBUTED=1` where JAX's cluster detection finds the processes (SLURM,
     Open MPI, Cloud TPU VMs, Kubernetes; elsewhere JAX's start reports as before).
 
+    Under Pathways (`JAX_PLATFORMS` names `proxy`) this process is the one controller: it
+    registers the proxy backend and joins nothing (`ppl_jax.runtime.pathways.start`), whatever
+    `PPL_JAX_DISTRIBUTED` or the cluster's variables say, and returns False.
+
     Raises:
       ConfigError: a `PPL_JAX_*` value out of range (a process count or id that is not a whole
         number, a flag other than 0 or 1, a coordinator that is not host:port, a timeout that is
-        not a positive whole number of seconds), or a process that did not start.
+        not a positive whole number of seconds), or a process that did not start; under
+        Pathways, several processes asked for, or `pathwaysutils` missing.
     """
     num = _env_int("PPL_JAX_NUM_PROCESSES", 1, 1, None, "a number of processes")
     distributed = _env_flag("PPL_JAX_DISTRIBUTED")
     all_local = _env_flag("PPL_JAX_ALL_LOCAL_DEVICES")
+    if pathways.in_use():
+        pathways.start(num)
+        return False
     if num <= 1 and not distributed:
         return False
     if num > 1:

@@ -18,8 +18,11 @@ and splash attention on TPUs.
   soft-cap, grouped-query heads as multi-query kernels per key/value head. Under the context
   axis each device's two chunks attend to the gathered row with the chunk's offset in the
   causal mask (`CausalMask`/`LocalMask` `offset`), one kernel per possible chunk, chosen with
-  `lax.switch` by the device's index. No chunked attention (the kernel's chunks are by index,
-  not by position within a segment).
+  `lax.switch` by the device's index. Rows of any length: the kernel's blocks are multiples of
+  128 tokens (`SPLASH_BLOCK`), so queries and keys are padded up to one inside the call with a
+  segment id no real token has (-1), and the output sliced back; exact, the padded keys are
+  masked for every real query. No chunked attention (the kernel's chunks are by index, not by
+  position within a segment).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import numpy as np
 # Segments per row the packed cuDNN path lays out (the layout puts at most
 # `ppl_jax.plans.layout.MAX_SEGMENTS` windows in a row).
 CUDNN_SEGMENTS = 64
+# The splash kernel's query and key blocks are multiples of this many tokens (its `NUM_LANES`).
+SPLASH_BLOCK = 128
 
 
 def cudnn_packs(platform: str | None = None) -> bool:
@@ -156,8 +161,9 @@ def _splash_kernel(
         head_mask = mask_lib.CausalMask(shape=shape, offset=offset)
     else:
         head_mask = mask_lib.LocalMask(shape=shape, window_size=(window - 1, 0), offset=offset)
-    block_q = next(b for b in (512, 256, 128, q_len) if q_len % b == 0)
-    block_kv = next(b for b in (512, 256, 128, kv_len) if kv_len % b == 0)
+    # The lengths are multiples of SPLASH_BLOCK (`splash` pads them).
+    block_q = next(b for b in (512, 256, SPLASH_BLOCK) if q_len % b == 0)
+    block_kv = next(b for b in (512, 256, SPLASH_BLOCK) if kv_len % b == 0)
     sizes = kernel.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv)
     # The kernel holds its mask's block tables as arrays; made under a trace they would be that
     # trace's tracers, and the cached kernel would leak them into the next trace (a second batch
@@ -175,15 +181,21 @@ def splash(q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0) ->
     """Splash attention of `[B, Tq, H, D]` queries against `[B, Tk, KV, D]` keys and values; the
     queries are the row's tokens `offset .. offset + Tq - 1` (the keys the whole row from 0).
     `offset` is a Python int or a traced int32 that takes one of the values in
-    `range(0, Tk, Tq)` (the context axis's chunks). Returns `[B, Tq, H, Dv]` in `q.dtype`."""
+    `range(0, Tk, Tq)` (the context axis's chunks). `Tq` and `Tk` of any length: each is padded
+    to a multiple of `SPLASH_BLOCK` (keys no real query sees) and the output sliced back.
+    Returns `[B, Tq, H, Dv]` in `q.dtype`."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
 
     b, t, h, d = q.shape
     s, kv = k.shape[1], k.shape[2]
     group = h // kv
     interpret = jax.default_backend() != "tpu"  # CPU tests run the kernel interpreted
+    # Padded tokens take the segment id -1, which no real token has: no real query sees them.
+    q, k, v = _pad_to_block(q), _pad_to_block(k), _pad_to_block(v)
+    q_seg, k_seg = _pad_to_block(q_seg, -1), _pad_to_block(k_seg, -1)
+    tp, sp = q.shape[1], k.shape[1]
     # [B, T, KV*G, D] -> [B, KV, G, T, D]; one multi-query kernel call per (example, KV head).
-    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv, group, d).transpose(0, 2, 3, 1, 4)
+    q = (q * jnp.asarray(scale, q.dtype)).reshape(b, tp, kv, group, d).transpose(0, 2, 3, 1, 4)
     k = k.transpose(0, 2, 1, 3)  # [B, KV, S, D]
     v = v.transpose(0, 2, 1, 3)
     sink = None if sinks is None else sinks.astype(jnp.float32).reshape(kv, group)
@@ -197,7 +209,7 @@ def splash(q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0) ->
         return jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0, None))(q, k, v, q_seg, k_seg, sink)
 
     def kernel_at(start):
-        return _splash_kernel(group, t, s, start, window, interpret, softcap)
+        return _splash_kernel(group, tp, sp, start, window, interpret, softcap)
 
     args = (q, k, v, q_seg, k_seg, sink)
     if isinstance(offset, int):
@@ -205,4 +217,12 @@ def splash(q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0) ->
     else:
         branches = [functools.partial(run, kernel_at(start)) for start in range(0, s, t)]
         out = jax.lax.switch(offset // t, branches, *args)
+    out = out[:, :, :, :t]  # [B, KV, G, T, Dv]: the real queries
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, -1).astype(np.dtype(q.dtype))
+
+
+def _pad_to_block(x: jax.Array, fill: int = 0) -> jax.Array:
+    """`x` (`[B, T, ...]`) padded with `fill` along `T` to a multiple of `SPLASH_BLOCK`."""
+    pad = -x.shape[1] % SPLASH_BLOCK
+    widths = [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, widths, constant_values=fill) if pad else x
