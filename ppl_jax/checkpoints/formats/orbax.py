@@ -22,6 +22,7 @@ damaged step (lost, truncated or corrupt files, links leading out of the checkpo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +130,13 @@ def finalized_steps(directory: str) -> list[int]:
     """
     with _manager(directory) as manager:
         return sorted(int(s) for s in manager.all_steps())
+
+
+def unfinished_step(name: str) -> int | None:
+    """The step of Orbax's temporary folder `name` (`<step>.orbax-checkpoint-tmp-<timestamp>`: a
+    save not finalized, in progress or killed), or None for any other name."""
+    found = re.fullmatch(r"(\d+)" + re.escape(ocp.path.step.TMP_DIR_SUFFIX) + r".*", name)
+    return int(found.group(1)) if found else None
 
 
 def pick_step(directory: str, step: int | None) -> int:
