@@ -280,6 +280,7 @@ def read_arrays(
     paths.refuse_links_out(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, item)
     damage.check_ocdbt_index(item_dir, directory, step, item)
+    damage.drop_leftover_task_reports()  # of a failed read, before its sentence (a race)
     try:
         return restore(abstract)
     except CheckpointError:
