@@ -169,9 +169,10 @@ def drop_leftover_task_reports() -> None:
     """From now on, asyncio's "Task exception was never retrieved" reports of failed Orbax reads
     (`_LeftoverTasks`: exceptions raised in Orbax's or TensorStore's modules) are dropped.
 
-    Called before Orbax reads any array: when a read fails, Orbax's event loop thread may
-    collect the failed tasks of its other reads (and asyncio log them, a traceback ending in
-    `ValueError: NOT_FOUND ...`) before the failure reaches ppl_jax, ahead of its one sentence.
+    Called before Orbax reads a step (its manager, its arrays): when a read fails, Orbax's
+    event loop thread may collect the failed tasks of its other reads (and asyncio log them, a
+    traceback ending in `ValueError: NOT_FOUND ...`) before the failure reaches ppl_jax, ahead of
+    its one sentence.
     """
     log = logging.getLogger("asyncio")
     if not any(isinstance(f, _LeftoverTasks) for f in log.filters):

@@ -82,6 +82,7 @@ def save_train_state(
 
 
 def _manager(directory: str) -> ocp.CheckpointManager:
+    damage.drop_leftover_task_reports()  # before any read of a step (see `read_arrays`)
     try:
         found = paths.isdir(directory)
     except ImportError as e:
