@@ -225,15 +225,7 @@ class GGUFCheckpoint(Checkpoint):
                 exact = piece.scale != 1.0 or piece.rule.get("offset") or piece.rule.get("plus_one")
                 dtypes[piece.stored] = np.float32 if exact else expected[weight].dtype
         source = _Dequantized(self.header, dtypes)
-
-        def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
-            leaf = expected[name]
-            shape = tuple(leaf.shape)
-            block = tuple(range(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
-            return blocks.read_block(sources[name], stored, shape, block, source, numbers,
-                                     leaf.dtype)  # fmt: skip
-
-        return nest_weights(storage.place(dict(expected), read))
+        return nest_weights(blocks.place_read_ahead(sources, stored, expected, source, numbers))
 
     def layout_lines(self, step: int | None) -> list[str]:
         h = self.header
