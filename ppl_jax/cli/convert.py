@@ -37,8 +37,8 @@ from ppl_jax.runtime import preemption
 # The largest step: a run's steps travel between processes as int64 (`evaluation/steps.py`).
 MAX_STEP = 2**63 - 1
 STOPPED = (
-    "the step it was writing is left unfinished (N.orbax-checkpoint-tmp-*, never read as a step), "
-    "and the same command removes it and writes the step again; finished steps are untouched"
+    "a step being saved is left unfinished (N.orbax-checkpoint-tmp-*, which no reader takes for a "
+    "step); the same command removes it and writes the step, and finished steps are untouched"
 )
 
 
