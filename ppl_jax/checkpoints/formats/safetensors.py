@@ -81,15 +81,26 @@ def is_hf_checkpoint(path: str) -> bool:
     return bool(_weight_files(path) or _pickle_files(path))
 
 
-def _config(path: str) -> tuple[dict[str, Any], bool]:
-    """`config.json`, or the `text_config` it nests (multimodal checkpoints, whose text tower is
-    the language model), and whether it was nested."""
-    where = paths.join(path, "config.json")
+def read_config(path: str) -> dict[str, Any]:
+    """The directory's `config.json` (local or remote), as stored. A load reads it once and
+    passes it (`config=`) to `read_description`, `read_quantization` and `_config`.
+
+    Raises:
+      CheckpointError: no or bad `config.json`, or one reached through a link out of the
+        directory.
+    """
     if paths.is_local(path):
         _check_inside(path, None, "config.json", what="config.json")
-    cfg = paths.read_json_object(
-        where, "a Hugging Face checkpoint directory needs its config.json."
+    return paths.read_json_object(
+        paths.join(path, "config.json"),
+        "a Hugging Face checkpoint directory needs its config.json.",
     )
+
+
+def _config(path: str, config: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+    """`config.json` (`config`, else read), or the `text_config` it nests (multimodal
+    checkpoints, whose text tower is the language model), and whether it was nested."""
+    cfg = read_config(path) if config is None else config
     text = cfg.get("text_config")
     if registry.for_model_type(cfg.get("model_type")) is None and isinstance(text, dict):
         inherited = {k: cfg[k] for k in ("tie_word_embeddings",) if k in cfg}
@@ -97,20 +108,18 @@ def _config(path: str) -> tuple[dict[str, Any], bool]:
     return cfg, False
 
 
-def read_quantization(path: str) -> quantization.Scheme | None:
+def read_quantization(
+    path: str, config: dict[str, Any] | None = None
+) -> quantization.Scheme | None:
     """The quantization `config.json`'s `quantization_config` declares
-    (`ppl_jax.checkpoints.formats.quantization.read`), or None.
+    (`ppl_jax.checkpoints.formats.quantization.read`), or None; `config`: the file as
+    `read_config` read it (else read here).
 
     Raises:
       CheckpointError: no or bad `config.json`; a method or parameter ppl_jax does not read.
     """
-    where = paths.join(path, "config.json")
-    if paths.is_local(path):
-        _check_inside(path, None, "config.json", what="config.json")
-    cfg = paths.read_json_object(
-        where, "a Hugging Face checkpoint directory needs its config.json."
-    )
-    return quantization.read(cfg, where)
+    cfg = read_config(path) if config is None else config
+    return quantization.read(cfg, paths.join(path, "config.json"))
 
 
 def _is_text_tower(name: str) -> bool:
@@ -118,9 +127,10 @@ def _is_text_tower(name: str) -> bool:
     return name.startswith(("model.language_model.", "language_model.", "lm_head."))
 
 
-def read_description(path: str) -> dict[str, Any]:
+def read_description(path: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The architecture description of a Hugging Face directory, for
-    `ppl_jax.models.registry.build`.
+    `ppl_jax.models.registry.build`; `config`: its `config.json` as `read_config` read it (else
+    read here).
 
     Reads `config.json` (or the `text_config` it nests, for the text tower of a multimodal
     checkpoint) of a model type some family reads (`ppl_jax.models.registry.model_types`): the
@@ -137,8 +147,9 @@ def read_description(path: str) -> dict[str, Any]:
         activation or rope scaling, an absurd size, or a config that the weights contradict.
     """
     where = paths.join(path, "config.json")
-    cfg, text_only = _config(path)
-    scheme = read_quantization(path)  # a quantization ppl_jax does not read: refused here
+    config = read_config(path) if config is None else config
+    cfg, text_only = _config(path, config)
+    scheme = read_quantization(path, config)  # a quantization ppl_jax does not read: refused here
     model_type = cfg.get("model_type")
     try:
         desc = registry.read_hf_config(cfg)
@@ -393,9 +404,10 @@ def load_params(path: str, target: Any) -> Any:
         (`quantized_parts.view`), and (all named at once) missing or misshapen weights and
         stored weights the architecture does not use.
     """
-    desc = read_description(path)
-    text_only = _config(path)[1]  # a multimodal checkpoint: its text tower only
-    scheme = read_quantization(path)
+    config = read_config(path)
+    desc = read_description(path, config)
+    text_only = _config(path, config)[1]  # a multimodal checkpoint: its text tower only
+    scheme = read_quantization(path, config)
     prefixes, rules = registry.hf_mapping(desc)
     expected = weight_paths(target)
     where = f"the weights in {path!r}"

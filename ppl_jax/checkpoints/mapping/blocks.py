@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ppl_jax.checkpoints.mapping import operations
+from ppl_jax.checkpoints.mapping import storage as storage_lib
 from ppl_jax.checkpoints.mapping.language import Source
 from ppl_jax.checkpoints.mapping.storage import Storage
 
@@ -92,6 +93,30 @@ def place(
         out[name] = jax.make_array_from_callback(shape, sharding, callback)
         cache.clear()
     return out
+
+
+def place_read_ahead(
+    sources: dict[str, Source],
+    stored: dict[str, tuple[tuple[int, ...], Any]],
+    targets: dict[str, Any],
+    storage: Storage,
+    names: dict[str, Any],
+) -> dict[str, jax.Array]:
+    """As `place`, each block read by `read_block`, but placed by `storage.place`: several
+    blocks read at once, the bytes in flight bounded. For storages read by byte ranges (a GGUF
+    file, a remote safetensors directory); `targets` are leaves with a sharding.
+
+    Raises:
+      CheckpointError: as the storage's `read`.
+    """
+
+    def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
+        leaf = targets[name]
+        shape = tuple(leaf.shape)
+        block = _ranges(index, shape)
+        return read_block(sources[name], stored, shape, block, storage, names, leaf.dtype)
+
+    return storage_lib.place(dict(targets), read)
 
 
 def stored_sharding(

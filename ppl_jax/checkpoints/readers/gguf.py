@@ -35,7 +35,6 @@ from ppl_jax.checkpoints.mapping import apply, blocks, storage
 from ppl_jax.checkpoints.readers import gguf_arch
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
-from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import gguf as gguf_tokenizer
 
@@ -184,13 +183,6 @@ class GGUFCheckpoint(Checkpoint):
     def files(self, step: int | None) -> str:
         return self.gguf_path
 
-    def identity(self, step: int | None) -> dict[str, Any]:
-        found = super().identity(step)
-        found["files"] = fingerprint_lib.text_digest(
-            [fingerprint_lib.file_identity(self.gguf_path, sample=False)]
-        )
-        return found
-
     def quantization(self, step: int | None) -> dict[str, Any] | None:
         """What the file stores its weights as: `{"method": "gguf", "file_type": llama.cpp's name
         of `general.file_type` (`Q4_K_M`; absent when the file does not say), "types": {GGML
@@ -233,15 +225,7 @@ class GGUFCheckpoint(Checkpoint):
                 exact = piece.scale != 1.0 or piece.rule.get("offset") or piece.rule.get("plus_one")
                 dtypes[piece.stored] = np.float32 if exact else expected[weight].dtype
         source = _Dequantized(self.header, dtypes)
-
-        def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
-            leaf = expected[name]
-            shape = tuple(leaf.shape)
-            block = tuple(range(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
-            return blocks.read_block(sources[name], stored, shape, block, source, numbers,
-                                     leaf.dtype)  # fmt: skip
-
-        return nest_weights(storage.place(dict(expected), read))
+        return nest_weights(blocks.place_read_ahead(sources, stored, expected, source, numbers))
 
     def layout_lines(self, step: int | None) -> list[str]:
         h = self.header

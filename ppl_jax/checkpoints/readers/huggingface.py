@@ -196,10 +196,11 @@ class HFDirectory(Checkpoint):
         found = [
             n for n in ("tokenizer.json", "tokenizer.model") if paths.isfile(paths.join(folder, n))
         ]
-        scheme = safetensors.read_quantization(folder)
+        config = safetensors.read_config(folder)
+        scheme = safetensors.read_quantization(folder, config)
         stored = "" if scheme is None else f", dequantized as read from {scheme.describe()}"
         return [
-            f"config.json: model_type {safetensors._config(folder)[0].get('model_type')!r}",
+            f"config.json: model_type {safetensors._config(folder, config)[0].get('model_type')!r}",
             f"weights: {index}, {len(entries)} tensors, {size / 2**20:.1f} MiB ({how}{stored})",
             f"tokenizer: {', '.join(found) or 'none'}",
         ]
@@ -232,14 +233,15 @@ def _mapped_headers(
     Raises:
       CheckpointError: as `safetensors.read_description` and `quantized_parts.view`.
     """
-    desc = safetensors.read_description(folder)
-    text_only = safetensors._config(folder)[1]  # a multimodal checkpoint: its text tower only
+    config = safetensors.read_config(folder)
+    desc = safetensors.read_description(folder, config)
+    text_only = safetensors._config(folder, config)[1]  # a multimodal checkpoint: its text tower
     prefixes, rules = registry.hf_mapping(desc)
     weights = RangedSafetensors(folder, entries)
     stored = weights.stored(prefixes, text_only)
     where = f"the weights in {folder!r}"
     source, stored = quantized_parts.view(
-        safetensors.read_quantization(folder), weights, stored, weights.real, where
+        safetensors.read_quantization(folder, config), weights, stored, weights.real, where
     )
     return weights, stored, rules, desc, source
 
@@ -264,14 +266,7 @@ def load_ranged(folder: str, entries: dict[str, ranges.TensorRange], target: Any
         remedy="Re-download the checkpoint, or fix config.json to describe these weights.",
     )  # fmt: skip
     numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
-
-    def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
-        leaf = expected[name]
-        shape = tuple(leaf.shape)
-        block = tuple(range(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
-        return blocks.read_block(sources[name], stored, shape, block, source, numbers, leaf.dtype)
-
-    return nest_weights(storage.place(dict(expected), read))
+    return nest_weights(blocks.place_read_ahead(sources, stored, expected, source, numbers))
 
 
 class HubRepo(HFDirectory):

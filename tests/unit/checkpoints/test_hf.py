@@ -139,6 +139,26 @@ def test_each_block_is_read_once_and_alone(hf_dirs, monkeypatch, family):
     assert {size for n, size in reads if n == name} == {32 * 8}  # one head of 8 at a time
 
 
+def test_a_restore_reads_config_json_once(hf_dirs, monkeypatch):
+    """`load_params` reads config.json once and passes it to what needs it (the description,
+    the multimodal text tower, the quantization): it read it 4 times."""
+    from ppl_jax.runtime import paths
+
+    reads, real = [], paths.read_json_object
+
+    def counting(where, *args, **kwargs):
+        reads.append(where)
+        return real(where, *args, **kwargs)
+
+    model = registry.build(safetensors.read_description(hf_dirs["qwen2"]), jnp.float32)
+    target = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
+    )[0]
+    monkeypatch.setattr(paths, "read_json_object", counting)
+    safetensors.load_params(hf_dirs["qwen2"], target)
+    assert [os.path.basename(w) for w in reads] == ["config.json"]
+
+
 def check_descriptions(hf_dirs: dict[str, str]) -> None:
     """What ppl_jax reads from the config.json of each family as transformers saves it."""
     llama = safetensors.read_description(hf_dirs["llama"])
