@@ -1,6 +1,7 @@
 """A NaN weight ends the run in the scorer's NaN sentence, whatever the reader and the weight
 (REVIEW item 19): an attention weight, a norm, an MLP weight or a quantization scale of a Hugging
-Face safetensors GPT-2, a GGUF GPT-2 (4-bit blocks, whose scale is the NaN) and a GPTQ Llama.
+Face safetensors GPT-2, a GGUF GPT-2 (4-bit blocks, whose scale is the NaN) and a GPTQ Llama; a
+scan's decay (Mamba2, Gated DeltaNet) and a router.
 Before, a NaN that made every attention score of a query NaN was taken for a query that sees no
 key (zeros out of the flash kernel), and the run scored a finite perplexity with exit 0.
 
@@ -43,6 +44,11 @@ CASES = {
     "gptq-attention-scale": (GPTQ, "model.layers.0.self_attn.q_proj.scales", ...),
     "gptq-norm": (GPTQ, "model.layers.0.input_layernorm.weight", (0,)),
     "gptq-mlp-scale": (GPTQ, "model.layers.0.mlp.down_proj.scales", (0, 0)),
+    # The scans' decays (a NaN `A_log` was a decay below the floor: the state dropped) and a
+    # router, through the same HF reader.
+    "mamba2-decay": ("families/mamba2", "backbone.layers.0.mixer.A_log", (0,)),
+    "gated-delta-decay": ("families/qwen3_next", "model.layers.0.linear_attn.A_log", (0,)),
+    "moe-router": ("families/qwen3_next", "model.layers.0.mlp.gate.weight", (0, 0)),
 }
 # Two by default (and the command line case below); the whole grid in the slow tier.
 DEFAULT = ("gguf-attention-scale", "gptq-attention-scale")  # hf-attention: the CLI case
