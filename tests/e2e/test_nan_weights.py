@@ -31,7 +31,7 @@ from helpers import GOLDEN, xla_flags
 CORPUS = "def f(x):\n    return x + 1\n\nprint(f(41))\n" * 3
 SENTENCE = "NaN or infinite log-probabilities at scored positions"
 
-# (reader, golden checkpoint, tensor, index): the NaN's place. A GGUF index is a byte offset in
+# name -> (golden checkpoint, tensor, index): the NaN's place. A GGUF index is a byte offset in
 # the tensor's data (0: the fp16 scale `d` of the first Q4_1 block, or the first F32 value).
 HF, GGUF, GPTQ = "hf/gpt2", "gguf/gpt2.gguf", "quantized/gptq_sym"
 CASES = {
