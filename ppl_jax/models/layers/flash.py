@@ -49,8 +49,7 @@ BLOCK_K = 256
 GPU_BLOCK_Q = 512
 GPU_BLOCK_K = 512
 
-# A masked score, and `m` before any key: -inf, so that a visible score of -inf (or NaN) is not
-# mistaken for a masked one (see `_online`).
+# A masked score, and `m` before any key: -inf, so that a visible -inf is not taken for masked.
 _MASKED = -float("inf")
 _BIG = np.iinfo(np.int32).max
 
@@ -304,10 +303,9 @@ def _online(carry, scores, mask, v):
     """One key block's update of the running softmax: `scores` `[B, KV, G, bq, bk]` float32
     (masked ones at -inf), `mask` their visibility (None: every pair visible).
 
-    NaN stays NaN: a NaN score makes `m` NaN (`maximum` propagates it), hence `p`, `denom`
-    and `acc`; visible scores all -inf give `exp(-inf - -inf)`, NaN, as a softmax over them
-    does. Only a query that has seen no visible key keeps `denom = 0` (its masked `p` are 0,
-    and `correction` is 1 while `m` stays -inf), which `finish` turns into 0."""
+    A NaN score makes `m`, `p`, `denom` and `acc` NaN; visible scores all -inf give NaN (a
+    softmax of 0 / 0). Only a query that has seen no visible key keeps `denom = 0` (masked `p`
+    are 0, `correction` 1 while `m` is -inf), which `finish` turns into 0."""
     m, denom, acc = carry
     m_new = jnp.maximum(m, row_max(scores))
     p = jnp.exp(scores - m_new[..., None])
