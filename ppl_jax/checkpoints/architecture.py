@@ -65,13 +65,18 @@ class Architecture:
         its own way: `xla` (batches as for XLA).
 
         Raises:
-          ConfigError: an unknown dtype or setting; an implementation this platform lacks.
+          ConfigError: an unknown dtype or setting; an implementation this platform (the mesh's
+            devices') lacks.
         """
         if self.entry:
             return "xla"
         context = {}
         if mesh is not None:
-            context = dict(context=int(mesh.shape["context"]), context_attention=context_attention)
+            context = dict(
+                context=int(mesh.shape["context"]),
+                context_attention=context_attention,
+                platform=mesh.devices.flat[0].platform,
+            )
         return attention_lib.resolve_for(setting, dtype_of(dtype), self.description, **context)
 
     def model(self, dtype: str = "float32", attention: str = "auto") -> LanguageModel:

@@ -294,6 +294,14 @@ CASES = [
         lambda c, f: ["the mesh data=16 x model=1 needs 16 devices, but only 8 are present"],
         id="mesh_beyond_devices",
     ),
+    pytest.param(
+        lambda c, f: {"model.attention": "cudnn", "mesh.context": "2"},
+        lambda c, f: [
+            "model.attention=cudnn needs an NVIDIA GPU with cuDNN, and this run's devices (cpu)",
+            "set model.attention=auto",
+        ],
+        id="cudnn_on_cpu",
+    ),
 ]
 
 
@@ -307,6 +315,7 @@ DEFAULT_CASES = {
     "seq_len_beyond_positions",
     "mesh_beyond_devices",
     "config_chunk_zero",
+    "cudnn_on_cpu",
 }
 CASES = [
     c if c.id in DEFAULT_CASES else pytest.param(*c.values, id=c.id, marks=pytest.mark.slow)

@@ -197,3 +197,31 @@ def test_a_float32_run_is_float32():
         ref = helpers.reference_token_nll(host, cfg, rows["tokens"][k, :n])
         scored = rows["target_mask"][k, 1:n]
         assert abs(totals.window_nll[k] - ref[scored].sum()) < 1e-4
+
+
+def test_cudnn_passes_a_nan_on():
+    """A NaN key reaches the queries that see it through cuDNN, alone and split and merged (REVIEW
+    item 19: a query whose scores are NaN is not one that sees no key); another row stays
+    finite."""
+    from ppl_jax.models.layers import split_merge
+
+    t, lengths = 256, [256, 200]
+    seg, pos = _padded_rows(lengths, t)
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, t, h, 64)).astype(np.float32) for h in (8, 2, 2))
+    k[0, 30] = np.nan  # row 0, token 30, every key head
+    qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    out = jax.jit(
+        lambda q, k, v: attend(q, k, v, segment_ids=seg, positions=pos, implementation="cudnn")
+    )(qb, kb, vb)
+    out = np.asarray(out.astype(jnp.float32))
+    assert np.isnan(out[0, 30:]).all()  # the queries that see it (earlier ones: unspecified)
+    assert np.isfinite(out[1, :200]).all()
+    real = jnp.asarray(lengths, jnp.int32)
+    merged = jax.jit(
+        lambda q, k, v: split_merge.chunk_of_row(
+            q, k, v, 128, real, scale=64**-0.5, partial=split_merge.PARTIALS["cudnn"]
+        )
+    )(qb[:, 128:], kb, vb)  # token 30 is in the prefix of the queries 128..255
+    merged = np.asarray(merged.astype(jnp.float32))
+    assert np.isnan(merged[0]).all() and np.isfinite(merged[1, :72]).all()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models.decoders.llama import LlamaConfig, sorted_items
 from ppl_jax.models.layers import rope as rope_lib
 
@@ -111,30 +111,48 @@ def hf_sliding(
     """The sliding layers of a config: `sliding_window` on the layers `layer_types` names (or
     `default_types`, the family's default; else every layer). `needs_flag`: only with
     `use_sliding_window` (Qwen2's rule); `max_window_layers`: without `layer_types`, the window
-    from layer `max_window_layers` on (transformers' Qwen2Config rule).
+    from layer `max_window_layers` on (transformers' Qwen2Config rule). A null `sliding_window`
+    with no layer named sliding is full attention (Mistral's and Phi-3's null), as is any window
+    on layers all `full_attention`.
 
     Raises:
-      CheckpointError: `layer_types` that are not one per layer of the two known types.
+      CheckpointError: `layer_types` that are not one per layer of the two known types; a
+        `sliding_window` of null or 0 while some layer slides (`layer_types`, the family's
+        default, or every layer for 0): transformers refuses null there (its sliding mask needs
+        a window) and with 0 lets those layers attend to no key, neither of which is full
+        attention.
     """
     window = c.get("sliding_window")
     if needs_flag and not c.get("use_sliding_window"):
-        window = None
-    if not window:
-        return {}
+        return {}  # transformers sets no window then (Qwen2Config)
     types = c.get("layer_types")
-    if types is None and max_window_layers:
+    if window is None and types is None and default_types is None:
+        return {}  # Mistral's, Phi-3's null: full attention
+    if types is None and max_window_layers and window is not None:
         first = int(c.get("max_window_layers", 28))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    types = types or default_types or ["sliding_attention"] * num_layers
-    if (
-        not isinstance(types, list)
-        or len(types) != num_layers
-        or set(types) - {"sliding_attention", "full_attention"}
+    named = types or default_types
+    if named is not None and (
+        not isinstance(named, list)
+        or len(named) != num_layers
+        or set(named) - {"sliding_attention", "full_attention"}
     ):
         raise CheckpointError(
             f"layer_types are not {num_layers} of full_attention and sliding_attention."
         )
+    types = named or ["sliding_attention"] * num_layers
     layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    if not window:
+        if layers:
+            sliding = ", ".join(map(str, layers[:4])) + (", ..." if len(layers) > 4 else "")
+            raise CheckpointError(
+                f"sliding_window={'null' if window is None else quoted(window, 20)} on the "
+                f"sliding layers ({sliding}) is no window: "
+                f"transformers {'refuses null' if window is None else 'lets them attend to no key'}"
+                f" there; set sliding_window to the model's window, or layer_types to "
+                f"full_attention."
+            )
+        return {}
     return {"sliding_window": int(window), "sliding_layers": layers} if layers else {}
 
 

@@ -102,9 +102,12 @@ def resolve(
     `auto`: `splash` on TPU, `cudnn` on GPU for 16-bit params with head width a multiple of 8 up
     to 128, `xla` otherwise, and `xla` wherever the pick cannot run what the model needs.
     `head_dim` None: a model without attention layers (Mamba2), for which `auto` is `xla`.
+    `platform`: where the model runs (the mesh's devices'); None: the default backend for `auto`,
+    and no check of an explicit setting (a model built abstractly, with no devices in view).
 
     Raises:
-      ConfigError: an explicit `cudnn` or `splash` that cannot run the model or the mesh.
+      ConfigError: an explicit `cudnn` or `splash` that cannot run the model or the mesh, or an
+        explicit `cudnn` on a `platform` without cuDNN.
     """
     needs = dict(
         softcap=softcap,
@@ -120,6 +123,12 @@ def resolve(
             raise ConfigError(
                 f"model.attention={setting} cannot {missing}, which this run needs; set "
                 f"model.attention=auto or xla."
+            )
+        if setting == "cudnn" and platform is not None and not fused.cudnn_present(platform):
+            raise ConfigError(
+                f"model.attention=cudnn needs an NVIDIA GPU with cuDNN, and this run's devices "
+                f"({platform}) have none; set model.attention=auto (cuDNN where it can run, else "
+                f"xla)."
             )
         return setting
     platform = platform or jax.default_backend()
@@ -137,11 +146,14 @@ def resolve(
     return "xla" if unsupported(pick, **needs) else pick
 
 
-def resolve_for(setting: str, dtype, description: dict, context: int = 1, **mesh) -> str:
+def resolve_for(
+    setting: str, dtype, description: dict, context: int = 1, platform: str | None = None, **mesh
+) -> str:
     """`resolve` for a model description (`model.build`'s): its head width, `attn_softcap`, and
     the keys a family sets when its attention needs them: `attn_chunk` (chunked attention),
     `attn_sinks` (true: learned sinks), `v_head_dim` (value heads' width). A description with
-    neither `head_dim` nor `num_heads` is a model without attention layers (Mamba2's)."""
+    neither `head_dim` nor `num_heads` is a model without attention layers (Mamba2's).
+    `platform`: as in `resolve`."""
     head_dim = description.get("head_dim")
     if not head_dim and description.get("num_heads"):
         head_dim = description["embed_dim"] // description["num_heads"]
@@ -154,6 +166,7 @@ def resolve_for(setting: str, dtype, description: dict, context: int = 1, **mesh
         sinks=bool(description.get("attn_sinks")),
         value_dim=description.get("v_head_dim"),
         context=context,
+        platform=platform,
         **mesh,
     )
 

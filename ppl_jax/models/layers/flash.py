@@ -49,14 +49,15 @@ BLOCK_K = 256
 GPU_BLOCK_Q = 512
 GPU_BLOCK_K = 512
 
-_MASKED = float(np.finfo(np.float32).min)
+# A masked score, and `m` before any key: -inf, so that a visible -inf is not taken for masked.
+_MASKED = -float("inf")
 _BIG = np.iinfo(np.int32).max
 
 
 class State(NamedTuple):
     """The running softmax of `T` queries, heads grouped as `[B, KV, G, T]`.
 
-    m: float32, the largest score seen (`finfo.min` before any).
+    m: float32, the largest score seen (-inf before any).
     denom: float32, `sum exp(s - m)` over the visible keys seen.
     acc: `[B, KV, G, T, Dv]` float32, `sum exp(s - m) v` over them.
     """
@@ -79,7 +80,7 @@ def _round_up(n: int, m: int) -> int:
 
 
 def init(b: int, kv: int, g: int, t: int, dv: int) -> State:
-    """The state before any key: `m = finfo.min`, `l = 0`, `acc = 0`."""
+    """The state before any key: `m = -inf`, `l = 0`, `acc = 0`."""
     return State(
         jnp.full((b, kv, g, t), _MASKED, jnp.float32),
         jnp.zeros((b, kv, g, t), jnp.float32),
@@ -300,13 +301,17 @@ def _pairwise(x: jax.Array, op, identity: float) -> jax.Array:
 
 def _online(carry, scores, mask, v):
     """One key block's update of the running softmax: `scores` `[B, KV, G, bq, bk]` float32
-    (masked ones at `finfo.min`), `mask` their visibility (None: every pair visible)."""
+    (masked ones at -inf), `mask` their visibility (None: every pair visible).
+
+    A NaN score makes `m`, `p`, `denom` and `acc` NaN; visible scores all -inf give NaN (a
+    softmax of 0 / 0). Only a query that has seen no visible key keeps `denom = 0` (masked `p`
+    are 0, `correction` 1 while `m` is -inf), which `finish` turns into 0."""
     m, denom, acc = carry
     m_new = jnp.maximum(m, row_max(scores))
     p = jnp.exp(scores - m_new[..., None])
     if mask is not None:
         p = jnp.where(mask, p, 0.0)
-    correction = jnp.exp(m - m_new)
+    correction = jnp.where(m == m_new, 1.0, jnp.exp(m - m_new))
     pv = jnp.einsum("bkgqs,bksd->bkgqd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return m_new, denom * correction + row_sum(p), acc * correction[..., None] + pv
 
@@ -329,8 +334,10 @@ def _finished(state: State, sinks: jax.Array | None) -> jax.Array:
         correction = jnp.exp(m - m_new)
         denom = denom * correction + jnp.exp(sink - m_new)
         acc = acc * correction[..., None]
-    safe = jnp.where(denom > 0, denom, 1.0)
-    return jnp.where(denom[..., None] > 0, acc / safe[..., None], 0.0)
+    # `denom` is 0 exactly for a query that saw no key (a visible key adds `exp(s - m)`, 1 for
+    # the largest); a NaN there (a NaN score) must come out NaN, for the scorer's guard.
+    unseen = denom == 0
+    return jnp.where(unseen[..., None], 0.0, acc / jnp.where(unseen, 1.0, denom)[..., None])
 
 
 def flash_attention(
@@ -388,7 +395,6 @@ def attention_lse(
         block_k=block_k,
     )
     out = finish(state, None, jnp.float32)
-    lse = jnp.where(
-        state.denom > 0, state.m + jnp.log(jnp.where(state.denom > 0, state.denom, 1.0)), -jnp.inf
-    )
+    unseen = state.denom == 0  # NaN stays NaN (see `_finished`)
+    lse = jnp.where(unseen, -jnp.inf, state.m + jnp.log(jnp.where(unseen, 1.0, state.denom)))
     return out, lse.transpose(0, 3, 1, 2).reshape(b, t, h)

@@ -53,6 +53,19 @@ def cudnn_packs(platform: str | None = None) -> bool:
     return major >= 9 and _jax_version() >= (0, 5, 1)
 
 
+def cudnn_present(platform: str) -> bool:
+    """Whether cuDNN attention can run on `platform` (a device's `platform`: `gpu`, `cpu`,
+    `tpu`): a GPU whose JAX has CUDA's libraries (`jax._src.lib.cuda_versions`, what JAX's cuDNN
+    entry checks before it raises `cuDNN is not detected`)."""
+    if platform not in ("gpu", "cuda"):
+        return False
+    try:
+        from jax._src.lib import cuda_versions
+    except ImportError:
+        return False
+    return cuda_versions is not None
+
+
 def _jax_version() -> tuple[int, ...]:
     return tuple(int(x) for x in jax.__version__.split(".")[:3] if x.isdigit())
 

@@ -194,8 +194,9 @@ _LOG_FLOOR = -80.0
 
 
 def _exp(x: jax.Array) -> jax.Array:
-    """`exp(x)`, 0 below `exp(_LOG_FLOOR)`."""
-    return jnp.where(x > _LOG_FLOOR, jnp.exp(jnp.maximum(x, _LOG_FLOOR)), 0.0)
+    """`exp(x)`, 0 below `exp(_LOG_FLOOR)`; NaN for NaN (a NaN decay, e.g. from a NaN
+    `A_log`, must reach the scorer's guard, not drop the state)."""
+    return jnp.where(x <= _LOG_FLOOR, 0.0, jnp.exp(jnp.maximum(x, _LOG_FLOOR)))
 
 
 def flush(x: jax.Array) -> jax.Array:

@@ -44,14 +44,14 @@ Partial = Callable[..., tuple[jax.Array, jax.Array]]
 
 def merge(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple:
     """`(out, lse)` over the keys of two partial results `(out [B, L, H, Dv], lse [B, L, H])`
-    (see the module docstring); a query that saw no key in either gets 0 and `-inf`."""
+    (see the module docstring); a query that saw no key in either gets 0 and `-inf`. NaN (or
+    `+inf`) in either `lse` gives NaN, never a weight of 0: only `-inf` means no key."""
     (out_a, lse_a), (out_b, lse_b) = a, b
     lse = jnp.logaddexp(lse_a, lse_b)
-    seen = jnp.isfinite(lse)
-    base = jnp.where(seen, lse, 0.0)
+    base = jnp.where(lse == -jnp.inf, 0.0, lse)
 
     def weight(x):
-        return jnp.where(jnp.isfinite(x) & seen, jnp.exp(x - base), 0.0)[..., None]
+        return jnp.where(x == -jnp.inf, 0.0, jnp.exp(x - base))[..., None]
 
     return out_a * weight(lse_a) + out_b * weight(lse_b), lse
 

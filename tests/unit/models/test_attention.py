@@ -333,6 +333,24 @@ def test_explicit_implementation_refused_in_one_sentence(setting, needs, message
         resolve(setting, jnp.bfloat16, 64, platform="gpu", **needs)
 
 
+def test_explicit_cudnn_where_it_cannot_run_is_refused_in_one_sentence(tiny_checkpoint):
+    """On devices without cuDNN (this CPU), while the run's attention is resolved for its mesh
+    (before any weight is read); a model built abstractly for cuDNN (no devices) still builds."""
+    from ppl_jax.checkpoints import architecture, open_checkpoint
+    from ppl_jax.runtime import mesh as mesh_lib
+
+    message = r"model.attention=cudnn needs an NVIDIA GPU with cuDNN, .* devices \(cpu\) have none"
+    with pytest.raises(ConfigError, match=message):
+        resolve("cudnn", jnp.bfloat16, 64, platform="cpu")
+    arch = architecture.resolve(open_checkpoint(tiny_checkpoint), 5)
+    for context in (1, 2):
+        mesh = mesh_lib.make_mesh(-1, 1, context=context)
+        with pytest.raises(ConfigError, match=message + ".*model.attention=auto"):
+            arch.attention("cudnn", "bfloat16", mesh)
+    assert not arch.model("bfloat16", "cudnn").honours_segments
+    assert resolve("cudnn", jnp.bfloat16, 64) == "cudnn"  # no platform: not checked
+
+
 def test_resolve_for_reads_the_family_keys():
     desc = {"embed_dim": 64, "num_heads": 4, "head_dim": 16}
     assert resolve_for("auto", jnp.bfloat16, desc) == "xla"  # on CPU
