@@ -23,11 +23,13 @@ up stored apart, the norm after attention (`post_attention_norm`) as the MLP's.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
 from flax import nnx
 
+from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
@@ -155,10 +157,18 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
-    """A `gpt-oss` GGUF file's window (128 unless it gives one), biases, the experts' width as
+    """A `gpt-oss` GGUF file's window (128 unless it gives one; a window below 1 is refused),
+    biases, the experts' width as
     `intermediate_size`, and YaRN without truncation, as the original's config (OpenAI's
     YaRN)."""
-    c.update(sliding_window=h.key("attention.sliding_window", 0) or 128,
+    window = h.key("attention.sliding_window", 128)
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise CheckpointError(
+            f"{h.path!r}: {h.arch}.attention.sliding_window={quoted(window, 20)} is no window "
+            f"for GPT-OSS's sliding layers (llama.cpp would let them attend to no key); "
+            f"re-convert the model with its window (128 for the released models)."
+        )
+    c.update(sliding_window=window,
              attention_bias="blk.0.attn_q.bias" in h.tensors,
              intermediate_size=h.key("expert_feed_forward_length"))  # fmt: skip
     if c["rope_parameters"].get("rope_type") == "yarn":

@@ -159,3 +159,17 @@ def test_two_families_may_not_read_one_architecture(monkeypatch):
         monkeypatch.undo()
         registry.families.cache_clear()
     assert registry.for_gguf_architecture("llama").model_type == "llama"
+
+
+@pytest.mark.parametrize("window", [0, -1])
+def test_gpt_oss_window_below_one_is_refused(window):
+    h = header("gpt-oss", **{"expert_feed_forward_length": 512, "attention.sliding_window": window})
+    with pytest.raises(
+        CheckpointError, match=r"gpt-oss\.attention\.sliding_window=.* is no window"
+    ):
+        gguf_arch.description(h, None)
+
+
+def test_gpt_oss_without_a_window_takes_the_released_128():
+    h = header("gpt-oss", **{"expert_feed_forward_length": 512})
+    assert gguf_arch.description(h, None)["sliding_window"] == 128
