@@ -48,13 +48,11 @@ class Architecture:
         carried (`Checkpoint.description`, not normalized); None for an entry point's model
         (its own, once built).
       family: its family (`ppl_jax.models.registry.Family`), or None for an entry point.
-      config: the family's config of `description`, or None for an entry point.
       entry: the `checkpoint.architecture` entry point `module:function`, or "".
     """
 
     description: dict[str, Any] | None
     family: Any = None
-    config: Any = None
     entry: str = ""
 
     def attention(
@@ -109,9 +107,9 @@ def resolve(ckpt: Checkpoint, step: int | None = None) -> Architecture:
     if kind == "entry":
         return Architecture(None, entry=value)
     description = ckpt.description(step)
-    config = registry.config_of(description)  # sizes checked before anything reads them
+    registry.config_of(description)  # sizes checked before anything reads them
     check_stored_layers(ckpt, step, description)
-    return Architecture(description, registry.for_description(description), config)
+    return Architecture(description, registry.for_description(description))
 
 
 def check_same(ckpt: Checkpoint, step: int | None, model: LanguageModel) -> None:

@@ -166,10 +166,11 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
     def identity(self, step: int | None) -> dict[str, Any]:
         """What identifies the weights a run scores at `step` (the `checkpoint` part of its
         fingerprint, `ppl_jax.runtime.fingerprint.run_fingerprint`): `path` (absolute), `format`,
-        `step`; the `files` of the weights (`files(step)`: path, size, modification time or object
-        version, digested); what chooses or transforms them: `mapping` (a preset by name, a file
-        by content), `item`, `params`, a `checkpoint.architecture` entry point's module file
-        (`entry_module`, by content), `quantization`. A reader adds what else names its weights.
+        `step`; the `files` of the weights (`files(step)`: path, size, modification time and
+        sampled blocks, or object version, digested); what chooses or transforms them: `mapping`
+        (a preset by name, a file by content), `item`, `params`, a `checkpoint.architecture`
+        entry point's module file (`entry_module`, by content), `quantization`. A reader adds
+        what else names its weights.
 
         Raises:
           CheckpointError: as `resolve_step` (a reader that must resolve the step to name it).
@@ -201,8 +202,9 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
         return found
 
     def files(self, step: int | None) -> str:
-        """The folder whose files hold the weights of `step` (identified in the fingerprint by
-        path, size and modification time, or object version)."""
+        """The folder (or the one file) whose files hold the weights of `step` (identified in the
+        fingerprint by path, size, modification time and sampled blocks, or object version:
+        `fingerprint.tree_identity`)."""
         return self.path if step is None else paths.join(self.path, str(step))
 
     def layout_lines(self, step: int | None) -> list[str]:

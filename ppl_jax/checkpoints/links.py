@@ -25,6 +25,8 @@ OPENING = (
     "carried_description",
     "stored_tokenizer",
     "layout_lines",
+    "quantization",
+    "identity",
 )
 
 

@@ -21,9 +21,10 @@ is noticed only if the edit touches a sampled block. Corpus files may be
 identified by their content instead (`data.fingerprint=content`: path, size and the SHA-256 of
 their bytes, as stored, compressed or not), for the cache keys and the journal's fingerprint
 alike; that reads every byte once per run and process (measured: 1.8 to 2.3 s per GB on one
-shared core, the file in the page cache; SHA-256 is the cost), memoized within the process. Checkpoints are always identified by path, size and
-modification time (no sample): reading every weight again to hash it would cost as much as
-the restore.
+shared core, the file in the page cache; SHA-256 is the cost), memoized within the process.
+Checkpoint files are always identified by the `stat` rule (`tree_identity`: path, size,
+modification time and the sampled blocks, at most 64 KiB read per file): hashing every weight
+again would cost as much as the restore.
 
 A remote file (`gs://`, `s3://`, ... see `ppl_jax.runtime.paths`) is identified by what its store says
 of it (fsspec's `info`, the backend of `etils.epath` for these schemes): its size and, where
@@ -116,15 +117,21 @@ def content_digest(path: str) -> str:
 
 
 def tree_identity(directory: str) -> list[dict[str, Any]]:
-    """`file_identity` of every file below `directory`, sorted by path (a checkpoint step).
+    """`file_identity` of every file below `directory`, sorted by path (a checkpoint step), or
+    of `directory` itself where it is a file (a GGUF or safetensors checkpoint): each local file
+    with its sampled blocks (`file_sample`), so that an edit keeping the size and setting the
+    time back is seen where it touches one (any edit of a file of at most 64 KiB).
 
-    A remote directory is listed once (one listing gives every object's size and version).
+    A remote directory is listed once (one listing gives every object's size and version; no
+    byte is read: the store's version, GCS's generation, changes with every write).
     """
     if not paths.is_local(directory):
         return sorted(_remote_identities(directory, tree=True).values(), key=lambda f: f["path"])
+    if os.path.isfile(directory):
+        return [file_identity(directory)]
     found = []
     for root, _, files in os.walk(directory):
-        found.extend(file_identity(os.path.join(root, name), sample=False) for name in files)
+        found.extend(file_identity(os.path.join(root, name)) for name in files)
     return sorted(found, key=lambda f: f["path"])
 
 

@@ -147,6 +147,25 @@ def signals_raise(what: str) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+# What the stop line of `answer_at_once` says is true after the stop, a run's unless a tool says
+# otherwise (`stop_note`).
+_note = [
+    "nothing is left half-written, and a run goes on from what it finished when the same "
+    "command runs again"
+]
+
+
+@contextlib.contextmanager
+def stop_note(note: str) -> Iterator[None]:
+    """Meanwhile the line of `answer_at_once` says `note` after `stopped by SIGTERM; ` (a
+    tool's own truth: what is left, what the same command does), instead of a run's."""
+    _note.append(note)
+    try:
+        yield
+    finally:
+        _note.pop()
+
+
 def answer_at_once() -> None:
     """Until a run installs its own handlers (`StopRequest`), SIGTERM and SIGINT end the process
     at once with one sentence on stderr and the exit status 128 + the signal: the command
@@ -155,7 +174,8 @@ def answer_at_once() -> None:
     `os._exit`, not by an exception: one raised from a signal handler may land in a callback
     that drops it (JAX's garbage-collection callback does), and the run would go on. Nothing is
     left half-written (every file is written whole or not at all; a lock ends with the
-    process). Outside the main thread, nothing is installed.
+    process). Outside the main thread, nothing is installed. A tool says what is true of its
+    own stop meanwhile (`stop_note`).
     """
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: caught, both are
@@ -167,9 +187,6 @@ def _exit_now(sig: int, frame: Any) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     print(
-        f"ppl-jax: stopped by {signal.Signals(sig).name}; nothing is left half-written, and a run "
-        f"goes on from what it finished when the same command runs again.",
-        file=sys.stderr,
-        flush=True,
+        f"ppl-jax: stopped by {signal.Signals(sig).name}; {_note[-1]}.", file=sys.stderr, flush=True
     )
     os._exit(EXIT_CODE.get(sig, 128 + sig))

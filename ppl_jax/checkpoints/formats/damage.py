@@ -165,6 +165,20 @@ class _LeftoverTasks(logging.Filter):
         )
 
 
+def drop_leftover_task_reports() -> None:
+    """From now on, asyncio's "Task exception was never retrieved" reports of failed Orbax reads
+    (`_LeftoverTasks`: exceptions raised in Orbax's or TensorStore's modules) are dropped.
+
+    Called before Orbax reads a step (its manager, its arrays): when a read fails, Orbax's
+    event loop thread may collect the failed tasks of its other reads (and asyncio log them, a
+    traceback ending in `ValueError: NOT_FOUND ...`) before the failure reaches ppl_jax, ahead of
+    its one sentence.
+    """
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _LeftoverTasks) for f in log.filters):
+        log.addFilter(_LeftoverTasks())
+
+
 def _quiet_leftovers_from_now_on() -> None:
     """After a failed read, Orbax's other pending reads can outlive any collection here (its
     event loop thread holds them) and are reported when the interpreter shuts down, after the
@@ -172,6 +186,7 @@ def _quiet_leftovers_from_now_on() -> None:
     _read_array_index_and_device_put>". From the first failed read on, those reports (and only
     those: coroutines and exceptions of Orbax's and TensorStore's modules) are dropped; any other
     unraisable exception is reported as before."""
+    drop_leftover_task_reports()
     if getattr(sys.unraisablehook, "ppl_jax", False):
         return
     previous = sys.unraisablehook
@@ -182,9 +197,6 @@ def _quiet_leftovers_from_now_on() -> None:
 
     hook.ppl_jax = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
-    log = logging.getLogger("asyncio")
-    if not any(isinstance(f, _LeftoverTasks) for f in log.filters):
-        log.addFilter(_LeftoverTasks())
 
 
 @contextlib.contextmanager

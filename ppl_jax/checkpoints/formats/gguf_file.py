@@ -10,8 +10,8 @@ vocabulary string into NumPy arrays (23 s for a vocabulary of 150,000 tokens and
 2 cores, against 0.7 s here; `python -m benchmarks.bench_gguf`). Before anything is built, a file
 is refused in one sentence when it is not GGUF (magic, version 2 or 3, little-endian), when a count
 or length runs past the end of the file, when a tensor has a type the `gguf` package does not know
-or cannot dequantize, a shape that is not whole blocks, an offset off the file's alignment, or data
-past the end of the file (a truncated download).
+or cannot dequantize, a shape that is not whole blocks, an offset off the file's alignment, data
+past the end of the file (a truncated download), or data over another tensor's.
 
 Tensors are dequantized with `gguf.quants.dequantize`, region by region. GGML stores a tensor's
 dimensions fastest first (`ne[0]` is a row's length); here shapes are NumPy's, the reverse, so a
@@ -228,7 +228,7 @@ def _tensors(
     path: str, size: int, table: list, alignment: int, data_start: int
 ) -> dict[str, Tensor]:
     """The tensor table's entries checked: known, dequantizable types, whole blocks, aligned
-    offsets, data inside the file, one entry per name."""
+    offsets, data inside the file, one entry per name, no bytes shared (`_disjoint`)."""
     tensors: dict[str, Tensor] = {}
     for name, ne, kind, offset in table:
         try:
@@ -257,7 +257,27 @@ def _tensors(
             name, tuple(int(n) for n in reversed(ne)), qtype.name, start, nbytes, block,
             block_bytes,
         )  # fmt: skip
+    _disjoint(path, tensors, data_start)
     return tensors
+
+
+def _disjoint(path: str, tensors: dict[str, Tensor], data_start: int) -> None:
+    """Refuses two tensors whose data share bytes (a tensor would be read from another's), naming
+    both. llama.cpp asks more (`gguf_init_from_file_impl` in gguf.cpp: each tensor starts exactly
+    where the previous one's data ends, padded to the alignment); a gap between tensors is left
+    to the checks that follow, since every byte read is still its own tensor's (a shape smaller
+    than the architecture's is refused by name when the weights are mapped)."""
+    order = sorted(enumerate(tensors.values()), key=lambda it: (it[1].start, it[0]))
+    widest: Tensor | None = None  # of those before, the one whose data ends last
+    for _, t in order:
+        if widest is not None and t.start < widest.start + widest.nbytes:
+            a, b = widest.start - data_start, widest.start - data_start + widest.nbytes
+            raise _refuse(path, f"tensor {t.name!r} starts at {t.start - data_start:,} in the "
+                          f"data section, inside the data of tensor {widest.name!r} ({a:,} to "
+                          f"{b:,}); each tensor needs bytes of its own (llama.cpp requires each "
+                          f"to start where the previous one ends)")  # fmt: skip
+        if widest is None or t.start + t.nbytes > widest.start + widest.nbytes:
+            widest = t
 
 
 def gguf_version() -> str:

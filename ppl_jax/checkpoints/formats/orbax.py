@@ -22,6 +22,7 @@ damaged step (lost, truncated or corrupt files, links leading out of the checkpo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,7 @@ def save_train_state(
 
 
 def _manager(directory: str) -> ocp.CheckpointManager:
+    damage.drop_leftover_task_reports()  # before any read of a step (see `read_arrays`)
     try:
         found = paths.isdir(directory)
     except ImportError as e:
@@ -129,6 +131,13 @@ def finalized_steps(directory: str) -> list[int]:
     """
     with _manager(directory) as manager:
         return sorted(int(s) for s in manager.all_steps())
+
+
+def unfinished_step(name: str) -> int | None:
+    """The step of Orbax's temporary folder `name` (`<step>.orbax-checkpoint-tmp-<timestamp>`: a
+    save not finalized, in progress or killed), or None for any other name."""
+    found = re.fullmatch(r"(\d+)" + re.escape(ocp.path.step.TMP_DIR_SUFFIX) + r".*", name)
+    return int(found.group(1)) if found else None
 
 
 def pick_step(directory: str, step: int | None) -> int:
@@ -272,6 +281,7 @@ def read_arrays(
     paths.refuse_links_out(item_dir, directory)
     damage.check_tree_metadata(item_dir, directory, step, item)
     damage.check_ocdbt_index(item_dir, directory, step, item)
+    damage.drop_leftover_task_reports()  # of a failed read, before its sentence (a race)
     try:
         return restore(abstract)
     except CheckpointError:

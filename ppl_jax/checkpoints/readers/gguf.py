@@ -35,7 +35,6 @@ from ppl_jax.checkpoints.mapping import apply, blocks, storage
 from ppl_jax.checkpoints.readers import gguf_arch
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
-from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import gguf as gguf_tokenizer
 
@@ -183,13 +182,6 @@ class GGUFCheckpoint(Checkpoint):
 
     def files(self, step: int | None) -> str:
         return self.gguf_path
-
-    def identity(self, step: int | None) -> dict[str, Any]:
-        found = super().identity(step)
-        found["files"] = fingerprint_lib.text_digest(
-            [fingerprint_lib.file_identity(self.gguf_path, sample=False)]
-        )
-        return found
 
     def quantization(self, step: int | None) -> dict[str, Any] | None:
         """What the file stores its weights as: `{"method": "gguf", "file_type": llama.cpp's name

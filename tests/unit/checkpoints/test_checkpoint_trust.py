@@ -185,6 +185,20 @@ def test_every_reader_runs_the_one_check_of_links():
                 assert getattr(method, "links_checked", False), (reader.__name__, name)
 
 
+@pytest.mark.parametrize("linked, answer", [
+    ("model.safetensors", lambda ckpt: ckpt.identity(None)),  # which samples the file's bytes
+    ("config.json", lambda ckpt: ckpt.quantization(None)),  # which reads config.json
+])  # fmt: skip
+def test_the_identity_and_the_quantization_refuse_a_link_out(tmp_path, linked, answer):
+    folder = tmp_path / "qwen2"
+    shutil.copytree(os.path.join(TRAINERS, "..", "hf", "qwen2"), folder)
+    _moved_out(str(folder / linked), tmp_path / "elsewhere")
+    with pytest.raises(
+        CheckpointError, match=rf"'{folder / linked}' in the checkpoint .* is a link"
+    ):
+        answer(open_checkpoint(str(folder)))
+
+
 def test_the_check_walks_through_inside_links_once_and_finds_a_link_out_below_them(tmp_path):
     from ppl_jax.runtime import paths
 

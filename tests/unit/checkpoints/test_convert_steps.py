@@ -8,6 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
@@ -100,3 +104,73 @@ def test_another_architecture_or_other_files_are_refused_before_any_weight(sweep
     with pytest.raises(ConfigError, match=r"--step=-1: give the step as a whole number"):
         convert_cli.convert(llama, str(tmp_path / "new"), step=-1)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_step_past_what_a_run_reads_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Orbax saved it as an object array (a traceback) and left its temporary folder behind."""
+    out = tmp_path / "orbax"
+    step = "1000000000000000000000000000000"
+    assert convert_cli.main([os.path.join(GOLDEN_HF, "gpt2"), str(out), f"--step={step}"]) == 2
+    assert capsys.readouterr().err == (
+        f"ppl-jax: error: --step={step}: give the step as a whole number from 0 to "
+        f"9,223,372,036,854,775,807 (nothing was written).\n"
+    )
+    assert not out.exists()
+
+
+def test_a_killed_converts_unfinished_step_is_written_again(sweep, tmp_path, capsys):
+    """`kill -9` during a save leaves Orbax's temporary folder of its step: the same command
+    writes the step (the folder removed), another step's is let be, finalized steps untouched."""
+    dirs, out = sweep
+    copy = str(tmp_path / "orbax")
+    shutil.copytree(out, copy)
+    for name in ("3000.orbax-checkpoint-tmp-1764633600", "4000.orbax-checkpoint-tmp-1764633601"):
+        os.makedirs(os.path.join(copy, name, "state"))
+        with open(os.path.join(copy, name, "state", "partial"), "wb") as f:
+            f.write(b"half a save")
+    finalized = {
+        os.path.relpath(os.path.join(root, name), copy): open(os.path.join(root, name), "rb").read()
+        for step in ("1000", "2000")
+        for root, _, names in os.walk(os.path.join(copy, step))
+        for name in names
+    }
+    assert convert_cli.main([dirs[1000], copy, "--step=3000"]) == 0, capsys.readouterr().err
+    assert sorted(os.listdir(copy)) == [
+        "1000",
+        "2000",
+        "3000",
+        "4000.orbax-checkpoint-tmp-1764633601",
+    ]
+    assert ppl_jax.open_checkpoint(copy).steps() == [1000, 2000, 3000]
+    for rel, data in finalized.items():
+        with open(os.path.join(copy, rel), "rb") as f:
+            assert f.read() == data, rel
+    for a, b in zip(
+        jax.tree.leaves(restored(copy, 3000)), jax.tree.leaves(restored(copy, 1000)), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="POSIX signals")
+def test_a_convert_stopped_by_sigterm_says_what_is_true_and_the_same_command_finishes(tmp_path):
+    """A real SIGTERM while the step is being saved: the line says what is left and what the
+    same command does, and the same command then writes the step."""
+    hf, out = os.path.join(GOLDEN_HF, "gpt2"), tmp_path / "orbax"
+    command = [sys.executable, "-m", "ppl_jax", "convert", hf, str(out), "--step=5"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if out.is_dir() and any(n.startswith("5.orbax-checkpoint-tmp") for n in os.listdir(out)):
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.001)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err  # caught mid-save
+    assert err.splitlines() == [f"ppl-jax: stopped by SIGTERM; {convert_cli.STOPPED}."]
+    assert [n for n in os.listdir(out) if n.startswith("5.orbax-checkpoint-tmp")]
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert sorted(os.listdir(out)) == ["5"]

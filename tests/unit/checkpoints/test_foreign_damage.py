@@ -112,3 +112,42 @@ def test_after_a_failed_read_only_orbax_leftovers_are_dropped(monkeypatch):
         own.close()
     assert [u.object for u in seen] == [own]
     assert damage.is_failed_read_leftover(leftover) and not damage.is_failed_read_leftover(own)
+
+
+def test_a_failed_reads_leftover_tasks_are_dropped_even_before_its_sentence(
+    tmp_path, monkeypatch, caplog
+):
+    """Orbax's event loop thread may collect the failed tasks of a restore (asyncio then logs
+    "Task exception was never retrieved ... ValueError: NOT_FOUND") before the failure reaches
+    ppl_jax: 1 `watch` run of 3 over a half-copied step printed that traceback before its
+    sentence. Made deterministic here: the restore itself logs such a report, then fails."""
+    import asyncio
+    import logging
+
+    import jax
+    import numpy as np
+    from orbax.checkpoint._src.serialization import serialization
+
+    from ppl_jax.checkpoints.formats import orbax
+
+    path = str(tmp_path / "ckpt")
+    helpers.save_random_checkpoint(path, steps=(5,))
+    read = serialization._read_array_index_and_device_put
+    code = read.__code__
+    keywords = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    try:  # an exception raised inside Orbax's coroutine, as its failed reads' are
+        asyncio.run(read(*[None] * code.co_argcount, **dict.fromkeys(keywords)))
+    except Exception as e:
+        leftover = e
+
+    def restore(subset):
+        logging.getLogger("asyncio").error(
+            "Task exception was never retrieved\nfuture: <Task finished>", exc_info=leftover
+        )
+        raise ValueError("NOT_FOUND: Error reading local file")
+
+    monkeypatch.setattr(logging.getLogger("asyncio"), "filters", [])  # as in a fresh process
+    abstract = {"params/embedding": jax.ShapeDtypeStruct((1,), np.float32)}
+    with pytest.raises(CheckpointError, match=f"step 5 of {path!r} is damaged"):
+        orbax.read_arrays(os.path.join(path, "5", "state"), path, 5, abstract, restore=restore)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

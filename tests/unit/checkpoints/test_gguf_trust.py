@@ -81,6 +81,22 @@ def test_a_tensor_offset_past_the_end(copy):
     refused(copy, "past the end of the file")
 
 
+def test_a_tensor_over_another_tensors_bytes(copy):
+    """An offset of 0 puts blk.0.attn_q.weight over token_embd.weight's data (llama.cpp refuses
+    it: each tensor starts where the previous one ends)."""
+    patch(copy, tensor_info(copy) + 4 + 16 + 4, struct.pack("<Q", 0))
+    refused(copy, r"tensor 'blk.0.attn_q.weight' starts at 0 in the data section, inside the "
+            r"data of tensor 'token_embd.weight' \(0 to 6,600\); each tensor needs bytes of its "
+            r"own")  # fmt: skip
+
+
+def test_a_tensor_reaching_into_the_next_ones_bytes(copy):
+    """32 bytes past its place: blk.0.attn_q.weight's last block is attn_k's first."""
+    patch(copy, tensor_info(copy) + 4 + 16 + 4, struct.pack("<Q", 6624 + 32))
+    refused(copy, r"tensor 'blk.0.attn_k.weight' starts at 7,328 in the data section, inside the "
+            r"data of tensor 'blk.0.attn_q.weight' \(6,656 to 7,360\)")  # fmt: skip
+
+
 def test_a_header_claiming_more_keys_and_tensors_than_the_file_holds(copy):
     patch(copy, 8, struct.pack("<QQ", 1 << 50, 1 << 50))
     refused(copy, "claims .* metadata keys and .* tensors, more than the file holds")

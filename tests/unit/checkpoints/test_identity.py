@@ -8,6 +8,8 @@ import pathlib
 import re
 import shutil
 
+import pytest
+
 from ppl_jax.checkpoints import open_checkpoint
 
 import helpers
@@ -38,6 +40,31 @@ def test_a_hugging_face_directory_names_its_folder(tmp_path):
     assert identity["format"] == "hf" and identity["step"] is None
     (folder / "config.json").write_text((folder / "config.json").read_text() + "\n")
     assert open_checkpoint(str(folder)).identity(None)["files"] != identity["files"]
+
+
+def same_size_and_time(path: pathlib.Path, at: int) -> None:
+    """One byte of `path` changed at `at`, its size and modification time kept."""
+    raw, st = bytearray(path.read_bytes()), path.stat()
+    raw[at] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("kind", ["gguf", "safetensors"])
+def test_a_weights_file_rewritten_with_its_size_and_time_kept_is_another_identity(tmp_path, kind):
+    """A file replaced by another of the same size, its modification time set back: its
+    sampled blocks tell (the last byte of the file is in the last one)."""
+    if kind == "gguf":
+        path = tmp_path / "model.gguf"
+        shutil.copy(os.path.join(helpers.GOLDEN, "gguf", "qwen3.gguf"), path)
+        checkpoint = str(path)
+    else:
+        shutil.copytree(os.path.join(GOLDEN_HF, "qwen2"), tmp_path / "qwen2")
+        path = tmp_path / "qwen2" / "model.safetensors"
+        checkpoint = str(tmp_path / "qwen2")
+    before = open_checkpoint(checkpoint).identity(None)
+    same_size_and_time(path, path.stat().st_size - 1)
+    assert open_checkpoint(checkpoint).identity(None)["files"] != before["files"]
 
 
 def test_orbax_v1_steps_are_named_by_their_own_folder():

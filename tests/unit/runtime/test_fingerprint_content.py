@@ -132,10 +132,12 @@ def test_the_sample_reads_little_and_spans_the_file():
     assert len(set(starts)) == file_sample.BLOCKS
 
 
-def test_checkpoints_are_not_sampled(tmp_path):
+def test_checkpoint_files_are_sampled_as_corpus_files(tmp_path):
+    """A checkpoint's files (a step's folder, or its one file) by the corpus's `stat` rule."""
     (tmp_path / "w.bin").write_bytes(b"x" * 100)
     (found,) = fingerprint.tree_identity(str(tmp_path))
-    assert "sample" not in found
+    assert found == fingerprint.file_identity(str(tmp_path / "w.bin")) and found["sample"]
+    assert fingerprint.tree_identity(str(tmp_path / "w.bin")) == [found]
 
 
 def test_a_run_reusing_a_cached_corpus_says_how_it_was_matched(tiny_checkpoint, tmp_path):
