@@ -19,6 +19,7 @@ import pytest
 
 from ppl_jax import testing
 from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.cli import inspect as inspect_cli
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
@@ -164,3 +165,29 @@ def test_the_identity_covers_every_part(tmp_path, parts):
     last.write_bytes(bytes(raw))
     os.utime(last, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert open_checkpoint(str(tmp_path / parts[0])).identity(None)["files"] != before
+
+
+def test_each_tensor_is_read_from_its_own_part_by_byte_range(tmp_path, parts, monkeypatch):
+    ckpt = open_checkpoint(str(tmp_path))
+    header, model = ckpt.header, ckpt.model()
+    mesh = mesh_lib.make_mesh(1, 8)
+    target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
+                                    DEFAULT_RULES)[0]  # fmt: skip
+    held = {p: np.zeros(os.path.getsize(p), bool) for p in header.parts}  # tensor bytes
+    for t in header.tensors.values():
+        held[t.path][t.start : t.start + t.nbytes] = True
+    read = {p: np.zeros(os.path.getsize(p), bool) for p in header.parts}
+    pread = gguf_file._pread
+
+    def counted(path, ranges):
+        for at, n in ranges:
+            assert held[path][at : at + n].all(), (path, at, n)  # only its own tensors' bytes
+            read[path][at : at + n] = True
+        return pread(path, ranges)
+
+    monkeypatch.setattr(gguf_file, "_pread", counted)
+    params = weight_paths(ckpt.restore(None, target))
+    assert any("model" in p.sharding.spec for p in params.values())  # devices' blocks read
+    assert [os.path.basename(p) for p in header.parts] == parts
+    for path in header.parts:  # every tensor byte of every part read, from that part
+        np.testing.assert_array_equal(read[path], held[path], path)
