@@ -94,7 +94,8 @@ def read(path: str) -> gguf_file.GGUFFile:
             f"{folder or '.'!r}; download every part into that folder, {MERGE}."
         )
     headers = [given if n == path else gguf_file.read(n) for n in names]
-    return _joined(headers, count, _count(path, given.metadata, TENSORS, 1, 1 << 31))
+    first = headers[0]  # the reference: the part llama.cpp opens, holding the metadata
+    return _joined(headers, count, _count(first.path, first.metadata, TENSORS, 1, 1 << 31))
 
 
 def _joined(headers: list[gguf_file.GGUFFile], count: int, total: int) -> gguf_file.GGUFFile:

@@ -126,12 +126,11 @@ def test_a_part_whose_count_disagrees_with_the_first(tmp_path, parts):
     refused(tmp_path / parts[0], r"00003-of-00003.gguf' says it is split.no 2 of split.count 4")
 
 
-def test_a_part_of_another_model(tmp_path, parts):
-    other = tmp_path / "other"
-    other.mkdir()
-    qwen2 = testing.split_gguf(os.path.join(GOLDEN, "qwen2.gguf"), str(other), 3)
+@pytest.mark.parametrize("opened", [".", "qwen3-00002-of-00003.gguf"])
+def test_a_part_of_another_model(tmp_path, parts, opened):
+    qwen2 = testing.split_gguf(os.path.join(GOLDEN, "qwen2.gguf"), str(tmp_path / "other"), 3)
     shutil.copy(qwen2[1], tmp_path / parts[1])
-    refused(tmp_path, r"00002-of-00003.gguf' says it is split.no 1 of split.count 3 with "
+    refused(tmp_path / opened, r"00002-of-00003.gguf' says it is split.no 1 of split.count 3 with "
             r"split.tensors.count 14, .* 1 of 3 with 13: a part of another model")  # fmt: skip
 
 
