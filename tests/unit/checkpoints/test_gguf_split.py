@@ -190,3 +190,10 @@ def test_each_tensor_is_read_from_its_own_part_by_byte_range(tmp_path, parts, mo
     assert [os.path.basename(p) for p in header.parts] == parts
     for path in header.parts:  # every tensor byte of every part read, from that part
         np.testing.assert_array_equal(read[path], held[path], path)
+
+
+def test_a_damaged_part_is_named_as_a_damaged_file_is(tmp_path, parts):
+    last = tmp_path / parts[2]
+    last.write_bytes(last.read_bytes()[:-64])
+    refused(tmp_path / parts[0], rf"{parts[2]}' is not a GGUF file ppl_jax can read: tensor "
+            rf"'output_norm.weight' claims .* \(.* truncated\)")  # fmt: skip
