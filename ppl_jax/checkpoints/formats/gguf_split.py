@@ -28,7 +28,6 @@ from ppl_jax.errors import CheckpointError
 NO, COUNT, TENSORS = (gguf.Keys.Split.LLM_KV_SPLIT_NO, gguf.Keys.Split.LLM_KV_SPLIT_COUNT,
                       gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)  # fmt: skip
 PART = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-MERGE = "or merge the parts into one file with llama-gguf-split --merge"
 
 
 def part_name(prefix: str, no: int, count: int) -> str:
@@ -51,7 +50,7 @@ def _count(path: str, metadata: dict, key: str, least: int, most: int) -> int:
         shown = "absent" if value is None else repr(value)[:20]
         raise CheckpointError(
             f"{path!r} is a part of a split GGUF model whose {key} is {shown}, not a number from "
-            f"{least} to {most}; re-download the model's parts, {MERGE}."
+            f"{least} to {most}; re-download the model's parts."
         )
     return value
 
@@ -82,7 +81,7 @@ def read(path: str) -> gguf_file.GGUFFile:
         raise CheckpointError(
             f"{path!r} is part {no + 1} of {count} of a split GGUF model, but its name does not "
             f"end in -{no + 1:05d}-of-{count:05d}.gguf, so its other parts cannot be found; name "
-            f"the parts as llama-gguf-split does (model-00001-of-{count:05d}.gguf, ...), {MERGE}."
+            f"the parts as llama-gguf-split does (model-00001-of-{count:05d}.gguf, ...)."
         )
     names = [os.path.join(folder, part_name(match["prefix"], i, count)) for i in range(count)]
     missing = [os.path.basename(n) for n in names if not os.path.isfile(n)]
@@ -91,7 +90,7 @@ def read(path: str) -> gguf_file.GGUFFile:
             f"{path!r} is part {no + 1} of a GGUF model split into {count} parts, and "
             f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} "
             f"{'is' if len(missing) == 1 else f'({len(missing)} parts) are'} missing from "
-            f"{folder or '.'!r}; download every part into that folder, {MERGE}."
+            f"{folder or '.'!r}; download every part into that folder."
         )
     headers = [given if n == path else gguf_file.read(n) for n in names]
     first = headers[0]  # the reference: the part llama.cpp opens, holding the metadata
@@ -109,21 +108,21 @@ def _joined(headers: list[gguf_file.GGUFFile], count: int, total: int) -> gguf_f
                 f"{h.path!r} says it is {NO} {said[NO]} of {COUNT} {said[COUNT]} with "
                 f"{TENSORS} {said[TENSORS]}, where its name and the first part make it {i} of "
                 f"{count} with {total}: a part of another model or a renamed file; re-download "
-                f"the model's parts into one folder, {MERGE}."
+                f"the model's parts into one folder."
             )
         for tensor_name, t in h.tensors.items():
             if tensor_name in tensors:
                 raise CheckpointError(
                     f"the tensor {tensor_name!r} is in two parts of a split GGUF model, "
                     f"{tensors[tensor_name].path!r} and {h.path!r}: parts of different models "
-                    f"mixed; re-download the model's parts, {MERGE}."
+                    f"mixed; re-download the model's parts."
                 )
             tensors[tensor_name] = t
     if len(tensors) != total:
         raise CheckpointError(
             f"the {count} parts of the split GGUF model {headers[0].path!r} hold {len(tensors)} "
             f"tensors, where its {TENSORS} says {total}: parts of different models mixed; "
-            f"re-download the model's parts, {MERGE}."
+            f"re-download the model's parts."
         )
     first = headers[0]
     return gguf_file.GGUFFile(
