@@ -9,6 +9,7 @@ from ppl_jax import testing
 testing.save_random_checkpoint("/tmp/ckpt", steps=(100, 200))  # an Orbax run of a tiny Llama
 corpus = testing.write_corpus("/tmp/corpus", [testing.stdlib_text(20_000)])
 testing.write_gguf_llama("/tmp/model.gguf", layers=2)  # a quantized GGUF file of random blocks
+testing.split_gguf("/tmp/model.gguf", "/tmp/split", 3)  # the same as a split model of 3 parts
 ```
 """
 
@@ -175,3 +176,43 @@ def write_gguf_llama(
     writer.write_tensors_to_file()
     writer.close()
     return parameters, stored
+
+
+def split_gguf(path: str, folder: str, parts: int) -> list[str]:
+    """Writes the GGUF file `path` again as a split model of `parts` files in `folder`, as
+    llama.cpp's `llama-gguf-split --split` lays one out (gguf-py's `GGUFWriter` with
+    `split_max_tensors`): `<stem>-00001-of-0000N.gguf`, ..., the tensors in the file's order, as
+    many in each part (the last fewer), each tensor's bytes as the file stores them, all the
+    metadata in the first part, and `split.no`, `split.count`, `split.tensors.count` in each.
+
+    Returns:
+      the parts' paths, the first first.
+    """
+    import pathlib
+
+    import gguf
+
+    os.makedirs(folder, exist_ok=True)
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    per_part = -(-len(reader.tensors) // parts)
+    stem = pathlib.Path(path).stem
+    writer = gguf.GGUFWriter(
+        pathlib.Path(folder) / f"{stem}.gguf", arch, split_max_tensors=per_part
+    )
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+    if "general.alignment" in reader.fields:
+        writer.data_alignment = int(reader.fields["general.alignment"].contents())
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    names = [str(p) for p in writer.format_shard_names(writer.path)]  # gguf-py's own names
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return names

@@ -5,9 +5,9 @@ Orbax (`orbax`: every Orbax call of ppl_jax, `save_train_state`; `damage` and `c
 damaged steps and weight fingerprints), trees of TensorStore arrays (`tensorstore_tree`),
 safetensors directories as Hugging Face writes them (`safetensors`: `Safetensors`, and
 `safetensors_ranges`: `RangedSlice`, byte ranges on a bucket), the hub's repositories and cache
-(`hub`: `Repo`), GGUF files (`gguf_file`: `GGUFFile`), and quantized weights (`quantization`: the
-`Scheme` of a `quantization_config`; `quantized_parts`, `quantized`, `dequantizing`:
-`Dequantized`, the float weights they stand for).
+(`hub`: `Repo`), GGUF files (`gguf_file`: `GGUFFile`; `gguf_split`: a split model's parts as one),
+and quantized weights (`quantization`: the `Scheme` of a `quantization_config`;
+`quantized_parts`, `quantized`, `dequantizing`: `Dequantized`, the float weights they stand for).
 """
 
 from etils import epy as _epy

@@ -60,6 +60,7 @@ class Tensor:
       nbytes: its data's size in bytes.
       block: elements per quantized block (1 for F32, F16, BF16).
       block_bytes: bytes per block.
+      path: the file holding its data (one part of a split model: `gguf_split`).
     """
 
     name: str
@@ -69,6 +70,7 @@ class Tensor:
     nbytes: int
     block: int
     block_bytes: int
+    path: str
 
     @property
     def row_bytes(self) -> int:
@@ -78,14 +80,17 @@ class Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class GGUFFile:
-    """A GGUF file's header, checked (`read`).
+    """A GGUF file's header, checked (`read`), or a split model's, its parts' joined
+    (`gguf_split.read`).
 
     Attributes:
-      path: the file.
-      size: its size in bytes.
+      path: the file (a split model's first part).
+      size: its size in bytes (a split model's: all its parts').
       version: the GGUF version (2 or 3).
-      metadata: key -> value (numbers, strings, lists of them), as the file stores them.
-      tensors: name -> `Tensor`, in the file's order.
+      metadata: key -> value (numbers, strings, lists of them), as the file stores them (a split
+        model's: its first part's, where llama.cpp's `gguf-split` writes them).
+      tensors: name -> `Tensor`, in the file's order (a split model's: part by part).
+      parts: a split model's files, its first part first; empty for one file.
     """
 
     path: str
@@ -93,6 +98,7 @@ class GGUFFile:
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, Tensor]
+    parts: tuple[str, ...] = ()
 
     def types(self) -> dict[str, int]:
         """GGML type name -> how many tensors have it, most common first."""
@@ -255,7 +261,7 @@ def _tensors(
             raise _refuse(path, f"it holds two tensors named {name!r}")
         tensors[name] = Tensor(
             name, tuple(int(n) for n in reversed(ne)), qtype.name, start, nbytes, block,
-            block_bytes,
+            block_bytes, path,
         )  # fmt: skip
     _disjoint(path, tensors, data_start)
     return tensors
@@ -349,7 +355,7 @@ def read_region(
             (t.start + r * t.row_bytes + first * t.block_bytes, (last - first) * t.block_bytes)
             for r in chunk
         ]
-        raw = np.frombuffer(_pread(file.path, ranges), np.uint8)
+        raw = np.frombuffer(_pread(t.path, ranges), np.uint8)
         values = _dequantize(raw.reshape(len(chunk), -1), qtype, t.type)
         out[a : a + len(chunk)] = values[:, lo - first * t.block : hi - first * t.block]
     return out.reshape([len(r) for r in lead] + [hi - lo])

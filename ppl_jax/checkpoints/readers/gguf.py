@@ -1,9 +1,10 @@
 """A GGUF file (llama.cpp's format) as a reader: `checkpoint.dir=model.gguf`, or a folder holding
-one `.gguf` file, opens by path alone.
+one `.gguf` file, opens by path alone; so does a split model (`model-00001-of-00003.gguf`, ...:
+`ppl_jax.checkpoints.formats.gguf_split`) by any of its parts or their folder, read in place.
 
 - The file's header is read and checked by `ppl_jax.checkpoints.formats.gguf_file` (its own walk
   of the published layout, every count and extent checked against the file's size) when the
-  checkpoint is first asked anything, before any weight is read.
+  checkpoint is first asked anything, before any weight is read; a split model's, every part's.
 - The architecture is the metadata's (`general.architecture` and its keys), described as the
   Hugging Face reader describes the original model (`ppl_jax.checkpoints.readers.gguf_arch`, with
   the family that declares the architecture: `Family.gguf`); its sizes are checked
@@ -30,11 +31,12 @@ import numpy as np
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import mapping
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
-from ppl_jax.checkpoints.formats import gguf_file
+from ppl_jax.checkpoints.formats import gguf_file, gguf_split
 from ppl_jax.checkpoints.mapping import apply, blocks, storage
 from ppl_jax.checkpoints.readers import gguf_arch
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
+from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import gguf as gguf_tokenizer
 
@@ -95,10 +97,11 @@ class GGUFCheckpoint(Checkpoint):
 
     @property
     def gguf_path(self) -> str:
-        """The GGUF file: the path itself, or the one `.gguf` file of the folder.
+        """The GGUF file opened first: the path itself, or the folder's one `.gguf` file or the
+        first part of its split model (`gguf_split.one_model`).
 
         Raises:
-          CheckpointError: a remote path, a folder of several GGUF files (split or several
+          CheckpointError: a remote path, a folder of several models' GGUF files (several
             quantizations), a link leading out of the folder.
         """
         if not paths.is_local(self.path):
@@ -109,29 +112,32 @@ class GGUFCheckpoint(Checkpoint):
         if not os.path.isdir(self.path):
             return self.path
         found = _gguf_files(self.path)
-        if len(found) != 1:
+        first = gguf_split.one_model(found)
+        if first is None:
             raise CheckpointError(
-                f"{self.path!r} holds {len(found)} GGUF files ({', '.join(found[:4])}); set "
-                f"checkpoint.dir to the one to score (a split model: merge it first with "
-                f"llama-gguf-split --merge)."
+                f"{self.path!r} holds {len(found)} GGUF files ({', '.join(found[:4])}) of more "
+                f"than one model; set checkpoint.dir to the one to score (any part of a split "
+                f"model opens all its parts)."
             )
-        real, inside = paths.resolves_inside(self.path, found[0])
-        if not inside:
-            raise CheckpointError(
-                f"{os.path.join(self.path, found[0])!r} is a link to {real!r}, outside the "
-                f"checkpoint folder {self.path!r}; weights are read only from inside it."
-            )
-        return os.path.join(self.path, found[0])
+        for name in found:
+            real, inside = paths.resolves_inside(self.path, name)
+            if not inside:
+                raise CheckpointError(
+                    f"{os.path.join(self.path, name)!r} is a link to {real!r}, outside the "
+                    f"checkpoint folder {self.path!r}; weights are read only from inside it."
+                )
+        return os.path.join(self.path, first)
 
     @property
     def header(self) -> gguf_file.GGUFFile:
-        """The file's checked header (`gguf_file.read`), read once.
+        """The file's checked header (`gguf_file.read`), or a split model's, all its parts'
+        (`gguf_split.read`), read once.
 
         Raises:
-          CheckpointError: as `gguf_path` and `gguf_file.read`.
+          CheckpointError: as `gguf_path` and `gguf_split.read`.
         """
         if self._header is None:
-            self._header = gguf_file.read(self.gguf_path)
+            self._header = gguf_split.read(self.gguf_path)
         return self._header
 
     def _rows(self, name: str) -> np.ndarray:
@@ -143,7 +149,7 @@ class GGUFCheckpoint(Checkpoint):
         t = self.header.tensors[name]
         if int(np.prod(t.shape)) > MAX_FACTORS:
             raise CheckpointError(
-                f"{self.gguf_path!r}: {name} holds {int(np.prod(t.shape)):,} values, not the "
+                f"{self.header.path!r}: {name} holds {int(np.prod(t.shape)):,} values, not the "
                 f"rotary factors of one head; re-convert the model."
             )
         return gguf_file.read_region(
@@ -177,11 +183,21 @@ class GGUFCheckpoint(Checkpoint):
     def stored_tokenizer(self, step: int | None) -> tokenizer_lib.Tokenizer | None:
         if "tokenizer.ggml.tokens" not in self.header.metadata:
             return None
-        name = f"{os.path.basename(self.gguf_path)} (tokenizer.ggml)"
-        return gguf_tokenizer.build(self.header.metadata, name, repr(self.gguf_path))
+        name = f"{os.path.basename(self.header.path)} (tokenizer.ggml)"
+        return gguf_tokenizer.build(self.header.metadata, name, repr(self.header.path))
 
     def files(self, step: int | None) -> str:
         return self.gguf_path
+
+    def identity(self, step: int | None) -> dict[str, Any]:
+        """`Checkpoint.identity`, its `files` every part of a split model (path, size,
+        modification time and sampled blocks of each), not the first part's alone."""
+        found = super().identity(step)
+        if self.header.parts:
+            found["files"] = fingerprint_lib.text_digest(
+                [fingerprint_lib.file_identity(paths.absolute(p)) for p in self.header.parts]
+            )
+        return found
 
     def quantization(self, step: int | None) -> dict[str, Any] | None:
         """What the file stores its weights as: `{"method": "gguf", "file_type": llama.cpp's name
@@ -202,7 +218,9 @@ class GGUFCheckpoint(Checkpoint):
         return gguf_arch.rules(self.header, self.known(step))
 
     def naming(self, step: int | None) -> str:
-        return f"the tensors of {self.gguf_path!r}"
+        parts = self.header.parts
+        where = f"the {len(parts)} parts of " if parts else ""
+        return f"the tensors of {where}{self.header.path!r}"
 
     def restore(self, step: int | None, target: Any) -> Any:
         """The weights through the mapping rules, each device's block read from the byte ranges
@@ -234,8 +252,14 @@ class GGUFCheckpoint(Checkpoint):
         types = ", ".join(f"{k} x{v}" for k, v in quant.get("types", {}).items())
         params = sum(int(np.prod(t.shape)) for t in h.tensors.values())
         kind = meta.get("tokenizer.ggml.model")
+        size = f"{h.size / 2**20:.1f} MiB, GGUF v{h.version}"
+        count = len(h.parts)
+        files = [f"file: {h.path} ({size})"] if not count else [
+            f"files: {count} parts of a split model ({size}), its metadata in the first:",
+            *(f"  {p} ({sum(t.path == p for t in h.tensors.values())} tensors)" for p in h.parts),
+        ]  # fmt: skip
         return [
-            f"file: {h.path} ({h.size / 2**20:.1f} MiB, GGUF v{h.version})",
+            *files,
             f"architecture: {meta.get('general.architecture')!r} ({meta.get('general.name', '')})",
             f"quantization: {quant.get('file_type', 'file type not given')}; tensor types {types}",
             f"weights: {len(h.tensors)} tensors, {params:,} parameters",

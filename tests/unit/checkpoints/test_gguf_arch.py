@@ -26,7 +26,9 @@ def header(arch: str, tensors: dict[str, tuple[int, ...]] | None = None, **keys)
             "attention.head_count_kv": 2, "attention.layer_norm_rms_epsilon": 1e-5}  # fmt: skip
     meta = {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in {**base, **keys}.items()}}
     shapes = {"token_embd.weight": (1000, 256), **(tensors or {})}
-    found = {n: Tensor(n, s, "F32", 0, 4 * math.prod(s), 1, 4) for n, s in shapes.items()}
+    found = {
+        n: Tensor(n, s, "F32", 0, 4 * math.prod(s), 1, 4, "model.gguf") for n, s in shapes.items()
+    }
     return GGUFFile("model.gguf", 0, 3, meta, found)
 
 
