@@ -235,12 +235,14 @@ def test_a_word_level_tokenizer_without_bos_counts_the_scored_words(tmp_path):
     word_level.pre_tokenizer = pre_tokenizers.Whitespace()
     word_level.save(str(tmp_path / "tokenizer.json"))
     tok = tokenizer.load_tokenizer(str(tmp_path), None)
-    texts = ["hello world.", "hello again world", "world"]
+    texts = ["hello world.", "hello again world", "world a"]
     entry = entry_of(tmp_path, corpus(tmp_path, texts), tok, 2)
     inputs = protocols.PlanInputs(tok, 5, 8, 4, False, "\n\n")
     streamed = protocols.SLIDING.stream_plan(entry, inputs, str(tmp_path / "s.npy"))
-    assert streamed.num_words == len("world.\n\nhello again world\n\nworld".split()) == 5
+    assert streamed.num_words == len("world.\n\nhello again world\n\nworld a".split()) == 6
     whole = protocols.WHOLE_DOCUMENTS.stream_plan(entry, inputs, str(tmp_path / "w.npy"))
-    assert whole.doc_words.tolist() == [1, 2, 0] and whole.num_words == 3
+    assert whole.doc_words.tolist() == [1, 2, 1] and whole.num_words == 4
     docs = data.read_documents(corpus(tmp_path, texts), "jsonl")
-    assert protocols.WHOLE_DOCUMENTS.plan(docs, inputs).doc_words.tolist() == [1, 2, 0]
+    assert protocols.WHOLE_DOCUMENTS.plan(docs, inputs).doc_words.tolist() == [1, 2, 1]
+    # Read whole, the separator's bytes (no token holds them) no longer cut the span short.
+    assert protocols.SLIDING.plan(docs, inputs).num_words == 6
