@@ -61,7 +61,10 @@ class CostNote:
     estimated: float | None = None
 
     def start(self) -> None:
-        """`scoring 2,306 windows (295,877 tokens) in 289 batches of 8 rows on 1 cpu device`."""
+        """`scoring 2,306 windows (295,877 tokens) in 289 batches of 8 rows on 1 cpu device`
+        (nothing when a journal holds every batch)."""
+        if not self.batches:
+            return
         devices = f"{self.num_devices} {self.platform} device" + "s" * (self.num_devices != 1)
         rows = f"{self.batch_size} row" + "s" * (self.batch_size != 1)
         self.write(

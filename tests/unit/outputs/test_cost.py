@@ -3,6 +3,8 @@ once, an estimate after the first batch, and on a CPU how to cut the work."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ppl_jax import tokenizer
@@ -75,3 +77,7 @@ def test_the_pair_note_counts_what_its_journal_does_not_hold(tmp_path):
     done[:2] = True
     half = cost_note(d, done, mesh)
     assert half.batches == d.layout.num_batches - 2 and half.windows == note.windows - 8
+    lines: list[str] = []
+    done[:] = True  # a journal that holds every batch: nothing to say
+    dataclasses.replace(cost_note(d, done, mesh), write=lines.append).start()
+    assert lines == []
