@@ -256,7 +256,8 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
         return architecture_lib.resolve(self, step).model(dtype, attention)
 
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
-        """The checkpoint's own tokenizer, or None when it carries none (`stored_tokenizer`)."""
+        """The checkpoint's own tokenizer, or None when it carries none (`stored_tokenizer`):
+        then `ppl_jax.load_tokenizer(path)` loads one (the command line's `data.tokenizer`)."""
         return self.stored_tokenizer(step)
 
     def tokenizer_for(

@@ -6,7 +6,8 @@
 Prints which reader reads the checkpoint and why (the markers it found:
 `ppl_jax.checkpoints.opener.choose`), its finalized steps, the reader's layout (where the steps,
 items, params, shards and tokenizer are), the stored params tree (name, shape, dtype; nothing of
-the arrays is read), the architecture and tokenizer. With an architecture (`--architecture`, or
+the arrays is read; in natural order, `blk.2` before `blk.10`), the architecture, whether the
+output head is tied to the embedding, and the tokenizer with its BOS policy. With an architecture (`--architecture`, or
 one the checkpoint carries) it also prints each model weight with the stored tensor it comes from,
 or the one sentence naming the first unmatched names. The first thing to run on a foreign
 checkpoint; the same options as `checkpoint.*`. A user's mistake prints `ppl-jax: error: ...` and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import NoReturn
 
@@ -55,7 +57,8 @@ def inspect(directory: str, args: argparse.Namespace, out=None) -> None:
     stored = ckpt.stored(step)
     print(f"stored params: {len(stored)} arrays", file=out)
     width = max((len(n) for n in stored), default=0)
-    for name, (shape, dtype) in stored.items():
+    for name in sorted(stored, key=natural_key):
+        shape, dtype = stored[name]
         print(f"  {name:<{width}}  {str(list(shape)):<20} {dtype}", file=out)
     try:
         model = ckpt.model(step=step)
@@ -72,13 +75,31 @@ def inspect(directory: str, args: argparse.Namespace, out=None) -> None:
         + (" (checkpoint.architecture)" if args.architecture else " (carried)"),
         file=out,
     )
+    tied = "lm_head" not in model.abstract_params
+    print(f"output head: {'tied to the embedding' if tied else 'its own (lm_head)'}", file=out)
     try:
         tok = ckpt.tokenizer(step)
-        print(f"tokenizer: {tok.name if tok is not None else 'none carried'}", file=out)
+        print(
+            f"tokenizer: {tok.name + bos_policy(tok) if tok is not None else 'none carried'}",
+            file=out,
+        )
     except PplJaxError as e:
         print(f"tokenizer: {e}", file=out)
     for line in ckpt.mapping_report(step, model.abstract_params):
         print(line, file=out)
+
+
+def natural_key(name: str) -> list[tuple[int, int | str]]:
+    """A sort key that orders the numbers in a name as numbers: `blk.2.x` before `blk.10.x`."""
+    return [(1, int(t)) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", name) if t]
+
+
+def bos_policy(tok) -> str:
+    """`, BOS 1 added (eval.add_bos=auto)`, `, BOS 1 not added ...` or `, no BOS token`."""
+    if tok.bos_id is None:
+        return ", no BOS token (eval.add_bos=auto adds none)"
+    added = "added" if tok.add_bos_default else "not added"
+    return f", BOS {tok.bos_id} {added} by default (eval.add_bos=auto)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,12 +123,14 @@ def run() -> None:
     preemption.answer_at_once()
     if not isinstance(sys.stdout, PipeSafe):
         sys.stdout, sys.stderr = PipeSafe(sys.stdout), PipeSafe(sys.stderr)
-    from ppl_jax.cli import help as help_lib
+    from ppl_jax.cli.tools import SUBCOMMANDS
 
-    if len(sys.argv) > 1 and sys.argv[1] in help_lib.SUBCOMMANDS:
-        _tool(sys.argv[1], sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
+        _tool(sys.argv[1], sys.argv[2:])  # without help's imports (the config, the layers)
     from absl import app, flags
     from ml_collections import config_flags
+
+    from ppl_jax.cli import help as help_lib
 
     if _CONFIG is None:
         try:  # config_flags reads the file and the overrides as soon as the flag is defined

@@ -144,7 +144,7 @@ def _data_keys() -> config_dict.ConfigDict:
     s.preparation = ""  # a standard preparation of the text (ppl_jax.data.preparations)
     s.tags = ""  # e.g. "domain=web,split=val": groups of the macro averages
     s.max_documents = 0  # budget: at most this many documents (0: all)
-    s.max_tokens = 0  # budget: documents until this many tokens (0: all)
+    s.max_tokens = 0  # budget: the documents' first this many tokens, the last cut (0: all)
     s.sample_seed = -1  # budgets take the first documents (-1) or a sample with this seed
     s.cache_dir = ""  # token and plan caches (ppl_jax.plans.token_cache, ppl_jax.plans.plan_cache)
     s.fingerprint = "stat"  # corpus files in cache keys and journals: stat or content
@@ -232,7 +232,8 @@ KEY_MEANINGS = {
     "'hf_guide_wikitext', or '' (none)",
     "data.tags": "tags of the dataset, 'key=value,...', grouping the macro averages",
     "data.max_documents": "at most this many documents (0: all)",
-    "data.max_tokens": "documents until this many tokens (0: all)",
+    "data.max_tokens": "the documents' first this many tokens (no BOS or separator), the last "
+    "document cut at a token boundary (0: all)",
     "data.sample_seed": "the budgets take the first documents in file order (-1) or a sample "
     "drawn with this seed",
     "data.cache_dir": "a folder (shared by every host) where each corpus is tokenized once, in "

@@ -130,7 +130,8 @@ class DatasetSpec:
       preparation: a standard preparation of the text (`ppl_jax.data.preparations`), or "".
       tags: (key, value) pairs grouping the macro averages; a 'k=v,...' string is parsed.
       max_documents: the most documents scored (0: all).
-      max_tokens: documents are taken until they hold this many tokens (0: all).
+      max_tokens: the documents' first this many tokens: documents are taken in order and the one
+        that crosses it is cut at a token boundary (`ppl_jax.plans.planner.budget`; 0: all).
       sample_seed: -1 takes the first documents; else a sample drawn with this seed.
       cache_dir: a folder of the filesystem for the token and plan caches ("": none).
       fingerprint: how the files are identified in the cache keys and the journal's fingerprint:

@@ -36,6 +36,12 @@ def count_words(raw: bytes, lo: int = 0, hi: int | None = None, chunk: int = WOR
     return words
 
 
+def words_after(text: str, first_bytes: int) -> int:
+    """The `str.split` words of `text` after its first `first_bytes` UTF-8 bytes (its first
+    token's, context only when a protocol scores a document without BOS; 0 when nothing else)."""
+    return count_words(text.encode("utf-8"), first_bytes)
+
+
 def count_harness_words(text: str) -> int:
     """`len(re.split(r"\\s+", text))` (lm-evaluation-harness's word count), without the list."""
     return sum(1 for _ in re.finditer(r"\s+", text)) + 1

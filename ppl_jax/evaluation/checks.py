@@ -48,3 +48,14 @@ def check_context(model: LanguageModel, mesh: Any, what: str = "the model") -> N
             f"mesh.context=1."
         )
     scorer_lib.check_context(model, mesh, what)
+
+
+def no_tokenizer(dataset: str) -> str:
+    """The sentence for an `Evaluator` given no tokenizer (`Checkpoint.tokenizer()` is None for a
+    checkpoint that carries none) and a dataset to tokenize."""
+    return (
+        f"dataset {dataset!r}: the Evaluator has no tokenizer to prepare it with (the checkpoint "
+        f"carries none, so ckpt.tokenizer() returned None); pass "
+        f"tokenizer=ppl_jax.load_tokenizer(PATH) with a tokenizer.json, a SentencePiece .model, "
+        f"a folder holding one, or 'byte' (the command line's data.tokenizer)."
+    )

@@ -40,8 +40,9 @@ from jax.sharding import Mesh
 
 from ppl_jax.checkpoints import Checkpoint
 from ppl_jax.data.spec import DatasetSpec
+from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import segments, summary
-from ppl_jax.evaluation.checks import check_batch_size, check_window
+from ppl_jax.evaluation.checks import check_batch_size, check_window, no_tokenizer
 from ppl_jax.evaluation.hooks import Hooks, PairHooks
 from ppl_jax.evaluation.provenance import Provenance
 from ppl_jax.evaluation.result import Evaluation
@@ -103,8 +104,8 @@ class Evaluator:
       traces: how many times the scoring step was traced (once per batch shape).
 
     Raises:
-      ConfigError: a window longer than the model's positions, or a batch size the mesh's `data`
-        axis does not divide.
+      ConfigError: a window longer than the model's positions, a batch size the mesh's `data`
+        axis does not divide, or no tokenizer for a dataset to prepare (`checks.no_tokenizer`).
       DataError: a dataset's files.
     """
 
@@ -171,7 +172,7 @@ class Evaluator:
                 (entry, protocol or ProtocolSpec()) if isinstance(entry, DatasetSpec) else entry
             )
             if self.tokenizer is None:
-                raise ValueError("Evaluator needs the tokenizer to prepare its datasets")
+                raise ConfigError(no_tokenizer(ds.name))
             check_window(proto.seq_len, model, f"dataset {ds.name!r}: seq_len")
             datasets.append(
                 plan_dataset(

@@ -35,9 +35,9 @@ from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.evaluation.steps import agree
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.metrics import uncertainty
-from ppl_jax.outputs import files, journal, store
+from ppl_jax.outputs import cost, files, journal, store
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import planner
+from ppl_jax.plans import planner, protocols
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import preemption
 
@@ -190,8 +190,10 @@ class RunPair(PairHooks):
             windows_done = sum(len(r) for i in done for r in d.layout.batch_rows(int(i)))
             others = spec.diagnostics.long_context or spec.diagnostics.context_lengths
             named = {"desc": "scoring"} if others else {}
+            note = cost_note(d, self.recorder.state.batch_done, run.setup.mesh)
+            note.start()
             self.progress = run.progress_factory(d.plan.windows.num_windows, windows_done, **named)
-        progress = [self.progress] if self.progress is not None else []
+        progress = [note, self.progress] if self.progress is not None else []
         return [run.stop, *self.watch.observers, self.recorder, *progress]
 
     def finish(self, ev: Evaluation, params: Any) -> Evaluation:
@@ -281,6 +283,23 @@ class RunPair(PairHooks):
             f"journal is saved in {where}. Run the same command again to resume.",
             code,
         )
+
+
+def cost_note(d: Dataset, batch_done: np.ndarray, mesh: Any) -> cost.CostNote:
+    """What the pair's scoring will cost (`ppl_jax.outputs.cost`): the windows, tokens and
+    batches its journal does not hold yet, on the mesh's devices."""
+    left = np.flatnonzero(~np.asarray(batch_done, bool))
+    windows = [w for i in left for row in d.layout.batch_rows(int(i)) for w in row]
+    devices = list(mesh.devices.flat)
+    return cost.CostNote(
+        windows=len(windows),
+        tokens=int(d.plan.windows.num_scored()[np.asarray(windows, np.int64)].sum()),
+        batches=int(left.size),
+        batch_size=d.layout.batch_size,
+        platform=devices[0].platform,
+        num_devices=len(devices),
+        strided=protocols.get(d.protocol.name).strided,
+    )
 
 
 def reference_dict(ref: Any) -> dict[str, Any]:

@@ -130,7 +130,7 @@ def budget_text(budget: dict[str, Any]) -> str:
     if budget.get("max_documents"):
         parts.append(f"at most {plural(budget['max_documents'], 'document')}")
     if budget.get("max_tokens"):
-        parts.append(f"documents up to {budget['max_tokens']:,} tokens")
+        parts.append(f"{budget['max_tokens']:,} tokens, the last document cut to fit")
     seed = budget.get("sample_seed", -1)
     parts.append(
         "the first in file order"

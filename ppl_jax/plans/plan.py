@@ -102,12 +102,18 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str, tokenizer: Tokenizer
 
 
 def span_words(raw: bytes, byte_lens: np.ndarray, scored: np.ndarray) -> int:
-    """Words of the text from the first to the last scored token (byte_lens: `[N]` per token)."""
+    """Words of the text from the first to the last scored token (byte_lens: `[N]` per token).
+
+    A last scored token that is the stream's last runs to the end of `raw`: a separator that
+    tokenizes to nothing (a word-level tokenizer's "\n\n") has no token to count its bytes,
+    and the span would end that many bytes early."""
     idx = np.flatnonzero(scored)
     if not idx.size:
         return 0
     lo = int(byte_lens[: idx[0]].sum(dtype=np.int64))
     hi = lo + int(byte_lens[idx[0] : idx[-1] + 1].sum(dtype=np.int64))
+    if idx[-1] == byte_lens.size - 1:
+        hi = len(raw)
     return count_words(raw, lo, hi)
 
 

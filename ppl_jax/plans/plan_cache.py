@@ -43,7 +43,9 @@ from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import distributed, fingerprint, temporaries
 from ppl_jax.tokenizer import Tokenizer
 
-VERSION = 4  # 3: plan.json holds its arrays' digests, checked on load; 4: compact sources
+VERSION = 5  # 3: plan.json holds its arrays' digests, checked on load; 4: compact sources; 5:
+# whole_documents counts the words after a context-only first token, and max_tokens cuts inside
+# the last document
 _WINDOW_ARRAYS = ("tokens", "starts", "lengths", "prefix", "first_scored", "document")
 _PLAN_ARRAYS = ("doc_bytes", "doc_words", "doc_starts", "window_bytes")
 _SCALARS = (

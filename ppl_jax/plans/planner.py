@@ -9,7 +9,12 @@ checkpoint step of a sweep scores again without reading or tokenizing anything.
 
 Budgets (`max_documents`, `max_tokens`) are deterministic: the first documents in file order
 (`sample_seed=-1`), or those of a seeded permutation (`numpy.random.default_rng(seed)`), kept in
-file order; `max_tokens` keeps documents while their token total stays within it (at least one).
+file order. `max_tokens` counts the documents' own tokens (no BOS, no separator) in that order
+and cuts the document that crosses it at a token boundary (`token_prefix`), so that the texts
+hold `max_tokens` tokens (a token or two fewer where the prefix tokenizes differently); the cut
+text is scored as any document (its bytes and words are those of the prefix). A preparation
+that reports its own per-document counts (`lm_eval_wikitext`) is cut at the last whole document
+instead, since its counts are the whole text's.
 """
 
 from __future__ import annotations
@@ -86,15 +91,25 @@ def cut(
 ) -> tuple[list[data.Document], Any]:
     """`docs` (and `counts`) cut to the dataset's budget (all of them when it has none)."""
     if ds.has_budget:
-        keep = budget(docs, ds, tok)
+        keep, last = budget(docs, ds, tok, whole=counts is not None)
+        if last is not None:
+            docs = [*docs]
+            docs[last[0]] = token_prefix(docs[last[0]], last[1], tok)
+            if not docs[last[0]].text:  # a first token that is part of a character
+                keep = keep[keep != last[0]]
         docs = [docs[i] for i in keep]
         if counts is not None:
             counts = tuple(np.asarray(c)[keep] for c in counts)
     return docs, counts
 
 
-def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.ndarray:
-    """The indices (ascending) of the documents `ds.max_documents` and `ds.max_tokens` keep."""
+def budget(
+    docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer, whole: bool = False
+) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """The indices (ascending) of the documents `ds.max_documents` and `ds.max_tokens` keep,
+    and `(index, tokens)` of the one `max_tokens` cuts to its first `tokens` tokens (None: no
+    cut). With `whole`, the document that crosses `max_tokens` is left out instead (the first
+    is kept whole)."""
     order = np.arange(len(docs))
     if ds.sample_seed >= 0:
         order = np.random.default_rng(ds.sample_seed).permutation(len(docs))
@@ -106,12 +121,28 @@ def budget(docs: list[data.Document], ds: DatasetSpec, tok: Tokenizer) -> np.nda
             ids = order[at : at + chunk]
             lengths = [t.size for t in tok.encode([docs[i].text for i in ids])]
             for i, n in zip(ids, lengths, strict=True):
-                if kept and total + n > ds.max_tokens:
-                    return np.sort(np.asarray(kept, np.int64))
+                if total + n > ds.max_tokens and (kept or not whole):
+                    if whole or total == ds.max_tokens:
+                        return np.sort(np.asarray(kept, np.int64)), None
+                    kept.append(int(i))
+                    return np.sort(np.asarray(kept, np.int64)), (int(i), ds.max_tokens - total)
                 kept.append(int(i))
                 total += n
         order = np.asarray(kept, np.int64)
-    return np.sort(order)
+    return np.sort(order), None
+
+
+def token_prefix(doc: data.Document, n: int, tok: Tokenizer) -> data.Document:
+    """`doc` cut after its first `n` tokens (n >= 1): its text up to the end of their bytes (a
+    character they split is left out), shortened a token at a time while the prefix, tokenized
+    alone, has more than `n` tokens (a tokenizer may merge the cut's edge differently)."""
+    ids, lengths = tok.encode_with_bytes([doc.text])[0]
+    raw = doc.text.encode("utf-8")
+    for k in range(min(n, ids.size), 0, -1):
+        text = raw[: int(lengths[:k].sum(dtype=np.int64))].decode("utf-8", errors="ignore")
+        if tok.encode([text])[0].size <= n:
+            return data.Document(text, doc.source)
+    return data.Document("", doc.source)
 
 
 def inputs(ds: DatasetSpec, protocol: ProtocolSpec, tok: Tokenizer, vocab_size: int) -> PlanInputs:

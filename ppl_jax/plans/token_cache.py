@@ -21,10 +21,11 @@ part per process of the run that built it, and `parts.json`, written last.
 A part holds flat arrays, appended while tokenizing and read back in chunks (`Part.read`):
 `ids.bin` (int32 token ids), `bytes.bin` (int32: the UTF-8 bytes each token covers, for bits per
 byte), and per document (a file each, `token_entry.COLUMNS`): tokens, UTF-8 bytes,
-whitespace-separated words (`str.split`), the lm-evaluation-harness's words
+whitespace-separated words (`str.split`) of the whole text and of the text after its first token
+(scored alone without BOS), the lm-evaluation-harness's words
 (`protocols.count_harness_words`), whether it begins and ends with a non-space character (to count
 the words of documents joined by a separator exactly), and its source (the index of its file and
-its line: `ppl_jax.data.sources.Sources`). The four counts are uint32 (a document of 2^32 tokens,
+its line: `ppl_jax.data.sources.Sources`). The five counts are uint32 (a document of 2^32 tokens,
 bytes or words or more turns its part's column into int64). Every array is written batch by
 batch as it is tokenized: memory while building is bounded by one batch of documents, whatever
 the corpus size, with nothing kept per document.
@@ -44,6 +45,7 @@ import numpy as np
 
 from ppl_jax.data import documents as data
 from ppl_jax.data.sources import index_dtype
+from ppl_jax.data.words import words_after
 from ppl_jax.errors import ConfigError, DataError, PplJaxError
 from ppl_jax.plans.token_entry import (  # noqa: F401  (re-exported: the entry's readers)
     COLUMNS,
@@ -201,6 +203,7 @@ def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int | None) -> None:
                 columns["doc_bytes"].append([len(t.encode("utf-8")) for t in texts])
                 columns["doc_words"].append(words)
                 columns["doc_harness_words"].append(list(map(_harness_words, texts, words, edges)))
+                columns["doc_words_after"].append(_words_after(texts, nbytes, sizes))
                 columns["doc_edges"].append(edges)
                 columns["source_file"].append(sources[0])
                 columns["source_line"].append(sources[1])
@@ -240,6 +243,17 @@ def _write_part(ds, tok: Tokenizer, tmp: str, lo: int, hi: int | None) -> None:
     }
     with open(os.path.join(tmp, "part.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f)
+
+
+def _words_after(texts: list[str], nbytes: np.ndarray, sizes: np.ndarray) -> list[int]:
+    """Per text, the `str.split` words of its text after its first token (its first token's
+    bytes, `nbytes` laid end to end with `sizes` tokens per text, cut off; 0 without tokens):
+    the words a protocol scores when that token is context only (no BOS)."""
+    firsts = np.cumsum(sizes) - sizes
+    return [
+        words_after(t, int(nbytes[f])) if n else 0
+        for t, f, n in zip(texts, firsts.tolist(), sizes.tolist(), strict=True)
+    ]
 
 
 def _harness_words(text: str, words: int, edges: int) -> int:

@@ -3,7 +3,7 @@ its `part.json` and the entry's `parts.json` say (`ppl_jax.plans.token_cache` wr
 
 A part holds flat arrays: `ids.bin` (int32 token ids), `bytes.bin` (int32: the UTF-8 bytes each
 token covers) and one file per document array (`COLUMNS`): its tokens, bytes, words, harness
-words, edges and source (`ppl_jax.data.sources.Sources`). `open_entry` accepts only the entry's
+words, words after its first token, edges and source (`ppl_jax.data.sources.Sources`). `open_entry` accepts only the entry's
 own part names, whose document ranges must tile the corpus once; a part's document arrays are
 checked against their SHA-256 digests when it is opened, and `Verifier` checks its token files as
 they are read.
@@ -25,9 +25,10 @@ import numpy as np
 from ppl_jax.data.sources import Sources
 from ppl_jax.errors import DataError
 
-VERSION = 4  # 2: parts.json counts documents, part.json its digests; 3: sources as arrays;
-# 4: a file per document array (`COLUMNS`), counts in uint32 where they fit
-COUNTS = ("doc_tokens", "doc_bytes", "doc_words", "doc_harness_words")  # uint32, or int64
+VERSION = 5  # 2: parts.json counts documents, part.json its digests; 3: sources as arrays;
+# 4: a file per document array (`COLUMNS`), counts in uint32 where they fit; 5: words after the
+# first token (`doc_words_after`)
+COUNTS = ("doc_tokens", "doc_bytes", "doc_words", "doc_harness_words", "doc_words_after")
 COLUMNS = (*COUNTS, "doc_edges", "source_file", "source_line")  # `<name>.bin`, one per document
 DTYPES = {  # the dtypes other than the counts' (`source_file`: `Sources.file`'s)
     "doc_edges": ("uint8",),

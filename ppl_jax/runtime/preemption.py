@@ -12,15 +12,24 @@ service (`jax.distributed`, on by default) already catches SIGTERM and tells eve
 `multihost_utils.reached_preemption_sync_point(i)` turns True on all of them at the same batch.
 SIGINT is passed on to it as a SIGTERM, so that Ctrl-C stops every process together too. A second
 signal ends the process at once (the journal keeps what its last flush held).
+
+A signal is answered at once, on stderr: "stopping after this batch (about N s); press Ctrl-C
+again to stop now" in a scoring loop, "stopping at the next safe point; ..." elsewhere. Python
+runs a signal handler only between bytecodes, so not while the main thread waits in XLA for a
+batch (145 s under load); the C-level handler writes the signal's number to a pipe at once
+(`signal.set_wakeup_fd`), and a thread reading it answers (`os.write`, safe from any thread) and
+ends the process on the second signal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,6 +55,16 @@ class StopRequest:
         self.signal: int | None = None
         self._previous: dict[int, Any] = {}
         self._multi = False
+        self._watcher: threading.Thread | None = None
+        self._pipe: tuple[int, int] | None = None
+        self._wakeup = -1  # the wakeup fd before ours
+        self._received = 0
+        self._lock = threading.Lock()
+        # The scoring loop: batches asked for and fetched (more asked: one is in flight), the
+        # time of the last fetch and the seconds between the last two (`answer`).
+        self._asked = self._fetched = 0
+        self._fetched_at: float | None = None
+        self._batch_seconds: float | None = None
 
     def __enter__(self) -> StopRequest:
         import jax
@@ -56,14 +75,85 @@ class StopRequest:
         handled = (signal.SIGINT,) if self._multi else (signal.SIGINT, signal.SIGTERM)
         for sig in handled:
             self._previous[sig] = signal.signal(sig, self._handle)
+        self._watch()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._wakeup)
+            os.close(self._pipe[1])  # the watcher reads the end of the pipe and returns
+            if self._watcher is not None:
+                self._watcher.join(timeout=5)
+            os.close(self._pipe[0])
+            self._pipe = self._watcher = None
+
+    def _watch(self) -> None:
+        """Starts the thread that answers a signal at once (see the module docstring)."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread of the main interpreter
+            os.close(r)
+            os.close(w)
+            return
+        self._pipe = (r, w)
+        self._watcher = threading.Thread(target=self._read, args=(r,), daemon=True)
+        self._watcher.start()
+
+    def _read(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for sig in data:
+                if sig in self._previous:
+                    self._answer(sig)
+
+    def _answer(self, sig: int) -> None:
+        """The watcher's answer to a signal: the first noted and answered, the second ends the
+        process at once."""
+        with self._lock:
+            self._received += 1
+            first = self._received == 1
+        if not first:
+            self._stop_now(sig)
+        self.signal = sig
+        name = signal.Signals(sig).name
+        again = "press Ctrl-C again" if sig == signal.SIGINT else f"send {name} again"
+        say(f"ppl-jax: {name}: {self.when()}; {again} to stop now.")
+        if self._multi:  # JAX's preemption notifier handles SIGTERM for every process
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def when(self) -> str:
+        """When the run will stop: after the batch in flight (and how long batches take), or at
+        the next safe point between phases."""
+        if self._asked <= self._fetched:
+            return "stopping at the next safe point"
+        if self._batch_seconds is None or self._fetched_at is None:
+            return "stopping after this batch"
+        # The loop stops before its next batch, after the one in flight and the one queued.
+        left = 2 * self._batch_seconds - (time.monotonic() - self._fetched_at)
+        return f"stopping after this batch (about {max(math.ceil(left), 1)} s)"
+
+    def _stop_now(self, sig: int) -> None:
+        say(
+            f"ppl-jax: {signal.Signals(sig).name} again: stopped at once; the journal keeps "
+            f"the batches of its last flush."
+        )
+        os._exit(EXIT_CODE.get(sig, 1))
 
     def _handle(self, sig: int, frame: Any) -> None:
+        if self._watcher is not None:  # the watcher answers and counts (it reads every signal)
+            if self.signal is None:
+                self.signal = sig  # noted here too: the next `check` sees it, however soon
+            return
         if self.signal is not None:
             print(
                 f"ppl-jax: {signal.Signals(sig).name} again: stopped at once; the journal keeps "
@@ -97,10 +187,16 @@ class StopRequest:
 
     def should_stop(self, i: int) -> bool:
         """`requested(i)`: the scoring loop asks before each batch."""
-        return self.requested(i)
+        stop = self.requested(i)
+        self._asked += not stop  # a batch in flight
+        return stop
 
     def on_batch(self, i: int, rows: Any, host: Any) -> None:
-        pass
+        now = time.monotonic()
+        if self._fetched_at is not None:
+            self._batch_seconds = now - self._fetched_at
+        self._fetched_at = now
+        self._fetched += 1
 
     def close(self) -> None:
         pass
@@ -164,6 +260,13 @@ def stop_note(note: str) -> Iterator[None]:
         yield
     finally:
         _note.pop()
+
+
+def say(line: str) -> None:
+    """`line` on stderr by `os.write`: safe in a signal handler and from any thread (a print
+    there may meet the main thread's own write to `sys.stderr`, and raise)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"\n{line}\n".encode())
 
 
 def answer_at_once() -> None:

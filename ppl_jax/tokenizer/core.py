@@ -34,8 +34,13 @@ class Tokenizer(abc.ABC):
     piece_chars: int = 1 << 18
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """Encodes each text. Returns `[num_tokens_i] int32` arrays, one per text."""
-        return [self._encode_document(t, with_bytes=False)[0] for t in texts]
+        """Encodes each text. Returns `[num_tokens_i] int32` arrays, one per text.
+
+        Raises:
+          TypeError: a `str` in place of the list (it would be encoded character by character;
+            `encode([text])[0]` encodes one text). Likewise for the other `encode_*` methods.
+        """
+        return [self._encode_document(t, with_bytes=False)[0] for t in texts_of(texts, "encode")]
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Encodes each text, with the UTF-8 bytes of the text each token covers.
@@ -44,6 +49,7 @@ class Tokenizer(abc.ABC):
           Per text, `(ids [n] int32, byte_lengths [n] int32)`; the lengths add up to the text's
           UTF-8 length for a tokenizer that keeps every byte (bits per byte count these).
         """
+        texts = texts_of(texts, "encode_with_bytes")
         return [self._encode_document(t, with_bytes=True) for t in texts]
 
     def encode_flat_with_bytes(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -54,7 +60,7 @@ class Tokenizer(abc.ABC):
           `(ids [n] int32, byte_lengths [n] int32, sizes [len(texts)] int64)`: every text's ids
           and byte lengths, one text after another, and each text's number of tokens.
         """
-        encoded = self.encode_with_bytes(texts)
+        encoded = self.encode_with_bytes(texts_of(texts, "encode_flat_with_bytes"))
         sizes = np.fromiter((ids.size for ids, _ in encoded), np.int64, count=len(encoded))
         if not encoded:
             return np.zeros(0, np.int32), np.zeros(0, np.int32), sizes
@@ -159,6 +165,17 @@ class Tokenizer(abc.ABC):
 
 
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def texts_of(texts: list[str], method: str) -> list[str]:
+    """`texts`, or TypeError for one `str` in place of the list (iterating it would encode each
+    character as a text of its own, silently)."""
+    if isinstance(texts, str):
+        raise TypeError(
+            f"Tokenizer.{method} takes a list of texts, not a str (it would encode each "
+            f"character as a text): pass [text] (tok.{method}([text])[0] for one text)."
+        )
+    return texts
 
 
 def compact(x: np.ndarray) -> np.ndarray:

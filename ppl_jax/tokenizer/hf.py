@@ -20,6 +20,7 @@ from ppl_jax.tokenizer.core import (
     space_cuts,
     span_lengths,
     specials,
+    texts_of,
 )
 
 # Split regexes (tokenizers `Split` before a `ByteLevel` without its own regex) whose matches never
@@ -143,10 +144,10 @@ class HFTokenizer(Tokenizer):
             ) from None
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return [ids for ids, _ in self._encode_all(texts, with_bytes=False)]
+        return [ids for ids, _ in self._encode_all(texts_of(texts, "encode"), with_bytes=False)]
 
     def encode_with_bytes(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        return self._encode_all(texts, with_bytes=True)
+        return self._encode_all(texts_of(texts, "encode_with_bytes"), with_bytes=True)
 
     def _encode_all(self, texts: list[str], with_bytes: bool) -> list[tuple[np.ndarray, ...]]:
         """Short texts in batches of at most `piece_chars` characters (`encode_batch`), long ones
@@ -197,6 +198,7 @@ class HFTokenizer(Tokenizer):
     def encode_flat_with_bytes(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`Tokenizer.encode_flat_with_bytes`; short texts of a byte-level vocabulary in batches
         of at most `piece_chars` characters, each measured at once (`_byte_level_flat`)."""
+        texts = texts_of(texts, "encode_flat_with_bytes")
         chars = np.fromiter(map(len, texts), np.int64, count=len(texts))
         if not self._byte_level or not texts or int(chars.max()) > self.piece_chars:
             return super().encode_flat_with_bytes(texts)

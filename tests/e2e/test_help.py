@@ -98,3 +98,20 @@ def test_a_mistyped_key_after_a_config_file_is_named_too():
         "ppl-jax: error: unknown config key eval.sq_len; did you mean eval.seq_len? "
         "ppl-jax --help lists the keys.\n"
     )
+
+
+def test_a_tool_starts_without_the_config_and_its_layers():
+    """`ppl-jax convert` of a 0.7M-parameter model took about a minute on a loaded CPU (issue
+    39, item 17): the entry point imported `ppl_jax.cli.help`, and with it the config and every
+    layer below (2.5 s quiet, 10 s loaded), before it looked for a tool's name."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ppl_jax", "convert", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=helpers.REPO),
+        timeout=120,
+        cwd=helpers.REPO,
+    )
+    imported = set(re.findall(r"\| +([\w.]+)$", done.stderr, re.M))
+    assert done.returncode == 0 and done.stdout.startswith("usage: ppl-jax convert")
+    assert not imported & {"ppl_jax.cli.help", "ppl_jax.config.defaults", "jax"}

@@ -370,7 +370,9 @@ def test_budgets_take_the_first_or_a_seeded_sample(tmp_path):
     c.data.max_tokens = 60
     kept = planner.read(from_config(c).data, tok)[0]
     lengths = np.cumsum([len(t.encode()) for t in texts])
-    assert len(kept) == int(np.searchsorted(lengths, 60, side="right"))
+    whole = int(np.searchsorted(lengths, 60, side="right"))
+    assert len(kept) == whole + 1 and sum(len(d.text.encode()) for d in kept) == 60
+    assert texts[whole].startswith(kept[-1].text)  # the document that crosses 60 tokens, cut
 
 
 def test_training_run_settings_are_checked_before_work(run_dir, tmp_path):

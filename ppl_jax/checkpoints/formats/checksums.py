@@ -13,6 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 
 CHECKSUM_ALGORITHM = "ppl_jax.weighted_byte_sums.v1"
+# Arrays of at most this many bytes that this process holds whole are summed with NumPy: the same
+# integers, without compiling `_byte_sums` once per shape (16 compilations, 3.4 s of a 0.7M-param
+# model's `ppl-jax convert` on a loaded CPU).
+HOST_BYTES = 1 << 24
 
 
 @jax.jit
@@ -31,6 +35,21 @@ def _byte_sums(bytes_: jax.Array) -> jax.Array:
 _as_bytes = jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint8))
 
 
+def _host_byte_sums(bytes_: np.ndarray) -> tuple[int, int]:
+    """`_byte_sums` in NumPy (uint32 arithmetic wraps alike; the row-major position of each
+    byte is its index in the flattened array)."""
+    flat = bytes_.reshape(-1).astype(np.uint32)
+    index = np.arange(flat.size, dtype=np.uint64).astype(np.uint32)  # mod 2**32, as the iotas
+    with np.errstate(over="ignore"):
+        odd_1 = index * np.uint32(0x9E3779B1) + np.uint32(0x7F4A7C15) | np.uint32(1)
+        odd_2 = (index ^ (index >> 15)) * np.uint32(0x2C1B3C6D) + np.uint32(0x297A2D39) | np.uint32(
+            1
+        )
+        return int(np.sum(flat * odd_1, dtype=np.uint32)), int(
+            np.sum(flat * odd_2, dtype=np.uint32)
+        )
+
+
 def fingerprint(x: Any) -> str:
     """A 64-bit fingerprint of an array's bytes and dtype, the same for any sharding.
 
@@ -46,12 +65,17 @@ def fingerprint(x: Any) -> str:
     Returns:
       `"<dtype>:<16 hex digits>"`.
     """
-    if isinstance(x, jax.Array):
+    nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
+    host = nbytes <= HOST_BYTES and (not isinstance(x, jax.Array) or x.is_fully_addressable)
+    if isinstance(x, jax.Array) and not host:
         bytes_ = _as_bytes(x)
     else:
         x = np.ascontiguousarray(x)
         bytes_ = x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
-    first, second = (int(v) for v in np.asarray(_byte_sums(bytes_)))
+    if host:
+        first, second = _host_byte_sums(bytes_)
+    else:
+        first, second = (int(v) for v in np.asarray(_byte_sums(bytes_)))
     return f"{np.dtype(x.dtype).name}:{first:08x}{second:08x}"
 
 

@@ -92,7 +92,9 @@ class Sliding(StreamProtocol):
             protocol=self.name,
             windows=windows,
             num_bytes=int(window_bytes.sum()),
-            num_words=_sliding_words(entry, tok, separator if sep is not None else "", add_bos),
+            num_words=_sliding_words(
+                entry, tok, separator if sep is not None else "", add_bos, sep_n
+            ),
             num_documents=num_docs,
             text_tokens=text_tokens,
             unscored_tokens=text_tokens - scored,
@@ -143,20 +145,23 @@ def _write_stream(
     return cum[lo.size :] - cum[: lo.size], stream.close()
 
 
-def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) -> int:
+def _sliding_words(
+    entry: Entry, tok: Tokenizer, separator: str, add_bos: bool, sep_tokens: int
+) -> int:
     """Words of the joined text from the first scored token to the end (`plan.span_words`), from
     the documents' word counts: words(A + B) = words(A) + words(B) - 1 when A ends and B
     begins with a non-space character (`str.split` semantics), over the segments document,
     separator, document, ... Computed `stream_plans.DOCS_CHUNK` documents at a time (the joins across chunks
     carried, each chunk's counts read from the part's files), so that its memory does not grow
     with the corpus."""
-    with_sep = bool(separator) and entry.num_documents > 1
+    with_sep = bool(separator) and entry.num_documents > 1  # `sep_tokens`: its tokens (0 for a
+    # separator of spaces that a word-level tokenizer drops)
     sep = {
         "words": len(separator.split()) if with_sep else 0,
         "edges": edges_of(separator) if with_sep else 0,
         "bytes": len(separator.encode("utf-8")) if with_sep else 0,
     }
-    trim = None if add_bos else _first_token_trim(entry, tok, separator if with_sep else "")
+    trim = None if add_bos else _first_token_trim(entry, tok, separator if sep_tokens else "")
     total, last_ends, seen_tokens, first_doc = 0, None, False, True
     for part in entry.parts:
         chunk = stream_plans.DOCS_CHUNK
@@ -171,7 +176,7 @@ def _sliding_words(entry: Entry, tok: Tokenizer, separator: str, add_bos: bool) 
                 lead = 0 if first_doc else 1
                 seg = {}
                 for name, values in doc.items():
-                    sv = 1 if name == "tokens" else sep[name]  # its tokens are in the stream
+                    sv = sep_tokens if name == "tokens" else sep[name]  # in the stream
                     out = np.empty(2 * n - 1 + lead, np.int64)
                     out[lead::2] = values
                     out[1 - lead :: 2] = sv

@@ -16,10 +16,11 @@ unless `eval.long_documents` names the rule:
 - `truncate`: the document's first `seq_len + 1` tokens (BOS included) only; the rest is
   counted in `unscored_tokens` (the LongPPL reference's `--max-length`).
 
-Bytes are the UTF-8 bytes of the scored tokens (so bits per byte are exact). Words are each
-document's own `str.split()` words where every token of every document is scored (with BOS, and
-no document truncated); otherwise they are not counted (0: word perplexity n/a), since the words
-of part of a text (after a context-only first token, before a cut) are not in the token cache.
+Bytes are the UTF-8 bytes of the scored tokens (so bits per byte are exact). Words are those of
+the scored text, each document's own `str.split()` words: with BOS its whole text's, without it
+the words after its context-only first token (`words.words_after`; the token cache keeps them
+per document). Where a document is truncated they are not counted (0: word perplexity n/a),
+since the words before a cut are not in the token cache.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.data.documents import Document
+from ppl_jax.data.words import words_after
 from ppl_jax.errors import DataError
 from ppl_jax.plans import stream_plans
 from ppl_jax.plans import windows as windows_lib
@@ -72,8 +74,17 @@ class WholeDocuments(Protocol):
         windows = document_windows(tokens, offsets, seq_len, inputs.stride, long_documents, sources)
         scored = windows.scored_token_mask()
         doc_bytes = _per_document(np.where(scored, byte_lens, 0), offsets)
-        words = np.asarray([len(d.text.split()) for d in docs], np.int64)
-        words = _counted(words, add_bos, long_documents, sizes, seq_len)
+        if add_bos:
+            words = np.asarray([len(d.text.split()) for d in docs], np.int64)
+        else:
+            words = np.asarray(
+                [
+                    words_after(d.text, int(nb[0])) if nb.size else 0
+                    for d, (_, nb) in zip(docs, encoded, strict=True)
+                ],
+                np.int64,
+            )
+        words = _counted(words, long_documents, sizes, seq_len)
         return Plan(
             protocol=self.name,
             windows=windows,
@@ -132,8 +143,8 @@ class WholeDocuments(Protocol):
             seq_len=seq_len,
         )
         text_tokens = n - bos * sizes.size
-        words = entry.doc_array("doc_words").astype(np.int64)
-        words = _counted(words, add_bos, long_documents, sizes, seq_len)
+        words = entry.doc_array("doc_words" if add_bos else "doc_words_after")
+        words = _counted(words, long_documents, sizes, seq_len)
         return Plan(
             protocol=self.name,
             windows=windows,
@@ -212,12 +223,11 @@ def document_windows(
     )
 
 
-def _counted(
-    words: np.ndarray, add_bos: bool, long_documents: str, sizes: np.ndarray, seq_len: int
-) -> np.ndarray:
-    """The documents' words where every token is scored, else zeros (see the module docstring)."""
+def _counted(words: np.ndarray, long_documents: str, sizes: np.ndarray, seq_len: int) -> np.ndarray:
+    """The documents' scored words, or zeros where a document is truncated (see the module
+    docstring)."""
     cut = long_documents == "truncate" and bool((sizes > seq_len + 1).any())
-    return words if add_bos and not cut else np.zeros_like(words)
+    return np.zeros_like(words) if cut else words
 
 
 def _per_document(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

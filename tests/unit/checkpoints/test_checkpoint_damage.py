@@ -19,8 +19,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints.formats import checksums, safetensors
 from ppl_jax.checkpoints.formats import orbax as checkpoint
-from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
@@ -222,8 +222,12 @@ def test_checked_weights_are_cast_in_groups(copy, monkeypatch):
         checkpoint.restore_params(copy, 1, target)
 
 
-def test_fingerprint_against_numpy_and_over_shardings():
-    x = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+@pytest.mark.parametrize("host_bytes", [-1, checksums.HOST_BYTES])
+def test_fingerprint_against_numpy_and_over_shardings(monkeypatch, host_bytes):
+    """On the device (jit) and, for small arrays held whole, in NumPy (`checksums.HOST_BYTES`:
+    no compilation per shape): the same fingerprint. 40,000 bytes: positions past 2**15."""
+    monkeypatch.setattr(checksums, "HOST_BYTES", host_bytes)
+    x = np.random.default_rng(1).standard_normal((100, 100)).astype(np.float32)
     # The formula, in NumPy uint64 arithmetic: byte b at row-major position i, weights odd.
     b = x.reshape(-1).view(np.uint8).astype(np.uint64)
     i = np.arange(b.size, dtype=np.uint64)
@@ -243,6 +247,11 @@ def test_fingerprint_against_numpy_and_over_shardings():
         y.reshape(-1).view(np.uint8)[at] ^= 0x80
         assert checkpoint.fingerprint(y) != want, at
     assert checkpoint.fingerprint(x.astype(jnp.bfloat16)).startswith("bfloat16:")
+    for y in (x.astype(jnp.bfloat16), x[:3, :5].astype(np.int8), np.float32(2.5), x[:0]):
+        monkeypatch.setattr(checksums, "HOST_BYTES", -1)
+        on_device = checkpoint.fingerprint(jnp.asarray(y))
+        monkeypatch.setattr(checksums, "HOST_BYTES", 1 << 24)
+        assert checkpoint.fingerprint(jnp.asarray(y)) == checkpoint.fingerprint(y) == on_device
 
 
 # --------------------------------------------------------------- Hugging Face: shards outside

@@ -138,3 +138,44 @@ def _raising(inspect):
         return inspect(directory, args, out)
 
     return wrapped
+
+
+def test_layers_in_natural_order_the_head_and_the_bos_policy(capsys, tmp_path):
+    """Issue 39, item 17: the stored names listed blk.10 before blk.2 (as strings); inspect also
+    says whether the output head is tied and whether BOS is added."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src = os.path.join(helpers.GOLDEN, "hf", "llama")
+    weights = {}
+    for name in sorted(os.listdir(src)):
+        if name.endswith(".safetensors"):
+            weights.update(load_file(os.path.join(src, name)))
+    layer0 = {k: v for k, v in weights.items() if k.startswith("model.layers.0.")}
+    for i in range(1, 12):
+        weights.update({k.replace(".0.", f".{i}.", 1): v for k, v in layer0.items()})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f) | {"num_hidden_layers": 12}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    shutil.copy(
+        os.path.join(helpers.GOLDEN, "tokenizers", "llama_bpe.json"), tmp_path / "tokenizer.json"
+    )
+    code, out, _ = _inspect(capsys, tmp_path)
+    assert code == 0
+    listed = re.findall(r"^  model\.layers\.(\d+)\.input_layernorm\.weight ", out, re.M)
+    assert listed == [str(i) for i in range(12)]
+    assert "output head: its own (lm_head)" in out
+    assert re.search(r"^tokenizer: .*, BOS \d+ added by default \(eval.add_bos=auto\)$", out, re.M)
+
+
+def test_natural_key_and_the_head_of_a_tied_model(capsys):
+    names = ["blk.10.a", "blk.2.b", "blk.2.a", "output", "blk.1"]
+    assert sorted(names, key=inspect_cli.natural_key) == [
+        "blk.1", "blk.2.a", "blk.2.b", "blk.10.a", "output",
+    ]  # fmt: skip
+    code, out, _ = _inspect(capsys, os.path.join(helpers.REPO, "ppl_jax", "demo", "checkpoint"))
+    assert code == 0 and "output head: tied to the embedding" in out  # the demo's
+    assert "tokenizer: byte, no BOS token (eval.add_bos=auto adds none)" in out

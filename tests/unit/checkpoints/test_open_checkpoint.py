@@ -172,6 +172,23 @@ def test_hf_tokenizer_is_read_when_there(tmp_path):
     np.testing.assert_array_equal(tok.encode([TEXT])[0], expected)
 
 
+def test_an_evaluator_without_a_tokenizer_is_one_sentence(tmp_path):
+    """The README's library example on a checkpoint that carries no tokenizer: `ckpt.tokenizer()`
+    is None, and the Evaluator said only "needs the tokenizer" (a bare ValueError; issue 39,
+    item 9); now one sentence naming the dataset, `load_tokenizer` and `data.tokenizer`."""
+    import ppl_jax
+
+    ckpt = open_checkpoint(os.path.join(GOLDEN_HF, "gpt2"))
+    assert ckpt.tokenizer() is None
+    web = ppl_jax.DatasetSpec(name="web", path=helpers.corpus_files(tmp_path, ["text"]))
+    with pytest.raises(ConfigError) as e:
+        ppl_jax.Evaluator(ckpt.model(), mesh_lib.make_mesh(-1, 1), [web], ckpt.tokenizer())
+    message = str(e.value)
+    assert message.startswith("dataset 'web': the Evaluator has no tokenizer to prepare it with")
+    assert "ppl_jax.load_tokenizer(PATH)" in message and "data.tokenizer" in message
+    assert message.count(". ") == 0 and message.endswith(").")
+
+
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_orbax_restore_is_restore_params(orbax_dir, dtype):
     path, saved = orbax_dir

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -95,3 +96,60 @@ def test_the_command_line_answers_a_signal_during_its_imports(tmp_path, sig):
         f"goes on from what it finished when the same command runs again."
     ]
     assert out == "" and not (tmp_path / "out" / "results.json").exists()
+
+
+# A batch the main thread waits for in C, as it waits in XLA: Python runs no signal handler until
+# the call returns (OpenSSL's PBKDF2 releases the GIL and never looks at signals).
+_BLOCKED = """
+import hashlib, sys, time
+from ppl_jax.runtime import preemption
+preemption.answer_at_once()
+with preemption.StopRequest() as stop:
+    if sys.argv[1] == "loop":
+        for i in range(2):  # two batches fetched, a third in flight
+            stop.should_stop(i)
+            time.sleep(0.3)
+            stop.on_batch(i, [], None)
+        stop.should_stop(2)
+    print("ready", flush=True)
+    t = time.monotonic()
+    while time.monotonic() - t < 20:
+        hashlib.pbkdf2_hmac("sha256", b"batch", b"salt", 2_000_000)
+    print("finished", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "where, sig, answer",
+    [
+        ("loop", signal.SIGINT, "ppl-jax: SIGINT: stopping after this batch (about 1 s); press "
+         "Ctrl-C again to stop now."),
+        ("setup", signal.SIGTERM, "ppl-jax: SIGTERM: stopping at the next safe point; send "
+         "SIGTERM again to stop now."),
+    ],
+)  # fmt: skip
+def test_a_signal_is_answered_at_once_while_a_batch_runs(where, sig, answer):
+    """Ctrl-C or SIGTERM while the main thread waits for a batch: silence until the batch ended
+    (145 s under load; issue 39, item 11). Now the answer comes at once, and a second signal
+    ends the process at once with 128 + the signal."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BLOCKED, where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.2)  # inside the first PBKDF2 call
+    proc.send_signal(sig)
+    # At once: before the batch (PBKDF2 calls for 20 s) ends; the old handler said nothing.
+    ready, _, _ = select.select([proc.stderr], [], [], 5)
+    assert ready and proc.stderr.readline() == "\n"
+    assert proc.stderr.readline() == answer + "\n" and proc.poll() is None
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + sig and "finished" not in out
+    assert err.strip() == (
+        f"ppl-jax: {signal.Signals(sig).name} again: stopped at once; the journal keeps the "
+        f"batches of its last flush."
+    )

@@ -36,7 +36,7 @@ def test_no_budget_no_row(tiny_checkpoint, tmp_path):
 
 def test_budget_text():
     assert console.budget_text({"max_documents": 0, "max_tokens": 5000, "sample_seed": -1}) == (
-        "documents up to 5,000 tokens, the first in file order"
+        "5,000 tokens, the last document cut to fit, the first in file order"
     )
     assert console.budget_text({"max_documents": 1, "max_tokens": 0, "sample_seed": -1}) == (
         "at most 1 document, the first in file order"

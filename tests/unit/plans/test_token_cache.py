@@ -221,3 +221,28 @@ def test_harness_words_from_words_and_edges():
         edges = token_cache.edges_of(text)
         got = token_cache._harness_words(text, len(text.split()), edges)
         assert got == protocols.count_harness_words(text), repr(text)
+
+
+def test_a_word_level_tokenizer_without_bos_counts_the_scored_words(tmp_path):
+    """A word-level tokenizer (its whitespace pre-tokenizer keeps no token of the separator
+    "\\n\\n") without BOS (issue 39, item 14): sliding's cached plan crashed (IndexError) and
+    whole_documents counted no words; the words are those after the stream's (each
+    document's) context-only first token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "hello", "world", "again", "."])}
+    word_level = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    word_level.save(str(tmp_path / "tokenizer.json"))
+    tok = tokenizer.load_tokenizer(str(tmp_path), None)
+    texts = ["hello world.", "hello again world", "world a"]
+    entry = entry_of(tmp_path, corpus(tmp_path, texts), tok, 2)
+    inputs = protocols.PlanInputs(tok, 5, 8, 4, False, "\n\n")
+    streamed = protocols.SLIDING.stream_plan(entry, inputs, str(tmp_path / "s.npy"))
+    assert streamed.num_words == len("world.\n\nhello again world\n\nworld a".split()) == 6
+    whole = protocols.WHOLE_DOCUMENTS.stream_plan(entry, inputs, str(tmp_path / "w.npy"))
+    assert whole.doc_words.tolist() == [1, 2, 1] and whole.num_words == 4
+    docs = data.read_documents(corpus(tmp_path, texts), "jsonl")
+    assert protocols.WHOLE_DOCUMENTS.plan(docs, inputs).doc_words.tolist() == [1, 2, 1]
+    # Read whole, the separator's bytes (no token holds them) no longer cut the span short.
+    assert protocols.SLIDING.plan(docs, inputs).num_words == 6

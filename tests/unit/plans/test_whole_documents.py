@@ -40,11 +40,24 @@ def test_each_document_is_one_window_from_its_first_token(add_bos):
     assert p.unscored_tokens == first and p.text_tokens == sum(LENGTHS)
     assert p.doc_bytes.tolist() == [max(0, len(d.text) - (0 if add_bos else 1)) for d in docs]
     assert p.num_bytes == int(p.doc_bytes.sum()) and p.per_document
-    # words only where every token is scored (with BOS)
-    words = [len(d.text.split()) if add_bos else 0 for d in docs]
+    # the words of the scored text: without BOS, those after the first token (its first letter)
+    words = [len(d.text[0 if add_bos else 1 :].split()) for d in docs]
     assert p.doc_words.tolist() == words and p.num_words == sum(words)
     # A token's position in its window is its index in the document (plus one with BOS).
     assert (p.windows.starts == p.doc_starts[p.windows.document]).all()
+
+
+def test_without_bos_the_words_after_each_first_token_are_counted():
+    """English text without BOS (issue 39, item 14): word perplexity was undefined (no words);
+    the words are those of the text after each document's context-only first token (a byte
+    here; "Ü" is two bytes, and the half left is dropped as str.split of a decode does)."""
+    docs = [Document(t, f"d{i}") for i, t in enumerate(TEXTS)]
+    p = whole(docs, 64, False)
+    assert p.doc_words.tolist() == [3, 2, 0, 0, 1, 4] and p.num_words == 10
+    assert whole(docs, 64, True).doc_words.tolist() == [len(t.split()) for t in TEXTS]
+
+
+TEXTS = ["The cat sat.", " leading space", "x", "", "a b", "Ünïcode is two bytes"]
 
 
 def test_a_document_longer_than_a_window_is_refused_naming_it():

@@ -243,3 +243,19 @@ def test_check_vocabulary(tokenizer_ids, model_ids, fits):
     assert "data.allow_tokenizer_mismatch=true" in str(e.value)
     note = check_vocabulary(tok, model_ids, allow_mismatch=True)
     assert f"{tokenizer_ids} ids" in note and str(model_ids) in note
+
+
+@pytest.mark.parametrize("method", ["encode", "encode_with_bytes", "encode_flat_with_bytes"])
+def test_a_str_in_place_of_the_list_is_refused(method):
+    """`encode("a string")` encoded each character as a text of its own, silently (issue 39,
+    item 9); the list of one text still works."""
+    for tok in (
+        ByteTokenizer(),
+        HFTokenizer.from_file(BYTELEVEL),
+        SentencePieceTokenizer.from_file(SP_MODEL),
+    ):
+        with pytest.raises(
+            TypeError, match=rf"Tokenizer.{method} takes a list of texts, not a str"
+        ):
+            getattr(tok, method)("Hello world.")
+        assert getattr(tok, method)(["Hello world."]) is not None
