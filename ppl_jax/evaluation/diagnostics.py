@@ -25,7 +25,7 @@ import numpy as np
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import long_context
-from ppl_jax.evaluation.passes import BarFactory, Passes
+from ppl_jax.evaluation.passes import BarFactory, Passes, pass_scorer
 from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
 from ppl_jax.metrics import curves, divergence, uncertainty
 from ppl_jax.models.interface import LanguageModel
@@ -36,7 +36,7 @@ from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.scoring.observers import ScoreObserver
-from ppl_jax.scoring.scorer import Scorer, StepOptions
+from ppl_jax.scoring.step import StepOptions
 
 POSITION_CURVE = files.POSITION_CURVE
 CONTEXT_CURVE = files.CONTEXT_CURVE
@@ -127,34 +127,11 @@ def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> in
     return d.context_targets or max(1, min(length, model.max_positions - length + 1))
 
 
-def by_document(spec: RunSpec) -> bool:
-    """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
-    that scores documents whole, with the position curve or a short context."""
-    d = spec.diagnostics
-    return spec.protocol.convention.long_context and (
-        d.position_curve or d.long_context is not None
-    )
-
-
-def step_options(spec: RunSpec) -> StepOptions:
-    d = spec.diagnostics
-    document = by_document(spec)  # the curve from per-token NLLs, by document, on the host
-    return StepOptions(
-        positions=spec.protocol.seq_len + 1 if d.position_curve and not document else 0,
-        per_token=d.tokens or document,
-        top_k=d.top_k,
-        reference=d.reference is not None,
-        context_attention=spec.mesh.context_attention,
-        token_chunk=spec.mesh.token_chunk,
-        matmul_precision=spec.matmul_precision,
-    )
-
-
 def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
     """The run's observers of the step's optional outputs; the token file is opened on process 0
     (`out` given) only."""
     d = spec.diagnostics
-    result = StepObservers(step_options(spec))
+    result = StepObservers(spec.step_options())
     if d.tokens and out is not None:
         pending = dict(
             path=out.file(TOKENS),
@@ -170,7 +147,7 @@ def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -
             result.tokens_pending = pending
     if d.reference is not None:
         result.divergence = divergence.Divergence(plan.describe_window)
-    if by_document(spec):
+    if spec.by_document:
         result.gather = long_context.Gather(plan.windows)
     return result
 
@@ -289,7 +266,7 @@ def context_sweep(
       DataError: the stream is not longer than the longest context length.
     """
     d: DiagnosticsSpec = spec.diagnostics
-    scorer = Scorer(model, mesh, shardings, StepOptions(matmul_precision=spec.matmul_precision))
+    scorer = pass_scorer(model, mesh, shardings, spec, per_token=False)
     first = d.context_lengths[-1]
     results, targets, units, sweep = [], {}, [], []
     for length in d.context_lengths:

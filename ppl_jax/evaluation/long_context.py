@@ -35,7 +35,7 @@ import numpy as np
 
 from ppl_jax.checkpoints import DTYPES, open_checkpoint
 from ppl_jax.errors import ConfigError, DataError, settings_named
-from ppl_jax.evaluation.passes import BarFactory, Passes
+from ppl_jax.evaluation.passes import BarFactory, Passes, pass_scorer
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
 from ppl_jax.models.interface import LanguageModel
@@ -46,7 +46,6 @@ from ppl_jax.plans.protocols import Plan, PlanInputs
 from ppl_jax.plans.windows import NO_PREFIX, Windows
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.observers import ScoreObserver
-from ppl_jax.scoring.scorer import Scorer, StepOptions
 from ppl_jax.tokenizer import Tokenizer
 
 
@@ -235,8 +234,7 @@ def score_pass(
     ended the pass. `bar`, given the pass's windows, makes its progress bar (closed after)."""
     if not windows.num_windows:
         return np.full(windows.tokens.size, np.nan, np.float32)
-    options = StepOptions(per_token=True, matmul_precision=spec.matmul_precision)
-    scorer = Scorer(model, mesh, shardings, options)
+    scorer = pass_scorer(model, mesh, shardings, spec, per_token=True)
     layout = plan_layout(windows, spec.batch.batch_size, pack=pack)
     gather = Gather(windows)
     progress = None if bar is None else bar(windows.num_windows)

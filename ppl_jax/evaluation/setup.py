@@ -211,7 +211,7 @@ def _evaluator(
         tok,
         param_shardings=shardings,
         batch=spec.batch,
-        options=diagnostics.step_options(spec),
+        options=spec.step_options(),
         reference=None if reference is None else (reference.model, reference.shardings),
         compile=False,
         rules=spec.mesh.rules,
