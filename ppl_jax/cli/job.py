@@ -62,9 +62,6 @@ def main(argv: list[str], config_flag) -> None:
         if jax.process_count() > 1:  # the others may wait in a collective: no exit barrier
             distributed.exit_now(2)
         sys.exit(2)
-    except KeyboardInterrupt:  # before scoring began (during scoring, the journal is kept)
-        print("ppl-jax: interrupted before scoring began; nothing to resume.", file=sys.stderr)
-        sys.exit(130)
     finally:
         if out is not None:
             out.close()

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
 import numpy as np
 
 from ppl_jax.errors import ConfigError
@@ -258,7 +259,8 @@ def context_sweep(
     The targets are every token of the stream from position `max(context_lengths)` on, in
     windows of S targets (`context_targets`); with context length L each target sees between L
     and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
-    95% interval (`with_intervals`), or None if `stop` (the run's `StopRequest`) ended it.
+    95% interval (`with_intervals`; {} on a process other than 0, which writes nothing), or None
+    if `stop` (the run's `StopRequest`) ended it.
     `bar` (given the number of windows of every length together, returns an observer of the
     loop: `Passes.bar("context sweep")`) shows the sweep's progress.
 
@@ -286,6 +288,8 @@ def context_sweep(
     finally:
         if progress is not None:
             progress.close()
+    if jax.process_index() != 0:  # scored on every process; its curve built where it is written
+        return {}
     curve = curves.context_curve(results, targets_per_window=targets)
     for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
         block = uncertainty.block_length(nll.size)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from ppl_jax.checkpoints import architecture
@@ -216,7 +217,8 @@ class RunPair(PairHooks):
                 totals.stopped_at = d.layout.num_batches
         if totals.stopped_at is not None:
             raise self.interrupted()
-        found = diagnostics.collect(spec, totals, self.watch, sweep)
+        main = jax.process_index() == 0  # only it writes: the others build no curve or interval
+        found = diagnostics.collect(spec, totals, self.watch, sweep) if main else {}
         gzip_bpb, gzip_bytes = run.gzip_baseline(d, self.passes)
         self.passes.seconds.update(
             compile_seconds=totals.compile_seconds, scoring_seconds=totals.scoring_seconds
@@ -224,7 +226,7 @@ class RunPair(PairHooks):
         ref = spec.diagnostics.reference
         ev = dataclasses.replace(
             ev,
-            documents=per_document(d.plan, totals) if spec.per_document else None,
+            documents=per_document(d.plan, totals) if spec.per_document and main else None,
             gzip_bits_per_byte=gzip_bpb,
             gzip_sample_bytes=gzip_bytes,
             wall_seconds=time.perf_counter() - run.started,
