@@ -27,7 +27,7 @@ def main(argv: list[str], config_flag) -> None:
 
     from ppl_jax.config.settings import from_config
     from ppl_jax.errors import Interrupted
-    from ppl_jax.evaluation.run import run
+    from ppl_jax.evaluation.run.job import run
     from ppl_jax.outputs import console
     from ppl_jax.outputs.folder import OutputDir
 

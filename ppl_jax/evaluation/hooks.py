@@ -15,7 +15,7 @@ The loop is the same for a training loop and the command line:
 These defaults are a training loop's: every dataset scored with the params it is given, the KL
 to a reference model gathered (`ppl_jax.metrics.divergence`), each dataset timed on its own
 (`DefaultPair`), nothing else added. The command line's hooks
-(`ppl_jax.evaluation.run_hooks.RunHooks`) add its journals, stop request, progress bars,
+(`ppl_jax.evaluation.run.hooks.RunHooks`) add its journals, stop request, progress bars,
 diagnostics, restore and files, and skip a pair stored with the same fingerprint.
 """
 

@@ -40,7 +40,7 @@ class Evaluation:
       tokenizer_is_checkpoints: whether the tokenizer is the checkpoint's own.
       resumed_batches: batches taken from a journal rather than scored in this process.
       recorder: the dataset's journal (`discard()` it once the results are written).
-      diagnostics: what `ppl_jax.evaluation.diagnostics.collect` found.
+      diagnostics: what `ppl_jax.evaluation.passes.diagnostics.collect` found.
       timing: the seconds of each pass of the run for this pair (`ppl_jax.evaluation.passes`:
         setup, restore, short context, LongPPL evaluator, compile, scoring, context sweep, gzip
         baseline), None for a pass that did not run.

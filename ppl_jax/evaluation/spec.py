@@ -85,7 +85,7 @@ class ReferenceSpec:
 @dataclasses.dataclass(frozen=True)
 class LongContextSpec:
     """The long-context measures of a protocol that scores documents whole (`eval.short_context`,
-    `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.long_context`).
+    `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.passes.long_context`).
 
     Attributes:
       short_context: C, tokens of the short context: each target at position >= C is scored
@@ -104,7 +104,7 @@ class LongContextSpec:
 
     def fingerprint_part(self) -> dict[str, Any]:
         """The settings that decide the measures' numbers (in the run's fingerprint, with the
-        evaluator's identity: `ppl_jax.evaluation.setup.RunSetup.fingerprint`)."""
+        evaluator's identity: `ppl_jax.evaluation.run.setup.RunSetup.fingerprint`)."""
         e = self.evaluator
         return {
             "short_context": self.short_context,
@@ -214,7 +214,7 @@ class RunSpec:
         host by document; top-k; the reference's KL) with the mesh's context attention and
         token chunks and the matmul precision. The side passes (the context sweep, the short
         context, LongPPL's evaluator) take it with their own statistics only
-        (`ppl_jax.evaluation.passes.scorer`)."""
+        (`ppl_jax.evaluation.passes.pass_scorer`)."""
         d = self.diagnostics
         document = self.by_document
         return StepOptions(

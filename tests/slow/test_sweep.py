@@ -1,4 +1,4 @@
-"""A training run: a suite of datasets at every checkpoint step (`ppl_jax.evaluation.sweep`), the library's
+"""A training run: a suite of datasets at every checkpoint step (`ppl_jax.evaluation.run`), the library's
 `Evaluator`, watch mode, resuming an interrupted sweep, remote data, TensorBoard and the report.
 Every number is checked against single runs of `evaluate` (the one-dataset, one-step path) or a
 NumPy computation from the per-dataset sums."""

@@ -26,14 +26,14 @@ import numpy as np
 
 from ppl_jax.checkpoints import architecture
 from ppl_jax.errors import Interrupted
-from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.evaluation.hooks import Hooks, PairHooks, Record
-from ppl_jax.evaluation.passes import Passes
+from ppl_jax.evaluation.passes import context_sweep, diagnostics
+from ppl_jax.evaluation.passes.shared import Passes
 from ppl_jax.evaluation.result import Evaluation, per_document
-from ppl_jax.evaluation.setup import RunSetup
+from ppl_jax.evaluation.run.setup import RunSetup
+from ppl_jax.evaluation.run.steps import agree
 from ppl_jax.evaluation.spec import RunSpec
-from ppl_jax.evaluation.steps import agree
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.metrics import uncertainty
 from ppl_jax.outputs import files, journal, store
@@ -209,7 +209,7 @@ class RunPair(PairHooks):
         if totals.stopped_at is None and spec.diagnostics.context_lengths:
             own = params if run.reference_params is None else params[0]
             with self.passes.timed("context_sweep_seconds"):
-                sweep = diagnostics.context_sweep(
+                sweep = context_sweep.context_sweep(
                     p.model, own, p.mesh, p.shardings, d.plan, spec, run.stop,
                     self.passes.bar("context sweep"),
                 )  # fmt: skip
