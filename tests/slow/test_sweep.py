@@ -21,8 +21,8 @@ from test_tensorboard import scalars_in
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluation import run, setup
-from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation import run
+from ppl_jax.evaluation.run import evaluate, setup
 from ppl_jax.outputs import files as output_files
 from ppl_jax.outputs import store
 from ppl_jax.outputs.folder import OutputDir
