@@ -27,7 +27,7 @@ def main(argv: list[str], config_flag) -> None:
 
     from ppl_jax.config.settings import from_config
     from ppl_jax.errors import Interrupted
-    from ppl_jax.evaluation.run import run
+    from ppl_jax.evaluation.run.job import run
     from ppl_jax.outputs import console
     from ppl_jax.outputs.folder import OutputDir
 
@@ -62,9 +62,6 @@ def main(argv: list[str], config_flag) -> None:
         if jax.process_count() > 1:  # the others may wait in a collective: no exit barrier
             distributed.exit_now(2)
         sys.exit(2)
-    except KeyboardInterrupt:  # before scoring began (during scoring, the journal is kept)
-        print("ppl-jax: interrupted before scoring began; nothing to resume.", file=sys.stderr)
-        sys.exit(130)
     finally:
         if out is not None:
             out.close()

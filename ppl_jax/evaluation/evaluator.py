@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.sharding import Mesh
 
@@ -326,11 +327,14 @@ class Evaluator:
         sinks: Sequence[Sink],
     ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """Each pair to score, in suite order: its record to every sink as soon as it is made
-        (then its hooks drop its journal); returns the records and the KL scalars."""
+        (then its hooks drop its journal); returns the records and the KL scalars. Only process
+        0 builds a record's `details` (its bootstrap intervals among them): the sinks are given
+        there; the others' records hold its metrics, for the scalars returned."""
         records, kl = [], {}
+        main = jax.process_index() == 0  # the others' records: no details, no intervals
         for d in (d for d in self.datasets if d.name in pairs):
             ev = self._pair(params, d, step, parts[d.name], pairs[d.name])
-            records.append(summary.dataset_record(ev))
+            records.append(summary.dataset_record(ev, details=main))
             for sink in sinks:
                 sink.write(records[-1:])
             pairs[d.name].written()  # once its record is stored

@@ -13,9 +13,10 @@ The loop is the same for a training loop and the command line:
     averages -> sinks (when `write`); every sink's `end_step`
 
 These defaults are a training loop's: every dataset scored with the params it is given, the KL
-to a reference model gathered (`ppl_jax.metrics.divergence`), nothing else added. The command
-line's hooks (`ppl_jax.evaluation.run_hooks.RunHooks`) add its journals, stop request, progress
-bars, diagnostics, restore and files, and skip a pair stored with the same fingerprint.
+to a reference model gathered (`ppl_jax.metrics.divergence`), each dataset timed on its own
+(`DefaultPair`), nothing else added. The command line's hooks
+(`ppl_jax.evaluation.run.hooks.RunHooks`) add its journals, stop request, progress bars,
+diagnostics, restore and files, and skip a pair stored with the same fingerprint.
 """
 
 from __future__ import annotations
@@ -38,17 +39,9 @@ Record = Mapping[str, Any]
 
 class PairHooks:
     """One (step, dataset) pair's hooks: the loop's observers, a journal's state to resume
-    from, and what the pair adds to its `Evaluation` once scored.
-
-    The default gathers the KL of a reference model (when the evaluator has one) into
-    `diagnostics["divergence"]`, and times the pair from the call's start.
+    from, and what the pair adds to its `Evaluation` once scored. The base holds nothing and adds
+    nothing (a subclass need not call its `__init__`); a training loop's pair is `DefaultPair`.
     """
-
-    def __init__(self, evaluator: Evaluator, d: Dataset, started: float):
-        self.started = started
-        self.divergence = None
-        if evaluator.scorer.reference is not None:
-            self.divergence = divergence.Divergence(d.plan.describe_window)
 
     @property
     def resume(self) -> journal.State | None:
@@ -58,7 +51,7 @@ class PairHooks:
     def observers(self, params: Any) -> Sequence[ScoreObserver]:
         """The observers of the pair's scoring loop, given the params it is scored with (the
         command line runs its passes before the pair's here: short context, LongPPL)."""
-        return [self.divergence] if self.divergence is not None else []
+        return []
 
     def finish(self, ev: Evaluation, params: Any) -> Evaluation:
         """The pair's evaluation, with what the hooks add (diagnostics, timings, files).
@@ -66,9 +59,6 @@ class PairHooks:
         Raises:
           Interrupted: the command line's, when a signal stopped the pair.
         """
-        if self.divergence is not None:
-            ev.diagnostics["divergence"] = self.divergence.summary()
-        ev.wall_seconds = time.perf_counter() - self.started
         return ev
 
     def written(self) -> None:
@@ -76,6 +66,28 @@ class PairHooks:
 
     def abort(self) -> None:
         """The pair failed or was stopped: remove what it left half written."""
+
+
+class DefaultPair(PairHooks):
+    """A training loop's pair (`Hooks.pair`): gathers the KL of a reference model (when the
+    evaluator has one) into `diagnostics["divergence"]`, and sets `wall_seconds` to the pair's
+    own seconds, from its observers (the start of its scoring) to its evaluation."""
+
+    def __init__(self, evaluator: Evaluator, d: Dataset):
+        self.started: float | None = None
+        self.divergence = None
+        if evaluator.scorer.reference is not None:
+            self.divergence = divergence.Divergence(d.plan.describe_window)
+
+    def observers(self, params: Any) -> Sequence[ScoreObserver]:
+        self.started = time.perf_counter()
+        return [self.divergence] if self.divergence is not None else []
+
+    def finish(self, ev: Evaluation, params: Any) -> Evaluation:
+        if self.divergence is not None:
+            ev.diagnostics["divergence"] = self.divergence.summary()
+        ev.wall_seconds = time.perf_counter() - self.started
+        return ev
 
 
 class Hooks:
@@ -100,7 +112,7 @@ class Hooks:
         Raises:
           ConfigError: the command line's, for a journal of another run.
         """
-        return PairHooks(evaluator, d, time.perf_counter())
+        return DefaultPair(evaluator, d)
 
     def restore(self, step: int | None) -> tuple[Any, Any]:
         """(the step's params, the reference model's or None), when the call was given none."""

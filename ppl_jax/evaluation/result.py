@@ -32,13 +32,15 @@ class Evaluation:
       gzip_bits_per_byte: gzip -9 on the same text (process 0; on its first
         `metrics.GZIP_SAMPLE_BYTES` bytes), or None if not asked for; gzip_sample_bytes: the
         bytes it compressed.
-      wall_seconds: the run so far, from reading the checkpoint to this dataset's last sum.
+      wall_seconds: the command line's: the run so far, from reading the checkpoint to this
+        dataset's last sum; a training loop's (`ppl_jax.evaluation.hooks.DefaultPair`): this
+        dataset's own, from the start of its scoring to its last sum.
       fingerprint: what decides the numbers (`RunSetup.fingerprint`).
       tokenizer_note: why a tokenizer that does not fit the model was allowed, or None.
       tokenizer_is_checkpoints: whether the tokenizer is the checkpoint's own.
       resumed_batches: batches taken from a journal rather than scored in this process.
       recorder: the dataset's journal (`discard()` it once the results are written).
-      diagnostics: what `ppl_jax.evaluation.diagnostics.collect` found.
+      diagnostics: what `ppl_jax.evaluation.passes.diagnostics.collect` found.
       timing: the seconds of each pass of the run for this pair (`ppl_jax.evaluation.passes`:
         setup, restore, short context, LongPPL evaluator, compile, scoring, context sweep, gzip
         baseline), None for a pass that did not run.

@@ -18,6 +18,7 @@ from ppl_jax.errors import ConfigError
 from ppl_jax.outputs.figures import FigureSpec
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
 from ppl_jax.runtime.mesh import MeshSpec
+from ppl_jax.scoring.step import StepOptions
 
 DTYPES = tuple(_DTYPES)  # model.dtype's choices: the checkpoints' one table
 
@@ -84,7 +85,7 @@ class ReferenceSpec:
 @dataclasses.dataclass(frozen=True)
 class LongContextSpec:
     """The long-context measures of a protocol that scores documents whole (`eval.short_context`,
-    `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.long_context`).
+    `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.passes.long_context`).
 
     Attributes:
       short_context: C, tokens of the short context: each target at position >= C is scored
@@ -103,7 +104,7 @@ class LongContextSpec:
 
     def fingerprint_part(self) -> dict[str, Any]:
         """The settings that decide the measures' numbers (in the run's fingerprint, with the
-        evaluator's identity: `ppl_jax.evaluation.setup.RunSetup.fingerprint`)."""
+        evaluator's identity: `ppl_jax.evaluation.run.setup.RunSetup.fingerprint`)."""
         e = self.evaluator
         return {
             "short_context": self.short_context,
@@ -196,3 +197,32 @@ class RunSpec:
         """A run over a suite or several checkpoint steps (no diagnostics; a pair stored with the
         same fingerprint is skipped; a journal per pair). The sinks do not change it."""
         return bool(self.suite) or self.steps.is_sweep
+
+    @property
+    def by_document(self) -> bool:
+        """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
+        that scores documents whole, with the position curve or a short context."""
+        d = self.diagnostics
+        return self.protocol.convention.long_context and (
+            d.position_curve or d.long_context is not None
+        )
+
+    def step_options(self) -> StepOptions:
+        """The run's scoring step (`ppl_jax.scoring.step.StepOptions`), the one place it is
+        built: the diagnostics' statistics (the position sums, or per-token arrays for the
+        token file and the long-context measures, whose position curve is then summed on the
+        host by document; top-k; the reference's KL) with the mesh's context attention and
+        token chunks and the matmul precision. The side passes (the context sweep, the short
+        context, LongPPL's evaluator) take it with their own statistics only
+        (`ppl_jax.evaluation.passes.pass_scorer`)."""
+        d = self.diagnostics
+        document = self.by_document
+        return StepOptions(
+            positions=self.protocol.seq_len + 1 if d.position_curve and not document else 0,
+            per_token=d.tokens or document,
+            top_k=d.top_k,
+            reference=d.reference is not None,
+            context_attention=self.mesh.context_attention,
+            token_chunk=self.mesh.token_chunk,
+            matmul_precision=self.matmul_precision,
+        )

@@ -46,10 +46,11 @@ def results_dict(ev: Evaluation, config: config_dict.ConfigDict | dict | None = 
     return results_json.assemble(ev.step, [record], checkpoint, None, ev.wall_seconds, config)
 
 
-def dataset_record(ev: Evaluation) -> dict[str, Any]:
+def dataset_record(ev: Evaluation, details: bool = True) -> dict[str, Any]:
     """The record of the dataset at its step (`ppl_jax.outputs.store.dataset_record`), with its
-    fingerprint's digest and `dataset_dict` as its `details`: the one record builder, of the
-    evaluation loop (`Evaluator.__call__`) for a training loop and the command line alike."""
+    fingerprint's digest and, with `details`, `dataset_dict` (intervals included) as its
+    `details`: the one record builder, of the evaluation loop (`Evaluator.__call__`) for a
+    training loop and the command line alike (which build the details on process 0 only)."""
     return store.dataset_record(
         step=ev.step,
         dataset=ev.dataset.name,
@@ -58,7 +59,7 @@ def dataset_record(ev: Evaluation) -> dict[str, Any]:
         tags=dict(ev.dataset.tags),
         checkpoint=ev.checkpoint_path,
         wall_seconds=ev.totals.scoring_seconds,
-        details=dataset_dict(ev),
+        details=dataset_dict(ev) if details else None,
     )
 
 

@@ -5,12 +5,12 @@ A model is recorded from what its `LanguageModel` offers, whoever built it: its 
 
 - `vocab_size` and `max_positions` (the model's own, where the description does not say them);
 - `num_params`: the elements of every params leaf (`abstract_params`), whatever the dtype;
-- `entry_point`: how it was built, where the description does not say it: the
-  `checkpoint.architecture` entry point `module:function` of the run, else the model's
-  `LanguageModel.origin` (the entry point, or for a model made by `ppl_jax.from_linen` /
-  `from_nnx` the adapter and the user's module class, `ppl_jax.from_linen(mylm.MyLM)`), else
-  None: a family's model is named by its description (`family:<name>` is not an entry point).
-  A model may name it itself with `description["entry_point"]`.
+- `entry_point`: how it was built, where the description does not say it: the model's
+  `LanguageModel.origin` (the `checkpoint.architecture` entry point `module:function` it was
+  made by, or for a model made by `ppl_jax.from_linen` / `from_nnx` the adapter and the user's
+  module class, `ppl_jax.from_linen(mylm.MyLM)`), else None: a family's model is named by its
+  description (`family:<name>` is not an entry point). A model may name it itself with
+  `description["entry_point"]`.
 
 So a user's own model is not `linen ?L d? vocab ?` in the summary, nor only a module name in
 results.json.
@@ -19,23 +19,11 @@ results.json.
 from __future__ import annotations
 
 import math
-import os
-import re
 from typing import Any
 
 import jax
 
-_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 FAMILY = "family:"  # `LanguageModel.origin` of ppl_jax's own families
-
-
-def entry_point_of(architecture: str | None) -> str | None:
-    """`checkpoint.architecture` if it names a Python entry point `module:function` (not a
-    `maxtext:` model, not a file or folder), else None."""
-    text = str(architecture or "").strip()
-    if not _ENTRY.match(text) or text.startswith("maxtext:") or os.path.exists(text):
-        return None
-    return text
 
 
 def num_params(abstract_params: Any) -> int:
@@ -43,25 +31,17 @@ def num_params(abstract_params: Any) -> int:
     return int(sum(math.prod(getattr(x, "shape", ())) for x in jax.tree.leaves(abstract_params)))
 
 
-def model_record(model: Any, architecture: str | None = None) -> dict[str, Any]:
-    """The `model` of results.json (see the module docstring).
-
-    Args:
-      model: a `ppl_jax.LanguageModel`.
-      architecture: the run's `checkpoint.architecture` setting, if any.
-
-    Returns:
-      the description, with `vocab_size`, `max_positions`, `num_params` and `entry_point`
-      added where it does not hold them (JSON-able).
-    """
+def model_record(model: Any) -> dict[str, Any]:
+    """The `model` of results.json (see the module docstring) of `model`, a
+    `ppl_jax.LanguageModel`: its description, with `vocab_size`, `max_positions`, `num_params`
+    and `entry_point` added where it does not hold them (JSON-able)."""
     record = dict(model.description or {})
     record.setdefault("vocab_size", int(model.vocab_size))
     record.setdefault("max_positions", int(model.max_positions))
     record["num_params"] = num_params(model.abstract_params)
     if record.get("entry_point") is None:
         origin = model.origin
-        own = origin if origin and not origin.startswith(FAMILY) else None
-        record["entry_point"] = entry_point_of(architecture) or own
+        record["entry_point"] = origin if origin and not origin.startswith(FAMILY) else None
     return record
 
 

@@ -18,7 +18,7 @@ position in its window = tokens of context it saw, prefix/BOS included), `token_
 first; with a reference model `kl` (float32, nats, KL(reference || model)), `reference_nll`
 (float32, nats), `same_top1` (bool), `delta_logprob` (float32, nats, log p_model - log p_ref of
 the target = reference_nll - nll); with `extra_columns`, theirs (the long-context measures:
-`ppl_jax.evaluation.long_context.TokenColumns`). Key-value metadata: `ppl_jax` (JSON: dataset, protocol, top_k,
+`ppl_jax.evaluation.passes.long_context.TokenColumns`). Key-value metadata: `ppl_jax` (JSON: dataset, protocol, top_k,
 reference, tokenizer, num_tokens, nll_sum) and `documents` (JSON list of document sources).
 
 pyarrow is an optional dependency (`pip install 'ppl_jax[diagnostics]'`), imported only here,

@@ -1,4 +1,4 @@
-"""A training run: a suite of datasets at every checkpoint step (`ppl_jax.evaluation.sweep`), the library's
+"""A training run: a suite of datasets at every checkpoint step (`ppl_jax.evaluation.run`), the library's
 `Evaluator`, watch mode, resuming an interrupted sweep, remote data, TensorBoard and the report.
 Every number is checked against single runs of `evaluate` (the one-dataset, one-step path) or a
 NumPy computation from the per-dataset sums."""
@@ -21,8 +21,8 @@ from test_tensorboard import scalars_in
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
-from ppl_jax.evaluation import run, setup
-from ppl_jax.evaluation.run import evaluate
+from ppl_jax.evaluation import run
+from ppl_jax.evaluation.run import evaluate, setup
 from ppl_jax.outputs import files as output_files
 from ppl_jax.outputs import store
 from ppl_jax.outputs.folder import OutputDir

@@ -64,7 +64,7 @@ class Protocol:
       long_context: it scores documents whole from their first token, so that a target's
         position is its place in its document: the long-context measures apply (the position
         curve to the full length with bands over documents, context gains, LongPPL:
-        `ppl_jax.evaluation.long_context`).
+        `ppl_jax.evaluation.passes.long_context`).
       stream_plan: `stream_plan(entry, inputs, path) -> Plan` (a `PlanInputs`; the token stream
         written to the `.npy` file `path`) where the protocol can be planned from the token
         cache's document lengths in bounded memory (`ppl_jax.plans.token_cache`), identical

@@ -16,7 +16,7 @@ from ppl_jax.checkpoints.formats import hub
 from ppl_jax.checkpoints.readers.huggingface import HubRepo
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import CheckpointError, ConfigError
-from ppl_jax.evaluation import setup
+from ppl_jax.evaluation.run import setup
 
 HF_LLAMA = os.path.join(os.path.dirname(__file__), "..", "..", "golden", "hf", "llama")
 

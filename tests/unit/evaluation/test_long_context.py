@@ -1,4 +1,4 @@
-"""The long-context measures of whole_documents end to end (`ppl_jax.evaluation.long_context`):
+"""The long-context measures of whole_documents end to end (`ppl_jax.evaluation.passes.long_context`):
 every NLL with the full and the short context, the position buckets, the context gains and
 LongPPL, against an independent NumPy float64 forward pass of the tiny model
 (`helpers.reference_token_nll`), document by document."""

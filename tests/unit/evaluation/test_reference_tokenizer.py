@@ -11,7 +11,7 @@ from test_diagnostics import corpus, run, settings  # noqa: F401  (a fixture)
 from ppl_jax import tokenizer
 from ppl_jax.checkpoints.formats import orbax as checkpoint
 from ppl_jax.errors import ConfigError
-from ppl_jax.evaluation import setup
+from ppl_jax.evaluation.run import setup
 
 import helpers
 

@@ -26,7 +26,7 @@ from ppl_jax.config.defaults import DEFAULT_RULES, get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
 from ppl_jax.evaluation.run import evaluate
-from ppl_jax.evaluation.setup import set_up
+from ppl_jax.evaluation.run.setup import set_up
 from ppl_jax.outputs import journal
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import fingerprint

@@ -20,7 +20,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from ppl_jax.checkpoints import open_checkpoint  # noqa: E402
 from ppl_jax.config import defaults, settings  # noqa: E402
 from ppl_jax.errors import ConfigError  # noqa: E402
-from ppl_jax.evaluation.setup import set_up  # noqa: E402
+from ppl_jax.evaluation.run.setup import set_up  # noqa: E402
 from ppl_jax.harness import arguments, backend  # noqa: E402
 from ppl_jax.harness.model import PplJaxLM  # noqa: E402
 from ppl_jax.models.interface import weight_paths  # noqa: E402

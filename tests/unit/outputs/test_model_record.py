@@ -17,7 +17,7 @@ from ppl_jax.evaluation import summary
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.outputs import console
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.outputs.model_record import describe, entry_point_of, model_record
+from ppl_jax.outputs.model_record import describe, model_record
 
 import helpers
 
@@ -62,25 +62,6 @@ def test_an_adapter_model_is_recorded_whole(trainer_models, kind):
     line = describe(record)
     assert "?" not in line and f"vocab {tm.VOCAB}" in line and f"{tm.SEQ} positions" in line
     json.dumps(record)
-    # The run's entry point wins over the adapter's name.
-    named = model_record(model, f"trainer_models:{kind}_model")
-    assert named["entry_point"] == f"trainer_models:{kind}_model"
-    assert describe(named).endswith(f"(trainer_models:{kind}_model)")
-
-
-@pytest.mark.parametrize(
-    "setting, entry",
-    [
-        ("mylm:model", "mylm:model"),
-        ("pkg.sub.mod:make_lm", "pkg.sub.mod:make_lm"),
-        ("maxtext:llama2-7b", None),
-        ("", None),
-        ("/models/llama/config.json", None),
-        ("gs://bucket/x:y", None),
-    ],
-)
-def test_entry_points_are_told_from_other_architectures(setting, entry):
-    assert entry_point_of(setting) == entry
 
 
 def test_a_family_keeps_its_line_and_gains_its_parameters(tiny_checkpoint):

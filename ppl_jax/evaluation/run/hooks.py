@@ -21,18 +21,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from ppl_jax.checkpoints import architecture
 from ppl_jax.errors import Interrupted
-from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.evaluator import Evaluator
 from ppl_jax.evaluation.hooks import Hooks, PairHooks, Record
-from ppl_jax.evaluation.passes import Passes
+from ppl_jax.evaluation.passes import context_sweep, diagnostics
+from ppl_jax.evaluation.passes.shared import Passes
 from ppl_jax.evaluation.result import Evaluation, per_document
-from ppl_jax.evaluation.setup import RunSetup
+from ppl_jax.evaluation.run.setup import RunSetup
+from ppl_jax.evaluation.run.steps import agree
 from ppl_jax.evaluation.spec import RunSpec
-from ppl_jax.evaluation.steps import agree
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.metrics import uncertainty
 from ppl_jax.outputs import cost, files, journal, store
@@ -210,7 +211,7 @@ class RunPair(PairHooks):
         if totals.stopped_at is None and spec.diagnostics.context_lengths:
             own = params if run.reference_params is None else params[0]
             with self.passes.timed("context_sweep_seconds"):
-                sweep = diagnostics.context_sweep(
+                sweep = context_sweep.context_sweep(
                     p.model, own, p.mesh, p.shardings, d.plan, spec, run.stop,
                     self.passes.bar("context sweep"),
                 )  # fmt: skip
@@ -218,7 +219,8 @@ class RunPair(PairHooks):
                 totals.stopped_at = d.layout.num_batches
         if totals.stopped_at is not None:
             raise self.interrupted()
-        found = diagnostics.collect(spec, totals, self.watch, sweep)
+        main = jax.process_index() == 0  # only it writes: the others build no curve or interval
+        found = diagnostics.collect(spec, totals, self.watch, sweep) if main else {}
         gzip_bpb, gzip_bytes = run.gzip_baseline(d, self.passes)
         self.passes.seconds.update(
             compile_seconds=totals.compile_seconds, scoring_seconds=totals.scoring_seconds
@@ -226,7 +228,7 @@ class RunPair(PairHooks):
         ref = spec.diagnostics.reference
         ev = dataclasses.replace(
             ev,
-            documents=per_document(d.plan, totals) if spec.per_document else None,
+            documents=per_document(d.plan, totals) if spec.per_document and main else None,
             gzip_bits_per_byte=gzip_bpb,
             gzip_sample_bytes=gzip_bytes,
             wall_seconds=time.perf_counter() - run.started,

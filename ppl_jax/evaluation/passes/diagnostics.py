@@ -1,15 +1,15 @@
 """What a run reports beyond its sums: per-token output, loss by position, the context-length
 sweep, the divergence from a reference model, and the long-context measures of a protocol that
-scores documents whole (`ppl_jax.evaluation.long_context`) (`config.DiagnosticsSpec`).
+scores documents whole (`ppl_jax.evaluation.passes.long_context`) (`config.DiagnosticsSpec`).
 
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
 host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
 `divergence.Divergence`, `long_context.Gather` (the per-token NLLs of the long-context
 measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
-sets with the same model and params (`windows.context_windows`); the long-context measures'
-short-context pass (and LongPPL's evaluator) runs before the run's pass (`before`). `check`
-makes every check that needs no weights (called by `ppl_jax.evaluation.setup.set_up`); `write`
-writes the files once the run is done.
+sets with the same model and params (`context_sweep`, after the run's pass); the long-context
+measures' short-context pass (and LongPPL's evaluator) runs before the run's pass (`before`).
+`check` makes every check that needs no weights (called by
+`ppl_jax.evaluation.run.setup.set_up`); `write` writes the files once the run is done.
 
 A run with any of these keeps no journal: its per-token rows and position sums are not in one, so
 an interrupted run starts again from its first batch (README, "Diagnostics").
@@ -24,19 +24,20 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.errors import ConfigError
-from ppl_jax.evaluation import long_context
-from ppl_jax.evaluation.passes import BarFactory, Passes
-from ppl_jax.evaluation.spec import DiagnosticsSpec, RunSpec
-from ppl_jax.metrics import curves, divergence, uncertainty
+from ppl_jax.evaluation.passes import long_context, short_context
+from ppl_jax.evaluation.passes.context_sweep import context_targets
+from ppl_jax.evaluation.passes.intervals import position_intervals
+from ppl_jax.evaluation.passes.shared import Passes
+from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.metrics import curves, divergence
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import curve_figures, figures, files
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.plans import planner, windows
-from ppl_jax.plans.layout import plan_layout
+from ppl_jax.plans import planner
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.protocols import Plan
 from ppl_jax.scoring.observers import ScoreObserver
-from ppl_jax.scoring.scorer import Scorer, StepOptions
+from ppl_jax.scoring.step import StepOptions
 
 POSITION_CURVE = files.POSITION_CURVE
 CONTEXT_CURVE = files.CONTEXT_CURVE
@@ -120,41 +121,11 @@ def check(
     return long_context.check(spec, plan, model, mesh, docs, tok)
 
 
-def context_targets(d: DiagnosticsSpec, length: int, model: LanguageModel) -> int:
-    """Targets per window of the sweep at context `length`: `eval.context_targets`, or by default
-    `min(L, max_positions - L + 1)` (each target then sees L..2L-1 tokens; about 2 model
-    positions per target), at least 1."""
-    return d.context_targets or max(1, min(length, model.max_positions - length + 1))
-
-
-def by_document(spec: RunSpec) -> bool:
-    """Whether the run gathers its per-token NLLs for the long-context measures: a protocol
-    that scores documents whole, with the position curve or a short context."""
-    d = spec.diagnostics
-    return spec.protocol.convention.long_context and (
-        d.position_curve or d.long_context is not None
-    )
-
-
-def step_options(spec: RunSpec) -> StepOptions:
-    d = spec.diagnostics
-    document = by_document(spec)  # the curve from per-token NLLs, by document, on the host
-    return StepOptions(
-        positions=spec.protocol.seq_len + 1 if d.position_curve and not document else 0,
-        per_token=d.tokens or document,
-        top_k=d.top_k,
-        reference=d.reference is not None,
-        context_attention=spec.mesh.context_attention,
-        token_chunk=spec.mesh.token_chunk,
-        matmul_precision=spec.matmul_precision,
-    )
-
-
 def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -> StepObservers:
     """The run's observers of the step's optional outputs; the token file is opened on process 0
     (`out` given) only."""
     d = spec.diagnostics
-    result = StepObservers(step_options(spec))
+    result = StepObservers(spec.step_options())
     if d.tokens and out is not None:
         pending = dict(
             path=out.file(TOKENS),
@@ -170,7 +141,7 @@ def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -
             result.tokens_pending = pending
     if d.reference is not None:
         result.divergence = divergence.Divergence(plan.describe_window)
-    if by_document(spec):
+    if spec.by_document:
         result.gather = long_context.Gather(plan.windows)
     return result
 
@@ -191,14 +162,14 @@ def before(
     passes: Passes | None = None,
 ) -> bool:
     """What runs before the run's pass, for the long-context measures: the short-context pass
-    (`long_context.short_pass`) and, when LongPPL's evaluator is another model, its weights,
+    (`short_context.short_pass`) and, when LongPPL's evaluator is another model, its weights,
     its two passes and its key tokens matched to the run's by characters; the token writer,
     opened here, then writes the short NLL, the context gain and the key flag of each token.
     Each pass has its progress bar and its seconds in `passes` (`short_context_seconds`,
     `longppl_evaluator_seconds`).
 
     Args:
-      setup: the run's `ppl_jax.evaluation.setup.RunSetup` (model, mesh, tokenizer, documents,
+      setup: the run's `ppl_jax.evaluation.run.setup.RunSetup` (model, mesh, tokenizer, documents,
         LongPPL's evaluator).
       params: the model's params, on the mesh.
       dataset: the pair's dataset (its plan and documents).
@@ -216,7 +187,7 @@ def before(
     passes = passes or Passes()
     pack = spec.batch.packing and p.model.honours_segments  # as `planner.batches`
     with passes.timed("short_context_seconds"):
-        short = long_context.short_pass(
+        short = short_context.short_pass(
             p.model, params, p.mesh, p.shardings, dataset.plan.windows, spec, stop, pack,
             passes.bar("short context"),
         )  # fmt: skip
@@ -256,7 +227,7 @@ def _evaluator_keys(
     evaluator's key count, its name)`, or None if `stop` ended a pass."""
     key_eval = p.long_context
     restored = key_eval.restore()
-    keys_e = long_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop, passes)
+    keys_e = short_context.evaluator_keys(key_eval, restored, p.mesh, spec, stop, passes)
     del restored
     if keys_e is None:
         return None
@@ -264,102 +235,6 @@ def _evaluator_keys(
         dataset.plan, p.tok, key_eval.plan, key_eval.tokenizer, docs, keys_e
     )
     return mask, int(keys_e.sum()), key_eval.name
-
-
-def context_sweep(
-    model: LanguageModel,
-    params: Any,
-    mesh: Any,
-    shardings: Any,
-    plan: Plan,
-    spec: RunSpec,
-    stop: ScoreObserver | None = None,
-    bar: BarFactory | None = None,
-) -> dict[str, Any] | None:
-    """Scores the same targets with each of `eval.context_lengths` (`windows.context_windows`).
-
-    The targets are every token of the stream from position `max(context_lengths)` on, in
-    windows of S targets (`context_targets`); with context length L each target sees between L
-    and L + S - 1 tokens. Returns the context curve (`curves.context_curve`) with each length's
-    95% interval (`with_intervals`), or None if `stop` (the run's `StopRequest`) ended it.
-    `bar` (given the number of windows of every length together, returns an observer of the
-    loop: `Passes.bar("context sweep")`) shows the sweep's progress.
-
-    Raises:
-      DataError: the stream is not longer than the longest context length.
-    """
-    d: DiagnosticsSpec = spec.diagnostics
-    scorer = Scorer(model, mesh, shardings, StepOptions(matmul_precision=spec.matmul_precision))
-    first = d.context_lengths[-1]
-    results, targets, units, sweep = [], {}, [], []
-    for length in d.context_lengths:
-        targets[length] = context_targets(d, length, model)
-        w = windows.context_windows(plan.windows.tokens, length, targets[length], first)
-        sweep.append((length, w, plan_layout(w, spec.batch.batch_size, pack=False)))
-    total = sum(w.num_windows for _, w, _ in sweep)
-    progress = bar(total) if bar else None
-    observers = [o for o in (stop, progress) if o is not None]
-    try:
-        for length, w, layout in sweep:
-            totals = scorer.score(params, w, layout, observers=observers)
-            if totals.stopped_at is not None:
-                return None
-            results.append((length, totals.nll_sum, totals.num_tokens))
-            units.append((totals.window_nll, totals.window_tokens))
-    finally:
-        if progress is not None:
-            progress.close()
-    curve = curves.context_curve(results, targets_per_window=targets)
-    for row, (nll, tokens) in zip(curve["context_lengths"], units, strict=True):
-        block = uncertainty.block_length(nll.size)
-        row[curve_figures.INTERVAL] = _interval(nll[:, None], tokens[:, None], spec, block)[0]
-    return with_intervals(curve, spec, "window", [w.num_windows for _, w, _ in sweep])
-
-
-def _interval(nll: np.ndarray, tokens: np.ndarray, spec: RunSpec, block: int) -> list:
-    """`uncertainty.curve_intervals`, or Nones when `metrics.bootstrap_samples` is 0."""
-    if spec.bootstrap_samples == 0:
-        return [None] * nll.shape[1]
-    return uncertainty.curve_intervals(nll, tokens, spec.bootstrap_samples, spec.seed, block)
-
-
-def with_intervals(
-    curve: dict[str, Any], spec: RunSpec, unit: str, units: int | list[int]
-) -> dict[str, Any]:
-    """`curve` with `intervals`: how its points' `perplexity_interval`s were drawn (`method`,
-    `unit`, `units`, `samples`, `seed`, `level`), or None when `metrics.bootstrap_samples` is 0."""
-    if spec.bootstrap_samples == 0:
-        curve["intervals"] = None
-        return curve
-    method = {
-        "batch": "bootstrap over batches (the batches of windows as scored)",
-        "window": uncertainty.METHODS["window"] + ", per context length",
-    }[unit]
-    curve["intervals"] = {
-        "method": method,
-        "unit": unit,
-        "units": units,
-        "samples": spec.bootstrap_samples,
-        "seed": spec.seed,
-        "level": uncertainty.LEVEL,
-    }
-    return curve
-
-
-def position_intervals(curve: dict[str, Any], totals: Any, spec: RunSpec) -> dict[str, Any]:
-    """The position curve with each bucket's 95% interval of perplexity (`perplexity_interval`),
-    from its per-batch sums (`ScoreTotals.batch_buckets`: the batches of windows as they were
-    scored are the resampled units), and `intervals` saying how (`with_intervals`)."""
-    buckets = totals.batch_buckets
-    if buckets is None:
-        return curve
-    used = buckets[:, 1].sum(axis=1) > 0  # batches that scored something (all, unless resumed)
-    found = _interval(buckets[used, 0], buckets[used, 1], spec, 1)
-    starts = curves.bucket_edges(curve["num_positions"], curve["max_points"])[:-1].tolist()
-    by_first = dict(zip(starts, found, strict=True))
-    for b in curve["buckets"]:
-        b[curve_figures.INTERVAL] = by_first[b["first"]]
-    return with_intervals(curve, spec, "batch", int(used.sum()))
 
 
 def collect(

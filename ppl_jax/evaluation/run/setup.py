@@ -16,9 +16,9 @@ from ppl_jax import tokenizer
 from ppl_jax.checkpoints import DTYPES, Checkpoint, architecture, open_checkpoint
 from ppl_jax.data import documents as data
 from ppl_jax.errors import ConfigError, settings_named
-from ppl_jax.evaluation import diagnostics
 from ppl_jax.evaluation.checks import check_batch_size, check_context, check_window
 from ppl_jax.evaluation.evaluator import Evaluator
+from ppl_jax.evaluation.passes import diagnostics
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
@@ -211,7 +211,7 @@ def _evaluator(
         tok,
         param_shardings=shardings,
         batch=spec.batch,
-        options=diagnostics.step_options(spec),
+        options=spec.step_options(),
         reference=None if reference is None else (reference.model, reference.shardings),
         compile=False,
         rules=spec.mesh.rules,

@@ -5,7 +5,7 @@ watch mode and `evaluate` all run `run`:
 
     set_up (checkpoint, tokenizer, plans, checks, the Evaluator; no weights) ->
     for each step: the evaluator's call, the one evaluation loop, with the run's hooks
-        (`ppl_jax.evaluation.run_hooks`): each pair's journal (refused if another run's) ->
+        (`ppl_jax.evaluation.run.hooks`): each pair's journal (refused if another run's) ->
         restore -> for each dataset: score (observers: journal, stop request, progress,
         diagnostics) -> record -> sinks -> the step's averages
 
@@ -31,10 +31,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ppl_jax.evaluation.result import Evaluation
-from ppl_jax.evaluation.run_hooks import RunHooks
-from ppl_jax.evaluation.setup import RunSetup, set_up
+from ppl_jax.evaluation.run.hooks import RunHooks
+from ppl_jax.evaluation.run.setup import RunSetup, set_up
+from ppl_jax.evaluation.run.steps import steps_to_score
 from ppl_jax.evaluation.spec import RunSpec
-from ppl_jax.evaluation.steps import steps_to_score
 from ppl_jax.outputs import sinks, store
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.outputs.results_json import ResultsJsonSink

@@ -12,7 +12,9 @@ seconds of each under one key of `results.json`'s `timing` (`KEYS`; docs/outputs
     with passes.timed("short_context_seconds"):
         scorer.score(..., observers=[*observers, passes.bar("short context")(num_windows)])
 
-A key is null in `timing` when its pass did not run for that record.
+A key is null in `timing` when its pass did not run for that record. Each side pass scores with
+`pass_scorer`: the run's own step (`RunSpec.step_options`), so a context-mesh run's side passes
+cross the context axis and chunk their per-token layers as its record says.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ppl_jax.evaluation.spec import RunSpec
+from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs import console
+from ppl_jax.scoring.scorer import Scorer
 
 KEYS = console.PASSES  # results.json's `timing` keys -> their names in the summary
 BarFactory = Callable[[int], Any]  # the windows of a pass -> an observer of its loop
@@ -62,3 +67,17 @@ class Passes:
         if factory is None:
             return None
         return lambda num_windows: factory(num_windows, 0, desc=desc)
+
+
+def pass_scorer(
+    model: LanguageModel, mesh: Any, shardings: Any, spec: RunSpec, per_token: bool
+) -> Scorer:
+    """The scorer of a side pass (the context sweep, the short context, LongPPL's evaluator) of
+    `model` on the run's `mesh`: the run's step (`RunSpec.step_options`: its context attention,
+    token chunks and matmul precision, as its record says) with its own statistics only: the
+    per-token arrays when it gathers NLLs by token (`per_token`), no position sums, top-k or
+    reference model."""
+    options = dataclasses.replace(
+        spec.step_options(), positions=0, per_token=per_token, top_k=0, reference=False
+    )
+    return Scorer(model, mesh, shardings, options)

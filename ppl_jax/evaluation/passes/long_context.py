@@ -7,18 +7,19 @@ gain of every token, and LongPPL (Fang et al., ICLR 2025), from one job.
   stream.
 - **Short context** (`eval.short_context` C, `eval.short_targets` S): before the run's pass, the
   model scores every target at position >= C again, with C to C + S - 1 tokens of context taken
-  from its own window (`windows.short_windows`, the LongPPL reference's `trunc_len` and
-  `sliding_window`). A token's **context gain** is `NLL(short) - NLL(full)`, nats: positive where
-  the far context helped (LongPPL's long-short difference). The short NLLs are known before the
+  from its own window (`short_context.short_pass`: `windows.short_windows`, the LongPPL
+  reference's `trunc_len` and `sliding_window`). A token's **context gain** is
+  `NLL(short) - NLL(full)`, nats: positive where the far context helped (LongPPL's long-short
+  difference). The short NLLs are known before the
   run's pass, so `tokens.parquet` carries `nll_short` and `context_gain` per token.
 - **LongPPL** (`ppl_jax.metrics.longppl`): key tokens are those whose short NLL exceeds the full
   one by more than `longppl.alpha` and whose full NLL is below `-longppl.beta`, found by an
   evaluator: the scored model on its own tokens (no `longppl.evaluator.dir`), or another
-  checkpoint with its own tokenizer, which scores the same documents with both contexts after the
-  run's pass (its tokens with BOS where its tokenizer adds one, as the reference's
-  `evaluator_tokenizer(text)` does); its key tokens are carried to the scored model's tokens by
-  character offsets. LongPPL is the perplexity of the scored model over its key tokens,
-  token-weighted over documents.
+  checkpoint with its own tokenizer, which scores the same documents with both contexts before the
+  run's pass (`short_context.evaluator_keys`; its tokens with BOS where its tokenizer adds one, as
+  the reference's `evaluator_tokenizer(text)` does); its key tokens are carried to the scored
+  model's tokens by character offsets. LongPPL is the perplexity of the scored model over its key
+  tokens, token-weighted over documents.
 
 Memory: 4 bytes per token of the plan's stream for each pass's NLLs (full, short; an evaluator's
 two more over its own stream). Every pass is an ordinary scoring pass of the one compiled step
@@ -35,18 +36,13 @@ import numpy as np
 
 from ppl_jax.checkpoints import DTYPES, open_checkpoint
 from ppl_jax.errors import ConfigError, DataError, settings_named
-from ppl_jax.evaluation.passes import BarFactory, Passes
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.plans import planner, protocols
-from ppl_jax.plans import windows as windows_lib
-from ppl_jax.plans.layout import plan_layout
 from ppl_jax.plans.protocols import Plan, PlanInputs
 from ppl_jax.plans.windows import NO_PREFIX, Windows
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.scoring.observers import ScoreObserver
-from ppl_jax.scoring.scorer import Scorer, StepOptions
 from ppl_jax.tokenizer import Tokenizer
 
 
@@ -217,79 +213,6 @@ def targets(windows: Windows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     pos = windows.first_scored[k] + step
     prefix = (windows.prefix != NO_PREFIX).astype(np.int64)
     return windows.starts[k] + pos - prefix[k], pos, windows.document[k]
-
-
-def score_pass(
-    model: LanguageModel,
-    params: Any,
-    mesh: Any,
-    shardings: Any,
-    windows: Windows,
-    spec: RunSpec,
-    stop: ScoreObserver | None,
-    pack: bool,
-    bar: BarFactory | None = None,
-) -> np.ndarray | None:
-    """`[N] float32` nats: the NLL of every target of `windows` by stream index (NaN
-    elsewhere), scored by `model` on its own scorer; None if `stop` (the run's `StopRequest`)
-    ended the pass. `bar`, given the pass's windows, makes its progress bar (closed after)."""
-    if not windows.num_windows:
-        return np.full(windows.tokens.size, np.nan, np.float32)
-    options = StepOptions(per_token=True, matmul_precision=spec.matmul_precision)
-    scorer = Scorer(model, mesh, shardings, options)
-    layout = plan_layout(windows, spec.batch.batch_size, pack=pack)
-    gather = Gather(windows)
-    progress = None if bar is None else bar(windows.num_windows)
-    observers = [o for o in (stop, gather, progress) if o is not None]
-    try:
-        totals = scorer.score(params, windows, layout, observers=observers)
-    finally:
-        if progress is not None:
-            progress.close()
-    return None if totals.stopped_at is not None else gather.nll
-
-
-def short_pass(
-    model: LanguageModel,
-    params: Any,
-    mesh: Any,
-    shardings: Any,
-    windows: Windows,
-    spec: RunSpec,
-    stop: ScoreObserver | None,
-    pack: bool,
-    bar: BarFactory | None = None,
-) -> np.ndarray | None:
-    """The short-context NLL of every target of `windows` at position >= C, by stream index
-    (NaN elsewhere); None if stopped. `bar`: as in `score_pass`."""
-    lc = spec.diagnostics.long_context
-    short = windows_lib.short_windows(windows, lc.short_context, lc.short_targets)
-    return score_pass(model, params, mesh, shardings, short, spec, stop, pack, bar)
-
-
-def evaluator_keys(
-    key_eval: KeyEvaluator,
-    params: Any,
-    mesh: Any,
-    spec: RunSpec,
-    stop: ScoreObserver | None,
-    passes: Passes | None = None,
-) -> np.ndarray | None:
-    """`[N_e] bool`: the evaluator's key tokens over its own plan's stream (its full and short
-    passes, with its params, each with its progress bar from `passes`); None if stopped."""
-    w = key_eval.plan.windows
-    pack = spec.batch.packing and key_eval.model.honours_segments
-    passes = passes or Passes()
-    m, s = key_eval.model, key_eval.shardings
-    full = score_pass(m, params, mesh, s, w, spec, stop, pack, passes.bar("LongPPL evaluator"))
-    if full is None:
-        return None
-    bar = passes.bar("LongPPL evaluator, short context")
-    short = short_pass(m, params, mesh, s, w, spec, stop, pack, bar)
-    if short is None:
-        return None
-    lc = spec.diagnostics.long_context
-    return longppl.key_tokens(full, short, lc.alpha, lc.beta)
 
 
 def matched_keys(
