@@ -4,7 +4,7 @@ runs past `HINT_SECONDS`, how to cut the work (`data.max_tokens`, a larger `eval
 
 A first command on a 135M GGUF over the whole WikiText-2 test split showed an ETA of 7 to 10 hours
 on a loaded CPU only once tqdm had seen a few batches; these lines come at the start, on stderr
-beside the progress bar (`ppl_jax.evaluation.run_hooks` adds the observer where the bar is shown).
+beside the progress bar (`ppl_jax.evaluation.run.hooks` adds the observer where the bar is shown).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import numpy as np
 
 from ppl_jax import tokenizer
 from ppl_jax.data.spec import DatasetSpec
-from ppl_jax.evaluation.run_hooks import cost_note
+from ppl_jax.evaluation.run.hooks import cost_note
 from ppl_jax.outputs import cost
 from ppl_jax.plans import planner
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
