@@ -6,8 +6,7 @@ below inside the functions that need them, so that `ppl-jax --help` starts fast.
 from etils import epy as _epy
 
 with _epy.lazy_api_imports(globals()):
-    from ppl_jax.cli.help import SUBCOMMANDS
-    from ppl_jax.cli.main import run
+    from ppl_jax.cli.main import SUBCOMMANDS, run
 
 __all__ = [
     "SUBCOMMANDS",

@@ -9,15 +9,8 @@ import textwrap
 
 from absl import flags
 
+from ppl_jax.cli.main import SUBCOMMANDS
 from ppl_jax.config.defaults import PROTOCOLS, describe_keys, flat_keys, get_config
-
-SUBCOMMANDS = {
-    "report": "a run's results store as a table, a CSV and a plot",
-    "compare": "B minus A, with paired 95% bootstrap intervals",
-    "view": "one offline HTML page of a run's per-token surprisal",
-    "convert": "a Hugging Face checkpoint directory into a ppl_jax Orbax checkpoint",
-    "inspect": "what a checkpoint stores (steps, items, params tree) and how a mapping reads it",
-}
 
 EXAMPLES = (
     ("ppl-jax", "the demo checkpoint on held-out standard-library modules"),

@@ -26,6 +26,15 @@ from ppl_jax.runtime import preemption
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "defaults.py")
 _CONFIG = None  # the --config flag, defined by run()
+# The tools, here and not in `help` (which imports the config and so JAX): a tool starts without
+# either (`ppl-jax report` spent 5 s importing JAX before it read a line).
+SUBCOMMANDS = {
+    "report": "a run's results store as a table, a CSV and a plot",
+    "compare": "B minus A, with paired 95% bootstrap intervals",
+    "view": "one offline HTML page of a run's per-token surprisal",
+    "convert": "a Hugging Face checkpoint directory into a ppl_jax Orbax checkpoint",
+    "inspect": "what a checkpoint stores (steps, items, params tree) and how a mapping reads it",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -58,10 +67,8 @@ def main(argv: list[str]) -> None:
 def unexpected(words: list[str]) -> None:
     """One sentence for words on the command line that are neither flags nor a tool (absl printed
     its usage text), and exit status 2."""
-    from ppl_jax.cli import help as help_lib
-
     word = words[0]
-    close = difflib.get_close_matches(word, list(help_lib.SUBCOMMANDS), n=1, cutoff=0.7)
+    close = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.7)
     if close:
         hint = f"did you mean ppl-jax {close[0]}?"
     elif os.path.isdir(word) and os.path.exists(os.path.join(word, "results.jsonl")):
@@ -72,7 +79,7 @@ def unexpected(words: list[str]) -> None:
         hint = "ppl-jax --help lists the config keys and the tools"
     print(
         f"ppl-jax: error: unexpected argument {word!r}: ppl-jax takes --config=FILE and "
-        f"--config.KEY=VALUE, or a tool first ({', '.join(help_lib.SUBCOMMANDS)}); {hint}"
+        f"--config.KEY=VALUE, or a tool first ({', '.join(SUBCOMMANDS)}); {hint}"
         + ("" if hint.endswith("?") else "."),
         file=sys.stderr,
     )
@@ -123,12 +130,12 @@ def run() -> None:
     preemption.answer_at_once()
     if not isinstance(sys.stdout, PipeSafe):
         sys.stdout, sys.stderr = PipeSafe(sys.stdout), PipeSafe(sys.stderr)
-    from ppl_jax.cli import help as help_lib
-
-    if len(sys.argv) > 1 and sys.argv[1] in help_lib.SUBCOMMANDS:
+    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         _tool(sys.argv[1], sys.argv[2:])
     from absl import app, flags
     from ml_collections import config_flags
+
+    from ppl_jax.cli import help as help_lib
 
     if _CONFIG is None:
         try:  # config_flags reads the file and the overrides as soon as the flag is defined
