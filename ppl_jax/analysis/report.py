@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 from ppl_jax.analysis.report_figure import BAND, cap_note, figure, label  # noqa: F401 (BAND)
 from ppl_jax.analysis.report_store import by_cell, columns, load, metric_names, step_order
 from ppl_jax.errors import ConfigError, PplJaxError
-from ppl_jax.outputs import figures, files
+from ppl_jax.outputs import figure_layout, figures, files
 from ppl_jax.outputs.folder import OutputDir
 
 PROG = "ppl-jax report"
@@ -124,6 +124,9 @@ def report(
     figure_path: str | None = None,
     size: tuple[float, float] | None = None,
     dpi: int | None = None,
+    title: str | None = None,
+    legend: str = "auto",
+    share_y: bool = False,
 ) -> tuple[str, str, str | None]:
     """Reads the results store at `path` and writes its CSV and figure (see the module
     docstring).
@@ -136,6 +139,10 @@ def report(
         (`.png`, `.pdf`, `.svg`); "none" for no figure.
       size: `(width, height)` in inches, or None for the figure's own (3.6 x 2.8 per panel).
       dpi: a PNG's pixels per inch (default `figures.DEFAULT_DPI`).
+      title: the figure's title (default: the metric by checkpoint step and the folder's
+        name); "none" for no title.
+      legend, share_y: where the legend goes and whether the panels share one value range
+        (`report_figure.figure`).
 
     Returns:
       `(the table, the CSV's path, the figure's path or None)`; the table ends with a sentence
@@ -161,7 +168,9 @@ def report(
     figure_out = None
     if want_figure:
         name = os.path.basename(folder) or folder
-        fig = figure(records, metric, f"{label(metric)} by checkpoint step: {name}", size=size)
+        title = f"{label(metric)} by checkpoint step: {name}" if title is None else title
+        heading = None if title.lower() == "none" else title
+        fig = figure(records, metric, heading, size=size, legend=legend, share_y=share_y)
         figure_out = figures.save_figure(fig, figure_path, dpi, size, "--figure")
         note = cap_note(records)
         text += f"\n{note}" if note else ""
@@ -207,12 +216,34 @@ def main(argv: list[str] | None = None) -> int:
         default=str(figures.DEFAULT_DPI),
         help="a PNG figure's pixels per inch (default %(default)s)",
     )
+    parser.add_argument(
+        "--title", help="the figure's title (default: the metric and the folder); 'none': no title"
+    )
+    parser.add_argument(
+        "--legend",
+        default="auto",
+        choices=figure_layout.LEGENDS,
+        help="where the figure's legend goes (default %(default)s: a free cell, else below)",
+    )
+    parser.add_argument(
+        "--share-y",
+        action="store_true",
+        help="one value range for every panel (tick labels on the first column)",
+    )
     args = parser.parse_args(argv)
     try:
         size = figures.parse_size(args.size, "--size")
         dpi = figures.parse_dpi(args.dpi, "--dpi")
         text, csv_out, figure_out = report(
-            args.results, args.metric, args.csv, args.figure, size, dpi
+            args.results,
+            args.metric,
+            args.csv,
+            args.figure,
+            size,
+            dpi,
+            args.title,
+            args.legend,
+            args.share_y,
         )
     except PplJaxError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

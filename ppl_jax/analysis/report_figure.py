@@ -125,19 +125,23 @@ def _draw(ax: Any, series: Series, name: str, j: int, hollow: bool, band_label: 
 def figure(
     records: Sequence[Mapping[str, Any]],
     metric: str,
-    title: str,
+    title: str | None,
     size: tuple[float, float] | None = None,
+    legend: str = "auto",
+    share_y: bool = False,
 ) -> Any:
     """The matplotlib Figure of `metric` against the step, as small multiples: a panel per
     dataset (the first `MAX_DATASETS`: `shown`), with its 95% interval as a band where the
     records store one (`details.intervals`, for perplexity and bits per byte), then one panel
     of the averages (micro, macro, macro per tag), each in its own Okabe-Ito colour and marker
     (hollow, so that equal values show both). The legend names the averages and, when one is
-    drawn, the datasets' band (`BAND`); it sits in the grid's first free cell when it fits
-    there, else below the panels. Panels show the same steps (log when they span more than a
-    factor of 10); each has its own value axis (log for a perplexity spanning more than a
-    factor of 10). A null step (a checkpoint without one) is drawn at step 0; null values are
-    not drawn.
+    drawn, the datasets' band (`BAND`); `legend` (`figure_layout.LEGENDS`) places it: "auto"
+    in the grid's first free cell when it fits there, else "below" the panels; "right" of
+    them; "none". `title` None draws no title (a paper's caption says it). Panels show the
+    same steps (log when they span more than a factor of 10); each has its own value axis, or
+    with `share_y` one range for all (tick labels on the first column only); log for a
+    perplexity spanning more than a factor of 10. A null step (a checkpoint without one) is
+    drawn at step 0; null values are not drawn.
 
     Laid out for `size` (`(width, height)` inches; default `PANEL_WIDTH` x `PANEL_HEIGHT` a
     panel, `PANEL_COLUMNS` a row): the grid (`grid`), fonts, titles broken to fit their panel,
@@ -157,14 +161,16 @@ def figure(
     series = _series(records, metric)
     panel_width = fig.get_figwidth() / ncols - 0.45  # less the value axis's labels
     title_size = rcParams["axes.titlesize"]
-    band_artist = None
+    band_artist, values = None, []
     for i, (ax, group) in enumerate(zip(axes, panels, strict=False)):
         drawn = [(col, series.get(col, [])) for col in group]
-        band_artist = _panel(ax, drawn, group is averages, metric, band_artist)
+        band_artist, panel_values = _panel(ax, drawn, group is averages, band_artist)
+        values.append(panel_values)
         ax.set_title(figure_layout.fit_text(ax.get_title(), panel_width, title_size, max_lines=2))
         if i % ncols == 0 and nrows == 1:
             ax.set_ylabel(label(metric))
         _step_axis(ax, steps, label=i + ncols >= len(panels))
+    _value_axes(axes[: len(panels)], values, metric, ncols if share_y else 0)
     for ax in axes[len(panels) :]:
         ax.axis("off")
     handles, labels = axes[len(panels) - 1].get_legend_handles_labels() if averages else ([], [])
@@ -172,21 +178,33 @@ def figure(
         handles, labels = [*handles, band_artist], [*labels, BAND]
     if nrows > 1:  # one name for the value axes of every row
         fig.supylabel(label(metric), fontsize=rcParams["axes.labelsize"])
+    free = axes[len(panels)] if len(panels) < len(axes) else None
     if handles:
-        free = axes[len(panels)] if len(panels) < len(axes) else None
-        figure_layout.place_legend(fig, handles, labels, cell=free)
-    fig.suptitle(
-        figure_layout.fit_text(title, fig.get_figwidth() - 0.2, rcParams["figure.titlesize"])
-    )
+        figure_layout.place_legend(fig, handles, labels, cell=free, where=legend)
+    if title is not None:
+        width, size = fig.get_figwidth() - 0.2, rcParams["figure.titlesize"]
+        fig.suptitle(figure_layout.fit_text(title, width, size))
     return fig
 
 
-def _panel(
-    ax: Any, group: list[tuple[Column, Series]], is_averages, metric: str, band_artist
-) -> Any:
-    """One panel of `figure`: each column's series, its title (the dataset, or "averages"), a
-    log axis for a wide perplexity, "no value" when nothing was drawn; returns the band's
-    artist once one is drawn (`band_artist` until then: the legend's band)."""
+def _value_axes(axes: Sequence[Any], values: list[list[float]], metric: str, shared: int) -> None:
+    """Each panel's value axis: log for a perplexity spanning more than a factor of 10. With
+    `shared` (the grid's columns; 0: not shared), one range for every panel (each holds all
+    the values in its data limits: no matplotlib shared axes, whose draws visit every
+    sibling) and tick labels on the first column only."""
+    every = [v for panel in values for v in panel]
+    for i, (ax, own) in enumerate(zip(axes, values, strict=True)):
+        if "perplexity" in metric and figures.log_if_wide(every if shared else own):
+            ax.set_yscale("log")
+        if shared and every:
+            ax.update_datalim([(0.0, min(every)), (0.0, max(every))], updatex=False)
+            ax.tick_params(labelleft=i % shared == 0)
+
+
+def _panel(ax: Any, group: list[tuple[Column, Series]], is_averages, band_artist) -> Any:
+    """One panel of `figure`: each column's series, its title (the dataset, or "averages"),
+    "no value" when nothing was drawn; returns `(the band's artist once one is drawn
+    (`band_artist` until then: the legend's band), the values drawn)`."""
     drawn: list[float] = []
     for j, (col, series) in enumerate(group):
         if series:
@@ -194,9 +212,7 @@ def _panel(
             drawn += values
             band_artist = band_artist or band
     ax.set_title("averages" if is_averages else group[0][0][1])
-    if "perplexity" in metric and figures.log_if_wide(drawn):
-        ax.set_yscale("log")
     ax.grid(True, **figures.GRID)
     if not drawn:
         ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
-    return band_artist
+    return band_artist, drawn
