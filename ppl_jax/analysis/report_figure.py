@@ -92,8 +92,7 @@ def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
     with a linear stretch below the first positive step when step 0 is drawn too); a tick at
     each step when they are few and linear; tick labels that never touch
     (`figures.count_axis`); every step within the panel's range, so that all panels show the
-    same steps; tick labels and the axis's name only under the bottom panel of a column
-    (`label`)."""
+    same steps; tick labels only under the bottom panel of a column (`label`)."""
     positive = [s for s in steps if s > 0]
     log = figures.log_if_wide(positive)
     if log and len(positive) < len(steps):
@@ -102,8 +101,6 @@ def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
     figures.count_axis(ax, "x", log and len(positive) == len(steps), at=at)
     ax.update_datalim([(steps[0], 0.0), (steps[-1], 0.0)], updatey=False)
     ax.tick_params(labelbottom=label)
-    if label:
-        ax.set_xlabel("checkpoint step" + (" (log scale)" if log else ""))
 
 
 def _draw(ax: Any, series: Series, name: str, j: int, hollow: bool, band_label: str | None) -> Any:
@@ -178,6 +175,7 @@ def figure(
         handles, labels = [*handles, band_artist], [*labels, BAND]
     if nrows > 1:  # one name for the value axes of every row
         fig.supylabel(label(metric), fontsize=rcParams["axes.labelsize"])
+    _step_name(axes, len(panels), ncols, figures.log_if_wide([s for s in steps if s > 0]))
     free = axes[len(panels)] if len(panels) < len(axes) else None
     if handles:
         figure_layout.place_legend(fig, handles, labels, cell=free, where=legend)
@@ -185,6 +183,13 @@ def figure(
         width, size = fig.get_figwidth() - 0.2, rcParams["figure.titlesize"]
         fig.suptitle(figure_layout.fit_text(title, width, size))
     return fig
+
+
+def _step_name(axes: Sequence[Any], panels: int, ncols: int, log: bool) -> None:
+    """The step axis's name, once: under the first column's bottom panel (a name under each
+    column ran into the next one's, or into a legend at the right)."""
+    first = max(i for i in range(0, panels, ncols))
+    axes[first].set_xlabel("checkpoint step" + (" (log scale)" if log else ""))
 
 
 def _value_axes(axes: Sequence[Any], values: list[list[float]], metric: str, shared: int) -> None:
