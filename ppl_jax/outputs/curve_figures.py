@@ -14,7 +14,8 @@ and `context_curve.<format>` (`output.figures`); redrawn from the JSON with
 Each figure is laid out for the size it is drawn at (`size`, default `WIDTH` x `HEIGHT`): fonts
 scaled to its width, titles and labels broken into lines that fit, x ticks thinned so that their
 labels never touch, and the legend below the axes, outside the data
-(`ppl_jax.outputs.figure_layout`).
+(`ppl_jax.outputs.figure_layout`). For a paper, `title=False` leaves the title and the line
+under it to the caption, and `legend="right"` or `"none"` gives the data the figure's height.
 """
 
 from __future__ import annotations

@@ -180,9 +180,15 @@ def place_legend(
     that make it lowest within the figure's width, a label broken into two lines where that
     saves height (`_columns`); "right": one column right of the axes, outside them, at most
     `RIGHT_SHARE` of the figure's width, level with the x axis (the data keeps the figure's
-    height); "none": no legend (a free `cell` is removed). Returns the
-    Legend, or None."""
+    height); "none": no legend (a free `cell` is removed). Returns the Legend, or None.
+
+    Raises:
+      ValueError: `where` is not one of `LEGENDS` (the command lines offer only those).
+    """
     import matplotlib
+
+    if where not in LEGENDS:
+        raise ValueError(f"legend {where!r}: one of {LEGENDS}")
 
     size = fontsize or float(matplotlib.rcParams["legend.fontsize"])
     handle = 2.0 + 0.8  # handle length and its gap to the text, in font sizes

@@ -392,6 +392,8 @@ def test_the_report_without_title_and_legend_with_one_value_range(tmp_path):
         assert any(t.get_text() for t in ax.get_yticklabels()) == (i % cols == 0)
         assert ax.get_shared_y_axes().get_siblings(ax) == [ax]
     assert layout_faults(fig) == []
+    with pytest.raises(ValueError, match="legend 'left'"):
+        report.figure(records, "bits_per_byte", "t", legend="left")
     right = report.figure(records, "bits_per_byte", "t", (3.5, 2.5), legend="right")
     assert len(right.legends) == 1 and layout_faults(right) == []
     assert _data_height(right) > _data_height(
