@@ -28,6 +28,18 @@ shift
 python=${PYTHON:-python3}
 grace_s=${GRACE_S:-30}
 fail_grace_s=${FAIL_GRACE_S:-5}
+# Checked before anything starts: a bad value would otherwise stop bash's arithmetic in the middle
+# of a stop (no journal). Base 10 for a leading zero, which bash's arithmetic reads as octal.
+for name in GRACE_S FAIL_GRACE_S; do
+  value=${!name:-}
+  if [[ -n "$value" && ! "$value" =~ ^[0-9]{1,9}$ ]]; then
+    echo "ppl-jax: error: $name is '$value', not a whole number of seconds from 0 to 999999999;" \
+      "set it to one such as 30 (no sign or unit), or leave it unset." >&2
+    exit 2
+  fi
+done
+grace_s=$((10#$grace_s))
+fail_grace_s=$((10#$fail_grace_s))
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 pids=()

@@ -183,6 +183,32 @@ def test_data() -> str:
 TIER_FOLDERS = ("e2e", "multiprocess", "slow")
 
 
+# The smoke tier (`python -m pytest -m smoke`: an install checked in about a minute on 2 cores):
+# a few cases of the default tiers that run each part end to end, named here in one place (a
+# case renamed or removed fails tests/unit/test_tiers.py). A name without `[...]` takes every
+# parameter of its case.
+SMOKE = (
+    "tests/e2e/test_cli.py::test_default_run_scores_the_shipped_held_out_text",  # the demo run
+    "tests/e2e/test_report_cli.py::test_table_csv_and_png",  # a report
+    "tests/unit/evaluation/test_references.py::test_hf_strided_matches_the_hf_guide[gpt2-16-5]",
+    "tests/unit/checkpoints/test_readers_golden.py::test_sharded_safetensors_logits_equal_the_writers",
+    "tests/unit/checkpoints/test_checkpoint.py::test_restore_params_reads_the_chosen_step",
+    "tests/unit/models/test_families.py::test_matches_transformers[qwen3-sliding]",
+    "tests/unit/tokenizer/test_tokenizer_hf.py::test_ids_and_specials_match_transformers_golden"
+    "[llama_json-add_bos_token_True]",
+    "tests/unit/scoring/test_scoring.py::test_per_token_nll_matches_numpy_float64",
+    "tests/unit/metrics/test_metrics.py::test_derived_metrics_against_numpy_float64",
+    "tests/unit/data/test_data.py::test_jsonl_format_reads_the_text_field",
+    "tests/unit/outputs/test_store.py::test_round_trip_done_and_replace",
+    "tests/unit/config/test_config.py::test_described_defaults_are_the_config_values",
+)
+
+
+def is_smoke(nodeid: str) -> bool:
+    """Whether the case `nodeid` (`tests/...::name[params]`) is one of `SMOKE`'s."""
+    return nodeid in SMOKE or nodeid.split("[")[0] in SMOKE
+
+
 def tier_of(path) -> str | None:
     """The tier of a test file: its top folder under tests/ if that is a tier's, else None."""
     top = os.path.relpath(os.path.abspath(str(path)), HERE).split(os.sep)[0]
@@ -214,11 +240,16 @@ def compile_flags(flags: str, selection: str, default: str) -> str:
     return f"{flags} {QUICK_COMPILE}".strip()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers
 def pytest_configure(config):
+    if config.option.markexpr == "smoke":  # one process: workers would each collect the suite
+        config.option.numprocesses, config.option.dist = 0, "no"
+    default = default_selection(config.getini("addopts"))
+    selection = config.option.markexpr
     os.environ["XLA_FLAGS"] = compile_flags(
         os.environ["XLA_FLAGS"],
-        config.option.markexpr,
-        default_selection(config.getini("addopts")),
+        default if selection == "smoke" else selection,  # a part of the default tiers
+        default,
     )
 
 
@@ -230,6 +261,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         elif item.get_closest_marker("multiprocess") is not None:
             misplaced.append(item.nodeid)
+        if is_smoke(item.nodeid):
+            item.add_marker(pytest.mark.smoke)
     if misplaced:
         raise pytest.UsageError(
             f"{misplaced[0]} is marked multiprocess outside tests/multiprocess/ "

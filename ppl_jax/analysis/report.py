@@ -14,7 +14,9 @@ plus the micro and macro averages of each step) and
   repr of the stored float64, so they read back exactly);
 - writes a figure of the metric against the step (default `RESULTS_DIR/report.png`; `figure`):
   small multiples, a panel per dataset with its stored 95% interval as a band and a panel of
-  the averages, a null step (a checkpoint without one) drawn at step 0, as in TensorBoard. The
+  the averages (the first `report_figure.MAX_DATASETS` datasets: the table's last line says
+  so when there are more), a null step (a checkpoint without one) drawn at step 0, as in
+  TensorBoard (`ppl_jax.analysis.report_figure`). The
   file's extension picks the format (`--figure report.pdf` or `.svg`: vector; `.png`: raster at
   `--dpi`); `--size WIDTHxHEIGHT` in inches overrides the size (`ppl_jax.outputs.figures`).
 
@@ -33,82 +35,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from ppl_jax.errors import ConfigError, DataError, PplJaxError
+from ppl_jax.analysis.report_figure import BAND, cap_note, figure, label  # noqa: F401 (BAND)
+from ppl_jax.analysis.report_store import by_cell, columns, load, metric_names, step_order
+from ppl_jax.errors import ConfigError, PplJaxError
 from ppl_jax.outputs import figure_layout, figures, files
 from ppl_jax.outputs.folder import OutputDir
-from ppl_jax.outputs.store import FILENAME, ResultsStore
 
 PROG = "ppl-jax report"
 DEFAULT_METRIC = "bits_per_byte"
 CSV_NAME, PNG_NAME = files.REPORT_CSV, files.REPORT_PNG
 HEADER = ("step", "dataset", "kind", "metric", "value")
-
-Column = tuple[str, str]  # (kind, dataset)
-PANEL_COLUMNS, PANEL_WIDTH, PANEL_HEIGHT = 3, 3.6, 2.8  # small multiples: panels a row, inches
-
-
-def load(path: str) -> tuple[str, list[dict[str, Any]]]:
-    """The results store at `path` (a results folder or its results.jsonl) and its records.
-
-    Raises:
-      DataError: the folder or file does not exist, is malformed, or holds no record.
-    """
-    if not os.path.exists(path):
-        raise DataError(f"{path} does not exist; give a run's output.dir or its {FILENAME}.")
-    store = ResultsStore.in_dir(path) if os.path.isdir(path) else ResultsStore(path)
-    if not os.path.exists(store.path):
-        raise DataError(
-            f"{store.path} does not exist; a run writes it into its output.dir, one record per "
-            f"checkpoint step and dataset."
-        )
-    records = store.records()
-    if not records:
-        raise DataError(f"{store.path} holds no record; nothing to report.")
-    bad = [i for i, r in enumerate(records) if not _has_metrics(r)]
-    if bad:
-        raise DataError(
-            f"{store.path} line {_line_of(store.path, bad[0])} has no metrics (an object of "
-            f"numbers or nulls); remove that line, or score that step and dataset again."
-        )
-    return store.path, records
-
-
-def _has_metrics(record: Mapping[str, Any]) -> bool:
-    metrics = record.get("metrics")
-    return isinstance(metrics, dict) and all(
-        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-        for v in metrics.values()
-    )
-
-
-def _line_of(path: str, index: int) -> int:
-    """The file line of the store's record `index` (the store skips blank lines)."""
-    with open(path, encoding="utf-8") as f:
-        filled = [n for n, line in enumerate(f, start=1) if line.strip()]
-    return filled[index]
-
-
-def _step_order(step: int | None) -> tuple[int, int]:
-    return (0, 0) if step is None else (1, step)
-
-
-def columns(records: Sequence[Mapping[str, Any]]) -> list[Column]:
-    """The datasets in order of first appearance, then micro, macro and the tag averages."""
-    datasets = list(dict.fromkeys(r["dataset"] for r in records if r["kind"] == "dataset"))
-    averages = {r["dataset"] for r in records if r["kind"] == "average"}
-    first = [a for a in ("micro", "macro") if a in averages]
-    rest = sorted(averages - set(first))
-    return [("dataset", d) for d in datasets] + [("average", a) for a in first + rest]
-
-
-def metric_names(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every metric any record holds, in order of first appearance."""
-    return list(dict.fromkeys(m for r in records for m in r["metrics"]))
-
-
-def _by_cell(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int | None, Column], Mapping]:
-    # The store keeps one record per (kind, step, dataset); if a file holds more, the last wins.
-    return {(r["step"], (r["kind"], r["dataset"])): r for r in records}
 
 
 def _format(value: float | None) -> str:
@@ -121,8 +57,8 @@ def table(records: Sequence[Mapping[str, Any]], metric: str) -> str:
     """The metric as text: a row per step (a null step first, as `none`), a column per dataset,
     then `|` and the averages; 4 decimals, `null` for a null value, `-` for no record."""
     cols = columns(records)
-    cells = _by_cell(records)
-    steps = sorted({r["step"] for r in records}, key=_step_order)
+    cells = by_cell(records)
+    steps = sorted({r["step"] for r in records}, key=step_order)
     header = ["step"] + [name for _, name in cols]
     rows = []
     for step in steps:
@@ -149,8 +85,8 @@ def long_rows(records: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     and then as the table's columns; value None for a null metric."""
     order = {col: i for i, col in enumerate(columns(records))}
     ordered = sorted(
-        _by_cell(records).values(),
-        key=lambda r: (_step_order(r["step"]), order[(r["kind"], r["dataset"])]),
+        by_cell(records).values(),
+        key=lambda r: (step_order(r["step"]), order[(r["kind"], r["dataset"])]),
     )
     return [
         (r["step"], r["dataset"], r["kind"], metric, value)
@@ -167,164 +103,6 @@ def csv_bytes(records: Sequence[Mapping[str, Any]]) -> bytes:
     for row in long_rows(records):
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v for v in row])
     return buf.getvalue().encode("utf-8")
-
-
-def label(metric: str) -> str:
-    """A metric's name for a figure: `bits per byte`, `NLL per token (nats)`, `perplexity`."""
-    return "NLL per token (nats)" if metric == "nll_per_token" else metric.replace("_", " ")
-
-
-def grid(panels: int, size: tuple[float, float] | None) -> tuple[int, int]:
-    """`(rows, columns)` of `panels` small multiples: at most `PANEL_COLUMNS` a row at the
-    figure's own size, else `figure_layout.grid` for `size`."""
-    return figure_layout.grid(panels, size, PANEL_COLUMNS)
-
-
-def _figure(panels: int, size: tuple[float, float] | None = None) -> Any:
-    """A bare matplotlib Figure for `panels` small multiples (`figures.new_figure`): `size`
-    inches, or `PANEL_WIDTH` x `PANEL_HEIGHT` a panel."""
-    rows, cols = grid(panels, size)
-    width, height = size or (PANEL_WIDTH * cols, PANEL_HEIGHT * rows + 0.5)
-    return figures.new_figure(width, height, "the report", "or pass --figure none")
-
-
-def _interval(record: Mapping[str, Any], metric: str) -> tuple[float, float] | None:
-    """The record's stored 95% interval of `metric` (`details.intervals`), or None."""
-    intervals = (record.get("details") or {}).get("intervals") or {}
-    pair = intervals.get(metric) if isinstance(intervals, Mapping) else None
-    if (
-        isinstance(pair, list)
-        and len(pair) == 2
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
-    ):
-        return float(pair[0]), float(pair[1])
-    return None
-
-
-def _series(
-    records: Sequence[Mapping[str, Any]], col: Column, metric: str
-) -> list[tuple[int, float, tuple[float, float] | None]]:
-    """`(step, value, interval or None)` of one column by step; a null step at 0, null values
-    left out."""
-    return sorted(
-        (0 if step is None else step, r["metrics"][metric], _interval(r, metric))
-        for (step, c), r in _by_cell(records).items()
-        if c == col and r["metrics"].get(metric) is not None
-    )
-
-
-def _step_axis(ax: Any, steps: list[int], label: bool) -> None:
-    """Steps on a log axis when the positive ones span more than a factor of 10 (symmetric-log
-    with a linear stretch below the first positive step when step 0 is drawn too); a tick at
-    each step when they are few and linear; tick labels that never touch
-    (`figures.count_axis`); tick labels and the axis's name only under the bottom panel of a
-    column (`label`)."""
-    positive = [s for s in steps if s > 0]
-    log = figures.log_if_wide(positive)
-    if log and len(positive) < len(steps):
-        ax.set_xscale("symlog", linthresh=min(positive), linscale=0.5)
-    at = steps if not log and len(steps) <= 12 else None
-    figures.count_axis(ax, "x", log and len(positive) == len(steps), at=at)
-    ax.tick_params(labelbottom=label)
-    if label:
-        ax.set_xlabel("checkpoint step" + (" (log scale)" if log else ""))
-
-
-def _draw(ax: Any, series: list, name: str, j: int, hollow: bool, band_label: str | None) -> Any:
-    """One column's line (colour and marker `j`), its interval band (a bar for a lone point,
-    labelled `band_label`); returns `(the values drawn, for the value axis's scale; the band's
-    artist or None)`."""
-    x = [s for s, _, _ in series]
-    y = [v for _, v, _ in series]
-    color, marker = figures.COLORS[j % 8], figures.MARKERS[j % 8]
-    face, size = ("white", max(3.5, 7.0 - 0.7 * j)) if hollow else (color, 4.5)  # nested
-    ax.plot(x, y, color=color, marker=marker, markersize=size, mfc=face, linewidth=1.5, label=name)
-    lo = [iv[0] if iv else None for _, _, iv in series]
-    hi = [iv[1] if iv else None for _, _, iv in series]
-    drawn = figures.band(ax, x, lo, hi, color, y, band_label)
-    return y + [v for v in lo + hi if v is not None], drawn
-
-
-BAND = "95% interval (bootstrap)"
-
-
-@figures.styled
-def figure(
-    records: Sequence[Mapping[str, Any]],
-    metric: str,
-    title: str,
-    size: tuple[float, float] | None = None,
-) -> Any:
-    """The matplotlib Figure of `metric` against the step, as small multiples: a panel per
-    dataset, with its 95% interval as a band where the records store one (`details.intervals`,
-    for perplexity and bits per byte), then one panel of the averages (micro, macro, macro per
-    tag), each in its own Okabe-Ito colour and marker (hollow, so that equal values show both).
-    The legend names the averages and, when one is drawn, the datasets' band (`BAND`); it sits
-    in the grid's first free cell when it fits there, else below the panels. Panels share the
-    step axis (log when the steps span more than a factor of 10); each has its own value axis
-    (log for a perplexity spanning more than a factor of 10). A null step (a checkpoint
-    without one) is drawn at step 0; null values are not drawn.
-
-    Laid out for `size` (`(width, height)` inches; default `PANEL_WIDTH` x `PANEL_HEIGHT` a
-    panel, `PANEL_COLUMNS` a row): the grid (`grid`), fonts, titles broken to fit their panel,
-    x ticks thinned so that their labels never touch (`ppl_jax.outputs.figure_layout`).
-
-    Raises:
-      ConfigError: matplotlib is not installed.
-    """
-    from matplotlib import rcParams
-
-    cols = columns(records)
-    averages = [c for c in cols if c[0] == "average"]
-    panels = [[c] for c in cols if c[0] == "dataset"] + ([averages] if averages else [])
-    fig = _figure(len(panels), size)
-    nrows, ncols = grid(len(panels), size)
-    axes = fig.subplots(nrows, ncols, sharex=True, squeeze=False).ravel()
-    steps = sorted({0 if r["step"] is None else r["step"] for r in records})
-    panel_width = fig.get_figwidth() / ncols - 0.45  # less the value axis's labels
-    title_size = rcParams["axes.titlesize"]
-    band_artist = None
-    for i, (ax, group) in enumerate(zip(axes, panels, strict=False)):
-        fitted = (panel_width, title_size)
-        band_artist = _panel(ax, group, group is averages, records, metric, band_artist, fitted)
-        if i % ncols == 0 and nrows == 1:
-            ax.set_ylabel(label(metric))
-        _step_axis(ax, steps, label=i + ncols >= len(panels))
-    for ax in axes[len(panels) :]:
-        ax.axis("off")
-    handles, labels = axes[len(panels) - 1].get_legend_handles_labels() if averages else ([], [])
-    if band_artist is not None and BAND not in labels:  # drawn in a dataset's panel
-        handles, labels = [*handles, band_artist], [*labels, BAND]
-    if nrows > 1:  # one name for the value axes of every row
-        fig.supylabel(label(metric), fontsize=rcParams["axes.labelsize"])
-    if handles:
-        free = axes[len(panels)] if len(panels) < len(axes) else None
-        figure_layout.place_legend(fig, handles, labels, cell=free)
-    fig.suptitle(
-        figure_layout.fit_text(title, fig.get_figwidth() - 0.2, rcParams["figure.titlesize"])
-    )
-    return fig
-
-
-def _panel(ax, group: list[Column], is_averages, records, metric: str, band_artist, fitted) -> Any:
-    """One panel of `figure`: each column's series, its title fitted (`fitted`: width in inches,
-    font size), a log axis for a wide perplexity, "no value" when nothing was drawn; returns the
-    band's artist once one is drawn (`band_artist` until then: the legend's band)."""
-    drawn: list[float] = []
-    for j, col in enumerate(group):
-        series = _series(records, col, metric)
-        if series:
-            values, band = _draw(ax, series, col[1], j, is_averages, None if band_artist else BAND)
-            drawn += values
-            band_artist = band_artist or band
-    name = "averages" if is_averages else group[0][1]
-    ax.set_title(figure_layout.fit_text(name, *fitted, max_lines=2))
-    if "perplexity" in metric and figures.log_if_wide(drawn):
-        ax.set_yscale("log")
-    ax.grid(True, **figures.GRID)
-    if not drawn:
-        ax.text(0.5, 0.5, "no value", transform=ax.transAxes, ha="center", color="gray")
-    return band_artist
 
 
 def _write(path: str, data: bytes, flag: str) -> str:
@@ -346,6 +124,9 @@ def report(
     figure_path: str | None = None,
     size: tuple[float, float] | None = None,
     dpi: int | None = None,
+    title: str | None = None,
+    legend: str = "auto",
+    share_y: bool = False,
 ) -> tuple[str, str, str | None]:
     """Reads the results store at `path` and writes its CSV and figure (see the module
     docstring).
@@ -358,9 +139,14 @@ def report(
         (`.png`, `.pdf`, `.svg`); "none" for no figure.
       size: `(width, height)` in inches, or None for the figure's own (3.6 x 2.8 per panel).
       dpi: a PNG's pixels per inch (default `figures.DEFAULT_DPI`).
+      title: the figure's title (default: the metric by checkpoint step and the folder's
+        name); "none" for no title.
+      legend, share_y: where the legend goes and whether the panels share one value range
+        (`report_figure.figure`).
 
     Returns:
-      `(the table, the CSV's path, the figure's path or None)`.
+      `(the table, the CSV's path, the figure's path or None)`; the table ends with a sentence
+      when the figure leaves datasets out (`report_figure.cap_note`).
 
     Raises:
       DataError: the store is missing, empty or malformed.
@@ -382,8 +168,12 @@ def report(
     figure_out = None
     if want_figure:
         name = os.path.basename(folder) or folder
-        fig = figure(records, metric, f"{label(metric)} by checkpoint step: {name}", size=size)
+        title = f"{label(metric)} by checkpoint step: {name}" if title is None else title
+        heading = None if title.lower() == "none" else title
+        fig = figure(records, metric, heading, size=size, legend=legend, share_y=share_y)
         figure_out = figures.save_figure(fig, figure_path, dpi, size, "--figure")
+        note = cap_note(records)
+        text += f"\n{note}" if note else ""
     return text, csv_out, figure_out
 
 
@@ -426,12 +216,34 @@ def main(argv: list[str] | None = None) -> int:
         default=str(figures.DEFAULT_DPI),
         help="a PNG figure's pixels per inch (default %(default)s)",
     )
+    parser.add_argument(
+        "--title", help="the figure's title (default: the metric and the folder); 'none': no title"
+    )
+    parser.add_argument(
+        "--legend",
+        default="auto",
+        choices=figure_layout.LEGENDS,
+        help="where the figure's legend goes (default %(default)s: a free cell, else below)",
+    )
+    parser.add_argument(
+        "--share-y",
+        action="store_true",
+        help="one value range for every panel (tick labels on the first column)",
+    )
     args = parser.parse_args(argv)
     try:
         size = figures.parse_size(args.size, "--size")
         dpi = figures.parse_dpi(args.dpi, "--dpi")
         text, csv_out, figure_out = report(
-            args.results, args.metric, args.csv, args.figure, size, dpi
+            args.results,
+            args.metric,
+            args.csv,
+            args.figure,
+            size,
+            dpi,
+            args.title,
+            args.legend,
+            args.share_y,
         )
     except PplJaxError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from ppl_jax.cli.tools import SUBCOMMANDS  # imports nothing: a tool starts without JAX
 from ppl_jax.runtime import preemption
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "defaults.py")
@@ -58,10 +59,8 @@ def main(argv: list[str]) -> None:
 def unexpected(words: list[str]) -> None:
     """One sentence for words on the command line that are neither flags nor a tool (absl printed
     its usage text), and exit status 2."""
-    from ppl_jax.cli import help as help_lib
-
     word = words[0]
-    close = difflib.get_close_matches(word, list(help_lib.SUBCOMMANDS), n=1, cutoff=0.7)
+    close = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.7)
     if close:
         hint = f"did you mean ppl-jax {close[0]}?"
     elif os.path.isdir(word) and os.path.exists(os.path.join(word, "results.jsonl")):
@@ -72,7 +71,7 @@ def unexpected(words: list[str]) -> None:
         hint = "ppl-jax --help lists the config keys and the tools"
     print(
         f"ppl-jax: error: unexpected argument {word!r}: ppl-jax takes --config=FILE and "
-        f"--config.KEY=VALUE, or a tool first ({', '.join(help_lib.SUBCOMMANDS)}); {hint}"
+        f"--config.KEY=VALUE, or a tool first ({', '.join(SUBCOMMANDS)}); {hint}"
         + ("" if hint.endswith("?") else "."),
         file=sys.stderr,
     )
@@ -123,8 +122,6 @@ def run() -> None:
     preemption.answer_at_once()
     if not isinstance(sys.stdout, PipeSafe):
         sys.stdout, sys.stderr = PipeSafe(sys.stdout), PipeSafe(sys.stderr)
-    from ppl_jax.cli.tools import SUBCOMMANDS
-
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         _tool(sys.argv[1], sys.argv[2:])  # without help's imports (the config, the layers)
     from absl import app, flags

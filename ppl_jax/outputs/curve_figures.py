@@ -14,7 +14,8 @@ and `context_curve.<format>` (`output.figures`); redrawn from the JSON with
 Each figure is laid out for the size it is drawn at (`size`, default `WIDTH` x `HEIGHT`): fonts
 scaled to its width, titles and labels broken into lines that fit, x ticks thinned so that their
 labels never touch, and the legend below the axes, outside the data
-(`ppl_jax.outputs.figure_layout`).
+(`ppl_jax.outputs.figure_layout`). For a paper, `title=False` leaves the title and the line
+under it to the caption, and `legend="right"` or `"none"` gives the data the figure's height.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ppl_jax.outputs.console import plural
 
 WHAT = "the position and context-length curves"
 WIDTH, HEIGHT = 7.0, 4.5  # inches
+BUCKET_SHOWS = 9.0  # points: a bucket's bar shows beside its marker (3 points) from this width
 INTERVAL = "perplexity_interval"  # a bucket's or a row's 95% interval of perplexity, [lo, hi]
 
 
@@ -54,9 +56,11 @@ def _interval_note(curve: Mapping[str, Any]) -> str:
     return "95% interval (bootstrap)"
 
 
-def _inches(fig: Any) -> float:
-    """About the width of the axes of `fig` in inches (its width less the y axis's labels)."""
-    return max(1.0, fig.get_figwidth() - 0.75)
+def _inches(fig: Any, legend: str = "below") -> float:
+    """About the width of the axes of `fig` in inches (its width less the y axis's labels, and
+    less a legend `right` of them)."""
+    share = figure_layout.RIGHT_SHARE if legend == "right" else 0.0
+    return max(1.0, fig.get_figwidth() * (1 - share) - 0.75)
 
 
 def _perplexity_axis(ax: Any, values: list[float]) -> None:
@@ -67,10 +71,14 @@ def _perplexity_axis(ax: Any, values: list[float]) -> None:
     ax.grid(True, **figures.GRID)
 
 
-def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int) -> None:
+def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int, title: bool) -> None:
     """What the plot shows as its title; the data (`label`: a dataset's name) and how many
-    targets it holds below it; each broken into lines that fit the figure's width."""
+    targets it holds below it; each broken into lines that fit the figure's width. Neither
+    when not `title` (a paper's caption says them)."""
     import matplotlib
+
+    if not title:
+        return
 
     width = fig.get_figwidth() - 0.2
     fig.suptitle(figure_layout.fit_text(what, width, matplotlib.rcParams["figure.titlesize"]))
@@ -81,34 +89,58 @@ def _titles(fig: Any, ax: Any, what: str, label: str, tokens: int) -> None:
     )
 
 
-def _xlabel(fig: Any, ax: Any, text: str) -> None:
-    """The x axis's label, broken into lines that fit under the axes."""
+def _xlabel(fig: Any, ax: Any, text: str, legend: str) -> None:
+    """The x axis's label, broken into lines that fit under the axes (`legend`: where the
+    legend goes)."""
     import matplotlib
 
-    ax.set_xlabel(figure_layout.fit_text(text, _inches(fig), matplotlib.rcParams["axes.labelsize"]))
+    width = _inches(fig, legend)
+    ax.set_xlabel(figure_layout.fit_text(text, width, matplotlib.rcParams["axes.labelsize"]))
 
 
-def _legend(fig: Any, ax: Any) -> None:
-    """The legend of `ax`'s labelled artists, below the axes (never over the data)."""
+def _legend(fig: Any, ax: Any, where: str) -> None:
+    """The legend of `ax`'s labelled artists, `where` (`figure_layout.LEGENDS`: below the axes
+    by default, right of them, or none; never over the data)."""
     handles, labels = ax.get_legend_handles_labels()
-    figure_layout.place_legend(fig, handles, labels)
+    figure_layout.place_legend(fig, handles, labels, where="below" if where == "auto" else where)
+
+
+def _shown_buckets(points: list[Mapping[str, Any]], log_x: bool, inches: float) -> list[Any]:
+    """The buckets wider than one position whose span shows beside their marker: at least
+    `BUCKET_SHOWS` points wide on an axis `inches` wide (log buckets of a long window are
+    mostly a few points wide, hidden under the line: neither drawn nor named then)."""
+    wide = [b for b in points if b["last"] > b["first"]]
+    if not wide:
+        return []
+    f = math.log10 if log_x else float
+    lo = f(min(b["first"] for b in points))
+    span = f(max(b["last"] for b in points)) - lo
+    scale = inches * 72.0 / span if span > 0 else 0.0
+    return [b for b in wide if (f(b["last"]) - f(b["first"])) * scale >= BUCKET_SHOWS]
 
 
 @figures.styled
 def position_figure(
-    curve: Mapping[str, Any], label: str, size: tuple[float, float] | None = None
+    curve: Mapping[str, Any],
+    label: str,
+    size: tuple[float, float] | None = None,
+    title: bool = True,
+    legend: str = "below",
 ) -> Any:
     """The Figure of perplexity against position in the window (`position_curve`'s result).
 
     One point per bucket, at its position (one-position buckets) or the geometric middle of its
-    first and last position, with a light bar over the positions it covers; the buckets' 95%
+    first and last position, with a light bar over the positions it covers where that shows
+    beside the point (`_shown_buckets`; named in the legend only then); the buckets' 95%
     intervals as a band when the curve holds them; a log x axis with ticks `1, 10, 100, 1k` when
     the positions are bucketed; the overall perplexity as a dashed line. Null (infinite)
     perplexities are not drawn. Title: "Perplexity by position in the window", then `label`
     (the dataset's name) and the scored tokens. A curve by position in the document
     (`ppl_jax.metrics.position.document_curve`: `positions`) says so, and with context gains
     draws each bucket's gain per token (nats) in a panel below. Laid out for `size`
-    (`(width, height)` inches; default `WIDTH` x `HEIGHT`), the legend below the axes.
+    (`(width, height)` inches; default `WIDTH` x `HEIGHT`); `title` False leaves out the
+    title and the line under it, `legend` (`figure_layout.LEGENDS`) places the legend: below
+    the axes by default, right of them, or none.
 
     Raises:
       ConfigError: matplotlib is not installed.
@@ -128,7 +160,7 @@ def position_figure(
     ax.plot(x, y, marker="o", markersize=3, color=blue, label="perplexity at position")
     lo, hi = zip(*(_interval(b) for b in points), strict=True) if points else ((), ())
     banded = figures.band(ax, x, lo, hi, blue, y, _interval_note(curve))
-    wide = [b for b in points if b["last"] > b["first"]]
+    wide = _shown_buckets(points, log_x, _inches(fig))
     if wide:
         ax.hlines(
             [b["perplexity"] for b in wide],
@@ -146,12 +178,13 @@ def position_figure(
     where = curve.get("positions", "window")
     xlabel = f"position in {where} (tokens of context)" + (", log scale" if log_x else "")
     _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
-    _titles(fig, ax, f"Perplexity by position in the {where}", label, curve["total"]["num_tokens"])
+    tokens = curve["total"]["num_tokens"]
+    _titles(fig, ax, f"Perplexity by position in the {where}", label, tokens, title)
     if gains:
         _gain_panel(fig, ax, gains, log_x)
         ax.tick_params(labelbottom=False)
-    _xlabel(fig, fig.axes[-1], xlabel)
-    _legend(fig, ax)
+    _xlabel(fig, fig.axes[-1], xlabel, legend)
+    _legend(fig, ax, legend)
     return fig
 
 
@@ -171,7 +204,11 @@ def _gain_panel(fig: Any, ax: Any, gains: list[Mapping[str, Any]], log_x: bool) 
 
 @figures.styled
 def context_figure(
-    curve: Mapping[str, Any], label: str, size: tuple[float, float] | None = None
+    curve: Mapping[str, Any],
+    label: str,
+    size: tuple[float, float] | None = None,
+    title: bool = True,
+    legend: str = "below",
 ) -> Any:
     """The Figure of perplexity against context length (`context_curve`'s result), log2 x axis.
 
@@ -181,7 +218,8 @@ def context_figure(
     light, thick bar under the point, named in the legend (not a second line). Null
     perplexities are not drawn. Title: "Perplexity against context length", then `label` and
     the scored tokens. Laid out for `size` (`(width, height)` inches; default `WIDTH` x
-    `HEIGHT`): a tick at each length whose label has room, the legend below the axes.
+    `HEIGHT`): a tick at each length whose label has room; `title` and `legend` as in
+    `position_figure`.
 
     Raises:
       ConfigError: matplotlib is not installed.
@@ -207,8 +245,8 @@ def context_figure(
     lo, hi = zip(*(_interval(r) for r in rows), strict=True) if rows else ((), ())
     banded = figures.band(ax, x, lo, hi, blue, y, _interval_note(curve))
     figures.count_axis(ax, "x", True, base=2, at=x)
-    _xlabel(fig, ax, "context length (tokens), log scale")
+    _xlabel(fig, ax, "context length (tokens), log scale", legend)
     _perplexity_axis(ax, y + ([v for v in lo + hi if v is not None] if banded else []))
-    _titles(fig, ax, "Perplexity against context length", label, curve["num_targets"])
-    _legend(fig, ax)
+    _titles(fig, ax, "Perplexity against context length", label, curve["num_targets"], title)
+    _legend(fig, ax, legend)
     return fig

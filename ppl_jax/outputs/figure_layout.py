@@ -13,7 +13,8 @@ its size with these helpers:
   labels touch, whatever size the figure is drawn at;
 - `grid`: the rows and columns of small multiples that give each panel the most room;
 - `place_legend`: a legend in a free cell of a grid of panels when it fits there, else outside
-  the axes, below them, in as many columns as the figure's width holds (never over the data).
+  the axes, below them, in as many columns as the figure's width holds (never over the data);
+  or right of them, or none (`LEGENDS`: a paper's figure keeps its height for the data).
 
 Widths of text are measured with matplotlib's own font metrics (`matplotlib.textpath`), the same
 for every output format, so the layout does not depend on the backend. matplotlib is imported
@@ -160,25 +161,48 @@ def grid(panels: int, size: tuple[float, float] | None, columns: int) -> tuple[i
     return -(-panels // cols), cols
 
 
+LEGENDS = ("auto", "below", "right", "none")  # where a figure's legend goes (`place_legend`)
+RIGHT_SHARE = 0.4  # of the figure's width, at most, for a legend right of the axes
+
+
 def place_legend(
     fig: Any,
     handles: Sequence[Any],
     labels: Sequence[str],
     cell: Any = None,
     fontsize: float | None = None,
+    where: str = "auto",
 ) -> Any:
-    """Draws the legend of `handles` and `labels` where it covers nothing: in the empty axes
-    `cell` (a free cell of a grid of panels, its frame turned off) when it fits there, else
-    below the axes, outside them (`fig.legend(loc="outside lower center")`; constrained layout
-    makes room), in the columns that make it lowest within the figure's width, a label broken
-    into two lines where that saves height (`_columns`). Returns the Legend."""
+    """Draws the legend of `handles` and `labels` where it covers nothing (`where`, one of
+    `LEGENDS`): "auto", in the empty axes `cell` (a free cell of a grid of panels, its frame
+    turned off) when it fits there, else as "below": below the axes, outside them
+    (`fig.legend(loc="outside lower center")`; constrained layout makes room), in the columns
+    that make it lowest within the figure's width, a label broken into two lines where that
+    saves height (`_columns`); "right": one column right of the axes, outside them, at most
+    `RIGHT_SHARE` of the figure's width, level with the x axis (the data keeps the figure's
+    height); "none": no legend (a free `cell` is removed). Returns the Legend, or None.
+
+    Raises:
+      ValueError: `where` is not one of `LEGENDS` (the command lines offer only those).
+    """
     import matplotlib
+
+    if where not in LEGENDS:
+        raise ValueError(f"legend {where!r}: one of {LEGENDS}")
 
     size = fontsize or float(matplotlib.rcParams["legend.fontsize"])
     handle = 2.0 + 0.8  # handle length and its gap to the text, in font sizes
     widths = [text_width(label, size) + handle * size for label in labels]
     pad = 2.0 * size  # the space between two columns
-    if cell is not None and widths:
+    if where in ("right", "none"):
+        if cell is not None:
+            cell.remove()
+        if where == "none":
+            return None
+        room = RIGHT_SHARE * fig.get_figwidth() * 72.0 - handle * size - size
+        labels = [fit_text(label, room / 72.0, size) for label in labels]
+        return fig.legend(handles, labels, loc="outside right lower", fontsize=size)
+    if cell is not None and widths and where == "auto":
         spec = cell.get_subplotspec()  # the cell's share of the grid, less a margin
         grid = spec.get_gridspec()
         wide = len(spec.colspan) / grid.ncols * fig.get_figwidth() * 72.0 - size

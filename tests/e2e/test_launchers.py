@@ -19,6 +19,7 @@ import pytest
 
 import helpers
 
+LOCAL = os.path.join(helpers.REPO, "launch", "local.sh")
 TPU_POD = os.path.join(helpers.REPO, "launch", "tpu_pod.sh")
 SLURM = os.path.join(helpers.REPO, "launch", "slurm.sh")
 
@@ -271,6 +272,36 @@ def test_slurm_outside_an_allocation_prints_usage(fakes, extra, why):
         assert done.returncode == 2
         assert done.stderr.startswith("usage: ") and why in done.stderr
         assert done.stdout == "" and _recorded(fakes, "srun") is None
+
+
+# ------------------------------------------------------------------------------- local
+
+
+@pytest.mark.parametrize("name", ["GRACE_S", "FAIL_GRACE_S"])
+@pytest.mark.parametrize("value", ["abc", "-5", "1.5", "30s", " 3", "1e3", "9999999999"])
+def test_local_rejects_a_grace_that_is_not_whole_seconds(fakes, name, value):
+    """One line and exit 2 before any process starts: `abc` used to end the script with status
+    1 and no word, `-5` to kill the processes at once when a signal came, without their journal."""
+    (fakes / "bin" / "python").write_text(FAKE)
+    (fakes / "bin" / "python").chmod(0o755)
+    done = _run(fakes, LOCAL, ["2", "--config.eval.seq_len=512"], PYTHON="python", **{name: value})
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"ppl-jax: error: {name} is '{value}', not a whole number of seconds from 0 to "
+        "999999999; set it to one such as 30 (no sign or unit), or leave it unset.\n"
+    )
+    assert done.stdout == "" and _recorded(fakes, "python") is None
+
+
+@pytest.mark.parametrize("value", ["", "0", "08", "30"])
+def test_local_takes_a_grace_in_whole_seconds(fakes, value):
+    """An empty value is the default; a leading zero is decimal (bash's arithmetic would read 08
+    as octal, an error in the middle of a stop)."""
+    (fakes / "bin" / "python").write_text(FAKE)
+    (fakes / "bin" / "python").chmod(0o755)
+    done = _run(fakes, LOCAL, ["1", "--config.eval.seq_len=512"], PYTHON="python", GRACE_S=value)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert _recorded(fakes, "python") == ["-m", "ppl_jax", "--config.eval.seq_len=512"]
 
 
 # ------------------------------------------------------------------- JAX's SLURM detection

@@ -292,3 +292,76 @@ def test_the_plot_is_small_multiples_with_interval_bands_and_a_log_step_axis(tmp
         .get_xscale()
         == "log"
     )
+
+
+# ---- many datasets: a figure drawn in time linear in its panels, capped ------------------------
+
+
+def many_datasets(folder, n: int, steps=(100, 200, 300)) -> list[dict]:
+    """`n` datasets at `steps` (the first one missing at the last step) and their averages."""
+    results = store.ResultsStore.in_dir(str(folder))
+    for step in steps:
+        records = [
+            store.dataset_record(
+                step=step,
+                dataset=f"set-{k:03d}",
+                sums=Sums(nll_sum=1000.0 + 10 * k + step, num_tokens=500, num_bytes=2000),
+                fingerprint="f",
+            )
+            for k in range(n)
+            if k or step != steps[-1]
+        ]
+        results.append(records + store.average_records(records))
+    return results.records()
+
+
+def test_panels_show_the_same_steps_without_matplotlibs_shared_axes(tmp_path):
+    """matplotlib's shared axes visit every sibling at each draw (100 panels: minutes); each panel
+    now holds every step in its range instead, so a dataset missing a step is drawn on the
+    others' axis all the same."""
+    fig = report.figure(many_datasets(tmp_path, 5), "bits_per_byte", "t")
+    fig.draw_without_rendering()
+    drawn = [ax for ax in fig.axes if ax.lines]
+    assert len(drawn) == 6
+    for ax in drawn:
+        assert ax.get_shared_x_axes().get_siblings(ax) == [ax]
+        assert ax.get_xlim() == drawn[1].get_xlim()
+    assert drawn[0].get_xlim()[0] < 100 and drawn[0].get_xlim()[1] > 300  # its data ends at 200
+    labelled = [ax for ax in drawn if any(t.get_text() for t in ax.get_xticklabels())]
+    assert labelled == drawn[-3:]  # the bottom panel of each column
+
+
+def test_the_figure_draws_the_first_datasets_and_says_so(tmp_path, capsys):
+    from ppl_jax.analysis import report_figure
+
+    n = report_figure.MAX_DATASETS + 3
+    records = many_datasets(tmp_path, n, steps=(100, 200))
+    fig = report.figure(records, "bits_per_byte", "t")
+    titles = [ax.get_title() for ax in fig.axes if ax.lines]
+    assert titles == [f"set-{k:03d}" for k in range(report_figure.MAX_DATASETS)] + ["averages"]
+    assert report.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == (
+        f"The figure draws the first {report_figure.MAX_DATASETS} of the {n} datasets and their "
+        "averages (the table and the CSV hold every one); --figure none skips the figure."
+    )
+    assert out[1].split()[-n - 3 : -2] == [f"set-{k:03d}" for k in range(n)] + ["|"]  # the table
+    assert report.main([str(tmp_path), "--figure", "none"]) == 0
+    assert "The figure" not in capsys.readouterr().out
+    few = many_datasets(tmp_path / "few", 2)
+    assert report_figure.cap_note(few) is None
+
+
+def test_a_tool_starts_without_jax(tmp_path):
+    """`ppl-jax report` imported the config, and so JAX, before reading a line (5 s of a 6 s
+    report of 500 datasets); the tools now start from the command line's light module."""
+    make_store(tmp_path)
+    code = (
+        "import sys; from ppl_jax.cli import main\n"
+        f"sys.argv = ['ppl-jax', 'report', {str(tmp_path)!r}, '--figure', 'none']\n"
+        "try:\n    main.run()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print('jax' in sys.modules, 'ppl_jax.config.defaults' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "False False"

@@ -111,3 +111,32 @@ def test_an_optional_tiers_file_run_alone_is_skipped_by_pytest(tmp_path):
     assert r.returncode in (0, 5), r.stdout[-2000:]  # 5: no test collected, only the skip
     assert "the live references need torch: pip install '.[reference]'" in r.stdout
     assert "1 skipped" in r.stdout and "Error" not in r.stdout
+
+
+def test_every_smoke_case_exists_and_each_part_has_one():
+    """`python -m pytest -m smoke` runs the cases `conftest.SMOKE` names: a name that no longer
+    matches a case would leave its part out without a word."""
+    parts = set()
+    for entry in conftest.SMOKE:
+        path, name = entry.split("::")
+        with open(os.path.join(helpers.REPO, path), encoding="utf-8") as f:
+            assert f"def {name.split('[')[0]}(" in f.read(), entry
+        parts.add(path.split("/")[2] if path.startswith("tests/unit/") else path.split("/")[1])
+    assert {"e2e", "evaluation", "checkpoints", "models", "scoring", "tokenizer"} <= parts
+    assert conftest.is_smoke(
+        "tests/unit/metrics/test_metrics.py::test_derived_metrics_against_numpy_float64"
+    )
+    assert conftest.is_smoke(
+        "tests/unit/scoring/test_scoring.py::test_per_token_nll_matches_numpy_float64[mha-tied]"
+    )
+    assert not conftest.is_smoke(
+        "tests/unit/evaluation/test_references.py::test_hf_strided_matches_the_hf_guide[gpt2-9-4]"
+    )
+
+
+def test_the_smoke_marker_is_declared():
+    import tomllib
+
+    with open(os.path.join(helpers.REPO, "pyproject.toml"), "rb") as f:
+        markers = tomllib.load(f)["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("smoke:") for m in markers)

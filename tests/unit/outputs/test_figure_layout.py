@@ -12,7 +12,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from ppl_jax.analysis import report
+from ppl_jax.analysis import report, report_figure
 from ppl_jax.metrics import curves
 from ppl_jax.metrics.sums import Sums
 from ppl_jax.outputs import curve_figures, figure_layout, figures, store
@@ -324,3 +324,95 @@ def test_ppl_jax_report_at_a_column(tmp_path):
     (fig,) = drawn
     assert tuple(fig.get_size_inches()) == (3.5, 2.5)
     assert layout_faults(fig) == []
+
+
+# ---- figures for a paper: title and legend off or placed, one value range ---------------------
+
+
+def _data_height(fig) -> float:
+    """The share of the figure's height that the drawn axes get (their heights added up)."""
+    fig.draw_without_rendering()
+    return sum(ax.get_position().height for ax in fig.axes if ax.axison)
+
+
+@pytest.mark.parametrize(
+    "options, least",
+    [
+        ({}, 0.40),
+        ({"title": False, "legend": "right"}, 0.65),
+        ({"title": False, "legend": "none"}, 0.78),
+    ],
+)
+@pytest.mark.parametrize("draw", ["position", "context"])
+def test_at_a_column_the_data_gets_the_height_the_title_and_legend_leave(draw, options, least):
+    """At 3.5 x 2.5 in, the title, the line under it, a two-line x label and a three-row legend
+    left the data 43% of the height; without the title and with the legend right of the axes
+    it gets 70%, with no legend 82%, and nothing overlaps or leaves the figure."""
+    curve = position(4097) if draw == "position" else context(7)
+    fig = getattr(curve_figures, f"{draw}_figure")(curve, "wiki", size=(3.5, 2.5), **options)
+    assert _data_height(fig) >= least
+    assert layout_faults(fig) == []
+    assert bool(fig.get_suptitle()) == options.get("title", True)
+    assert bool(fig.legends) == (options.get("legend") != "none")
+
+
+def test_the_legend_names_the_buckets_bars_only_where_they_show():
+    """A long window's log buckets are a few points wide, under the line: their bars were drawn
+    unseen and named in the legend ('positions of a bucket'); now neither. Eight buckets over
+    4,096 positions show, and are named."""
+
+    def labels(fig):
+        return [t.get_text().replace("\n", " ") for lg in fig.legends for t in lg.get_texts()]
+
+    for size in [(3.5, 2.5), None]:
+        fig = curve_figures.position_figure(position(4097), "wiki", size=size)
+        assert "positions of a bucket" not in labels(fig)
+        assert layout_faults(fig) == []
+    count = np.arange(4097)
+    coarse = curves.position_curve(3.0 * count, count, max_points=8)
+    fig = curve_figures.position_figure(coarse, "wiki", size=(3.5, 2.5))
+    assert "positions of a bucket" in labels(fig)
+    assert layout_faults(fig) == []
+
+
+def test_the_report_without_title_and_legend_with_one_value_range(tmp_path):
+    folder = results_store(tmp_path, ["web", "code"], [1000, 2000, 3000])
+    records = report.load(folder)[1]
+    fig = report.figure(records, "bits_per_byte", None, (3.5, 2.5), legend="none", share_y=True)
+    fig.draw_without_rendering()
+    drawn = [ax for ax in fig.axes if ax.lines]
+    assert len(drawn) == 3 and not fig.get_suptitle() and not fig.legends
+    assert not [ax for ax in fig.axes if ax.get_legend()]
+    assert {ax.get_ylim() for ax in drawn} == {drawn[0].get_ylim()}
+    values = [v for ax in drawn for line in ax.lines for v in line.get_ydata()]
+    low, high = drawn[0].get_ylim()
+    assert low < min(values) and max(values) < high
+    cols = report_figure.grid(3, (3.5, 2.5))[1]
+    for i, ax in enumerate(drawn):
+        assert any(t.get_text() for t in ax.get_yticklabels()) == (i % cols == 0)
+        assert ax.get_shared_y_axes().get_siblings(ax) == [ax]
+    assert layout_faults(fig) == []
+    with pytest.raises(ValueError, match="legend 'left'"):
+        report.figure(records, "bits_per_byte", "t", legend="left")
+    right = report.figure(records, "bits_per_byte", "t", (3.5, 2.5), legend="right")
+    assert len(right.legends) == 1 and layout_faults(right) == []
+    assert _data_height(right) > _data_height(
+        report.figure(records, "bits_per_byte", "t", (3.5, 2.5))
+    )
+
+
+def test_ppl_jax_report_takes_the_title_legend_and_value_range(tmp_path, capsys):
+    folder = results_store(tmp_path, ["web", "code"], [1000, 2000, 3000])
+    drawn = []
+    real = report.figure
+    argv = [folder, "--title", "none", "--legend", "right", "--share-y", "--size", "3.5x2.5"]
+    with mock.patch.object(report, "figure", lambda *a, **k: drawn.append((a, k)) or real(*a, **k)):
+        assert report.main(argv) == 0
+    ((args, kwargs),) = drawn
+    assert args[2] is None and kwargs["legend"] == "right" and kwargs["share_y"] is True
+    with pytest.raises(SystemExit) as e:
+        report.main([folder, "--legend", "left"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppl-jax report: error: argument --legend: invalid choice: 'left'")
+    assert err.count("\n") == 1

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from ppl_jax.analysis import report
+from ppl_jax.analysis import report, report_figure
 from ppl_jax.errors import ConfigError
 from ppl_jax.metrics import curves
 from ppl_jax.outputs import curve_figures, figures
@@ -243,7 +243,7 @@ def test_figures_without_matplotlib_say_how_to_install_it(monkeypatch):
     with pytest.raises(ConfigError, match=r"pip install 'ppl_jax\[diagnostics\]'"):
         curve_figures.position_figure(curve, "x")
     with pytest.raises(ConfigError, match=r"or pass --figure none"):
-        report._figure(1)
+        report_figure._figure(1)
 
 
 def tick_texts(axis) -> list[str]:
