@@ -38,9 +38,9 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Llama, LlamaConfig
+from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.layers import mla
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
 
 # Upper bounds of the latent sizes (DeepSeek-V3: 1536, 512, 128, 64, 128), far above them.
 _MAX_LATENT = 1 << 16

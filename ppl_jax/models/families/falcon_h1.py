@@ -27,10 +27,10 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param
-from ppl_jax.models.registry import Family, Layer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.attention import attend
 from ppl_jax.models.layers.context import per_token
@@ -44,7 +45,6 @@ from ppl_jax.models.layers.core import (
     ones_param,
     zeros_param,
 )
-from ppl_jax.models.registry import Family
 
 
 @dataclasses.dataclass(frozen=True)

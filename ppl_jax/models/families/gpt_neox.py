@@ -30,6 +30,7 @@ from flax import nnx
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.attention import attend
 from ppl_jax.models.layers.context import per_token
@@ -40,7 +41,6 @@ from ppl_jax.models.layers.core import (
     ones_param,
     zeros_param,
 )
-from ppl_jax.models.registry import Family
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,10 +31,10 @@ from flax import nnx
 from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.core import zeros_param
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
 
 # transformers 5.24's GptOssConfig rope_parameters when a config gives none.
 DEFAULT_ROPE = {

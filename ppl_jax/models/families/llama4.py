@@ -33,10 +33,10 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.layers import qk
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,9 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param
-from ppl_jax.models.registry import Family, Layer
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
 

@@ -26,9 +26,9 @@ from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.moe.dropless import MoeSpec
-from ppl_jax.models.registry import Family
 
 MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 # model type -> (default expert count, default num_experts_per_tok), as in transformers 5.23's

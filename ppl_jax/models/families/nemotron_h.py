@@ -31,10 +31,10 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param, rms_norm, zeros_param
 from ppl_jax.models.layers.moe.experts import ReluSquared, per_token_shard, weighted_sum
-from ppl_jax.models.registry import Family, Layer
 
 KINDS = ("mamba", "attention", "mlp", "moe")
 _HF_KINDS = {"linear_attention": "mamba", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}

@@ -29,11 +29,11 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import gated_delta
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.core import normal_param, rms_norm
 from ppl_jax.models.layers.moe import dropless
-from ppl_jax.models.registry import Family, Layer
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 

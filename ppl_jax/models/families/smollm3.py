@@ -23,7 +23,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, LlamaConfig
 from ppl_jax.models.decoders.llama_moe import MixtureLlama
-from ppl_jax.models.registry import Family, Layer
+from ppl_jax.models.family import Family, Layer
 
 
 @dataclasses.dataclass(frozen=True)
