@@ -10,7 +10,7 @@ sets it means it):
   `ppl_jax.checkpoints.formats.safetensors.read_description` reads a Hugging Face directory;
 - a ppl_jax description JSON (`{"family": "llama", ...}`, what `Checkpoint.description()` gives);
 - `maxtext:<model name> [key=value ...]`: a MaxText model with MaxText's own override names
-  (`ppl_jax.checkpoints.readers.maxtext`);
+  (`ppl_jax.checkpoints.mapping.maxtext`);
 - `module:function`: a Python entry point returning a `LanguageModel` (a model family of the
   user's own), called with `dtype=` when it takes it.
 """
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 
 from ppl_jax.checkpoints.formats import safetensors
+from ppl_jax.checkpoints.mapping import maxtext
 from ppl_jax.checkpoints.options import dtype_of
-from ppl_jax.checkpoints.readers import maxtext
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import LanguageModel
