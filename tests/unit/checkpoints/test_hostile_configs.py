@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from ppl_jax import testing
-from ppl_jax.checkpoints import architecture
+from ppl_jax.checkpoints import given
 from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.mapping import presets
 from ppl_jax.errors import CheckpointError, PplJaxError
@@ -113,7 +113,7 @@ def test_a_stored_description_is_bounded_the_same_way(tmp_path, change, named):
 def test_a_description_file_names_itself(tmp_path):
     bad = tmp_path / "arch.json"
     bad.write_text(json.dumps({**testing.TINY.to_dict(), "num_layers": 0}))
-    message = _one_sentence(architecture.parse, str(bad))
+    message = _one_sentence(given.parse, str(bad))
     assert message.startswith(f"{str(bad)!r}: the architecture's num_layers=0"), message
 
 
@@ -148,7 +148,7 @@ def test_a_fifo_without_a_writer_and_dev_zero_are_refused_at_once(tmp_path):
     # A config.json or a description that is a FIFO: no wait either.
     message = _refused_within(lambda: paths.read_json_object(str(fifo), ""))
     assert message == f"{str(fifo)!r} cannot be read (not a regular file)."
-    message = _refused_within(lambda: architecture.parse(str(fifo)))
+    message = _refused_within(lambda: given.parse(str(fifo)))
     assert "is not a config.json, a description JSON" in message
 
 
