@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.llama import Llama, LlamaConfig
 from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.layers import mla
@@ -94,11 +94,9 @@ class DeepseekV3Config(LlamaConfig):
 
 def mla_spec(cfg: DeepseekV3Config) -> mla.MlaSpec:
     """The `MlaSpec` of every layer."""
-    return mla.MlaSpec(
-        embed_dim=cfg.embed_dim,
-        num_heads=cfg.num_heads,
-        q_lora_rank=cfg.q_lora_rank,
-        kv_lora_rank=cfg.kv_lora_rank,
+    return hybrid.spec_of(
+        mla.MlaSpec,
+        cfg,
         qk_nope_dim=cfg.qk_nope_head_dim,
         qk_rope_dim=cfg.head_dim,
         v_dim=cfg.v_head_dim,
@@ -110,17 +108,8 @@ def mla_spec(cfg: DeepseekV3Config) -> mla.MlaSpec:
 
 def routed_spec(cfg: DeepseekV3Config) -> routing.RoutedSpec:
     """The `RoutedSpec` of the routed layers."""
-    return routing.RoutedSpec(
-        "grouped_sigmoid",
-        cfg.embed_dim,
-        cfg.moe_mlp_dim,
-        cfg.moe_experts,
-        cfg.moe_top_k,
-        shared_mlp_dim=cfg.moe_shared_mlp_dim,
-        groups=cfg.moe_groups,
-        top_groups=cfg.moe_top_groups,
-        norm_topk_prob=cfg.moe_norm_topk_prob,
-        scaling=cfg.moe_scaling,
+    return hybrid.spec_of(
+        routing.RoutedSpec, cfg, "moe_", router="grouped_sigmoid", num_experts=cfg.moe_experts
     )
 
 
