@@ -60,6 +60,9 @@ class Family:
       hf_prefixes: heads of stored names that the rules do not see (`model.`), longest first.
       gguf: GGUF architecture (llama.cpp's `general.architecture`) -> how the family reads a
         file of it (`ppl_jax.models.gguf_names.GGUFArchitecture`).
+      hf_sizes: the sizes of its `config.json`s that not every family names alike (those are
+        `ppl_jax.models.bounds.COMMON_HF_SIZES`): key -> (the `MAX_SIZES` bound it is held to,
+        its least value), checked before its reader runs (`bounds.check_hf_sizes`).
       layers: config -> the `Layer` of each layer (default: attention and a dense MLP).
       limits: what the family refuses (`Limit`).
     """
@@ -73,6 +76,7 @@ class Family:
     hf_rules: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
     hf_prefixes: tuple[str, ...] = ()
     gguf: Mapping[str, GGUFArchitecture] = dataclasses.field(default_factory=dict)
+    hf_sizes: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     layers: Callable[[Any], tuple[Layer, ...]] | None = None
     limits: tuple[Limit, ...] = ()
 

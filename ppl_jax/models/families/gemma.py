@@ -124,6 +124,9 @@ FAMILY = Family(
     name="gemma",
     config=LlamaConfig,
     module=MixtureLlama,
+    hf_sizes={
+        "sliding_window_pattern": ("max_positions", 0),  # 0: the default, 6
+    },
     hf_readers={"gemma2": read_config, "gemma3_text": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,

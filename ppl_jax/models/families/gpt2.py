@@ -208,6 +208,13 @@ FAMILY = Family(
     name="gpt2",
     config=GPT2Config,
     module=GPT2,
+    hf_sizes={
+        "n_layer": ("num_layers", 1),
+        "n_embd": ("embed_dim", 1),
+        "n_inner": ("mlp_dim", 1),
+        "n_head": ("num_heads", 1),
+        "n_positions": ("max_positions", 1),
+    },
     hf_readers={"gpt2": read_config},
     hf_rules=rules,
     hf_prefixes=("transformer.",),

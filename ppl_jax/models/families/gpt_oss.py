@@ -189,6 +189,7 @@ FAMILY = Family(
     name="gpt_oss",
     config=GptOssConfig,
     module=GptOss,
+    hf_sizes=dict.fromkeys(("num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)),
     hf_readers={"gpt_oss": read_config},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -155,6 +155,13 @@ FAMILY = Family(
     name="mamba2",
     config=Mamba2Config,
     module=Mamba2,
+    hf_sizes={
+        "chunk_size": ("ssm_chunk", 1),
+        "conv_kernel": ("ssm_conv", 1),
+        "num_heads": ("ssm_heads", 1),
+        **dict.fromkeys(("n_groups", "expand"), ("ssm_groups", 1)),
+        "state_size": ("ssm_state", 1),
+    },
     hf_readers={"mamba2": from_hf_config},
     hf_rules=rules,
     hf_prefixes=("backbone.",),

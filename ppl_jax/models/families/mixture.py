@@ -180,6 +180,14 @@ FAMILY = Family(
     name="mixture",
     config=LlamaConfig,
     module=MixtureLlama,
+    hf_sizes={
+        **dict.fromkeys(
+            ("num_experts", "num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)
+        ),
+        "moe_intermediate_size": ("moe_mlp_dim", 1),
+        "shared_expert_intermediate_size": ("moe_shared_mlp_dim", 0),
+        "decoder_sparse_step": ("max_positions", 1),
+    },
     hf_readers={t: read_config for t in MODEL_TYPES},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

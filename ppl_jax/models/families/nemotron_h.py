@@ -352,6 +352,21 @@ FAMILY = Family(
     name="nemotron_h",
     config=NemotronHConfig,
     module=NemotronH,
+    hf_sizes={
+        **dict.fromkeys(
+            ("n_routed_experts", "num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)
+        ),
+        "moe_intermediate_size": ("moe_mlp_dim", 1),
+        "moe_shared_expert_intermediate_size": ("moe_shared_mlp_dim", 1),  # always built
+        **dict.fromkeys(("chunk_size", "mamba_chunk_size"), ("ssm_chunk", 1)),
+        **dict.fromkeys(("conv_kernel", "mamba_d_conv"), ("ssm_conv", 1)),
+        "mamba_num_heads": ("ssm_heads", 1),
+        "mamba_head_dim": ("ssm_head_dim", 1),
+        **dict.fromkeys(("n_groups", "mamba_n_groups"), ("ssm_groups", 1)),
+        "ssm_state_size": ("ssm_state", 1),
+        "moe_latent_size": ("moe_latent_dim", 0),
+        **dict.fromkeys(("n_group", "topk_group"), ("moe_groups", 1)),
+    },
     hf_readers={"nemotron_h": from_hf_config},
     hf_rules=rules,
     hf_prefixes=("backbone.",),

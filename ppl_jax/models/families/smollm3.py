@@ -115,6 +115,7 @@ FAMILY = Family(
     name="smollm3",
     config=SmolLM3Config,
     module=SmolLM3,
+    hf_sizes={"no_rope_layer_interval": ("max_positions", 1)},
     hf_readers={"smollm3": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -7,6 +7,7 @@ line's exit 2 for such a config: tests/e2e/test_errors_cli.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from ppl_jax.checkpoints import given
 from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.mapping import presets
 from ppl_jax.errors import CheckpointError, PplJaxError
-from ppl_jax.models import registry
+from ppl_jax.models import bounds, registry
 from ppl_jax.runtime import paths
 
 import helpers
@@ -95,6 +96,24 @@ def test_every_2025_family_reads_its_own_golden_config(tmp_path):
     for family in ("olmo3", "mamba2", "falcon_h1", "nemotron_h", "qwen3_next", "qwen3_5",
                    "llama4", "gpt_oss", "deepseek_v3", "smollm3"):  # fmt: skip
         assert safetensors.read_description(_config(tmp_path, family))["vocab_size"] > 0
+
+
+def test_a_family_declares_its_own_config_size_keys(monkeypatch):
+    """A size that only one family's config.json names is that family's to declare
+    (`Family.hf_sizes`), and is held to its bound before its reader runs; the keys every config
+    names alike are `bounds.COMMON_HF_SIZES`, and a key no family declares is not a size."""
+    mamba2 = registry.families()["mamba2"]
+    assert mamba2.hf_sizes["chunk_size"] == ("ssm_chunk", 1)
+    assert "chunk_size" not in bounds.COMMON_HF_SIZES
+    path = os.path.join(helpers.GOLDEN, "families", "mamba2", "config.json")
+    config = json.loads(open(path).read())
+    registry.read_hf_config({**config, "scan_width": 10**9})  # no family's size: not checked
+    renamed = dataclasses.replace(
+        mamba2, hf_sizes={**mamba2.hf_sizes, "scan_width": ("ssm_chunk", 1)}
+    )
+    monkeypatch.setitem(registry.families(), "mamba2", renamed)
+    with pytest.raises(CheckpointError, match=r"scan_width=1000000000 is not a whole number"):
+        registry.read_hf_config({**config, "scan_width": 10**9})
 
 
 @pytest.mark.parametrize(
