@@ -24,6 +24,8 @@ A family's config configures it (what `LayerNormDecoder` reads besides the sizes
   (GPT-NeoX's): the names each family's checkpoints have always had;
 - `attention_scale(layer)`: the logits' scale of a layer, or None for `attend`'s own
   `head_dim ** -0.5`.
+
+`norm_rules` maps a checkpoint's two LayerNorms of a block (weight and bias) onto the block's.
 """
 
 from __future__ import annotations
@@ -196,3 +198,14 @@ class LayerNormDecoder(nnx.Module):
         if self.cfg.tie_embeddings:
             return self.embedding[...].T
         return self.lm_head[...]
+
+
+def norm_rules(layer: str, names: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+    """The mapping rules of a block's two LayerNorms with bias: for each (stored name, ours) of
+    `names`, its weight to `layers/{l}/<ours>` and its bias to `layers/{l}/<ours>_bias`; `layer`
+    is the pattern of a stored layer's head (`h\\.(?P<l>\\d+)\\.`)."""
+    return [
+        {"from": layer + theirs + stored, "to": "layers/{l}/" + ours + suffix}
+        for theirs, ours in names
+        for stored, suffix in ((r"\.weight", ""), (r"\.bias", "_bias"))
+    ]

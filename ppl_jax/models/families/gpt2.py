@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import gguf_names
-from ppl_jax.models.decoders.layernorm import LayerNormDecoder
+from ppl_jax.models.decoders.layernorm import LayerNormDecoder, norm_rules
 from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.core import ACTIVATIONS
@@ -155,10 +155,7 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
         {"from": _LAYER + r"mlp\.c_proj\.weight", "to": "layers/{l}/mlp/proj"},
         {"from": _LAYER + r"mlp\.c_proj\.bias", "to": "layers/{l}/mlp/proj_bias"},
     ]  # fmt: skip
-    for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-        out.append({"from": _LAYER + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": _LAYER + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
-    return out
+    return out + norm_rules(_LAYER, (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")))
 
 
 def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
@@ -198,10 +195,7 @@ def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
          "transpose": [1, 0]},
         {"from": layer + r"ffn_down\.bias", "to": "layers/{l}/mlp/proj_bias"},
     ]  # fmt: skip
-    for theirs, ours in (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm")):
-        out.append({"from": layer + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": layer + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
-    return out
+    return out + norm_rules(layer, (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm")))
 
 
 FAMILY = Family(

@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.decoders.layernorm import LayerNormDecoder
+from ppl_jax.models.decoders.layernorm import LayerNormDecoder, norm_rules
 from ppl_jax.models.family import Family
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.core import ACTIVATIONS
@@ -179,13 +179,8 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"from": _LAYER + r"attention\.query_key_value\.bias",
                     "to": [n + "_bias" for n in qkv], "view": rows, "split": split})  # fmt: skip
         out.append({"from": _LAYER + r"attention\.dense\.bias", "to": "layers/{l}/attn/o_bias"})
-    for ours, theirs in (
-        ("attn_norm", "input_layernorm"),
-        ("mlp_norm", "post_attention_layernorm"),
-    ):
-        out.append({"from": _LAYER + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": _LAYER + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
-    return out
+    names = (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm"))
+    return out + norm_rules(_LAYER, names)
 
 
 FAMILY = Family(
