@@ -22,7 +22,7 @@ import gguf
 import jax
 
 from ppl_jax import testing
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import open_checkpoint, resolve_architecture
 from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.runtime import mesh as mesh_lib
@@ -55,7 +55,7 @@ def main() -> None:
         mesh = mesh_lib.make_mesh(1, len(jax.devices()))
         for dtype in ("float32", "bfloat16"):
             ckpt = open_checkpoint(path)
-            model = ckpt.model(dtype=dtype)
+            model = resolve_architecture(ckpt).model(dtype=dtype)
             target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                             DEFAULT_RULES)[0]  # fmt: skip
             ckpt.header  # noqa: B018  (read before timing)

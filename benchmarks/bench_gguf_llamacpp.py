@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import open_checkpoint, resolve_architecture
 from ppl_jax.config import held_out_paths
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import weight_paths
@@ -37,7 +37,7 @@ DEMO = os.path.join(os.path.dirname(os.path.dirname(__file__)), "ppl_jax", "demo
 
 
 def _params(ckpt) -> dict[str, np.ndarray]:
-    model = ckpt.model()
+    model = resolve_architecture(ckpt).model()
     mesh = mesh_lib.make_mesh(-1, 1)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                     DEFAULT_RULES)[0]  # fmt: skip
@@ -100,7 +100,7 @@ def score(path: str, text: str, n_ctx: int) -> None:
     ids = np.frombuffer(open(text, "rb").read(), np.uint8).astype(np.int32)
     chunks = ids[: len(ids) // n_ctx * n_ctx].reshape(-1, n_ctx)
     ckpt = open_checkpoint(path)
-    model = ckpt.model()
+    model = resolve_architecture(ckpt).model()
     mesh = mesh_lib.make_mesh(-1, 1)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                     DEFAULT_RULES)[0]  # fmt: skip

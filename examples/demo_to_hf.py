@@ -24,7 +24,7 @@ ckpt = ppl_jax.open_checkpoint(
     os.path.join(os.path.dirname(ppl_jax.__file__), "demo", "checkpoint")
 )
 d = ckpt.description()
-model = ckpt.model()
+model = ppl_jax.resolve_architecture(ckpt).model()
 target, _ = param_targets(
     model.abstract_params, model.logical_axes, ppl_jax.make_mesh(), DEFAULT_RULES
 )

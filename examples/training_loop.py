@@ -21,7 +21,7 @@ prose = testing.write_corpus(f"{workdir}/prose", [testing.stdlib_text(20_000)])
 ckpt = ppl_jax.open_checkpoint(f"{workdir}/run")
 mesh = ppl_jax.make_mesh(data=-1, model=1)
 evaluator = ppl_jax.Evaluator(
-    ckpt.model(),
+    ppl_jax.resolve_architecture(ckpt).model(),
     mesh,
     [ppl_jax.DatasetSpec(name="prose", path=prose, tags="domain=prose")],
     ckpt.tokenizer(),

@@ -3,7 +3,8 @@
 The public API (imported on first use, so `import ppl_jax` stays light):
 
 - `open_checkpoint(path) -> Checkpoint`: an Orbax or Hugging Face checkpoint: its architecture
-  (`Checkpoint.model`), tokenizer, steps, and `restore(step, target)` into target shardings.
+  description, tokenizer, steps, and `restore(step, target)` into target shardings;
+  `resolve_architecture(ckpt, step)` its step's architecture, whose `model(dtype)` is the model.
 - `Evaluator(model, mesh, datasets, tokenizer, protocol=, batch=)`: datasets
   planned and compiled once, scored with the params of each call (`evaluator(params, step=)`).
 - `DatasetSpec`, `ProtocolSpec`, `BatchSpec`: a corpus, a scoring protocol, a batch layout.
@@ -23,7 +24,7 @@ __version__ = "0.1.0"
 # Each name is imported from its subpackage's face on first use; Griffe (the API reference) and
 # type checkers read these imports as written.
 with _epy.lazy_api_imports(globals()):
-    from ppl_jax.checkpoints import Checkpoint, open_checkpoint
+    from ppl_jax.checkpoints import Checkpoint, open_checkpoint, resolve_architecture
     from ppl_jax.data import DatasetSpec
     from ppl_jax.errors import (
         CheckpointError,
@@ -67,4 +68,5 @@ __all__ = [
     "make_mesh",
     "open_checkpoint",
     "prepare",
+    "resolve_architecture",
 ]

@@ -3,7 +3,8 @@
 `open_checkpoint(path, format)` is the one entry point (`opener`): it picks the reader of the
 checkpoint's layout (`opener.READERS`, each a `Checkpoint` subclass found by its markers) and
 returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; a step's
-`Architecture` (`architecture.resolve`) builds its model and chooses its attention.
+`Architecture` (`resolve_architecture(ckpt, step)`, `architecture.resolve`) builds its model and
+chooses its attention, from the checkpoint's own architecture or the one a user gives (`given`).
 
 Three rooms hold the rest: `readers` (one reader per layout), `mapping` (the one mapping
 language from stored names to a model's params, read block by block from a storage) and
@@ -16,6 +17,15 @@ from etils import epy as _epy
 
 with _epy.lazy_api_imports(globals()):
     from ppl_jax.checkpoints.architecture import Architecture
+    from ppl_jax.checkpoints.architecture import resolve as resolve_architecture
     from ppl_jax.checkpoints.opener import DTYPES, FORMATS, READERS, Checkpoint, open_checkpoint
 
-__all__ = ["DTYPES", "FORMATS", "READERS", "Architecture", "Checkpoint", "open_checkpoint"]
+__all__ = [
+    "DTYPES",
+    "FORMATS",
+    "READERS",
+    "Architecture",
+    "Checkpoint",
+    "open_checkpoint",
+    "resolve_architecture",
+]

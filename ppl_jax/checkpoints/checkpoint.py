@@ -22,9 +22,10 @@ No link leads out of a checkpoint: before `stored`, `read`, `restore`, `carried_
 (`ppl_jax.runtime.paths.refuse_links_out`) over `files(step)` (or `links_scope(step)`;
 `ppl_jax.checkpoints.links`): a new reader gets it by subclassing `Checkpoint`.
 
-From these answers every `Checkpoint` gives the architecture (`description`; `model`, a delegate
-to `ppl_jax.checkpoints.architecture.resolve`, which resolves it once for the setup, the
-reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
+From these answers every `Checkpoint` gives the architecture description (`description`: the
+checkpoint's own or `checkpoint.architecture`'s, `ppl_jax.checkpoints.given`; a step's model is
+`ppl_jax.checkpoints.architecture.resolve(ckpt, step).model(...)`, resolved once for the setup,
+the reference model and the harness), the tokenizer of a `data.tokenizer` setting (`tokenizer_for`,
 `ppl_jax.tokenizer.loading.for_setting`), and the params (`restore`) through the mapping of its
 stored names onto a model's weights (`rules`, `known`, `naming`, `produced`, ...: the hooks of
 `ppl_jax.checkpoints.mapping.apply.MappedHooks`, which a reader may override). Readers whose stored
@@ -42,7 +43,7 @@ from typing import Any, ClassVar
 import jax
 
 from ppl_jax import tokenizer as tokenizer_lib
-from ppl_jax.checkpoints import architecture as architecture_lib
+from ppl_jax.checkpoints import given
 from ppl_jax.checkpoints.links import LinksChecked
 from ppl_jax.checkpoints.mapping import apply, presets
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
@@ -214,15 +215,15 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
     # ------------------------------------------------------------------ derived answers
 
     def given_architecture(self) -> tuple[str, Any]:
-        """`checkpoint.architecture` parsed once (`architecture.parse`): `(kind, value)`."""
+        """`checkpoint.architecture` parsed once (`given.parse`): `(kind, value)`."""
         if self._given is None:
-            self._given = architecture_lib.parse(self.architecture)
+            self._given = given.parse(self.architecture)
         return self._given
 
     def description(self, step: int | None = None) -> dict[str, Any]:
         """The architecture description (`ppl_jax.models.registry.build`'s argument): from
-        `checkpoint.architecture` when set (it wins), else the one the checkpoint carries (as
-        saved, not normalized).
+        `checkpoint.architecture` when set (it wins; an entry point's model's, built in float32),
+        else the one the checkpoint carries (as saved, not normalized).
 
         Raises:
           CheckpointError: as `resolve_step`; a checkpoint that carries none and no
@@ -231,7 +232,7 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
         """
         kind, value = self.given_architecture()
         if kind == "entry":
-            return self.model(step=step).description
+            return given.entry_model(value, dtype_of("float32")).description
         if kind != "none":
             return copy.deepcopy(value)
         carried = self.carried_description(step)
@@ -243,18 +244,6 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
             )
         return carried
 
-    def model(
-        self, dtype: str = "float32", attention: str = "auto", step: int | None = None
-    ) -> LanguageModel:
-        """The model (abstract params, no weights) of the step's architecture in `dtype`
-        (`float32`, `bfloat16`) with `attention` (`auto` resolved without a mesh):
-        `architecture.resolve(self, step).model(dtype, attention)`, the one resolution.
-
-        Raises:
-          ConfigError, CheckpointError: as `architecture.resolve` and `Architecture.model`.
-        """
-        return architecture_lib.resolve(self, step).model(dtype, attention)
-
     def tokenizer(self, step: int | None = None) -> tokenizer_lib.Tokenizer | None:
         """The checkpoint's own tokenizer, or None when it carries none (`stored_tokenizer`):
         then `ppl_jax.load_tokenizer(path)` loads one (the command line's `data.tokenizer`)."""
@@ -265,19 +254,20 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
         setting: str = "auto",
         allow_mismatch: bool = False,
         *,
+        model: LanguageModel,
         step: int | None = None,
-        model: LanguageModel | None = None,
         key: str = "data.tokenizer",
     ) -> tuple[tokenizer_lib.Tokenizer, str | None]:
         """The tokenizer a run scores this checkpoint with (`ppl_jax.tokenizer.loading.for_setting`, the
         one resolution of `data.tokenizer`: `auto` is this checkpoint's own), and None or the
-        note on a vocabulary mismatch that was allowed; `model` is the model scored (None:
-        `self.model(step=step)`), `key` the setting's name in the caller's words.
+        note on a vocabulary mismatch that was allowed; `model` is the model scored
+        (`ppl_jax.checkpoints.architecture.resolve(self, step).model(...)`), whose vocabulary the
+        tokenizer must fit, `key` the setting's name in the caller's words.
 
         Raises:
           ConfigError: as `for_setting`.
         """
-        vocab = (model or self.model(step=step)).vocab_size
+        vocab = model.vocab_size
         return for_setting(
             setting,
             lambda: self.tokenizer(step),
@@ -293,7 +283,8 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
 
         Args:
           step: as in `resolve_step`.
-          target: the params tree of `self.model(...)`, with leaves
+          target: the params tree of the step's model (`architecture.resolve(self, step)
+            .model(...)`), with leaves
             `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` (`ppl_jax.runtime.mesh
             .param_targets`); stored weights are cast to each leaf's dtype.
 

@@ -117,7 +117,7 @@ def open_checkpoint(
         not a path; `ppl_jax.checkpoints.formats.hub`).
       format: `auto` (the markers decide), or one of `FORMATS` (only its readers are asked:
         `orbax`, `hf`).
-      architecture: `checkpoint.architecture` (`ppl_jax.checkpoints.architecture.parse`): wins
+      architecture: `checkpoint.architecture` (`ppl_jax.checkpoints.given.parse`): wins
         over the architecture a checkpoint carries.
       mapping: `checkpoint.mapping`: a preset (`maxtext`, `gemma`, `identity`), a YAML/JSON
         mapping file, or '' (the layout's own names, else detected from the stored names).

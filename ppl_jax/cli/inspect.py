@@ -37,6 +37,7 @@ def inspect(directory: str, args: argparse.Namespace, out=None) -> None:
       PplJaxError: an unreadable checkpoint or a faulty setting.
     """
     out = out or sys.stdout
+    from ppl_jax.checkpoints import architecture
     from ppl_jax.checkpoints.checkpoint import Options
     from ppl_jax.checkpoints.opener import choose
     from ppl_jax.errors import PplJaxError
@@ -61,7 +62,7 @@ def inspect(directory: str, args: argparse.Namespace, out=None) -> None:
         shape, dtype = stored[name]
         print(f"  {name:<{width}}  {str(list(shape)):<20} {dtype}", file=out)
     try:
-        model = ckpt.model(step=step)
+        model = architecture.resolve(ckpt, step).model()
     except PplJaxError as e:
         if args.architecture:
             raise  # the user's setting is faulty: one sentence, status 2

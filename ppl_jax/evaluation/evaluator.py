@@ -91,7 +91,7 @@ class Evaluator:
         float dtype of `model.abstract_params`.
       attention: the attention implementation the model runs, as the records and the
         fingerprint name it; default what `auto` resolves to for a family's model on `mesh`
-        (`ppl_jax.checkpoints.architecture.Architecture.attention`, as `Checkpoint.model` and
+        (`ppl_jax.checkpoints.architecture.Architecture.attention`, as `Architecture.model` and
         the command line resolve it), `xla` for a model of one's own.
       bootstrap_samples: the resamples of the records' 95% bootstrap intervals
         (`metrics.bootstrap_samples`; 0: none).

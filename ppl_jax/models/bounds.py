@@ -1,7 +1,7 @@
 """The bounds of an architecture's numbers, checked before anything is built: a description's
 sizes (`MAX_SIZES`, `ppl_jax.models.registry.check_sizes`), a Hugging Face `config.json`'s sizes
-by their own names (`HF_SIZES`, `check_hf_sizes`, before a family's reader builds anything sized
-by them), and the finiteness of every number (`check_finite`).
+by their own names (`COMMON_HF_SIZES` and the family's `hf_sizes`, `check_hf_sizes`, before a
+family's reader builds anything sized by them), and the finiteness of every number (`check_finite`).
 
 The bounds are the largest published models' sizes with room (vocabularies of 262k, 126 layers,
 widths of 16k-25k, 384 experts, contexts of 10M tokens), so that a config claiming a billion
@@ -13,6 +13,7 @@ loops over, 0 where 0 means "none" or "the default".
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from ppl_jax.errors import CheckpointError, quoted
@@ -63,47 +64,23 @@ MAY_BE_ZERO = frozenset({
     "sliding_window", "rotary_dim", "moe_experts", "moe_mlp_dim", "moe_top_k",
     "moe_shared_mlp_dim", "q_lora_rank", "qk_nope_head_dim", "moe_latent_dim", "mtp_layers",
 })  # fmt: skip
-# A Hugging Face config.json's sizes, checked before a family's reader builds anything sized by
+# The sizes that every Hugging Face config.json names alike (`llama_hf.HF_COMMON`, the Llama-like
+# families' windows and rotary scaling), checked before a family's reader builds anything sized by
 # them (a list over the layers) or divides by them: name -> (the `MAX_SIZES` bound, the least).
-# Chunks, kernels, intervals and steps are at least 1; a 0 that means "none" or "the default"
-# (no sliding window, key-value heads = heads) may be 0.
-HF_SIZES = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer"), ("num_layers", 1)),
-    **dict.fromkeys(("first_k_dense_replace", "num_nextn_predict_layers"), ("num_layers", 0)),
+# Each family adds its own keys (`Family.hf_sizes`, in the same form). Chunks, kernels, intervals
+# and steps are at least 1; a 0 that means "none" or "the default" (no sliding window, key-value
+# heads = heads) may be 0.
+COMMON_HF_SIZES = {
+    "num_hidden_layers": ("num_layers", 1),
     "vocab_size": ("vocab_size", 1),
-    **dict.fromkeys(("hidden_size", "n_embd"), ("embed_dim", 1)),
-    **dict.fromkeys(("intermediate_size", "n_inner", "intermediate_size_mlp"), ("mlp_dim", 1)),
-    **dict.fromkeys(("num_attention_heads", "n_head"), ("num_heads", 1)),
+    "hidden_size": ("embed_dim", 1),
+    "intermediate_size": ("mlp_dim", 1),
+    "num_attention_heads": ("num_heads", 1),
     "num_key_value_heads": ("num_kv_heads", 0),
     "head_dim": ("head_dim", 0),
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "original_max_position_embeddings"),
+    **dict.fromkeys(("max_position_embeddings", "original_max_position_embeddings"),
                     ("max_positions", 1)),
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), ("moe_experts", 0)),
-    **dict.fromkeys(("n_shared_experts", "num_experts_per_tok"), ("moe_experts", 0)),
-    "moe_intermediate_size": ("moe_mlp_dim", 1),
-    "shared_expert_intermediate_size": ("moe_shared_mlp_dim", 0),
-    "moe_shared_expert_intermediate_size": ("moe_shared_mlp_dim", 1),  # Nemotron-H's: always built
     "sliding_window": ("sliding_window", 0),
-    "sliding_window_pattern": ("max_positions", 0),  # Gemma 3's; 0: the default, 6
-    "attention_chunk_size": ("attn_chunk", 1),
-    **dict.fromkeys(("no_rope_layer_interval", "decoder_sparse_step", "interleave_moe_layer_step",
-                     "full_attention_interval"), ("max_positions", 1)),
-    **dict.fromkeys(("chunk_size", "mamba_chunk_size"), ("ssm_chunk", 1)),
-    **dict.fromkeys(("conv_kernel", "mamba_d_conv"), ("ssm_conv", 1)),
-    "linear_conv_kernel_dim": ("gdn_conv", 1),
-    **dict.fromkeys(("num_heads", "mamba_num_heads", "mamba_n_heads"), ("ssm_heads", 1)),
-    **dict.fromkeys(("mamba_head_dim", "mamba_d_head", "mamba_d_ssm"), ("ssm_head_dim", 1)),
-    **dict.fromkeys(("n_groups", "mamba_n_groups"), ("ssm_groups", 1)),
-    **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size"), ("ssm_state", 1)),
-    **dict.fromkeys(("expand", "mamba_expand"), ("ssm_groups", 1)),
-    **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads"), ("gdn_key_heads", 1)),
-    **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim"), ("gdn_key_dim", 1)),
-    "kv_lora_rank": ("kv_lora_rank", 1),
-    "moe_latent_size": ("moe_latent_dim", 0),
-    "q_lora_rank": ("q_lora_rank", 0),
-    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), ("head_dim", 0)),
-    "v_head_dim": ("v_head_dim", 0),
-    **dict.fromkeys(("n_group", "topk_group"), ("moe_groups", 1)),
 }  # fmt: skip
 # Words a config.json may give instead of a size (derived by the family's reader).
 HF_SIZE_WORDS = {"mamba_d_head": ("auto",)}
@@ -133,10 +110,13 @@ def check_finite(tree: Any, what: str = "", prefix: str = "", depth: int = 0) ->
             check_finite(value, what, f"{name}.", depth + 1)
 
 
-def check_hf_sizes(config: dict[str, Any], prefix: str = "") -> None:
-    """A Hugging Face `config.json`'s sizes (`HF_SIZES`: layers, widths, heads, experts, and the
-    2025-26 families' chunks, kernels, intervals and steps) are whole numbers within their
-    `MAX_SIZES` bound, and its numbers finite (`check_finite`): checked before the family's
+def check_hf_sizes(
+    config: dict[str, Any], sizes: Mapping[str, tuple[str, int]], prefix: str = ""
+) -> None:
+    """A Hugging Face `config.json`'s sizes (`sizes`: `COMMON_HF_SIZES` and its family's own,
+    `Family.hf_sizes`: layers, widths, heads, experts, and the 2025-26 families' chunks, kernels,
+    intervals and steps; key -> (its `MAX_SIZES` bound, the least value)) are whole numbers within
+    their bound, and its numbers finite (`check_finite`): checked before the family's
     reader builds anything sized by them (OLMo 3's `layer_types` over every layer), so that an
     absurd or zero size is one sentence naming the key, in milliseconds. A nested `text_config`
     (a multimodal checkpoint's language model) is checked the same way.
@@ -146,7 +126,7 @@ def check_hf_sizes(config: dict[str, Any], prefix: str = "") -> None:
     """
     if not prefix:
         check_finite(config)
-    for key, (bound_of, least) in HF_SIZES.items():
+    for key, (bound_of, least) in sizes.items():
         value = config.get(key)
         if value is None or value in HF_SIZE_WORDS.get(key, ()):
             continue
@@ -173,4 +153,4 @@ def check_hf_sizes(config: dict[str, Any], prefix: str = "") -> None:
                 and not isinstance(value, bool) and value < 0):  # fmt: skip
             raise CheckpointError(f"{prefix}{key}={value} is negative; fix the config.")
     if isinstance(config.get("text_config"), dict) and not prefix:
-        check_hf_sizes(config["text_config"], "text_config.")
+        check_hf_sizes(config["text_config"], sizes, "text_config.")

@@ -3,10 +3,11 @@
 A family is a `Family` record: its name; the description's config class and its Flax NNX module;
 the Hugging Face `model_type`s it reads, each with its `config.json` reader; its Hugging Face
 weights as rules of the one mapping language (`ppl_jax.checkpoints.mapping.language`); the GGUF
-architectures it reads (llama.cpp's `general.architecture` names); the kinds of its
-layers; and its limits (what it refuses, and why). The registry finds the families by itself:
-every module of `ppl_jax.models.families` whose name does not start with `_` is imported on first
-use and holds its record as the module attribute `FAMILY`. Nothing else in the package lists
+architectures it reads (llama.cpp's `general.architecture` names); the sizes its `config.json`s
+name in their own words (`hf_sizes`); the kinds of its layers; and its limits (what it refuses, and
+why). The registry finds the families by itself: every module of `ppl_jax.models.families` whose
+name does not start with `_` is imported on first use and holds its record as the module
+attribute `FAMILY`. Nothing else in the package lists
 families: `ppl_jax.checkpoints.formats.safetensors` asks `for_model_type` and `hf_mapping`,
 `ppl_jax.checkpoints.readers.gguf_arch` `for_gguf_architecture`, the opener `build`.
 
@@ -21,6 +22,7 @@ FAMILY = Family(
     hf_rules=llama_hf.rules,              # description dict -> mapping rules (Hugging Face names)
     hf_prefixes=llama_hf.PREFIXES,        # stored-name heads removed before the rules
     gguf={"<arch>": GGUFArchitecture("<type>", rules, config)},  # GGUF architectures
+    hf_sizes={"<key>": ("num_layers", 1)},  # its own config.json sizes: MAX_SIZES bound, least
     layers=lambda cfg: ...,               # the kind of each layer (`Layer`)
     limits=(Limit("context", "why", applies),),
 )
@@ -35,9 +37,10 @@ owns it (its `name` is the config's `FAMILY`), and a description is built by its
 Descriptions are checked before anything is built (`check_sizes`): every size a positive integer
 below `MAX_SIZES` (the largest published models, with room; `ppl_jax.models.bounds`), every number
 finite; a `config.json` is checked by its own key names before its family's reader runs
-(`bounds.check_hf_sizes`), so that a description or a `config.json` claiming a billion experts
-or layers, a chunk or kernel of 0, or a NaN is one sentence naming the key, not minutes of
-building or a traceback. A family's reader need not check those keys again.
+(`bounds.check_hf_sizes`: the keys every config names alike and the family's own, `hf_sizes`), so
+that a description or a `config.json` claiming a billion experts or layers, a chunk or kernel of
+0, or a NaN is one sentence naming the key, not minutes of building or a traceback. A family's
+reader need not check those keys again.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import functools
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
@@ -56,86 +59,17 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError, ConfigError, quoted
 from ppl_jax.models import families as families_pkg
 from ppl_jax.models.adapters import from_nnx
-from ppl_jax.models.bounds import MAX_SIZES, MAY_BE_ZERO, check_finite, check_hf_sizes
+from ppl_jax.models.bounds import (
+    COMMON_HF_SIZES,
+    MAX_SIZES,
+    MAY_BE_ZERO,
+    check_finite,
+    check_hf_sizes,
+)
+from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.models.layers import attention as attention_lib
-
-MIXERS = ("attention", "linear_attention", "state_space", "none")
-MLPS = ("dense", "moe", "none")
-
-
-@dataclasses.dataclass(frozen=True)
-class Layer:
-    """The kind of one layer: its sequence mixer (`attention`, `linear_attention`,
-    `state_space`, or `none`: an MLP alone, as Nemotron-H's) and its MLP (`dense`, `moe`,
-    `none`), and a note (`sliding`, `nope`, ...)."""
-
-    mixer: str = "attention"
-    mlp: str = "dense"
-    note: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Limit:
-    """Something a family refuses, and why.
-
-    Attributes:
-      setting: what is refused: `context` (a context-parallel mesh axis), an attention
-        implementation (`cudnn`, `splash`), or another name a caller asks about.
-      reason: the sentence's reason ("its MoE layer routes over the data axis only").
-      applies: `config -> bool`, whether this description is refused (default: always).
-    """
-
-    setting: str
-    reason: str
-    applies: Callable[[Any], bool] = lambda cfg: True
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """A model family (see the module docstring).
-
-    Attributes:
-      name: the family's name (its module's); the owner of `config` when equal to its `FAMILY`.
-      config: the description's config class: `FAMILY` (the description's `family`),
-        `from_dict(description)`, `to_dict()`, and `vocab_size`, `max_positions` fields.
-      module: the NNX module, `module(cfg, rngs, dtype, attention)`, whose `__call__(tokens,
-        positions, segment_ids)` returns hidden states and `unembedding()` `[embed, vocab]`.
-      hf_readers: Hugging Face `model_type` -> reader of its `config.json` dict into a `config`
-        (raising `CheckpointError` in one sentence; a KeyError names a missing field).
-      hf_rules: description dict -> the mapping rules of its Hugging Face weights (names with
-        `hf_prefixes` removed), or None when the family reads no Hugging Face weights.
-      hf_prefixes: heads of stored names that the rules do not see (`model.`), longest first.
-      gguf: GGUF architecture (llama.cpp's `general.architecture`) -> how the family reads a
-        file of it (`ppl_jax.models.gguf_names.GGUFArchitecture`).
-      layers: config -> the `Layer` of each layer (default: attention and a dense MLP).
-      limits: what the family refuses (`Limit`).
-    """
-
-    name: str
-    config: type
-    module: type
-    hf_readers: Mapping[str, Callable[[dict[str, Any]], Any]] = dataclasses.field(
-        default_factory=dict
-    )
-    hf_rules: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
-    hf_prefixes: tuple[str, ...] = ()
-    gguf: Mapping[str, GGUFArchitecture] = dataclasses.field(default_factory=dict)
-    layers: Callable[[Any], tuple[Layer, ...]] | None = None
-    limits: tuple[Limit, ...] = ()
-
-    def layer_kinds(self, cfg: Any) -> tuple[Layer, ...]:
-        """The kind of each of `cfg`'s layers."""
-        if self.layers is not None:
-            return tuple(self.layers(cfg))
-        return tuple(Layer() for _ in range(int(getattr(cfg, "num_layers", 0))))
-
-    def refusal(self, cfg: Any, setting: str) -> str | None:
-        """The reason this family refuses `setting` for `cfg`, or None."""
-        return next(
-            (x.reason for x in self.limits if x.setting == setting and x.applies(cfg)), None
-        )
 
 
 @functools.cache
@@ -144,8 +78,8 @@ def families() -> dict[str, Family]:
 
     Raises:
       RuntimeError: a module without a `Family`, two families of one name, model type or GGUF
-        architecture, or a config class with no owner (a mistake in the package, not in a
-        user's input).
+        architecture, a size key held to no `MAX_SIZES` bound, or a config class with no owner (a
+        mistake in the package, not in a user's input).
     """
     found: dict[str, Family] = {}
     for info in sorted(pkgutil.iter_modules(families_pkg.__path__), key=lambda m: m.name):
@@ -158,6 +92,11 @@ def families() -> dict[str, Family]:
     types = [t for f in found.values() for t in f.hf_readers]
     if len(types) != len(set(types)):
         raise RuntimeError(f"two families read one Hugging Face model type: {sorted(types)}")
+    unbounded = [
+        f.name for f in found.values() if any(b not in MAX_SIZES for b, _ in f.hf_sizes.values())
+    ]
+    if unbounded:
+        raise RuntimeError(f"families {unbounded}: hf_sizes names a bound not in MAX_SIZES")
     archs = [a for f in found.values() for a in f.gguf]
     if len(archs) != len(set(archs)):
         raise RuntimeError(f"two families read one GGUF architecture: {sorted(archs)}")
@@ -330,8 +269,8 @@ def context_refusal(description: Any) -> str | None:
 
 def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
     """The description of a Hugging Face `config.json` dict, its sizes checked: by their own
-    names before the family's reader runs (`bounds.check_hf_sizes`), then the description's
-    (`check_sizes`).
+    names before the family's reader runs (`bounds.check_hf_sizes` of `COMMON_HF_SIZES` and the
+    family's `hf_sizes`), then the description's (`check_sizes`).
 
     Raises:
       CheckpointError: an unsupported `model_type` (naming the supported ones), a size out of
@@ -344,7 +283,7 @@ def read_hf_config(config: dict[str, Any]) -> dict[str, Any]:
             f"model_type {quoted(config.get('model_type'))} is not supported; ppl_jax loads "
             f"Hugging Face model types {', '.join(sorted(model_types()))}."
         )
-    check_hf_sizes(config)
+    check_hf_sizes(config, {**COMMON_HF_SIZES, **family.hf_sizes})
     description = family.hf_readers[config["model_type"]](config).to_dict()
     check_sizes(description)
     return description

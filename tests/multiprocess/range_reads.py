@@ -282,12 +282,12 @@ def bucket_worker() -> None:
     its `.safetensors` reads counted once the headers are read) onto `sharded_target` under
     `measured`, asserts that every shard equals that of the local checkpoint `WANT` restored on
     the same target, and reports the bytes asked, its own shard's bytes, `grew` and `seconds`."""
-    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints import architecture, open_checkpoint
     from ppl_jax.models.interface import weight_paths
 
     asked = counting_bucket(os.environ["BUCKET"], ".safetensors")
     ckpt = open_checkpoint(os.environ["CKPT"])
-    target = sharded_target(ckpt.model())
+    target = sharded_target(architecture.resolve(ckpt).model())
     ckpt.entries(None)  # the headers, read before counting
     asked["bytes"] = 0
     params, figures = measured(lambda: ckpt.restore(None, target))

@@ -23,7 +23,7 @@ import range_reads
 
 WORKER = """
     import gguf
-    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints import architecture, open_checkpoint
     from ppl_jax.checkpoints.formats import gguf_file
     from ppl_jax.models.interface import weight_paths
 
@@ -36,7 +36,7 @@ WORKER = """
 
     gguf_file._pread = counted
     ckpt = open_checkpoint(os.environ["FILE"])
-    target = range_reads.sharded_target(ckpt.model())
+    target = range_reads.sharded_target(architecture.resolve(ckpt).model())
     ckpt.header  # the header, read before counting
     asked["bytes"] = 0
     params, figures = range_reads.measured(lambda: weight_paths(ckpt.restore(None, target)))

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.mapping import apply
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import nest_weights
@@ -28,7 +28,7 @@ SIZES = ("maxtext:default base_emb_dim=64 base_num_query_heads=8 base_num_kv_hea
          "max_target_length=64")  # fmt: skip
 
 WORKER = """
-    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints import architecture, open_checkpoint
     from ppl_jax.checkpoints.mapping import apply
     from ppl_jax.config.defaults import DEFAULT_RULES
     from ppl_jax.models.interface import weight_paths
@@ -39,7 +39,7 @@ WORKER = """
             return int(dict(line.split(": ") for line in f.read().splitlines())["rchar"])
 
     ckpt = open_checkpoint(os.environ["CKPT"], architecture=os.environ["ARCH"])
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     reads = {}
     for data, model_axis in ((8, 1), (1, 8)):  # replicated, then sharded over both processes
         mesh = mesh_lib.make_mesh(data, model_axis)
@@ -82,7 +82,7 @@ def _write(tmp_path) -> tuple[str, int]:
             {"params": {"params": nest_weights(tree)}})))  # fmt: skip
         m.wait_until_finished()
     ckpt = open_checkpoint(str(probe), architecture=SIZES)
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(1, 8)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)[
         0

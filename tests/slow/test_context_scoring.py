@@ -21,6 +21,7 @@ from ppl_jax.evaluation import checks
 from ppl_jax.models import registry
 from ppl_jax.models.families.gpt2 import GPT2Config
 from ppl_jax.models.families.gpt_neox import GPTNeoXConfig
+from ppl_jax.models.family import Limit
 from ppl_jax.plans import windows
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime import mesh as mesh_lib
@@ -189,7 +190,7 @@ def test_a_family_with_a_context_limit_is_refused_with_its_reason(monkeypatch):
     built with `context_parallel=False` and the scorer's sentence gives the family's reason."""
     llama = registry.families()["llama"]
     limited = dataclasses.replace(
-        llama, limits=(*llama.limits, registry.Limit("context", "its toy layer runs in row order"))
+        llama, limits=(*llama.limits, Limit("context", "its toy layer runs in row order"))
     )
     monkeypatch.setitem(registry.families(), "llama", limited)
     model = registry.build(TINY.to_dict(), jnp.float32, "xla")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_long_context import run, settings
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.runtime.mesh import DEFAULT_RULES, make_mesh, param_targets
 
 import helpers
@@ -46,7 +46,7 @@ def test_a_2048_token_document_whole_against_numpy(long_run):
     )  # fmt: skip
     ev = run(s)
     c = open_checkpoint(ckpt)
-    model = c.model()
+    model = architecture.resolve(c).model()
     target, _ = param_targets(
         model.abstract_params, model.logical_axes, make_mesh(-1, 1), DEFAULT_RULES
     )

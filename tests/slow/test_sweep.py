@@ -18,6 +18,7 @@ import pytest
 from test_paths import bucket  # noqa: F401  (the fake gs:// fixture)
 from test_tensorboard import scalars_in
 
+from ppl_jax.checkpoints import architecture
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
@@ -228,7 +229,7 @@ def test_evaluator_traces_once_per_shape_and_equals_the_cli(run_dir, swept):
     ckpt, files = run_dir
     s = from_config(config(ckpt, "unused"))
     opened = ppl_jax.open_checkpoint(ckpt)
-    model = opened.model()
+    model = architecture.resolve(opened).model()
     mesh = ppl_jax.make_mesh(-1, 1)
     suite = [
         (

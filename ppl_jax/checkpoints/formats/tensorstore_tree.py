@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ppl_jax.checkpoints.checkpoint import Stored
 from ppl_jax.checkpoints.mapping import storage
+from ppl_jax.checkpoints.options import Stored
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import paths
 

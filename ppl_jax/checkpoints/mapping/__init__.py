@@ -6,8 +6,8 @@ gives each model weight its `Source`), the rules' form and patterns (`rules`: `c
 rule's operations on one stored tensor (`operations`: `evaluate`, and the `ReadPlan` of a
 block), the reading of each device's block as the stored region it needs (`blocks`) from a
 `Storage` (`storage`), the built-in mappings of other trainers' trees and a user's mapping file
-(`presets`), and a reader's stored tree read through its rules (`apply`: what every
-`MappedReader` gets).
+(`presets`; MaxText's model descriptions, `maxtext`, beside its preset), and a reader's stored
+tree read through its rules (`apply`: what every `MappedReader` gets).
 """
 
 from etils import epy as _epy

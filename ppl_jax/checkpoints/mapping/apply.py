@@ -66,8 +66,6 @@ class MappedHooks:
         """The architecture's description where one is known (`{}` when the checkpoint carries
         none and none is given: the caller brings the model), for the mapping's expressions."""
         kind, _ = self.given_architecture()
-        if kind == "entry":
-            return self.model(step=step).description
         if kind == "none" and self.carried_description(step) is None:
             return {}
         return self.description(step)

@@ -5,8 +5,8 @@ ppl_jax's own Orbax saves (`OwnOrbax`), other trainers' Orbax trees (`ForeignOrb
 trees (`OrbaxV1`), levanter's and marin's runs (`LevanterRun`), EasyDeL's (`EasyDeLCheckpoint`)
 and T5X's (`T5XCheckpoint`) TensorStore trees, a Hugging Face directory or hub repository
 (`HFDirectory`, `HubRepo`), a GGUF file (`GGUFCheckpoint`, its architecture in `gguf_arch`); the
-step lookup of runs that save one folder per step (`StepFolders`) and MaxText's model
-descriptions (`maxtext`). `ppl_jax.checkpoints.opener` picks the reader by its markers.
+step lookup of runs that save one folder per step (`StepFolders`).
+`ppl_jax.checkpoints.opener` picks the reader by its markers.
 """
 
 from etils import epy as _epy

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.checkpoints import DTYPES, open_checkpoint
+from ppl_jax.checkpoints import architecture as architecture_lib
 from ppl_jax.errors import ConfigError, DataError, settings_named
 from ppl_jax.evaluation.spec import LongContextSpec, RunSpec
 from ppl_jax.metrics import longppl, position
@@ -104,7 +105,7 @@ def check(
     with settings_named("longppl.evaluator"):  # its own keys, not the scored model's
         ckpt = open_checkpoint(e.checkpoint_dir, e.checkpoint_format)
         step = ckpt.resolve_step(e.checkpoint_step)
-        model_e = ckpt.model(e.dtype, "auto", step)
+        model_e = architecture_lib.resolve(ckpt, step).model(e.dtype, "auto")
         tok = ckpt.tokenizer(step)
     if tok is None:
         raise ConfigError(

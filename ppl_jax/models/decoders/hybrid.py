@@ -223,14 +223,19 @@ class DescribedConfig:
         return config_from_dict(cls, d)
 
 
-def spec_of(spec_class: type[_Spec], cfg: Any, **given: Any) -> _Spec:
-    """A layer's spec (`AttentionSpec`, `MLPSpec`) from a family's config: each field of
-    `spec_class` that `cfg` has under the same name (`embed_dim`, `num_heads`, ...), then the
-    `given` fields (the config's own names for the rest: `bias=cfg.attention_bias`, or values)."""
-    same = {
-        f.name: getattr(cfg, f.name) for f in dataclasses.fields(spec_class) if hasattr(cfg, f.name)
-    }
-    return spec_class(**{**same, **given})
+def spec_of(spec_class: type[_Spec], cfg: Any, prefix: str = "", **given: Any) -> _Spec:
+    """A layer's spec (`AttentionSpec`, `MLPSpec`, `GatedDeltaSpec`, `MoeSpec`, ...) from a
+    family's config: each field of `spec_class` that `cfg` has under its name with `prefix`
+    (`prefix="moe_"`: `mlp_dim` from `moe_mlp_dim`), else under the same name (`embed_dim`,
+    `num_heads`, ...), then the `given` fields (the config's own names for the rest:
+    `bias=cfg.attention_bias`, or values)."""
+    found = {}
+    for f in dataclasses.fields(spec_class):
+        for name in (prefix + f.name, f.name):
+            if hasattr(cfg, name):
+                found[f.name] = getattr(cfg, name)
+                break
+    return spec_class(**{**found, **given})
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -3,10 +3,10 @@ the mixtures of experts and the others built on `ppl_jax.models.decoders.llama`)
 Hugging Face side: their `config.json` fields read into `LlamaConfig`, and the mapping rules of
 their weights.
 
-The config fields every such family shares (sizes, `rms_norm_eps`, `tie_word_embeddings`), the
-rotary settings (`rope_parameters` of transformers 5, one dict or one per layer type, or the
-older `rope_theta` and `rope_scaling`) and the sliding layers (`sliding_window`, `layer_types`).
-Defaults are transformers 5.23's.
+The config fields every such family shares (sizes, `rms_norm_eps`, `tie_word_embeddings`:
+`hf_common`, which the hybrids' readers extend too), the rotary settings (`rope_parameters` of
+transformers 5, one dict or one per layer type, or the older `rope_theta` and `rope_scaling`)
+and the sliding layers (`sliding_window`, `layer_types`). Defaults are transformers 5.23's.
 
 The weights (`rules`): names as transformers 5.23's `modeling_llama` and its relatives store them
 (`nn.Linear` keeps `[out, in]`), with the text model's prefix removed (`PREFIXES`: `model.`, or
@@ -39,6 +39,51 @@ def check_activation(c: dict[str, Any], key: str, default: str, allowed) -> str:
     return act
 
 
+# The description's fields that every Hugging Face config names alike -> their config.json keys.
+HF_COMMON = {
+    "vocab_size": "vocab_size",
+    "embed_dim": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "mlp_dim": "intermediate_size",
+    "max_positions": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+    "tie_embeddings": "tie_word_embeddings",
+}
+
+
+def hf_common(c: dict[str, Any], norm_key: str = "rms_norm_eps", **defaults: Any) -> dict[str, Any]:
+    """The description's fields of the keys every Hugging Face config names alike (`HF_COMMON`;
+    the norms' epsilon under `norm_key`), plus `num_kv_heads` (`num_key_value_heads`, else the
+    heads) and `head_dim` (`head_dim`, else `defaults["head_dim"]`, else `embed_dim //
+    num_heads`): what each family's reader extends with its own.
+
+    Args:
+      c: the `config.json` dict.
+      norm_key: the key of the norms' epsilon (`rms_norm_eps`; `layer_norm_epsilon`).
+      defaults: a field's value where the config lacks its key (a family's transformers
+        defaults); `norm_eps` is 1e-6 and `tie_embeddings` False unless given; any other field
+        without a default is required.
+
+    Raises:
+      KeyError: a required key is missing.
+    """
+    keys = {**HF_COMMON, "norm_eps": norm_key}
+    defaults = {"norm_eps": 1e-6, "tie_embeddings": False, **defaults}
+    kinds = {"norm_eps": float, "tie_embeddings": bool}
+    out = {
+        field: kinds.get(field, int)(
+            c[key] if key in c or field not in defaults else defaults[field]
+        )
+        for field, key in keys.items()
+    }
+    out["num_kv_heads"] = int(c.get("num_key_value_heads") or out["num_heads"])
+    out["head_dim"] = int(
+        c.get("head_dim") or defaults.get("head_dim") or out["embed_dim"] // out["num_heads"]
+    )
+    return out
+
+
 def hf_config(c: dict[str, Any], config: type = LlamaConfig, **fields: Any) -> LlamaConfig:
     """A `LlamaConfig` (or the subclass `config`) from the fields every Llama-like Hugging Face
     config shares (sizes, `rms_norm_eps`, `tie_word_embeddings`, the rotary settings of
@@ -47,23 +92,11 @@ def hf_config(c: dict[str, Any], config: type = LlamaConfig, **fields: Any) -> L
     Raises:
       CheckpointError: see `hf_rope`. KeyError: a required field is missing.
     """
-    heads, layers = int(c["num_attention_heads"]), int(c["num_hidden_layers"])
-    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-    base = dict(
-        model_type=str(c["model_type"]),
-        vocab_size=int(c["vocab_size"]),
-        embed_dim=int(c["hidden_size"]),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(c.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
-        mlp_dim=int(c["intermediate_size"]),
-        max_positions=int(c["max_position_embeddings"]),
-        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+    common = hf_common(c)
+    base = {"model_type": str(c["model_type"]), **common, **fields}
+    base.update(
+        hf_rope(c, common["head_dim"], base["max_positions"], base.get("sliding_layers", ()))
     )
-    base.update(fields)
-    base.update(hf_rope(c, head_dim, base["max_positions"], base.get("sliding_layers", ())))
     return config(**base)
 
 

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.models.decoders.llama import Llama, LlamaConfig
+from ppl_jax.models.family import Layer, Limit
 from ppl_jax.models.layers.moe.dropless import MoeMLP, MoeSpec
-from ppl_jax.models.registry import Layer, Limit
 
 # What every family built on `MixtureLlama` refuses: nothing so far. Its mixture-of-experts
 # layers route per (data, context) shard (`ppl_jax.models.layers.moe.dropless.moe_mlp`), so they run

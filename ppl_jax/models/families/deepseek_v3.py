@@ -36,11 +36,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.decoders import llama_hf
+from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.llama import Llama, LlamaConfig
+from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.layers import mla
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
 
 # Upper bounds of the latent sizes (DeepSeek-V3: 1536, 512, 128, 64, 128), far above them.
 _MAX_LATENT = 1 << 16
@@ -94,11 +94,9 @@ class DeepseekV3Config(LlamaConfig):
 
 def mla_spec(cfg: DeepseekV3Config) -> mla.MlaSpec:
     """The `MlaSpec` of every layer."""
-    return mla.MlaSpec(
-        embed_dim=cfg.embed_dim,
-        num_heads=cfg.num_heads,
-        q_lora_rank=cfg.q_lora_rank,
-        kv_lora_rank=cfg.kv_lora_rank,
+    return hybrid.spec_of(
+        mla.MlaSpec,
+        cfg,
         qk_nope_dim=cfg.qk_nope_head_dim,
         qk_rope_dim=cfg.head_dim,
         v_dim=cfg.v_head_dim,
@@ -110,17 +108,8 @@ def mla_spec(cfg: DeepseekV3Config) -> mla.MlaSpec:
 
 def routed_spec(cfg: DeepseekV3Config) -> routing.RoutedSpec:
     """The `RoutedSpec` of the routed layers."""
-    return routing.RoutedSpec(
-        "grouped_sigmoid",
-        cfg.embed_dim,
-        cfg.moe_mlp_dim,
-        cfg.moe_experts,
-        cfg.moe_top_k,
-        shared_mlp_dim=cfg.moe_shared_mlp_dim,
-        groups=cfg.moe_groups,
-        top_groups=cfg.moe_top_groups,
-        norm_topk_prob=cfg.moe_norm_topk_prob,
-        scaling=cfg.moe_scaling,
+    return hybrid.spec_of(
+        routing.RoutedSpec, cfg, "moe_", router="grouped_sigmoid", num_experts=cfg.moe_experts
     )
 
 
@@ -226,6 +215,19 @@ FAMILY = Family(
     name="deepseek_v3",
     config=DeepseekV3Config,
     module=DeepseekV3,
+    hf_sizes={
+        **dict.fromkeys(("first_k_dense_replace", "num_nextn_predict_layers"), ("num_layers", 0)),
+        **dict.fromkeys(
+            ("n_routed_experts", "num_local_experts", "n_shared_experts", "num_experts_per_tok"),
+            ("moe_experts", 0),
+        ),
+        "moe_intermediate_size": ("moe_mlp_dim", 1),
+        "kv_lora_rank": ("kv_lora_rank", 1),
+        "q_lora_rank": ("q_lora_rank", 0),
+        **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), ("head_dim", 0)),
+        "v_head_dim": ("v_head_dim", 0),
+        **dict.fromkeys(("n_group", "topk_group"), ("moe_groups", 1)),
+    },
     hf_readers={"deepseek_v3": read_config},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -25,12 +25,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.decoders import hybrid
+from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param
-from ppl_jax.models.registry import Family, Layer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,8 +104,8 @@ def from_hf_config(c: dict[str, Any]) -> FalconH1Config:
     """
     if (c.get("hidden_act") or "silu") != "silu":
         raise CheckpointError(f"hidden_act {str(c['hidden_act'])[:40]!r} is not supported (silu).")
-    d, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-    head_dim = int(c.get("head_dim") or d // heads)
+    common = llama_hf.hf_common(c, max_positions=8192, norm_eps=1e-5)
+    d, head_dim, max_positions = common["embed_dim"], common["head_dim"], common["max_positions"]
     inner = int(c.get("mamba_d_ssm") or int(c.get("mamba_expand", 2)) * d)
     ssm_heads = int(c.get("mamba_n_heads", 128))
     ssm_head_dim = c.get("mamba_d_head", "auto")
@@ -115,7 +115,6 @@ def from_hf_config(c: dict[str, Any]) -> FalconH1Config:
             f"mamba_n_heads={ssm_heads} heads of mamba_d_head={ssm_head_dim} do not make the "
             f"Mamba2 width {inner} (transformers refuses such a config too)."
         )
-    max_positions = int(c.get("max_position_embeddings", 8192))
     rope = rope_lib.from_hf(_rope(c), c, head_dim, max_positions)
     norm = "none"
     if c.get("mamba_rms_norm", False):
@@ -142,15 +141,8 @@ def from_hf_config(c: dict[str, Any]) -> FalconH1Config:
     if len(ssm_scales) != 5:
         raise CheckpointError(f"ssm_multipliers has {len(ssm_scales)} values, not 5.")
     return FalconH1Config(
-        vocab_size=int(c["vocab_size"]),
-        embed_dim=d,
-        num_layers=int(c["num_hidden_layers"]),
-        num_heads=heads,
-        num_kv_heads=int(c.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
-        mlp_dim=int(c["intermediate_size"]),
+        **common,
         rope=tuple(sorted(rope.items())),
-        max_positions=max_positions,
         attention_bias=bool(c.get("attention_bias", False)),
         mlp_bias=bool(c.get("mlp_bias", False)),
         ssm_heads=ssm_heads,
@@ -168,8 +160,6 @@ def from_hf_config(c: dict[str, Any]) -> FalconH1Config:
         ssm_scales=ssm_scales,
         mlp_gate_scale=gate_scale,
         mlp_down_scale=down_scale,
-        norm_eps=float(c.get("rms_norm_eps", 1e-5)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
         **scales,
     )
 
@@ -250,6 +240,14 @@ FAMILY = Family(
     name="falcon_h1",
     config=FalconH1Config,
     module=FalconH1,
+    hf_sizes={
+        "mamba_chunk_size": ("ssm_chunk", 1),
+        "mamba_d_conv": ("ssm_conv", 1),
+        "mamba_n_heads": ("ssm_heads", 1),
+        **dict.fromkeys(("mamba_d_head", "mamba_d_ssm"), ("ssm_head_dim", 1)),
+        **dict.fromkeys(("mamba_n_groups", "mamba_expand"), ("ssm_groups", 1)),
+        "mamba_d_state": ("ssm_state", 1),
+    },
     hf_readers={"falcon_h1": from_hf_config},
     hf_rules=rules,
     hf_prefixes=("model.",),

@@ -28,8 +28,8 @@ from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.family import Family, Limit
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.registry import Family, Limit
 
 ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_new", "gelu")
 # GGUF architecture -> the layer count of its 27B model, whose attention scale llama.cpp takes as
@@ -124,6 +124,9 @@ FAMILY = Family(
     name="gemma",
     config=LlamaConfig,
     module=MixtureLlama,
+    hf_sizes={
+        "sliding_window_pattern": ("max_positions", 0),  # 0: the default, 6
+    },
     hf_readers={"gemma2": read_config, "gemma3_text": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -1,14 +1,10 @@
 """GPT-2 (Hugging Face `gpt2`; Radford et al. 2019): the decoder in Flax NNX and its family.
 
-The decoder (`GPT2`, `GPT2Config`): learned absolute positions, pre-LayerNorm blocks, multi-head
-causal attention, a GELU MLP, and (as published) the output tied to the token embedding. The
-interface is that of `ppl_jax.models.decoders.llama.Llama`: `__call__(tokens, positions,
-segment_ids)` gives the hidden states after the final LayerNorm, `unembedding()` the
-`[embed, vocab]` output matrix. Attention is causal within a segment; segment 0 is padding.
-Positions index the learned position table, so they must lie in `[0, max_positions)` (the
-scorer's windows start at 0). Every parameter names its dims in `logical_axes` metadata with the
-names of `ppl_jax.config.defaults.DEFAULT_RULES` (`vocab`, `embed`, `heads`, `head_dim`, `mlp`),
-plus `positions` for the position table, which the rules do not map (replicated). The fused
+The decoder (`GPT2`, `GPT2Config`): the LayerNorm decoder that GPT-NeoX configures too
+(`ppl_jax.models.decoders.layernorm.LayerNormDecoder`), with learned absolute positions,
+pre-LayerNorm blocks, multi-head causal attention, a GELU MLP, and (as published) the output tied
+to the token embedding. Positions index the learned position table, so they must lie in
+`[0, max_positions)` (the scorer's windows start at 0). The fused
 `c_attn` projection of Hugging Face's `GPT2Attention` is held as separate q, k and v weights of
 shape `[embed, heads, head_dim]`, split on loading by the mapping rules below. The attention
 scale and activation follow Hugging Face `modeling_gpt2` (`scale_attn_weights`,
@@ -27,24 +23,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
-import jax.numpy as jnp
-from flax import nnx
-
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import gguf_names
-from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.decoders.layernorm import LayerNormDecoder, norm_rules
+from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.layers.attention import attend
-from ppl_jax.models.layers.context import per_token
-from ppl_jax.models.layers.core import (
-    ACTIVATIONS,
-    layer_norm,
-    normal_param,
-    ones_param,
-    zeros_param,
-)
-from ppl_jax.models.registry import Family
+from ppl_jax.models.layers.core import ACTIVATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +58,12 @@ class GPT2Config:
     tie_embeddings: bool = True
 
     FAMILY: ClassVar[str] = "gpt2"
+    # How it configures `LayerNormDecoder` (`ppl_jax.models.decoders.layernorm`): learned
+    # positions, the sequential residual, biases everywhere, the MLP's weights under `mlp/`.
+    learned_positions = True
+    parallel_residual = False
+    bias = True
+    mlp_apart = True
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -90,6 +80,13 @@ class GPT2Config:
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
 
+    def attention_scale(self, layer: int) -> float:
+        """The logits' scale of layer `layer` (`scale_attn_weights`,
+        `scale_attn_by_inverse_layer_idx`, as `modeling_gpt2`)."""
+        return (self.head_dim**-0.5 if self.scale_attn_weights else 1.0) / (
+            layer + 1 if self.scale_attn_by_inverse_layer_idx else 1
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {"family": "gpt2", **dataclasses.asdict(self)}
 
@@ -105,126 +102,9 @@ class GPT2Config:
         return GPT2Config(**{k: v for k, v in d.items() if k in fields})
 
 
-class Attention(nnx.Module):
-    def __init__(
-        self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str = "xla"
-    ):
-        d, h, hd = cfg.embed_dim, cfg.num_heads, cfg.head_dim
-        self.attention = attention
-        self.scale = (hd**-0.5 if cfg.scale_attn_weights else 1.0) / (
-            layer + 1 if cfg.scale_attn_by_inverse_layer_idx else 1
-        )
-        axes = ("embed", "heads", "head_dim")
-        self.q = normal_param(rngs, (d, h, hd), axes, d**-0.5, dtype)
-        self.k = normal_param(rngs, (d, h, hd), axes, d**-0.5, dtype)
-        self.v = normal_param(rngs, (d, h, hd), axes, d**-0.5, dtype)
-        self.q_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
-        self.k_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
-        self.v_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
-        self.o = normal_param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), d**-0.5, dtype)
-        self.o_bias = zeros_param((d,), ("embed",), dtype)
-
-    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        q = jnp.einsum("btd,dhk->bthk", x, self.q[...]) + self.q_bias[...]
-        k = jnp.einsum("btd,dhk->bthk", x, self.k[...]) + self.k_bias[...]
-        v = jnp.einsum("btd,dhk->bthk", x, self.v[...]) + self.v_bias[...]
-        out = attend(
-            q,
-            k,
-            v,
-            segment_ids=segment_ids,
-            positions=positions,
-            scale=self.scale,
-            implementation=self.attention,
-        )
-        return jnp.einsum("bthk,hkd->btd", out, self.o[...]) + self.o_bias[...]
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: GPT2Config, rngs: nnx.Rngs, dtype: jnp.dtype):
-        d, f = cfg.embed_dim, cfg.mlp_dim
-        self.activation = cfg.activation
-        self.fc = normal_param(rngs, (d, f), ("embed", "mlp"), d**-0.5, dtype)
-        self.fc_bias = zeros_param((f,), ("mlp",), dtype)
-        self.proj = normal_param(rngs, (f, d), ("mlp", "embed"), f**-0.5, dtype)
-        self.proj_bias = zeros_param((d,), ("embed",), dtype)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        h = ACTIVATIONS[self.activation](x @ self.fc[...] + self.fc_bias[...])
-        return h @ self.proj[...] + self.proj_bias[...]
-
-
-class Block(nnx.Module):
-    def __init__(
-        self, cfg: GPT2Config, layer: int, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str = "xla"
-    ):
-        d = cfg.embed_dim
-        self.eps = cfg.norm_eps
-        self.attn_norm = ones_param((d,), ("embed",), dtype)
-        self.attn_norm_bias = zeros_param((d,), ("embed",), dtype)
-        self.attn = Attention(cfg, layer, rngs, dtype, attention)
-        self.mlp_norm = ones_param((d,), ("embed",), dtype)
-        self.mlp_norm_bias = zeros_param((d,), ("embed",), dtype)
-        self.mlp = MLP(cfg, rngs, dtype)
-
-    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        h = layer_norm(x, self.attn_norm[...], self.attn_norm_bias[...], self.eps)
-        x = x + self.attn(h, positions, segment_ids)
-        # Per token, in chunks of `model.token_chunk` tokens where set (long windows).
-        return x + per_token(self._mlp_sublayer, x)
-
-    def _mlp_sublayer(self, x: jax.Array) -> jax.Array:
-        return self.mlp(layer_norm(x, self.mlp_norm[...], self.mlp_norm_bias[...], self.eps))
-
-
-class GPT2(nnx.Module):
-    """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
-
-    def __init__(
-        self,
-        cfg: GPT2Config,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        d = cfg.embed_dim
-        self.cfg = cfg
-        self.embedding = normal_param(rngs, (cfg.vocab_size, d), ("vocab", "embed"), 0.02, dtype)
-        self.position_embedding = normal_param(
-            rngs, (cfg.max_positions, d), ("positions", "embed"), 0.01, dtype
-        )
-        self.layers = nnx.List(
-            [Block(cfg, i, rngs, dtype, attention) for i in range(cfg.num_layers)]
-        )
-        self.final_norm = ones_param((d,), ("embed",), dtype)
-        self.final_norm_bias = zeros_param((d,), ("embed",), dtype)
-        if not cfg.tie_embeddings:
-            self.lm_head = normal_param(
-                rngs, (d, cfg.vocab_size), ("embed", "vocab"), d**-0.5, dtype
-            )
-
-    def __call__(
-        self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array
-    ) -> jax.Array:
-        """Final hidden states.
-
-        Args:
-          tokens, positions, segment_ids: `[batch, seq] int32`; positions in
-            `[0, max_positions)`.
-
-        Returns:
-          `[batch, seq, embed_dim]` in the parameter dtype, after the final LayerNorm.
-        """
-        x = jnp.take(self.embedding[...], tokens, axis=0)
-        x = x + jnp.take(self.position_embedding[...], positions, axis=0)
-        x = run_layers(self.layers, x, positions, segment_ids)
-        return layer_norm(x, self.final_norm[...], self.final_norm_bias[...], self.cfg.norm_eps)
-
-    def unembedding(self) -> jax.Array:
-        """`[embed_dim, vocab_size]`: the tied embedding transposed, or the separate head."""
-        if self.cfg.tie_embeddings:
-            return self.embedding[...].T
-        return self.lm_head[...]
+class GPT2(LayerNormDecoder):
+    """The decoder: `LayerNormDecoder` as `GPT2Config` configures it. `__call__` gives final
+    hidden states; `unembedding()` the output matrix."""
 
 
 _LAYER = r"h\.(?P<l>\d+)\."
@@ -275,10 +155,7 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
         {"from": _LAYER + r"mlp\.c_proj\.weight", "to": "layers/{l}/mlp/proj"},
         {"from": _LAYER + r"mlp\.c_proj\.bias", "to": "layers/{l}/mlp/proj_bias"},
     ]  # fmt: skip
-    for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-        out.append({"from": _LAYER + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": _LAYER + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
-    return out
+    return out + norm_rules(_LAYER, (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")))
 
 
 def gguf_config(h: GGUFHeader, c: dict[str, Any]) -> dict[str, Any]:
@@ -318,16 +195,20 @@ def gguf_rules(d: dict[str, Any]) -> list[dict[str, Any]]:
          "transpose": [1, 0]},
         {"from": layer + r"ffn_down\.bias", "to": "layers/{l}/mlp/proj_bias"},
     ]  # fmt: skip
-    for theirs, ours in (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm")):
-        out.append({"from": layer + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": layer + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
-    return out
+    return out + norm_rules(layer, (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm")))
 
 
 FAMILY = Family(
     name="gpt2",
     config=GPT2Config,
     module=GPT2,
+    hf_sizes={
+        "n_layer": ("num_layers", 1),
+        "n_embd": ("embed_dim", 1),
+        "n_inner": ("mlp_dim", 1),
+        "n_head": ("num_heads", 1),
+        "n_positions": ("max_positions", 1),
+    },
     hf_readers={"gpt2": read_config},
     hf_rules=rules,
     hf_prefixes=("transformer.",),

@@ -1,8 +1,10 @@
 """GPT-NeoX and Pythia (Hugging Face `gpt_neox`; Black et al. 2022, Biderman et al. 2023): the
 decoder in Flax NNX and its family.
 
-The decoder (`GPTNeoX`, `GPTNeoXConfig`): LayerNorm with bias, a parallel residual
-`x + attn(ln1(x)) + mlp(ln2(x))` (or the sequential one with `use_parallel_residual: false`),
+The decoder (`GPTNeoX`, `GPTNeoXConfig`): the LayerNorm decoder that GPT-2 configures too
+(`ppl_jax.models.decoders.layernorm.LayerNormDecoder`), with LayerNorm with bias, a parallel
+residual `x + attn(ln1(x)) + mlp(ln2(x))` (or the sequential one with `use_parallel_residual:
+false`),
 rotary embeddings on the first `rotary_pct` of each head's dims (rotate-half within them), biases
 on every projection (`attention_bias`), a plain (ungated) MLP with exact GELU, and an untied
 output `embed_out`. The vocabulary of the weights is padded past the tokenizer's (Pythia: 50304
@@ -24,23 +26,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
-import jax.numpy as jnp
-from flax import nnx
-
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.decoders.layernorm import LayerNormDecoder, norm_rules
+from ppl_jax.models.family import Family
 from ppl_jax.models.layers import rope as rope_lib
-from ppl_jax.models.layers.attention import attend
-from ppl_jax.models.layers.context import per_token
-from ppl_jax.models.layers.core import (
-    ACTIVATIONS,
-    layer_norm,
-    normal_param,
-    ones_param,
-    zeros_param,
-)
-from ppl_jax.models.registry import Family
+from ppl_jax.models.layers.core import ACTIVATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +61,10 @@ class GPTNeoXConfig:
     rope_angles: str = "float32"  # `ppl_jax.models.layers.rope.ANGLES`
 
     FAMILY: ClassVar[str] = "gpt_neox"
+    # How it configures `LayerNormDecoder` (`ppl_jax.models.decoders.layernorm`): rotary
+    # positions, the MLP's weights on the block (`parallel_residual` and `bias` are fields).
+    learned_positions = False
+    mlp_apart = False
     # The rotary fields `ppl_jax.models.layers.rope` reads, fixed for this family.
     rope_type = "default"
     rope_attention_factor = 1.0
@@ -96,6 +90,10 @@ class GPTNeoXConfig:
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
 
+    def attention_scale(self, layer: int) -> None:
+        """None: `attend`'s own `head_dim ** -0.5` in every layer."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if d["rope_angles"] == "float32":  # the default: descriptions as before
@@ -114,100 +112,9 @@ class GPTNeoXConfig:
         return GPTNeoXConfig(**{k: v for k, v in d.items() if k in fields})
 
 
-class Attention(nnx.Module):
-    def __init__(self, cfg: GPTNeoXConfig, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str):
-        d, h, hd = cfg.embed_dim, cfg.num_heads, cfg.head_dim
-        self.cfg, self.attention = cfg, attention
-        axes = ("embed", "heads", "head_dim")
-        self.q = normal_param(rngs, (d, h, hd), axes, d**-0.5, dtype)
-        self.k = normal_param(rngs, (d, h, hd), axes, d**-0.5, dtype)
-        self.v = normal_param(rngs, (d, h, hd), axes, d**-0.5, dtype)
-        self.o = normal_param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), d**-0.5, dtype)
-        if cfg.bias:
-            self.q_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
-            self.k_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
-            self.v_bias = zeros_param((h, hd), ("heads", "head_dim"), dtype)
-            self.o_bias = zeros_param((d,), ("embed",), dtype)
-
-    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
-        k = jnp.einsum("btd,dhk->bthk", x, self.k[...])
-        v = jnp.einsum("btd,dhk->bthk", x, self.v[...])
-        if self.cfg.bias:
-            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q = rope_lib.rotary(q, positions, segment_ids, self.cfg)
-        k = rope_lib.rotary(k, positions, segment_ids, self.cfg)
-        out = attend(
-            q, k, v, segment_ids=segment_ids, positions=positions, implementation=self.attention
-        )
-        out = jnp.einsum("bthk,hkd->btd", out, self.o[...])
-        return out + self.o_bias[...] if self.cfg.bias else out
-
-
-class Block(nnx.Module):
-    def __init__(self, cfg: GPTNeoXConfig, rngs: nnx.Rngs, dtype: jnp.dtype, attention: str):
-        d, f = cfg.embed_dim, cfg.mlp_dim
-        self.cfg = cfg
-        self.attn_norm = ones_param((d,), ("embed",), dtype)
-        self.attn_norm_bias = zeros_param((d,), ("embed",), dtype)
-        self.attn = Attention(cfg, rngs, dtype, attention)
-        self.mlp_norm = ones_param((d,), ("embed",), dtype)
-        self.mlp_norm_bias = zeros_param((d,), ("embed",), dtype)
-        self.fc = normal_param(rngs, (d, f), ("embed", "mlp"), d**-0.5, dtype)
-        self.fc_bias = zeros_param((f,), ("mlp",), dtype)
-        self.proj = normal_param(rngs, (f, d), ("mlp", "embed"), f**-0.5, dtype)
-        self.proj_bias = zeros_param((d,), ("embed",), dtype)
-
-    def _mlp(self, x: jax.Array) -> jax.Array:
-        h = layer_norm(x, self.mlp_norm[...], self.mlp_norm_bias[...], self.cfg.norm_eps)
-        h = ACTIVATIONS[self.cfg.activation](h @ self.fc[...] + self.fc_bias[...])
-        return h @ self.proj[...] + self.proj_bias[...]
-
-    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
-        h = layer_norm(x, self.attn_norm[...], self.attn_norm_bias[...], self.cfg.norm_eps)
-        attn = self.attn(h, positions, segment_ids)
-        # The MLP per token, in chunks of `model.token_chunk` tokens where set (long windows).
-        if self.cfg.parallel_residual:
-            return x + attn + per_token(self._mlp, x)
-        x = x + attn
-        return x + per_token(self._mlp, x)
-
-
-class GPTNeoX(nnx.Module):
-    """The decoder. `__call__` gives final hidden states; `unembedding()` the output matrix."""
-
-    def __init__(
-        self,
-        cfg: GPTNeoXConfig,
-        rngs: nnx.Rngs,
-        dtype: jnp.dtype = jnp.float32,
-        attention: str = "xla",
-    ):
-        d = cfg.embed_dim
-        self.cfg = cfg
-        self.embedding = normal_param(rngs, (cfg.vocab_size, d), ("vocab", "embed"), 0.02, dtype)
-        self.layers = nnx.List([Block(cfg, rngs, dtype, attention) for _ in range(cfg.num_layers)])
-        self.final_norm = ones_param((d,), ("embed",), dtype)
-        self.final_norm_bias = zeros_param((d,), ("embed",), dtype)
-        if not cfg.tie_embeddings:
-            self.lm_head = normal_param(
-                rngs, (d, cfg.vocab_size), ("embed", "vocab"), d**-0.5, dtype
-            )
-
-    def __call__(
-        self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array
-    ) -> jax.Array:
-        """`[batch, seq, embed_dim]` final hidden states (after the final LayerNorm), in the
-        parameter dtype, of `[batch, seq] int32` tokens, positions and segment ids."""
-        x = jnp.take(self.embedding[...], tokens, axis=0)
-        x = run_layers(self.layers, x, positions, segment_ids)
-        return layer_norm(x, self.final_norm[...], self.final_norm_bias[...], self.cfg.norm_eps)
-
-    def unembedding(self) -> jax.Array:
-        """`[embed_dim, vocab_size]`: the tied embedding transposed, or `embed_out`."""
-        if self.cfg.tie_embeddings:
-            return self.embedding[...].T
-        return self.lm_head[...]
+class GPTNeoX(LayerNormDecoder):
+    """The decoder: `LayerNormDecoder` as `GPTNeoXConfig` configures it. `__call__` gives final
+    hidden states; `unembedding()` the output matrix (`embed_out`, or the tied embedding)."""
 
 
 _LAYER = r"layers\.(?P<l>\d+)\."
@@ -272,13 +179,8 @@ def rules(d: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"from": _LAYER + r"attention\.query_key_value\.bias",
                     "to": [n + "_bias" for n in qkv], "view": rows, "split": split})  # fmt: skip
         out.append({"from": _LAYER + r"attention\.dense\.bias", "to": "layers/{l}/attn/o_bias"})
-    for ours, theirs in (
-        ("attn_norm", "input_layernorm"),
-        ("mlp_norm", "post_attention_layernorm"),
-    ):
-        out.append({"from": _LAYER + theirs + r"\.weight", "to": "layers/{l}/" + ours})
-        out.append({"from": _LAYER + theirs + r"\.bias", "to": "layers/{l}/" + ours + "_bias"})
-    return out
+    names = (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm"))
+    return out + norm_rules(_LAYER, names)
 
 
 FAMILY = Family(

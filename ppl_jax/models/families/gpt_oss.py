@@ -33,10 +33,10 @@ from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.core import zeros_param
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
 
 # transformers 5.24's GptOssConfig rope_parameters when a config gives none.
 DEFAULT_ROPE = {
@@ -199,6 +199,7 @@ FAMILY = Family(
     name="gpt_oss",
     config=GptOssConfig,
     module=GptOss,
+    hf_sizes=dict.fromkeys(("num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)),
     hf_readers={"gpt_oss": read_config},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

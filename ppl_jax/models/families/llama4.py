@@ -33,10 +33,10 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
+from ppl_jax.models.family import Family, Layer, Limit
 from ppl_jax.models.layers import qk
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +205,14 @@ FAMILY = Family(
     name="llama4",
     config=Llama4Config,
     module=Llama4,
+    hf_sizes={
+        "intermediate_size_mlp": ("mlp_dim", 1),
+        "attention_chunk_size": ("attn_chunk", 1),
+        **dict.fromkeys(
+            ("no_rope_layer_interval", "interleave_moe_layer_step"), ("max_positions", 1)
+        ),
+        **dict.fromkeys(("num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)),
+    },
     hf_readers={"llama4_text": read_config},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -21,9 +21,9 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param
-from ppl_jax.models.registry import Family, Layer
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
 
@@ -155,6 +155,13 @@ FAMILY = Family(
     name="mamba2",
     config=Mamba2Config,
     module=Mamba2,
+    hf_sizes={
+        "chunk_size": ("ssm_chunk", 1),
+        "conv_kernel": ("ssm_conv", 1),
+        "num_heads": ("ssm_heads", 1),
+        **dict.fromkeys(("n_groups", "expand"), ("ssm_groups", 1)),
+        "state_size": ("ssm_state", 1),
+    },
     hf_readers={"mamba2": from_hf_config},
     hf_rules=rules,
     hf_prefixes=("backbone.",),

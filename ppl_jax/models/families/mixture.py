@@ -26,9 +26,9 @@ from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.moe.dropless import MoeSpec
-from ppl_jax.models.registry import Family
 
 MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 # model type -> (default expert count, default num_experts_per_tok), as in transformers 5.23's
@@ -180,6 +180,14 @@ FAMILY = Family(
     name="mixture",
     config=LlamaConfig,
     module=MixtureLlama,
+    hf_sizes={
+        **dict.fromkeys(
+            ("num_experts", "num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)
+        ),
+        "moe_intermediate_size": ("moe_mlp_dim", 1),
+        "shared_expert_intermediate_size": ("moe_shared_mlp_dim", 0),
+        "decoder_sparse_step": ("max_positions", 1),
+    },
     hf_readers={t: read_config for t in MODEL_TYPES},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -29,12 +29,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.errors import CheckpointError
-from ppl_jax.models.decoders import hybrid
+from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param, rms_norm, zeros_param
 from ppl_jax.models.layers.moe.experts import ReluSquared, per_token_shard, weighted_sum
-from ppl_jax.models.registry import Family, Layer
 
 KINDS = ("mamba", "attention", "mlp", "moe")
 _HF_KINDS = {"linear_attention": "mamba", "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
@@ -109,6 +109,13 @@ class NemotronHConfig(ssd.SsmFields, hybrid.DescribedConfig):
     def attention_spec(self) -> hybrid.AttentionSpec:
         return hybrid.spec_of(hybrid.AttentionSpec, self)
 
+    def mlp_spec(self, prefix: str = "") -> hybrid.MLPSpec:
+        """A dense squared-ReLU MLP's: the `mlp` layers' (`mlp_dim`), or with `prefix`
+        `moe_shared_` the MoE layers' shared expert's (`moe_shared_mlp_dim`)."""
+        return hybrid.spec_of(
+            hybrid.MLPSpec, self, prefix, activation="relu2", gated=False, bias=self.mlp_bias
+        )
+
 
 def from_hf_config(c: dict[str, Any]) -> NemotronHConfig:
     """The architecture of a Hugging Face `nemotron_h` `config.json` (transformers 5.24's
@@ -141,15 +148,14 @@ def from_hf_config(c: dict[str, Any]) -> NemotronHConfig:
     old = lambda new, name, default: c.get(new, c.get(name, default))  # noqa: E731
     low, _ = ssd.dt_limit(None, float(old("time_step_min", "mamba_dt_min", 0.001)))
     latent = c.get("moe_latent_size")
+    common = llama_hf.hf_common(
+        {**c, "num_hidden_layers": len(types)},  # its layer kinds count the layers
+        "layer_norm_epsilon", num_heads=32, head_dim=128, mlp_dim=21504, max_positions=4096,
+        norm_eps=1e-5,
+    )  # fmt: skip
     return NemotronHConfig(
-        vocab_size=int(c["vocab_size"]),
-        embed_dim=int(c["hidden_size"]),
-        num_layers=len(types),
+        **common,
         layer_kinds=tuple(_HF_KINDS[t] for t in types),
-        num_heads=int(c.get("num_attention_heads", 32)),
-        num_kv_heads=int(c.get("num_key_value_heads") or c.get("num_attention_heads", 32)),
-        head_dim=int(c.get("head_dim") or 128),
-        mlp_dim=int(c.get("intermediate_size", 21504)),
         mlp_bias=bool(c.get("mlp_bias", False)),
         ssm_heads=int(c.get("mamba_num_heads", 128)),
         ssm_head_dim=int(c.get("mamba_head_dim", 64)),
@@ -170,9 +176,6 @@ def from_hf_config(c: dict[str, Any]) -> NemotronHConfig:
         moe_top_groups=int(c.get("topk_group", 1)),
         moe_scale=float(c.get("routed_scaling_factor", 1.0)),
         moe_norm_topk_prob=bool(c.get("norm_topk_prob", True)),
-        norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        max_positions=int(c.get("max_position_embeddings", 4096)),
     )
 
 
@@ -232,8 +235,7 @@ class MoE(nnx.Module):
         if cfg.moe_latent_dim:
             self.latent_in = normal_param(rngs, (d, width), ("embed", "mlp"), d**-0.5, dtype)
             self.latent_out = normal_param(rngs, (width, d), ("mlp", "embed"), width**-0.5, dtype)
-        spec = hybrid.MLPSpec(d, cfg.moe_shared_mlp_dim, "relu2", gated=False, bias=cfg.mlp_bias)
-        self.shared = hybrid.MLP(spec, rngs, dtype)
+        self.shared = hybrid.MLP(cfg.mlp_spec("moe_shared_"), rngs, dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`[B, T, embed]` -> `[B, T, embed]` in `x.dtype`: each token's chosen experts only,
@@ -275,10 +277,7 @@ class Block(nnx.Module):
         elif kind == "attention":
             self.mixer = hybrid.Attention(cfg.attention_spec(), rngs, dtype, attention)
         elif kind == "mlp":
-            spec = hybrid.MLPSpec(
-                cfg.embed_dim, cfg.mlp_dim, "relu2", gated=False, bias=cfg.mlp_bias
-            )
-            self.mixer = hybrid.MLP(spec, rngs, dtype)
+            self.mixer = hybrid.MLP(cfg.mlp_spec(), rngs, dtype)
         else:
             self.mixer = MoE(cfg, rngs, dtype)
 
@@ -353,6 +352,21 @@ FAMILY = Family(
     name="nemotron_h",
     config=NemotronHConfig,
     module=NemotronH,
+    hf_sizes={
+        **dict.fromkeys(
+            ("n_routed_experts", "num_local_experts", "num_experts_per_tok"), ("moe_experts", 0)
+        ),
+        "moe_intermediate_size": ("moe_mlp_dim", 1),
+        "moe_shared_expert_intermediate_size": ("moe_shared_mlp_dim", 1),  # always built
+        **dict.fromkeys(("chunk_size", "mamba_chunk_size"), ("ssm_chunk", 1)),
+        **dict.fromkeys(("conv_kernel", "mamba_d_conv"), ("ssm_conv", 1)),
+        "mamba_num_heads": ("ssm_heads", 1),
+        "mamba_head_dim": ("ssm_head_dim", 1),
+        **dict.fromkeys(("n_groups", "mamba_n_groups"), ("ssm_groups", 1)),
+        "ssm_state_size": ("ssm_state", 1),
+        "moe_latent_size": ("moe_latent_dim", 0),
+        **dict.fromkeys(("n_group", "topk_group"), ("moe_groups", 1)),
+    },
     hf_readers={"nemotron_h": from_hf_config},
     hf_rules=rules,
     hf_prefixes=("backbone.",),

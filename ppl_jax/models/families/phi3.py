@@ -18,8 +18,8 @@ from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import LlamaConfig
 from ppl_jax.models.decoders.llama_moe import LIMITS, MixtureLlama, layer_kinds
+from ppl_jax.models.family import Family
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
-from ppl_jax.models.registry import Family
 
 
 def read_config(c: dict[str, Any]) -> LlamaConfig:

@@ -29,11 +29,11 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import gated_delta
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.core import normal_param, rms_norm
 from ppl_jax.models.layers.moe import dropless
-from ppl_jax.models.registry import Family, Layer
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 
@@ -100,26 +100,10 @@ class Qwen35Config(hybrid.DescribedConfig):
         )
 
     def gdn_spec(self) -> gated_delta.GatedDeltaSpec:
-        return gated_delta.GatedDeltaSpec(
-            embed_dim=self.embed_dim,
-            key_heads=self.gdn_key_heads,
-            key_dim=self.gdn_key_dim,
-            value_heads=self.gdn_value_heads,
-            value_dim=self.gdn_value_dim,
-            conv_kernel=self.gdn_conv,
-            norm_eps=self.norm_eps,
-            chunk=self.gdn_chunk,
-        )
+        return hybrid.spec_of(gated_delta.GatedDeltaSpec, self, "gdn_", conv_kernel=self.gdn_conv)
 
     def moe_spec(self) -> dropless.MoeSpec:
-        return dropless.MoeSpec(
-            embed_dim=self.embed_dim,
-            mlp_dim=self.moe_mlp_dim,
-            num_experts=self.moe_experts,
-            top_k=self.moe_top_k,
-            norm_topk_prob=self.moe_norm_topk_prob,
-            shared_mlp_dim=self.moe_shared_mlp_dim,
-        )
+        return hybrid.spec_of(dropless.MoeSpec, self, "moe_", num_experts=self.moe_experts)
 
 
 def from_hf_config(c: dict[str, Any]) -> Qwen35Config:
@@ -149,9 +133,8 @@ def from_hf_config(c: dict[str, Any]) -> Qwen35Config:
         raise CheckpointError(
             f"layer_types are not {layers} of linear_attention and full_attention."
         )
-    heads, d = int(c.get("num_attention_heads", 16)), int(c["hidden_size"])
-    head_dim = int(c.get("head_dim") or 256)
-    max_positions = int(c.get("max_position_embeddings", 32768))
+    common = llama_hf.hf_common(c, num_heads=16, head_dim=256, max_positions=32768)
+    head_dim, max_positions = common["head_dim"], common["max_positions"]
     rope = {**(c.get("rope_scaling") or {}), **(c.get("rope_parameters") or {})}
     rope.setdefault("rope_theta", c.get("rope_theta", 10000.0))
     rope.setdefault("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))
@@ -171,24 +154,15 @@ def from_hf_config(c: dict[str, Any]) -> Qwen35Config:
             moe_shared_mlp_dim=int(c.get("shared_expert_intermediate_size", 512)),
         )
     return Qwen35Config(
-        vocab_size=int(c["vocab_size"]),
-        embed_dim=d,
-        num_layers=layers,
-        mlp_dim=int(c["intermediate_size"]),
+        **common,
         linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
-        num_heads=heads,
-        num_kv_heads=int(c.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
         rope=tuple(sorted(rope_fields.items())),
-        max_positions=max_positions,
         attention_bias=bool(c.get("attention_bias", False)),
         gdn_key_heads=int(c.get("linear_num_key_heads", 16)),
         gdn_key_dim=int(c.get("linear_key_head_dim", 128)),
         gdn_value_heads=int(c.get("linear_num_value_heads", 32)),
         gdn_value_dim=int(c.get("linear_value_head_dim", 128)),
         gdn_conv=int(c.get("linear_conv_kernel_dim", 4)),
-        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
         model_type=str(model_type),
         **fields,
     )
@@ -301,6 +275,15 @@ FAMILY = Family(
     name="qwen3_5",
     config=Qwen35Config,
     module=Qwen35,
+    hf_sizes={
+        **dict.fromkeys(("num_experts", "num_experts_per_tok"), ("moe_experts", 0)),
+        "moe_intermediate_size": ("moe_mlp_dim", 1),
+        "shared_expert_intermediate_size": ("moe_shared_mlp_dim", 0),
+        **dict.fromkeys(("decoder_sparse_step", "full_attention_interval"), ("max_positions", 1)),
+        "linear_conv_kernel_dim": ("gdn_conv", 1),
+        **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads"), ("gdn_key_heads", 1)),
+        **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim"), ("gdn_key_dim", 1)),
+    },
     hf_readers={t: from_hf_config for t in MODEL_TYPES},
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -23,7 +23,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, LlamaConfig
 from ppl_jax.models.decoders.llama_moe import MixtureLlama
-from ppl_jax.models.registry import Family, Layer
+from ppl_jax.models.family import Family, Layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +115,7 @@ FAMILY = Family(
     name="smollm3",
     config=SmolLM3Config,
     module=SmolLM3,
+    hf_sizes={"no_rope_layer_interval": ("max_positions", 1)},
     hf_readers={"smollm3": read_config},
     hf_rules=llama_hf.rules,
     hf_prefixes=llama_hf.PREFIXES,

@@ -29,7 +29,7 @@ def own(tmp_path):
 
 def _restore(path):
     ckpt = open_checkpoint(str(path))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(-1, 1)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)[
         0
@@ -74,7 +74,7 @@ def test_links_inside_the_folder_and_a_linked_checkpoint_folder_are_fine(own, tm
 def test_damaged_metadata_is_one_sentence(own, text, message):
     (own / "3" / "metadata" / "metadata").write_text(text)
     with pytest.raises(CheckpointError, match=rf"step 3 of .* is damaged: {message}"):
-        open_checkpoint(str(own)).model()
+        architecture.resolve(open_checkpoint(str(own))).model()
 
 
 def test_an_unknown_model_family_is_named_before_any_key(own):
@@ -83,7 +83,7 @@ def test_an_unknown_model_family_is_named_before_any_key(own):
     with pytest.raises(CheckpointError, match="unknown model family 'mamba'"):
         architecture.resolve(ckpt)  # was KeyError: 'embed_dim'
     with pytest.raises(CheckpointError, match="unknown model family 'mamba'"):
-        ckpt.model()
+        architecture.resolve(ckpt).model()
 
 
 def test_gcs_without_the_extra_is_one_sentence():

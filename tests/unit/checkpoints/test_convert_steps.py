@@ -19,6 +19,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import ppl_jax
+from ppl_jax.checkpoints import architecture
 from ppl_jax.cli import convert as convert_cli
 from ppl_jax.errors import CheckpointError, ConfigError
 
@@ -42,7 +43,7 @@ def hf_copy(tmp_path, name: str, family: str = "gpt2", scale: float = 1.0) -> st
 
 def restored(path: str, step: int) -> dict:
     ckpt = ppl_jax.open_checkpoint(path)
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     from ppl_jax.runtime import mesh as mesh_lib
 
     target, _ = mesh_lib.param_targets(

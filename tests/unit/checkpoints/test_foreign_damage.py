@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
 from ppl_jax.runtime import mesh as mesh_lib
@@ -33,7 +33,7 @@ def run(tmp_path):
 def _restore(path: str):
     with open(os.path.join(path, "architecture.txt")) as f:
         ckpt = open_checkpoint(path, architecture=f.read().strip())
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(-1, 1)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)
     return ckpt.restore(1, target[0])

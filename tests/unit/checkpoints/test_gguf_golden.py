@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.checkpoints.readers.gguf import GGUFCheckpoint
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -61,7 +61,9 @@ def test_opens_by_path_with_the_architecture_and_tokenizer_transformers_reads(na
     tok = ckpt.tokenizer()
     assert tok.encode([g["text"]])[0].tolist() == g["plain_ids"]
     assert (tok.add_bos_default, tok.bos_id, tok.eos_id) == (g["add_bos"], g["bos_id"], g["eos_id"])
-    assert ckpt.model().vocab_size == len(ckpt.header.metadata["tokenizer.ggml.tokens"])
+    assert architecture.resolve(ckpt).model().vocab_size == len(
+        ckpt.header.metadata["tokenizer.ggml.tokens"]
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -103,7 +105,9 @@ def scored(name: str, dtype=jnp.float32) -> np.ndarray:
     """ppl_jax's NLL of each next token of the golden window, `[seq - 1] float64`."""
     g = golden(name)
     ckpt = open_checkpoint(path(name))
-    model = ckpt.model(dtype="float32" if dtype == jnp.float32 else "bfloat16")
+    model = architecture.resolve(ckpt).model(
+        dtype="float32" if dtype == jnp.float32 else "bfloat16"
+    )
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )

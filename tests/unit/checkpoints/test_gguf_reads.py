@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models.interface import weight_paths
@@ -108,7 +108,7 @@ def model_file(tmp_path_factory):
 def test_each_byte_is_read_once_and_each_device_reads_its_share(model_file, monkeypatch):
     ckpt = open_checkpoint(str(model_file))
     header = ckpt.header
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(1, 8)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                     DEFAULT_RULES)[0]  # fmt: skip

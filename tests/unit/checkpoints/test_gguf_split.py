@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ppl_jax import testing
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.cli import inspect as inspect_cli
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -43,7 +43,7 @@ def parts(tmp_path):
 def scored(path: str) -> tuple[dict, np.ndarray]:
     """(the restored weights, the NLL of each next token of the first 48 tokens of a text) of the checkpoint `path`."""
     ckpt = open_checkpoint(str(path))
-    model = ckpt.model(dtype="float32")
+    model = architecture.resolve(ckpt).model(dtype="float32")
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )
@@ -57,7 +57,7 @@ def scored(path: str) -> tuple[dict, np.ndarray]:
 
 def refused(path, match: str) -> None:
     with pytest.raises(CheckpointError, match=match):
-        open_checkpoint(str(path)).model()
+        architecture.resolve(open_checkpoint(str(path))).model()
 
 
 def patch(path, old: bytes, new: bytes) -> None:
@@ -168,7 +168,7 @@ def test_the_identity_covers_every_part(tmp_path, parts):
 
 def test_each_tensor_is_read_from_its_own_part_by_byte_range(tmp_path, parts, monkeypatch):
     ckpt = open_checkpoint(str(tmp_path))
-    header, model = ckpt.header, ckpt.model()
+    header, model = ckpt.header, architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(1, 8)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                     DEFAULT_RULES)[0]  # fmt: skip

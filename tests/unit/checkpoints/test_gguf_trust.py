@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import gguf_file
 from ppl_jax.cli import inspect as inspect_cli
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -54,7 +54,7 @@ def metadata_value(path, key: bytes) -> int:
 
 def restore(path):
     ckpt = open_checkpoint(str(path))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(-1, 1)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh,
                                     DEFAULT_RULES)[0]  # fmt: skip
@@ -182,7 +182,7 @@ def test_a_folder_of_several_files_names_them(tmp_path):
         shutil.copy(GOLDEN, tmp_path / name)
     ckpt = open_checkpoint(str(tmp_path))
     with pytest.raises(CheckpointError, match="holds 2 GGUF files \\(a-Q4_K_M.gguf, b-Q8_0.gguf"):
-        ckpt.model()
+        architecture.resolve(ckpt).model()
 
 
 def test_a_folder_of_one_file_opens_and_a_link_out_of_it_is_refused(tmp_path):
@@ -194,7 +194,7 @@ def test_a_folder_of_one_file_opens_and_a_link_out_of_it_is_refused(tmp_path):
     linked.mkdir()
     os.symlink(inside / "model.gguf", linked / "model.gguf")
     with pytest.raises(CheckpointError, match="is a link to .* outside the checkpoint folder"):
-        open_checkpoint(str(linked)).model()
+        architecture.resolve(open_checkpoint(str(linked))).model()
 
 
 def test_a_file_changed_after_it_was_opened(copy):

@@ -638,7 +638,7 @@ def test_absurd_descriptions_are_one_sentence_before_anything_is_built(tmp_path)
     anything is built, and a layer count that the stored weights contradict is refused before
     the model is built (building 1,000 layers takes minutes)."""
     from ppl_jax import testing
-    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints import architecture, open_checkpoint
 
     big = {**testing.TINY.to_dict(), "num_layers": 1000, "vocab_size": 2 * 10**9}
     message = _seconds(registry.build, big, jnp.float32)
@@ -649,5 +649,5 @@ def test_absurd_descriptions_are_one_sentence_before_anything_is_built(tmp_path)
     testing.save_random_checkpoint(ckpt, steps=(1,))
     (tmp_path / "arch.json").write_text(json.dumps({**testing.TINY.to_dict(), "num_layers": 1000}))
     opened = open_checkpoint(ckpt, architecture=str(tmp_path / "arch.json"))
-    message = _seconds(opened.model)
+    message = _seconds(lambda: architecture.resolve(opened).model())
     assert "the architecture describes 1000 layers but the checkpoint stores 2" in message

@@ -7,6 +7,7 @@ line's exit 2 for such a config: tests/e2e/test_errors_cli.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,11 +19,11 @@ import jax.numpy as jnp
 import pytest
 
 from ppl_jax import testing
-from ppl_jax.checkpoints import architecture
+from ppl_jax.checkpoints import given
 from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.mapping import presets
 from ppl_jax.errors import CheckpointError, PplJaxError
-from ppl_jax.models import registry
+from ppl_jax.models import bounds, registry
 from ppl_jax.runtime import paths
 
 import helpers
@@ -97,6 +98,24 @@ def test_every_2025_family_reads_its_own_golden_config(tmp_path):
         assert safetensors.read_description(_config(tmp_path, family))["vocab_size"] > 0
 
 
+def test_a_family_declares_its_own_config_size_keys(monkeypatch):
+    """A size that only one family's config.json names is that family's to declare
+    (`Family.hf_sizes`), and is held to its bound before its reader runs; the keys every config
+    names alike are `bounds.COMMON_HF_SIZES`, and a key no family declares is not a size."""
+    mamba2 = registry.families()["mamba2"]
+    assert mamba2.hf_sizes["chunk_size"] == ("ssm_chunk", 1)
+    assert "chunk_size" not in bounds.COMMON_HF_SIZES
+    path = os.path.join(helpers.GOLDEN, "families", "mamba2", "config.json")
+    config = json.loads(open(path).read())
+    registry.read_hf_config({**config, "scan_width": 10**9})  # no family's size: not checked
+    renamed = dataclasses.replace(
+        mamba2, hf_sizes={**mamba2.hf_sizes, "scan_width": ("ssm_chunk", 1)}
+    )
+    monkeypatch.setitem(registry.families(), "mamba2", renamed)
+    with pytest.raises(CheckpointError, match=r"scan_width=1000000000 is not a whole number"):
+        registry.read_hf_config({**config, "scan_width": 10**9})
+
+
 @pytest.mark.parametrize(
     "change, named",
     [
@@ -113,7 +132,7 @@ def test_a_stored_description_is_bounded_the_same_way(tmp_path, change, named):
 def test_a_description_file_names_itself(tmp_path):
     bad = tmp_path / "arch.json"
     bad.write_text(json.dumps({**testing.TINY.to_dict(), "num_layers": 0}))
-    message = _one_sentence(architecture.parse, str(bad))
+    message = _one_sentence(given.parse, str(bad))
     assert message.startswith(f"{str(bad)!r}: the architecture's num_layers=0"), message
 
 
@@ -148,7 +167,7 @@ def test_a_fifo_without_a_writer_and_dev_zero_are_refused_at_once(tmp_path):
     # A config.json or a description that is a FIFO: no wait either.
     message = _refused_within(lambda: paths.read_json_object(str(fifo), ""))
     assert message == f"{str(fifo)!r} cannot be read (not a regular file)."
-    message = _refused_within(lambda: architecture.parse(str(fifo)))
+    message = _refused_within(lambda: given.parse(str(fifo)))
     assert "is not a config.json, a description JSON" in message
 
 

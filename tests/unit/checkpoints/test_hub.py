@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import hub
 from ppl_jax.checkpoints.readers.huggingface import HubRepo
 from ppl_jax.config import defaults, settings
@@ -77,7 +77,7 @@ def test_revisions_are_steps_and_restore_like_the_directory(cache):
 
     ckpt = open_checkpoint("hf://org/tiny")
     assert ckpt.steps() == [1000, 2000, 3000]
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     mesh = mesh_lib.make_mesh(-1, 1)
     target = mesh_lib.param_targets(model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES)[
         0

@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from ppl_jax.checkpoints import mapping, open_checkpoint
+from ppl_jax.checkpoints import architecture, given, mapping, open_checkpoint
 from ppl_jax.checkpoints.mapping import blocks, presets, storage
 from ppl_jax.checkpoints.readers.foreign import ForeignOrbax
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -93,7 +93,7 @@ def test_maxtext_llama2_restores_the_params(tmp_path, scanned):
     ckpt = open_checkpoint(str(tmp_path / "run"), architecture=f"maxtext:default {SIZES}")
     assert isinstance(ckpt, ForeignOrbax) and ckpt.steps() == [10, 20]
     assert ckpt.location().item == "items"
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     assert model.description["vocab_size"] == C.vocab_size
     target = targets(model)
     got = ckpt.restore(10, target)
@@ -113,7 +113,7 @@ def test_maxtext_nnx_param_only_checkpoint(tmp_path):
         checkpointer.wait_until_finished()
     ckpt = open_checkpoint(str(tmp_path / "nnx"), architecture=f"maxtext:default {SIZES}")
     assert ckpt.location().bare and ckpt.steps() == []
-    assert_params_equal(ckpt.restore(None, targets(ckpt.model())), params)
+    assert_params_equal(ckpt.restore(None, targets(architecture.resolve(ckpt).model())), params)
 
 
 def test_mapping_mismatches_are_one_sentence(tmp_path):
@@ -124,7 +124,7 @@ def test_mapping_mismatches_are_one_sentence(tmp_path):
     ckpt = open_checkpoint(str(tmp_path / "a"), architecture=f"maxtext:default {SIZES}")
     with pytest.raises(CheckpointError, match=r"no mapping rule takes the stored weight "
                        r"'decoder/extra/kernel'; add a rule"):  # fmt: skip
-        ckpt.restore(None, targets(ckpt.model()))
+        ckpt.restore(None, targets(architecture.resolve(ckpt).model()))
     # The architecture says 3 layers, the checkpoint stacks 2.
     more = SIZES.replace(f"base_num_decoder_layers={C.num_layers}", "base_num_decoder_layers=3")
     del tree["params/params/decoder/extra/kernel"]
@@ -133,7 +133,7 @@ def test_mapping_mismatches_are_one_sentence(tmp_path):
     # Refused before the model is built: what the mapping makes of the stored names has 2 layers.
     with pytest.raises(CheckpointError, match=r"the architecture describes 3 layers but the "
                        r"checkpoint stores 2"):  # fmt: skip
-        ckpt.model()
+        architecture.resolve(ckpt).model()
     # The mapping's own sentence, for a target built anyway.
     model = registry.build(ckpt.description(), jnp.float32)
     with pytest.raises(CheckpointError, match=r"the model weights 'layers/2/attn/k', .* are given "
@@ -146,11 +146,13 @@ def test_mapping_mismatches_are_one_sentence(tmp_path):
         match=r"stored 'decoder/decoder_norm/scale' \[32\] gives "
         r"\[32\] for model weight 'final_norm', which the architecture makes \[48\]",
     ):
-        ckpt.restore(None, targets(ckpt.model()))  # fmt: skip
+        ckpt.restore(None, targets(architecture.resolve(ckpt).model()))  # fmt: skip
     with pytest.raises(CheckpointError, match="carries no architecture"):
-        open_checkpoint(str(tmp_path / "b")).model()
+        architecture.resolve(open_checkpoint(str(tmp_path / "b"))).model()
     with pytest.raises(ConfigError, match="'base_layers' is not a MaxText setting"):
-        open_checkpoint(str(tmp_path / "b"), architecture="maxtext:llama2-7b base_layers=2").model()
+        architecture.resolve(
+            open_checkpoint(str(tmp_path / "b"), architecture="maxtext:llama2-7b base_layers=2")
+        ).model()
 
 
 def test_linen_trainstate_with_a_user_mapping_file(tmp_path):
@@ -192,7 +194,7 @@ rules:
     ckpt = open_checkpoint(str(tmp_path / "ck"), architecture=str(tmp_path / "arch.json"),
                            mapping=str(tmp_path / "map.yaml"))  # fmt: skip
     assert ckpt.location().item == "default"
-    got = ckpt.restore(3, targets(ckpt.model()))
+    got = ckpt.restore(3, targets(architecture.resolve(ckpt).model()))
     assert_params_equal(got, nest_weights(dict(params)))
     # A damaged file, an unknown key, a pattern that is not a regular expression.
     for text, msg in (("rules: [", "is not valid YAML at line"),
@@ -209,15 +211,17 @@ def test_python_entry_point_and_from_linen(monkeypatch):
     golden = os.path.join(os.path.dirname(__file__), "..", "..", "golden")
     monkeypatch.syspath_prepend(os.path.abspath(golden))
     path = os.path.join(golden, "trainers", "linen_trainstate", "checkpoints")
-    model = open_checkpoint(path, architecture="trainer_models:linen_model").model()
+    model = architecture.resolve(
+        open_checkpoint(path, architecture="trainer_models:linen_model")
+    ).model()
     assert model.honours_segments is False  # windows are never packed for it
     assert model.description["family"] == "linen" and model.vocab_size == 64
     with pytest.raises(ConfigError, match="'trainer_models:nothing' cannot be loaded"):
-        open_checkpoint(path, architecture="trainer_models:nothing").model()
+        architecture.resolve(open_checkpoint(path, architecture="trainer_models:nothing")).model()
     with pytest.raises(ConfigError, match="returned a str, not a ppl_jax.LanguageModel"):
-        open_checkpoint(path, architecture="platform:python_version").model()
+        architecture.resolve(open_checkpoint(path, architecture="platform:python_version")).model()
     with pytest.raises(ConfigError, match="'json:loads' cannot be called without arguments"):
-        open_checkpoint(path, architecture="json:loads").model()
+        architecture.resolve(open_checkpoint(path, architecture="json:loads")).model()
 
 
 @pytest.mark.parametrize(
@@ -523,10 +527,8 @@ def test_operations_that_do_not_fit_the_stored_tensor_are_one_sentence(rule, mes
     ],
 )
 def test_maxtext_settings_that_are_not_sizes_are_one_sentence(setting, message):
-    from ppl_jax.checkpoints import architecture
-
     with pytest.raises(ConfigError, match=message) as e:
-        architecture.parse(setting)
+        given.parse(setting)
     assert "\n" not in str(e.value)
 
 

@@ -103,7 +103,7 @@ def test_orbax_steps_latest_and_architecture(orbax_dir):
         ckpt.resolve_step(8)
     assert ckpt.description() == helpers.TINY.to_dict()
     assert ckpt.description(3) == helpers.TINY.to_dict()
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     assert (model.vocab_size, model.max_positions) == (256, 128)
     assert model.description == helpers.TINY.to_dict()
     arch = architecture.resolve(ckpt)  # one resolution: the setup's, the reference's, the harness's
@@ -111,12 +111,12 @@ def test_orbax_steps_latest_and_architecture(orbax_dir):
     assert arch.attention("auto", "float32") == "xla"  # CPU
     assert arch.attention("splash", "bfloat16") == "splash"
     assert arch.model().description == model.description
-    bf16 = ckpt.model("bfloat16", "xla", step=3)
+    bf16 = architecture.resolve(ckpt, 3).model("bfloat16", "xla")
     assert {leaf.dtype for leaf in jax.tree.leaves(bf16.abstract_params)} == {
         jnp.dtype(jnp.bfloat16)
     }
     with pytest.raises(ConfigError, match=r"model.dtype='float16' is not one of"):
-        ckpt.model("float16")
+        architecture.resolve(ckpt).model("float16")
 
 
 def test_a_later_step_is_seen_as_latest(tmp_path):
@@ -135,7 +135,7 @@ def test_hf_has_one_set_of_weights_and_its_config(tmp_path):
     desc = safetensors.read_description(path)
     assert ckpt.description() == desc
     assert desc["family"] == "gpt2"
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     assert (model.vocab_size, model.max_positions) == (desc["vocab_size"], desc["max_positions"])
     assert model.description == desc
 
@@ -182,7 +182,7 @@ def test_an_evaluator_without_a_tokenizer_is_one_sentence(tmp_path):
     assert ckpt.tokenizer() is None
     web = ppl_jax.DatasetSpec(name="web", path=helpers.corpus_files(tmp_path, ["text"]))
     with pytest.raises(ConfigError) as e:
-        ppl_jax.Evaluator(ckpt.model(), mesh_lib.make_mesh(-1, 1), [web], ckpt.tokenizer())
+        ppl_jax.Evaluator(architecture.resolve(ckpt).model(), mesh_lib.make_mesh(-1, 1), [web], ckpt.tokenizer())
     message = str(e.value)
     assert message.startswith("dataset 'web': the Evaluator has no tokenizer to prepare it with")
     assert "ppl_jax.load_tokenizer(PATH)" in message and "data.tokenizer" in message
@@ -193,7 +193,7 @@ def test_an_evaluator_without_a_tokenizer_is_one_sentence(tmp_path):
 def test_orbax_restore_is_restore_params(orbax_dir, dtype):
     path, saved = orbax_dir
     ckpt = open_checkpoint(path)
-    model = ckpt.model(dtype)
+    model = architecture.resolve(ckpt).model(dtype)
     target, _ = _targets(model, jnp.dtype(dtype))
     for step, expected_step in ((None, 10), (3, 3)):
         params = ckpt.restore(step, target)
@@ -206,7 +206,7 @@ def test_orbax_restore_is_restore_params(orbax_dir, dtype):
 def test_hf_restore_is_load_params():
     path = os.path.join(GOLDEN_HF, "llama")  # sharded safetensors
     ckpt = open_checkpoint(path)
-    target, _ = _targets(ckpt.model())
+    target, _ = _targets(architecture.resolve(ckpt).model())
     _assert_bitwise_equal(ckpt.restore(None, target), safetensors.load_params(path, target))
 
 
@@ -222,7 +222,7 @@ def test_steps_saved_without_a_default_key_are_the_same_architecture(tmp_path):
     for step in (1, 2):
         _save(path, step, stored)
     ckpt = open_checkpoint(path)
-    model = ckpt.model(step=1)
+    model = architecture.resolve(ckpt, 1).model()
     assert ckpt.description(2) != model.description  # the raw dict lacks the default
     architecture.check_same(ckpt, 2, model)
     architecture.check_same(ckpt, 1, model)
@@ -234,7 +234,7 @@ def test_a_step_of_another_architecture_is_refused(tmp_path):
     _save(path, 1, helpers.TINY.to_dict())
     _save(path, 2, deeper.to_dict(), deeper)
     ckpt = open_checkpoint(path)
-    model = ckpt.model(step=1)
+    model = architecture.resolve(ckpt, 1).model()
     with pytest.raises(CheckpointError) as e:
         architecture.check_same(ckpt, 2, model)
     assert str(e.value) == (

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ppl_jax.checkpoints import architecture
 from ppl_jax.checkpoints.formats import dequantizing, quantization, quantized_parts, safetensors
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import storage
@@ -110,7 +111,9 @@ def test_blocks_read_alone_equal_the_whole(name, slab):
 @functools.cache
 def restored(name: str, dtype=jnp.float32, model_axis: int = 1):
     ckpt = open_checkpoint(os.path.join(GOLDEN, name))
-    model = ckpt.model(dtype="float32" if dtype == jnp.float32 else "bfloat16")
+    model = architecture.resolve(ckpt).model(
+        dtype="float32" if dtype == jnp.float32 else "bfloat16"
+    )
     mesh = mesh_lib.make_mesh(-1, model_axis)
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES

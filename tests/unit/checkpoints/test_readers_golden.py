@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.readers.huggingface import HFDirectory
 from ppl_jax.checkpoints.readers.orbax_v1 import OrbaxV1
 from ppl_jax.config.defaults import DEFAULT_RULES
@@ -67,7 +67,7 @@ def test_orbax_v1_run_logits_equal_the_writers():
     assert ckpt.steps() == [1, 2] and ckpt.resolve_step(None) == 2
     assert ckpt.item(2) == "state" and "embed/embedding" in ckpt.stored(2)
     golden = np.load(os.path.join(os.path.dirname(RUN), "logits.npz"))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     worst = max(
         _close(_logits(model, ckpt.restore(step, _targets(model)), golden["tokens"]),
                golden[f"step_{step}"])
@@ -83,7 +83,7 @@ def test_orbax_v1_bare_checkpoint_logits_equal_the_writers():
     assert isinstance(ckpt, OrbaxV1) and "orbax.checkpoint" in ckpt.why
     assert ckpt.steps() == [] and ckpt.resolve_step(None) is None
     golden = np.load(os.path.join(READERS, "orbax_v1_bare_logits.npz"))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     _close(_logits(model, ckpt.restore(None, _targets(model)), golden["tokens"]), golden["bare"])
     lines = ckpt.layout_lines(None)
     assert lines[0].startswith("checkpoint: checkpointables state (PyTreeHandler)"), lines
@@ -93,7 +93,7 @@ def test_sharded_safetensors_logits_equal_the_writers():
     ckpt = open_checkpoint(SHARDED)
     assert isinstance(ckpt, HFDirectory) and ckpt.steps() == []
     golden = np.load(os.path.join(SHARDED, "logits.npz"))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     diff = _close(_logits(model, ckpt.restore(None, _targets(model)), golden["tokens"]),
                   golden["bare"])  # fmt: skip
     print(f"sharded_qwen3: max |logit difference| / max |logit| = {diff:.2e}")
@@ -146,7 +146,7 @@ def test_sharded_safetensors_from_a_bucket_by_byte_ranges(bucket):
     remote = open_checkpoint("gs://models/qwen3")
     local = open_checkpoint(SHARDED)
     assert isinstance(remote, HFDirectory) and remote.description() == local.description()
-    model = local.model()
+    model = architecture.resolve(local).model()
     target = _targets(model)
     got, want = (
         weight_paths(remote.restore(None, target)),

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import orbax
 from ppl_jax.checkpoints.readers.foreign import ForeignOrbax
 from ppl_jax.checkpoints.readers.own import OwnOrbax
@@ -71,7 +71,7 @@ def test_maxtext_logits_equal_maxtext(name):
     ckpt = open_checkpoint(os.path.join(TRAINERS, name), architecture=_arch(name))
     assert isinstance(ckpt, ForeignOrbax) and ckpt.location().item == "items"
     golden = np.load(os.path.join(TRAINERS, name, "logits.npz"))
-    _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
+    _check(name, ckpt, architecture.resolve(ckpt).model(), golden, ckpt.steps())
 
 
 def test_gemma_library_logits_equal_gemma():
@@ -82,7 +82,7 @@ def test_gemma_library_logits_equal_gemma():
                            architecture=os.path.join(folder, "config.json"))  # fmt: skip
     assert isinstance(ckpt, ForeignOrbax) and ckpt.location().bare and ckpt.steps() == []
     golden = np.load(os.path.join(folder, "logits.npz"))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     want = golden["bare"]
     got = _logits(model, ckpt.restore(None, _targets(model)), golden["tokens"])
     diff = float(np.abs(got - want).max()) / float(np.abs(want).max())
@@ -95,12 +95,12 @@ def test_maxtext_padded_vocabulary_is_cut():
     name = "maxtext_llama2_scanned"
     ckpt = open_checkpoint(os.path.join(TRAINERS, name),
                            architecture=_arch(name) + " model_vocab_size=100")  # fmt: skip
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     assert model.vocab_size == 100
     golden = dict(np.load(os.path.join(TRAINERS, name, "logits.npz")))
     golden["tokens"] = golden["tokens"] % 100
     ckpt_full = open_checkpoint(os.path.join(TRAINERS, name), architecture=_arch(name))
-    full = ckpt_full.model()
+    full = architecture.resolve(ckpt_full).model()
     want = _logits(full, ckpt_full.restore(1, _targets(full)), golden["tokens"])[..., :100]
     got = _logits(model, ckpt.restore(1, _targets(model)), golden["tokens"])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
@@ -114,7 +114,7 @@ def test_flax_loops_logits_equal_their_own(name, entry, monkeypatch):
     ckpt = open_checkpoint(os.path.join(TRAINERS, name, "checkpoints"), architecture=entry)
     assert ckpt.location().item == {"linen_trainstate": "default", "nnx_state": "model"}[name]
     golden = np.load(os.path.join(TRAINERS, name, "logits.npz"))
-    _check(name, ckpt, ckpt.model(), golden, ckpt.steps())
+    _check(name, ckpt, architecture.resolve(ckpt).model(), golden, ckpt.steps())
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_maxtext_converted_to_own_layout_restores_bit_for_bit(tmp_path):
     # their description): identical params, hence identical scores.
     name = "maxtext_llama2_scanned"
     ckpt = open_checkpoint(os.path.join(TRAINERS, name), architecture=_arch(name))
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     for step in ckpt.steps():
         params = ckpt.restore(step, _targets(model))
         orbax.save_train_state(str(tmp_path / "own"), step, {"step": step, "params": params,
@@ -133,5 +133,9 @@ def test_maxtext_converted_to_own_layout_restores_bit_for_bit(tmp_path):
     tokens = np.load(os.path.join(TRAINERS, name, "logits.npz"))["tokens"]
     for step in ckpt.steps():
         a = _logits(model, ckpt.restore(step, _targets(model)), tokens)
-        b = _logits(own.model(), own.restore(step, _targets(own.model())), tokens)
+        b = _logits(
+            architecture.resolve(own).model(),
+            own.restore(step, _targets(architecture.resolve(own).model())),
+            tokens,
+        )
         np.testing.assert_array_equal(a, b)

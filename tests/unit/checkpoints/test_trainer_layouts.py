@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_trainer_golden import RTOL, TRAINERS, _logits, _targets
 
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.formats import tensorstore_tree
 from ppl_jax.checkpoints.readers.easydel import EasyDeLCheckpoint
 from ppl_jax.checkpoints.readers.levanter import LevanterRun
@@ -36,7 +36,7 @@ def _highest_precision():
 
 
 def _worst(ckpt, golden) -> float:
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     worst = 0.0
     for step in ckpt.steps() or [None]:
         want = golden[f"step_{step}"]
@@ -77,7 +77,7 @@ def test_levanter_step_folder_alone_and_incomplete_steps(tmp_path):
 def test_levanter_without_architecture_is_one_sentence():
     ckpt = open_checkpoint(os.path.join(LEVANTER, "llama_unscanned", "run"))
     with pytest.raises(CheckpointError, match="carries no architecture"):
-        ckpt.model()
+        architecture.resolve(ckpt).model()
     # Only the model's params are stored names (not opt_state, training_key, step).
     assert all(not n.startswith(("opt_state", "training_key")) for n in ckpt.stored(None))
     assert "embeddings/token_embeddings/weight" in ckpt.stored(None)

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq  # noqa: E402  (the `test` extra installs it)
 import pytest
 
+from ppl_jax.checkpoints import architecture
 from ppl_jax.checkpoints.formats import orbax as checkpoint
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
@@ -70,7 +71,7 @@ def host_params(path: str) -> dict:
     from ppl_jax.runtime.mesh import DEFAULT_RULES, make_mesh, param_targets
 
     ckpt = open_checkpoint(path)
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     target, _ = param_targets(
         model.abstract_params, model.logical_axes, make_mesh(-1, 1), DEFAULT_RULES
     )

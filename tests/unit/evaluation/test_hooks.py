@@ -30,7 +30,7 @@ def loop(tiny_checkpoint, corpus, tmp_path_factory):
     short = helpers.corpus_files(tmp_path_factory.mktemp("short"), [helpers.stdlib_text(300)])
     ckpt = ppl_jax.open_checkpoint(tiny_checkpoint)
     evaluator = ppl_jax.Evaluator(
-        ckpt.model(), ppl_jax.make_mesh(-1, 1),
+        ppl_jax.resolve_architecture(ckpt).model(), ppl_jax.make_mesh(-1, 1),
         [ppl_jax.DatasetSpec(name="a", path=corpus), ppl_jax.DatasetSpec(name="b", path=short)],
         ckpt.tokenizer(5),
         protocol=ppl_jax.ProtocolSpec(seq_len=32),

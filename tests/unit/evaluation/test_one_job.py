@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import ppl_jax
+from ppl_jax.checkpoints import architecture
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.evaluation import run as run_lib
@@ -135,7 +136,7 @@ def test_the_evaluator_gives_the_per_token_output_and_kl_of_the_cli(
     table = pq.read_table(os.path.join(folder, files.TOKENS))
 
     ckpt, ref = ppl_jax.open_checkpoint(tiny_checkpoint), ppl_jax.open_checkpoint(reference)
-    model, ref_model = ckpt.model(), ref.model()
+    model, ref_model = architecture.resolve(ckpt).model(), architecture.resolve(ref).model()
     mesh = ppl_jax.make_mesh(-1, 1)
     evaluator = ppl_jax.Evaluator(
         model, mesh,
@@ -195,7 +196,7 @@ def test_a_training_loops_records_are_the_command_lines_and_it_resumes_them(
     ckpt = ppl_jax.open_checkpoint(tiny_checkpoint)
     tags = {"b": "domain=code"}
     evaluator = ppl_jax.Evaluator(
-        ckpt.model(), ppl_jax.make_mesh(-1, 1),
+        architecture.resolve(ckpt).model(), ppl_jax.make_mesh(-1, 1),
         [ppl_jax.DatasetSpec(name=n, path=corpus, tags=tags.get(n, "")) for n in ("a", "b")],
         ckpt.tokenizer(5),
         protocol=ppl_jax.ProtocolSpec(seq_len=32), batch=ppl_jax.BatchSpec(batch_size=8),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ppl_jax
-from ppl_jax.checkpoints import open_checkpoint
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.errors import ConfigError
 from ppl_jax.evaluation import segments
 from ppl_jax.plans.layout import plan_layout
@@ -55,7 +55,7 @@ def test_the_check_passes_an_honest_model_and_catches_one_that_ignores_segments(
         ("float32", 1e-6),
         ("bfloat16", segments.TOLERANCE[jnp.dtype(jnp.bfloat16)]),
     ):
-        model = ckpt.model(dtype)
+        model = architecture.resolve(ckpt).model(dtype)
         target, _ = ppl_jax.runtime.mesh.param_targets(
             model.abstract_params, model.logical_axes, mesh, ppl_jax.runtime.mesh.DEFAULT_RULES,
             jnp.dtype(dtype),
@@ -69,7 +69,7 @@ def test_the_check_passes_an_honest_model_and_catches_one_that_ignores_segments(
 def test_a_model_that_claims_segments_but_ignores_them_is_refused(tiny_checkpoint, short_documents):
     ckpt = open_checkpoint(tiny_checkpoint)
     mesh = make_mesh(-1, 1)
-    liar = ignoring_segments(ckpt.model())
+    liar = ignoring_segments(architecture.resolve(ckpt).model())
     ev = evaluator(liar, ckpt.tokenizer(5), short_documents, mesh)
     assert ev.datasets[0].layout.max_segments > 1  # packed: the claim is believed until checked
     params = ckpt.restore(5, ev.param_targets)
@@ -81,7 +81,7 @@ def test_a_model_that_claims_segments_but_ignores_them_is_refused(tiny_checkpoin
 def test_a_model_that_says_it_ignores_segments_is_scored_unpacked(tiny_checkpoint, short_documents):
     ckpt = open_checkpoint(tiny_checkpoint)
     mesh = make_mesh(-1, 1)
-    honest = ckpt.model()
+    honest = architecture.resolve(ckpt).model()
     said = dataclasses.replace(ignoring_segments(honest), honours_segments=False)
     ev = evaluator(said, ckpt.tokenizer(5), short_documents, mesh)
     assert ev.datasets[0].layout.max_segments == 1
@@ -102,7 +102,9 @@ def test_a_model_on_cudnn_attention_is_scored_unpacked(tiny_checkpoint, short_do
     tok = ckpt.tokenizer(5)
     tok.eos_id = 0
     for attention, packs in (("xla", True), ("cudnn", False)):
-        model = ckpt.model("bfloat16", attention)  # built abstractly: no GPU needed
+        model = architecture.resolve(ckpt).model(
+            "bfloat16", attention
+        )  # built abstractly: no GPU needed
         assert model.honours_segments is packs
         d = ppl_jax.prepare(
             ppl_jax.DatasetSpec(path=short_documents),
@@ -121,7 +123,7 @@ def test_a_prepared_packed_dataset_is_laid_out_again_with_the_runs_length_bucket
     ckpt = open_checkpoint(tiny_checkpoint)
     tok = ckpt.tokenizer(5)
     tok.eos_id = 0
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     said = dataclasses.replace(ignoring_segments(model), honours_segments=False)
     batch = ppl_jax.BatchSpec(batch_size=8, length_buckets=4)
     protocol = ppl_jax.ProtocolSpec(name="lm_eval_rolling", seq_len=64)

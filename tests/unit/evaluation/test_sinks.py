@@ -14,6 +14,7 @@ from test_resume import signal_after
 from test_tensorboard import scalars_in
 
 import ppl_jax
+from ppl_jax.checkpoints import architecture
 from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import ConfigError, Interrupted
@@ -110,7 +111,7 @@ class Recording:
 
 def test_the_evaluator_writes_only_to_the_sinks_it_is_given(tiny_checkpoint, corpus, tmp_path):
     ckpt = ppl_jax.open_checkpoint(tiny_checkpoint)
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     evaluator = ppl_jax.Evaluator(
         model,
         ppl_jax.make_mesh(-1, 1),

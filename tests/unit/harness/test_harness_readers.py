@@ -17,7 +17,7 @@ lm_eval = pytest.importorskip("lm_eval")
 import harness_tasks as tasks  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from ppl_jax.checkpoints import open_checkpoint  # noqa: E402
+from ppl_jax.checkpoints import architecture, open_checkpoint  # noqa: E402
 from ppl_jax.config import defaults, settings  # noqa: E402
 from ppl_jax.errors import ConfigError  # noqa: E402
 from ppl_jax.evaluation.run.setup import set_up  # noqa: E402
@@ -71,12 +71,13 @@ def test_harness_command_line_and_library_open_a_checkpoint_the_same_way(
 ):
     checkpoint = "hf://org/tiny" if where == "hub" else tiny_checkpoint
     library = open_checkpoint(checkpoint)
-    lib_tok, _ = library.tokenizer_for("auto")
+    lib_model = architecture.resolve(library).model()
+    lib_tok, _ = library.tokenizer_for("auto", model=lib_model)
     cli = _command_line(checkpoint, tmp_path)
     mesh = mesh_lib.make_mesh(-1, 1)
     model, params, tok = backend.load(open_checkpoint(checkpoint), None, mesh)
     assert tok.describe() == lib_tok.describe() == cli.tok.describe()
-    assert model.description == library.model().description == cli.model.description
+    assert model.description == lib_model.description == cli.model.description
     want = _params(library, model)
     for name, x in weight_paths(params).items():
         np.testing.assert_array_equal(np.asarray(x), np.asarray(want[name]), err_msg=name)

@@ -362,5 +362,5 @@ def test_the_command_lines_reader_opens_each_family(family):
     arch = architecture.resolve(ckpt)
     assert arch.attention("auto", "float32") == "xla"
     assert arch.attention("auto", "float32", mesh_lib.make_mesh(-1, 1, context=2)) == "xla"
-    model = ckpt.model()
+    model = architecture.resolve(ckpt).model()
     assert model.description == loaded(family)[0].description

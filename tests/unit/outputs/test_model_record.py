@@ -65,9 +65,9 @@ def test_an_adapter_model_is_recorded_whole(trainer_models, kind):
 
 
 def test_a_family_keeps_its_line_and_gains_its_parameters(tiny_checkpoint):
-    from ppl_jax.checkpoints import open_checkpoint
+    from ppl_jax.checkpoints import architecture, open_checkpoint
 
-    model = open_checkpoint(tiny_checkpoint).model()
+    model = architecture.resolve(open_checkpoint(tiny_checkpoint)).model()
     record = model_record(model)
     assert record["entry_point"] is None
     assert record["num_params"] == sum(

@@ -3,7 +3,7 @@
 A MaxText model is named as in MaxText's `configs/models/<name>.yml` (the decoder blocks
 `llama2`, `mistral` and `qwen3`), with MaxText's own override names (`base_num_decoder_layers=2
 base_emb_dim=64 ...`), plus `model_vocab_size=N` to score only the tokenizer's first N ids of a
-vocabulary padded past it (`ppl_jax.checkpoints.architecture.parse` reads the setting).
+vocabulary padded past it (`ppl_jax.checkpoints.given.parse` reads the setting).
 """
 
 from __future__ import annotations
