@@ -22,8 +22,9 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 
-from ppl_jax.checkpoints.formats import quantization, quantized_parts
 from ppl_jax.checkpoints.mapping import storage
+from ppl_jax.checkpoints.quantized import base as quantization
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
 
 
 def _packed(rng, shape, bits, axis) -> np.ndarray:

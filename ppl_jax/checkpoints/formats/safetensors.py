@@ -41,9 +41,10 @@ import numpy as np
 from safetensors import safe_open
 
 from ppl_jax.checkpoints import mapping
-from ppl_jax.checkpoints.formats import quantization, quantized_parts
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import blocks
+from ppl_jax.checkpoints.quantized import base as quantization
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
 from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths

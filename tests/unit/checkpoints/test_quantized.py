@@ -21,10 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.checkpoints.formats import dequantizing, quantization, quantized_parts, safetensors
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import storage
 from ppl_jax.checkpoints.opener import open_checkpoint
+from ppl_jax.checkpoints.quantized import base as quantization
+from ppl_jax.checkpoints.quantized import dequantizing
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
 from ppl_jax.checkpoints.readers import huggingface
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry

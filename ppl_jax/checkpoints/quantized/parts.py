@@ -27,9 +27,9 @@ from typing import Any
 
 import re2
 
-from ppl_jax.checkpoints.formats.dequantizing import Dequantized, Quantized
-from ppl_jax.checkpoints.formats.quantization import Scheme, Weights
 from ppl_jax.checkpoints.mapping.storage import Storage
+from ppl_jax.checkpoints.quantized.base import Scheme, Weights
+from ppl_jax.checkpoints.quantized.dequantizing import Dequantized, Quantized
 from ppl_jax.errors import CheckpointError
 
 Stored = dict[str, tuple[tuple[int, ...], Any]]

@@ -23,8 +23,8 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from ppl_jax.checkpoints.formats import quantized as q
 from ppl_jax.checkpoints.mapping.storage import Storage
+from ppl_jax.checkpoints.quantized import packing as q
 from ppl_jax.errors import CheckpointError
 
 SLAB = 1 << 18  # weights dequantized at once: about 5 MiB of temporaries
