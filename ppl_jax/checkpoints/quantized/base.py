@@ -1,35 +1,26 @@
-"""The quantization of a Hugging Face checkpoint, read from `config.json`'s
-`quantization_config` (`read`): which method, its parameters, and the record results.json keeps
-of it (`Scheme.record`, documented in docs/outputs.md).
+"""What every quantization method shares: the parsed `quantization_config` (`Scheme`, its
+`Weights`), one quantized weight (`Quantized`), the checks of its stored parts (`Finder`), and
+the `Method` each method's module implements (`ppl_jax.checkpoints.quantized.METHODS`).
 
-ppl_jax reads these methods (`quant_method`), each as transformers 5.24 names it:
-
-- `gptq`: packed `qweight`, `qzeros`, `scales` and `g_idx` (act-order), 2, 3, 4 or 8 bits,
-  `checkpoint_format` `gptq` (zero points stored minus one) or `gptq_v2`;
-- `awq`: AWQ's GEMM layout (`version` `gemm`), 4 bits;
-- `compressed-tensors`: `pack-quantized` (2, 4 or 8-bit integers in int32 words),
-  `naive-quantized` and `int-quantized` (int8 values), `float-quantized` (float8_e4m3fn
-  values), with scales per tensor, channel, group or block and optional zero points;
-- `fp8`: float8_e4m3fn weights with `weight_scale_inv` per block (`weight_block_size`, DeepSeek-V3)
-  or per tensor;
-- `mxfp4`: GPT-OSS's experts, `*_blocks` (E2M1) and `*_scales` (E8M0) per 32 values.
-
-Any other method (bitsandbytes, HQQ, fbgemm_fp8, ...), or a parameter these layouts do not
-have, is refused in one sentence naming it. The weights are dequantized where they are read
-(`ppl_jax.checkpoints.formats.dequantizing`); activations are not quantized (weight-only semantics,
-docs/checkpoints.md).
+A method owns its parsing (`Method.parse`, which refuses what its layouts do not have), the
+names and shapes of its parts (`Method.parts`) and its dequantization of a block on the host
+(`Method.read`). The record results.json keeps of a scheme is `Scheme.record` (docs/outputs.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+import numpy as np
+
+from ppl_jax.checkpoints.mapping.storage import Storage
 from ppl_jax.errors import CheckpointError, quoted
 
-METHODS = ("gptq", "awq", "compressed-tensors", "fp8", "mxfp4")
-CT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized")
-CT_STRATEGIES = ("tensor", "channel", "group", "block")
+Stored = dict[str, tuple[tuple[int, ...], Any]]
+FLOATS = ("F32", "F16", "BF16")
+INTS = ("I32", "I64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,29 +118,31 @@ class Scheme:
         return ", ".join(parts) + f" ({self.format})"
 
 
-def _fail(where: str, what: str, fix: str = "") -> CheckpointError:
+def fail(where: str, what: str, fix: str = "") -> CheckpointError:
+    """The refusal `<where>: quantization_config <what>[; <fix>].`"""
     tail = f"; {fix}" if fix else ""
     return CheckpointError(f"{where}: quantization_config {what}{tail}.")
 
 
-def _int(q: dict, keys: tuple[str, ...], default: Any, where: str) -> Any:
+def whole(q: dict, keys: tuple[str, ...], default: Any, where: str) -> Any:
     """The first of `keys` in `q` as an int (or `default`), refusing another type."""
     value = next((q[k] for k in keys if k in q and q[k] is not None), default)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, f"has {keys[0]}={quoted(value, 40)}, not a whole number")
+        raise fail(where, f"has {keys[0]}={quoted(value, 40)}, not a whole number")
     return value
 
 
-def _group_size(q: dict, keys: tuple[str, ...], where: str) -> int | None:
-    size = _int(q, keys, None, where)
+def group_size(q: dict, keys: tuple[str, ...], where: str) -> int | None:
+    """The first of `keys` in `q` as a group size (None for none or -1), refusing another."""
+    size = whole(q, keys, None, where)
     if size is not None and size != -1 and not 0 < size <= 1 << 20:
-        raise _fail(where, f"has {keys[0]}={size}, not a size (or -1: one group per column)")
+        raise fail(where, f"has {keys[0]}={size}, not a size (or -1: one group per column)")
     return None if size in (None, -1) else size
 
 
-def _block_shape(value: Any) -> tuple[int, int] | None:
+def block_shape(value: Any) -> tuple[int, int] | None:
     """`value` as a block's two sizes (a list of two whole numbers in 1..2^20), or None."""
     if (
         isinstance(value, list)
@@ -160,164 +153,140 @@ def _block_shape(value: Any) -> tuple[int, int] | None:
     return None
 
 
-def read(config: dict[str, Any], where: str) -> Scheme | None:
-    """The quantization `config` (a `config.json` dict) declares, or None.
+@dataclasses.dataclass(frozen=True)
+class Quantized:
+    """One quantized weight (see the module docstring).
 
-    Raises:
-      CheckpointError: a method ppl_jax does not read, or a parameter outside its layouts
-        (`bits` of GPTQ not in 2, 3, 4, 8; a `checkpoint_format` or AWQ `version` other than
-        the ones read; an unknown compressed-tensors format or strategy; ...), naming it.
+    Attributes:
+      kind: the method's layout of it: `gptq`, `awq`, `packed` (compressed-tensors' int32
+        words), `scaled` (int8 or float8 values times scales per block), `mxfp4`.
+      parts: role -> stored name (`qweight`, `qzeros`, `scales`, `g_idx`; `values`, `scale`,
+        `zero`; `blocks`, `scales`).
+      shape: the dequantized weight's shape, Hugging Face's layout.
+      dtype: the dtype (safetensors name) its reference computes it in.
+      bits: bits per code.
+      group: values per group along the input axis (GPTQ without `g_idx`, AWQ).
+      groups: the groups the scales hold (the bound of a `g_idx`).
+      block: the (rows, columns) a scale covers (`scaled`, `packed`).
+      scalar: the dimensions of a scale stored as one value (per tensor: 0 or 1), else -1.
+      v1: GPTQ's zero points stored minus one.
+      packed_zero: compressed-tensors' zero points packed in int32 words along the output
+        axis (its releases from 0.10 on), not stored as they are, the scale's shape.
     """
-    q = config.get("quantization_config")
-    if q is None and isinstance(config.get("text_config"), dict):
-        q = config["text_config"].get("quantization_config")
-    if not q:
-        return None
-    if not isinstance(q, dict):
-        raise _fail(where, f"is {quoted(q, 40)}, not an object")
-    method = q.get("quant_method")
-    if method not in METHODS:
-        raise _fail(
-            where,
-            f"names the method {quoted(method, 40)}, which ppl_jax does not read (it reads "
-            f"{', '.join(METHODS)})",
-            "give a dequantized (bfloat16 or float32) copy of the model",
+
+    kind: str
+    parts: dict[str, str]
+    shape: tuple[int, ...]
+    dtype: str
+    bits: int = 0
+    group: int = 0
+    groups: int = 0
+    block: tuple[int, int] = (1, 1)
+    scalar: int = -1
+    v1: bool = False
+    packed_zero: bool = False
+
+
+class Finder:
+    """The quantized weights of one stored tree (`run`, each found by `method.parts`), and the
+    stored names they use (`used`).
+
+    Attributes:
+      scheme: the checkpoint's `Scheme`; method: its `Method`.
+      stored: the stored tensors by the rules' names, (shape, safetensors dtype name).
+      shown: a rules' name -> the stored name, for sentences; where: the checkpoint.
+    """
+
+    def __init__(
+        self,
+        scheme: Scheme,
+        method: Method,
+        stored: Stored,
+        shown: Callable[[str], str],
+        where: str,
+    ):
+        self.scheme, self.method, self.stored, self.shown = scheme, method, stored, shown
+        self.where = where
+        self.used: set[str] = set()
+
+    def run(self) -> dict[str, Quantized]:
+        """The quantized weights by the rules' names of the dequantized weights."""
+        out: dict[str, Quantized] = {}
+        for name in sorted(self.stored):
+            got = self.method.parts(self, name)
+            if got is not None:
+                out[got[0]] = got[1]
+        return out
+
+    def bad(self, name: str, what: str) -> CheckpointError:
+        """The refusal of the stored `name`: its dtype and shape, and `what` it must be."""
+        shape, dtype = self.stored[name]
+        return CheckpointError(
+            f"{self.where}: the stored {self.shown(name)!r} is {dtype} of shape {list(shape)}, "
+            f"but {what}; the checkpoint is damaged or not {self.scheme.method}-quantized as "
+            f"its config.json says."
         )
-    return {"gptq": _gptq, "awq": _awq, "compressed-tensors": _compressed, "fp8": _fp8,
-            "mxfp4": _mxfp4}[method](q, where)  # fmt: skip
 
-
-def _gptq(q: dict, where: str) -> Scheme:
-    bits = _int(q, ("bits",), 4, where)
-    if bits not in (2, 3, 4, 8):
-        raise _fail(where, f"has GPTQ bits={bits}, not one of 2, 3, 4, 8")
-    fmt = q.get("checkpoint_format") or q.get("format") or "gptq"
-    if fmt not in ("gptq", "gptq_v2"):
-        raise _fail(
-            where,
-            f"has the GPTQ checkpoint_format {quoted(fmt, 40)}, a kernel's layout that ppl_jax does "
-            f"not read (it reads gptq and gptq_v2)",
-            "save the model in the gptq format",
-        )
-    if q.get("dynamic"):
-        raise _fail(where, "has per-module overrides (dynamic), which ppl_jax does not read")
-    if q.get("pack_dtype") not in (None, "int32", "torch.int32"):
-        raise _fail(
-            where, f"has pack_dtype={quoted(q['pack_dtype'], 40)}; only int32 words are read"
-        )
-    sym = q.get("sym", True)
-    w = Weights(bits, "int", bool(sym), "group", _group_size(q, ("group_size",), where))
-    return Scheme("gptq", fmt, (w,), act_order=bool(q.get("desc_act", False)))
-
-
-def _awq(q: dict, where: str) -> Scheme:
-    bits = _int(q, ("bits", "w_bit"), 4, where)
-    if bits != 4:
-        raise _fail(where, f"has AWQ bits={bits}; ppl_jax reads 4-bit AWQ (autoawq's GEMM layout)")
-    version = str(q.get("version") or "gemm").lower()
-    if version != "gemm":
-        raise _fail(
-            where,
-            f"has the AWQ version {quoted(q.get('version'), 40)}, a kernel's layout that ppl_jax does "
-            f"not read (it reads gemm)",
-        )
-    size = _group_size(q, ("group_size", "q_group_size"), where)
-    w = Weights(4, "int", not q.get("zero_point", True), "group", size)
-    return Scheme("awq", "gemm", (w,))
-
-
-def _compressed(q: dict, where: str) -> Scheme:
-    status = q.get("quantization_status", "compressed")
-    if status != "compressed":
-        raise _fail(
-            where,
-            f"has quantization_status {quoted(status, 40)}: the weights are stored in full precision "
-            f"with their quantization parameters beside them, which ppl_jax does not apply",
-            "save the model compressed (llm-compressor's save_compressed=True)",
-        )
-    for key in ("sparsity_config", "transform_config"):
-        if q.get(key):
-            raise _fail(where, f"has a {key}, which ppl_jax does not apply")
-    top = q.get("format") or "dense"
-    groups = q.get("config_groups")
-    if not isinstance(groups, dict) or not groups:
-        raise _fail(where, "has no config_groups")
-    out = []
-    for name, group in groups.items():
-        if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
-            raise _fail(where, f"group {quoted(name, 40)} quantizes no weights")
-        fmt = group.get("format") or top
-        if fmt not in CT_FORMATS:
-            raise _fail(
-                where,
-                f"has the compressed-tensors format {quoted(fmt, 40)}, which ppl_jax does not read "
-                f"(it reads {', '.join(CT_FORMATS)})",
-                "give a dequantized (bfloat16 or float32) copy of the model",
+    def part(self, name: str, needs: str, dtypes: tuple[str, ...], ndim: int | None = None):
+        """The shape of the stored part `name`, its dtype and rank checked."""
+        if name not in self.stored:
+            raise CheckpointError(
+                f"{self.where}: the quantized weight {self.shown(needs)!r} lacks its part "
+                f"{self.shown(name)!r}; re-download the checkpoint."
             )
-        out.append(_ct_weights(group, fmt, f"{where}: config group {quoted(name, 40)}"))
-    ignore = q.get("ignore") or ()
-    if not isinstance(ignore, list | tuple) or not all(isinstance(i, str) for i in ignore):
-        raise _fail(where, f"has ignore={quoted(ignore, 40)}, not a list of module names")
-    formats = {g.format for g in out}
-    return Scheme(
-        "compressed-tensors", top if len(formats) > 1 else formats.pop(), tuple(out),
-        ignore=tuple(ignore),
-    )  # fmt: skip
+        shape, dtype = self.stored[name]
+        if dtype not in dtypes or (ndim is not None and len(shape) != ndim):
+            rank = f"{ndim}-dimensional " if ndim is not None else ""
+            raise self.bad(
+                name, f"its part of {self.shown(needs)!r} must be {rank}{'/'.join(dtypes)}"
+            )
+        self.used.add(name)
+        return tuple(shape)
+
+    def expect(self, name: str, shape: tuple[int, ...], want: tuple[int, ...], what: str):
+        """Refuses the stored `name` unless `shape` is `want` (`what` makes it that)."""
+        if tuple(shape) != tuple(want):
+            raise self.bad(name, f"{what} make it {list(want)}")
 
 
-def _ct_weights(group: dict, fmt: str, where: str) -> Weights:
-    w = group["weights"]
-    bits = _int(w, ("num_bits",), 8, where)
-    kind = w.get("type", "int")
-    strategy = w.get("strategy") or "tensor"
-    if strategy not in CT_STRATEGIES:
-        raise _fail(
-            where, f"has the strategy {quoted(strategy, 40)} (ppl_jax reads {CT_STRATEGIES})"
-        )
-    good = {
-        "pack-quantized": kind == "int" and bits in (2, 4, 8),
-        "naive-quantized": kind == "int" and bits <= 8 or kind == "float" and bits == 8,
-        "int-quantized": kind == "int" and bits <= 8,
-        "float-quantized": kind == "float" and bits == 8,
-    }[fmt]
-    if not good or bits < 2:
-        raise _fail(where, f"has {bits}-bit {quoted(kind, 40)} weights in {fmt}, a layout ppl_jax "
-                           f"does not read (pack-quantized: 2, 4 or 8-bit int; float-quantized: "
-                           f"8-bit float)")  # fmt: skip
-    if w.get("actorder") not in (None, "weight", "static", "group", False):
-        raise _fail(where, f"has actorder={quoted(w.get('actorder'), 40)}")
-    size = block = None
-    if strategy == "group":
-        size = _int(w, ("group_size",), None, where)
-        if size is None or not 0 < size <= 1 << 20:
-            raise _fail(where, f"has the group strategy with group_size={quoted(size, 40)}")
-    if strategy == "block":
-        given = w.get("block_structure")
-        block = _block_shape(given)
-        if block is None:
-            raise _fail(where, f"has the block strategy with block_structure={quoted(given, 40)}")
-    targets = group.get("targets") or ["Linear"]
-    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise _fail(where, f"has targets={quoted(targets, 40)}, not a list of names")
-    act = group.get("input_activations")
-    act_bits = _int(act, ("num_bits",), None, where) if isinstance(act, dict) else None
-    return Weights(bits, kind, bool(w.get("symmetric", True)), strategy, size, block, fmt,
-                   tuple(targets), act_bits)  # fmt: skip
+class Method:
+    """One quantization method (`quant_method`), one instance per method, in one module each
+    (`ppl_jax.checkpoints.quantized.METHODS`).
 
+    Attributes:
+      name: its `quant_method`.
+    """
 
-def _fp8(q: dict, where: str) -> Scheme:
-    fmt = q.get("fmt", "e4m3")
-    if fmt != "e4m3":
-        raise _fail(where, f"has fmt={quoted(fmt, 40)}; ppl_jax reads float8_e4m3fn weights (e4m3)")
-    given = q.get("weight_block_size")
-    block = None if given is None else _block_shape(given)
-    if given is not None and block is None:
-        raise _fail(where, f"has weight_block_size={quoted(given, 40)}, not two sizes")
-    w = Weights(8, "float", True, "block" if block else "tensor", None, block, "float8_e4m3fn",
-                activation_bits=8)  # fmt: skip
-    return Scheme("fp8", "float8_e4m3fn", (w,))
+    name: ClassVar[str] = ""
 
+    def parse(self, q: dict[str, Any], where: str) -> Scheme:
+        """The `Scheme` of the `quantization_config` `q` (its `quant_method` is `name`).
 
-def _mxfp4(q: dict, where: str) -> Scheme:
-    w = Weights(4, "float", True, "group", 32, None, "mxfp4")
-    return Scheme("mxfp4", "mxfp4", (w,))
+        Raises:
+          CheckpointError: a parameter outside the method's layouts, naming it (`fail`).
+        """
+        raise NotImplementedError
+
+    def parts(self, found: Finder, name: str) -> tuple[str, Quantized] | None:
+        """(the dequantized weight's rules' name, its `Quantized`) where the stored `name` is
+        the part that marks a quantized weight of this method, else None; its other parts
+        checked against it and marked used (`found.part`).
+
+        Raises:
+          CheckpointError: a part missing, or of a dtype or shape that does not fit.
+        """
+        raise NotImplementedError
+
+    def read(self, t: Quantized, storage: Storage, index: tuple[slice, ...]) -> np.ndarray:
+        """The block `index` of `t` (a full index, one slice a dimension), dequantized on the
+        host in `t.dtype`'s NumPy dtype from the regions of its parts it needs.
+
+        Raises:
+          CheckpointError: a part naming what its weight does not hold; as `storage.read`.
+        """
+        raise NotImplementedError
+
+    def dequantize_on_device(self, t: Quantized, parts: dict[str, Any]) -> Any:
+        """The weight `t` dequantized on device from its parts' (sharded) arrays: not yet
+        (issue 37); every method is dequantized on the host (`read`)."""
+        raise NotImplementedError(f"{self.name}: no device dequantization yet")
