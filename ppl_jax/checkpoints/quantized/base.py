@@ -155,7 +155,7 @@ def block_shape(value: Any) -> tuple[int, int] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Quantized:
-    """One quantized weight (see the module docstring).
+    """One quantized weight, as its method's `parts` found it, and read by its method's `read`.
 
     Attributes:
       kind: the method's layout of it: `gptq`, `awq`, `packed` (compressed-tensors' int32
@@ -287,6 +287,11 @@ class Method:
         raise NotImplementedError
 
     def dequantize_on_device(self, t: Quantized, parts: dict[str, Any]) -> Any:
-        """The weight `t` dequantized on device from its parts' (sharded) arrays: not yet
-        (issue 37); every method is dequantized on the host (`read`)."""
+        """The weight `t` (or a device's block of it) dequantized on the device from its parts'
+        arrays there (`parts`: role -> jax.Array), so that the packed weights, not their float
+        copies, are what a device holds: not yet (issue 37).
+
+        Raises:
+          NotImplementedError: for every method today; each is dequantized on the host (`read`).
+        """
         raise NotImplementedError(f"{self.name}: no device dequantization yet")
