@@ -22,8 +22,9 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 
-from ppl_jax.checkpoints.formats import quantization, quantized_parts
 from ppl_jax.checkpoints.mapping import storage
+from ppl_jax.checkpoints.quantized import methods
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
 
 
 def _packed(rng, shape, bits, axis) -> np.ndarray:
@@ -106,7 +107,7 @@ def main() -> None:
     del bf16
     for name, (config, tensors) in layouts(args.rows, args.cols, rng).items():
         stored = {k: (v.shape, DTYPE_NAMES[v.dtype.name]) for k, v in tensors.items()}
-        scheme = quantization.read({"quantization_config": config}, name)
+        scheme = methods.parse({"quantization_config": config}, name)
         source, made = quantized_parts.view(scheme, storage.Arrays(tensors), stored, str, name)
         (target,) = source.tensors
         seconds, extra, block = measure(lambda s=source, t=target: s.read(t, ()))

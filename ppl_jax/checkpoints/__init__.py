@@ -6,9 +6,10 @@ returns it. The protocol every reader answers is `checkpoint.Checkpoint`'s; a st
 `Architecture` (`resolve_architecture(ckpt, step)`, `architecture.resolve`) builds its model and
 chooses its attention, from the checkpoint's own architecture or the one a user gives (`given`).
 
-Three rooms hold the rest: `readers` (one reader per layout), `mapping` (the one mapping
-language from stored names to a model's params, read block by block from a storage) and
-`formats` (the files: Orbax, TensorStore trees, safetensors, the hub, GGUF, quantized weights).
+Four rooms hold the rest: `readers` (one reader per layout), `mapping` (the one mapping
+language from stored names to a model's params, read block by block from a storage), `formats`
+(the files: Orbax, TensorStore trees, safetensors, the hub, GGUF) and `quantized` (the
+quantization methods of Hugging Face weights, one module each, dequantized as they are read).
 All Orbax calls of ppl_jax live in `formats.orbax` and `readers.orbax_v1`, Hugging Face's files
 in `formats.safetensors` and `formats.hub`.
 """

@@ -14,8 +14,8 @@ A Hugging Face directory (what `save_pretrained` writes) holds `config.json`, th
   range of the stored tensor where the layout allows, otherwise one weight at most on the host),
   converted to the target dtype and placed straight into its sharding. A model is never gathered
   whole in one host's memory. Quantized weights (`config.json`'s `quantization_config`:
-  `ppl_jax.checkpoints.formats.quantization`) are read through
-  `ppl_jax.checkpoints.formats.quantized_parts`, each block dequantized from the regions of its
+  `ppl_jax.checkpoints.quantized.methods`) are read through
+  `ppl_jax.checkpoints.quantized.parts`, each block dequantized from the regions of its
   parts it needs.
 - `read_tokenizer` reads the tokenizer and its BOS/EOS policy.
 
@@ -41,9 +41,11 @@ import numpy as np
 from safetensors import safe_open
 
 from ppl_jax.checkpoints import mapping
-from ppl_jax.checkpoints.formats import quantization, quantized_parts
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import blocks
+from ppl_jax.checkpoints.quantized import methods
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
+from ppl_jax.checkpoints.quantized.base import Scheme
 from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
@@ -108,18 +110,16 @@ def _config(path: str, config: dict[str, Any] | None = None) -> tuple[dict[str, 
     return cfg, False
 
 
-def read_quantization(
-    path: str, config: dict[str, Any] | None = None
-) -> quantization.Scheme | None:
+def read_quantization(path: str, config: dict[str, Any] | None = None) -> Scheme | None:
     """The quantization `config.json`'s `quantization_config` declares
-    (`ppl_jax.checkpoints.formats.quantization.read`), or None; `config`: the file as
+    (`ppl_jax.checkpoints.quantized.methods.parse`), or None; `config`: the file as
     `read_config` read it (else read here).
 
     Raises:
       CheckpointError: no or bad `config.json`; a method or parameter ppl_jax does not read.
     """
     cfg = read_config(path) if config is None else config
-    return quantization.read(cfg, paths.join(path, "config.json"))
+    return methods.parse(cfg, paths.join(path, "config.json"))
 
 
 def _is_text_tower(name: str) -> bool:
@@ -392,7 +392,7 @@ def load_params(path: str, target: Any) -> Any:
       target: the params tree of `registry.build(read_description(path), dtype)`, with
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
         float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even);
-        quantized ones (`quantization_config`, `ppl_jax.checkpoints.formats.quantized_parts`) are
+        quantized ones (`quantization_config`, `ppl_jax.checkpoints.quantized.parts`) are
         dequantized by block, then converted.
 
     Returns:

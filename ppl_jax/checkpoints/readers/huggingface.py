@@ -22,9 +22,10 @@ import numpy as np
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import mapping
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
-from ppl_jax.checkpoints.formats import hub, quantized_parts, safetensors
+from ppl_jax.checkpoints.formats import hub, safetensors
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import apply, blocks, storage
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths

@@ -23,7 +23,7 @@ softmax scale; the fields of its own are below.
 
 The published checkpoints' FP8 weights (`quantization_config` `fp8`: float8_e4m3fn with
 `weight_scale_inv` per 128 x 128 block) are dequantized where they are read
-(`ppl_jax.checkpoints.formats.quantized_parts`). Refused: cuDNN attention (values narrower than the
+(`ppl_jax.checkpoints.quantized.parts`). Refused: cuDNN attention (values narrower than the
 keys). Verified under a context axis (tests/slow/test_frontier_context.py).
 """
 

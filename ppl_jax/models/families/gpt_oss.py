@@ -14,7 +14,7 @@ transformers 5.24's `modeling_gpt_oss` computes it:
   stored `gate_up_proj`); untied embeddings.
 
 The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
-`*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.formats.quantized_parts`).
+`*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.quantized.parts`).
 Refused: cuDNN attention (no sinks). Verified under a context axis
 (tests/slow/test_frontier_context.py). From GGUF (llama.cpp's architecture `gpt-oss`): gate and
 up stored apart, the norm after attention (`post_attention_norm`) as the MLP's.

@@ -15,7 +15,7 @@
   the chosen experts' input, plus a shared SwiGLU expert; both of `intermediate_size`.
 
 Quantized weights are read as `quantization_config` says where ppl_jax reads its method
-(`ppl_jax.checkpoints.formats.quantization`; the FP8 release's `fbgemm_fp8` is refused there).
+(`ppl_jax.checkpoints.quantized.methods`; the FP8 release's `fbgemm_fp8` is refused there).
 Refused: `attention_bias`, and cuDNN and splash attention when chunked layers are present (no
 chunks). Verified under a context axis
 (tests/slow/test_frontier_context.py).

@@ -22,10 +22,12 @@ import numpy as np
 import pytest
 
 from ppl_jax.checkpoints import architecture
-from ppl_jax.checkpoints.formats import dequantizing, quantization, quantized_parts, safetensors
+from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import storage
 from ppl_jax.checkpoints.opener import open_checkpoint
+from ppl_jax.checkpoints.quantized import methods, packing
+from ppl_jax.checkpoints.quantized import parts as quantized_parts
 from ppl_jax.checkpoints.readers import huggingface
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
@@ -69,11 +71,11 @@ def _sha(x: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(raw).tobytes()).hexdigest()
 
 
-@pytest.fixture(params=[dequantizing.SLAB, 40], ids=["slab", "small_slabs"])
+@pytest.fixture(params=[packing.SLAB, 40], ids=["slab", "small_slabs"])
 def slab(request, monkeypatch):
     """Blocks dequantized in one slab, and in slabs of about 40 weights (many per block, cut
     across words, groups and scale blocks)."""
-    monkeypatch.setattr(dequantizing, "SLAB", request.param)
+    monkeypatch.setattr(packing, "SLAB", request.param)
     return request.param
 
 
@@ -170,7 +172,7 @@ def entry_view(entry: str):
         folder, ranges.read_header(folder, "tensors.safetensors")
     )
     stored = {k: v for k, v in weights.stored((), False).items() if k.startswith(entry + ".")}
-    scheme = quantization.read(tensor_entries()[entry], entry)
+    scheme = methods.parse(tensor_entries()[entry], entry)
     return quantized_parts.view(scheme, weights, stored, weights.real, entry)[0]
 
 
@@ -237,7 +239,7 @@ def test_zero_points_stored_as_they_are_read_as_the_packed_ones():
     raw = np.frombuffer(words[:, 0].astype("<u4").tobytes(), np.uint8).astype(np.int16) - 128
     arrays[f"{entry}.weight_zero_point"] = raw.astype(np.int8)[:, None]
     stored[f"{entry}.weight_zero_point"] = (raw[:, None].shape, "I8")
-    scheme = quantization.read(tensor_entries()[entry], entry)
+    scheme = methods.parse(tensor_entries()[entry], entry)
     source = quantized_parts.view(scheme, storage.Arrays(arrays), stored, str, entry)[0]
     assert not source.tensors[f"{entry}.weight"].packed_zero
     whole = source.read(f"{entry}.weight", ())

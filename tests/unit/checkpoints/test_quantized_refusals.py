@@ -86,6 +86,7 @@ def load(folder: str, monkeypatch) -> None:
         ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin', a kernel's layout"),
         ({"quant_method": "hqq"}, "the method 'hqq', which ppl_jax does not read"),
         ({"quant_method": None}, "the method None, which ppl_jax does not read"),
+        ({"quant_method": ["gptq"]}, "the method \\['gptq'\\], which ppl_jax does not read"),
         ({"dynamic": {"re:.*": {"bits": 8}}}, "per-module overrides"),
         ({"quantization_config": ["gptq"]}, "quantization_config is \\['gptq'\\], not an object"),
     ],

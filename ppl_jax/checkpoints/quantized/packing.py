@@ -1,12 +1,17 @@
-"""The dequantization formulas of quantized Hugging Face weights, one function per layout, in
-NumPy, on the stored regions a block of the weight needs (`ppl_jax.checkpoints.formats.dequantizing`
-says which regions those are).
+"""What the methods share to dequantize a block on the host: the formulas (in NumPy, on the
+stored regions a block of the weight needs), how codes are packed in words, and the reading of
+those regions in slabs.
 
-Each function gives the weight as its format's reference computes it: the exact product of the
+Each formula gives the weight as its format's reference computes it: the exact product of the
 codes and their scale (exact in float32 for every layout here), rounded once to the dtype that
 reference computes in (the scales' dtype for GPTQ, AWQ and compressed-tensors' integer and FP8
 layouts; float32 for DeepSeek's block FP8 and for MXFP4). The caller then casts it to the
-model's dtype. The sources each function follows are named in its docstring.
+model's dtype. The sources each function follows are named in its docstring; the formulas one
+method alone uses are in its module.
+
+A block's parts are read at once (packed, they are a fraction of the block) and dequantized in
+slabs of about `SLAB` weights into the block (`slabs`), so that the unpacked codes, expanded
+scales and float32 products a slab needs stay a few MiB whatever the block's size.
 
 Packed integers (GPTQ, AWQ, compressed-tensors' `pack-quantized`) are unsigned codes of `bits`
 bits in little-endian 32-bit words; 32 consecutive codes fill `bits` words, code `i` starting
@@ -20,19 +25,15 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
-# AWQ's order of 8 codes in a word: stored position k holds code [0, 2, 4, 6, 1, 3, 5, 7][k]
-# (autoawq `WQLinear_GEMM.from_linear`'s order_map); unpacking takes code j from stored position
-# AWQ_REVERSE[j] (autoawq `AWQ_REVERSE_ORDER`).
-AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
-# E2M1 values by code (sign bit 3), OCP Microscaling Formats v1.0 Table 5; transformers'
-# `integrations/mxfp4.FP4_VALUES`.
-E2M1 = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-    np.float32,
-)
-E8M0_BIAS = 127
+from ppl_jax.checkpoints.mapping.storage import Storage
+from ppl_jax.checkpoints.quantized.base import Quantized
+from ppl_jax.errors import CheckpointError
+
+SLAB = 1 << 18  # weights dequantized at once: about 5 MiB of temporaries
+NP = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 
 
 def words_for(start: int, stop: int, bits: int, stored: int) -> tuple[int, int, int]:
@@ -71,19 +72,6 @@ def unpack(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
     return np.moveaxis(codes, -1, axis)
 
 
-def gptq_v1_zeros(qzeros: np.ndarray, bits: int) -> np.ndarray:
-    """GPTQ's v1 zero points made v2 (what they mean): v1 checkpoints store each zero point
-    minus one. As gptqmodel reads them (`convert_gptq_v1_to_v2_format_module`, the kernel
-    transformers runs): for 2, 4 and 8 bits each 32-bit word plus 0x55555555, 0x11111111 or
-    0x01010101 (modulo 2**32, the inverse of the word subtraction gptqmodel saves v1 with, a
-    zero point of 0 borrowing from the next); for 3 bits, each unpacked code plus one modulo 8.
-    Returns packed words for 2, 4 and 8 bits, and unpacked codes (along axis 1) for 3."""
-    if bits == 3:
-        return (unpack(qzeros, 3, axis=1) + 1) & 7
-    ones = {2: 0x55555555, 4: 0x11111111, 8: 0x01010101}[bits]
-    return (qzeros.view(np.uint32).astype(np.uint64) + ones).astype(np.uint32)
-
-
 def grouped(codes: np.ndarray, zeros: np.ndarray, scales: np.ndarray, groups: np.ndarray):
     """GPTQ's and AWQ's weight `[in, out]`: `(codes - zeros[g]) * scales[g]`, `g = groups` (each
     row's group: GPTQ's `g_idx`, AWQ's row // group_size), in the scales' dtype (gptqmodel
@@ -107,14 +95,6 @@ def grouped(codes: np.ndarray, zeros: np.ndarray, scales: np.ndarray, groups: np
         np.multiply(diff, scales[g].astype(np.float32), out=diff)
         out[a:b] = diff
     return out
-
-
-def awq_codes(words: np.ndarray) -> np.ndarray:
-    """AWQ's 4-bit codes of `words [rows, n]` in their true order, `[rows, 8 n]` (autoawq
-    `unpack_awq` then `reverse_awq_order`)."""
-    codes = unpack(words, 4, axis=1)
-    order = (np.arange(codes.shape[1]) // 8) * 8 + np.tile(AWQ_REVERSE, codes.shape[1] // 8)
-    return codes[:, order]
 
 
 def scaled(
@@ -144,14 +124,74 @@ def expand(scale: np.ndarray, axis: int, positions: range, size: int, first: int
     return np.take(scale, index, axis=axis)
 
 
-def mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """MXFP4 values `[..., rows, 32 G]` float32 of `blocks [..., rows, G, 16]` uint8 (two E2M1
-    codes a byte, the low nibble first) and `scales [..., rows, G]` uint8 (E8M0: the scale is
-    `2 ** (s - 127)`): `E2M1[code] * 2 ** (s - 127)` (OCP Microscaling Formats v1.0;
-    transformers `integrations/mxfp4._convert_moe_packed_tensors`: `lut[blk & 0x0F]`,
-    `lut[blk >> 4]` interleaved, then `torch.ldexp` by `scales - 127`)."""
-    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1)  # [..., G, 16, 2]
-    values = E2M1[codes].reshape(blocks.shape[:-1] + (32,))
-    exp = scales.astype(np.int32) - E8M0_BIAS
-    out = np.ldexp(values, exp[..., None]).astype(np.float32)
-    return out.reshape(out.shape[:-2] + (out.shape[-2] * 32,))
+def in_range(index: tuple[slice, ...], shape: tuple[int, ...], axis: int) -> range:
+    """The positions the slice `index[axis]` takes of a dimension of `shape[axis]`."""
+    return range(*index[axis].indices(shape[axis])[:2])
+
+
+def slabs(n: int, width: int, unit: int = 1) -> list[tuple[int, int]]:
+    """`[0, n)` cut in slabs of about `SLAB / width` rows (a multiple of `unit`)."""
+    step = max(unit, SLAB // max(width, 1) // unit * unit)
+    return [(a, min(n, a + step)) for a in range(0, n, step)]
+
+
+def column_groups(t: Quantized, storage: Storage, cols: range) -> tuple[np.ndarray, int, int]:
+    """(each input column's group in `cols`, from `g_idx` or the group size, and the first and
+    end group they span)."""
+    name = t.parts.get("g_idx")
+    if name is None:
+        g = np.arange(cols.start, cols.stop) // t.group
+    else:
+        g = np.asarray(storage.read(name, (slice(cols.start, cols.stop),))).astype(np.int64)
+        bad = g[(g < 0) | (g >= t.groups)]
+        if bad.size:
+            raise CheckpointError(
+                f"the stored {name!r} names group {int(bad[0])}, but its weight's scales hold "
+                f"{t.groups} groups; the checkpoint is damaged."
+            )
+    if not g.size:
+        return g, 0, 0
+    return g, int(g.min()), int(g.max()) + 1
+
+
+def zero_words(t: Quantized) -> int:
+    """The words of one row of zero points packed along the output axis."""
+    return math.ceil(t.shape[-2] * t.bits / 32)
+
+
+def compact(t: Quantized, storage: Storage, role: str, index: tuple[slice, ...]):
+    """The stored scale (or zero point) entries a block needs, and where they start: a
+    `[..., ceil(rows / bh), ceil(cols / bw)]` region over `t.block` (or the one value)."""
+    name = t.parts[role]
+    if t.scalar >= 0:
+        return np.asarray(storage.read(name, (slice(0, 1),) * t.scalar)).reshape(()), 0, 0
+    rows, cols = in_range(index, t.shape, -2), in_range(index, t.shape, -1)
+    (bh, bw), lead = t.block, index[:-2]
+    r0, c0 = rows.start // bh, cols.start // bw
+    at = lead + (slice(r0, (rows.stop - 1) // bh + 1), slice(c0, (cols.stop - 1) // bw + 1))
+    return np.asarray(storage.read(name, at)), r0, c0
+
+
+def spread(t: Quantized, entries, rows: range, cols: range) -> np.ndarray:
+    """`compact`'s `entries` repeated to the weights at `rows` and `cols` (a slab)."""
+    s, r0, c0 = entries
+    if s.ndim == 0:
+        return s
+    (bh, bw) = t.block
+    return expand(expand(s, -2, rows, bh, r0), -1, cols, bw, c0)
+
+
+def read_scaled(t: Quantized, storage: Storage, index: tuple[slice, ...]) -> np.ndarray:
+    """int8 or float8 values times their scales (minus zero points): compressed-tensors'
+    naive, int and float layouts, DeepSeek-V3's FP8; by slabs of rows."""
+    values = np.asarray(storage.read(t.parts["values"], index))
+    scale = compact(t, storage, "scale", index)
+    zero = compact(t, storage, "zero", index) if "zero" in t.parts else None
+    rows, cols = in_range(index, t.shape, -2), in_range(index, t.shape, -1)
+    out = np.empty(values.shape, NP[t.dtype])
+    lead = math.prod(values.shape[:-2])
+    for a, b in slabs(len(rows), lead * len(cols)):
+        part = range(rows.start + a, rows.start + b)
+        z = None if zero is None else spread(t, zero, part, cols)
+        out[..., a:b, :] = scaled(values[..., a:b, :], spread(t, scale, part, cols), z, out.dtype)
+    return out
