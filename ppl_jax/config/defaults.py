@@ -75,7 +75,7 @@ def get_config() -> config_dict.ConfigDict:
     c.model.dtype = "float32"
     c.model.attention = "auto"
     c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.layers.context)
-    c.model.token_chunk = 0  # tokens per chunk of the per-token layers on a device; 0: all
+    c.model.token_chunk = 0  # per-token layers' tokens at once per device; 0: all (NLL: bounded)
     c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
     c.model.matmul_precision = "auto"  # matrix products: auto (float32: highest), highest, ...
 
@@ -269,8 +269,9 @@ KEY_MEANINGS = {
     "model.context_attention": "how attention crosses mesh.context: 'all_gather' (each device "
     "gathers a layer's keys and values) or 'ring' (they go round the devices: less memory)",
     "model.token_chunk": "tokens the MLP and the NLL take at once on each device, and on one "
-    "device the queries of each layer of a longer window (0: all; e.g. 16384 for windows of 1M "
-    "tokens)",
+    "device the queries of each layer of a longer window (0: the MLP and the queries all at "
+    "once, the NLL as many as keep its float32 logits of 4096 ids within 128 MiB per device, "
+    "shared by a host's CPU devices; e.g. 16384 for windows of 1M tokens)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
     "mesh.context": "devices along the context axis, over which each window's tokens are split "
     "(long windows); -1: the devices left over",

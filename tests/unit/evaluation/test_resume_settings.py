@@ -123,6 +123,14 @@ def changed_description(root):
     return rewritten(root / "arch.json", json.dumps({**description, "rope_theta": 20000.0}))
 
 
+@contextlib.contextmanager
+def smaller_logits_budget(root):
+    """A budget of 4 kB for a block of logits: the NLL takes one token of each row at once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ppl_jax.scoring.step.LOGITS_BUDGET", 4096)
+        yield
+
+
 RULES = tuple((k, None if k == "mlp" else v) for k, v in DEFAULT_RULES)  # the MLP unsharded
 # (what changes, the settings changed, a file changed meanwhile, the change the refusal names)
 CASES = [
@@ -160,6 +168,7 @@ CASES = [
     ("mesh.rules", {"mesh__rules": RULES}, None, "mesh.rules"),
     ("mesh.context", {"mesh__data": 2, "mesh__context": 4}, None, "mesh.context: null -> 4"),
     ("model.token_chunk", {"model__token_chunk": 8}, None, "mesh.token_chunk: null -> 8"),
+    ("the NLL's own chunk", {}, smaller_logits_budget, "mesh.nll_chunk: null -> [1]"),
 ]  # fmt: skip
 
 
