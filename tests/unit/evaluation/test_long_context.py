@@ -198,12 +198,14 @@ def test_the_evaluators_settings_are_named_as_its_own(tiny_checkpoint, tmp_path)
 
 
 def test_the_evaluators_positions_are_counted_in_its_own_tokens(
-    tiny_checkpoint, bpe_tokenizer, tmp_path
+    tiny_checkpoint, bpe_tokenizer, tmp_path, monkeypatch
 ):
     """The scored model reads up to 127 bytes at once; an evaluator of 64 positions whose BPE
     reads a document of 127 bytes in fewer tokens finds its key tokens (it was refused for
-    eval.seq_len=127 before); a document longer than 64 of its tokens is refused, naming them."""
+    eval.seq_len=127 before), in rows as wide as its own longest window (they were 128 wide); a
+    document longer than 64 of its tokens is refused, naming them."""
     from ppl_jax import testing
+    from ppl_jax.evaluation import long_context
     from ppl_jax.tokenizer import load_tokenizer
 
     tok = load_tokenizer(bpe_tokenizer)
@@ -215,7 +217,17 @@ def test_the_evaluators_positions_are_counted_in_its_own_tokens(
     assert len(tok.encode([fits])[0]) <= 64 < len(tok.encode([longer])[0])
     s = settings(tiny_checkpoint, helpers.corpus_files(tmp_path, [fits]), tmp_path / "o",
                  longppl__evaluator__dir=evaluator, metrics__bootstrap_samples=0)  # fmt: skip
+    widths, score_pass = [], long_context.score_pass
+
+    def seen(model, params, mesh, shardings, windows, *args, **kwargs):
+        widths.append((model.vocab_size, windows.seq_len))
+        return score_pass(model, params, mesh, shardings, windows, *args, **kwargs)
+
+    monkeypatch.setattr(long_context, "score_pass", seen)
     assert run(s).diagnostics["long_context"]["longppl"]["evaluator"] == evaluator
+    full = len(tok.encode([fits])[0]) - 1  # its longest window's inputs (no BOS)
+    assert (tok.vocab_size, full) in widths
+    assert all(n <= full for v, n in widths if v == tok.vocab_size), widths
     (tmp_path / "b").mkdir()
     s = settings(tiny_checkpoint, helpers.corpus_files(tmp_path / "b", [longer]), tmp_path / "p",
                  longppl__evaluator__dir=evaluator, metrics__bootstrap_samples=0)  # fmt: skip
