@@ -124,7 +124,17 @@ class Provenance:
                     "num_windows": plan.windows.num_windows,
                     **(protocol_part or {}),
                 },
-                "layout": {**self.batch.fingerprint_part(), "num_batches": d.layout.num_batches},
+                "layout": {
+                    **self.batch.fingerprint_part(),
+                    "num_batches": d.layout.num_batches,
+                    # rows per batch where the layout shares them out below eval.batch_size
+                    # (`planner.batches`); a plan of one batch as before (its windows the same)
+                    **(
+                        {"rows": d.layout.batch_size}
+                        if d.layout.num_batches > 1 and d.layout.batch_size < self.batch.batch_size
+                        else {}
+                    ),
+                },
                 "mesh": {
                     **{k: int(v) for k, v in self.mesh.shape.items() if k != "context"},
                     "processes": jax.process_count(),
