@@ -27,6 +27,7 @@ from ppl_jax.plans import plan_cache, protocols, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan, PlanInputs
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
+from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import distributed
 from ppl_jax.tokenizer import Tokenizer
 
@@ -141,7 +142,14 @@ def plan(
 
 
 def batches(p: Plan, batch: BatchSpec, segments: bool = True, rows_multiple: int = 0) -> Layout:
-    """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
+    """The batch layout of a plan's windows with the run's settings (`lay_out`)."""
+    return lay_out(p.windows, batch, segments, rows_multiple)
+
+
+def lay_out(
+    windows: Windows, batch: BatchSpec, segments: bool = True, rows_multiple: int = 0
+) -> Layout:
+    """The batch layout of `windows` (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
     Windows are packed only for a model that keeps segments apart (`segments`:
     `LanguageModel.honours_segments`, False for one whose attention cannot, as cuDNN's).
 
@@ -155,13 +163,13 @@ def batches(p: Plan, batch: BatchSpec, segments: bool = True, rows_multiple: int
     run's fingerprint names it (`Provenance`), since a journal's batch `i` holds other windows.
     """
     pack = batch.packing and segments
-    layout = plan_layout(p.windows, batch.batch_size, pack=pack, num_buckets=batch.length_buckets)
+    layout = plan_layout(windows, batch.batch_size, pack=pack, num_buckets=batch.length_buckets)
     if rows_multiple > 0:
         rows = max(len(layout.rows), 1)
         per_batch = -(-rows // -(-rows // layout.batch_size))
         needed = -(-per_batch // rows_multiple) * rows_multiple
         if needed < layout.batch_size:
-            even = plan_layout(p.windows, needed, pack=pack, num_buckets=batch.length_buckets)
+            even = plan_layout(windows, needed, pack=pack, num_buckets=batch.length_buckets)
             if even.num_batches <= layout.num_batches and _positions(even) <= _positions(layout):
                 layout = even
     return layout
