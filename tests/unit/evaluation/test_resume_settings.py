@@ -159,6 +159,9 @@ CASES = [
     ("eval.batch_size", {"eval__batch_size": 16}, None, "layout.batch_size: 8 -> 16"),
     ("eval.packing", {"eval__packing": False}, None, "layout.packing: true -> false"),
     ("eval.length_buckets", {"eval__length_buckets": 2}, None, "layout.length_buckets: 1 -> 2"),
+    # 353 windows in 2 batches of 178 rows, not of 352: the rows shared out are named.
+    ("the rows shared out", {"eval__batch_size": 352, "mesh__data": 2, "mesh__model": 4}, None,
+     "layout.rows: null -> 178"),
     ("model.dtype", {"model__dtype": "bfloat16"}, None, "model.dtype"),
     ("model.rope_angles", {"model__rope_angles": "exact"}, None, "model.description"),
     ("model.matmul_precision", {"model__matmul_precision": "default"}, None,
