@@ -246,7 +246,8 @@ KEY_MEANINGS = {
     "eval.seq_len": "tokens the model reads per window (at most its positions)",
     "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided (and "
     "eval.long_documents=sliding); unset: seq_len // 2; ignored by the other protocols",
-    "eval.batch_size": "windows per step, global over all processes; a multiple of mesh.data",
+    "eval.batch_size": "rows per step at most, global over all processes; a multiple of "
+    "mesh.data (the batches share the rows evenly: 18 rows in batches of 8 run as 3 of 6)",
     "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
     "eval.long_documents": "whole_documents: the rule for a document longer than a window, "
     "'sliding' (windows every eval.stride tokens within it) or 'truncate' (its first window); "
