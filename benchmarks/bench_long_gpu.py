@@ -18,7 +18,8 @@ of 64, MLP 8192, vocabulary 128,256, tied), randomly initialised, bfloat16, scor
 - `packed`: documents of random lengths (1 to 2,048 tokens, log-uniform) packed into rows of
   2,048 (`eval.packing`, with `--length_buckets` row widths: the last batch may be narrower),
   cuDNN attention, against the same documents one per row (one width).
-- `padding`: the same documents laid out by `ppl_jax.plans.plan_layout` alone (no model), packed
+- `padding`: the same documents laid out as a run on one device does (no model,
+  `ppl_jax.plans.planner.lay_out`), packed
   with 1, 4 and 8 length buckets and one per row. Reported: rows, batches, widths, the padding
   (positions of the batches that hold no token), its two parts (the free positions of the rows
   that hold windows, and the empty rows that fill the last batch), the most windows in a row, and
@@ -213,11 +214,13 @@ def padding(pack: bool, buckets: int) -> dict:
     """The layout of the packed part's documents, planned alone (no model, any machine)."""
     import numpy as np
 
-    from ppl_jax.plans import plan_layout
+    from ppl_jax.plans.planner import lay_out
+    from ppl_jax.plans.spec import BatchSpec
 
     wins, lengths = documents(_NUM_ROWS.value, _config()["vocab_size"])
     t0 = time.perf_counter()
-    layout = plan_layout(wins, _BATCH.value, pack=pack, num_buckets=buckets)
+    spec = BatchSpec(batch_size=_BATCH.value, packing=pack, length_buckets=buckets)
+    layout = lay_out(wins, spec, rows_multiple=1)  # as a run on one device lays them out
     seconds = time.perf_counter() - t0
     b = layout.batch_size
     positions = b * sum(layout.widths)

@@ -75,7 +75,7 @@ def get_config() -> config_dict.ConfigDict:
     c.model.dtype = "float32"
     c.model.attention = "auto"
     c.model.context_attention = "all_gather"  # or ring (ppl_jax.models.layers.context)
-    c.model.token_chunk = 0  # tokens per chunk of the per-token layers on a device; 0: all
+    c.model.token_chunk = 0  # per-token layers' tokens at once per device; 0: all (NLL: bounded)
     c.model.rope_angles = "float32"  # RoPE angles: transformers' float32, or exact (long windows)
     c.model.matmul_precision = "auto"  # matrix products: auto (float32: highest), highest, ...
 
@@ -247,7 +247,8 @@ KEY_MEANINGS = {
     "eval.seq_len": "tokens the model reads per window (at most its positions)",
     "eval.stride": "tokens a window advances by, 1..seq_len, for sliding and hf_strided (and "
     "eval.long_documents=sliding); unset: seq_len // 2; ignored by the other protocols",
-    "eval.batch_size": "windows per step, global over all processes; a multiple of mesh.data",
+    "eval.batch_size": "rows per step at most, global over all processes; a multiple of "
+    "mesh.data (the batches share the rows evenly: 18 rows in batches of 8 run as 3 of 6)",
     "eval.add_bos": "BOS before the text: 'auto' (the tokenizer's own policy), 'true', 'false'",
     "eval.long_documents": "whole_documents: the rule for a document longer than a window, "
     "'sliding' (windows every eval.stride tokens within it) or 'truncate' (its first window); "
@@ -270,8 +271,9 @@ KEY_MEANINGS = {
     "model.context_attention": "how attention crosses mesh.context: 'all_gather' (each device "
     "gathers a layer's keys and values) or 'ring' (they go round the devices: less memory)",
     "model.token_chunk": "tokens the MLP and the NLL take at once on each device, and on one "
-    "device the queries of each layer of a longer window (0: all; e.g. 16384 for windows of 1M "
-    "tokens)",
+    "device the queries of each layer of a longer window (0: the MLP and the queries all at "
+    "once, the NLL as many as keep its float32 logits of 4096 ids within 128 MiB per device, "
+    "shared by a host's CPU devices; e.g. 16384 for windows of 1M tokens)",
     "mesh.data": "devices along the data axis; -1: the devices left over",
     "mesh.context": "devices along the context axis, over which each window's tokens are split "
     "(long windows); -1: the devices left over",

@@ -21,10 +21,11 @@ from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.outputs.model_record import FAMILY, model_record
+from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.spec import BatchSpec
 from ppl_jax.runtime import fingerprint as fingerprint_lib
-from ppl_jax.scoring.scorer import ScoreTotals, StepOptions
+from ppl_jax.scoring.scorer import ScoreTotals, StepOptions, logits_budget, nll_chunk
 from ppl_jax.tokenizer import Tokenizer
 
 
@@ -123,26 +124,52 @@ class Provenance:
                     "num_windows": plan.windows.num_windows,
                     **(protocol_part or {}),
                 },
-                "layout": {**self.batch.fingerprint_part(), "num_batches": d.layout.num_batches},
+                "layout": {
+                    **self.batch.fingerprint_part(),
+                    "num_batches": d.layout.num_batches,
+                    # rows per batch where the layout shares them out below eval.batch_size
+                    # (`planner.batches`); a plan of one batch as before (its windows the same)
+                    **(
+                        {"rows": d.layout.batch_size}
+                        if d.layout.num_batches > 1 and d.layout.batch_size < self.batch.batch_size
+                        else {}
+                    ),
+                },
                 "mesh": {
                     **{k: int(v) for k, v in self.mesh.shape.items() if k != "context"},
                     "processes": jax.process_count(),
                     "rules": [list(rule) for rule in self.rules],
-                    **self._context_part(),
+                    **self._context_part(d.layout),
                 },
                 "environment": shared["environment"],
             }
         )
 
-    def _context_part(self) -> dict[str, Any]:
-        """The context axis's settings (they change the order of float32 additions), where a
-        run sets them; empty otherwise (the fingerprints of other runs as before)."""
+    def _context_part(self, layout: Layout) -> dict[str, Any]:
+        """The context axis's settings and the per-token chunks (they change the order of
+        float32 additions), where a run sets them: `token_chunk`, or the NLL's own chunks of the
+        layout's batch shapes (`Scorer.nll_chunk`) where any is not 0; empty otherwise (the
+        fingerprints of other runs as before)."""
         part: dict[str, Any] = {}
         context = int(self.mesh.shape.get("context", 1))
         if context > 1:
             part.update(context=context, context_attention=self.options.context_attention)
         if self.options.token_chunk:
             part["token_chunk"] = self.options.token_chunk
+            return part
+        chunks = {
+            nll_chunk(
+                layout.batch_size,
+                width,
+                self.model.vocab_size,
+                data=int(self.mesh.shape.get("data", 1)),
+                context=context,
+                budget=logits_budget(self.mesh),
+            )
+            for width in set(layout.widths)
+        }
+        if chunks != {0}:
+            part["nll_chunk"] = sorted(chunks)
         return part
 
     def evaluation(

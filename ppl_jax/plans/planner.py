@@ -32,6 +32,7 @@ from ppl_jax.plans import plan_cache, protocols, token_cache
 from ppl_jax.plans.layout import Layout, plan_layout
 from ppl_jax.plans.protocols import Plan, PlanInputs
 from ppl_jax.plans.spec import BatchSpec, ProtocolSpec
+from ppl_jax.plans.windows import Windows
 from ppl_jax.runtime import distributed
 from ppl_jax.tokenizer import Tokenizer
 
@@ -172,22 +173,42 @@ def plan(
 
 
 def batches(p: Plan, batch: BatchSpec, segments: bool = True, rows_multiple: int = 0) -> Layout:
-    """The batch layout of a plan (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
+    """The batch layout of a plan's windows with the run's settings (`lay_out`)."""
+    return lay_out(p.windows, batch, segments, rows_multiple)
+
+
+def lay_out(
+    windows: Windows, batch: BatchSpec, segments: bool = True, rows_multiple: int = 0
+) -> Layout:
+    """The batch layout of `windows` (`ppl_jax.plans.layout.plan_layout`) with the run's settings.
     Windows are packed only for a model that keeps segments apart (`segments`:
     `LanguageModel.honours_segments`, False for one whose attention cannot, as cuDNN's).
 
-    With `rows_multiple` (the mesh's `data` axis), a plan whose rows all fit in one batch gets
-    a batch of only as many rows as it needs, rounded up to that multiple: a few whole
-    documents are not padded to `eval.batch_size` rows (three documents in the default 8 rows
-    were 70-80% padding). One batch before and after, so a journal means the same windows.
+    With `rows_multiple` (the mesh's `data` axis), the rows are shared evenly between the
+    batches they need: each batch takes `ceil(rows / batches)` rows, rounded up to that
+    multiple, where that is fewer than `eval.batch_size` and keeps the number of batches (one
+    compiled shape, as many steps, only the last batch's empty rows gone: 18 windows in batches
+    of 8 were 3 batches of 24 rows, 25% padding, and are 3 of 6). A plan whose rows all fit in
+    one batch gets a batch of only as many rows as it needs (three documents in the default 8
+    rows were 70-80% padding). The layout's `batch_size` is then below `eval.batch_size`; the
+    run's fingerprint names it (`Provenance`), since a journal's batch `i` holds other windows.
     """
     pack = batch.packing and segments
-    layout = plan_layout(p.windows, batch.batch_size, pack=pack, num_buckets=batch.length_buckets)
+    layout = plan_layout(windows, batch.batch_size, pack=pack, num_buckets=batch.length_buckets)
     if rows_multiple > 0:
-        needed = -(-max(len(layout.rows), 1) // rows_multiple) * rows_multiple
+        rows = max(len(layout.rows), 1)
+        per_batch = -(-rows // -(-rows // layout.batch_size))
+        needed = -(-per_batch // rows_multiple) * rows_multiple
         if needed < layout.batch_size:
-            layout = plan_layout(p.windows, needed, pack=pack, num_buckets=batch.length_buckets)
+            even = plan_layout(windows, needed, pack=pack, num_buckets=batch.length_buckets)
+            if even.num_batches <= layout.num_batches and _positions(even) <= _positions(layout):
+                layout = even
     return layout
+
+
+def _positions(layout: Layout) -> int:
+    """Positions of all the layout's batches, their empty rows included."""
+    return layout.batch_size * sum(layout.widths)
 
 
 def plan_dataset(

@@ -54,8 +54,9 @@ class MeshSpec:
         (-1: the devices left over; 1: none).
       context_attention: how attention crosses the context axis, `all_gather` or `ring`
         (`model.context_attention`; `ppl_jax.models.layers.context.Settings`).
-      token_chunk: tokens per chunk of the per-token layers on each device, 0 for all at once
-        (`model.token_chunk`).
+      token_chunk: tokens per chunk of the per-token layers on each device (`model.token_chunk`);
+        0: the MLP all at once and the NLL in its own bounded chunks
+        (`ppl_jax.scoring.step.nll_chunk`).
 
     Raises:
       ConfigError: a `context_attention` or `token_chunk` out of range.

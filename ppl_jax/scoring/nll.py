@@ -57,6 +57,10 @@ from ppl_jax.models.interface import HiddenStates, Logits
 
 VOCAB_BLOCK = 4096
 MAX_TOP_K = 20
+# Bytes of the float32 logits of one vocabulary block over the tokens the NLL takes at once
+# (`[rows, tokens, min(VOCAB_BLOCK, vocab)]`), in one memory: a device's, or on the CPU the
+# host's, which every local device shares (`ppl_jax.scoring.step.logits_budget`).
+LOGITS_BUDGET = 128 * 2**20
 
 
 class TokenStats(NamedTuple):
@@ -90,7 +94,8 @@ class TokenStats(NamedTuple):
     same_top1: jax.Array | None = None
 
 
-def _vocab_size(output: HiddenStates | Logits) -> int:
+def vocab_size(output: HiddenStates | Logits) -> int:
+    """The ids a model's output scores (its logits' last axis)."""
     if isinstance(output, Logits):
         return output.logits.shape[-1]
     return output.unembedding.shape[1]
@@ -382,7 +387,7 @@ def _blocked(
 
 
 def _check(output, targets, top_k, reference) -> None:
-    vocab = _vocab_size(output)
+    vocab = vocab_size(output)
     integer = isinstance(top_k, int | np.integer) and not isinstance(top_k, bool)
     if not (integer and 0 <= top_k <= min(MAX_TOP_K, vocab)):
         raise ValueError(
@@ -391,9 +396,9 @@ def _check(output, targets, top_k, reference) -> None:
         )
     if reference is None:
         return
-    if _vocab_size(reference) != vocab:
+    if vocab_size(reference) != vocab:
         raise ValueError(
-            f"The reference model scores {_vocab_size(reference)} token ids but the model "
+            f"The reference model scores {vocab_size(reference)} token ids but the model "
             f"scores {vocab}: compare models that share one tokenizer and vocabulary."
         )
     if _leading_shape(reference) != tuple(targets.shape):
@@ -443,6 +448,25 @@ def token_stats(
     return _blocked(
         output.hidden, output.unembedding, targets, block, top_k, reference, output.logit_softcap
     )
+
+
+def logits_chunk(rows: int, tokens: int, vocab: int, budget: int = LOGITS_BUDGET) -> int:
+    """Tokens per row the NLL takes at once so that one block of logits stays within `budget`.
+
+    Args:
+      rows: rows of the batch on one device.
+      tokens: tokens of each row on one device.
+      vocab: the vocabulary's size (ids); a block has `min(VOCAB_BLOCK, vocab)` columns.
+      budget: bytes of one float32 `[rows, chunk, block]` block of logits.
+
+    Returns:
+      0 where all `tokens` fit (the NLL takes them at once), else the largest power of two
+      whose block fits (at least 1).
+    """
+    per_token = rows * min(VOCAB_BLOCK, vocab) * 4
+    if tokens * per_token <= budget:
+        return 0
+    return 1 << (max(1, budget // per_token).bit_length() - 1)
 
 
 def token_nll(output: HiddenStates | Logits, targets: jax.Array) -> jax.Array:

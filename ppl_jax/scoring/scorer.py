@@ -35,6 +35,8 @@ from ppl_jax.scoring.step import (  # noqa: F401  (the step's names, re-exported
     StepOptions,
     StepSums,
     check_context,
+    logits_budget,
+    nll_chunk,
     score_step,
 )
 
@@ -115,6 +117,8 @@ class Scorer:
         dtypes).
       prefetch: batches the feed's thread prepares ahead of the loop (0: each batch is prepared
         in the loop, just before it is dispatched).
+      logits_budget: bytes of one block of logits on a device (`step.logits_budget`), which
+        sets the NLL's chunk where `options.token_chunk` is 0 (`nll_chunk`).
     """
 
     prefetch: int = 2
@@ -139,6 +143,7 @@ class Scorer:
         self.options = options
         self.reference = reference
         self.batch_sharding = mesh_lib.batch_sharding(mesh)
+        self.logits_budget = logits_budget(mesh)
         self.matmul_precision = precision.resolve(
             options.matmul_precision,
             precision.computes_in_float32(
@@ -190,6 +195,7 @@ class Scorer:
                 self.options,
                 reference_apply,
                 self.context,
+                self.logits_budget,
             )
 
         shardings, abstract_params = self._abstract_params()
@@ -220,6 +226,19 @@ class Scorer:
             precision.applied(self.matmul_precision),
         ):
             return jitted.lower(abstract_params, abstract_batch)
+
+    def nll_chunk(self, batch_size: int, width: int) -> int:
+        """Tokens per row the NLL takes at once on a device in `[batch_size, width]` batches
+        (`step.nll_chunk`; 0: all at once)."""
+        return nll_chunk(
+            batch_size,
+            width,
+            self.model.vocab_size,
+            data=int(dict(self.mesh.shape).get("data", 1)),
+            context=self.context,
+            token_chunk=self.options.token_chunk,
+            budget=self.logits_budget,
+        )
 
     def memory_analysis(self) -> dict[tuple[int, int, int], Any]:
         """XLA's memory analysis of each step compiled so far, by `(batch_size, width,

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.interface import HiddenStates, LanguageModel, Logits
 from ppl_jax.models.layers import context as context_lib
-from ppl_jax.scoring.nll import token_stats
+from ppl_jax.scoring.nll import LOGITS_BUDGET, logits_chunk, token_stats, vocab_size
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
 
@@ -43,7 +43,8 @@ class StepOptions:
       context_attention: how attention crosses the context axis, `all_gather` or `ring`
         (`ppl_jax.models.layers.context.Settings`).
       token_chunk: tokens per chunk of the per-token layers on each device (the MLP, the NLL;
-        `ppl_jax.models.layers.context.per_token`), 0 for all at once.
+        `ppl_jax.models.layers.context.per_token`); 0: the MLP takes all at once and the NLL
+        the chunk of `nll_chunk` (a bounded block of logits).
       matmul_precision: the precision of the step's matrix products (`model.matmul_precision`,
         `ppl_jax.scoring.precision.SETTINGS`); `auto`: `highest` where the model or the
         reference computes in float32, else the backend's default.
@@ -97,6 +98,7 @@ def score_step(
     options: StepOptions = StepOptions(),
     reference_apply: Callable[..., Any] | None = None,
     context: int = 1,
+    logits_budget: int = LOGITS_BUDGET,
 ) -> StepSums:
     """Scores one batch of rows, each holding up to `num_slots` windows (segments).
 
@@ -114,6 +116,8 @@ def score_step(
         padded to a multiple of `2 * context` and laid out in the load-balanced order split
         over `data` and `context` (`ppl_jax.models.layers.context`); per-token outputs are put back
         in row order before they leave the step, and the sums do not depend on the order.
+      logits_budget: bytes of one block of logits on a device (`logits_budget`), which sets the
+        NLL's chunk where `options.token_chunk` is 0 (`nll_chunk`).
 
     Returns:
       `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
@@ -138,6 +142,16 @@ def score_step(
     output = apply(model_params, *read)
     reference = reference_apply(reference_params, *read) if options.reference else None
     top_k = options.top_k if options.per_token else 0
+    data = int(dict(jax.sharding.get_abstract_mesh().shape).get("data", 1) or 1)
+    chunk = nll_chunk(
+        tokens.shape[0],
+        tokens.shape[1],
+        vocab_size(output),
+        data=data,
+        context=context,
+        token_chunk=options.token_chunk,
+        budget=logits_budget,
+    )
     stats = context_lib.per_token(
         lambda x: token_stats(
             _rebuilt(output, x["output"]),
@@ -150,6 +164,7 @@ def score_step(
             "targets": row["targets"],
             "reference": _per_token(reference),
         },
+        chunk,
     )
     mask = row["mask"]
     finite_BxT = jnp.isfinite(stats.nll) & jnp.isfinite(stats.entropy)
@@ -198,6 +213,37 @@ def score_step(
         num_nonfinite=count(slot_BxTxS & (mask & ~finite_BxT)[..., None]),
         extras=extras,
     )
+
+
+def nll_chunk(
+    batch_size: int,
+    width: int,
+    vocab: int,
+    *,
+    data: int = 1,
+    context: int = 1,
+    token_chunk: int = 0,
+    budget: int = LOGITS_BUDGET,
+) -> int:
+    """Tokens of each row the NLL takes at once on a device, for `[batch_size, width]` batches
+    of a model of `vocab` ids on a mesh of `data` x `context` devices: `token_chunk` where set
+    (`model.token_chunk`), else `ppl_jax.scoring.nll.logits_chunk` of the device's rows and
+    tokens (the `width - 1` targets, padded to a multiple of `2 * context`), so that one float32
+    block of logits stays within `budget` bytes. 0: all at once."""
+    if token_chunk:
+        return token_chunk
+    targets = width - 1
+    if context > 1:
+        targets = -(-targets // (2 * context)) * 2 * context
+    return logits_chunk(-(-batch_size // data), targets // context, vocab, budget)
+
+
+def logits_budget(mesh: Mesh) -> int:
+    """Bytes one device's NLL may hold in one block of logits: `LOGITS_BUDGET`, shared on the
+    CPU by the mesh's devices of this process (they use the host's one memory)."""
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    shared = sum(d.platform == "cpu" for d in local)
+    return LOGITS_BUDGET // max(1, shared)
 
 
 _TOKEN_EXTRAS = ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1")

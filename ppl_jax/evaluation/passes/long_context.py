@@ -112,17 +112,19 @@ def check(
             f"longppl.evaluator.dir={e.checkpoint_dir!r} holds no tokenizer (tokenizer.json or "
             f"tokenizer.model); LongPPL's evaluator reads the text with its own tokenizer."
         )
-    seq_len = spec.protocol.seq_len
-    for what, n in (("eval.seq_len", seq_len), ("the short-context windows", width)):
-        if n > model_e.max_positions:
-            raise ConfigError(
-                f"LongPPL's evaluator {e.checkpoint_dir!r} has {model_e.max_positions} "
-                f"positions, fewer than {what} ({n}); choose a lower eval.seq_len."
-            )
     if docs is None:
         docs = list(planner.documents(spec.data, tok))
     add_bos = protocols.resolve_add_bos("auto", tok)
     plan_e = plan_of(spec, docs, tok, model_e.vocab_size, add_bos)
+    # Positions in the evaluator's own tokens: its longest window, as its tokenizer cut it.
+    longest = int(plan_e.windows.row_lengths().max(initial=1)) - 1
+    for what, n in (("its longest window", longest), ("the short-context windows", width)):
+        if n > model_e.max_positions:
+            raise ConfigError(
+                f"LongPPL's evaluator {e.checkpoint_dir!r} has {model_e.max_positions} "
+                f"positions, fewer than {what} ({n} of its own tokens); choose a lower "
+                f"eval.seq_len."
+            )
     target, shardings = mesh_lib.param_targets(
         model_e.abstract_params, model_e.logical_axes, mesh, spec.mesh.rules, DTYPES[e.dtype]
     )

@@ -6,6 +6,7 @@ of the run's step (`pass_scorer`), its NLLs gathered by stream index (`Gather`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,9 @@ def evaluator_keys(
     """`[N_e] bool`: the evaluator's key tokens over its own plan's stream (its full and short
     passes, with its params, each with its progress bar from `passes`); None if stopped."""
     w = key_eval.plan.windows
+    # Rows as wide as its longest window: eval.seq_len counts the scored model's tokens, often
+    # several of each of the evaluator's (bytes against BPE tokens).
+    w = dataclasses.replace(w, seq_len=max(1, int(w.row_lengths().max(initial=2)) - 1))
     pack = spec.batch.packing and key_eval.model.honours_segments
     passes = passes or Passes()
     m, s = key_eval.model, key_eval.shardings

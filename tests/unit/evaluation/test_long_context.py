@@ -5,6 +5,7 @@ LongPPL, against an independent NumPy float64 forward pass of the tiny model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -193,4 +194,42 @@ def test_the_evaluators_settings_are_named_as_its_own(tiny_checkpoint, tmp_path)
     s = settings(tiny_checkpoint, path, tmp_path / "o", reference__checkpoint__dir=tiny_checkpoint,
                  reference__checkpoint__step="999", eval__short_context=0)  # fmt: skip
     with pytest.raises(CheckpointError, match=r"^reference\.checkpoint\.step=999 is not in "):
+        run(s)
+
+
+def test_the_evaluators_positions_are_counted_in_its_own_tokens(
+    tiny_checkpoint, bpe_tokenizer, tmp_path, monkeypatch
+):
+    """The scored model reads up to 127 bytes at once; an evaluator of 64 positions whose BPE
+    reads a document of 127 bytes in fewer tokens finds its key tokens (it was refused for
+    eval.seq_len=127 before), in rows as wide as its own longest window (they were 128 wide); a
+    document longer than 64 of its tokens is refused, naming them."""
+    from ppl_jax import testing
+    from ppl_jax.evaluation import long_context
+    from ppl_jax.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(bpe_tokenizer)
+    evaluator = str(tmp_path / "evaluator")
+    cfg = dataclasses.replace(helpers.TINY, vocab_size=tok.vocab_size, max_positions=64)
+    testing.save_random_checkpoint(evaluator, cfg, tokenizer=tok.describe())
+    text = helpers.stdlib_text(3000).encode("ascii", "replace").decode()
+    fits, longer = text[600:727], text[:127]  # prose (about 2 bytes a token), then a header
+    assert len(tok.encode([fits])[0]) <= 64 < len(tok.encode([longer])[0])
+    s = settings(tiny_checkpoint, helpers.corpus_files(tmp_path, [fits]), tmp_path / "o",
+                 longppl__evaluator__dir=evaluator, metrics__bootstrap_samples=0)  # fmt: skip
+    widths, score_pass = [], long_context.score_pass
+
+    def seen(model, params, mesh, shardings, windows, *args, **kwargs):
+        widths.append((model.vocab_size, windows.seq_len))
+        return score_pass(model, params, mesh, shardings, windows, *args, **kwargs)
+
+    monkeypatch.setattr(long_context, "score_pass", seen)
+    assert run(s).diagnostics["long_context"]["longppl"]["evaluator"] == evaluator
+    full = len(tok.encode([fits])[0]) - 1  # its longest window's inputs (no BOS)
+    assert (tok.vocab_size, full) in widths
+    assert all(n <= full for v, n in widths if v == tok.vocab_size), widths
+    (tmp_path / "b").mkdir()
+    s = settings(tiny_checkpoint, helpers.corpus_files(tmp_path / "b", [longer]), tmp_path / "p",
+                 longppl__evaluator__dir=evaluator, metrics__bootstrap_samples=0)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"has 64 positions, fewer than its longest window \("):
         run(s)

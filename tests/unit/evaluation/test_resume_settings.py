@@ -142,6 +142,14 @@ def changed_description(root):
     return rewritten(root / "arch.json", json.dumps({**description, "rope_theta": 20000.0}))
 
 
+@contextlib.contextmanager
+def smaller_logits_budget(root):
+    """A budget of 4 kB for a block of logits: the NLL takes one token of each row at once."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ppl_jax.scoring.step.LOGITS_BUDGET", 4096)
+        yield
+
+
 RULES = tuple((k, None if k == "mlp" else v) for k, v in DEFAULT_RULES)  # the MLP unsharded
 # (what changes, the settings changed, a file changed meanwhile, the change the refusal names)
 CASES = [
@@ -172,6 +180,9 @@ CASES = [
     ("eval.batch_size", {"eval__batch_size": 16}, None, "layout.batch_size: 8 -> 16"),
     ("eval.packing", {"eval__packing": False}, None, "layout.packing: true -> false"),
     ("eval.length_buckets", {"eval__length_buckets": 2}, None, "layout.length_buckets: 1 -> 2"),
+    # 353 windows in 2 batches of 178 rows, not of 352: the rows shared out are named.
+    ("the rows shared out", {"eval__batch_size": 352, "mesh__data": 2, "mesh__model": 4}, None,
+     "layout.rows: null -> 178"),
     ("model.dtype", {"model__dtype": "bfloat16"}, None, "model.dtype"),
     ("model.rope_angles", {"model__rope_angles": "exact"}, None, "model.description"),
     ("model.matmul_precision", {"model__matmul_precision": "default"}, None,
@@ -181,6 +192,7 @@ CASES = [
     ("mesh.rules", {"mesh__rules": RULES}, None, "mesh.rules"),
     ("mesh.context", {"mesh__data": 2, "mesh__context": 4}, None, "mesh.context: null -> 4"),
     ("model.token_chunk", {"model__token_chunk": 8}, None, "mesh.token_chunk: null -> 8"),
+    ("the NLL's own chunk", {}, smaller_logits_budget, "mesh.nll_chunk: null -> [1]"),
 ]  # fmt: skip
 
 

@@ -120,6 +120,28 @@ def test_a_plan_of_fewer_rows_than_a_batch_gets_a_smaller_batch():
     assert batches(_few_documents(4), spec, rows_multiple=4).batch_size == 8  # 12 rows: 2 batches
 
 
+def test_the_rows_are_shared_evenly_between_the_batches_they_need():
+    """18 windows (6 copies of 3 documents) in batches of 8 took 3 batches of 24 rows (25%
+    padding, the last batch's empty rows): now 3 batches of 6 rows, rounded up to the mesh's
+    data axis; one compiled shape and as many steps either way, the same windows in all."""
+    from ppl_jax.plans.planner import batches
+    from ppl_jax.plans.spec import BatchSpec
+
+    plan, spec = _few_documents(6), BatchSpec(batch_size=8, packing=False)
+    before = batches(plan, spec)  # without the mesh's axis: as before
+    assert (before.batch_size, before.num_batches) == (8, 3) and before.padding_fraction > 0.25
+    for multiple, rows in ((1, 6), (2, 6), (4, 8), (3, 6)):
+        layout = batches(plan, spec, rows_multiple=multiple)
+        assert (layout.batch_size, layout.num_batches) == (rows, 3), multiple
+        assert sorted(k for r in layout.rows for k in r) == list(range(18))
+        assert len(set(layout.widths)) == 1
+    even = batches(plan, spec, rows_multiple=1)  # 18 rows run, not 24: a quarter fewer positions
+    assert 4 * even.batch_size * sum(even.widths) == 3 * before.batch_size * sum(before.widths)
+    # Packed (no two of these windows share a row of 33): the rows they fill, alike.
+    packed = batches(plan, BatchSpec(batch_size=8), rows_multiple=2)
+    assert (packed.batch_size, packed.num_batches) == (6, 3)
+
+
 @pytest.mark.slow
 def test_the_smaller_batch_scores_the_same(setup):
     from ppl_jax.plans.planner import batches
@@ -127,7 +149,10 @@ def test_the_smaller_batch_scores_the_same(setup):
 
     model, mesh, shardings, params, _ = setup
     few, spec = _few_documents(), BatchSpec(batch_size=8, packing=False)
-    got = Scorer(model, mesh, shardings).score(params, few.windows, batches(few, spec, True, 4))
-    want = Scorer(model, mesh, shardings).score(params, few.windows, batches(few, spec))
-    np.testing.assert_allclose(got.window_nll, want.window_nll, rtol=1e-6)
-    np.testing.assert_array_equal(got.window_tokens, want.window_tokens)
+    for plan in (few, _few_documents(6)):  # one batch of 4 rows; 3 batches of 8 rows, not 24
+        got = Scorer(model, mesh, shardings).score(
+            params, plan.windows, batches(plan, spec, True, 4)
+        )
+        want = Scorer(model, mesh, shardings).score(params, plan.windows, batches(plan, spec))
+        np.testing.assert_allclose(got.window_nll, want.window_nll, rtol=1e-6)
+        np.testing.assert_array_equal(got.window_tokens, want.window_tokens)
