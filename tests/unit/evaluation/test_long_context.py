@@ -205,7 +205,7 @@ def test_the_evaluators_positions_are_counted_in_its_own_tokens(
     eval.seq_len=127 before), in rows as wide as its own longest window (they were 128 wide); a
     document longer than 64 of its tokens is refused, naming them."""
     from ppl_jax import testing
-    from ppl_jax.evaluation import long_context
+    from ppl_jax.evaluation.passes import short_context
     from ppl_jax.tokenizer import load_tokenizer
 
     tok = load_tokenizer(bpe_tokenizer)
@@ -217,13 +217,13 @@ def test_the_evaluators_positions_are_counted_in_its_own_tokens(
     assert len(tok.encode([fits])[0]) <= 64 < len(tok.encode([longer])[0])
     s = settings(tiny_checkpoint, helpers.corpus_files(tmp_path, [fits]), tmp_path / "o",
                  longppl__evaluator__dir=evaluator, metrics__bootstrap_samples=0)  # fmt: skip
-    widths, score_pass = [], long_context.score_pass
+    widths, score_pass = [], short_context.score_pass
 
     def seen(model, params, mesh, shardings, windows, *args, **kwargs):
         widths.append((model.vocab_size, windows.seq_len))
         return score_pass(model, params, mesh, shardings, windows, *args, **kwargs)
 
-    monkeypatch.setattr(long_context, "score_pass", seen)
+    monkeypatch.setattr(short_context, "score_pass", seen)
     assert run(s).diagnostics["long_context"]["longppl"]["evaluator"] == evaluator
     full = len(tok.encode([fits])[0]) - 1  # its longest window's inputs (no BOS)
     assert (tok.vocab_size, full) in widths
