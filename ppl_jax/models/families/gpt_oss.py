@@ -15,7 +15,8 @@ transformers 5.24's `modeling_gpt_oss` computes it:
 
 The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
 `*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.formats.quantized_parts`).
-Refused: cuDNN attention (no sinks). Verified under a context axis
+cuDNN adds the sinks after its partial attention (`ppl_jax.models.layers.split_merge.with_sinks`);
+its sliding layers take the flash kernel. Verified under a context axis
 (tests/slow/test_frontier_context.py). From GGUF (llama.cpp's architecture `gpt-oss`): gate and
 up stored apart, the norm after attention (`post_attention_norm`) as the MLP's.
 """
@@ -34,7 +35,7 @@ from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.core import zeros_param
 from ppl_jax.models.layers.moe import routing
-from ppl_jax.models.registry import Family, Layer, Limit
+from ppl_jax.models.registry import Family, Layer
 
 # transformers 5.24's GptOssConfig rope_parameters when a config gives none.
 DEFAULT_ROPE = {
@@ -194,5 +195,4 @@ FAMILY = Family(
     hf_prefixes=llama_hf.PREFIXES,
     gguf={"gpt-oss": GGUFArchitecture("gpt_oss", gguf_rules, gguf_config)},
     layers=layer_kinds,
-    limits=(Limit("cudnn", "cuDNN attention has no learned sinks", lambda cfg: cfg.attn_sinks),),
 )

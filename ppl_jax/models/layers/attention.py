@@ -15,7 +15,8 @@ for `model.attention=auto`, per kind of layer where they differ):
 - `xla`: flash attention in plain JAX (`ppl_jax.models.layers.flash`): key blocks with an online
   softmax in float32, memory linear in the window, blocks that the mask rules out skipped.
   Runs everywhere and everything; the reference the others are tested against.
-- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`).
+- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`);
+  sinks, chunks and narrower values around its partial attention (`split_merge`). No soft-cap.
 - `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.layers.fused`).
 
 **The context axis** (docs/clusters.md, "One window over several devices"). Under a mesh whose `context` axis has `N > 1`
@@ -287,7 +288,7 @@ def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, kernel: kerne
     def flash_path():
         return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)
 
-    if kernel.partial is None or kernel is kernels.XLA or mask["window"] is not None:
+    if kernel is kernels.XLA or mask["window"] is not None or mask["chunk"] is not None:
         return flash_path()
     # The kernel's partials: the chunk's diagonal block and its prefix, for rows of one document
     # (whose tokens sit at their positions: the chunk starts at its first real token's position).
@@ -295,7 +296,9 @@ def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, kernel: kerne
     start = jnp.max(jnp.where(seg[:, 0] > 0, pos[:, 0], 0))
 
     def split():
-        out = split_merge.chunk_of_row(q, k, v, start, real, scale=scale, partial=kernel.partial)
+        out = split_merge.chunk_of_row(
+            q, k, v, start, real, scale=scale, partial=kernel.partial, sinks=mask["sinks"]
+        )
         return out.astype(q.dtype)
 
     return jax.lax.cond(one, split, flash_path)

@@ -118,22 +118,42 @@ def _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
 
 
 def _cudnn_one(q, k, v, seg, pos, mask):
-    return fused.cudnn(q, k, v, seg, mask["window"], mask["scale"])
+    """`fused.cudnn`; with sinks, chunks or values of another width than the keys, rows of one
+    document take cuDNN's partial (`split_merge.chunk_of_row` over the whole row, or
+    `chunked_rows`) and the sink epilogue, other rows (and such layers with a window, which the
+    partial has not) the flash kernel."""
+    plain = mask["sinks"] is None and mask["chunk"] is None and v.shape[3] == k.shape[3]
+    if plain:
+        return fused.cudnn(q, k, v, seg, mask["window"], mask["scale"])
+    if mask["window"] is not None:
+        return _xla_one(q, k, v, seg, pos, mask)
+    one, real = split_merge.one_document(seg, pos)
+    options = dict(scale=mask["scale"], partial=CUDNN.partial, sinks=mask["sinks"])
+
+    def split():
+        if mask["chunk"] is not None:
+            return split_merge.chunked_rows(q, k, v, real, mask["chunk"], **options)
+        return split_merge.chunk_of_row(q, k, v, 0, real, **options)
+
+    return jax.lax.cond(
+        one, lambda: split().astype(q.dtype), lambda: _xla_one(q, k, v, seg, pos, mask)
+    )
 
 
 def _cudnn_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
-    """Rows of one document: the split and merge of `split_merge.over_context`; else, and with
-    a window, the flash kernel."""
-    if mask["window"] is not None:
+    """Rows of one document: the split and merge of `split_merge.over_context` (sinks after the
+    merge); else, and with a window or chunks, the flash kernel."""
+    if mask["window"] is not None or mask["chunk"] is not None:
         return _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask)
     one, real = split_merge.one_document(seg_row, pos_row)
     return jax.lax.cond(
         one,
         lambda: split_merge.over_context(
-            q, k_row, v_row, real, n, scale=mask["scale"], partial=CUDNN.partial
+            q, k_row, v_row, real, n, scale=mask["scale"], partial=CUDNN.partial,
+            sinks=mask["sinks"],
         ),
         lambda: _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask),
-    )
+    )  # fmt: skip
 
 
 def _splash_one(q, k, v, seg, pos, mask):
@@ -168,7 +188,9 @@ def _cudnn_auto(platform: str, dtype, head_dim: int) -> bool:
 CUDNN = Kernel(
     name="cudnn",
     platforms=("gpu",),
-    lacks=("softcap", "chunk", "sinks", "mla", "ring"),
+    # Sinks: the epilogue after the merge; values of another width: padded; chunks: the row
+    # reshaped into its chunks on one device (`split_merge`); elsewhere the flash kernel.
+    lacks=("softcap", "ring"),
     auto_ok=_cudnn_auto,
     # Through its packed layout on Hopper or newer only (`fused.cudnn_packs`); before that it
     # takes per-row sequence lengths, so each of its rows holds one window.

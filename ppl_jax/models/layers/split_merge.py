@@ -19,7 +19,12 @@ This holds for rows whose real tokens are one document from the row's start (`on
 positions equal to the index, padding only at the end), where cuDNN's masks by index and
 per-row lengths are the mask by positions; rows packed with several documents run the flash
 attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax.cond`), as do
-layers with a window (cuDNN windows causal calls only). The partial attention is a function
+layers with a window (cuDNN windows causal calls only).
+
+Around the partials, what cuDNN cannot do itself: learned sinks, added once to each query's
+merged result (`with_sinks`); values of another width than the keys, padded (`equal_widths`);
+chunked attention on one device, the row reshaped into its chunks (`chunked_rows`). The partial
+attention is a function
 (`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which stands
 in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
 """
@@ -54,6 +59,39 @@ def merge(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tup
         return jnp.where(x == -jnp.inf, 0.0, jnp.exp(x - base))[..., None]
 
     return out_a * weight(lse_a) + out_b * weight(lse_b), lse
+
+
+def with_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array | None) -> tuple:
+    """The sink epilogue: `(out [B, L, H, Dv], lse [B, L, H])` over all of a query's keys (every
+    partial result merged), with each head's sink logit `sinks [H]` (GPT-OSS; value 0) joining
+    the softmax's denominator: `out * sigmoid(lse - s_h)` and `logaddexp(lse, s_h)`. Exact, and
+    applied once per query, never per partial (the sink is one term of the whole denominator);
+    a query that saw no key gets 0 and `s_h`, as the flash kernel's `finish`. None: unchanged."""
+    if sinks is None:
+        return out, lse
+    s = sinks.astype(jnp.float32)
+    return out * jax.nn.sigmoid(lse - s)[..., None], jnp.logaddexp(lse, s)
+
+
+def equal_widths(partial: Partial) -> Partial:
+    """`partial` for values of another width than the keys (DeepSeek's MLA), for a kernel that
+    takes one head width (cuDNN): queries, keys and values padded with zeros to the wider of the
+    two (zeros add nothing to a score, and give zero output columns), the output sliced back to
+    the values' width. Equal widths pass through."""
+
+    def run(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+        dk, dv = k.shape[3], v.shape[3]
+        if dk == dv:
+            return partial(q, k, v, q_len, kv_len, causal=causal, scale=scale)
+        width = max(dk, dv)
+
+        def pad(x):
+            return jnp.pad(x, ((0, 0),) * 3 + ((0, width - x.shape[3]),))
+
+        out, lse = partial(pad(q), pad(k), pad(v), q_len, kv_len, causal=causal, scale=scale)
+        return out[..., :dv], lse
+
+    return run
 
 
 def _real(length: jax.Array, n: int) -> jax.Array:
@@ -114,31 +152,67 @@ def _no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
     return jnp.zeros((b, length, h, dv), jnp.float32), jnp.full((b, length, h), -jnp.inf)
 
 
-def chunk_of_row(q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None):
+def chunk_of_row(
+    q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None, sinks=None
+) -> jax.Array:
     """The queries `q [B, L, H, D]` of the row's tokens `start .. start + L - 1` against the
-    row's keys and values `[B, T, KV, D]` (one document of `real [B]` tokens from the start):
-    the diagonal block and the prefix, merged. `start` may be traced; `prefix`, a function of
-    the diagonal's inputs giving the prefix's result, replaces the one call over the whole row
-    with the first `start` keys real (the context axis passes static prefixes)."""
+    row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` (one document of `real [B]` tokens
+    from the start): the diagonal block and the prefix, merged, then the sinks `[H]` (or None)
+    added (`with_sinks`); `[B, L, H, Dv]` float32. `start` may be traced (0 as a Python int: no
+    prefix); `prefix`, a function of the diagonal's inputs giving the prefix's result, replaces
+    the one call over the whole row with the first `start` keys real (the context axis passes
+    static prefixes). Values of another width than the keys: `equal_widths`."""
+    partial = equal_widths(partial)
     length = q.shape[1]
     q_len = jnp.clip(real - start, 0, length)
     k = jax.lax.dynamic_slice_in_dim(k_row, start, length, axis=1)
     v = jax.lax.dynamic_slice_in_dim(v_row, start, length, axis=1)
     diagonal = partial(q, k, v, q_len, q_len, causal=True, scale=scale)
+    if isinstance(start, int) and start == 0 and prefix is None:
+        return with_sinks(*diagonal, sinks)[0]
     if prefix is not None:
         before = prefix(q_len)
     else:
         kv_len = jnp.minimum(real, start).astype(jnp.int32)
         before = partial(q, k_row, v_row, q_len, kv_len, causal=False, scale=scale)
-    return merge(diagonal, before)[0]
+    return with_sinks(*merge(diagonal, before), sinks)[0]
 
 
-def over_context(q, k_row, v_row, real, n: int, *, scale: float, partial: Partial) -> jax.Array:
+def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=None) -> jax.Array:
+    """Chunked attention (Llama 4: query `i` sees the keys of its chunk `pos // chunk` up to
+    itself) of rows of one document from position 0 (`real [B]` tokens), as one causal call:
+    block-diagonal causal attention is causal attention within each chunk, so `[B, T]` becomes
+    `[B * T/C, C]` (the row padded to a multiple of `C`, each piece's length its real tokens;
+    marin's reshape of uniform packed segments, marin-community/marin#5749). Queries
+    `[B, T, H, D]`, keys `[B, T, KV, D]`, values `[B, T, KV, Dv]`; the sinks `[H]` (or None)
+    added after; `[B, T, H, Dv]` float32."""
+    b, t = q.shape[:2]
+    size = min(chunk, t)  # a chunk at least the row: the row itself
+    n = -(-t // size)
+
+    def pieces(x):
+        x = jnp.pad(x, ((0, 0), (0, n * size - t)) + ((0, 0),) * (x.ndim - 2))
+        return x.reshape(b * n, size, *x.shape[2:])
+
+    starts = jnp.arange(n, dtype=jnp.int32)[None] * size
+    lengths = jnp.clip(real[:, None] - starts, 0, size).reshape(-1).astype(jnp.int32)
+    out, lse = equal_widths(partial)(
+        pieces(q), pieces(k), pieces(v), lengths, lengths, causal=True, scale=scale
+    )
+    out = with_sinks(out, lse, sinks)[0]
+    return out.reshape(b, n * size, *out.shape[2:])[:, :t]
+
+
+def over_context(
+    q, k_row, v_row, real, n: int, *, scale: float, partial: Partial, sinks=None
+) -> jax.Array:
     """Inside `shard_map` over `context` (`N = n` devices): this device's two chunks of
     queries `q [B, 2L, H, D]` (`c_r` and `c_{2N-1-r}` of the load-balanced order) against the
-    gathered row's keys and values `[B, T, KV, D]` in row order (one document of `real [B]`
-    tokens); `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
+    gathered row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` in row order (one document
+    of `real [B]` tokens), the sinks `[H]` (or None) added once each chunk's partials are
+    merged; `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
     chosen by the device's index with `lax.switch` (one branch per device)."""
+    partial = equal_widths(partial)
     r = jax.lax.axis_index(context_lib.AXIS)
     half = q.shape[1] // 2
     outs = []
@@ -160,7 +234,15 @@ def over_context(q, k_row, v_row, real, n: int, *, scale: float, partial: Partia
 
         outs.append(
             chunk_of_row(
-                q_i, k_row, v_row, chunk * half, real, scale=scale, partial=partial, prefix=prefix
-            )
+                q_i,
+                k_row,
+                v_row,
+                chunk * half,
+                real,
+                scale=scale,
+                partial=partial,
+                prefix=prefix,
+                sinks=sinks,
+            )  # fmt: skip
         )
     return jnp.concatenate(outs, axis=1).astype(q.dtype)

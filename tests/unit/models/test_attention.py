@@ -295,8 +295,9 @@ def test_auto_resolution():
     assert resolve("auto", jnp.bfloat16, 256, platform="gpu") == "xla"
     assert resolve("auto", jnp.float32, 64, platform="tpu") == "splash"
     assert resolve("xla", jnp.bfloat16, 64, platform="gpu") == "xla"
+    # cuDNN carries chunks, sinks and narrower values around its partial (split_merge).
     for needs in ({"chunk": True}, {"sinks": True}, {"value_dim": 32}):
-        assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **needs) == "xla"
+        assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **needs) == "cudnn"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", chunk=True) == "xla"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", sinks=True) == "splash"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", context=2) == "splash"
@@ -312,9 +313,7 @@ def test_auto_resolution():
 @pytest.mark.parametrize(
     "setting,needs,message",
     [
-        ("cudnn", {"chunk": True}, "cannot run chunked attention"),
-        ("cudnn", {"sinks": True}, "cannot add attention sinks"),
-        ("cudnn", {"value_dim": 32}, "cannot use value heads of another width"),
+        ("cudnn", {"softcap": True}, "cannot soft-cap attention scores"),
         (
             "cudnn",
             {"context": 4, "context_attention": "ring"},
@@ -355,11 +354,12 @@ def test_resolve_for_reads_the_family_keys():
     desc = {"embed_dim": 64, "num_heads": 4, "head_dim": 16}
     assert resolve_for("auto", jnp.bfloat16, desc) == "xla"  # on CPU
     with pytest.raises(ConfigError, match="chunked"):
-        resolve_for("cudnn", jnp.bfloat16, {**desc, "attn_chunk": 8192})
-    with pytest.raises(ConfigError, match="sinks"):
-        resolve_for("cudnn", jnp.bfloat16, {**desc, "attn_sinks": True})
-    with pytest.raises(ConfigError, match="another width"):
-        resolve_for("cudnn", jnp.bfloat16, {**desc, "v_head_dim": 32})
+        resolve_for("splash", jnp.bfloat16, {**desc, "attn_chunk": 8192})
+    with pytest.raises(ConfigError, match="soft-cap"):
+        resolve_for("cudnn", jnp.bfloat16, {**desc, "attn_softcap": 50.0})
+    # cuDNN carries chunks, sinks and narrower values around its partial (split_merge).
+    for key, value in (("attn_chunk", 8192), ("attn_sinks", True), ("v_head_dim", 32)):
+        assert resolve_for("cudnn", jnp.bfloat16, {**desc, key: value}) == "cudnn"
 
 
 def test_bad_arguments():

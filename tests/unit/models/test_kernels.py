@@ -52,7 +52,8 @@ def test_llama4_runs_two_kernels_under_auto_and_one_when_told():
     d = _llama4()
     assert kernels.layer_needs(d)["chunked"].chunk and not kernels.layer_needs(d)["global"].chunk
     assert layer_kernels("auto", BF16, d, platform="tpu") == {"chunked": "xla", "global": "splash"}
-    assert layer_kernels("auto", BF16, d, platform="gpu") == {"chunked": "xla", "global": "cudnn"}
+    assert layer_kernels("auto", BF16, d, platform="gpu") == {"chunked": "cudnn", "global": "cudnn"}
+    assert resolve_for("auto", BF16, d, platform="gpu") == "cudnn"
     assert layer_kernels("auto", BF16, d, platform="cpu") == {"chunked": "xla", "global": "xla"}
     assert layer_kernels("xla", BF16, d, platform="tpu") == {"chunked": "xla", "global": "xla"}
     assert resolve_for("auto", BF16, d, platform="tpu") == "auto"  # `attend` picks per layer
@@ -63,7 +64,10 @@ def test_llama4_runs_two_kernels_under_auto_and_one_when_told():
 
 def test_one_kind_of_layer_is_named_attention():
     d = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "attn_sinks": True}
-    assert layer_kernels("auto", BF16, d, platform="gpu") == {"attention": "xla"}
+    assert layer_kernels("auto", BF16, d, platform="gpu") == {"attention": "cudnn"}
+    assert layer_kernels("auto", BF16, dict(d, attn_softcap=30.0), platform="gpu") == {
+        "attention": "xla"
+    }
     assert layer_kernels("auto", BF16, d, platform="tpu") == {"attention": "splash"}
     assert layer_kernels("auto", BF16, {"num_layers": 2}, platform="tpu") == {}  # Mamba2's
     sliding = dict(d, sliding_window=4, sliding_layers=[0])
@@ -85,7 +89,8 @@ def test_attend_auto_picks_per_layer_on_the_default_backend():
 
 
 def test_the_refusals_are_the_records():
-    assert kernels.CUDNN.refuses(kernels.Needs(sinks=True)) == "add attention sinks"
+    assert kernels.CUDNN.refuses(kernels.Needs(softcap=True)).startswith("soft-cap")
+    assert kernels.CUDNN.refuses(kernels.Needs(sinks=True, chunk=True, mla=True)) is None
     assert kernels.SPLASH.refuses(kernels.Needs(sinks=True)) is None
     assert kernels.XLA.refuses(kernels.Needs(chunk=True, softcap=True, mla=True)) is None
     with pytest.raises(ValueError, match="unknown attention implementation"):

@@ -1,0 +1,176 @@
+"""The cases cuDNN carries as a transformation around its partial attention
+(`ppl_jax.models.layers.split_merge`: `with_sinks`, `equal_widths`), tested on the CPU with the
+flash kernel's partial in cuDNN's place against the flash kernel over the whole row, within 1e-6
+in float32: learned sinks (GPT-OSS) added once after the merge, values narrower than the keys
+(DeepSeek's MLA) padded, chunked attention (Llama 4) as the row reshaped into its chunks; on one
+device, for a long window's chunk of queries, and over
+`mesh.context` 2 and 4. The real cuDNN comparisons: tests/gpu/test_cudnn.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_context import _on_mesh
+from test_split_merge import SCALE, _case, cudnn_on_cpu  # noqa: F401 (a fixture)
+
+from ppl_jax.models.layers import context as context_lib
+from ppl_jax.models.layers import flash, split_merge
+from ppl_jax.models.layers.attention import attend
+
+ROWS = [[96], [70], [96], [5]]
+SINKS = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+
+
+def _narrow(v):
+    return v[..., :4]  # values 4 wide, keys 8
+
+
+def _whole(q, k, v, seg, pos, sinks, chunk=None):
+    """The flash kernel over the whole row (the reference), by the mask of positions."""
+    return jax.jit(
+        lambda *a: flash.flash_attention(
+            *a, seg, pos, window=None, chunk=chunk, sinks=sinks, scale=SCALE, softcap=None
+        )
+    )(q, k, v, seg, pos)
+
+
+def test_the_sink_epilogue_is_the_sink_in_the_denominator():
+    """`out * sigmoid(lse - s)`, `logaddexp(lse, s)` against the softmax with the sink's logit
+    as one more key of value 0 (NumPy float64); a query without keys gets 0 and `s`."""
+    rng = np.random.default_rng(1)
+    scores = rng.standard_normal((3, 5))
+    values = rng.standard_normal((5, 2))
+    s = np.array([0.3, -2.0, 1.5])
+    lse = np.log(np.exp(scores).sum(-1))
+    out = (np.exp(scores - lse[:, None]) @ values)[None, :, None]  # [1, 3, 1, 2]
+    got, got_lse = split_merge.with_sinks(
+        jnp.asarray(out.transpose(0, 2, 1, 3).reshape(1, 1, 3, 2), jnp.float32),
+        jnp.asarray(lse[None, None], jnp.float32),
+        jnp.asarray(s, jnp.float32),
+    )
+    denom = np.exp(scores).sum(-1) + np.exp(s)
+    expected = (np.exp(scores) @ values) / denom[:, None]
+    np.testing.assert_allclose(np.asarray(got)[0, 0], expected, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got_lse)[0, 0], np.log(denom), atol=1e-6)
+    empty = split_merge.with_sinks(jnp.zeros((1, 1, 3, 2)), jnp.full((1, 1, 3), -jnp.inf), s)
+    assert np.all(np.asarray(empty[0]) == 0) and np.allclose(np.asarray(empty[1]), s)
+
+
+@pytest.mark.parametrize("sinks,narrow", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("start", [0, 40])
+def test_a_chunk_of_queries_with_sinks_or_narrow_values(sinks, narrow, start):
+    q, k, v, seg, pos = _case(ROWS)
+    v = _narrow(v) if narrow else v
+    s = jnp.asarray(SINKS) if sinks else None
+    _, real = split_merge.one_document(jnp.asarray(seg), jnp.asarray(pos))
+    out = jax.jit(
+        lambda q, k, v, real, s: split_merge.chunk_of_row(
+            q, k, v, start, real, scale=SCALE, partial=split_merge.xla_partial, sinks=s
+        )
+    )(q[:, start : start + 16], k, v, real, s)
+    assert out.shape[-1] == v.shape[-1]
+    expected = np.asarray(_whole(q, k, v, seg, pos, s))[:, start : start + 16]
+    scored = seg[:, start : start + 16] > 0
+    np.testing.assert_allclose(np.asarray(out)[scored], expected[scored], atol=1e-6)
+
+
+@pytest.mark.parametrize("context", [2, 4])
+def test_over_context_adds_the_sinks_once_after_the_merge(context):
+    """Sinks and narrow values over the context axis: each chunk's diagonal and prefixes merged,
+    then the epilogue once; the flash kernel on one device the reference. Applied per partial
+    the sink would count twice in every chunk with a prefix."""
+    q, k, v, seg, pos = _case(ROWS)
+    v = _narrow(v)
+    order = context_lib.load_balanced_order(96, context)
+    s = jnp.asarray(SINKS)
+
+    def fn(q, k, v, seg, pos):
+        def body(q, k, v, seg, pos):
+            rows = [context_lib.gather_rows(x, context) for x in (k, v, seg, pos)]
+            _, real = split_merge.one_document(rows[2], rows[3])
+            return split_merge.over_context(
+                q, rows[0], rows[1], real, context, scale=SCALE, partial=split_merge.xla_partial,
+                sinks=s,
+            )  # fmt: skip
+
+        return context_lib.shard_over_context(body, q, k, v, seg, pos)
+
+    out = _on_mesh(8 // context, context, fn, *(x[:, order] for x in (q, k, v, seg, pos)))
+    real = seg[:, order] > 0
+    expected = np.asarray(_whole(q, k, v, seg, pos, s))[:, order]
+    np.testing.assert_allclose(out[real], expected[real], atol=1e-6)
+
+
+@pytest.mark.parametrize("context", [1, 2, 4])
+def test_attend_cudnn_with_sinks_and_narrow_values(cudnn_on_cpu, context):  # noqa: F811
+    """`attend(implementation="cudnn")` with sinks and values narrower than the keys: rows of one
+    document through the partials and the epilogue, packed rows (the second case) through the
+    flash kernel; both equal `xla` on one device."""
+    for lengths in (ROWS, [[50, 46], [96], [30, 30], [9]]):
+        q, k, v, seg, pos = _case(lengths)
+        v = _narrow(v)
+        s = jnp.asarray(SINKS)
+        order = context_lib.load_balanced_order(96, context) if context > 1 else np.arange(96)
+
+        def fn(q, k, v, seg, pos, s=s):
+            return attend(
+                q, k, v, segment_ids=seg, positions=pos, scale=SCALE, sinks=s,
+                implementation="cudnn",
+            )  # fmt: skip
+
+        args = [x[:, order] for x in (q, k, v, seg, pos)]
+        out = (
+            np.asarray(jax.jit(fn)(*args))
+            if context == 1
+            else _on_mesh(8 // context, context, fn, *args)
+        )
+        real = seg[:, order] > 0
+        expected = np.asarray(_whole(q, k, v, seg, pos, s))[:, order]
+        np.testing.assert_allclose(out[real], expected[real], atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [32, 40, 128])
+def test_chunks_reshaped_into_rows_are_the_chunk_mask(chunk):
+    """`[B, T]` -> `[B * T/C, C]`, one causal call (the row padded to a multiple of the chunk;
+    a chunk longer than the row: the row), with sinks and narrow values, against the flash
+    kernel's chunk mask over the whole row."""
+    q, k, v, seg, pos = _case(ROWS)
+    v = _narrow(v)
+    s = jnp.asarray(SINKS)
+    _, real = split_merge.one_document(jnp.asarray(seg), jnp.asarray(pos))
+    out = jax.jit(
+        lambda q, k, v, real: split_merge.chunked_rows(
+            q, k, v, real, chunk, scale=SCALE, partial=split_merge.xla_partial, sinks=s
+        )
+    )(q, k, v, real)
+    expected = np.asarray(_whole(q, k, v, seg, pos, s, chunk))
+    real = seg > 0
+    np.testing.assert_allclose(np.asarray(out)[real], expected[real], atol=1e-6)
+    unchunked = np.asarray(_whole(q, k, v, seg, pos, s))
+    assert chunk > 96 or np.abs(unchunked[real] - expected[real]).max() > 1e-2  # the mask matters
+
+
+@pytest.mark.parametrize("context", [1, 2])
+def test_attend_cudnn_with_chunks(cudnn_on_cpu, context):  # noqa: F811
+    """`attend(implementation="cudnn", chunk=...)`: one device reshapes rows of one document
+    into their chunks (packed rows: the flash kernel); over the context axis the flash kernel.
+    Both equal the flash kernel on one device."""
+    for lengths in (ROWS, [[50, 46], [96], [30, 30], [9]]):
+        q, k, v, seg, pos = _case(lengths)
+        order = context_lib.load_balanced_order(96, context) if context > 1 else np.arange(96)
+
+        def fn(q, k, v, seg, pos):
+            return attend(
+                q, k, v, segment_ids=seg, positions=pos, scale=SCALE, chunk=40,
+                implementation="cudnn",
+            )  # fmt: skip
+
+        args = [x[:, order] for x in (q, k, v, seg, pos)]
+        out = (
+            np.asarray(jax.jit(fn)(*args))
+            if context == 1
+            else _on_mesh(8 // context, context, fn, *args)
+        )
+        real = seg[:, order] > 0
+        expected = np.asarray(_whole(q, k, v, seg, pos, None, 40))[:, order]
+        np.testing.assert_allclose(out[real], expected[real], atol=1e-6)
