@@ -1,10 +1,11 @@
 """On an NVIDIA GPU: the cases cuDNN carries as a transformation around its partial attention
 (`ppl_jax.models.layers.split_merge`: learned sinks added after the merge, values narrower than
-the keys padded) against the XLA path, as tests/gpu/test_cudnn.py compares the plain path:
+the keys padded, chunked attention as the row reshaped into its chunks) against the XLA path, as tests/gpu/test_cudnn.py compares the plain path:
 
     PPL_JAX_GPU_TESTS=1 python -m pytest -n 0 tests/gpu/test_cudnn_cases.py
 
-bfloat16 inputs against the float32 flash kernel at `highest`; cuDNN must be as close to it as
+The chunks across a context shard and windows on the split paths take the flash kernel. bfloat16
+inputs against the float32 flash kernel at `highest`; cuDNN must be as close to it as
 XLA's own bfloat16 result is. The same transformations with the flash partial standing in for
 cuDNN: tests/unit/models/test_cudnn_cases.py."""
 
@@ -37,14 +38,20 @@ def _inputs(lengths, t, head_dim, value_dim):
     return q, k, v, jnp.asarray(rng.standard_normal(8), jnp.float32)
 
 
-@pytest.mark.parametrize("sinks,value_dim", [(True, 64), (False, 32), (True, 32)])
-def test_attend_cudnn_with_sinks_or_narrow_values_matches_xla(sinks, value_dim):
-    """GPT-OSS's sinks and DeepSeek's narrower values on one device, rows of one document."""
+@pytest.mark.parametrize(
+    "sinks,value_dim,window,chunk",
+    [(True, 64, None, None), (False, 32, None, None), (True, 32, None, None),
+     (True, 64, 128, None), (False, 64, None, 128), (True, 32, None, 200)],
+)  # fmt: skip
+def test_attend_cudnn_carries_what_its_kernel_lacks(sinks, value_dim, window, chunk):
+    """On one device, rows of one document: GPT-OSS's sinks (with its window of 128),
+    DeepSeek's narrower values, Llama 4's chunks (the rows reshaped into them, 512 a multiple of
+    128 or not of 200)."""
     t, lengths = 512, [512, 300, 1, 0]
     seg, pos = _rows(lengths, t)
     q, k, v, s = _inputs(lengths, t, 64, value_dim)
     s = s if sinks else None
-    args = dict(segment_ids=seg, positions=pos, sinks=s)
+    args = dict(segment_ids=seg, positions=pos, sinks=s, window=window, chunk=chunk)
     with precision.applied("highest"):
         ref = np.asarray(attend(*map(jnp.asarray, (q, k, v)), **args))
     out = {}

@@ -119,13 +119,12 @@ def _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
 
 def _cudnn_one(q, k, v, seg, pos, mask):
     """`fused.cudnn`; with sinks, chunks or values of another width than the keys, rows of one
-    document take cuDNN's partial (`split_merge.chunk_of_row` over the whole row, or
-    `chunked_rows`) and the sink epilogue, other rows (and such layers with a window, which the
-    partial has not) the flash kernel."""
+    document take cuDNN's partial (`split_merge.whole_row`, with the window, or `chunked_rows`)
+    and the sink epilogue; other rows, and chunks with a window, the flash kernel."""
     plain = mask["sinks"] is None and mask["chunk"] is None and v.shape[3] == k.shape[3]
     if plain:
         return fused.cudnn(q, k, v, seg, mask["window"], mask["scale"])
-    if mask["window"] is not None:
+    if mask["window"] is not None and mask["chunk"] is not None:
         return _xla_one(q, k, v, seg, pos, mask)
     one, real = split_merge.one_document(seg, pos)
     options = dict(scale=mask["scale"], partial=CUDNN.partial, sinks=mask["sinks"])
@@ -133,7 +132,7 @@ def _cudnn_one(q, k, v, seg, pos, mask):
     def split():
         if mask["chunk"] is not None:
             return split_merge.chunked_rows(q, k, v, real, mask["chunk"], **options)
-        return split_merge.chunk_of_row(q, k, v, 0, real, **options)
+        return split_merge.whole_row(q, k, v, real, window=mask["window"], **options)
 
     return jax.lax.cond(
         one, lambda: split().astype(q.dtype), lambda: _xla_one(q, k, v, seg, pos, mask)

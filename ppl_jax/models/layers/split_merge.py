@@ -40,10 +40,10 @@ import jax.numpy as jnp
 from ppl_jax.models.layers import context as context_lib
 from ppl_jax.models.layers import flash
 
-# (q [B, L, H, D], k [B, S, KV, D], v [B, S, KV, Dv], q_len [B], kv_len [B], causal, scale) ->
-# (out [B, L, H, Dv] float32, lse [B, L, H] float32): the first `q_len` queries of each row
-# against its first `kv_len` keys, causal top-left (`L == S`) or all visible; queries past
-# `q_len` get 0 and `-inf`.
+# (q [B, L, H, D], k [B, S, KV, D], v [B, S, KV, Dv], q_len [B], kv_len [B], causal, scale,
+# window=None) -> (out [B, L, H, Dv] float32, lse [B, L, H] float32): the first `q_len` queries
+# of each row against its first `kv_len` keys, causal top-left (`L == S`; with a `window`, keys
+# `i - window < j <= i` only) or all visible; queries past `q_len` get 0 and `-inf`.
 Partial = Callable[..., tuple[jax.Array, jax.Array]]
 
 
@@ -79,16 +79,17 @@ def equal_widths(partial: Partial) -> Partial:
     two (zeros add nothing to a score, and give zero output columns), the output sliced back to
     the values' width. Equal widths pass through."""
 
-    def run(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+    def run(q, k, v, q_len, kv_len, *, causal: bool, scale: float, **window):
         dk, dv = k.shape[3], v.shape[3]
+        options = dict(causal=causal, scale=scale, **window)
         if dk == dv:
-            return partial(q, k, v, q_len, kv_len, causal=causal, scale=scale)
+            return partial(q, k, v, q_len, kv_len, **options)
         width = max(dk, dv)
 
         def pad(x):
             return jnp.pad(x, ((0, 0),) * 3 + ((0, width - x.shape[3]),))
 
-        out, lse = partial(pad(q), pad(k), pad(v), q_len, kv_len, causal=causal, scale=scale)
+        out, lse = partial(pad(q), pad(k), pad(v), q_len, kv_len, **options)
         return out[..., :dv], lse
 
     return run
@@ -98,7 +99,7 @@ def _real(length: jax.Array, n: int) -> jax.Array:
     return jnp.arange(n, dtype=jnp.int32)[None] < length[:, None]
 
 
-def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None):
     """The partial attention by the flash kernel (`flash.attention_lse`), by positions: the
     keys at `0 .. S-1`, the queries at `0 .. L-1` (causal) or after every key."""
     b, length = q.shape[:2]
@@ -110,11 +111,11 @@ def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
     q_seg = _real(q_len, length).astype(jnp.int32)
     k_seg = _real(kv_len, s).astype(jnp.int32)
     return flash.attention_lse(
-        q, k, v, q_seg, q_pos, k_seg, k_pos, window=None, chunk=None, scale=scale, softcap=None
+        q, k, v, q_seg, q_pos, k_seg, k_pos, window=window, chunk=None, scale=scale, softcap=None
     )
 
 
-def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None):
     """The partial attention by cuDNN (JAX's private entry, whose softmax statistics come back
     in float32: the public `jax.nn.dot_product_attention` rounds them to the inputs' dtype, too
     coarse to merge by): per-row lengths, `PADDING_CAUSAL` or `PADDING`."""
@@ -123,7 +124,7 @@ def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
     mask = cudnn_lib.MaskType.PADDING_CAUSAL if causal else cudnn_lib.MaskType.PADDING
     out, stats = cudnn_lib.dot_product_attention(
         q, k, v, q_seqlen=q_len, kv_seqlen=kv_len, scale=scale, mask_type=mask,
-        return_residual=True,
+        sliding_window_length=window, return_residual=True,
     )  # fmt: skip
     real = (_real(q_len, q.shape[1]) & (kv_len > 0)[:, None])[..., None]
     lse = jnp.where(real, stats.astype(jnp.float32).transpose(0, 2, 1), -jnp.inf)
@@ -158,8 +159,7 @@ def chunk_of_row(
     """The queries `q [B, L, H, D]` of the row's tokens `start .. start + L - 1` against the
     row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` (one document of `real [B]` tokens
     from the start): the diagonal block and the prefix, merged, then the sinks `[H]` (or None)
-    added (`with_sinks`); `[B, L, H, Dv]` float32. `start` may be traced (0 as a Python int: no
-    prefix); `prefix`, a function of the diagonal's inputs giving the prefix's result, replaces
+    added (`with_sinks`); `[B, L, H, Dv]` float32. `start` may be traced; `prefix`, a function of the diagonal's inputs giving the prefix's result, replaces
     the one call over the whole row with the first `start` keys real (the context axis passes
     static prefixes). Values of another width than the keys: `equal_widths`."""
     partial = equal_widths(partial)
@@ -168,14 +168,22 @@ def chunk_of_row(
     k = jax.lax.dynamic_slice_in_dim(k_row, start, length, axis=1)
     v = jax.lax.dynamic_slice_in_dim(v_row, start, length, axis=1)
     diagonal = partial(q, k, v, q_len, q_len, causal=True, scale=scale)
-    if isinstance(start, int) and start == 0 and prefix is None:
-        return with_sinks(*diagonal, sinks)[0]
     if prefix is not None:
         before = prefix(q_len)
     else:
         kv_len = jnp.minimum(real, start).astype(jnp.int32)
         before = partial(q, k_row, v_row, q_len, kv_len, causal=False, scale=scale)
     return with_sinks(*merge(diagonal, before), sinks)[0]
+
+
+def whole_row(q, k, v, real, *, scale, partial: Partial, sinks=None, window=None) -> jax.Array:
+    """Rows of one document from position 0 (`real [B]` tokens) on one device: one causal call
+    of the partial over the row (with the sliding `window`, or None), then the sinks `[H]` (or
+    None; `with_sinks`); values of another width padded (`equal_widths`). `[B, T, H, Dv]`
+    float32."""
+    call = equal_widths(partial)
+    out, lse = call(q, k, v, real, real, causal=True, scale=scale, window=window)
+    return with_sinks(out, lse, sinks)[0]
 
 
 def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=None) -> jax.Array:

@@ -25,11 +25,11 @@ def _narrow(v):
     return v[..., :4]  # values 4 wide, keys 8
 
 
-def _whole(q, k, v, seg, pos, sinks, chunk=None):
+def _whole(q, k, v, seg, pos, sinks, chunk=None, window=None):
     """The flash kernel over the whole row (the reference), by the mask of positions."""
     return jax.jit(
         lambda *a: flash.flash_attention(
-            *a, seg, pos, window=None, chunk=chunk, sinks=sinks, scale=SCALE, softcap=None
+            *a, seg, pos, window=window, chunk=chunk, sinks=sinks, scale=SCALE, softcap=None
         )
     )(q, k, v, seg, pos)
 
@@ -174,3 +174,41 @@ def test_attend_cudnn_with_chunks(cudnn_on_cpu, context):  # noqa: F811
         real = seg[:, order] > 0
         expected = np.asarray(_whole(q, k, v, seg, pos, None, 40))[:, order]
         np.testing.assert_allclose(out[real], expected[real], atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 1, 17])
+def test_the_whole_row_with_a_window_sinks_and_narrow_values(monkeypatch, window):
+    """One device: one causal call of the partial over the row with the window (GPT-OSS's
+    sliding layers with their sinks), then the epilogue; and `attend(implementation="cudnn")`
+    taking it (the partial called with the window) for rows of one document, the flash kernel
+    for packed rows."""
+    windows = []
+
+    def partial(*args, **options):
+        windows.append(options.get("window"))
+        return split_merge.xla_partial(*args, **options)
+
+    monkeypatch.setitem(split_merge.PARTIALS, "cudnn", partial)
+    s = jnp.asarray(SINKS)
+    for lengths in (ROWS, [[50, 46], [96], [30, 30], [9]]):
+        q, k, v, seg, pos = _case(lengths)
+        v = _narrow(v)
+        expected = np.asarray(_whole(q, k, v, seg, pos, s, window=window))
+        real = seg > 0
+        got = jax.jit(
+            lambda q, k, v, seg, pos: attend(
+                q, k, v, segment_ids=seg, positions=pos, scale=SCALE, sinks=s, window=window,
+                implementation="cudnn",
+            )
+        )(q, k, v, seg, pos)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(got)[real], expected[real], atol=1e-6)
+    assert windows and set(windows) == {window}  # cuDNN's partial ran, with the window
+    q, k, v, seg, pos = _case(ROWS)
+    _, lengths = split_merge.one_document(jnp.asarray(seg), jnp.asarray(pos))
+    out = jax.jit(
+        lambda q, k, v: split_merge.whole_row(
+            q, k, v, lengths, scale=SCALE, partial=split_merge.xla_partial, sinks=s, window=window
+        )
+    )(q, k, v)
+    expected = np.asarray(_whole(q, k, v, seg, pos, s, window=window))
+    np.testing.assert_allclose(np.asarray(out)[seg > 0], expected[seg > 0], atol=1e-6)
