@@ -65,20 +65,33 @@ def test_attend_cudnn_carries_what_its_kernel_lacks(sinks, value_dim, window, ch
     assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err
 
 
+@pytest.mark.parametrize("window", [None, 128, 300])
 @pytest.mark.parametrize("start", [0, 256])
-def test_a_chunk_with_sinks_and_narrow_values_matches_xla(start):
+def test_a_chunk_with_sinks_and_narrow_values_matches_xla(start, window):
     """A chunk of 128 queries: cuDNN's diagonal and prefix (values padded), merged, then the
-    sink epilogue, against the flash partial doing the same and the whole row in float32."""
+    sink epilogue; with a window, one causal call with cuDNN's window over the chunk and the
+    `window - 1` keys before it; against the flash partial doing the same and the whole row in
+    float32."""
     t, lengths = 1024, [1024, 700, 0]
     seg, pos = _rows(lengths, t)
     q, k, v, s = _inputs(lengths, t, 64, 32)
-    ref = np.asarray(attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos, sinks=s))
+    ref = np.asarray(
+        attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos, sinks=s, window=window)
+    )
     real = jnp.asarray(lengths, jnp.int32)
     out = {}
     for name in ("xla", "cudnn"):
         fn = jax.jit(
             lambda q, k, v, name=name: split_merge.chunk_of_row(
-                q, k, v, start, real, scale=64**-0.5, partial=split_merge.PARTIALS[name], sinks=s
+                q,
+                k,
+                v,
+                start,
+                real,
+                scale=64**-0.5,
+                partial=split_merge.PARTIALS[name],
+                sinks=s,
+                window=window,
             )
         )
         qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q[:, start : start + 128], k, v))

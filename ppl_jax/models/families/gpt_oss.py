@@ -15,8 +15,8 @@ transformers 5.24's `modeling_gpt_oss` computes it:
 
 The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
 `*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.formats.quantized_parts`).
-cuDNN adds the sinks after its partial attention (`ppl_jax.models.layers.split_merge.with_sinks`);
-its sliding layers split over a context axis take the flash kernel. Verified under a context axis
+cuDNN adds the sinks after its partial attention (`ppl_jax.models.layers.split_merge.with_sinks`),
+its window on its sliding layers. Verified under a context axis
 (tests/slow/test_frontier_context.py). From GGUF (llama.cpp's architecture `gpt-oss`): gate and
 up stored apart, the norm after attention (`post_attention_norm`) as the MLP's.
 """

@@ -141,15 +141,15 @@ def _cudnn_one(q, k, v, seg, pos, mask):
 
 def _cudnn_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
     """Rows of one document: the split and merge of `split_merge.over_context` (sinks after the
-    merge); else, and with a window or chunks, the flash kernel."""
-    if mask["window"] is not None or mask["chunk"] is not None:
+    merge, a window on one call per chunk); else, and with chunks, the flash kernel."""
+    if mask["chunk"] is not None:
         return _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask)
     one, real = split_merge.one_document(seg_row, pos_row)
     return jax.lax.cond(
         one,
         lambda: split_merge.over_context(
             q, k_row, v_row, real, n, scale=mask["scale"], partial=CUDNN.partial,
-            sinks=mask["sinks"],
+            sinks=mask["sinks"], window=mask["window"],
         ),
         lambda: _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask),
     )  # fmt: skip

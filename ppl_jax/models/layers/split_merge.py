@@ -18,12 +18,14 @@ which is attention over the union of the keys (Milakov & Gimelshein 2018; FlashA
 This holds for rows whose real tokens are one document from the row's start (`one_document`:
 positions equal to the index, padding only at the end), where cuDNN's masks by index and
 per-row lengths are the mask by positions; rows packed with several documents run the flash
-attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax.cond`), as do
-layers with a window (cuDNN windows causal calls only).
+attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax.cond`).
 
 Around the partials, what cuDNN cannot do itself: learned sinks, added once to each query's
 merged result (`with_sinks`); values of another width than the keys, padded (`equal_widths`);
-chunked attention on one device, the row reshaped into its chunks (`chunked_rows`). The partial
+a sliding window on a chunk of queries, one causal call with the window (cuDNN windows causal
+calls only, and a prefix would need a band: `windowed_chunk`); chunked attention on one device,
+the row reshaped into its chunks (`chunked_rows`; across the context axis or a long window's
+query chunks, the flash kernel). The partial
 attention is a function
 (`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which stands
 in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
@@ -154,15 +156,20 @@ def _no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
 
 
 def chunk_of_row(
-    q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None, sinks=None
+    q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None, sinks=None, window=None
 ) -> jax.Array:
     """The queries `q [B, L, H, D]` of the row's tokens `start .. start + L - 1` against the
     row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` (one document of `real [B]` tokens
     from the start): the diagonal block and the prefix, merged, then the sinks `[H]` (or None)
     added (`with_sinks`); `[B, L, H, Dv]` float32. `start` may be traced; `prefix`, a function of the diagonal's inputs giving the prefix's result, replaces
     the one call over the whole row with the first `start` keys real (the context axis passes
-    static prefixes). Values of another width than the keys: `equal_widths`."""
+    static prefixes). Values of another width than the keys: `equal_widths`. With a sliding
+    `window`: `windowed_chunk` (no prefix)."""
     partial = equal_widths(partial)
+    if window is not None:
+        return windowed_chunk(
+            q, k_row, v_row, start, real, window, scale=scale, partial=partial, sinks=sinks
+        )
     length = q.shape[1]
     q_len = jnp.clip(real - start, 0, length)
     k = jax.lax.dynamic_slice_in_dim(k_row, start, length, axis=1)
@@ -174,6 +181,36 @@ def chunk_of_row(
         kv_len = jnp.minimum(real, start).astype(jnp.int32)
         before = partial(q, k_row, v_row, q_len, kv_len, causal=False, scale=scale)
     return with_sinks(*merge(diagonal, before), sinks)[0]
+
+
+def windowed_chunk(q, k_row, v_row, start, real, window: int, *, scale, partial, sinks=None):
+    """`chunk_of_row` with a sliding `window`, as one causal call with the window: a query sees
+    at most the `P = window - 1` keys before the chunk, so the chunk's `L` queries are placed at
+    their offset in a block of `P + L` rows (zeros before them, outputs dropped) against the
+    `P + L` keys from `max(start - P, 0)`: causal top-left and the window there are the mask by
+    positions (the key block ends up to `P` past the row: padding, masked by length). Exact,
+    where a prefix block would need a band cuDNN's masks cannot express. `[B, L, H, Dv]`
+    float32, the sinks (or None) added."""
+    b, length = q.shape[:2]
+    p = min(window - 1, k_row.shape[1])
+    span = p + length
+    base = jnp.maximum(start - p, 0)
+    offset = start - base
+
+    def keys(x):
+        x = jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2))
+        return jax.lax.dynamic_slice_in_dim(x, base, span, axis=1)
+
+    rows = jnp.zeros((b, span) + q.shape[2:], q.dtype)
+    rows = jax.lax.dynamic_update_slice_in_dim(rows, q, offset, axis=1)
+    kv_len = jnp.clip(real - base, 0, span).astype(jnp.int32)
+    call = equal_widths(partial)
+    out, lse = call(
+        rows, keys(k_row), keys(v_row), kv_len, kv_len, causal=True, scale=scale, window=window
+    )
+    out = jax.lax.dynamic_slice_in_dim(out, offset, length, axis=1)
+    lse = jax.lax.dynamic_slice_in_dim(lse, offset, length, axis=1)
+    return with_sinks(out, lse, sinks)[0]
 
 
 def whole_row(q, k, v, real, *, scale, partial: Partial, sinks=None, window=None) -> jax.Array:
@@ -212,14 +249,15 @@ def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=No
 
 
 def over_context(
-    q, k_row, v_row, real, n: int, *, scale: float, partial: Partial, sinks=None
+    q, k_row, v_row, real, n: int, *, scale: float, partial: Partial, sinks=None, window=None
 ) -> jax.Array:
     """Inside `shard_map` over `context` (`N = n` devices): this device's two chunks of
     queries `q [B, 2L, H, D]` (`c_r` and `c_{2N-1-r}` of the load-balanced order) against the
     gathered row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` in row order (one document
     of `real [B]` tokens), the sinks `[H]` (or None) added once each chunk's partials are
     merged; `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
-    chosen by the device's index with `lax.switch` (one branch per device)."""
+    chosen by the device's index with `lax.switch` (one branch per device); with a sliding
+    `window`, each chunk is one call (`windowed_chunk`)."""
     partial = equal_widths(partial)
     r = jax.lax.axis_index(context_lib.AXIS)
     half = q.shape[1] // 2
@@ -251,6 +289,7 @@ def over_context(
                 partial=partial,
                 prefix=prefix,
                 sinks=sinks,
-            )  # fmt: skip
+                window=window,
+            )
         )
     return jnp.concatenate(outs, axis=1).astype(q.dtype)

@@ -212,3 +212,61 @@ def test_the_whole_row_with_a_window_sinks_and_narrow_values(monkeypatch, window
     )(q, k, v)
     expected = np.asarray(_whole(q, k, v, seg, pos, s, window=window))
     np.testing.assert_allclose(np.asarray(out)[seg > 0], expected[seg > 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [1, 17, 200])
+@pytest.mark.parametrize("start", [0, 16, 40, 80])
+def test_a_chunk_of_queries_with_a_window_is_one_causal_call(window, start):
+    """The chunk's queries at their offset in a block with the `window - 1` keys before them:
+    one causal call with the window, the prefix's band included; against the whole row."""
+    q, k, v, seg, pos = _case(ROWS)
+    v = _narrow(v)
+    s = jnp.asarray(SINKS)
+    _, real = split_merge.one_document(jnp.asarray(seg), jnp.asarray(pos))
+    out = jax.jit(
+        lambda q, k, v, real, start: split_merge.chunk_of_row(
+            q, k, v, start, real, scale=SCALE, partial=split_merge.xla_partial, sinks=s,
+            window=window,
+        )
+    )(q[:, start : start + 16], k, v, real, jnp.int32(start))  # fmt: skip
+    expected = np.asarray(_whole(q, k, v, seg, pos, s, window=window))[:, start : start + 16]
+    scored = seg[:, start : start + 16] > 0
+    np.testing.assert_allclose(np.asarray(out)[scored], expected[scored], atol=1e-6)
+
+
+@pytest.mark.parametrize("context", [2, 4])
+def test_attend_cudnn_with_a_window_over_context_and_queries_apart(monkeypatch, context):
+    """A window with sinks on the split paths: over the context axis (each chunk one windowed
+    call) and a long window's chunk of queries apart from its keys; cuDNN's partial (the flash
+    one in its place) runs with the window, and both equal the flash kernel on one device."""
+    windows = []
+
+    def partial(*args, **options):
+        windows.append(options.get("window"))
+        return split_merge.xla_partial(*args, **options)
+
+    monkeypatch.setitem(split_merge.PARTIALS, "cudnn", partial)
+    q, k, v, seg, pos = _case(ROWS)
+    s = jnp.asarray(SINKS)
+    expected = np.asarray(_whole(q, k, v, seg, pos, s, window=30))
+    order = context_lib.load_balanced_order(96, context)
+
+    def fn(q, k, v, seg, pos):
+        return attend(
+            q, k, v, segment_ids=seg, positions=pos, scale=SCALE, sinks=s, window=30,
+            implementation="cudnn",
+        )  # fmt: skip
+
+    out = _on_mesh(8 // context, context, fn, *(x[:, order] for x in (q, k, v, seg, pos)))
+    real = seg[:, order] > 0
+    np.testing.assert_allclose(out[real], expected[:, order][real], atol=1e-6)
+    got = jax.jit(
+        lambda q, k, v, seg, pos: attend(
+            q[:, 32:64], k, v, segment_ids=seg[:, 32:64], positions=pos[:, 32:64],
+            kv_segment_ids=seg, kv_positions=pos, scale=SCALE, sinks=s, window=30,
+            implementation="cudnn",
+        )
+    )(q, k, v, seg, pos)  # fmt: skip
+    scored = seg[:, 32:64] > 0
+    np.testing.assert_allclose(np.asarray(got)[scored], expected[:, 32:64][scored], atol=1e-6)
+    assert windows and set(windows) == {30}
