@@ -100,3 +100,39 @@ def test_a_chunk_with_sinks_and_narrow_values_matches_xla(start, window):
     err = {n: np.abs(o[scored] - ref[:, start : start + 128][scored]).max() for n, o in out.items()}
     assert np.isfinite(out["cudnn"][scored]).all()
     assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err
+
+
+@pytest.mark.parametrize("chunk", [64, 512])
+@pytest.mark.parametrize("start", [0, 384])
+def test_a_chunk_with_chunked_attention_matches_xla(start, chunk):
+    """128 queries at `start` with chunked attention: holding whole chunks of 64 (reshaped) or
+    inside one of 512 (the prefix from its first key), cuDNN's partials against the flash
+    partial's and the whole row in float32."""
+    t, lengths = 1024, [1024, 700, 0]
+    seg, pos = _rows(lengths, t)
+    q, k, v, s = _inputs(lengths, t, 64, 64)
+    ref = np.asarray(
+        attend(*map(jnp.asarray, (q, k, v)), segment_ids=seg, positions=pos, sinks=s, chunk=chunk)
+    )
+    real = jnp.asarray(lengths, jnp.int32)
+    out = {}
+    for name in ("xla", "cudnn"):
+        fn = jax.jit(
+            lambda q, k, v, name=name: split_merge.chunk_of_row(
+                q,
+                k,
+                v,
+                start,
+                real,
+                scale=64**-0.5,
+                partial=split_merge.PARTIALS[name],
+                sinks=s,
+                chunk=chunk,
+            )
+        )
+        qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q[:, start : start + 128], k, v))
+        out[name] = np.asarray(fn(qb, kb, vb).astype(jnp.float32))
+    scored = np.asarray(seg)[:, start : start + 128] != 0
+    err = {n: np.abs(o[scored] - ref[:, start : start + 128][scored]).max() for n, o in out.items()}
+    assert np.isfinite(out["cudnn"][scored]).all()
+    assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err

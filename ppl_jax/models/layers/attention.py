@@ -288,7 +288,11 @@ def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, kernel: kerne
     def flash_path():
         return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)
 
-    if kernel is kernels.XLA or mask["chunk"] is not None:
+    chunk = mask["chunk"]
+    if kernel is kernels.XLA or (
+        chunk is not None
+        and (mask["window"] is not None or not split_merge.chunks_fit(q.shape[1], chunk))
+    ):
         return flash_path()
     # The kernel's partials: the chunk's diagonal block and its prefix, for rows of one document
     # (whose tokens sit at their positions: the chunk starts at its first real token's position).
@@ -298,7 +302,7 @@ def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, kernel: kerne
     def split():
         out = split_merge.chunk_of_row(
             q, k, v, start, real, scale=scale, partial=kernel.partial, sinks=mask["sinks"],
-            window=mask["window"],
+            window=mask["window"], chunk=chunk,
         )  # fmt: skip
         return out.astype(q.dtype)
 

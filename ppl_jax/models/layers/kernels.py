@@ -141,15 +141,19 @@ def _cudnn_one(q, k, v, seg, pos, mask):
 
 def _cudnn_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
     """Rows of one document: the split and merge of `split_merge.over_context` (sinks after the
-    merge, a window on one call per chunk); else, and with chunks, the flash kernel."""
-    if mask["chunk"] is not None:
+    merge, a window on one call per chunk, chunked attention where `split_merge.chunks_fit`);
+    else the flash kernel."""
+    half, chunk = q.shape[1] // 2, mask["chunk"]
+    if chunk is not None and (
+        mask["window"] is not None or not split_merge.chunks_fit(half, chunk)
+    ):
         return _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask)
     one, real = split_merge.one_document(seg_row, pos_row)
     return jax.lax.cond(
         one,
         lambda: split_merge.over_context(
             q, k_row, v_row, real, n, scale=mask["scale"], partial=CUDNN.partial,
-            sinks=mask["sinks"], window=mask["window"],
+            sinks=mask["sinks"], window=mask["window"], chunk=chunk,
         ),
         lambda: _xla_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask),
     )  # fmt: skip
@@ -187,8 +191,9 @@ def _cudnn_auto(platform: str, dtype, head_dim: int) -> bool:
 CUDNN = Kernel(
     name="cudnn",
     platforms=("gpu",),
-    # Sinks: the epilogue after the merge; values of another width: padded; chunks: the row
-    # reshaped into its chunks on one device (`split_merge`); elsewhere the flash kernel.
+    # Sinks: the epilogue after the merge; values of another width: padded; windows and chunks
+    # around its partials (`split_merge`; the flash kernel for packed rows, chunks with a
+    # window, and chunks of queries whose length does not fit the attention chunk).
     lacks=("softcap", "ring"),
     auto_ok=_cudnn_auto,
     # Through its packed layout on Hopper or newer only (`fused.cudnn_packs`); before that it

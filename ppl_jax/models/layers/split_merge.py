@@ -23,9 +23,10 @@ attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax
 Around the partials, what cuDNN cannot do itself: learned sinks, added once to each query's
 merged result (`with_sinks`); values of another width than the keys, padded (`equal_widths`);
 a sliding window on a chunk of queries, one causal call with the window (cuDNN windows causal
-calls only, and a prefix would need a band: `windowed_chunk`); chunked attention on one device,
-the row reshaped into its chunks (`chunked_rows`; across the context axis or a long window's
-query chunks, the flash kernel). The partial
+calls only, and a prefix would need a band: `windowed_chunk`); chunked attention, the row reshaped into
+its chunks on one device (`chunked_rows`), and on a chunk of queries the prefix from the
+attention chunk's first key, or the chunk's own keys reshaped (`chunked_chunk`, where
+`chunks_fit`; elsewhere the flash kernel). The partial
 attention is a function
 (`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which stands
 in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
@@ -156,7 +157,18 @@ def _no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
 
 
 def chunk_of_row(
-    q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None, sinks=None, window=None
+    q,
+    k_row,
+    v_row,
+    start,
+    real,
+    *,
+    scale,
+    partial: Partial,
+    prefix=None,
+    sinks=None,
+    window=None,
+    chunk=None,
 ) -> jax.Array:
     """The queries `q [B, L, H, D]` of the row's tokens `start .. start + L - 1` against the
     row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` (one document of `real [B]` tokens
@@ -164,8 +176,12 @@ def chunk_of_row(
     added (`with_sinks`); `[B, L, H, Dv]` float32. `start` may be traced; `prefix`, a function of the diagonal's inputs giving the prefix's result, replaces
     the one call over the whole row with the first `start` keys real (the context axis passes
     static prefixes). Values of another width than the keys: `equal_widths`. With a sliding
-    `window`: `windowed_chunk` (no prefix)."""
+    `window`: `windowed_chunk` (no prefix); with chunked attention: `chunked_chunk`."""
     partial = equal_widths(partial)
+    if chunk is not None:
+        return chunked_chunk(
+            q, k_row, v_row, start, real, chunk, scale=scale, partial=partial, sinks=sinks
+        )
     if window is not None:
         return windowed_chunk(
             q, k_row, v_row, start, real, window, scale=scale, partial=partial, sinks=sinks
@@ -180,6 +196,41 @@ def chunk_of_row(
     else:
         kv_len = jnp.minimum(real, start).astype(jnp.int32)
         before = partial(q, k_row, v_row, q_len, kv_len, causal=False, scale=scale)
+    return with_sinks(*merge(diagonal, before), sinks)[0]
+
+
+def chunks_fit(length: int, chunk: int) -> bool:
+    """Whether a chunk of `length` queries starting at a multiple of `length` takes chunked
+    attention of `chunk` by cuDNN's partials (`chunked_chunk`): the queries lie in one
+    attention chunk (`chunk` a multiple of `length`) or hold whole ones (the converse)."""
+    return chunk % length == 0 or length % chunk == 0
+
+
+def chunked_chunk(q, k_row, v_row, start, real, chunk: int, *, scale, partial, sinks=None):
+    """`chunk_of_row` with chunked attention (Llama 4), its `L` queries starting at a multiple of
+    `L` (`chunks_fit`): within one attention chunk, the diagonal block and the prefix from the
+    chunk's first key (`P = chunk - L` keys from `chunk * (start // chunk)`, those before
+    `start` real); holding whole chunks, its own keys reshaped into them (`chunked_rows`).
+    `[B, L, H, Dv]` float32, the sinks (or None) added once."""
+    length = q.shape[1]
+    q_len = jnp.clip(real - start, 0, length).astype(jnp.int32)
+
+    def own(x):
+        return jax.lax.dynamic_slice_in_dim(x, start, length, axis=1)
+
+    if length % chunk == 0:
+        options = dict(scale=scale, partial=partial, sinks=sinks)
+        return chunked_rows(q, own(k_row), own(v_row), q_len, chunk, **options)
+    diagonal = partial(q, own(k_row), own(v_row), q_len, q_len, causal=True, scale=scale)
+    width = chunk - length
+    first = (start // chunk) * chunk
+
+    def keys(x):
+        x = jnp.pad(x, ((0, 0), (0, width)) + ((0, 0),) * (x.ndim - 2))
+        return jax.lax.dynamic_slice_in_dim(x, first, width, axis=1)
+
+    kv_len = jnp.clip(jnp.minimum(real, start) - first, 0, width).astype(jnp.int32)
+    before = partial(q, keys(k_row), keys(v_row), q_len, kv_len, causal=False, scale=scale)
     return with_sinks(*merge(diagonal, before), sinks)[0]
 
 
@@ -249,7 +300,17 @@ def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=No
 
 
 def over_context(
-    q, k_row, v_row, real, n: int, *, scale: float, partial: Partial, sinks=None, window=None
+    q,
+    k_row,
+    v_row,
+    real,
+    n: int,
+    *,
+    scale: float,
+    partial: Partial,
+    sinks=None,
+    window=None,
+    chunk=None,
 ) -> jax.Array:
     """Inside `shard_map` over `context` (`N = n` devices): this device's two chunks of
     queries `q [B, 2L, H, D]` (`c_r` and `c_{2N-1-r}` of the load-balanced order) against the
@@ -257,14 +318,16 @@ def over_context(
     of `real [B]` tokens), the sinks `[H]` (or None) added once each chunk's partials are
     merged; `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
     chosen by the device's index with `lax.switch` (one branch per device); with a sliding
-    `window`, each chunk is one call (`windowed_chunk`)."""
+    `window`, each chunk is one call (`windowed_chunk`); with chunked attention, `chunked_chunk`
+    (`chunks_fit` the chunks' length)."""
     partial = equal_widths(partial)
+    options = dict(scale=scale, partial=partial, sinks=sinks, window=window, chunk=chunk)
     r = jax.lax.axis_index(context_lib.AXIS)
     half = q.shape[1] // 2
     outs = []
     for i in range(2):
         q_i = q[:, i * half : (i + 1) * half]
-        chunk = r if i == 0 else 2 * n - 1 - r
+        index = r if i == 0 else 2 * n - 1 - r  # of the row's 2N chunks
 
         def prefix(q_len, q_i=q_i, i=i):
             def branch(device, q_len):
@@ -278,18 +341,5 @@ def over_context(
             branches = [functools.partial(branch, device) for device in range(n)]
             return jax.lax.switch(r, branches, q_len)
 
-        outs.append(
-            chunk_of_row(
-                q_i,
-                k_row,
-                v_row,
-                chunk * half,
-                real,
-                scale=scale,
-                partial=partial,
-                prefix=prefix,
-                sinks=sinks,
-                window=window,
-            )
-        )
+        outs.append(chunk_of_row(q_i, k_row, v_row, index * half, real, prefix=prefix, **options))
     return jnp.concatenate(outs, axis=1).astype(q.dtype)

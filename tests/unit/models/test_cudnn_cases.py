@@ -19,6 +19,7 @@ from ppl_jax.models.layers.attention import attend
 
 ROWS = [[96], [70], [96], [5]]
 SINKS = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+SLOW_STARTS = [pytest.param(start, marks=pytest.mark.slow) for start in (16, 80)]
 
 
 def _narrow(v):
@@ -215,7 +216,7 @@ def test_the_whole_row_with_a_window_sinks_and_narrow_values(monkeypatch, window
 
 
 @pytest.mark.parametrize("window", [1, 17, 200])
-@pytest.mark.parametrize("start", [0, 16, 40, 80])
+@pytest.mark.parametrize("start", [0, 40, *SLOW_STARTS])
 def test_a_chunk_of_queries_with_a_window_is_one_causal_call(window, start):
     """The chunk's queries at their offset in a block with the `window - 1` keys before them:
     one causal call with the window, the prefix's band included; against the whole row."""
@@ -270,3 +271,67 @@ def test_attend_cudnn_with_a_window_over_context_and_queries_apart(monkeypatch, 
     scored = seg[:, 32:64] > 0
     np.testing.assert_allclose(np.asarray(got)[scored], expected[:, 32:64][scored], atol=1e-6)
     assert windows and set(windows) == {30}
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 48, 8, 24])
+@pytest.mark.parametrize("start", [0, 48, *SLOW_STARTS])
+def test_a_chunk_of_queries_with_chunked_attention(chunk, start):
+    """16 queries at a multiple of 16: inside one attention chunk (16, 32, 48: the diagonal
+    and the prefix from the chunk's first key) or holding whole ones (8: reshaped); 24 fits
+    neither (`chunks_fit`); against the whole row's chunk mask."""
+    assert split_merge.chunks_fit(16, chunk) == (chunk != 24)
+    if chunk == 24:
+        return
+    q, k, v, seg, pos = _case(ROWS)
+    v = _narrow(v)
+    s = jnp.asarray(SINKS)
+    _, real = split_merge.one_document(jnp.asarray(seg), jnp.asarray(pos))
+    out = jax.jit(
+        lambda q, k, v, real, start: split_merge.chunk_of_row(
+            q, k, v, start, real, scale=SCALE, partial=split_merge.xla_partial, sinks=s,
+            chunk=chunk,
+        )
+    )(q[:, start : start + 16], k, v, real, jnp.int32(start))  # fmt: skip
+    expected = np.asarray(_whole(q, k, v, seg, pos, s, chunk=chunk))[:, start : start + 16]
+    scored = seg[:, start : start + 16] > 0
+    np.testing.assert_allclose(np.asarray(out)[scored], expected[scored], atol=1e-6)
+
+
+@pytest.mark.parametrize("context,chunk", [(2, 48), (4, 12), (4, 36)])
+def test_attend_cudnn_with_chunks_over_context_and_queries_apart(monkeypatch, context, chunk):
+    """Chunked attention on the split paths: over the context axis (chunks of 24 or 12 queries
+    per device; 36 fits neither and takes the flash kernel) and a chunk of 24 queries apart
+    from its keys (36 again the flash kernel); all equal the flash kernel on one device."""
+    calls = []
+
+    def partial(*args, **options):
+        calls.append(options)
+        return split_merge.xla_partial(*args, **options)
+
+    monkeypatch.setitem(split_merge.PARTIALS, "cudnn", partial)
+    q, k, v, seg, pos = _case(ROWS)
+    s = jnp.asarray(SINKS)
+    expected = np.asarray(_whole(q, k, v, seg, pos, s, chunk=chunk))
+    order = context_lib.load_balanced_order(96, context)
+
+    def fn(q, k, v, seg, pos):
+        return attend(
+            q, k, v, segment_ids=seg, positions=pos, scale=SCALE, sinks=s, chunk=chunk,
+            implementation="cudnn",
+        )  # fmt: skip
+
+    out = _on_mesh(8 // context, context, fn, *(x[:, order] for x in (q, k, v, seg, pos)))
+    real = seg[:, order] > 0
+    np.testing.assert_allclose(out[real], expected[:, order][real], atol=1e-6)
+    assert bool(calls) == split_merge.chunks_fit(96 // (2 * context), chunk)
+    calls.clear()
+    got = jax.jit(
+        lambda q, k, v, seg, pos: attend(
+            q[:, 24:48], k, v, segment_ids=seg[:, 24:48], positions=pos[:, 24:48],
+            kv_segment_ids=seg, kv_positions=pos, scale=SCALE, sinks=s, chunk=chunk,
+            implementation="cudnn",
+        )
+    )(q, k, v, seg, pos)  # fmt: skip
+    scored = seg[:, 24:48] > 0
+    np.testing.assert_allclose(np.asarray(got)[scored], expected[:, 24:48][scored], atol=1e-6)
+    assert bool(calls) == split_merge.chunks_fit(24, chunk)
