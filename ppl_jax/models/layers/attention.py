@@ -38,7 +38,7 @@ import jax.numpy as jnp
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.layers import context as context_lib
-from ppl_jax.models.layers import flash, fused, kernels, split_merge
+from ppl_jax.models.layers import flash, kernels, split_merge
 
 IMPLEMENTATIONS = kernels.CHOICES
 
@@ -109,17 +109,18 @@ def resolve(
 def _check(setting: str, needs: kernels.Needs, platform: str | None) -> None:
     """Raises ConfigError where the explicit `setting` cannot do what a model `needs` or run on
     `platform` (see `resolve`)."""
-    missing = kernels.kernel(setting).refuses(needs)
+    kernel = kernels.kernel(setting)
+    missing = kernel.refuses(needs)
     if missing:
         raise ConfigError(
             f"model.attention={setting} cannot {missing}, which this run needs; set "
             f"model.attention=auto or xla."
         )
-    if setting == "cudnn" and platform is not None and not fused.cudnn_present(platform):
+    if platform is not None and not kernel.present(platform):
         raise ConfigError(
-            f"model.attention=cudnn needs an NVIDIA GPU with cuDNN, and this run's devices "
-            f"({platform}) have none; set model.attention=auto (cuDNN where it can run, else "
-            f"xla)."
+            f"model.attention={setting} needs {kernel.needs}, and this run's devices "
+            f"({platform}) have none; set model.attention=auto (the fastest kernel that can "
+            f"run, else xla)."
         )
 
 

@@ -74,6 +74,8 @@ class Kernel:
       lacks: the needs (`Needs` attribute names, of `PHRASES`) it cannot meet.
       auto_ok: `(platform, dtype, head_dim) -> bool`, beyond `platforms`, where `auto` picks it.
       keeps_segments: `() -> bool`, whether it keeps a packed row's documents apart here.
+      present: `platform -> bool`, whether it can run on a device of that platform at all
+        (checked for an explicit setting); needs: what it needs there, for the refusal.
       queries_apart: whether a long window's queries may run apart from their keys.
       one_device: `(q, k, v, seg, pos, mask) -> out`, `mask` the dict of `window`, `chunk`,
         `sinks`, `scale`, `softcap`.
@@ -92,6 +94,8 @@ class Kernel:
     queries_apart: bool
     one_device: Callable[..., jax.Array]
     gathered: Callable[..., jax.Array]
+    present: Callable[[str], bool] = lambda platform: True
+    needs: str = ""
 
     @property
     def partial(self) -> split_merge.Partial | None:
@@ -202,6 +206,8 @@ CUDNN = Kernel(
     queries_apart=True,
     one_device=_cudnn_one,
     gathered=_cudnn_gathered,
+    present=lambda platform: fused.cudnn_present(platform),
+    needs="an NVIDIA GPU with cuDNN",
 )
 SPLASH = Kernel(
     name="splash",
