@@ -131,7 +131,7 @@ def layer_kernels(
     `model.attention=setting` (`kernels.layer_needs`' kinds: `attention`, or `chunked`,
     `sliding`, `global`): `auto` picks per kind; an explicit setting (or a resolved name) runs
     on every layer. Empty for a model without attention layers. Arguments as `resolve_for`."""
-    head_dim = _head_dim(description)
+    head_dim = kernels.head_dim(description)
     if head_dim is None:
         return {}
     kinds = kernels.layer_needs(description, context=context, **mesh)
@@ -139,13 +139,6 @@ def layer_kernels(
         return dict.fromkeys(kinds, setting)
     platform = platform or jax.default_backend()
     return {kind: kernels.pick(platform, dtype, head_dim, n).name for kind, n in kinds.items()}
-
-
-def _head_dim(description: dict) -> int | None:
-    head_dim = description.get("head_dim")
-    if not head_dim and description.get("num_heads"):
-        head_dim = description["embed_dim"] // description["num_heads"]
-    return head_dim or None
 
 
 def resolve_for(
@@ -160,13 +153,13 @@ def resolve_for(
     `auto` picks per kind of layer (`layer_kernels`): the one kernel they all take, or `auto`
     where they differ (Llama 4's chunked and global layers on a TPU), which `attend` then picks
     per layer the same way."""
-    if setting == "auto" and _head_dim(description) is not None:
+    if setting == "auto" and kernels.head_dim(description) is not None:
         picks = set(layer_kernels(setting, dtype, description, context, platform, **mesh).values())
         return picks.pop() if len(picks) == 1 else "auto"
     return resolve(
         setting,
         dtype,
-        _head_dim(description),
+        kernels.head_dim(description),
         softcap=bool(description.get("attn_softcap")),
         chunk=bool(description.get("attn_chunk")),
         sinks=bool(description.get("attn_sinks")),

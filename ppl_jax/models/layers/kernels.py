@@ -260,18 +260,24 @@ def kernel(name: str) -> Kernel:
     return KERNELS[name]
 
 
+def head_dim(description: Mapping[str, Any]) -> int | None:
+    """The query/key heads' width of a model description: `head_dim`, else `embed_dim /
+    num_heads`; None for a model without attention layers (neither key: Mamba2's)."""
+    width = description.get("head_dim")
+    if not width and description.get("num_heads"):
+        width = description["embed_dim"] // description["num_heads"]
+    return width or None
+
+
 def layer_needs(description: Mapping[str, Any], **mesh) -> dict[str, Needs]:
     """The `Needs` of each kind of attention layer of a model description (`model.build`'s):
     `chunked` (the `chunk_layers` of `attn_chunk`), `sliding` (`sliding_layers`), `global`
-    (the rest); one kind, `attention`, when every layer needs the same. `mesh`: `context`,
+    (the rest); one kind, `attention`, when no layer slides or chunks. `mesh`: `context`,
     `context_attention` as in `Needs`."""
-    head_dim = description.get("head_dim") or description.get("embed_dim", 0) // max(
-        description.get("num_heads") or 1, 1
-    )
     model = dict(
         softcap=bool(description.get("attn_softcap")),
         sinks=bool(description.get("attn_sinks")),
-        mla=description.get("v_head_dim") not in (None, head_dim),
+        mla=description.get("v_head_dim") not in (None, head_dim(description)),
         **mesh,
     )
     layers = int(description.get("num_layers") or 0)
