@@ -119,6 +119,8 @@ def test_a_sweep_has_every_output_of_a_single_run_and_the_same_records(
             SINGLE_RUN_KEYS | SWEEP_KEYS - set(written)
         )
         assert written == json.loads(json.dumps(found.results))
+        # The kernel each kind of layer ran: GPT-2's one kind, the flash kernel on the CPU.
+        assert written["attention"] == "xla" and written["attention_layers"] == {"attention": "xla"}
     assert single.results["perplexity"] == records[5]["metrics"]["perplexity"]
 
 
