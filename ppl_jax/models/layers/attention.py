@@ -26,7 +26,7 @@ the load-balanced order of `ppl_jax.models.layers.context.load_balanced_order`, 
 layer's keys, values, segment ids and positions (and puts them back in row order), then attends
 its own queries (`model.context_attention=all_gather`, the default); or the keys and values go
 round a ring of `ppermute`s in `N` steps, the online softmax carried from one shard to the next
-(`ring`: `xla` only), for layers whose gathered keys and values do not fit. The result is the
+(`ring`: `xla`, and `cudnn` by its partials, `ring_merge`), for layers whose gathered keys and values do not fit. The result is the
 same as on one device (the mask is by positions, so any order of the row's tokens is right);
 only the order of float32 additions differs.
 """
@@ -310,7 +310,9 @@ def _over_context(kernel: kernels.Kernel, ring, n, q, k, v, seg, pos, mask):
     def body(q, k, v, seg, pos, sinks_in):
         local = dict(mask, sinks=None if sinks is None else sinks_in)
         if ring:
-            return _ring(n, q, k, v, seg, pos, local)
+            if kernel.ring is None:
+                return _ring(n, q, k, v, seg, pos, local)
+            return kernel.ring(n, q, k, v, seg, pos, local, _ring)
         k_row, v_row, seg_row, pos_row = (context_lib.gather_rows(x, n) for x in (k, v, seg, pos))
         return kernel.gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, local)
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from ppl_jax.models.layers import context as context_lib
-from ppl_jax.models.layers import flash, fused, split_merge
+from ppl_jax.models.layers import flash, fused, ring_merge, split_merge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,9 @@ class Kernel:
       lacks: the needs (`Needs` attribute names, of `PHRASES`) it cannot meet.
       auto_ok: `(platform, dtype, head_dim) -> bool`, beyond `platforms`, where `auto` picks it.
       keeps_segments: `() -> bool`, whether it keeps a packed row's documents apart here.
+      ring: inside the context axis's `shard_map`, `(n, q, k, v, seg, pos, mask, flash_ring) ->
+        out`, `model.context_attention=ring` by its own partials (`ring_merge`), or None: the
+        flash kernel's ring (`flash_ring`, the same arguments but the last).
       present: `platform -> bool`, whether it can run on a device of that platform at all
         (checked for an explicit setting); needs: what it needs there, for the refusal.
       queries_apart: whether a long window's queries may run apart from their keys.
@@ -94,6 +97,7 @@ class Kernel:
     queries_apart: bool
     one_device: Callable[..., jax.Array]
     gathered: Callable[..., jax.Array]
+    ring: Callable[..., jax.Array] | None = None
     present: Callable[[str], bool] = lambda platform: True
     needs: str = ""
 
@@ -163,6 +167,21 @@ def _cudnn_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
     )  # fmt: skip
 
 
+def _cudnn_ring(n, q, k, v, seg, pos, mask, flash_ring):
+    """Rows of one document: the ring of cuDNN's partials (`ring_merge`, the sinks after the
+    last step); else, and with a window or chunks, the flash kernel's ring."""
+    if mask["window"] is not None or mask["chunk"] is not None:
+        return flash_ring(n, q, k, v, seg, pos, mask)
+    one, real = ring_merge.one_document(n, seg, pos)
+    return jax.lax.cond(
+        one,
+        lambda: ring_merge.ring(
+            n, q, k, v, real, scale=mask["scale"], partial=CUDNN.partial, sinks=mask["sinks"]
+        ),
+        lambda: flash_ring(n, q, k, v, seg, pos, mask),
+    )
+
+
 def _splash_one(q, k, v, seg, pos, mask):
     return fused.splash(q, k, v, seg, seg, **_no_chunk(mask))
 
@@ -197,8 +216,9 @@ CUDNN = Kernel(
     platforms=("gpu",),
     # Sinks: the epilogue after the merge; values of another width: padded; windows and chunks
     # around its partials (`split_merge`; the flash kernel for packed rows, chunks with a
-    # window, and chunks of queries whose length does not fit the attention chunk).
-    lacks=("softcap", "ring"),
+    # window, and chunks of queries whose length does not fit the attention chunk); the ring
+    # by its partials (`ring_merge`).
+    lacks=("softcap",),
     auto_ok=_cudnn_auto,
     # Through its packed layout on Hopper or newer only (`fused.cudnn_packs`); before that it
     # takes per-row sequence lengths, so each of its rows holds one window.
@@ -206,6 +226,7 @@ CUDNN = Kernel(
     queries_apart=True,
     one_device=_cudnn_one,
     gathered=_cudnn_gathered,
+    ring=_cudnn_ring,
     present=lambda platform: fused.cudnn_present(platform),
     needs="an NVIDIA GPU with cuDNN",
 )

@@ -151,7 +151,8 @@ def one_document(segment_ids: jax.Array, positions: jax.Array) -> tuple[jax.Arra
     return ok, jnp.sum(real, axis=1, dtype=jnp.int32)
 
 
-def _no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
+def no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
+    """The partial result of queries `q [B, L, H, D]` that saw no key: 0 and `-inf`."""
     b, length, h = q.shape[:3]
     return jnp.zeros((b, length, h, dv), jnp.float32), jnp.full((b, length, h), -jnp.inf)
 
@@ -333,7 +334,7 @@ def over_context(
             def branch(device, q_len):
                 c = device if i == 0 else 2 * n - 1 - device  # this branch's chunk, static
                 if c == 0:
-                    return _no_keys(q_i, v_row.shape[3])
+                    return no_keys(q_i, v_row.shape[3])
                 kv_len = jnp.minimum(real, c * half).astype(jnp.int32)
                 keys = (k_row[:, : c * half], v_row[:, : c * half])
                 return partial(q_i, *keys, q_len, kv_len, causal=False, scale=scale)

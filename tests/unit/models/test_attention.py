@@ -301,10 +301,10 @@ def test_auto_resolution():
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", chunk=True) == "xla"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", sinks=True) == "splash"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", context=2) == "splash"
-    # cuDNN across the context axis (gathered keys: split and merged); the ring is the JAX kernel.
+    # cuDNN across the context axis (gathered keys, or a ring: split and merged).
     assert resolve("auto", jnp.bfloat16, 64, platform="gpu", context=4) == "cudnn"
-    ring4 = {"context": 4, "context_attention": "ring"}
-    assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **ring4) == "xla"
+    ring4 = {"context": 4, "context_attention": "ring"}  # cuDNN's partials round the ring
+    assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **ring4) == "cudnn"
     ring = {"context": 2, "context_attention": "ring"}
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", **ring) == "xla"
     assert jax.default_backend() == "cpu"
@@ -314,11 +314,6 @@ def test_auto_resolution():
     "setting,needs,message",
     [
         ("cudnn", {"softcap": True}, "cannot soft-cap attention scores"),
-        (
-            "cudnn",
-            {"context": 4, "context_attention": "ring"},
-            "cannot pass keys and values round a ring",
-        ),
         ("splash", {"chunk": True}, "cannot run chunked attention"),
         (
             "splash",
