@@ -28,6 +28,7 @@ from ppl_jax.evaluation.spec import (
     RunSpec,
     StepSpec,
 )
+from ppl_jax.models.layers import kernels
 from ppl_jax.models.layers.rope import ANGLES
 from ppl_jax.outputs import sinks
 from ppl_jax.outputs.figures import FigureSpec
@@ -50,7 +51,7 @@ def from_config(c: config_dict.ConfigDict) -> RunSpec:
     step = steps.steps[0] if steps.kind == "one" else None
     _choice("model.dtype", c.model.dtype, DTYPES)
     _choice("checkpoint.format", c.checkpoint.format, CHECKPOINT_FORMATS)
-    _choice("model.attention", c.model.attention, ("auto", "xla", "cudnn", "splash"))
+    _choice("model.attention", c.model.attention, kernels.CHOICES)
     _choice("model.rope_angles", c.model.rope_angles, ANGLES)
     _choice("model.matmul_precision", c.model.matmul_precision, precision.SETTINGS)
     data, protocol = _dataset(c.data, c.eval, c, "data", "eval")

@@ -20,6 +20,7 @@ from ppl_jax.checkpoints import Checkpoint, architecture
 from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.layers import attention as attention_lib
 from ppl_jax.outputs.model_record import FAMILY, model_record
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.planner import Dataset
@@ -77,6 +78,19 @@ class Provenance:
             model, mesh, checkpoint, tokenizer, batch, tuple(rules), options, dtype, attention,
             matmul_precision, int(bootstrap_samples), int(seed),
         )  # fmt: skip
+
+    def attention_layers(self) -> dict[str, str]:
+        """The kernel each kind of attention layer runs (`attention.layer_kernels` of the model's
+        description for `attention` on the mesh's devices); empty for a model of one's own."""
+        if not self.model.origin.startswith(FAMILY) or "," in self.dtype:
+            return {}
+        mesh = dict(
+            context=int(self.mesh.shape.get("context", 1)),
+            context_attention=self.options.context_attention,
+            platform=self.mesh.devices.flat[0].platform,
+        )
+        dtype = jnp.dtype(self.dtype)
+        return attention_lib.layer_kernels(self.attention, dtype, self.model.description, **mesh)
 
     def step_part(self, step: int | None) -> dict[str, Any]:
         """What the fingerprints of every dataset at `step` share and take I/O to find: the
@@ -198,6 +212,7 @@ class Provenance:
             quantization=None if ckpt is None else ckpt.quantization(step),
             layout=d.layout,
             attention=self.attention,
+            attention_layers=self.attention_layers(),
             matmul_precision=self.matmul_precision,
             gzip_bits_per_byte=None,
             wall_seconds=totals.scoring_seconds,

@@ -45,6 +45,9 @@ class Evaluation:
         setup, restore, short context, LongPPL evaluator, compile, scoring, context sweep, gzip
         baseline), None for a pass that did not run.
       dataset, protocol_spec: the dataset's specs.
+      attention_layers: the attention kernel each kind of attention layer ran
+        (`ppl_jax.models.layers.attention.layer_kernels`: `attention`, or `chunked`, `sliding`,
+        `global`), empty for a model of one's own or without attention layers.
       checkpoint_path: the checkpoint as given (`Checkpoint.path`), or None (params from a
         training loop); checkpoint_commit: a hub revision's commit, else None.
       dtype: the params' dtype; packing: `BatchSpec.packing` as set.
@@ -73,6 +76,7 @@ class Evaluation:
     dataset: DatasetSpec
     protocol_spec: ProtocolSpec
     fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attention_layers: dict[str, str] = dataclasses.field(default_factory=dict)
     tokenizer_note: str | None = None
     tokenizer_is_checkpoints: bool = True
     resumed_batches: int = 0

@@ -101,6 +101,8 @@ def dataset_dict(ev: Evaluation) -> dict:
         "checkpoint": _checkpoint_dict(ev),
         "model": ev.model_description,
         "attention": ev.attention,
+        # The kernel each kind of attention layer ran (`model.attention=auto` picks per kind).
+        "attention_layers": ev.attention_layers,
         "dtype": ev.dtype,
         # The checkpoint's stored quantization (method, bits, group size; weights read
         # dequantized into `dtype`), or None.

@@ -168,8 +168,7 @@ def _run_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         (
             "model",
-            f"{arch} ({results['tokenizer']}), {results['dtype']}, "
-            f"{results['attention']} attention",
+            f"{arch} ({results['tokenizer']}), {results['dtype']}, {_attention(results)} attention",
         ),
         *(
             [("tokenizer", f"{results['tokenizer_source']}, not the checkpoint's own")]
@@ -333,3 +332,12 @@ def progress_bar(enabled: bool):
     """The run's progress factory: `(windows, windows done, desc=...) -> ProgressBar`, or None
     when not `enabled` (`ppl_jax.evaluation.run.run`'s `progress_factory`)."""
     return ProgressBar if enabled else None
+
+
+def _attention(results: dict[str, Any]) -> str:
+    """The kernel that ran; where layers ran different ones (`auto`), each kind's
+    (`auto (chunked: xla, global: splash)`)."""
+    layers = results.get("attention_layers") or {}
+    if len(set(layers.values())) < 2:
+        return results["attention"]
+    return f"{results['attention']} ({', '.join(f'{k}: {v}' for k, v in layers.items())})"

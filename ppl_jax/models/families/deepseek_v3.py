@@ -23,8 +23,8 @@ softmax scale; the fields of its own are below.
 
 The published checkpoints' FP8 weights (`quantization_config` `fp8`: float8_e4m3fn with
 `weight_scale_inv` per 128 x 128 block) are dequantized where they are read
-(`ppl_jax.checkpoints.quantized.parts`). Refused: cuDNN attention (values narrower than the
-keys). Verified under a context axis (tests/slow/test_frontier_context.py).
+(`ppl_jax.checkpoints.quantized.parts`). cuDNN attention pads the values to the keys'
+width (`ppl_jax.models.layers.split_merge.equal_widths`). Verified under a context axis (tests/slow/test_frontier_context.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.llama import Llama, LlamaConfig
-from ppl_jax.models.family import Family, Layer, Limit
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import mla
 from ppl_jax.models.layers.moe import routing
 
@@ -232,5 +232,4 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(Limit("cudnn", "cuDNN attention needs values as wide as the keys (MLA's are not)"),),
 )

@@ -15,7 +15,8 @@ transformers 5.24's `modeling_gpt_oss` computes it:
 
 The published checkpoints' MXFP4 experts (`quantization_config` `mxfp4`: `*_blocks` and
 `*_scales`) are dequantized where they are read (`ppl_jax.checkpoints.quantized.parts`).
-Refused: cuDNN attention (no sinks). Verified under a context axis
+cuDNN adds the sinks after its partial attention (`ppl_jax.models.layers.split_merge.with_sinks`),
+its window on its sliding layers. Verified under a context axis
 (tests/slow/test_frontier_context.py). From GGUF (llama.cpp's architecture `gpt-oss`): gate and
 up stored apart, the norm after attention (`post_attention_norm`) as the MLP's.
 """
@@ -33,7 +34,7 @@ from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import gguf_names
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
-from ppl_jax.models.family import Family, Layer, Limit
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.gguf_names import GGUFArchitecture, GGUFHeader
 from ppl_jax.models.layers.core import zeros_param
 from ppl_jax.models.layers.moe import routing
@@ -205,5 +206,4 @@ FAMILY = Family(
     hf_prefixes=llama_hf.PREFIXES,
     gguf={"gpt-oss": GGUFArchitecture("gpt_oss", gguf_rules, gguf_config)},
     layers=layer_kinds,
-    limits=(Limit("cudnn", "cuDNN attention has no learned sinks", lambda cfg: cfg.attn_sinks),),
 )

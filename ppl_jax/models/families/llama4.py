@@ -16,8 +16,8 @@
 
 Quantized weights are read as `quantization_config` says where ppl_jax reads its method
 (`ppl_jax.checkpoints.quantized.methods`; the FP8 release's `fbgemm_fp8` is refused there).
-Refused: `attention_bias`, and cuDNN and splash attention when chunked layers are present (no
-chunks). Verified under a context axis
+Refused: `attention_bias`, and splash attention when chunked layers are present (no chunks; cuDNN
+runs them as the rows reshaped into their chunks, `ppl_jax.models.layers.split_merge`). Verified under a context axis
 (tests/slow/test_frontier_context.py).
 """
 
@@ -217,8 +217,5 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(
-        Limit("cudnn", "cuDNN attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
-        Limit("splash", "splash attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),
-    ),
+    limits=(Limit("splash", "splash attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),),
 )

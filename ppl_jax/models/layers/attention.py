@@ -9,12 +9,14 @@ query/key heads (DeepSeek's MLA). For query `i` and key `j` of the same row:
                     and (window is None or pos[i] - pos[j] < window)
                     and (chunk is None or pos[i] // chunk == pos[j] // chunk)
 
-Implementations (`resolve` picks one for `model.attention=auto`):
+Implementations (`ppl_jax.models.layers.kernels.KERNELS`, one record each; `resolve` picks one
+for `model.attention=auto`, per kind of layer where they differ):
 
 - `xla`: flash attention in plain JAX (`ppl_jax.models.layers.flash`): key blocks with an online
   softmax in float32, memory linear in the window, blocks that the mask rules out skipped.
   Runs everywhere and everything; the reference the others are tested against.
-- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`).
+- `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`);
+  sinks, chunks and narrower values around its partial attention (`split_merge`). No soft-cap.
 - `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.layers.fused`).
 
 **The context axis** (docs/clusters.md, "One window over several devices"). Under a mesh whose `context` axis has `N > 1`
@@ -24,7 +26,7 @@ the load-balanced order of `ppl_jax.models.layers.context.load_balanced_order`, 
 layer's keys, values, segment ids and positions (and puts them back in row order), then attends
 its own queries (`model.context_attention=all_gather`, the default); or the keys and values go
 round a ring of `ppermute`s in `N` steps, the online softmax carried from one shard to the next
-(`ring`: `xla` only), for layers whose gathered keys and values do not fit. The result is the
+(`ring`: `xla`, and `cudnn` by its partials, `ring_merge`), for layers whose gathered keys and values do not fit. The result is the
 same as on one device (the mask is by positions, so any order of the row's tokens is right);
 only the order of float32 additions differs.
 """
@@ -36,50 +38,30 @@ import jax.numpy as jnp
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.layers import context as context_lib
-from ppl_jax.models.layers import flash, fused, split_merge
+from ppl_jax.models.layers import flash, kernels, split_merge
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
-# The implementations that keep the segments of a packed row apart (segment ids in the mask);
-# cuDNN's does through its packed layout on Hopper or newer only (`fused.cudnn_packs`),
-# before that it takes per-row sequence lengths, so each of its rows holds one window.
-KEEP_SEGMENTS = ("xla", "splash")
+IMPLEMENTATIONS = kernels.CHOICES
 
 
 def keeps_segments(implementation: str) -> bool:
     """Whether `implementation` keeps packed windows apart: a model running it may have several
-    windows per row (`LanguageModel.honours_segments`): all but `cudnn` before Hopper."""
-    return implementation in KEEP_SEGMENTS or (implementation == "cudnn" and fused.cudnn_packs())
+    windows per row (`LanguageModel.honours_segments`): all but `cudnn` before Hopper
+    (`Kernel.keeps_segments`). `auto` (layers that run different kernels): whether every kernel
+    `auto` may pick on this backend does."""
+    return all(k.keeps_segments() for k in _named(implementation))
 
 
-def unsupported(
-    implementation: str,
-    *,
-    softcap: bool = False,
-    chunk: bool = False,
-    sinks: bool = False,
-    mla: bool = False,
-    context: int = 1,
-    context_attention: str = "all_gather",
-) -> str | None:
-    """What `implementation` cannot do of what the model and mesh need (a phrase), or None."""
-    if implementation == "cudnn":
-        needs = [
-            (softcap, "soft-cap attention scores (attn_logit_softcapping)"),
-            (chunk, "run chunked attention"),
-            (sinks, "add attention sinks"),
-            (mla, "use value heads of another width than the key heads"),
-            (
-                context > 1 and context_attention == "ring",
-                "pass keys and values round a ring (model.context_attention=ring)",
-            ),
-        ]
-        return next((what for need, what in needs if need), None)
-    if implementation == "splash":
-        if chunk:
-            return "run chunked attention"
-        if context > 1 and context_attention == "ring":
-            return "pass keys and values round a ring (model.context_attention=ring)"
-    return None
+def queries_apart(implementation: str) -> bool:
+    """Whether a layer of `implementation` may take a long window's queries apart from their
+    keys (`Kernel.queries_apart`; `auto`: every kernel it may pick on this backend)."""
+    return all(k.queries_apart for k in _named(implementation))
+
+
+def _named(implementation: str) -> tuple[kernels.Kernel, ...]:
+    if implementation == "auto":
+        backend = jax.default_backend()
+        return tuple(k for k in kernels.KERNELS.values() if backend in k.platforms)
+    return (kernels.kernel(implementation),)
 
 
 def resolve(
@@ -99,8 +81,9 @@ def resolve(
     attention needs a soft-cap, chunks, sinks or value heads of width `value_dim`, on a mesh with
     `context` devices along the context axis.
 
-    `auto`: `splash` on TPU, `cudnn` on GPU for 16-bit params with head width a multiple of 8 up
-    to 128, `xla` otherwise, and `xla` wherever the pick cannot run what the model needs.
+    `auto`: the fastest kernel of `ppl_jax.models.layers.kernels.KERNELS` that may run here and
+    can do what the model needs (`kernels.pick`): `splash` on TPU, `cudnn` on GPU for 16-bit
+    params with head width a multiple of 8 up to 128, `xla` otherwise.
     `head_dim` None: a model without attention layers (Mamba2), for which `auto` is `xla`.
     `platform`: where the model runs (the mesh's devices'); None: the default backend for `auto`,
     and no check of an explicit setting (a model built abstractly, with no devices in view).
@@ -109,7 +92,7 @@ def resolve(
       ConfigError: an explicit `cudnn` or `splash` that cannot run the model or the mesh, or an
         explicit `cudnn` on a `platform` without cuDNN.
     """
-    needs = dict(
+    needs = kernels.Needs(
         softcap=softcap,
         chunk=chunk,
         sinks=sinks,
@@ -118,32 +101,44 @@ def resolve(
         context_attention=context_attention,
     )
     if setting != "auto":
-        missing = unsupported(setting, **needs)
-        if missing:
-            raise ConfigError(
-                f"model.attention={setting} cannot {missing}, which this run needs; set "
-                f"model.attention=auto or xla."
-            )
-        if setting == "cudnn" and platform is not None and not fused.cudnn_present(platform):
-            raise ConfigError(
-                f"model.attention=cudnn needs an NVIDIA GPU with cuDNN, and this run's devices "
-                f"({platform}) have none; set model.attention=auto (cuDNN where it can run, else "
-                f"xla)."
-            )
+        _check(setting, needs, platform)
         return setting
+    return kernels.pick(platform or jax.default_backend(), dtype, head_dim, needs).name
+
+
+def _check(setting: str, needs: kernels.Needs, platform: str | None) -> None:
+    """Raises ConfigError where the explicit `setting` cannot do what a model `needs` or run on
+    `platform` (see `resolve`)."""
+    kernel = kernels.kernel(setting)
+    missing = kernel.refuses(needs)
+    if missing:
+        raise ConfigError(
+            f"model.attention={setting} cannot {missing}, which this run needs; set "
+            f"model.attention=auto or xla."
+        )
+    if platform is not None and not kernel.present(platform):
+        raise ConfigError(
+            f"model.attention={setting} needs {kernel.needs}, and this run's devices "
+            f"({platform}) have none; set model.attention=auto (the fastest kernel that can "
+            f"run, else xla)."
+        )
+
+
+def layer_kernels(
+    setting: str, dtype, description: dict, context: int = 1, platform: str | None = None, **mesh
+) -> dict[str, str]:
+    """The kernel each kind of attention layer of a model description runs under
+    `model.attention=setting` (`kernels.layer_needs`' kinds: `attention`, or `chunked`,
+    `sliding`, `global`): `auto` picks per kind; an explicit setting (or a resolved name) runs
+    on every layer. Empty for a model without attention layers. Arguments as `resolve_for`."""
+    head_dim = kernels.head_dim(description)
+    if head_dim is None:
+        return {}
+    kinds = kernels.layer_needs(description, context=context, **mesh)
+    if setting != "auto":
+        return dict.fromkeys(kinds, setting)
     platform = platform or jax.default_backend()
-    pick = "xla"
-    if head_dim is None:  # no attention layers: nothing to pick
-        return pick
-    if platform == "tpu":
-        pick = "splash"
-    elif (
-        platform == "gpu"
-        and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-        and (head_dim % 8 == 0 and head_dim <= 128)
-    ):
-        pick = "cudnn"
-    return "xla" if unsupported(pick, **needs) else pick
+    return {kind: kernels.pick(platform, dtype, head_dim, n).name for kind, n in kinds.items()}
 
 
 def resolve_for(
@@ -153,14 +148,18 @@ def resolve_for(
     the keys a family sets when its attention needs them: `attn_chunk` (chunked attention),
     `attn_sinks` (true: learned sinks), `v_head_dim` (value heads' width). A description with
     neither `head_dim` nor `num_heads` is a model without attention layers (Mamba2's).
-    `platform`: as in `resolve`."""
-    head_dim = description.get("head_dim")
-    if not head_dim and description.get("num_heads"):
-        head_dim = description["embed_dim"] // description["num_heads"]
+    `platform`: as in `resolve`.
+
+    `auto` picks per kind of layer (`layer_kernels`): the one kernel they all take, or `auto`
+    where they differ (Llama 4's chunked and global layers on a TPU), which `attend` then picks
+    per layer the same way."""
+    if setting == "auto" and kernels.head_dim(description) is not None:
+        picks = set(layer_kernels(setting, dtype, description, context, platform, **mesh).values())
+        return picks.pop() if len(picks) == 1 else "auto"
     return resolve(
         setting,
         dtype,
-        head_dim,
+        kernels.head_dim(description),
         softcap=bool(description.get("attn_softcap")),
         chunk=bool(description.get("attn_chunk")),
         sinks=bool(description.get("attn_sinks")),
@@ -199,7 +198,7 @@ def attend(
         along the row within a segment.
       kv_segment_ids, kv_positions: `[B, S] int32`, the keys' own, when they are other tokens
         than the queries (a chunk of a long window's queries against every key of the row:
-        `context.QUERIES_APART`, one device); None: the keys are the queries' tokens.
+        `Kernel.queries_apart`, one device); None: the keys are the queries' tokens.
       window: keys with `pos[i] - pos[j] < window` only (Mistral, Gemma, GPT-OSS), or None.
       chunk: keys of the same chunk `pos // chunk` only (Llama 4's chunked attention), or None.
       sinks: `[H]` float, one logit per query head in the softmax's denominator, not scaled nor
@@ -207,13 +206,15 @@ def attend(
         or None.
       scale: the logits' scale (default `Dk ** -0.5`), applied to `q` in its dtype.
       softcap: None, or `c` for scores `c * tanh(scale * q.k / c)` before masking (Gemma 2).
-      implementation: `xla`, `cudnn` or `splash` (resolved: see `resolve`).
+      implementation: `xla`, `cudnn` or `splash` (resolved: see `resolve`), or `auto`: the
+        fastest kernel that can do this layer's attention on the default backend
+        (`kernels.pick`, as `resolve_for` picked it for the layer's kind).
 
     Returns:
       `[B, T, H, Dv]` in `q.dtype`.
 
     Raises:
-      ConfigError: an implementation that cannot do what is asked (see `unsupported`);
+      ConfigError: an implementation that cannot do what is asked (`Kernel.refuses`);
       ValueError: shapes that do not fit, a window or chunk below 1, or under a context axis of
         `N` devices a row whose length is not a multiple of `2N`.
     """
@@ -231,116 +232,89 @@ def attend(
         raise ValueError(f"attend: sinks {sinks.shape}, one per query head ({h}) expected")
     n = context_lib.context_size()
     context_attention = context_lib.current().context_attention
-    missing = unsupported(
-        implementation,
+    needs = kernels.Needs(
         softcap=softcap is not None,
         chunk=chunk is not None,
         sinks=sinks is not None,
         mla=v.shape[3] != dk,
+        window=window is not None,
         context=n,
         context_attention=context_attention,
     )
+    if implementation == "auto":  # per layer (`resolve_for`)
+        kernel = kernels.pick(jax.default_backend(), q.dtype, dk, needs)
+    else:
+        kernel = kernels.kernel(implementation)
+    missing = kernel.refuses(needs)
     if missing:
         raise ConfigError(f"model.attention={implementation} cannot {missing}; use xla.")
-    if implementation not in IMPLEMENTATIONS[1:]:
-        raise ValueError(f"unknown attention implementation {implementation!r}")
+    mask = dict(window=window, chunk=chunk, sinks=sinks, softcap=softcap)
     if apart:
         return _queries_apart(
-            q, k, v, segment_ids, positions, kv_segment_ids, kv_positions,
-            dict(window=window, chunk=chunk, sinks=sinks, softcap=softcap), scale, implementation,
-        )  # fmt: skip
-    scale = dk**-0.5 if scale is None else scale
-    mask = dict(window=window, chunk=chunk, sinks=sinks, scale=scale, softcap=softcap)
-    if n == 1:
-        if implementation == "cudnn":
-            return fused.cudnn(q, k, v, segment_ids, window, scale)
-        if implementation == "splash":
-            return fused.splash(q, k, v, segment_ids, segment_ids, **_no_chunk(mask))
-        return flash.flash_attention(
-            q, k, v, segment_ids, positions, segment_ids, positions, **mask
+            q, k, v, segment_ids, positions, kv_segment_ids, kv_positions, mask, scale, kernel
         )
+    mask["scale"] = dk**-0.5 if scale is None else scale
+    if n == 1:
+        return kernel.one_device(q, k, v, segment_ids, positions, mask)
     if t % (2 * n):
         raise ValueError(
             f"attend: a row of {t} tokens does not split into 2 x {n} chunks of the context "
             f"axis (the scorer pads rows to a multiple of {2 * n})."
         )
     return _over_context(
-        implementation, context_attention == "ring", n, q, k, v, segment_ids, positions, mask
+        kernel, context_attention == "ring", n, q, k, v, segment_ids, positions, mask
     )
 
 
-def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, implementation):
+def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, kernel: kernels.Kernel):
     """`attend` of queries against keys with their own segment ids and positions (see `attend`),
     on one device."""
     if kv_pos is None or kv_seg.shape != kv_pos.shape or kv_seg.shape != k.shape[:2]:
         raise ValueError(f"attend: key segment ids / positions for k {k.shape} do not fit")
-    if implementation not in context_lib.QUERIES_APART or context_lib.context_size() > 1:
+    if not kernel.queries_apart or context_lib.context_size() > 1:
+        apart = ", ".join(k.name for k in kernels.KERNELS.values() if k.queries_apart)
         raise ValueError(
-            f"attend: queries apart from their keys run on one device with "
-            f"{', '.join(context_lib.QUERIES_APART)}, not {implementation} over "
-            f"{context_lib.context_size()} (`query_chunk` decides)"
+            f"attend: queries apart from their keys run on one device with {apart}, not "
+            f"{kernel.name} over {context_lib.context_size()} (`query_chunk` decides)"
         )
     scale = q.shape[3] ** -0.5 if scale is None else scale
 
     def flash_path():
         return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)
 
-    if implementation != "cudnn" or mask["window"] is not None:
+    chunk = mask["chunk"]
+    if kernel is kernels.XLA or (
+        chunk is not None
+        and (mask["window"] is not None or not split_merge.chunks_fit(q.shape[1], chunk))
+    ):
         return flash_path()
-    # cuDNN: the chunk's diagonal block and its prefix, for rows of one document (whose tokens
-    # sit at their positions: the chunk starts at its first real token's position).
+    # The kernel's partials: the chunk's diagonal block and its prefix, for rows of one document
+    # (whose tokens sit at their positions: the chunk starts at its first real token's position).
     one, real = split_merge.one_document(kv_seg, kv_pos)
     start = jnp.max(jnp.where(seg[:, 0] > 0, pos[:, 0], 0))
 
     def split():
         out = split_merge.chunk_of_row(
-            q, k, v, start, real, scale=scale, partial=split_merge.PARTIALS["cudnn"]
-        )
+            q, k, v, start, real, scale=scale, partial=kernel.partial, sinks=mask["sinks"],
+            window=mask["window"], chunk=chunk,
+        )  # fmt: skip
         return out.astype(q.dtype)
 
     return jax.lax.cond(one, split, flash_path)
 
 
-def _no_chunk(mask: dict) -> dict:
-    return {k: v for k, v in mask.items() if k != "chunk"}
-
-
-def _over_context(implementation, ring, n, q, k, v, seg, pos, mask):
+def _over_context(kernel: kernels.Kernel, ring, n, q, k, v, seg, pos, mask):
     """`attend` under a context axis of `n` devices (see the module docstring)."""
     sinks = mask["sinks"]
 
     def body(q, k, v, seg, pos, sinks_in):
         local = dict(mask, sinks=None if sinks is None else sinks_in)
         if ring:
-            return _ring(n, q, k, v, seg, pos, local)
+            if kernel.ring is None:
+                return _ring(n, q, k, v, seg, pos, local)
+            return kernel.ring(n, q, k, v, seg, pos, local, _ring)
         k_row, v_row, seg_row, pos_row = (context_lib.gather_rows(x, n) for x in (k, v, seg, pos))
-        if implementation == "cudnn" and local["window"] is None:
-            one, real = split_merge.one_document(seg_row, pos_row)
-            return jax.lax.cond(
-                one,
-                lambda: split_merge.over_context(
-                    q, k_row, v_row, real, n, scale=local["scale"],
-                    partial=split_merge.PARTIALS["cudnn"],
-                ),
-                lambda: flash.flash_attention(q, k_row, v_row, seg, pos, seg_row, pos_row, **local),
-            )  # fmt: skip
-        if implementation == "splash":
-            half = q.shape[1] // 2
-            r = jax.lax.axis_index(context_lib.AXIS)
-            outs = [
-                fused.splash(
-                    q[:, i * half : (i + 1) * half],
-                    k_row,
-                    v_row,
-                    seg[:, i * half : (i + 1) * half],
-                    seg_row,
-                    offset=chunk_index * half,
-                    **_no_chunk(local),
-                )
-                for i, chunk_index in enumerate((r, 2 * n - 1 - r))
-            ]
-            return jnp.concatenate(outs, axis=1)
-        return flash.flash_attention(q, k_row, v_row, seg, pos, seg_row, pos_row, **local)
+        return kernel.gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, local)
 
     dummy = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
     return context_lib.shard_over_context(body, q, k, v, seg, pos, dummy, replicated=(5,))

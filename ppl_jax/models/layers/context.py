@@ -128,20 +128,17 @@ def shard_over_context(fn: Callable[..., Any], *args: Any, replicated: tuple[int
     )
 
 
-# The attention implementations whose queries may run apart from their keys
-# (`ppl_jax.models.layers.attention.attend(kv_segment_ids=...)`).
-QUERIES_APART = ("xla", "cudnn")
-
-
 def query_chunk(tokens: int, implementation: str) -> int:
     """Queries per chunk of a layer over a row of `tokens` tokens: `token_chunk` (the step
     setting) when the row is longer on one device and the attention `implementation` takes
-    queries apart from their keys (`QUERIES_APART`); else 0 (the layer takes the row at once;
-    under a context axis each device holds `tokens / N` of it already)."""
+    queries apart from their keys (`attention.queries_apart`); else 0 (the layer takes the row
+    at once; under a context axis each device holds `tokens / N` of it already)."""
+    from ppl_jax.models.layers import attention  # which imports this module
+
     chunk = current().token_chunk
-    if not chunk or tokens <= chunk or context_size() > 1 or implementation not in QUERIES_APART:
+    if not chunk or tokens <= chunk or context_size() > 1:
         return 0
-    return chunk
+    return chunk if attention.queries_apart(implementation) else 0
 
 
 def per_token(fn: Callable[[Any], Any], inputs: Any, chunk: int | None = None) -> Any:

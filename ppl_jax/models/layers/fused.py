@@ -12,7 +12,8 @@ and splash attention on TPUs.
   puts one window per row (`packs`), and a packed row there gives NaN, never numbers from
   documents that saw each other. Either way the mask is by
   index within a segment, which is `attend`'s by positions for the scorer's rows (positions
-  0, 1, 2, ... in each segment). No soft-cap, chunked attention, sinks or `Dv != Dk` here.
+  0, 1, 2, ... in each segment). No soft-cap, chunked attention, sinks or `Dv != Dk` here (the
+  last three: `ppl_jax.models.layers.split_merge` around cuDNN's partial attention).
 - `splash`: the Pallas splash-attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`,
   interpreted on CPU in the tests), with segment ids, a causal or local mask, sinks and a
   soft-cap, grouped-query heads as multi-query kernels per key/value head. Under the context

@@ -18,8 +18,16 @@ which is attention over the union of the keys (Milakov & Gimelshein 2018; FlashA
 This holds for rows whose real tokens are one document from the row's start (`one_document`:
 positions equal to the index, padding only at the end), where cuDNN's masks by index and
 per-row lengths are the mask by positions; rows packed with several documents run the flash
-attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax.cond`), as do
-layers with a window (cuDNN windows causal calls only). The partial attention is a function
+attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax.cond`).
+
+Around the partials, what cuDNN cannot do itself: learned sinks, added once to each query's
+merged result (`with_sinks`); values of another width than the keys, padded (`equal_widths`);
+a sliding window on a chunk of queries, one causal call with the window (cuDNN windows causal
+calls only, and a prefix would need a band: `windowed_chunk`); chunked attention, the row reshaped into
+its chunks on one device (`chunked_rows`), and on a chunk of queries the prefix from the
+attention chunk's first key, or the chunk's own keys reshaped (`chunked_chunk`, where
+`chunks_fit`; elsewhere the flash kernel). The partial
+attention is a function
 (`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which stands
 in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
 """
@@ -35,10 +43,10 @@ import jax.numpy as jnp
 from ppl_jax.models.layers import context as context_lib
 from ppl_jax.models.layers import flash
 
-# (q [B, L, H, D], k [B, S, KV, D], v [B, S, KV, Dv], q_len [B], kv_len [B], causal, scale) ->
-# (out [B, L, H, Dv] float32, lse [B, L, H] float32): the first `q_len` queries of each row
-# against its first `kv_len` keys, causal top-left (`L == S`) or all visible; queries past
-# `q_len` get 0 and `-inf`.
+# (q [B, L, H, D], k [B, S, KV, D], v [B, S, KV, Dv], q_len [B], kv_len [B], causal, scale,
+# window=None) -> (out [B, L, H, Dv] float32, lse [B, L, H] float32): the first `q_len` queries
+# of each row against its first `kv_len` keys, causal top-left (`L == S`; with a `window`, keys
+# `i - window < j <= i` only) or all visible; queries past `q_len` get 0 and `-inf`.
 Partial = Callable[..., tuple[jax.Array, jax.Array]]
 
 
@@ -56,11 +64,45 @@ def merge(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tup
     return out_a * weight(lse_a) + out_b * weight(lse_b), lse
 
 
+def with_sinks(out: jax.Array, lse: jax.Array, sinks: jax.Array | None) -> tuple:
+    """The sink epilogue: `(out [B, L, H, Dv], lse [B, L, H])` over all of a query's keys (every
+    partial result merged), with each head's sink logit `sinks [H]` (GPT-OSS; value 0) joining
+    the softmax's denominator: `out * sigmoid(lse - s_h)` and `logaddexp(lse, s_h)`. Exact, and
+    applied once per query, never per partial (the sink is one term of the whole denominator);
+    a query that saw no key gets 0 and `s_h`, as the flash kernel's `finish`. None: unchanged."""
+    if sinks is None:
+        return out, lse
+    s = sinks.astype(jnp.float32)
+    return out * jax.nn.sigmoid(lse - s)[..., None], jnp.logaddexp(lse, s)
+
+
+def equal_widths(partial: Partial) -> Partial:
+    """`partial` for values of another width than the keys (DeepSeek's MLA), for a kernel that
+    takes one head width (cuDNN): queries, keys and values padded with zeros to the wider of the
+    two (zeros add nothing to a score, and give zero output columns), the output sliced back to
+    the values' width. Equal widths pass through."""
+
+    def run(q, k, v, q_len, kv_len, *, causal: bool, scale: float, **window):
+        dk, dv = k.shape[3], v.shape[3]
+        options = dict(causal=causal, scale=scale, **window)
+        if dk == dv:
+            return partial(q, k, v, q_len, kv_len, **options)
+        width = max(dk, dv)
+
+        def pad(x):
+            return jnp.pad(x, ((0, 0),) * 3 + ((0, width - x.shape[3]),))
+
+        out, lse = partial(pad(q), pad(k), pad(v), q_len, kv_len, **options)
+        return out[..., :dv], lse
+
+    return run
+
+
 def _real(length: jax.Array, n: int) -> jax.Array:
     return jnp.arange(n, dtype=jnp.int32)[None] < length[:, None]
 
 
-def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None):
     """The partial attention by the flash kernel (`flash.attention_lse`), by positions: the
     keys at `0 .. S-1`, the queries at `0 .. L-1` (causal) or after every key."""
     b, length = q.shape[:2]
@@ -72,11 +114,11 @@ def xla_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
     q_seg = _real(q_len, length).astype(jnp.int32)
     k_seg = _real(kv_len, s).astype(jnp.int32)
     return flash.attention_lse(
-        q, k, v, q_seg, q_pos, k_seg, k_pos, window=None, chunk=None, scale=scale, softcap=None
+        q, k, v, q_seg, q_pos, k_seg, k_pos, window=window, chunk=None, scale=scale, softcap=None
     )
 
 
-def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
+def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None):
     """The partial attention by cuDNN (JAX's private entry, whose softmax statistics come back
     in float32: the public `jax.nn.dot_product_attention` rounds them to the inputs' dtype, too
     coarse to merge by): per-row lengths, `PADDING_CAUSAL` or `PADDING`."""
@@ -85,7 +127,7 @@ def cudnn_partial(q, k, v, q_len, kv_len, *, causal: bool, scale: float):
     mask = cudnn_lib.MaskType.PADDING_CAUSAL if causal else cudnn_lib.MaskType.PADDING
     out, stats = cudnn_lib.dot_product_attention(
         q, k, v, q_seqlen=q_len, kv_seqlen=kv_len, scale=scale, mask_type=mask,
-        return_residual=True,
+        sliding_window_length=window, return_residual=True,
     )  # fmt: skip
     real = (_real(q_len, q.shape[1]) & (kv_len > 0)[:, None])[..., None]
     lse = jnp.where(real, stats.astype(jnp.float32).transpose(0, 2, 1), -jnp.inf)
@@ -109,17 +151,42 @@ def one_document(segment_ids: jax.Array, positions: jax.Array) -> tuple[jax.Arra
     return ok, jnp.sum(real, axis=1, dtype=jnp.int32)
 
 
-def _no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
+def no_keys(q: jax.Array, dv: int) -> tuple[jax.Array, jax.Array]:
+    """The partial result of queries `q [B, L, H, D]` that saw no key: 0 and `-inf`."""
     b, length, h = q.shape[:3]
     return jnp.zeros((b, length, h, dv), jnp.float32), jnp.full((b, length, h), -jnp.inf)
 
 
-def chunk_of_row(q, k_row, v_row, start, real, *, scale, partial: Partial, prefix=None):
+def chunk_of_row(
+    q,
+    k_row,
+    v_row,
+    start,
+    real,
+    *,
+    scale,
+    partial: Partial,
+    prefix=None,
+    sinks=None,
+    window=None,
+    chunk=None,
+) -> jax.Array:
     """The queries `q [B, L, H, D]` of the row's tokens `start .. start + L - 1` against the
-    row's keys and values `[B, T, KV, D]` (one document of `real [B]` tokens from the start):
-    the diagonal block and the prefix, merged. `start` may be traced; `prefix`, a function of
-    the diagonal's inputs giving the prefix's result, replaces the one call over the whole row
-    with the first `start` keys real (the context axis passes static prefixes)."""
+    row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` (one document of `real [B]` tokens
+    from the start): the diagonal block and the prefix, merged, then the sinks `[H]` (or None)
+    added (`with_sinks`); `[B, L, H, Dv]` float32. `start` may be traced; `prefix`, a function of the diagonal's inputs giving the prefix's result, replaces
+    the one call over the whole row with the first `start` keys real (the context axis passes
+    static prefixes). Values of another width than the keys: `equal_widths`. With a sliding
+    `window`: `windowed_chunk` (no prefix); with chunked attention: `chunked_chunk`."""
+    partial = equal_widths(partial)
+    if chunk is not None:
+        return chunked_chunk(
+            q, k_row, v_row, start, real, chunk, scale=scale, partial=partial, sinks=sinks
+        )
+    if window is not None:
+        return windowed_chunk(
+            q, k_row, v_row, start, real, window, scale=scale, partial=partial, sinks=sinks
+        )
     length = q.shape[1]
     q_len = jnp.clip(real - start, 0, length)
     k = jax.lax.dynamic_slice_in_dim(k_row, start, length, axis=1)
@@ -130,27 +197,144 @@ def chunk_of_row(q, k_row, v_row, start, real, *, scale, partial: Partial, prefi
     else:
         kv_len = jnp.minimum(real, start).astype(jnp.int32)
         before = partial(q, k_row, v_row, q_len, kv_len, causal=False, scale=scale)
-    return merge(diagonal, before)[0]
+    return with_sinks(*merge(diagonal, before), sinks)[0]
 
 
-def over_context(q, k_row, v_row, real, n: int, *, scale: float, partial: Partial) -> jax.Array:
+def chunks_fit(length: int, chunk: int) -> bool:
+    """Whether a chunk of `length` queries starting at a multiple of `length` takes chunked
+    attention of `chunk` by cuDNN's partials (`chunked_chunk`): the queries lie in one
+    attention chunk (`chunk` a multiple of `length`) or hold whole ones (the converse)."""
+    return chunk % length == 0 or length % chunk == 0
+
+
+def chunked_chunk(q, k_row, v_row, start, real, chunk: int, *, scale, partial, sinks=None):
+    """`chunk_of_row` with chunked attention (Llama 4), its `L` queries starting at a multiple of
+    `L` (`chunks_fit`): within one attention chunk, the diagonal block and the prefix from the
+    chunk's first key (`P = chunk - L` keys from `chunk * (start // chunk)`, those before
+    `start` real); holding whole chunks, its own keys reshaped into them (`chunked_rows`).
+    `[B, L, H, Dv]` float32, the sinks (or None) added once."""
+    length = q.shape[1]
+    q_len = jnp.clip(real - start, 0, length).astype(jnp.int32)
+
+    def own(x):
+        return jax.lax.dynamic_slice_in_dim(x, start, length, axis=1)
+
+    if length % chunk == 0:
+        options = dict(scale=scale, partial=partial, sinks=sinks)
+        return chunked_rows(q, own(k_row), own(v_row), q_len, chunk, **options)
+    diagonal = partial(q, own(k_row), own(v_row), q_len, q_len, causal=True, scale=scale)
+    width = chunk - length
+    first = (start // chunk) * chunk
+
+    def keys(x):
+        x = jnp.pad(x, ((0, 0), (0, width)) + ((0, 0),) * (x.ndim - 2))
+        return jax.lax.dynamic_slice_in_dim(x, first, width, axis=1)
+
+    kv_len = jnp.clip(jnp.minimum(real, start) - first, 0, width).astype(jnp.int32)
+    before = partial(q, keys(k_row), keys(v_row), q_len, kv_len, causal=False, scale=scale)
+    return with_sinks(*merge(diagonal, before), sinks)[0]
+
+
+def windowed_chunk(q, k_row, v_row, start, real, window: int, *, scale, partial, sinks=None):
+    """`chunk_of_row` with a sliding `window`, as one causal call with the window: a query sees
+    at most the `P = window - 1` keys before the chunk, so the chunk's `L` queries are placed at
+    their offset in a block of `P + L` rows (zeros before them, outputs dropped) against the
+    `P + L` keys from `max(start - P, 0)`: causal top-left and the window there are the mask by
+    positions (the key block ends up to `P` past the row: padding, masked by length). Exact,
+    where a prefix block would need a band cuDNN's masks cannot express. `[B, L, H, Dv]`
+    float32, the sinks (or None) added."""
+    b, length = q.shape[:2]
+    p = min(window - 1, k_row.shape[1])
+    span = p + length
+    base = jnp.maximum(start - p, 0)
+    offset = start - base
+
+    def keys(x):
+        x = jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2))
+        return jax.lax.dynamic_slice_in_dim(x, base, span, axis=1)
+
+    rows = jnp.zeros((b, span) + q.shape[2:], q.dtype)
+    rows = jax.lax.dynamic_update_slice_in_dim(rows, q, offset, axis=1)
+    kv_len = jnp.clip(real - base, 0, span).astype(jnp.int32)
+    call = equal_widths(partial)
+    out, lse = call(
+        rows, keys(k_row), keys(v_row), kv_len, kv_len, causal=True, scale=scale, window=window
+    )
+    out = jax.lax.dynamic_slice_in_dim(out, offset, length, axis=1)
+    lse = jax.lax.dynamic_slice_in_dim(lse, offset, length, axis=1)
+    return with_sinks(out, lse, sinks)[0]
+
+
+def whole_row(q, k, v, real, *, scale, partial: Partial, sinks=None, window=None) -> jax.Array:
+    """Rows of one document from position 0 (`real [B]` tokens) on one device: one causal call
+    of the partial over the row (with the sliding `window`, or None), then the sinks `[H]` (or
+    None; `with_sinks`); values of another width padded (`equal_widths`). `[B, T, H, Dv]`
+    float32."""
+    call = equal_widths(partial)
+    out, lse = call(q, k, v, real, real, causal=True, scale=scale, window=window)
+    return with_sinks(out, lse, sinks)[0]
+
+
+def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=None) -> jax.Array:
+    """Chunked attention (Llama 4: query `i` sees the keys of its chunk `pos // chunk` up to
+    itself) of rows of one document from position 0 (`real [B]` tokens), as one causal call:
+    block-diagonal causal attention is causal attention within each chunk, so `[B, T]` becomes
+    `[B * T/C, C]` (the row padded to a multiple of `C`, each piece's length its real tokens;
+    marin's reshape of uniform packed segments, marin-community/marin#5749). Queries
+    `[B, T, H, D]`, keys `[B, T, KV, D]`, values `[B, T, KV, Dv]`; the sinks `[H]` (or None)
+    added after; `[B, T, H, Dv]` float32."""
+    b, t = q.shape[:2]
+    size = min(chunk, t)  # a chunk at least the row: the row itself
+    n = -(-t // size)
+
+    def pieces(x):
+        x = jnp.pad(x, ((0, 0), (0, n * size - t)) + ((0, 0),) * (x.ndim - 2))
+        return x.reshape(b * n, size, *x.shape[2:])
+
+    starts = jnp.arange(n, dtype=jnp.int32)[None] * size
+    lengths = jnp.clip(real[:, None] - starts, 0, size).reshape(-1).astype(jnp.int32)
+    out, lse = equal_widths(partial)(
+        pieces(q), pieces(k), pieces(v), lengths, lengths, causal=True, scale=scale
+    )
+    out = with_sinks(out, lse, sinks)[0]
+    return out.reshape(b, n * size, *out.shape[2:])[:, :t]
+
+
+def over_context(
+    q,
+    k_row,
+    v_row,
+    real,
+    n: int,
+    *,
+    scale: float,
+    partial: Partial,
+    sinks=None,
+    window=None,
+    chunk=None,
+) -> jax.Array:
     """Inside `shard_map` over `context` (`N = n` devices): this device's two chunks of
     queries `q [B, 2L, H, D]` (`c_r` and `c_{2N-1-r}` of the load-balanced order) against the
-    gathered row's keys and values `[B, T, KV, D]` in row order (one document of `real [B]`
-    tokens); `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
-    chosen by the device's index with `lax.switch` (one branch per device)."""
+    gathered row's keys `[B, T, KV, D]` and values `[B, T, KV, Dv]` in row order (one document
+    of `real [B]` tokens), the sinks `[H]` (or None) added once each chunk's partials are
+    merged; `[B, 2L, H, Dv]` in `q.dtype`. Each chunk's prefix is a static slice of the row,
+    chosen by the device's index with `lax.switch` (one branch per device); with a sliding
+    `window`, each chunk is one call (`windowed_chunk`); with chunked attention, `chunked_chunk`
+    (`chunks_fit` the chunks' length)."""
+    partial = equal_widths(partial)
+    options = dict(scale=scale, partial=partial, sinks=sinks, window=window, chunk=chunk)
     r = jax.lax.axis_index(context_lib.AXIS)
     half = q.shape[1] // 2
     outs = []
     for i in range(2):
         q_i = q[:, i * half : (i + 1) * half]
-        chunk = r if i == 0 else 2 * n - 1 - r
+        index = r if i == 0 else 2 * n - 1 - r  # of the row's 2N chunks
 
         def prefix(q_len, q_i=q_i, i=i):
             def branch(device, q_len):
                 c = device if i == 0 else 2 * n - 1 - device  # this branch's chunk, static
                 if c == 0:
-                    return _no_keys(q_i, v_row.shape[3])
+                    return no_keys(q_i, v_row.shape[3])
                 kv_len = jnp.minimum(real, c * half).astype(jnp.int32)
                 keys = (k_row[:, : c * half], v_row[:, : c * half])
                 return partial(q_i, *keys, q_len, kv_len, causal=False, scale=scale)
@@ -158,9 +342,5 @@ def over_context(q, k_row, v_row, real, n: int, *, scale: float, partial: Partia
             branches = [functools.partial(branch, device) for device in range(n)]
             return jax.lax.switch(r, branches, q_len)
 
-        outs.append(
-            chunk_of_row(
-                q_i, k_row, v_row, chunk * half, real, scale=scale, partial=partial, prefix=prefix
-            )
-        )
+        outs.append(chunk_of_row(q_i, k_row, v_row, index * half, real, prefix=prefix, **options))
     return jnp.concatenate(outs, axis=1).astype(q.dtype)

@@ -31,7 +31,8 @@ SINGLE_RUN_KEYS = {
     "num_windows", "protocol", "text_tokens", "gzip_bits_per_byte", "gzip_sample_bytes",
     "intervals", "divergence", "context_curve", "tokens_per_second", "scoring_seconds",
     "host_seconds", "prepare_seconds", "compile_seconds", "wall_seconds", "checkpoint", "model",
-    "attention", "dtype", "quantization", "tokenizer", "tokenizer_source", "fingerprint",
+    "attention", "attention_layers", "dtype", "quantization", "tokenizer", "tokenizer_source",
+    "fingerprint",
     "resumed_batches",
     "data", "mesh", "num_processes", "run", "config", "notes",
 }  # fmt: skip
@@ -119,6 +120,8 @@ def test_a_sweep_has_every_output_of_a_single_run_and_the_same_records(
             SINGLE_RUN_KEYS | SWEEP_KEYS - set(written)
         )
         assert written == json.loads(json.dumps(found.results))
+        # The kernel each kind of layer ran: GPT-2's one kind, the flash kernel on the CPU.
+        assert written["attention"] == "xla" and written["attention_layers"] == {"attention": "xla"}
     assert single.results["perplexity"] == records[5]["metrics"]["perplexity"]
 
 

@@ -295,15 +295,16 @@ def test_auto_resolution():
     assert resolve("auto", jnp.bfloat16, 256, platform="gpu") == "xla"
     assert resolve("auto", jnp.float32, 64, platform="tpu") == "splash"
     assert resolve("xla", jnp.bfloat16, 64, platform="gpu") == "xla"
+    # cuDNN carries chunks, sinks and narrower values around its partial (split_merge).
     for needs in ({"chunk": True}, {"sinks": True}, {"value_dim": 32}):
-        assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **needs) == "xla"
+        assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **needs) == "cudnn"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", chunk=True) == "xla"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", sinks=True) == "splash"
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", context=2) == "splash"
-    # cuDNN across the context axis (gathered keys: split and merged); the ring is the JAX kernel.
+    # cuDNN across the context axis (gathered keys, or a ring: split and merged).
     assert resolve("auto", jnp.bfloat16, 64, platform="gpu", context=4) == "cudnn"
-    ring4 = {"context": 4, "context_attention": "ring"}
-    assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **ring4) == "xla"
+    ring4 = {"context": 4, "context_attention": "ring"}  # cuDNN's partials round the ring
+    assert resolve("auto", jnp.bfloat16, 64, platform="gpu", **ring4) == "cudnn"
     ring = {"context": 2, "context_attention": "ring"}
     assert resolve("auto", jnp.bfloat16, 64, platform="tpu", **ring) == "xla"
     assert jax.default_backend() == "cpu"
@@ -312,14 +313,7 @@ def test_auto_resolution():
 @pytest.mark.parametrize(
     "setting,needs,message",
     [
-        ("cudnn", {"chunk": True}, "cannot run chunked attention"),
-        ("cudnn", {"sinks": True}, "cannot add attention sinks"),
-        ("cudnn", {"value_dim": 32}, "cannot use value heads of another width"),
-        (
-            "cudnn",
-            {"context": 4, "context_attention": "ring"},
-            "cannot pass keys and values round a ring",
-        ),
+        ("cudnn", {"softcap": True}, "cannot soft-cap attention scores"),
         ("splash", {"chunk": True}, "cannot run chunked attention"),
         (
             "splash",
@@ -355,11 +349,12 @@ def test_resolve_for_reads_the_family_keys():
     desc = {"embed_dim": 64, "num_heads": 4, "head_dim": 16}
     assert resolve_for("auto", jnp.bfloat16, desc) == "xla"  # on CPU
     with pytest.raises(ConfigError, match="chunked"):
-        resolve_for("cudnn", jnp.bfloat16, {**desc, "attn_chunk": 8192})
-    with pytest.raises(ConfigError, match="sinks"):
-        resolve_for("cudnn", jnp.bfloat16, {**desc, "attn_sinks": True})
-    with pytest.raises(ConfigError, match="another width"):
-        resolve_for("cudnn", jnp.bfloat16, {**desc, "v_head_dim": 32})
+        resolve_for("splash", jnp.bfloat16, {**desc, "attn_chunk": 8192})
+    with pytest.raises(ConfigError, match="soft-cap"):
+        resolve_for("cudnn", jnp.bfloat16, {**desc, "attn_softcap": 50.0})
+    # cuDNN carries chunks, sinks and narrower values around its partial (split_merge).
+    for key, value in (("attn_chunk", 8192), ("attn_sinks", True), ("v_head_dim", 32)):
+        assert resolve_for("cudnn", jnp.bfloat16, {**desc, key: value}) == "cudnn"
 
 
 def test_bad_arguments():

@@ -20,7 +20,7 @@ import pytest
 from test_families import FAMILY_DIR, golden, loaded, protocol_nll
 
 from ppl_jax.checkpoints.formats import safetensors
-from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 
 FAMILY = "deepseek_v3"
@@ -110,8 +110,7 @@ def test_refuses_a_context_axis_before_reading_weights():
     d = safetensors.read_description(PATH)
     family = registry.for_description(d)
     assert family.refusal(registry.config_of(d), "context") is None  # tests/slow
-    with pytest.raises(ConfigError, match="model.attention=cudnn is refused .*as wide as the keys"):
-        registry.build(d, jnp.float32, "cudnn")
+    registry.build(d, jnp.float32, "cudnn")  # values padded to the keys' width (split_merge)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from test_families import FAMILY_DIR, golden, loaded, protocol_nll
 
 from ppl_jax.checkpoints.formats import safetensors
-from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 
 FAMILY = "gpt_oss"
@@ -67,8 +67,7 @@ def test_refusals_before_reading_weights():
     d = safetensors.read_description(PATH)
     family = registry.for_description(d)
     assert family.refusal(registry.config_of(d), "context") is None  # tests/slow
-    with pytest.raises(ConfigError, match="model.attention=cudnn is refused .* no learned sinks"):
-        registry.build(d, jnp.float32, "cudnn")
+    registry.build(d, jnp.float32, "cudnn")  # sinks: the epilogue after the merge (split_merge)
 
 
 # Each feature turned off moves the result well past the tolerance: the comparison sees it.

@@ -32,6 +32,10 @@ def test_no_budget_no_row(tiny_checkpoint, tmp_path):
     results = summary.results_dict(run(s), {})
     assert results["data"]["budget"] is None
     assert "budget" not in console.summary_table(results)
+    assert ", xla attention" in console.summary_table(results)
+    # `auto` with different kernels on different kinds of layer (Llama 4 on a TPU): each named.
+    results.update(attention="auto", attention_layers={"chunked": "xla", "global": "splash"})
+    assert ", auto (chunked: xla, global: splash) attention" in console.summary_table(results)
 
 
 def test_budget_text():

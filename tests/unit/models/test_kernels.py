@@ -1,0 +1,97 @@
+"""The attention kernels' table (`ppl_jax.models.layers.kernels`): the config's choices are its
+names, each refusal is the record's, and `auto` picks per kind of layer (Llama 4's chunked and
+global layers take two kernels on a TPU), as results.json's `attention_layers` records."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_families import FAMILY_DIR
+
+from ppl_jax.checkpoints.formats import safetensors
+from ppl_jax.config import defaults, settings
+from ppl_jax.errors import ConfigError
+from ppl_jax.models.layers import attention, kernels
+from ppl_jax.models.layers.attention import layer_kernels, resolve_for
+
+BF16 = jnp.bfloat16
+
+
+def _llama4():
+    return safetensors.read_description(os.path.join(FAMILY_DIR, "llama4"))
+
+
+def test_the_configs_choices_are_the_tables_names():
+    assert kernels.CHOICES == ("auto", "cudnn", "splash", "xla")
+    assert attention.IMPLEMENTATIONS == kernels.CHOICES
+    for name in kernels.CHOICES:
+        c = defaults.get_config()
+        c.model.attention = name
+        assert settings.from_config(c).attention == name
+    c.model.attention = "flash3"
+    with pytest.raises(ConfigError, match="model.attention"):
+        settings.from_config(c)
+
+
+def test_auto_picks_the_fastest_kernel_that_can_do_the_layer():
+    chunked = kernels.Needs(chunk=True)
+    assert kernels.pick("tpu", BF16, 64, chunked) is kernels.XLA
+    assert kernels.pick("tpu", BF16, 64, kernels.Needs()) is kernels.SPLASH
+    assert kernels.pick("gpu", BF16, 64, kernels.Needs(window=True)) is kernels.CUDNN
+    assert kernels.pick("gpu", jnp.float32, 64, kernels.Needs()) is kernels.XLA
+    assert kernels.pick("cpu", BF16, 64, kernels.Needs()) is kernels.XLA
+    ring = kernels.Needs(context=2, context_attention="ring")
+    assert kernels.pick("tpu", BF16, 64, ring) is kernels.XLA
+
+
+def test_llama4_runs_two_kernels_under_auto_and_one_when_told():
+    d = _llama4()
+    assert kernels.layer_needs(d)["chunked"].chunk and not kernels.layer_needs(d)["global"].chunk
+    assert layer_kernels("auto", BF16, d, platform="tpu") == {"chunked": "xla", "global": "splash"}
+    assert layer_kernels("auto", BF16, d, platform="gpu") == {"chunked": "cudnn", "global": "cudnn"}
+    assert resolve_for("auto", BF16, d, platform="gpu") == "cudnn"
+    assert layer_kernels("auto", BF16, d, platform="cpu") == {"chunked": "xla", "global": "xla"}
+    assert layer_kernels("xla", BF16, d, platform="tpu") == {"chunked": "xla", "global": "xla"}
+    assert resolve_for("auto", BF16, d, platform="tpu") == "auto"  # `attend` picks per layer
+    assert resolve_for("auto", BF16, d, platform="cpu") == "xla"
+    with pytest.raises(ConfigError, match="cannot run chunked attention"):
+        resolve_for("splash", BF16, d, platform="tpu")
+
+
+def test_one_kind_of_layer_is_named_attention():
+    d = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "attn_sinks": True}
+    assert layer_kernels("auto", BF16, d, platform="gpu") == {"attention": "cudnn"}
+    assert layer_kernels("auto", BF16, dict(d, attn_softcap=30.0), platform="gpu") == {
+        "attention": "xla"
+    }
+    assert layer_kernels("auto", BF16, d, platform="tpu") == {"attention": "splash"}
+    assert layer_kernels("auto", BF16, {"num_layers": 2}, platform="tpu") == {}  # Mamba2's
+    sliding = dict(d, sliding_window=4, sliding_layers=[0])
+    assert set(layer_kernels("auto", BF16, sliding, platform="tpu")) == {"sliding", "global"}
+
+
+def test_attend_auto_picks_per_layer_on_the_default_backend():
+    """On CPU every layer takes `xla`: `auto` equals it, with a chunk or without."""
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 16, 2, 8)), jnp.float32) for _ in range(3))
+    seg = jnp.ones((1, 16), jnp.int32)
+    pos = jnp.arange(16, dtype=jnp.int32)[None]
+    for chunk in (None, 4):
+        args = dict(segment_ids=seg, positions=pos, chunk=chunk)
+        auto = attention.attend(q, k, v, implementation="auto", **args)
+        np.testing.assert_array_equal(auto, attention.attend(q, k, v, implementation="xla", **args))
+    assert attention.keeps_segments("auto") and attention.queries_apart("auto")
+    assert jax.default_backend() == "cpu"
+
+
+def test_the_refusals_are_the_records():
+    assert kernels.CUDNN.refuses(kernels.Needs(softcap=True)).startswith("soft-cap")
+    assert kernels.CUDNN.refuses(kernels.Needs(sinks=True, chunk=True, mla=True)) is None
+    assert kernels.SPLASH.refuses(kernels.Needs(sinks=True)) is None
+    assert kernels.XLA.refuses(kernels.Needs(chunk=True, softcap=True, mla=True)) is None
+    with pytest.raises(ValueError, match="unknown attention implementation"):
+        kernels.kernel("flash3")
