@@ -214,8 +214,8 @@ def padding(pack: bool, buckets: int) -> dict:
     """The layout of the packed part's documents, planned alone (no model, any machine)."""
     import numpy as np
 
+    from ppl_jax.plans import BatchSpec
     from ppl_jax.plans.planner import lay_out
-    from ppl_jax.plans.spec import BatchSpec
 
     wins, lengths = documents(_NUM_ROWS.value, _config()["vocab_size"])
     t0 = time.perf_counter()

@@ -57,10 +57,6 @@ from ppl_jax.models.interface import HiddenStates, Logits
 
 VOCAB_BLOCK = 4096
 MAX_TOP_K = 20
-# Bytes of the float32 logits of one vocabulary block over the tokens the NLL takes at once
-# (`[rows, tokens, min(VOCAB_BLOCK, vocab)]`), in one memory: a device's, or on the CPU the
-# host's, which every local device shares (`ppl_jax.scoring.step.logits_budget`).
-LOGITS_BUDGET = 128 * 2**20
 
 
 class TokenStats(NamedTuple):
@@ -96,9 +92,7 @@ class TokenStats(NamedTuple):
 
 def vocab_size(output: HiddenStates | Logits) -> int:
     """The ids a model's output scores (its logits' last axis)."""
-    if isinstance(output, Logits):
-        return output.logits.shape[-1]
-    return output.unembedding.shape[1]
+    return output.logits.shape[-1] if isinstance(output, Logits) else output.unembedding.shape[1]
 
 
 def _leading_shape(output: HiddenStates | Logits) -> tuple[int, ...]:
@@ -448,25 +442,6 @@ def token_stats(
     return _blocked(
         output.hidden, output.unembedding, targets, block, top_k, reference, output.logit_softcap
     )
-
-
-def logits_chunk(rows: int, tokens: int, vocab: int, budget: int = LOGITS_BUDGET) -> int:
-    """Tokens per row the NLL takes at once so that one block of logits stays within `budget`.
-
-    Args:
-      rows: rows of the batch on one device.
-      tokens: tokens of each row on one device.
-      vocab: the vocabulary's size (ids); a block has `min(VOCAB_BLOCK, vocab)` columns.
-      budget: bytes of one float32 `[rows, chunk, block]` block of logits.
-
-    Returns:
-      0 where all `tokens` fit (the NLL takes them at once), else the largest power of two
-      whose block fits (at least 1).
-    """
-    per_token = rows * min(VOCAB_BLOCK, vocab) * 4
-    if tokens * per_token <= budget:
-        return 0
-    return 1 << (max(1, budget // per_token).bit_length() - 1)
 
 
 def token_nll(output: HiddenStates | Logits, targets: jax.Array) -> jax.Array:

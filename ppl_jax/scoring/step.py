@@ -21,9 +21,33 @@ from jax.sharding import Mesh
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.interface import HiddenStates, LanguageModel, Logits
 from ppl_jax.models.layers import context as context_lib
-from ppl_jax.scoring.nll import LOGITS_BUDGET, logits_chunk, token_stats, vocab_size
+from ppl_jax.scoring.nll import VOCAB_BLOCK, token_stats, vocab_size
 
 BATCH_KEYS = ("tokens", "target_mask", "segment_ids", "positions")
+
+# Bytes of the float32 logits of one vocabulary block over the tokens the NLL takes at once
+# (`[rows, tokens, min(VOCAB_BLOCK, vocab)]`), in one memory: a device's, or on the CPU the
+# host's, which every local device shares (`logits_budget`).
+LOGITS_BUDGET = 128 * 2**20
+
+
+def logits_chunk(rows: int, tokens: int, vocab: int, budget: int = LOGITS_BUDGET) -> int:
+    """Tokens per row the NLL takes at once so that one block of logits stays within `budget`.
+
+    Args:
+      rows: rows of the batch on one device.
+      tokens: tokens of each row on one device.
+      vocab: the vocabulary's size (ids); a block has `min(VOCAB_BLOCK, vocab)` columns.
+      budget: bytes of one float32 `[rows, chunk, block]` block of logits.
+
+    Returns:
+      0 where all `tokens` fit (the NLL takes them at once), else the largest power of two
+      whose block fits (at least 1).
+    """
+    per_token = rows * min(VOCAB_BLOCK, vocab) * 4
+    if tokens * per_token <= budget:
+        return 0
+    return 1 << (max(1, budget // per_token).bit_length() - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +251,7 @@ def nll_chunk(
 ) -> int:
     """Tokens of each row the NLL takes at once on a device, for `[batch_size, width]` batches
     of a model of `vocab` ids on a mesh of `data` x `context` devices: `token_chunk` where set
-    (`model.token_chunk`), else `ppl_jax.scoring.nll.logits_chunk` of the device's rows and
+    (`model.token_chunk`), else `logits_chunk` of the device's rows and
     tokens (the `width - 1` targets, padded to a multiple of `2 * context`), so that one float32
     block of logits stays within `budget` bytes. 0: all at once."""
     if token_chunk:

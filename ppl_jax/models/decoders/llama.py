@@ -45,8 +45,8 @@ from ppl_jax.models.decoders.llama_config import (  # noqa: F401  (the families 
 )
 from ppl_jax.models.decoders.stack import run_layers
 from ppl_jax.models.layers import rope as rope_lib
-from ppl_jax.models.layers.attention import attend
-from ppl_jax.models.layers.context import per_token, query_chunk
+from ppl_jax.models.layers.attention import attend, query_chunk
+from ppl_jax.models.layers.context import per_token
 from ppl_jax.models.layers.core import ACTIVATIONS, normal_param, ones_param, rms_norm, zeros_param
 
 
@@ -242,7 +242,7 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         """`[B, T, embed]` -> `[B, T, embed]`. A long window (more tokens than `model.token_chunk`
-        on one device, `ppl_jax.models.layers.context.query_chunk`) runs in two passes: the keys and
+        on one device, `ppl_jax.models.layers.attention.query_chunk`) runs in two passes: the keys and
         values of every token, per token in chunks; then, chunk by chunk of queries, the rest of
         the layer (attention of the chunk's queries to every key, the MLP), so that nothing of
         the window's size but the residual stream and the keys and values is ever held."""
@@ -340,7 +340,7 @@ class Llama(nnx.Module):
         """Layer `layer`'s attention: `Attention` with the window on the sliding layers and the
         layer's rotary scaling (`LlamaConfig.layer_rope`). What `Block` calls of it:
         `__call__(x, positions, segment_ids)` -> `[batch, seq, embed_dim]`, and for a long
-        window's query chunks (`context.query_chunk`) its `attention` setting, `keys_values`
+        window's query chunks (`attention.query_chunk`) its `attention` setting, `keys_values`
         and `attend_queries` (as `Attention`'s)."""
         window = cfg.layer_window(layer)
         return Attention(cfg.layer_rope(layer), rngs, dtype, window, attention)

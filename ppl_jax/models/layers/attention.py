@@ -57,6 +57,17 @@ def queries_apart(implementation: str) -> bool:
     return all(k.queries_apart for k in _named(implementation))
 
 
+def query_chunk(tokens: int, implementation: str) -> int:
+    """Queries per chunk of a layer over a row of `tokens` tokens: `token_chunk` (the step
+    setting) when the row is longer on one device and the attention `implementation` takes
+    queries apart from their keys (`queries_apart`); else 0 (the layer takes the row
+    at once; under a context axis each device holds `tokens / N` of it already)."""
+    chunk = context_lib.current().token_chunk
+    if not chunk or tokens <= chunk or context_lib.context_size() > 1:
+        return 0
+    return chunk if queries_apart(implementation) else 0
+
+
 def _named(implementation: str) -> tuple[kernels.Kernel, ...]:
     if implementation == "auto":
         backend = jax.default_backend()

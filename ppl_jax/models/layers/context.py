@@ -128,19 +128,6 @@ def shard_over_context(fn: Callable[..., Any], *args: Any, replicated: tuple[int
     )
 
 
-def query_chunk(tokens: int, implementation: str) -> int:
-    """Queries per chunk of a layer over a row of `tokens` tokens: `token_chunk` (the step
-    setting) when the row is longer on one device and the attention `implementation` takes
-    queries apart from their keys (`attention.queries_apart`); else 0 (the layer takes the row
-    at once; under a context axis each device holds `tokens / N` of it already)."""
-    from ppl_jax.models.layers import attention  # which imports this module
-
-    chunk = current().token_chunk
-    if not chunk or tokens <= chunk or context_size() > 1:
-        return 0
-    return chunk if attention.queries_apart(implementation) else 0
-
-
 def per_token(fn: Callable[[Any], Any], inputs: Any, chunk: int | None = None) -> Any:
     """`fn(inputs)` for a per-token `fn`, in chunks of at most `chunk` tokens per device.
 

@@ -182,7 +182,9 @@ def test_an_evaluator_without_a_tokenizer_is_one_sentence(tmp_path):
     assert ckpt.tokenizer() is None
     web = ppl_jax.DatasetSpec(name="web", path=helpers.corpus_files(tmp_path, ["text"]))
     with pytest.raises(ConfigError) as e:
-        ppl_jax.Evaluator(architecture.resolve(ckpt).model(), mesh_lib.make_mesh(-1, 1), [web], ckpt.tokenizer())
+        ppl_jax.Evaluator(
+            architecture.resolve(ckpt).model(), mesh_lib.make_mesh(-1, 1), [web], ckpt.tokenizer()
+        )
     message = str(e.value)
     assert message.startswith("dataset 'web': the Evaluator has no tokenizer to prepare it with")
     assert "ppl_jax.load_tokenizer(PATH)" in message and "data.tokenizer" in message

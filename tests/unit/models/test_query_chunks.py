@@ -1,4 +1,4 @@
-"""A long window's layers in chunks of queries (`ppl_jax.models.layers.context.query_chunk`: the
+"""A long window's layers in chunks of queries (`ppl_jax.models.layers.attention.query_chunk`: the
 keys and values of every token first, then the rest of each layer chunk by chunk of queries) score
 every token as the layer over the whole row does, for each kind of attention and norm layout, on
 packed rows whose length is no multiple of the chunk; and the per-token chunks keep 16-bit values as

@@ -11,8 +11,9 @@ import pytest
 from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.models import registry
 from ppl_jax.runtime import mesh as mesh_lib
-from ppl_jax.scoring.nll import LOGITS_BUDGET, VOCAB_BLOCK, logits_chunk
+from ppl_jax.scoring.nll import VOCAB_BLOCK
 from ppl_jax.scoring.scorer import Scorer, StepOptions, logits_budget, nll_chunk
+from ppl_jax.scoring.step import LOGITS_BUDGET, logits_chunk
 
 import helpers
 
