@@ -271,6 +271,28 @@ def pick(platform: str, dtype, head_dim: int | None, needs: Needs) -> Kernel:
     return next(k for k in candidates(platform, dtype, head_dim) if not k.refuses(needs))
 
 
+def flash_note(platform: str, dtype, head_dim: int | None, slow: Mapping[str, Needs]) -> str | None:
+    """One line on the kinds of layer (`slow`: their `Needs`, `layer_needs`' names) that run the
+    flash kernel (`xla`) on `platform` though a fused kernel `auto` may pick there refuses only
+    what they need: which kinds, and the fastest such kernel's refusal; None where none does
+    (on CPU `xla` is the fast path: never a note)."""
+    fused = [k for k in candidates(platform, dtype, head_dim) if k is not XLA]
+    reasons: dict[str, list[str]] = {}
+    for kind, needs in slow.items():
+        refusal = next(
+            (f"{k.name} cannot {k.refuses(needs)}" for k in fused if k.refuses(needs)), None
+        )
+        if refusal:
+            reasons.setdefault(refusal, []).append(kind)
+    if not reasons:
+        return None
+    return "; ".join(
+        f"{'every layer runs' if kinds == ['attention'] else ', '.join(kinds) + ' layers run'} "
+        f"the flash kernel (xla), slower: {why}"
+        for why, kinds in reasons.items()
+    )
+
+
 def kernel(name: str) -> Kernel:
     """The record of a resolved implementation name.
 
