@@ -117,5 +117,10 @@ def test_the_flash_note_names_the_slow_layers_and_the_missing_capability():
     assert flash_note("auto", BF16, _llama4(), platform="gpu") is None
     one = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "attn_softcap": 30.0}
     assert flash_note("auto", BF16, one, platform="gpu").startswith("every layer runs")
-    assert flash_note("auto", jnp.float32, one, platform="gpu") is None
+    assert flash_note("auto", jnp.float32, dict(one, attn_softcap=None), platform="gpu") == (
+        "every layer runs the flash kernel (xla), slower: cudnn runs only 16-bit params with "
+        "heads a multiple of 8 up to 128 wide (here float32, heads of 16)"
+    )
+    wide = dict(one, attn_softcap=None, head_dim=256)  # Gemma 3's heads
+    assert "(here bfloat16, heads of 256)" in flash_note("auto", BF16, wide, platform="gpu")
     assert flash_note("xla", BF16, dict(one, attn_softcap=None), platform="gpu") is None
