@@ -1,0 +1,79 @@
+"""The device checks' `families` part (`benchmarks.families_check`, run by `gpu_check` and
+`tpu_check`) on CPU in its tiny mode: one family end to end into the JSON, every golden family's
+kernel per kind of layer, and a spent budget that skips the rest."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import families_check as fc
+from ppl_jax.models.layers import kernels
+
+KEYS = {"device", "peak_bf16_flops", "seq_len", "dtype", "tiny", "families", "skipped"}
+ROW = {
+    "widths", "attention", "attention_layers", "attention_note", "params", "flops_per_token",
+    "compile_and_first_step_seconds", "step_seconds", "tokens_per_second", "mfu",
+    "nll_per_token", "seconds",
+}  # fmt: skip
+
+
+def test_one_family_end_to_end_into_the_json(tmp_path):
+    out = tmp_path / "f.json"
+    with pytest.raises(SystemExit) as done:
+        fc.app.run(fc.main, ["families_check", "--tiny", "--families=qwen3", f"--out={out}"])
+    assert done.value.code in (0, None)
+    report = json.loads(out.read_text())
+    assert set(report) == KEYS and report["tiny"] and report["seq_len"] == fc.TINY_SEQ
+    row = report["families"]["qwen3"]
+    assert set(row) == ROW, row.get("error")
+    assert row["widths"] == "golden" and row["attention_layers"] == {"attention": "xla"}
+    assert row["tokens_per_second"] > 0 and row["mfu"] is None  # no peak for a CPU
+    assert 0 < row["nll_per_token"] < 2 * 6  # random weights: about log(320) = 5.8 nats
+
+
+def test_every_family_reports_a_kernel_per_kind_of_layer():
+    for family in fc.families():
+        for tiny in (True, False):
+            d, widths = fc.description(family, tiny, 8192)
+            assert widths == ("golden" if tiny or family not in fc.RELEASED else "released")
+            for platform in ("gpu", "tpu"):
+                got = fc.attention_of(d, platform, jnp.bfloat16)
+                kinds = kernels.layer_needs(d) if kernels.head_dim(d) else {}
+                assert set(got["attention_layers"]) == set(kinds), family
+                assert set(got["attention_layers"].values()) <= set(kernels.KERNELS), family
+    assert len(fc.families()) >= 20 and "mamba2" in fc.families()
+
+
+def test_a_spent_budget_skips_the_rest():
+    report = fc.run(["qwen3", "gemma2"], tiny=True, seq_len=8192, seconds=0)
+    assert report["families"] == {} and report["skipped"] == ["qwen3", "gemma2"]
+
+
+def test_flops_per_token_follows_the_stated_convention():
+    """Qwen3's golden shape by hand: 2 x matmul params (tied: the table once, as the head) plus
+    2 x 2 x layers x heads x head width x (T + 1) / 2."""
+    from ppl_jax.models import registry
+
+    d, _ = fc.description("qwen3", True, 64)
+    model = registry.build(d, jnp.bfloat16)
+    e, hd, h, kv, f = d["embed_dim"], d["head_dim"], d["num_heads"], d["num_kv_heads"], d["mlp_dim"]
+    per_layer = e * hd * (2 * h + 2 * kv) + 3 * e * f
+    matmul = d["num_layers"] * per_layer + d["vocab_size"] * e
+    assert d["tie_embeddings"]
+    attn = 2 * 2 * d["num_layers"] * h * hd * 65 / 2
+    assert fc.flops_per_token(model, d, 64) == pytest.approx(2 * matmul + attn)
+    assert fc.peak_flops("NVIDIA H200") == 989e12 and fc.peak_flops("TPU v5 lite") == 197e12
+    assert fc.peak_flops("TPU v5") == 459e12 and fc.peak_flops("TPU v6 lite") == 918e12
+    assert fc.peak_flops("cpu") is None
+
+
+@pytest.mark.slow
+def test_every_family_end_to_end():
+    """Every golden family scored in the tiny mode (about 90 s on two CPU cores)."""
+    report = fc.run(fc.families(), tiny=True, seq_len=8192, seconds=600)
+    assert report["skipped"] == [] and set(report["families"]) == set(fc.families())
+    for family, row in report["families"].items():
+        assert set(row) == ROW, (family, row.get("error"))
