@@ -14,6 +14,7 @@ width for the scores and the weighted values, with the mean causal keys (T + 1) 
 windows and chunks not discounted. MFU: that times tokens/s over the device's dense bfloat16
 peak (`PEAK_BF16`, by `device_kind`; null where unknown, as on CPU).
 
+`--families=llama_8b` scores the Llama 3.1 8B shape (all 32 layers) the same way (`tpu_check`).
 Each family within what is left of `--seconds` (compile and two steps); the families not reached
 are listed in `skipped`, a family that fails records its error and the rest go on.
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 from absl import app, flags
 
-from benchmarks.shapes import RELEASED
+from benchmarks.shapes import LLAMA_8B, RELEASED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILY_DIR = os.path.join(ROOT, "tests", "golden", "families")
@@ -45,6 +46,10 @@ PEAK_BF16 = (
     ("TPU v5", 459e12),
 )
 TINY_SEQ = 64
+# `--families=llama_8b`: the Llama 3.1 8B shape (`benchmarks.shapes.LLAMA_8B`), and its tiny mode
+# at the golden models' widths.
+LLAMA_8B_TINY = dict(LLAMA_8B, vocab_size=320, embed_dim=32, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8, mlp_dim=64)  # fmt: skip
 
 
 def peak_flops(kind: str) -> float | None:
@@ -59,9 +64,16 @@ def families() -> list[str]:
 
 def description(family: str, tiny: bool, seq_len: int) -> tuple[dict[str, Any], str]:
     """The family's architecture description at its released widths (golden ones when `tiny` or
-    when `RELEASED` has none), with positions for `seq_len` tokens; and which widths."""
+    when `RELEASED` has none), with positions for `seq_len` tokens; and which widths. `llama_8b`:
+    `LLAMA_8B` (`LLAMA_8B_TINY` when `tiny`)."""
     from ppl_jax.checkpoints.formats import safetensors
 
+    if family == "llama_8b":  # not a golden family: the 8B shape of `benchmarks.shapes`
+        from ppl_jax.models import LlamaConfig
+
+        return LlamaConfig(**(LLAMA_8B_TINY if tiny else LLAMA_8B)).to_dict(), (
+            "golden" if tiny else "released"
+        )
     path = os.path.join(FAMILY_DIR, family)
     config = safetensors.read_config(path)
     widths = "golden" if tiny or family not in RELEASED else "released"

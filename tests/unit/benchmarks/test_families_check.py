@@ -77,3 +77,22 @@ def test_every_family_end_to_end():
     assert report["skipped"] == [] and set(report["families"]) == set(fc.families())
     for family, row in report["families"].items():
         assert set(row) == ROW, (family, row.get("error"))
+
+
+def test_the_checks_runner_bounds_the_parts_and_writes_one_json(tmp_path):
+    """`check_runner.run_parts` (gpu_check's and tpu_check's): each part its budget cut to what
+    is left, a part not started once the total is spent, the JSON after each, an unknown part
+    refused in one sentence."""
+    from benchmarks import check_runner
+
+    seen = []
+    parts = {"a": lambda s: seen.append(s) or {"exit": 0}, "b": lambda s: seen.append(s) or {}}
+    out = tmp_path / "check.json"
+    report = check_runner.run_parts("x_check", parts, {"a": 3, "b": 9}, ["a", "b"], 8.0, str(out))
+    assert seen[0] == 3 and 7 < seen[1] <= 8 and report["parts"]["a"] == {"exit": 0}
+    assert json.loads(out.read_text())["budgets"] == {"a": 3, "b": 9}
+    report = check_runner.run_parts("x_check", parts, {"a": 3, "b": 9}, ["a", "b"], 4.0, str(out))
+    assert report["parts"]["b"] == {"exit": "not run: the check's time was spent"}
+    assert json.loads(out.read_text())["parts"] == report["parts"]
+    with pytest.raises(SystemExit, match="x_check: unknown parts"):
+        check_runner.run_parts("x_check", parts, {}, ["c"], 4.0, str(out))
