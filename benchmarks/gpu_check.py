@@ -1,5 +1,6 @@
 """The device check: everything a GPU must show, in one command of at most 560 seconds on one
-H100 or H200 (480 without `families`), each part bounded in time and written into one JSON as it finishes.
+H100 or H200 (480 without `families`), each part bounded in time and written into one JSON as it
+finishes.
 
     python -m benchmarks.gpu_check                     # all parts, into gpu_check.json
     python -m benchmarks.gpu_check --parts=tests,parity --out=/tmp/check.json
