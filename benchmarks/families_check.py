@@ -8,7 +8,7 @@ tokens/s, model FLOPs utilisation and the kernel each kind of attention layer ra
 
 FLOPs per token (the PaLM convention, as `benchmarks.bench_long_gpu`): 2 x the matrix-product
 parameters a token passes through (every weight of two or more dimensions; an expert's weights
-by its share of the routing, top-k / experts; the input embedding table counted once, as the
+(the stacked [experts, in, out] MLP weights) by its share of the routing, top-k / experts; the input embedding table counted once, as the
 head, when tied, else not: a lookup) + 2 x 2 x layers-with-attention x keys x heads x head
 width for the scores and the weighted values, with the mean causal keys (T + 1) / 2 per query;
 windows and chunks not discounted. MFU: that times tokens/s over the device's dense bfloat16
@@ -94,7 +94,12 @@ def flops_per_token(model: Any, d: dict[str, Any], seq_len: int) -> float:
         name = jax.tree_util.keystr(path).lower()
         if len(leaf.shape) < 2 or ("embed" in name and not d.get("tie_embeddings")):
             continue
-        routed = d.get("moe_experts") and d["moe_experts"] in leaf.shape[:1] and "expert" in name
+        routed = (  # the experts' stacked [experts, in, out] MLP weights, not the shared one's
+            len(leaf.shape) == 3
+            and leaf.shape[0] == d.get("moe_experts")
+            and "mlp" in name
+            and "shared" not in name
+        )
         matmul += math.prod(leaf.shape) * (share if routed else 1.0)
     from ppl_jax.models.layers import kernels
 

@@ -53,8 +53,8 @@ def test_a_spent_budget_skips_the_rest():
 
 
 def test_flops_per_token_follows_the_stated_convention():
-    """Qwen3's golden shape by hand: 2 x matmul params (tied: the table once, as the head) plus
-    2 x 2 x layers x heads x head width x (T + 1) / 2."""
+    """Qwen3's and Mixtral's golden shapes by hand: 2 x matmul params (tied: the table once, as
+    the head; experts by top-k / experts) plus 2 x 2 x layers x heads x head width x (T + 1) / 2."""
     from ppl_jax.models import registry
 
     d, _ = fc.description("qwen3", True, 64)
@@ -64,6 +64,17 @@ def test_flops_per_token_follows_the_stated_convention():
     matmul = d["num_layers"] * per_layer + d["vocab_size"] * e
     assert d["tie_embeddings"]
     attn = 2 * 2 * d["num_layers"] * h * hd * 65 / 2
+    assert fc.flops_per_token(model, d, 64) == pytest.approx(2 * matmul + attn)
+    # Mixtral's experts by their share of the routing (2 of 4), the head untied (no table).
+    d, _ = fc.description("mixtral", True, 64)
+    model = registry.build(d, jnp.bfloat16)
+    e, f, n = d["embed_dim"], d["moe_mlp_dim"], d["moe_experts"]
+    hd = d.get("head_dim") or e // d["num_heads"]
+    attn_proj = e * hd * (2 * d["num_heads"] + 2 * d["num_kv_heads"])
+    per_layer = attn_proj + e * n + 3 * e * f * n * d["moe_top_k"] / n  # the router, the experts
+    matmul = d["num_layers"] * per_layer + d["vocab_size"] * e
+    attn = 2 * 2 * d["num_layers"] * d["num_heads"] * hd * 65 / 2
+    assert not d["tie_embeddings"] and n == 4 and d["moe_top_k"] == 2
     assert fc.flops_per_token(model, d, 64) == pytest.approx(2 * matmul + attn)
     assert fc.peak_flops("NVIDIA H200") == 989e12 and fc.peak_flops("TPU v5 lite") == 197e12
     assert fc.peak_flops("TPU v5") == 459e12 and fc.peak_flops("TPU v6 lite") == 918e12
