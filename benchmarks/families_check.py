@@ -186,13 +186,16 @@ def score(d: dict[str, Any], seq_len: int, dtype: str = "bfloat16") -> dict[str,
     }
 
 
-def run(names: list[str], tiny: bool, seq_len: int, seconds: float) -> dict[str, Any]:
-    """Each family of `names` in turn within `seconds` (the module docstring)."""
+def run(
+    names: list[str], tiny: bool, seq_len: int, seconds: float, out: str | None = None
+) -> dict[str, Any]:
+    """Each family of `names` in turn within `seconds` (the module docstring); the report so far
+    written to `out` after each (a process stopped on its time limit keeps what it scored)."""
     import jax
 
     seq_len = TINY_SEQ if tiny else seq_len
     deadline = time.perf_counter() + seconds
-    out: dict[str, Any] = {
+    report: dict[str, Any] = {
         "device": jax.devices()[0].device_kind,
         "peak_bf16_flops": peak_flops(jax.devices()[0].device_kind),
         "seq_len": seq_len,
@@ -203,7 +206,7 @@ def run(names: list[str], tiny: bool, seq_len: int, seconds: float) -> dict[str,
     }
     for name in names:
         if time.perf_counter() >= deadline:
-            out["skipped"].append(name)
+            report["skipped"].append(name)
             continue
         t0 = time.perf_counter()
         try:
@@ -211,24 +214,39 @@ def run(names: list[str], tiny: bool, seq_len: int, seconds: float) -> dict[str,
             row = {"widths": widths, **score(d, seq_len)}
         except Exception as e:  # one family's failure is its own row: the others still run
             row = {"error": f"{type(e).__name__}: {e}"[:500]}
-        out["families"][name] = {**row, "seconds": round(time.perf_counter() - t0, 1)}
-    return out
+        report["families"][name] = {**row, "seconds": round(time.perf_counter() - t0, 1)}
+        if out:
+            _dump(report, out)
+    return report
 
 
-_FAMILIES = flags.DEFINE_list("families", None, "The families (default: every golden family).")
-_TINY = flags.DEFINE_bool("tiny", False, f"Golden widths and {TINY_SEQ} tokens: to try on a CPU.")
-_SEQ = flags.DEFINE_integer("seq_len", 8192, "Tokens of the one row each family scores.")
-_SECONDS = flags.DEFINE_float("seconds", 80.0, "Seconds for every family together.")
-_OUT = flags.DEFINE_string("out", "families_check.json", "The JSON written.")
-
-
-def main(argv: list[str]) -> None:
-    del argv
-    report = run(_FAMILIES.value or families(), _TINY.value, _SEQ.value, _SECONDS.value)
-    with open(_OUT.value, "w", encoding="utf-8") as f:
+def _dump(report: dict[str, Any], out: str) -> None:
+    with open(out + ".tmp", "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
+    os.replace(out + ".tmp", out)
+
+
+def write(report: dict[str, Any], out: str) -> None:
+    """`run`'s report as JSON into `out`, and each family's tokens/s on one printed line."""
+    _dump(report, out)
     print(json.dumps({k: v.get("tokens_per_second") for k, v in report["families"].items()}))
 
 
+def _main() -> None:
+    """The command line. Its flags are defined here, not on import: the tests import this module
+    beside other benchmarks whose flags share these names (`--out`)."""
+    names = flags.DEFINE_list("families", None, "The families (default: every golden family).")
+    tiny = flags.DEFINE_bool("tiny", False, f"Golden widths and {TINY_SEQ} tokens: on a CPU.")
+    seq = flags.DEFINE_integer("seq_len", 8192, "Tokens of the one row each family scores.")
+    seconds = flags.DEFINE_float("seconds", 80.0, "Seconds for every family together.")
+    out = flags.DEFINE_string("out", "families_check.json", "The JSON written.")
+    app.run(
+        lambda argv: write(
+            run(names.value or families(), tiny.value, seq.value, seconds.value, out.value),
+            out.value,
+        )
+    )
+
+
 if __name__ == "__main__":
-    app.run(main)
+    _main()
