@@ -1,5 +1,6 @@
-"""The device check: everything a GPU must show, in one command of at most 8 minutes on one H100
-or H200, each part bounded in time and written into one JSON as it finishes.
+"""The device check: everything a GPU must show, in one command of at most 560 seconds on one
+H100 or H200 (480 without `families`), each part bounded in time and written into one JSON as it
+finishes.
 
     python -m benchmarks.gpu_check                     # all parts, into gpu_check.json
     python -m benchmarks.gpu_check --parts=tests,parity --out=/tmp/check.json
@@ -24,8 +25,13 @@ cut to what is left of `--total` seconds):
   device), and with the flash kernel in JAX (`xla`);
 - `long_1m`: the 1B at 1,048,576 tokens with cuDNN in query chunks: time, MFU, the compiled
   step's temporaries and the device's peak memory.
+- `families`: each golden family's layers at its released model's widths, one row of 8,192
+  tokens in bfloat16 under `model.attention=auto` (`benchmarks.families_check`): tokens/s, MFU,
+  the kernel each kind of layer ran and the attention note; the families its budget does not
+  reach are listed as skipped.
 
-The parts that allocate much set `XLA_PYTHON_CLIENT_MEM_FRACTION=0.92` (JAX takes 75% of the GPU
+With `families` the whole check takes at most 560 seconds (`--total`); `--parts=families` runs it
+alone. The parts that allocate much set `XLA_PYTHON_CLIENT_MEM_FRACTION=0.92` (JAX takes 75% of the GPU
 by default). `BENCHMARKS.md`'s GPU rows come from this JSON.
 """
 
@@ -33,12 +39,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 from absl import app, flags
+
+from benchmarks import check_runner
+from benchmarks.check_runner import ROOT, env, json_rows, part_families, run
 
 # Seconds each part may take (the whole check: at most `--total`).
 BUDGETS = {
@@ -48,53 +56,20 @@ BUDGETS = {
     "packed": 45,
     "long_131k": 75,
     "long_1m": 190,
+    "families": 80,
 }
 _PARTS = flags.DEFINE_list("parts", list(BUDGETS), "The parts to run, in order.")
 _OUT = flags.DEFINE_string("out", "gpu_check.json", "The JSON written after each part.")
-_TOTAL = flags.DEFINE_integer("total", 480, "Seconds for the whole check.")
+_TOTAL = flags.DEFINE_integer("total", 560, "Seconds for the whole check.")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELD_OUT = os.path.join(ROOT, "ppl_jax", "demo", "held_out", "difflib.py.txt")
 TOKENIZER = os.path.join(ROOT, "tests", "golden", "references", "gpt2", "tokenizer.json")
 PARITY_FAMILIES = ("qwen3", "gemma2")
 
 
-def _env(big: bool = False) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-    if big:
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.92"
-    return env
-
-
-def _run(args: list[str], seconds: float, env: dict[str, str]) -> dict:
-    """`args` in a subprocess under `seconds`: its exit code, wall time and the end of its
-    output."""
-    t0 = time.perf_counter()
-    try:
-        done = subprocess.run(
-            args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(seconds, 1)
-        )
-        code, out = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as e:
-        code = "timed out"
-        out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(
-            errors="replace"
-        )
-    return {"exit": code, "seconds": round(time.perf_counter() - t0, 1), "log_tail": out[-3000:]}
-
-
-def _json_rows(path: str) -> list | dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def part_tests(seconds: float) -> dict:
-    env = dict(_env(), PPL_JAX_GPU_TESTS="1")
-    got = _run([sys.executable, "-m", "pytest", "-n", "0", "-q", "tests/gpu"], seconds, env)
+    gpu_env = dict(env(), PPL_JAX_GPU_TESTS="1")
+    got = run([sys.executable, "-m", "pytest", "-n", "0", "-q", "tests/gpu"], seconds, gpu_env)
     summary = [
         line for line in got["log_tail"].splitlines() if " passed" in line or " failed" in line
     ]
@@ -103,7 +78,7 @@ def part_tests(seconds: float) -> dict:
 
 def part_parity(seconds: float) -> dict:
     code = "import benchmarks.gpu_check as c, json; print(json.dumps(c.parity()))"
-    got = _run([sys.executable, "-c", code], seconds, _env())
+    got = run([sys.executable, "-c", code], seconds, env())
     lines = [x for x in got["log_tail"].splitlines() if x.startswith("{")]
     return {**got, "result": json.loads(lines[-1]) if lines else None}
 
@@ -143,25 +118,25 @@ def parity() -> dict:
 def part_full_rows(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "bench.json")
-        got = _run(
+        got = run(
             [sys.executable, "-m", "benchmarks.bench", "--model=llama-1b", "--seq_len=2048",
              "--dtype=bfloat16", "--num_sequences=128", "--batch_size=32", "--attention=cudnn",
              "--peer_batch_sizes=16", "--compare_bf16=false", f"--data={HELD_OUT}",
              f"--tokenizer={TOKENIZER}", f"--work_dir={work}", f"--out={path}"],
-            seconds, _env(big=True),
+            seconds, env(big=True),
         )  # fmt: skip
-        return {**got, "result": _json_rows(path)}
+        return {**got, "result": json_rows(path)}
 
 
 def part_packed(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "packed.json")
-        got = _run(
+        got = run(
             [sys.executable, "-m", "benchmarks.bench_long_gpu", "--part=packed",
              "--num_rows=128", "--length_buckets=8", f"--out={path}"],
-            seconds, _env(big=True),
+            seconds, env(big=True),
         )  # fmt: skip
-        return {**got, "result": _json_rows(path)}
+        return {**got, "result": json_rows(path)}
 
 
 def _long(seconds: float, length: int, variants: list[tuple[str, int]]) -> dict:
@@ -173,13 +148,13 @@ def _long(seconds: float, length: int, variants: list[tuple[str, int]]) -> dict:
         for attention, chunk in variants:
             name = f"{attention}, token_chunk {chunk}"
             path = os.path.join(work, "long.json")
-            got = _run(
+            got = run(
                 [sys.executable, "-m", "benchmarks.bench_long_gpu", "--part=long",
                  f"--lengths={length}", f"--attention={attention}", f"--token_chunk={chunk}",
                  f"--out={path}"],
-                deadline - time.perf_counter(), _env(big=True),
+                deadline - time.perf_counter(), env(big=True),
             )  # fmt: skip
-            out[name] = {**got, "result": _json_rows(path)}
+            out[name] = {**got, "result": json_rows(path)}
             if os.path.exists(path):
                 os.remove(path)
     return out
@@ -200,32 +175,13 @@ PARTS = {
     "packed": part_packed,
     "long_131k": part_long_131k,
     "long_1m": part_long_1m,
+    "families": part_families,
 }
-
-
-def _write(path: str, report: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str]) -> None:
     del argv
-    unknown = [p for p in _PARTS.value if p not in PARTS]
-    if unknown:
-        raise SystemExit(f"gpu_check: unknown parts {unknown}; the parts are {list(PARTS)}.")
-    start = time.perf_counter()
-    report: dict = {"parts": {}, "budgets": {p: BUDGETS[p] for p in _PARTS.value}}
-    for name in _PARTS.value:
-        left = _TOTAL.value - (time.perf_counter() - start)
-        if left < 5:
-            report["parts"][name] = {"exit": "not run: the check's time was spent"}
-        else:
-            report["parts"][name] = PARTS[name](min(BUDGETS[name], left))
-        report["seconds"] = round(time.perf_counter() - start, 1)
-        _write(_OUT.value, report)
-        print(json.dumps({name: report["parts"][name].get("exit")}), flush=True)
+    check_runner.run_parts("gpu_check", PARTS, BUDGETS, _PARTS.value, _TOTAL.value, _OUT.value)
 
 
 if __name__ == "__main__":

@@ -84,13 +84,25 @@ class Provenance:
         description for `attention` on the mesh's devices); empty for a model of one's own."""
         if not self.model.origin.startswith(FAMILY) or "," in self.dtype:
             return {}
-        mesh = dict(
+        return attention_lib.layer_kernels(self.attention, *self._attention_args(), **self._mesh())
+
+    def attention_note(self) -> str | None:
+        """Which kinds of attention layer run the flash kernel on a GPU or TPU and why
+        (`attention.flash_note`), one line; None where none do, on CPU, or for a model of one's
+        own."""
+        if not self.model.origin.startswith(FAMILY) or "," in self.dtype:
+            return None
+        return attention_lib.flash_note(self.attention, *self._attention_args(), **self._mesh())
+
+    def _attention_args(self) -> tuple[Any, dict[str, Any]]:
+        return jnp.dtype(self.dtype), self.model.description
+
+    def _mesh(self) -> dict[str, Any]:
+        return dict(
             context=int(self.mesh.shape.get("context", 1)),
             context_attention=self.options.context_attention,
             platform=self.mesh.devices.flat[0].platform,
         )
-        dtype = jnp.dtype(self.dtype)
-        return attention_lib.layer_kernels(self.attention, dtype, self.model.description, **mesh)
 
     def step_part(self, step: int | None) -> dict[str, Any]:
         """What the fingerprints of every dataset at `step` share and take I/O to find: the
@@ -213,6 +225,7 @@ class Provenance:
             layout=d.layout,
             attention=self.attention,
             attention_layers=self.attention_layers(),
+            attention_note=self.attention_note(),
             matmul_precision=self.matmul_precision,
             gzip_bits_per_byte=None,
             wall_seconds=totals.scoring_seconds,

@@ -48,6 +48,9 @@ class Evaluation:
       attention_layers: the attention kernel each kind of attention layer ran
         (`ppl_jax.models.layers.attention.layer_kernels`: `attention`, or `chunked`, `sliding`,
         `global`), empty for a model of one's own or without attention layers.
+      attention_note: which kinds of layer run the flash kernel (`xla`) on a GPU or TPU though a
+        fused kernel there lacks only one thing they need, and what (`Provenance.attention_note`),
+        else None.
       checkpoint_path: the checkpoint as given (`Checkpoint.path`), or None (params from a
         training loop); checkpoint_commit: a hub revision's commit, else None.
       dtype: the params' dtype; packing: `BatchSpec.packing` as set.
@@ -77,6 +80,7 @@ class Evaluation:
     protocol_spec: ProtocolSpec
     fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
     attention_layers: dict[str, str] = dataclasses.field(default_factory=dict)
+    attention_note: str | None = None
     tokenizer_note: str | None = None
     tokenizer_is_checkpoints: bool = True
     resumed_batches: int = 0

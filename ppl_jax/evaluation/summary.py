@@ -103,6 +103,8 @@ def dataset_dict(ev: Evaluation) -> dict:
         "attention": ev.attention,
         # The kernel each kind of attention layer ran (`model.attention=auto` picks per kind).
         "attention_layers": ev.attention_layers,
+        # Which kinds of layer run the flash kernel on a GPU or TPU, and why; else None.
+        "attention_note": ev.attention_note,
         "dtype": ev.dtype,
         # The checkpoint's stored quantization (method, bits, group size; weights read
         # dequantized into `dtype`), or None.

@@ -170,6 +170,7 @@ def _run_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
             "model",
             f"{arch} ({results['tokenizer']}), {results['dtype']}, {_attention(results)} attention",
         ),
+        *([("attention note", results["attention_note"])] if results.get("attention_note") else []),
         *(
             [("tokenizer", f"{results['tokenizer_source']}, not the checkpoint's own")]
             if results.get("tokenizer_source", "checkpoint") != "checkpoint"

@@ -152,6 +152,20 @@ def layer_kernels(
     return {kind: kernels.pick(platform, dtype, head_dim, n).name for kind, n in kinds.items()}
 
 
+def flash_note(
+    setting: str, dtype, description: dict, context: int = 1, platform: str | None = None, **mesh
+) -> str | None:
+    """Which kinds of layer run the flash kernel (`xla`) under `setting` though the platform has a
+    fused kernel but for one capability they need, and which (`kernels.flash_note`: Gemma 2's
+    soft-cap on a GPU, Llama 4's chunks on a TPU), as one line; None where none do or on CPU.
+    Arguments as `resolve_for`."""
+    picks = layer_kernels(setting, dtype, description, context, platform, **mesh)
+    needs = kernels.layer_needs(description, context=context, **mesh)
+    slow = {kind: needs[kind] for kind, name in picks.items() if name == "xla"}
+    platform = platform or jax.default_backend()
+    return kernels.flash_note(platform, dtype, kernels.head_dim(description), slow)
+
+
 def resolve_for(
     setting: str, dtype, description: dict, context: int = 1, platform: str | None = None, **mesh
 ) -> str:

@@ -79,6 +79,7 @@ class Kernel:
         flash kernel's ring (`flash_ring`, the same arguments but the last).
       present: `platform -> bool`, whether it can run on a device of that platform at all
         (checked for an explicit setting); needs: what it needs there, for the refusal.
+      auto_when: `auto_ok`'s rule in words, for `flash_note` (`runs only ...`).
       queries_apart: whether a long window's queries may run apart from their keys.
       one_device: `(q, k, v, seg, pos, mask) -> out`, `mask` the dict of `window`, `chunk`,
         `sinks`, `scale`, `softcap`.
@@ -100,6 +101,7 @@ class Kernel:
     ring: Callable[..., jax.Array] | None = None
     present: Callable[[str], bool] = lambda platform: True
     needs: str = ""
+    auto_when: str = ""
 
     @property
     def partial(self) -> split_merge.Partial | None:
@@ -229,6 +231,7 @@ CUDNN = Kernel(
     ring=_cudnn_ring,
     present=lambda platform: fused.cudnn_present(platform),
     needs="an NVIDIA GPU with cuDNN",
+    auto_when="16-bit params with heads a multiple of 8 up to 128 wide",
 )
 SPLASH = Kernel(
     name="splash",
@@ -269,6 +272,37 @@ def candidates(platform: str, dtype, head_dim: int | None) -> tuple[Kernel, ...]
 def pick(platform: str, dtype, head_dim: int | None, needs: Needs) -> Kernel:
     """`auto`'s kernel for a layer: the fastest of `candidates` that can do what it `needs`."""
     return next(k for k in candidates(platform, dtype, head_dim) if not k.refuses(needs))
+
+
+def flash_note(platform: str, dtype, head_dim: int | None, slow: Mapping[str, Needs]) -> str | None:
+    """One line on the kinds of layer (`slow`: their `Needs`, `layer_needs`' names) that run the
+    flash kernel (`xla`) on `platform` though it has a fused kernel: which kinds, and why the
+    fastest fused kernel is not theirs (its refusal, else its `auto_when` against the params'
+    dtype and head width); None where none do (on CPU `xla` is the fast path: never a note)."""
+    fused = [k for k in KERNELS.values() if platform in k.platforms and k is not XLA]
+    reasons: dict[str, list[str]] = {}
+    for kind, needs in slow.items():
+        why = next((_why(k, needs, dtype, head_dim) for k in fused), None)
+        if why:
+            reasons.setdefault(why, []).append(kind)
+    return (
+        "; ".join(
+            f"{'every layer runs' if kinds == ['attention'] else ', '.join(kinds) + ' layers run'} "
+            f"the flash kernel (xla), slower: {why}"
+            for why, kinds in reasons.items()
+        )
+        or None
+    )
+
+
+def _why(k: Kernel, needs: Needs, dtype, head_dim: int | None) -> str | None:
+    if k.refuses(needs):
+        return f"{k.name} cannot {k.refuses(needs)}"
+    if head_dim is not None and not k.auto_ok("", dtype, head_dim):
+        return (
+            f"{k.name} runs only {k.auto_when} (here {jnp.dtype(dtype).name}, heads of {head_dim})"
+        )
+    return None
 
 
 def kernel(name: str) -> Kernel:

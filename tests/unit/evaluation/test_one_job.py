@@ -31,7 +31,7 @@ SINGLE_RUN_KEYS = {
     "num_windows", "protocol", "text_tokens", "gzip_bits_per_byte", "gzip_sample_bytes",
     "intervals", "divergence", "context_curve", "tokens_per_second", "scoring_seconds",
     "host_seconds", "prepare_seconds", "compile_seconds", "wall_seconds", "checkpoint", "model",
-    "attention", "attention_layers", "dtype", "quantization", "tokenizer", "tokenizer_source",
+    "attention", "attention_layers", "attention_note", "dtype", "quantization", "tokenizer", "tokenizer_source",
     "fingerprint",
     "resumed_batches",
     "data", "mesh", "num_processes", "run", "config", "notes",

@@ -16,7 +16,7 @@ from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.layers import attention, kernels
-from ppl_jax.models.layers.attention import layer_kernels, resolve_for
+from ppl_jax.models.layers.attention import flash_note, layer_kernels, resolve_for
 
 BF16 = jnp.bfloat16
 
@@ -95,3 +95,32 @@ def test_the_refusals_are_the_records():
     assert kernels.XLA.refuses(kernels.Needs(chunk=True, softcap=True, mla=True)) is None
     with pytest.raises(ValueError, match="unknown attention implementation"):
         kernels.kernel("flash3")
+
+
+def test_the_flash_note_names_the_slow_layers_and_the_missing_capability():
+    """Gemma 2 on a GPU: every kind of layer on `xla` for cuDNN's want of a soft-cap; Llama 4 on
+    a TPU: its chunked layers for splash's want of chunks; no note where the fused kernel runs
+    every layer, on CPU, or where no fused kernel may run at all (float32 on a GPU)."""
+    gemma2 = safetensors.read_description(os.path.join(FAMILY_DIR, "gemma2"))
+    assert flash_note("auto", BF16, gemma2, platform="gpu") == (
+        "sliding, global layers run the flash kernel (xla), slower: cudnn cannot soft-cap "
+        "attention scores (attn_logit_softcapping)"
+    )
+    assert flash_note("xla", BF16, gemma2, platform="gpu") == flash_note(
+        "auto", BF16, gemma2, platform="gpu"
+    )
+    assert flash_note("auto", BF16, gemma2, platform="tpu") is None
+    assert flash_note("auto", BF16, gemma2, platform="cpu") is None
+    assert flash_note("auto", BF16, _llama4(), platform="tpu") == (
+        "chunked layers run the flash kernel (xla), slower: splash cannot run chunked attention"
+    )
+    assert flash_note("auto", BF16, _llama4(), platform="gpu") is None
+    one = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "attn_softcap": 30.0}
+    assert flash_note("auto", BF16, one, platform="gpu").startswith("every layer runs")
+    assert flash_note("auto", jnp.float32, dict(one, attn_softcap=None), platform="gpu") == (
+        "every layer runs the flash kernel (xla), slower: cudnn runs only 16-bit params with "
+        "heads a multiple of 8 up to 128 wide (here float32, heads of 16)"
+    )
+    wide = dict(one, attn_softcap=None, head_dim=256)  # Gemma 3's heads
+    assert "(here bfloat16, heads of 256)" in flash_note("auto", BF16, wide, platform="gpu")
+    assert flash_note("xla", BF16, dict(one, attn_softcap=None), platform="gpu") is None

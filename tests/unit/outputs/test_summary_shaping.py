@@ -36,6 +36,12 @@ def test_no_budget_no_row(tiny_checkpoint, tmp_path):
     # `auto` with different kernels on different kinds of layer (Llama 4 on a TPU): each named.
     results.update(attention="auto", attention_layers={"chunked": "xla", "global": "splash"})
     assert ", auto (chunked: xla, global: splash) attention" in console.summary_table(results)
+    assert results["attention_note"] is None and "attention note" not in console.summary_table(
+        results
+    )
+    results["attention_note"] = "chunked layers run the flash kernel (xla), slower: splash ..."
+    assert "attention note" in console.summary_table(results)
+    assert "chunked layers run the flash kernel (xla), slower" in console.summary_table(results)
 
 
 def test_budget_text():
