@@ -75,7 +75,7 @@ def test_a_chunk_of_queries_with_sinks_or_narrow_values(sinks, narrow, start):
     np.testing.assert_allclose(np.asarray(out)[scored], expected[scored], atol=1e-6)
 
 
-@pytest.mark.parametrize("context", [2, 4])
+@pytest.mark.parametrize("context", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_over_context_adds_the_sinks_once_after_the_merge(context):
     """Sinks and narrow values over the context axis: each chunk's diagonal and prefixes merged,
     then the epilogue once; the flash kernel on one device the reference. Applied per partial
@@ -102,7 +102,7 @@ def test_over_context_adds_the_sinks_once_after_the_merge(context):
     np.testing.assert_allclose(out[real], expected[real], atol=1e-6)
 
 
-@pytest.mark.parametrize("context", [1, 2, 4])
+@pytest.mark.parametrize("context", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_attend_cudnn_with_sinks_and_narrow_values(cudnn_on_cpu, context):  # noqa: F811
     """`attend(implementation="cudnn")` with sinks and values narrower than the keys: rows of one
     document through the partials and the epilogue, packed rows (the second case) through the
@@ -235,7 +235,7 @@ def test_a_chunk_of_queries_with_a_window_is_one_causal_call(window, start):
     np.testing.assert_allclose(np.asarray(out)[scored], expected[scored], atol=1e-6)
 
 
-@pytest.mark.parametrize("context", [2, 4])
+@pytest.mark.parametrize("context", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_attend_cudnn_with_a_window_over_context_and_queries_apart(monkeypatch, context):
     """A window with sinks on the split paths: over the context axis (each chunk one windowed
     call) and a long window's chunk of queries apart from its keys; cuDNN's partial (the flash
@@ -297,7 +297,9 @@ def test_a_chunk_of_queries_with_chunked_attention(chunk, start):
     np.testing.assert_allclose(np.asarray(out)[scored], expected[scored], atol=1e-6)
 
 
-@pytest.mark.parametrize("context,chunk", [(2, 48), (4, 12), (4, 36)])
+@pytest.mark.parametrize(
+    "context,chunk", [(2, 48), (4, 12), pytest.param(4, 36, marks=pytest.mark.slow)]
+)
 def test_attend_cudnn_with_chunks_over_context_and_queries_apart(monkeypatch, context, chunk):
     """Chunked attention on the split paths: over the context axis (chunks of 24 or 12 queries
     per device; 36 fits neither and takes the flash kernel) and a chunk of 24 queries apart

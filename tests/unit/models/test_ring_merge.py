@@ -52,7 +52,7 @@ def _checked(context):
     return first
 
 
-@pytest.mark.parametrize("context", [2, 4])
+@pytest.mark.parametrize("context", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_attend_cudnn_round_a_ring(monkeypatch, context):
     calls = []
 

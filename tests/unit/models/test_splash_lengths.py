@@ -69,6 +69,7 @@ def test_splash_chunks_of_a_row_off_the_block():
         np.testing.assert_allclose(np.asarray(part), whole[:, start : start + 50], atol=ATOL)
 
 
+@pytest.mark.slow
 def test_model_with_splash_scores_a_96_token_window_like_xla():
     """`model.attention=splash` with `eval.seq_len=96`: the model runs (before: "bkv_compute=96
     must be a multiple of 128") and scores as `xla` does."""
