@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
 
 from ppl_jax.checkpoints.given import entry_model
 from ppl_jax.checkpoints.options import dtype_of
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
-from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.interface import LanguageModel, nest_weights, weight_paths
 from ppl_jax.models.layers import attention as attention_lib
+from ppl_jax.models.layers.packed import Packed
 
 if TYPE_CHECKING:
     from ppl_jax.checkpoints.checkpoint import Checkpoint
@@ -142,3 +144,87 @@ def check_stored_layers(ckpt: Checkpoint, step: int | None, description: dict[st
         return
     if names is not None:
         registry.check_stored_layers(description, names, repr(ckpt.path))
+
+
+DEQUANTIZE = ("auto", "device", "host")  # checkpoint.dequantize
+
+
+@dataclasses.dataclass(frozen=True)
+class Dequantization:
+    """Where a checkpoint's quantized weights are dequantized (`packed`): what results.json keeps
+    (`quantization.dequantized`, docs/outputs.md).
+
+    Attributes:
+      setting: `checkpoint.dequantize` (`auto`, `device` or `host`).
+      device: the weights kept packed on the device, by name -> block type.
+      host: the quantized weights dequantized on the host, by name -> why.
+      packed_bytes: the device's bytes of the packed weights (all devices' shards together).
+    """
+
+    setting: str = "auto"
+    device: dict[str, str] = dataclasses.field(default_factory=dict)
+    host: dict[str, str] = dataclasses.field(default_factory=dict)
+    packed_bytes: int = 0
+
+    def record(self) -> dict[str, Any]:
+        kinds: dict[str, int] = {}
+        for kind in self.device.values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return {
+            "setting": self.setting,
+            "on_device": len(self.device),
+            "on_host": len(self.host),
+            "device_types": dict(sorted(kinds.items())),
+            "packed_bytes": self.packed_bytes,
+            "host_reasons": dict(sorted(set(self.host.items()))[:8]),
+        }
+
+    def note(self) -> str:
+        """One line for the run's summary where some quantized weights are dequantized on the
+        host, else ''."""
+        if not self.host or self.setting == "host":
+            return ""
+        first = sorted(self.host.items())[0]
+        return (
+            f"{len(self.host)} quantized weight(s) dequantized on the host, not packed on the "
+            f"device ({first[0]}: {first[1]})."
+        )
+
+
+def packed(
+    ckpt: Checkpoint, step: int | None, model: LanguageModel, setting: str = "auto"
+) -> tuple[LanguageModel, Dequantization]:
+    """`model` with the checkpoint's quantized weights kept packed on the device where the
+    format dequantizes them there (`Checkpoint.device_layouts`; `ppl_jax.models.layers.packed`):
+    its `abstract_params` hold a `Packed` leaf of `jax.ShapeDtypeStruct` blocks for each, so its
+    targets, shardings and compiled step take the blocks. `setting` `host` keeps every weight a
+    float one (dequantized on the host as it is read); `auto` and `device` pack what can be
+    packed (`device` refuses a checkpoint none of whose quantized weights can).
+
+    Raises:
+      CheckpointError: `device` with quantized weights none of which has a device path.
+    """
+    if setting not in DEQUANTIZE:
+        raise CheckpointError(
+            f"checkpoint.dequantize={setting!r} is not one of {', '.join(DEQUANTIZE)}."
+        )
+    if setting == "host":
+        return model, Dequantization(setting)
+    flat = weight_paths(model.abstract_params)
+    layouts, host = ckpt.device_layouts(step, flat)
+    if setting == "device" and host and not layouts:
+        name, why = sorted(host.items())[0]
+        raise CheckpointError(
+            f"checkpoint.dequantize=device, but no quantized weight of {ckpt.path!r} can be "
+            f"dequantized on the device ({name}: {why}); set checkpoint.dequantize=host."
+        )
+    if not layouts:
+        return model, Dequantization(setting, {}, host)
+    for name, layout in layouts.items():
+        flat[name] = Packed(jax.ShapeDtypeStruct(layout.packed_shape, jnp.uint8), layout)
+    device = {name: layout.kind for name, layout in layouts.items()}
+    size = sum(layout.nbytes for layout in layouts.values())
+    abstract = nest_weights(flat)
+    return dataclasses.replace(model, abstract_params=abstract), Dequantization(
+        setting, device, host, size
+    )

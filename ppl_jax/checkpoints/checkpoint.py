@@ -49,6 +49,7 @@ from ppl_jax.checkpoints.mapping import apply, presets
 from ppl_jax.checkpoints.options import DTYPES, Options, Stored, dtype_of
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.layers.packed import Layout
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer.loading import for_setting
@@ -277,6 +278,15 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
             missing=f"{self.path!r} carries no tokenizer ({self.tokenizer_files})",
         )
 
+    def device_layouts(
+        self, step: int | None, abstract: dict[str, Any]
+    ) -> tuple[dict[str, Layout], dict[str, str]]:
+        """Which quantized weights stay packed on the device (`ppl_jax.models.layers.packed`):
+        ({weight name: its `Layout`}, {weight name: why it is dequantized on the host}) for the
+        model weights `abstract` (name -> leaf with shape and dtype); read from the header
+        alone, no weight. Neither, for a checkpoint of float weights (the default)."""
+        return {}, {}
+
     def restore(self, step: int | None, target: Any) -> Any:
         """The params of the step, read straight into their target shardings (through the
         mapping: `apply.restore`; readers of the model's own layout override this).
@@ -286,7 +296,9 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
           target: the params tree of the step's model (`architecture.resolve(self, step)
             .model(...)`), with leaves
             `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` (`ppl_jax.runtime.mesh
-            .param_targets`); stored weights are cast to each leaf's dtype.
+            .param_targets`); stored weights are cast to each leaf's dtype. A
+            `ppl_jax.models.layers.packed.Packed` leaf (`device_layouts`) is read as its
+            stored blocks.
 
         Returns:
           The params tree of `jax.Array`s, each of its leaf's shape, dtype and sharding.

@@ -108,6 +108,7 @@ def open_checkpoint(
     item: str = "",
     params: str = "",
     allow_download: bool = False,
+    dequantize: str = "auto",
 ) -> Checkpoint:
     """Opens the checkpoint `path` (local, or remote: see `ppl_jax.runtime.paths`) with the reader
     of its layout (`READERS`, chosen by `choose`).
@@ -124,6 +125,8 @@ def open_checkpoint(
       item: `checkpoint.item` ('': found).
       params: `checkpoint.params` ('': found).
       allow_download: a hub id may be downloaded (default: the local hub cache only).
+      dequantize: `checkpoint.dequantize`, where quantized weights are dequantized (`auto`,
+        `device`, `host`: `ppl_jax.checkpoints.architecture.packed`).
 
     Returns:
       A `Checkpoint`; only the markers were read (nothing of the weights).
@@ -134,6 +137,6 @@ def open_checkpoint(
         layout the readers read; with `format="hf"`: its config.json is missing); a malformed
         hub id.
     """
-    options = Options(architecture, mapping, item, params, bool(allow_download))
+    options = Options(architecture, mapping, item, params, bool(allow_download), dequantize)
     reader, why = choose(path, format, options)
     return reader(path, options, why)

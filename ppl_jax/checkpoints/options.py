@@ -21,13 +21,16 @@ Stored = dict[str, tuple[tuple[int, ...], Any]]
 class Options:
     """The `checkpoint.*` settings a checkpoint is opened with (`open_checkpoint`'s keywords):
     `architecture`, `mapping` (a preset or a YAML/JSON file), `item` and `params` (where the
-    params are inside another trainer's tree), `allow_download` (a hub id may be downloaded)."""
+    params are inside another trainer's tree), `allow_download` (a hub id may be downloaded),
+    `dequantize` (where quantized weights are dequantized: `ppl_jax.checkpoints.architecture
+    .packed`)."""
 
     architecture: str = ""
     mapping: str = ""
     item: str = ""
     params: str = ""
     allow_download: bool = False
+    dequantize: str = "auto"
 
     @property
     def names_a_tree(self) -> bool:

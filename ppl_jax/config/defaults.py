@@ -127,6 +127,7 @@ def _checkpoint_keys() -> config_dict.ConfigDict:
     s.item = ""  # the Orbax item holding the params ("": found)
     s.params = ""  # the params subtree inside the item ("": found)
     s.allow_download = False  # a hub id may be downloaded (default: local cache only)
+    s.dequantize = "auto"  # quantized weights: packed on the device where exact, or on the host
     return s
 
 
@@ -214,6 +215,11 @@ KEY_MEANINGS = {
     "checkpoint.watch_until": "watch: the last step to evaluate (-1: none)",
     "checkpoint.watch_timeout": "watch: seconds without a new finalized step before the run ends",
     "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
+    "checkpoint.dequantize": "where a quantized checkpoint's weights are dequantized: 'auto' "
+    "(kept packed on the device and dequantized inside each layer, where the format has a device "
+    "path: GGUF's Q4_0 to Q8_0, K-quants and MXFP4; else on the host as they are read), "
+    "'device' (as auto, refusing a checkpoint with no weight it can pack), or 'host' (every "
+    "weight dequantized as it is read)",
     "checkpoint.format": "'auto' (the reader its markers choose; ppl-jax inspect says which), or "
     "'orbax' / 'hf' / 'levanter' / 'easydel' / 't5x' / 'gguf' (only that layout's readers)",
     "data.name": "the corpus's name in the results; empty: derived from data.path",

@@ -21,7 +21,8 @@ from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.models.interface import LanguageModel
 from ppl_jax.models.layers import attention as attention_lib
-from ppl_jax.outputs.model_record import FAMILY, model_record
+from ppl_jax.models.layers import packed
+from ppl_jax.outputs.model_record import FAMILY, model_record, packed_record
 from ppl_jax.plans.layout import Layout
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.spec import BatchSpec
@@ -138,6 +139,12 @@ class Provenance:
                     "matmul_precision": self.matmul_precision,
                     "attention": self.attention,
                     "honours_segments": model.honours_segments,
+                    # weights packed on the device (checkpoint.dequantize), where any are
+                    **(
+                        {"packed": on_device}
+                        if (on_device := packed_record(model.abstract_params))
+                        else {}
+                    ),
                 },
                 "data": d.data.fingerprint_part(),
                 "tokenizer": {
@@ -246,7 +253,7 @@ def params_dtype(abstract_params: Any) -> str:
     """The float dtype of a params tree (`float32`), or its float dtypes joined by `,`."""
     found = {
         jnp.dtype(leaf.dtype).name
-        for leaf in jax.tree.leaves(abstract_params)
+        for leaf in packed.leaves(abstract_params)
         if jnp.issubdtype(leaf.dtype, jnp.floating)
     }
     return ",".join(sorted(found)) or "float32"

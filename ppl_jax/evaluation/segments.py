@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.interface import HiddenStates, LanguageModel
+from ppl_jax.models.layers import packed
 
 # The largest difference of a log-probability (nats) taken for rounding, per compute dtype.
 TOLERANCE = {jnp.dtype(jnp.float32): 1e-5, jnp.dtype(jnp.bfloat16): 2e-2}
@@ -84,7 +85,7 @@ def check(model: LanguageModel, params: Any, mesh: Mesh) -> None:
       ConfigError: the second segment's log-probabilities change when a first segment precedes
         it, naming the difference and the fix (`honours_segments=False`, or eval.packing=false).
     """
-    dtypes = {jnp.dtype(leaf.dtype) for leaf in jax.tree_util.tree_leaves(params)}
+    dtypes = {jnp.dtype(leaf.dtype) for leaf in packed.leaves(params)}
     tolerance = max(TOLERANCE.get(d, 2e-2) for d in dtypes) if dtypes else 1e-5
     found = difference(model, params, mesh)
     if not found <= tolerance:

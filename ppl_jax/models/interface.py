@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import jax
 
+from ppl_jax.models.layers import packed
+
 
 class HiddenStates(NamedTuple):
     """hidden: `[batch, seq, embed]`; unembedding: `[embed, vocab]` (logits = hidden @ it);
@@ -79,8 +81,9 @@ class LanguageModel:
 
 
 def weight_paths(params: Any) -> dict[str, Any]:
-    """The leaves of a params tree by their `/`-joined names (`layers/0/attn/q`), in tree order."""
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    """The leaves of a params tree by their `/`-joined names (`layers/0/attn/q`), in tree order
+    (a packed quantized weight, `ppl_jax.models.layers.packed.Packed`, as one leaf)."""
+    flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=packed.is_packed)[0]
     return {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in flat}
 
 

@@ -5,6 +5,8 @@ A model is recorded from what its `LanguageModel` offers, whoever built it: its 
 
 - `vocab_size` and `max_positions` (the model's own, where the description does not say them);
 - `num_params`: the elements of every params leaf (`abstract_params`), whatever the dtype;
+- `packed_on_device`: where quantized weights stay packed on the device
+  (`checkpoint.dequantize`), how many, of which block types, and their bytes;
 - `entry_point`: how it was built, where the description does not say it: the model's
   `LanguageModel.origin` (the `checkpoint.architecture` entry point `module:function` it was
   made by, or for a model made by `ppl_jax.from_linen` / `from_nnx` the adapter and the user's
@@ -21,14 +23,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
+from ppl_jax.models.layers import packed
 
 FAMILY = "family:"  # `LanguageModel.origin` of ppl_jax's own families
 
 
 def num_params(abstract_params: Any) -> int:
-    """The elements of every leaf of a params tree (arrays or `jax.ShapeDtypeStruct`s)."""
-    return int(sum(math.prod(getattr(x, "shape", ())) for x in jax.tree.leaves(abstract_params)))
+    """The elements of every leaf of a params tree (arrays or `jax.ShapeDtypeStruct`s; a packed
+    quantized weight, `ppl_jax.models.layers.packed.Packed`, by its float shape)."""
+    return int(sum(math.prod(getattr(x, "shape", ())) for x in packed.leaves(abstract_params)))
+
+
+def packed_record(abstract_params: Any) -> dict[str, Any] | None:
+    """The quantized weights kept packed on the device (`ppl_jax.models.layers.packed`), or
+    None: `{"weights": count, "types": {block type: count}, "bytes": their packed bytes}`."""
+    found = [x for x in packed.leaves(abstract_params) if packed.is_packed(x)]
+    if not found:
+        return None
+    types: dict[str, int] = {}
+    for x in found:
+        types[x.layout.kind] = types.get(x.layout.kind, 0) + 1
+    return {
+        "weights": len(found),
+        "types": dict(sorted(types.items())),
+        "bytes": packed.packed_bytes(abstract_params),
+    }
 
 
 def model_record(model: Any) -> dict[str, Any]:
@@ -39,6 +58,9 @@ def model_record(model: Any) -> dict[str, Any]:
     record.setdefault("vocab_size", int(model.vocab_size))
     record.setdefault("max_positions", int(model.max_positions))
     record["num_params"] = num_params(model.abstract_params)
+    on_device = packed_record(model.abstract_params)
+    if on_device:
+        record["packed_on_device"] = on_device
     if record.get("entry_point") is None:
         origin = model.origin
         record["entry_point"] = origin if origin and not origin.startswith(FAMILY) else None

@@ -162,13 +162,31 @@ def logical_to_spec(
 def param_shardings(
     abstract_params: Any, logical_axes: Any, mesh: Mesh, rules: Sequence[tuple[str, str | None]]
 ) -> Any:
-    """A tree of `NamedSharding`, one per weight, from the weights' logical axis names."""
+    """A tree of `NamedSharding`, one per weight, from the weights' logical axis names. A packed
+    quantized weight (`ppl_jax.models.layers.packed.Packed`: a leaf with a `layout`) is sharded as
+    its float weight, its blocks' bytes axis whole (a block axis the mesh does not divide
+    replicated)."""
+
+    def sharding(a, names):
+        if _packed(a):
+            shape = a.layout.packed_shape
+            return a.with_data(
+                NamedSharding(mesh, logical_to_spec((*names, None), shape, mesh, rules))
+            )
+        return NamedSharding(mesh, logical_to_spec(names, a.shape, mesh, rules))
+
     return jax.tree.map(
-        lambda a, names: NamedSharding(mesh, logical_to_spec(names, a.shape, mesh, rules)),
+        sharding,
         abstract_params,
         logical_axes,
-        is_leaf=lambda x: isinstance(x, tuple),
+        is_leaf=lambda x: isinstance(x, tuple) or _packed(x),
     )
+
+
+def _packed(x: Any) -> bool:
+    """A packed quantized weight (`ppl_jax.models.layers.packed.Packed`, known by its `layout`:
+    this layer sits below the models)."""
+    return hasattr(x, "layout") and hasattr(x, "with_data")
 
 
 def param_targets(
@@ -185,11 +203,13 @@ def param_targets(
       `dtype` replacing each param's own dtype when given.
     """
     shardings = param_shardings(abstract_params, logical_axes, mesh, rules)
-    targets = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, dtype or a.dtype, sharding=s),
-        abstract_params,
-        shardings,
-    )
+
+    def target(a, s):
+        if _packed(a):  # its blocks keep their bytes; `dtype` is the model's, as its layout says
+            return a.with_data(jax.ShapeDtypeStruct(a.data.shape, a.data.dtype, sharding=s.data))
+        return jax.ShapeDtypeStruct(a.shape, dtype or a.dtype, sharding=s)
+
+    targets = jax.tree.map(target, abstract_params, shardings, is_leaf=_packed)
     return targets, shardings
 
 

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl_jax.errors import ConfigError
+from ppl_jax.models.layers import packed
 
 AUTO = "auto"
 JAX_NAMES = {  # setting -> the value of `jax.default_matmul_precision`
@@ -71,7 +72,7 @@ def computes_in_float32(*params: Any) -> bool:
     keeps one) is a bfloat16 model."""
     for tree in params:
         sizes: dict[bool, int] = {True: 0, False: 0}
-        for leaf in jax.tree.leaves(tree):
+        for leaf in packed.leaves(tree):
             dtype = np.dtype(leaf.dtype)
             if jnp.issubdtype(dtype, jnp.floating):  # bfloat16 is not a NumPy floating type
                 sizes[dtype.itemsize >= 4] += int(np.prod(leaf.shape))

@@ -366,3 +366,33 @@ def _dequantize(raw: np.ndarray, qtype: Any, type_name: str) -> np.ndarray:
     if type_name == "F32":
         return raw.view(np.float32)
     return gguf.quants.dequantize(raw, qtype)
+
+
+def read_blocks(file: GGUFFile, name: str, index: tuple[slice, ...]) -> np.ndarray:
+    """The region `index` of a tensor's blocks as they are stored: the tensor seen as
+    `[..., rows, row // block]` blocks, each one element of `block_bytes` bytes (a NumPy void
+    dtype, so that the mapping's operations move whole blocks); nothing is dequantized.
+
+    Returns:
+      `np.dtype((np.void, block_bytes))` array of the region's shape.
+
+    Raises:
+      CheckpointError: the file ended early (changed since it was opened).
+    """
+    t = file.tensors[name]
+    shape = (*t.shape[:-1], t.shape[-1] // t.block)
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    spans = [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
+    first, last = spans[-1]
+    lead = [np.arange(a, b) for a, b in spans[:-1]]
+    if lead:
+        grid = np.meshgrid(*lead, indexing="ij")
+        rows = np.ravel_multi_index([g.ravel() for g in grid], shape[:-1]).tolist()
+    else:
+        rows = [0]
+    ranges = [
+        (t.start + r * t.row_bytes + first * t.block_bytes, (last - first) * t.block_bytes)
+        for r in rows
+    ]
+    raw = np.frombuffer(_pread(t.path, ranges), np.dtype((np.void, t.block_bytes)))
+    return raw.reshape([len(r) for r in lead] + [last - first])

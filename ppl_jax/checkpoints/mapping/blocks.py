@@ -62,6 +62,64 @@ def read_block(
     return out[0] if axis is None else np.stack(out, axis=axis)
 
 
+def packed_axis(
+    src: Source,
+    stored: dict[str, tuple[tuple[int, ...], Any]],
+    shape: tuple[int, ...],
+    names: dict[str, Any],
+    block: int,
+) -> int | None:
+    """The axis of the model weight of `shape` that the blocks of `block` values of its stored
+    tensors run along, where `src`'s operations move whole blocks (`operations.block_plan`) and
+    change no value (no `scale`, `offset` or `plus_one`); else None (read it as floats)."""
+    inner, stack = _inner(src, shape)
+    axes = set()
+    for piece in [src] if stack is None else src.parts:
+        rule = piece.rule
+        if piece.scale != 1.0 or rule.get("offset") or rule.get("plus_one"):
+            return None
+        got = operations.block_plan(
+            operations.plan(piece, stored[piece.stored][0], inner, names), block
+        )
+        if got is None:
+            return None
+        axes.add(got[1])
+    if len(axes) != 1:
+        return None
+    axis = axes.pop()
+    return axis if stack is None or axis < stack else axis + 1
+
+
+def read_packed_block(
+    src: Source,
+    stored: dict[str, tuple[tuple[int, ...], Any]],
+    shape: tuple[int, ...],
+    block: tuple[range, ...],
+    read_blocks: Any,
+    names: dict[str, Any],
+    values: int,
+) -> np.ndarray:
+    """The block `block` (a range per axis of the packed weight, its bytes axis last) of the
+    model weight of `shape` made by `src` (`packed_axis` not None), as stored bytes: uint8, the
+    block's shape. `read_blocks(stored_name, index)` reads a stored region of blocks (each one
+    void element, `gguf_file.read_blocks`); `values` is the values per block."""
+    inner, axis = _inner(src, shape)
+    block = block[:-1]
+    pieces = [(src, block)] if axis is None else [
+        (src.parts[j], block[:axis] + block[axis + 1 :]) for j in block[axis]
+    ]  # fmt: skip
+    out = []
+    for piece, piece_block in pieces:
+        plan = operations.plan(piece, stored[piece.stored][0], inner, names)
+        plan, _ = operations.block_plan(plan, values)
+        region = plan.region(piece_block)
+        x = read_blocks(piece.stored, tuple(slice(r.start, r.stop) for r in region))
+        x = plan.apply(x, tuple(r.start for r in region), piece_block)
+        out.append(np.ascontiguousarray(x))
+    x = out[0] if axis is None else np.stack(out, axis=axis)
+    return x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
+
+
 def place(
     sources: dict[str, Source],
     stored: dict[str, tuple[tuple[int, ...], Any]],

@@ -302,3 +302,64 @@ def finish(x: np.ndarray, src: Any, dtype: Any) -> np.ndarray:
         if offset:
             x = x + np.float32(offset)
     return np.asarray(x).astype(dtype, copy=False)
+
+
+def block_plan(plan: ReadPlan, block: int) -> tuple[ReadPlan, int] | None:
+    """`plan` for a stored tensor whose last axis is kept in blocks of `block` values (a
+    quantized tensor's rows of blocks, each block one element), and the axis of the result that
+    the blocks run along; None where an operation would cut a block (a `take`, `split` or `cut`
+    of that axis off a block's bounds, a `reshape` that splits it into pieces smaller than a
+    block or merges it under another axis) or `rope` would reorder within it. The block plan's
+    result is `plan.shape` with that axis divided by `block`."""
+
+    def div(shape: tuple[int, ...], axis: int) -> tuple[int, ...] | None:
+        if shape[axis] % block:
+            return None
+        return (*shape[:axis], shape[axis] // block, *shape[axis + 1 :])
+
+    axis = len(plan.stored) - 1
+    stored = div(plan.stored, axis)
+    if stored is None:
+        return None
+    steps = []
+    for step in plan.steps:
+        k, a = step.kind, step.arg
+        before, after = div(step.before, axis), None
+        if k == "take":
+            if a[0] == axis:
+                return None
+            new_axis = axis - (a[0] < axis)
+        elif k == "split":
+            at, start, stop, squeeze = a
+            if at == axis:
+                if start % block or stop % block or squeeze:
+                    return None
+                a = (at, start // block, stop // block, squeeze)
+            new_axis = axis - (squeeze and at < axis)
+        elif k == "transpose":
+            new_axis = a.index(axis)
+        elif k == "rope":
+            if a == axis:
+                return None
+            new_axis = axis
+        elif k == "cut":
+            if a[0] == axis:
+                if a[1] % block:
+                    return None
+                a = (axis, a[1] // block)
+            new_axis = axis
+        else:  # reshape: the block axis must end its group, and end one of the same size
+            group = next(g for g in _blocks(step.before, step.after) if axis in g[0])
+            olds, news = group
+            if not news or axis != olds[-1]:
+                return None
+            new_axis = news[-1]
+        after = div(step.after, new_axis)
+        if before is None or after is None:
+            return None
+        steps.append(_Step(k, before, after, a))
+        axis = new_axis
+    shape = div(plan.shape, axis)
+    if shape is None:
+        return None
+    return ReadPlan(stored, shape, tuple(steps)), axis

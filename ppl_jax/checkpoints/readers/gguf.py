@@ -33,14 +33,17 @@ from ppl_jax.checkpoints import mapping
 from ppl_jax.checkpoints.checkpoint import Checkpoint, Options, Stored
 from ppl_jax.checkpoints.formats import gguf_file, gguf_split
 from ppl_jax.checkpoints.mapping import apply, blocks, storage
+from ppl_jax.checkpoints.quantized import ggml
 from ppl_jax.checkpoints.readers import gguf_arch
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.interface import nest_weights, weight_paths
+from ppl_jax.models.layers.packed import Layout, is_packed
 from ppl_jax.runtime import fingerprint as fingerprint_lib
 from ppl_jax.runtime import paths
 from ppl_jax.tokenizer import gguf as gguf_tokenizer
 
 SUFFIX = ".gguf"
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # read as floats, never packed
 MAX_FACTORS = 1 << 16  # values of a rotary-factor tensor (one per frequency of a head)
 # llama.cpp's `llama_ftype` names of `general.file_type` (what the file was quantized as), from
 # the gguf package's `LlamaFileType`: 0 is "F32", 15 "Q4_K_M", 38 "MXFP4_MOE".
@@ -222,6 +225,46 @@ class GGUFCheckpoint(Checkpoint):
         where = f"the {len(parts)} parts of " if parts else ""
         return f"the tensors of {where}{self.header.path!r}"
 
+    def _sources(self, step: int | None, expected: dict[str, Any]) -> dict[str, Any]:
+        return mapping.resolve(
+            self.rules(step), self.stored(step), expected, self.known(step), self.naming(step),
+            remedy="Re-convert the model, or give checkpoint.architecture and checkpoint.mapping.",
+        )  # fmt: skip
+
+    def device_layouts(
+        self, step: int | None, abstract: dict[str, Any]
+    ) -> tuple[dict[str, Layout], dict[str, str]]:
+        """Each model weight made of quantized tensors of one GGML type that
+        `ppl_jax.checkpoints.quantized.ggml` dequantizes on the device, and whose rule moves
+        whole blocks (`blocks.packed_axis`); the other quantized weights with the reason."""
+        stored, desc = self.stored(step), self.known(step)
+        numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
+        layouts: dict[str, Layout] = {}
+        host: dict[str, str] = {}
+        for weight, src in self._sources(step, abstract).items():
+            tensors = [self.header.tensors[p.stored] for p in src.pieces]
+            kinds = {t.type for t in tensors}
+            if kinds <= FLOAT_TYPES:
+                continue
+            kind = min(kinds)
+            if len(kinds) > 1:
+                host[weight] = f"its tensors mix {', '.join(sorted(kinds))}"
+            elif kind not in ggml.DEVICE_TYPES:
+                host[weight] = f"{kind} has no device dequantization"
+            else:
+                leaf = abstract[weight]
+                t = tensors[0]
+                axis = blocks.packed_axis(src, stored, tuple(leaf.shape), numbers, t.block)
+                if axis is None:
+                    host[weight] = "its mapping rule cuts or changes the blocks"
+                else:
+                    dtype = np.dtype(leaf.dtype).name
+                    layouts[weight] = Layout(
+                        ggml.dequantize, kind, axis, t.block, t.block_bytes, tuple(leaf.shape),
+                        dtype,
+                    )  # fmt: skip
+        return layouts, host
+
     def restore(self, step: int | None, target: Any) -> Any:
         """The weights through the mapping rules, each device's block read from the byte ranges
         that hold it and dequantized into its leaf's dtype (see the module docstring).
@@ -231,19 +274,42 @@ class GGUFCheckpoint(Checkpoint):
             weights no tensor gives, shapes that do not come out; a file changed since it was
             opened.
         """
-        stored, expected, desc = self.stored(step), weight_paths(target), self.known(step)
-        sources = mapping.resolve(
-            self.rules(step), stored, expected, desc, self.naming(step),
-            remedy="Re-convert the model, or give checkpoint.architecture and checkpoint.mapping.",
-        )  # fmt: skip
+        stored, desc = self.stored(step), self.known(step)
+        expected = weight_paths(target)
+        sources = self._sources(step, expected)
         numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
         dtypes: dict[str, Any] = {}
-        for weight, src in sources.items():
-            for piece in src.pieces:
-                exact = piece.scale != 1.0 or piece.rule.get("offset") or piece.rule.get("plus_one")
+        floats = {k: v for k, v in expected.items() if not is_packed(v)}
+        for weight in floats:
+            for piece in sources[weight].pieces:
+                rule = piece.rule
+                exact = piece.scale != 1.0 or rule.get("offset") or rule.get("plus_one")
                 dtypes[piece.stored] = np.float32 if exact else expected[weight].dtype
         source = _Dequantized(self.header, dtypes)
-        return nest_weights(blocks.place_read_ahead(sources, stored, expected, source, numbers))
+        out = blocks.place_read_ahead(sources, stored, floats, source, numbers)
+        packed = {k: v for k, v in expected.items() if is_packed(v)}
+        if packed:
+            out.update(self._place_packed(sources, stored, packed, numbers))
+        return nest_weights({k: out[k] for k in expected})
+
+    def _place_packed(
+        self, sources: dict[str, Any], stored: Stored, packed: dict[str, Any], numbers: dict
+    ) -> dict[str, Any]:
+        """The `Packed` leaves' blocks read as stored and placed in their shardings."""
+
+        def read_blocks(name: str, index: tuple[slice, ...]) -> np.ndarray:
+            return gguf_file.read_blocks(self.header, name, index)
+
+        def read(name: str, index: tuple[slice, ...]) -> np.ndarray:
+            leaf = packed[name]
+            shape, data = leaf.layout.shape, leaf.data
+            block = tuple(range(*s.indices(n)[:2]) for s, n in zip(index, data.shape, strict=True))
+            return blocks.read_packed_block(
+                sources[name], stored, shape, block, read_blocks, numbers, leaf.layout.block
+            )
+
+        placed = storage.place({k: v.data for k, v in packed.items()}, read)
+        return {k: v.with_data(placed[k]) for k, v in packed.items()}
 
     def layout_lines(self, step: int | None) -> list[str]:
         h = self.header

@@ -255,6 +255,8 @@ def _model(
     model = arch.model(spec.dtype, attention)
     if spec.rope_angles != "float32":
         model = _rope_angles(model, spec, attention)
+    # Quantized weights packed on the device where the format can (checkpoint.dequantize).
+    model, _ = architecture.packed(ckpt, step, model, ckpt.options.dequantize)
     check_context(model, mesh)
     check_window(spec.protocol.seq_len, model)
     return model, attention
@@ -324,7 +326,7 @@ def _reference(
         step = ckpt.resolve_step(ref.checkpoint_step)
         arch = architecture.resolve(ckpt, step)
         attention = arch.attention("auto", ref.dtype, mesh, spec.mesh.context_attention)
-        ref_model = arch.model(ref.dtype, attention)
+        ref_model, _ = architecture.packed(ckpt, step, arch.model(ref.dtype, attention))
     check_context(ref_model, mesh, "the reference model")
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import packed
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.attention import attend
 from ppl_jax.models.layers.context import per_token
@@ -187,9 +188,9 @@ class LayerNormDecoder(nnx.Module):
         Returns:
           `[batch, seq, embed_dim]` in the parameter dtype, after the final LayerNorm.
         """
-        x = jnp.take(self.embedding[...], tokens, axis=0)
+        x = packed.take(self.embedding, tokens)
         if self.cfg.learned_positions:
-            x = x + jnp.take(self.position_embedding[...], positions, axis=0)
+            x = x + packed.take(self.position_embedding, positions)
         x = run_layers(self.layers, x, positions, segment_ids)
         return layer_norm(x, self.final_norm[...], self.final_norm_bias[...], self.cfg.norm_eps)
 

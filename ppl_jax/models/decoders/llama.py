@@ -44,6 +44,7 @@ from ppl_jax.models.decoders.llama_config import (  # noqa: F401  (the families 
     sorted_items,
 )
 from ppl_jax.models.decoders.stack import run_layers
+from ppl_jax.models.layers import packed
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.attention import attend, query_chunk
 from ppl_jax.models.layers.context import per_token
@@ -315,7 +316,7 @@ class Llama(nnx.Module):
         Returns:
           `[batch, seq, embed_dim]` in the parameter dtype, after the final RMSNorm.
         """
-        x = jnp.take(self.embedding[...], tokens, axis=0)
+        x = packed.take(self.embedding, tokens)
         if self.cfg.embed_scale:  # sqrt(embed_dim) rounded to the weight dtype first (Gemma)
             x = x * jnp.asarray(math.sqrt(self.cfg.embed_dim), x.dtype)
         x = run_layers(self.layers, x, positions, segment_ids)

@@ -15,7 +15,8 @@ only thing carried from one layer to the next (MaxText scans a repeating block o
 `inhomogeneous_layer_cycle_interval` layers the same way).
 
 Inside the body, repeat `j` takes its layers' weights with a `jax.lax.switch` over the stored
-per-layer weights, which XLA runs as a conditional whose branch `j` returns layer `j`'s weights:
+per-layer weights, which XLA runs as a conditional whose branch `j` returns layer `j`'s weights
+(a quantized weight kept packed, `ppl_jax.models.layers.packed`, dequantized in its branch):
 one layer's weights are copied per step of the scan (as the dynamic slice of a stacked array
 would be), never the whole stack, so no stacked copy of the model exists anywhere and the stored
 params keep their per-layer names.
@@ -30,6 +31,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from ppl_jax.models.layers import packed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,20 @@ def segments(kinds: Sequence[Any], max_period: int = 8) -> list[Segment]:
     return out
 
 
+def _floats(state: Any, make: Any = None) -> Any:
+    """`state` with each packed quantized weight (`packed.Packed`) as `make(weight)`: its float
+    weight (dequantized) by default."""
+    make = make or (lambda w: w.value())
+    return jax.tree.map(
+        lambda x: make(x) if packed.is_packed(x) else x, state, is_leaf=packed.is_packed
+    )
+
+
 def _kind(graphdef: nnx.GraphDef, state: nnx.State) -> tuple[Any, ...]:
+    """What decides the function a layer computes: its graph and its weights' float shapes and
+    dtypes (a packed weight counts as its float weight: layers of other block types compute the
+    same function once dequantized)."""
+    state = _floats(state, lambda w: jax.ShapeDtypeStruct(w.shape, w.dtype))
     shapes = tuple((x.shape, jnp.dtype(x.dtype).name) for x in jax.tree.leaves(state))
     return graphdef, jax.tree.structure(state), shapes
 
@@ -114,7 +130,10 @@ def run_layers(layers: Sequence[nnx.Module], x: jax.Array, *args: Any) -> jax.Ar
             tuple(split[seg.start + j * seg.period + m][1] for j in range(seg.repeats))
             for m in range(seg.period)
         )
-        branches = [lambda w, j=j: w[j] for j in range(seg.repeats)]
+        # Branch j returns layer j's float weights: a packed weight is dequantized inside its
+        # own branch, so the layers of a segment may store other block types (llama.cpp's
+        # Q4_K_M mixes Q4_K and Q6_K) and one layer's float weights exist at a time.
+        branches = [lambda w, j=j: _floats(w[j]) for j in range(seg.repeats)]
 
         def body(x, j, graphdefs=graphdefs, weights=weights, branches=branches):
             for graphdef, stored in zip(graphdefs, weights, strict=True):

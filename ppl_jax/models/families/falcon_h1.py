@@ -28,8 +28,8 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
 from ppl_jax.models.family import Family, Layer
+from ppl_jax.models.layers import packed, ssd
 from ppl_jax.models.layers import rope as rope_lib
-from ppl_jax.models.layers import ssd
 from ppl_jax.models.layers.core import normal_param, ones_param
 
 
@@ -212,7 +212,7 @@ class FalconH1(nnx.Module):
             )
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
-        x = _scaled(jnp.take(self.embedding[...], tokens, axis=0), self.cfg.embedding_scale)
+        x = _scaled(packed.take(self.embedding, tokens), self.cfg.embedding_scale)
         x = run_layers(self.layers, x, positions, segment_ids)
         return hybrid.norm_then_cast(x, self.final_norm[...], self.cfg.norm_eps)
 

@@ -22,7 +22,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid
 from ppl_jax.models.decoders.stack import run_layers
 from ppl_jax.models.family import Family, Layer
-from ppl_jax.models.layers import ssd
+from ppl_jax.models.layers import packed, ssd
 from ppl_jax.models.layers.core import normal_param, ones_param
 
 NO_POSITION_LIMIT = 1 << 20  # the recurrent families' max_positions: no limit of the model's own
@@ -128,7 +128,7 @@ class Mamba2(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
         del positions
-        x = jnp.take(self.embedding[...], tokens, axis=0)
+        x = packed.take(self.embedding, tokens)
         if self.cfg.residual_in_fp32:
             x = x.astype(jnp.float32)
         x = run_layers(self.layers, x, segment_ids)

@@ -32,7 +32,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
 from ppl_jax.models.family import Family, Layer
-from ppl_jax.models.layers import ssd
+from ppl_jax.models.layers import packed, ssd
 from ppl_jax.models.layers.core import normal_param, ones_param, rms_norm, zeros_param
 from ppl_jax.models.layers.moe.experts import ReluSquared, per_token_shard, weighted_sum
 
@@ -310,7 +310,7 @@ class NemotronH(nnx.Module):
             )
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
-        x = jnp.take(self.embedding[...], tokens, axis=0)
+        x = packed.take(self.embedding, tokens)
         x = run_layers(self.layers, x, positions, segment_ids)
         return rms_norm(x, self.final_norm[...], self.cfg.norm_eps)
 

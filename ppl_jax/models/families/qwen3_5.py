@@ -30,7 +30,7 @@ from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import hybrid, llama_hf
 from ppl_jax.models.decoders.stack import run_layers
 from ppl_jax.models.family import Family, Layer
-from ppl_jax.models.layers import gated_delta
+from ppl_jax.models.layers import gated_delta, packed
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.core import normal_param, rms_norm
 from ppl_jax.models.layers.moe import dropless
@@ -218,7 +218,7 @@ class Qwen35(nnx.Module):
             )
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array):
-        x = jnp.take(self.embedding[...], tokens, axis=0)
+        x = packed.take(self.embedding, tokens)
         x = run_layers(self.layers, x, positions, segment_ids)
         return rms_norm(x, self.final_norm[...], self.cfg.norm_eps, 1.0)
 

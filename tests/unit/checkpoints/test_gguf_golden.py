@@ -101,13 +101,16 @@ def test_stored_tensors_dequantize_as_the_gguf_package_does(name):
 
 
 @functools.cache
-def scored(name: str, dtype=jnp.float32) -> np.ndarray:
-    """ppl_jax's NLL of each next token of the golden window, `[seq - 1] float64`."""
+def scored(name: str, dtype=jnp.float32, dequantize: str = "host") -> np.ndarray:
+    """ppl_jax's NLL of each next token of the golden window, `[seq - 1] float64`, its quantized
+    weights dequantized on the host or kept packed on the device (`checkpoint.dequantize`)."""
     g = golden(name)
     ckpt = open_checkpoint(path(name))
     model = architecture.resolve(ckpt).model(
         dtype="float32" if dtype == jnp.float32 else "bfloat16"
     )
+    model, found = architecture.packed(ckpt, None, model, dequantize)
+    assert bool(found.device) == (dequantize != "host")
     target, _ = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh_lib.make_mesh(-1, 1), DEFAULT_RULES
     )
@@ -115,7 +118,8 @@ def scored(name: str, dtype=jnp.float32) -> np.ndarray:
     ids = jnp.asarray(np.asarray(g["ids"][: g["seq"]], np.int32)[None])
     positions = jnp.arange(ids.shape[1])[None]
     nll = token_nll(
-        model.apply(params, ids[:, :-1], positions[:, :-1], jnp.ones_like(ids[:, :-1])), ids[:, 1:]
+        jax.jit(model.apply)(params, ids[:, :-1], positions[:, :-1], jnp.ones_like(ids[:, :-1])),
+        ids[:, 1:],
     )
     return np.asarray(nll, np.float64)[0]
 
@@ -137,3 +141,12 @@ def test_log_probs_match_transformers_on_the_same_file(name):
 def test_bfloat16_within_1e3_of_float32():
     f32, bf16 = scored("llama_kquants"), scored("llama_kquants", jnp.bfloat16)
     assert abs(bf16.sum() - f32.sum()) / f32.sum() < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("name", [_tier(n) for n in CASES])
+def test_the_packed_weights_score_as_the_host_dequantized_ones(name, dtype):
+    """Every quantized weight the device can dequantize kept packed (`checkpoint.dequantize`
+    `auto`): each token's NLL is the host path's (within 1e-6 relative; equal on CPU)."""
+    host, device = scored(name, dtype), scored(name, dtype, "auto")
+    np.testing.assert_allclose(device, host, rtol=1e-6, atol=0)

@@ -1,0 +1,185 @@
+"""A GGUF model's quantized weights kept packed on the device (`checkpoint.dequantize`): the
+blocks placed as stored, sharded as the float weights, dequantized inside the layers, equal bit
+for bit to the host's dequantization (`ppl_jax.models.layers.packed`,
+`ppl_jax.checkpoints.architecture.packed`)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppl_jax import testing
+from ppl_jax.checkpoints import architecture, open_checkpoint
+from ppl_jax.checkpoints.mapping import operations
+from ppl_jax.checkpoints.mapping.language import Source
+from ppl_jax.config.defaults import DEFAULT_RULES, get_config
+from ppl_jax.config.settings import from_config
+from ppl_jax.errors import CheckpointError
+from ppl_jax.evaluation.run import evaluate
+from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.models.interface import weight_paths
+from ppl_jax.models.layers import packed
+from ppl_jax.runtime import mesh as mesh_lib
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("packed") / "model.gguf")
+    testing.write_gguf_llama(path, layers=2)
+    return path
+
+
+def _restored(path, mesh, setting, dtype="float32"):
+    ckpt = open_checkpoint(path, dequantize=setting)
+    model = architecture.resolve(ckpt).model(dtype, "xla")
+    model, dequantization = architecture.packed(ckpt, None, model, setting)
+    target, _ = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
+    return model, ckpt.restore(None, target), dequantization
+
+
+def _bits(x) -> np.ndarray:
+    x = np.asarray(x[...] if packed.is_packed(x) else x)
+    return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (1, 8)])
+def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(gguf_path, shape):
+    mesh = mesh_lib.make_mesh(*shape)
+    _, host, none = _restored(gguf_path, mesh, "host")
+    model, device, found = _restored(gguf_path, mesh, "auto")
+    assert not none.device and found.device and set(found.device.values()) <= {
+        "Q8_0", "Q4_K"
+    }  # fmt: skip
+    flat_host, flat_device = weight_paths(host), weight_paths(device)
+    assert flat_host.keys() == flat_device.keys()
+    for name, weight in flat_device.items():
+        if name in found.device:
+            assert packed.is_packed(weight) and weight.data.dtype == jnp.uint8, name
+            # Sharded as the float weight is, the bytes axis whole.
+            want = flat_host[name].sharding.spec
+            got = weight.data.sharding.spec
+            assert tuple(got)[: len(want)] == tuple(want) or weight.data.ndim == 0, name
+        np.testing.assert_array_equal(_bits(weight), _bits(flat_host[name]), err_msg=name)
+    # The packed params hold the file's bytes of those weights, not their float copies.
+    assert packed.packed_bytes(model.abstract_params) == found.packed_bytes
+    on_device = sum(int(np.prod(flat_host[n].shape)) * 4 for n in found.device)  # float32 copies
+    assert found.packed_bytes < on_device / 3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_packed_model_scores_as_the_dequantized_one(gguf_path, dtype):
+    mesh = mesh_lib.make_mesh(8, 1)
+    host_model, host, _ = _restored(gguf_path, mesh, "host", dtype)
+    model, device, found = _restored(gguf_path, mesh, "auto", dtype)
+    assert found.device
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 8192, (2, 32)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (2, 32))
+    segments = jnp.ones((2, 32), jnp.int32)
+    want = jax.jit(host_model.apply)(host, tokens, positions, segments)
+    got = jax.jit(model.apply)(device, tokens, positions, segments)
+    np.testing.assert_array_equal(_bits(got.hidden), _bits(want.hidden))
+    np.testing.assert_array_equal(_bits(got.unembedding), _bits(want.unembedding))
+
+
+def test_the_layers_scan_over_packed_weights_one_layer_at_a_time(gguf_path):
+    """Two identical layers run as one scan whose step switches over the stored layers' blocks:
+    the compiled step's temporaries hold about one layer's float weights, not the model's."""
+    mesh = mesh_lib.make_mesh(8, 1)
+    model, device, found = _restored(gguf_path, mesh, "auto")
+    tokens = jnp.zeros((1, 16), jnp.int32)
+    seg = jnp.ones((1, 16), jnp.int32)
+    compiled = jax.jit(model.apply).lower(device, tokens, tokens, seg).compile()
+    stats = compiled.memory_analysis()
+    flat = weight_paths(device)
+    layer_floats = sum(
+        int(np.prod(w.shape)) * 4 for n, w in flat.items() if n.startswith("layers/0/")
+    )
+    args = stats.argument_size_in_bytes
+    assert args < sum(int(np.prod(w.shape)) * 4 for w in flat.values()) / 3
+    # One layer's float weights, the embedding rows taken and the float32 head at most.
+    head = 8192 * 512 * 4
+    assert stats.temp_size_in_bytes < 1.5 * layer_floats + 2 * head
+
+
+def test_a_setting_other_than_auto_device_or_host_is_refused(gguf_path):
+    ckpt = open_checkpoint(gguf_path)
+    model = architecture.resolve(ckpt).model()
+    with pytest.raises(CheckpointError, match="checkpoint.dequantize='gpu' is not one of"):
+        architecture.packed(ckpt, None, model, "gpu")
+
+
+def test_device_refuses_a_checkpoint_of_which_nothing_can_be_packed(gguf_path, monkeypatch):
+    ckpt = open_checkpoint(gguf_path)
+    model = architecture.resolve(ckpt).model()
+    monkeypatch.setattr(type(ckpt), "device_layouts", lambda self, step, flat: ({}, {"w": "IQ2"}))
+    with pytest.raises(CheckpointError, match="set checkpoint.dequantize=host"):
+        architecture.packed(ckpt, None, model, "device")
+    same, dequantization = architecture.packed(ckpt, None, model, "auto")
+    assert same is model and dequantization.note().startswith("1 quantized weight(s)")
+
+
+def _steps(plan):
+    return [(s.kind, s.before, s.after) for s in plan.steps]
+
+
+@pytest.mark.parametrize(
+    "rule, stored, moved",
+    [
+        ({"transpose": [1, 0], "reshape": [64, 2, 32]}, (64, 64), 0),  # q: [d, heads, head_dim]
+        ({"transpose": [1, 0], "reshape": [2, 32, 64]}, (64, 64), 1),  # o: [heads, head_dim, d]
+        ({"transpose": [1, 0], "rope": {"axis": 1}}, (64, 64), 0),  # q/k rows unpermuted
+        ({"split": {"axis": 0}, "to": ["a", "b"]}, (64, 64), 1),  # a fused projection's rows
+        ({"transpose": [1, 0], "reshape": [2, 8, 4, 64]}, (64, 64), None),  # splits a block
+        ({"rope": {"axis": 1}}, (64, 64), None),  # reorders values inside blocks
+    ],
+)
+def test_a_block_plan_moves_whole_blocks_as_the_float_plan_moves_values(rule, stored, moved):
+    rule = {"from": "w", **rule}
+    src = Source("w", None, 0 if "split" in rule else None, rule, 1.0)
+    plan = operations.plan(src, stored, (), {})
+    got = operations.block_plan(plan, 32)
+    if moved is None:
+        assert got is None
+        return
+    block_plan, axis = got
+    assert axis == moved
+    values = np.arange(np.prod(stored), dtype=np.float64).reshape(stored)
+    want = plan.apply(values, (0,) * len(stored), tuple(range(n) for n in plan.shape))
+    blocks = values.reshape(*stored[:-1], stored[-1] // 32, 32)  # a block: 32 values
+    rows = np.empty(blocks.shape[:-1], dtype=object)
+    for index in np.ndindex(rows.shape):
+        rows[index] = blocks[index]
+    moved_blocks = block_plan.apply(
+        rows, (0,) * rows.ndim, tuple(range(n) for n in block_plan.shape)
+    )
+    expanded = np.stack([np.stack(list(r)) for r in moved_blocks.reshape(-1)]).reshape(
+        *moved_blocks.shape, 32
+    )
+    np.testing.assert_array_equal(np.moveaxis(expanded, -1, axis + 1).reshape(want.shape), want)
+
+
+def test_a_run_records_the_packed_weights_and_fingerprints_them(gguf_path, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a small corpus of bytes to score, twice over. " * 8)
+    results = {}
+    for setting in ("host", "auto"):
+        c = get_config()
+        c.checkpoint.dir, c.checkpoint.dequantize = gguf_path, setting
+        c.data.path, c.data.tokenizer, c.data.allow_tokenizer_mismatch = str(corpus), "byte", True
+        c.eval.seq_len = 32
+        c.output.dir, c.output.progress = str(tmp_path / setting), False
+        spec = from_config(c)
+        with OutputDir.open(spec.output_dir) as out:
+            evaluate(spec, out=out)
+        results[setting] = json.loads((tmp_path / setting / "results.json").read_text())
+    host, auto = results["host"], results["auto"]
+    assert "packed_on_device" not in host["model"]
+    assert auto["model"]["packed_on_device"]["weights"] > 0
+    assert auto["nll_sum"] == host["nll_sum"]
+    assert auto["fingerprint"] != host["fingerprint"]
