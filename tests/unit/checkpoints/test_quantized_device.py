@@ -289,17 +289,17 @@ def fp8_codes(rng, *shape) -> np.ndarray:
     return (x + (x >= 0x7F)).view(ml_dtypes.float8_e4m3fn)
 
 
-@pytest.mark.parametrize(
-    ("strategy", "zero"),
-    [("block", None), ("channel", np.int8), ("group", np.int32), ("tensor", np.int8)],
-)
-@pytest.mark.parametrize("values", ["int8", "fp8"])
-def test_compressed_scaled_random_parts(strategy, zero, values):
+SCALED = [("int8", "block", np.int8), ("int8", "channel", None), ("int8", "group", np.int32),
+          ("int8", "tensor", np.int8), ("fp8", "block", None), ("fp8", "channel", None),
+          ("fp8", "group", None), ("fp8", "tensor", None)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("values", "strategy", "zero"), SCALED)
+def test_compressed_scaled_random_parts(values, strategy, zero):
     # int8 or float8 values, scales per 16x16 block cut by both edges (40 x 44), channel,
-    # group or tensor; int8 ones with zero points (int8 and int32), float8 ones without.
+    # group or tensor; int8 ones with zero points (int8 and int32) or not, float8 ones without.
     rng = np.random.default_rng(5)
     out, width = 40, 44
-    zero = None if values == "fp8" else zero
     shape = {"block": (3, 3), "channel": (out, 1), "group": (out, 3), "tensor": ()}[strategy]
     v = fp8_codes(rng, out, width) if values == "fp8" else (
         rng.integers(-128, 128, (out, width)).astype(np.int8))  # fmt: skip
