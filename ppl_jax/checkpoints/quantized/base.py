@@ -5,8 +5,8 @@ the `Method` each method's module implements (`ppl_jax.checkpoints.quantized.MET
 A method owns its parsing (`Method.parse`, which refuses what its layouts do not have), the
 names and shapes of its parts (`Method.parts`), its dequantization of a block on the host
 (`Method.read`), and its dequantization on the device from the parts kept packed there
-(`Method.device_parts`, `Method.out_axes`, `Method.dequantize_on_device`). The record results.json keeps of a scheme is `Scheme.record`
-(docs/outputs.md).
+(`Method.device_parts`, `Method.out_axes`, `Method.dequantize_on_device`). The record
+results.json keeps of a scheme is `Scheme.record` (docs/outputs.md).
 """
 
 from __future__ import annotations
