@@ -33,7 +33,6 @@ from ppl_jax.checkpoints.quantized.packing import (
     pack,
     read_whole,
     slabs,
-    unpack,
 )
 from ppl_jax.errors import quoted
 
@@ -46,9 +45,11 @@ AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
 def awq_codes(words: np.ndarray) -> np.ndarray:
     """AWQ's 4-bit codes of `words [rows, n]` in their true order, `[rows, 8 n]` (autoawq
     `unpack_awq` then `reverse_awq_order`)."""
-    codes = unpack(words, 4, axis=1)
-    order = (np.arange(codes.shape[1]) // 8) * 8 + np.tile(AWQ_REVERSE, codes.shape[1] // 8)
-    return codes[:, order]
+    w = np.asarray(words).view(np.uint32)
+    codes = np.empty(w.shape + (8,), np.uint8)
+    for j, k in enumerate(AWQ_REVERSE):  # code j from stored position k: bits 4k to 4k + 3
+        np.bitwise_and(w >> np.uint32(4 * k), 15, out=codes[..., j], casting="unsafe")
+    return codes.reshape(w.shape[:-1] + (-1,))
 
 
 class AWQ(Method):

@@ -214,14 +214,15 @@ def pack(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
     `axis` packed in uint32 words, `ceil(n * bits / 32)` on that axis (the last word's unused
     high bits zero)."""
     per = 32 // bits
-    c = np.moveaxis(np.asarray(codes, np.uint32), axis, -1)
-    n = c.shape[-1]
-    c = np.concatenate([c, np.zeros(c.shape[:-1] + (-n % per,), np.uint32)], -1)
-    c = c.reshape(c.shape[:-1] + (-1, per))
-    words = np.zeros(c.shape[:-1], np.uint32)
-    for k in range(per):
-        words |= c[..., k] << np.uint32(bits * k)
-    return np.moveaxis(words, -1, axis)
+    c = np.moveaxis(np.asarray(codes, np.uint8), axis, 0)
+    n = c.shape[0]
+    if n % per:
+        c = np.concatenate([c, np.zeros((-n % per,) + c.shape[1:], np.uint8)])
+    c = c.reshape((-1, per) + c.shape[1:])
+    words = c[:, 0].astype(np.uint32)
+    for k in range(1, per):
+        words |= c[:, k].astype(np.uint32) << np.uint32(bits * k)
+    return np.moveaxis(words, 0, axis)
 
 
 def read_whole(storage: Storage, t: Quantized, shapes: dict[str, tuple[int, ...]]):
