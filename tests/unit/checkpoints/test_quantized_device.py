@@ -27,7 +27,7 @@ import pytest
 from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import storage
-from ppl_jax.checkpoints.quantized import methods, mxfp4
+from ppl_jax.checkpoints.quantized import methods, mxfp4, packing
 from ppl_jax.checkpoints.quantized import parts as quantized_parts
 from ppl_jax.checkpoints.readers import huggingface
 
@@ -358,3 +358,16 @@ def test_ldexp_bits_is_numpys_ldexp_on_every_exponent():
     with np.errstate(over="ignore"):
         want = np.ldexp(x, exp)
     np.testing.assert_array_equal(np.asarray(got), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_is_unpacks_inverse(bits):
+    # packing.pack (AWQ's repack for the device) along either axis, a last word part used.
+    rng = np.random.default_rng(bits)
+    for axis in (0, 1):
+        codes = rng.integers(0, 1 << bits, (37, 5) if axis == 0 else (5, 37)).astype(np.uint8)
+        words = packing.pack(codes, bits, axis)
+        assert words.dtype == np.uint32 and words.shape[axis] == -(-37 * bits // 32)
+        back = packing.unpack(words, bits, axis)
+        np.testing.assert_array_equal(np.take(back, np.arange(37), axis=axis), codes)
+        np.testing.assert_array_equal(np.take(back, np.arange(37, back.shape[axis]), axis=axis), 0)
