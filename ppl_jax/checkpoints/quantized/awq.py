@@ -1,12 +1,17 @@
 """AWQ (`quant_method` `awq`), autoawq's GEMM layout (`version` `gemm`), 4 bits:
 `<m>.qweight [in, out / 8]` and `<m>.qzeros [groups, out / 8]` in AWQ's order, `<m>.scales
 [groups, out]` -> `<m>.weight [out, in]`.
+
+On the device (`AWQ.device_parts`) the codes are repacked along the input axis, GPTQ's layout:
+`qweight [ceil(in / 8), out]`, `qzeros [groups, out]` uint8, `scales [groups, out]`; the output
+axis of each is its last.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 
 from ppl_jax.checkpoints.mapping.storage import Storage
@@ -21,7 +26,14 @@ from ppl_jax.checkpoints.quantized.base import (
     group_size,
     whole,
 )
-from ppl_jax.checkpoints.quantized.packing import grouped, in_range, slabs, unpack
+from ppl_jax.checkpoints.quantized.packing import (
+    grouped,
+    grouped_on_device,
+    in_range,
+    pack,
+    read_whole,
+    slabs,
+)
 from ppl_jax.errors import quoted
 
 # AWQ's order of 8 codes in a word: stored position k holds code [0, 2, 4, 6, 1, 3, 5, 7][k]
@@ -33,9 +45,11 @@ AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)
 def awq_codes(words: np.ndarray) -> np.ndarray:
     """AWQ's 4-bit codes of `words [rows, n]` in their true order, `[rows, 8 n]` (autoawq
     `unpack_awq` then `reverse_awq_order`)."""
-    codes = unpack(words, 4, axis=1)
-    order = (np.arange(codes.shape[1]) // 8) * 8 + np.tile(AWQ_REVERSE, codes.shape[1] // 8)
-    return codes[:, order]
+    w = np.asarray(words).view(np.uint32)
+    codes = np.empty(w.shape + (8,), np.uint8)
+    for j, k in enumerate(AWQ_REVERSE):  # code j from stored position k: bits 4k to 4k + 3
+        np.bitwise_and(w >> np.uint32(4 * k), 15, out=codes[..., j], casting="unsafe")
+    return codes.reshape(w.shape[:-1] + (-1,))
 
 
 class AWQ(Method):
@@ -100,6 +114,26 @@ class AWQ(Method):
             codes = awq_codes(words[a:b])[:, at_rows]
             out[a:b] = grouped(codes, zeros, scales, g[a:b] - g0)
         return out.T
+
+    def device_parts(self, t: Quantized, storage: Storage) -> dict[str, np.ndarray]:
+        """`qweight [ceil(in / 8), out]` uint32: the codes in their true order repacked along
+        the input axis (GPTQ's layout, `packing.pack`), so that the output axis is a plain one;
+        `qzeros [groups, out]` uint8 in their true order; `scales [groups, out]` as stored."""
+        out, width = t.shape
+        words = math.ceil(out / 8)
+        got = read_whole(storage, t, {"qweight": (width, words), "qzeros": (t.groups, words),
+                                      "scales": (t.groups, out)})  # fmt: skip
+        got["qweight"] = pack(awq_codes(got["qweight"])[:, :out], 4, 0)
+        got["qzeros"] = np.ascontiguousarray(awq_codes(got["qzeros"])[:, :out])
+        return got
+
+    def out_axes(self, t: Quantized) -> dict[str, int]:
+        return {"qweight": 1, "qzeros": 1, "scales": 1}
+
+    def dequantize_on_device(self, t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+        """`(codes - zeros[g]) * scales[g]`, `g` = input row // group size, as `read`
+        (`packing.grouped_on_device`)."""
+        return grouped_on_device(t, parts)
 
 
 METHOD = AWQ()

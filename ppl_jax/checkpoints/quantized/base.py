@@ -3,8 +3,10 @@
 the `Method` each method's module implements (`ppl_jax.checkpoints.quantized.METHODS`).
 
 A method owns its parsing (`Method.parse`, which refuses what its layouts do not have), the
-names and shapes of its parts (`Method.parts`) and its dequantization of a block on the host
-(`Method.read`). The record results.json keeps of a scheme is `Scheme.record` (docs/outputs.md).
+names and shapes of its parts (`Method.parts`), its dequantization of a block on the host
+(`Method.read`), and its dequantization on the device from the parts kept packed there
+(`Method.device_parts`, `Method.out_axes`, `Method.dequantize_on_device`). The record
+results.json keeps of a scheme is `Scheme.record` (docs/outputs.md).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import jax
 import numpy as np
 
 from ppl_jax.checkpoints.mapping.storage import Storage
@@ -286,12 +289,36 @@ class Method:
         """
         raise NotImplementedError
 
-    def dequantize_on_device(self, t: Quantized, parts: dict[str, Any]) -> Any:
-        """The weight `t` (or a device's block of it) dequantized on the device from its parts'
-        arrays there (`parts`: role -> jax.Array), so that the packed weights, not their float
-        copies, are what a device holds: not yet (issue 37).
+    def device_parts(self, t: Quantized, storage: Storage) -> dict[str, np.ndarray]:
+        """The parts of `t` that a device keeps, role -> array, each read whole from `storage`
+        (`storage.read(name, full index)`) and laid out once on the host so that the output
+        axis of each (`out_axes`) is a plain axis: a block of output rows is a slice of it and
+        a permutation of them a gather. Each method's module says its layout (packed words
+        along the output axis unpacked or repacked along the input axis; block scales
+        repeated to one row per output row); `g_idx`, where there is one, is checked against
+        the scales and given as int32. `dequantize_on_device` takes these arrays.
 
         Raises:
-          NotImplementedError: for every method today; each is dequantized on the host (`read`).
+          CheckpointError: a part naming what its weight does not hold (`g_idx`); as
+            `storage.read`.
         """
-        raise NotImplementedError(f"{self.name}: no device dequantization yet")
+        raise NotImplementedError(f"{self.name}: no device dequantization")
+
+    def out_axes(self, t: Quantized) -> dict[str, int]:
+        """The output axis of each part `device_parts` gives, role -> axis (non-negative); a
+        role it does not name (`g_idx`, a scale per tensor) has none and goes whole to every
+        block of output rows."""
+        raise NotImplementedError(f"{self.name}: no device dequantization")
+
+    def dequantize_on_device(self, t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+        """The weight `t` dequantized on the device, in Hugging Face's layout `t.shape` and in
+        `t.dtype`, bit for bit the host's `read(t, storage, full index)` (but for subnormals
+        on CPU: `packing`'s module docstring); pure and jit-able (`t` is static).
+
+        Args:
+          t: the weight, as its method's `parts` found it.
+          parts: role -> the array `device_parts` gave, or a block of it: sliced or permuted
+            along the output axes `out_axes` names, all parts alike, for a block of the
+            weight's output rows (the result is then that block; the input axis is whole).
+        """
+        raise NotImplementedError(f"{self.name}: no device dequantization")

@@ -4,12 +4,19 @@ integers in int32 words: `<m>.weight_packed`, `<m>.weight_scale`, `<m>.weight_ze
 (`<m>.weight` int8), `float-quantized` (`<m>.weight` float8_e4m3fn), each with `<m>.weight_scale`
 (and `<m>.weight_zero_point`) per tensor, channel, group or block; several config groups, each
 module's by its `targets`.
+
+On the device (`Compressed.device_parts`): `pack-quantized` keeps its words (packed along the
+input axis), scales and `g_idx` as stored and its zero points unpacked, int8 `[out, groups]`;
+the output axis of each is its first. The int8 and float8 values keep theirs
+(`packing.scaled_parts`).
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import re2
 
@@ -32,11 +39,18 @@ from ppl_jax.checkpoints.quantized.packing import (
     compact,
     expand,
     in_range,
+    product_on_device,
     read_scaled,
+    read_whole,
+    repeat_on_device,
     scaled,
+    scaled_on_device,
+    scaled_out_axes,
+    scaled_parts,
     slabs,
     spread,
     unpack,
+    unpack_on_device,
     words_for,
     zero_words,
 )
@@ -103,6 +117,54 @@ class Compressed(Method):
         if t.kind == "packed":
             return _packed_block(t, storage, index)
         return read_scaled(t, storage, index)
+
+    def device_parts(self, t: Quantized, storage: Storage) -> dict[str, np.ndarray]:
+        """`pack-quantized`: `packed [out, ceil(in * bits / 32)]` uint32 (the stored words),
+        `scale [out, groups]` as stored (`[]` per tensor), `zero [out, groups]` int8 (unpacked
+        and minus 2 ** (bits - 1) where packed; int32 where stored wider; `[]` per tensor),
+        `g_idx [in]` int32 (checked); else `packing.scaled_parts`."""
+        if t.kind != "packed":
+            return scaled_parts(t, storage)
+        (out, width), bits = t.shape, t.bits
+        cols = t.groups if "g_idx" in t.parts else math.ceil(width / t.block[1])
+        scale = (1,) * t.scalar if t.scalar >= 0 else (out, cols)
+        zero = (math.ceil(out * bits / 32), cols) if t.packed_zero else scale
+        got = read_whole(storage, t, {"packed": (out, math.ceil(width * bits / 32)),
+                                      "scale": scale, "zero": zero})  # fmt: skip
+        got["packed"] = got["packed"].view(np.uint32)
+        if "zero" in got:
+            z = got["zero"]
+            if t.packed_zero:
+                z = (unpack(z, bits, 0)[:out].astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+            got["zero"] = z if z.dtype == np.int8 else z.astype(np.int32)
+        if t.scalar >= 0:
+            got.update({r: got[r].reshape(()) for r in ("scale", "zero") if r in got})
+        if "g_idx" in t.parts:
+            got["g_idx"] = column_groups(t, storage, range(width))[0].astype(np.int32)
+        return got
+
+    def out_axes(self, t: Quantized) -> dict[str, int]:
+        if t.kind != "packed":
+            return scaled_out_axes(t)
+        roles = ("packed",) if t.scalar >= 0 else ("packed", "scale", "zero")
+        return {r: 0 for r in roles if r in t.parts}
+
+    def dequantize_on_device(self, t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+        """`pack-quantized`: `(codes - 2 ** (bits - 1) - zero) * scale` per group (or by
+        `g_idx`), channel or tensor, as `read`; else `packing.scaled_on_device`."""
+        if t.kind != "packed":
+            return scaled_on_device(t, parts)
+        width = t.shape[1]
+        codes = unpack_on_device(parts["packed"], t.bits, width).astype(jnp.int32)
+        codes = codes - (1 << (t.bits - 1))
+        scale, zero = parts["scale"], parts.get("zero")
+        if "g_idx" in parts:
+            scale = jnp.take(scale, parts["g_idx"], axis=1)
+            zero = None if zero is None else jnp.take(zero, parts["g_idx"], axis=1)
+        elif scale.ndim:
+            scale = repeat_on_device(scale, 1, t.block[1], width)
+            zero = None if zero is None else repeat_on_device(zero, 1, t.block[1], width)
+        return product_on_device(codes, zero, scale, NP[t.dtype])
 
 
 def _ct_weights(group: dict, fmt: str, where: str) -> Weights:

@@ -1,12 +1,14 @@
 """Block FP8 (`quant_method` `fp8`, DeepSeek-V3): `<x>` stored as float8_e4m3fn with
 `<x>_scale_inv` float32 per block of `weight_block_size` (`[ceil(out / bm), ceil(in / bn)]`) or
-per tensor -> `<x>`, the product in float32.
+per tensor -> `<x>`, the product in float32. On the device (`FP8.device_parts`) the block
+scales are repeated to one row per output row, so that the output axis is a plain one.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 
 from ppl_jax.checkpoints.mapping.storage import Storage
@@ -20,7 +22,12 @@ from ppl_jax.checkpoints.quantized.base import (
     block_shape,
     fail,
 )
-from ppl_jax.checkpoints.quantized.packing import read_scaled
+from ppl_jax.checkpoints.quantized.packing import (
+    read_scaled,
+    scaled_on_device,
+    scaled_out_axes,
+    scaled_parts,
+)
 from ppl_jax.errors import quoted
 
 
@@ -68,6 +75,19 @@ class FP8(Method):
     def read(self, t: Quantized, storage: Storage, index: tuple[slice, ...]) -> np.ndarray:
         """`weight.float() * scale_inv`, by slabs of rows (`packing.read_scaled`)."""
         return read_scaled(t, storage, index)
+
+    def device_parts(self, t: Quantized, storage: Storage) -> dict[str, np.ndarray]:
+        """`values [..., out, in]` float8_e4m3fn as stored; `scale [..., out, ceil(in / bn)]`
+        float32, the block scales repeated to one row per output row, or `[]` per tensor
+        (`packing.scaled_parts`)."""
+        return scaled_parts(t, storage)
+
+    def out_axes(self, t: Quantized) -> dict[str, int]:
+        return scaled_out_axes(t)
+
+    def dequantize_on_device(self, t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+        """`weight.float() * scale_inv` in float32, as `read` (`packing.scaled_on_device`)."""
+        return scaled_on_device(t, parts)
 
 
 METHOD = FP8()

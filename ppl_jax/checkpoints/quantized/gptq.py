@@ -2,12 +2,16 @@
 [groups, out * bits / 32]`, `<m>.scales [groups, out]` and (act-order) `<m>.g_idx [in]` ->
 `<m>.weight [out, in]`; 2, 3, 4 or 8 bits, `checkpoint_format` `gptq` (zero points stored minus
 one) or `gptq_v2`, as transformers 5.24 names them.
+
+On the device (`GPTQ.device_parts`): `qweight` as stored, `qzeros` unpacked to uint8 `[groups,
+out]` (v2), `scales` as stored, `g_idx` int32; the output axis of each is its last.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
 import numpy as np
 
 from ppl_jax.checkpoints.mapping.storage import Storage
@@ -26,7 +30,9 @@ from ppl_jax.checkpoints.quantized.base import (
 from ppl_jax.checkpoints.quantized.packing import (
     column_groups,
     grouped,
+    grouped_on_device,
     in_range,
+    read_whole,
     slabs,
     unpack,
     words_for,
@@ -120,6 +126,30 @@ class GPTQ(Method):
                 at = slice(lo - cols.start, hi - cols.start)
                 out[at] = grouped(codes, zeros, scales, g[at] - g0)
         return out.T  # a view: the mapping's transpose back to [in, out] makes it contiguous
+
+    def device_parts(self, t: Quantized, storage: Storage) -> dict[str, np.ndarray]:
+        """`qweight [ceil(in * bits / 32), out]` uint32 (the stored words), `qzeros [groups,
+        out]` uint8 (unpacked, v1 made v2: `gptq_v1_zeros`), `scales [groups, out]` as stored,
+        `g_idx [in]` int32 (checked against the groups) where stored."""
+        (out, width), bits = t.shape, t.bits
+        shapes = {"qweight": (math.ceil(width * bits / 32), out),
+                  "qzeros": (t.groups, zero_words(t)), "scales": (t.groups, out)}  # fmt: skip
+        got = read_whole(storage, t, shapes)
+        qz = gptq_v1_zeros(got["qzeros"], bits) if t.v1 else got["qzeros"]
+        zeros = qz if (t.v1 and bits == 3) else unpack(qz, bits, 1)
+        got["qzeros"] = np.ascontiguousarray(zeros[:, :out], np.uint8)
+        got["qweight"] = got["qweight"].view(np.uint32)
+        if "g_idx" in t.parts:
+            got["g_idx"] = column_groups(t, storage, range(width))[0].astype(np.int32)
+        return got
+
+    def out_axes(self, t: Quantized) -> dict[str, int]:
+        return {"qweight": 1, "qzeros": 1, "scales": 1}
+
+    def dequantize_on_device(self, t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+        """`(codes - zeros[g]) * scales[g]`, `g` each input row's group (`g_idx`, or row //
+        group size), as `read` (`packing.grouped_on_device`)."""
+        return grouped_on_device(t, parts)
 
 
 def gptq_v1_zeros(qzeros: np.ndarray, bits: int) -> np.ndarray:

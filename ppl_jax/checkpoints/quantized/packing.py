@@ -1,6 +1,7 @@
 """What the methods share to dequantize a block on the host: the formulas (in NumPy, on the
 stored regions a block of the weight needs), how codes are packed in words, and the reading of
-those regions in slabs.
+those regions in slabs; and the same formulas on the device (`*_on_device`, pure jit-able JAX
+on the parts `Method.device_parts` reads whole), which give the host's weights bit for bit.
 
 Each formula gives the weight as its format's reference computes it: the exact product of the
 codes and their scale (exact in float32 for every layout here), rounded once to the dtype that
@@ -19,14 +20,25 @@ at bit `i * bits` of that run (for 2, 4 and 8 bits: `32 / bits` codes a word, th
 lowest bits; for 3 bits a code may straddle two words). That is GPTQ's packing (gptqmodel
 `PackableQuantLinear.pack_original`, AutoGPTQ before it) and compressed-tensors' `pack_to_int32`
 alike.
+
+On the device the formulas are the host's, operation for operation: the codes minus their zero
+points (exact integers), times the scale in float32 (one rounding, no fused multiply-add: no
+sum follows a product), rounded once to the reference's dtype. Exact bit for bit, with one
+exception that only subnormal numbers reach: XLA on CPU flushes float32 subnormals to zero (an
+input scale below 2**-126 in float32 or bfloat16, or a product below it), where NumPy keeps
+them; float16 scales and every product of an integer code and a float16 scale are normal in
+float32, so float16 checkpoints are exact everywhere.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax import lax
 
 from ppl_jax.checkpoints.mapping.storage import Storage
 from ppl_jax.checkpoints.quantized.base import Quantized
@@ -195,3 +207,125 @@ def read_scaled(t: Quantized, storage: Storage, index: tuple[slice, ...]) -> np.
         z = None if zero is None else spread(t, zero, part, cols)
         out[..., a:b, :] = scaled(values[..., a:b, :], spread(t, scale, part, cols), z, out.dtype)
     return out
+
+
+def pack(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """The inverse of `unpack` for 2, 4 and 8 bits: `codes` (uint8, each below 2 ** bits) along
+    `axis` packed in uint32 words, `ceil(n * bits / 32)` on that axis (the last word's unused
+    high bits zero)."""
+    per = 32 // bits
+    c = np.moveaxis(np.asarray(codes, np.uint8), axis, 0)
+    n = c.shape[0]
+    if n % per:
+        c = np.concatenate([c, np.zeros((-n % per,) + c.shape[1:], np.uint8)])
+    c = c.reshape((-1, per) + c.shape[1:])
+    words = c[:, 0].astype(np.uint32)
+    for k in range(1, per):
+        words |= c[:, k].astype(np.uint32) << np.uint32(bits * k)
+    return np.moveaxis(words, 0, axis)
+
+
+def read_whole(storage: Storage, t: Quantized, shapes: dict[str, tuple[int, ...]]):
+    """`{role: array}`: each part of `t` that `shapes` (role -> its stored shape) names, read
+    whole from `storage` in its stored dtype."""
+    return {
+        role: np.asarray(storage.read(t.parts[role], tuple(slice(0, n) for n in shape)))
+        for role, shape in shapes.items()
+        if role in t.parts
+    }
+
+
+def unpack_on_device(words: jax.Array, bits: int, n: int) -> jax.Array:
+    """`unpack` on the device, along the last axis: the first `n` codes of `words [..., w]`
+    (int32 or uint32; `n <= w * 32 // bits`), `[..., n]` uint8."""
+    w = words if words.dtype == jnp.uint32 else lax.bitcast_convert_type(words, jnp.uint32)
+    mask = (1 << bits) - 1
+    if 32 % bits == 0:  # whole codes in each word
+        codes = (w[..., None] >> jnp.arange(0, 32, bits, dtype=jnp.uint32)) & mask
+    else:  # runs of `bits` words hold 32 codes, some straddling two words
+        runs = -(-w.shape[-1] // bits)
+        w = jnp.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, runs * bits - w.shape[-1])])
+        w = w.reshape(w.shape[:-1] + (runs, bits))
+        each = []
+        for k in range(32):
+            word, shift = divmod(k * bits, 32)
+            code = w[..., word] >> shift
+            if shift + bits > 32:
+                code = code | (w[..., word + 1] << (32 - shift))
+            each.append(code & mask)
+        codes = jnp.stack(each, -1)
+    return codes.reshape(codes.shape[:-2] + (-1,))[..., :n].astype(jnp.uint8)
+
+
+def repeat_on_device(x: jax.Array, axis: int, size: int, n: int) -> jax.Array:
+    """`x` with each entry along `axis` repeated `size` times, the first `n` kept: a scale (or
+    zero point) per group or block of `size` weights spread to the `n` weights."""
+    if size > 1:
+        x = jnp.repeat(x, size, axis=axis)
+    return lax.slice_in_dim(x, 0, n, axis=axis % x.ndim)
+
+
+def product_on_device(codes: jax.Array, zeros, scale: jax.Array, dtype) -> jax.Array:
+    """`scaled` on the device: `(codes - zeros) * scale` in float32, rounded once to `dtype`
+    (`zeros` None for none); the arguments broadcast alike."""
+    x = codes.astype(jnp.float32)
+    if zeros is not None:
+        x = x - zeros.astype(jnp.float32)
+    return (x * scale.astype(jnp.float32)).astype(dtype)
+
+
+def grouped_on_device(t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+    """GPTQ's and AWQ's weight `[out, in]` in `t.dtype` (`grouped` on the device) from the
+    parts as `device_parts` gives them: `qweight [ceil(in * bits / 32), out]` packed along the
+    input axis, `qzeros [groups, out]` uint8 (the zero points, v2), `scales [groups, out]`, and
+    `g_idx [in]` int32 (each input row's group) or, without it, groups of `t.group` rows."""
+    width = t.shape[1]
+    codes = unpack_on_device(parts["qweight"].T, t.bits, width)  # [out, in]
+    zeros, scales = parts["qzeros"].T, parts["scales"].T  # [out, groups]
+    if "g_idx" in parts:
+        zeros = jnp.take(zeros, parts["g_idx"], axis=1)
+        scales = jnp.take(scales, parts["g_idx"], axis=1)
+    else:
+        zeros = repeat_on_device(zeros, 1, t.group, width)
+        scales = repeat_on_device(scales, 1, t.group, width)
+    return product_on_device(codes, zeros, scales, NP[t.dtype])
+
+
+def scaled_parts(t: Quantized, storage: Storage) -> dict[str, np.ndarray]:
+    """`Method.device_parts` of int8 or float8 values times scales (`read_scaled`): `values`
+    as stored `[..., out, in]`; `scale` (and `zero`) one row per output row, `[..., out,
+    ceil(in / block[1])]` (block scales repeated along the output axis), or `[]` per tensor;
+    zero points int8 (int32 when stored wider)."""
+    *lead, out, width = t.shape
+    bh, bw = t.block
+    entries = (
+        (1,) * t.scalar if t.scalar >= 0
+        else (*lead, -(-out // bh), -(-width // bw))
+    )  # fmt: skip
+    got = read_whole(storage, t, {"values": t.shape, "scale": entries, "zero": entries})
+    for role in ("scale", "zero"):
+        if role not in got:
+            continue
+        x = got[role]
+        if role == "zero" and x.dtype != np.int8:
+            x = x.astype(np.int32)
+        got[role] = x.reshape(()) if t.scalar >= 0 else np.repeat(x, bh, axis=-2)[..., :out, :]
+    return got
+
+
+def scaled_out_axes(t: Quantized) -> dict[str, int]:
+    """The output axis of each part `scaled_parts` gives (none for a scale per tensor)."""
+    axis = len(t.shape) - 2
+    roles = ("values",) if t.scalar >= 0 else ("values", "scale", "zero")
+    return {r: axis for r in roles if r == "values" or r in t.parts}
+
+
+def scaled_on_device(t: Quantized, parts: dict[str, jax.Array]) -> jax.Array:
+    """`read_scaled` on the device: `values [..., out, in]` times `scale` (minus `zero`), as
+    `scaled_parts` gives them, in `t.dtype`."""
+    values, width = parts["values"], t.shape[-1]
+    scale, zero = parts["scale"], parts.get("zero")
+    if scale.ndim:
+        scale = repeat_on_device(scale, -1, t.block[1], width)
+        zero = None if zero is None else repeat_on_device(zero, -1, t.block[1], width)
+    return product_on_device(values, zero, scale, NP[t.dtype])
