@@ -170,9 +170,8 @@ def param_shardings(
     def sharding(a, names):
         if _packed(a):
             shape = a.layout.packed_shape
-            return a.with_data(
-                NamedSharding(mesh, logical_to_spec((*names, None), shape, mesh, rules))
-            )
+            spec = logical_to_spec(a.layout.packed_names(tuple(names)), shape, mesh, rules)
+            return a.with_data(NamedSharding(mesh, spec))
         return NamedSharding(mesh, logical_to_spec(names, a.shape, mesh, rules))
 
     return jax.tree.map(

@@ -68,10 +68,11 @@ def packed_axis(
     shape: tuple[int, ...],
     names: dict[str, Any],
     block: int,
-) -> int | None:
-    """The axis of the model weight of `shape` that the blocks of `block` values of its stored
-    tensors run along, where `src`'s operations move whole blocks (`operations.block_plan`) and
-    change no value (no `scale`, `offset` or `plus_one`); else None (read it as floats)."""
+) -> tuple[int, int] | None:
+    """(the first axis of the model weight of `shape` that the blocks of `block` values of its
+    stored tensors run along, how many axes they span), where `src`'s operations move whole
+    blocks (`operations.block_plan`) and change no value (no `scale`, `offset` or
+    `plus_one`); else None (read it as floats)."""
     inner, stack = _inner(src, shape)
     axes = set()
     for piece in [src] if stack is None else src.parts:
@@ -83,11 +84,11 @@ def packed_axis(
         )
         if got is None:
             return None
-        axes.add(got[1])
+        axes.add(got[1:])
     if len(axes) != 1:
         return None
-    axis = axes.pop()
-    return axis if stack is None or axis < stack else axis + 1
+    axis, span = axes.pop()
+    return (axis if stack is None or axis < stack else axis + 1), span
 
 
 def read_packed_block(
@@ -111,7 +112,7 @@ def read_packed_block(
     out = []
     for piece, piece_block in pieces:
         plan = operations.plan(piece, stored[piece.stored][0], inner, names)
-        plan, _ = operations.block_plan(plan, values)
+        plan = operations.block_plan(plan, values)[0]
         region = plan.region(piece_block)
         x = read_blocks(piece.stored, tuple(slice(r.start, r.stop) for r in region))
         x = plan.apply(x, tuple(r.start for r in region), piece_block)

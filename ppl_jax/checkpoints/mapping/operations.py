@@ -304,25 +304,32 @@ def finish(x: np.ndarray, src: Any, dtype: Any) -> np.ndarray:
     return np.asarray(x).astype(dtype, copy=False)
 
 
-def block_plan(plan: ReadPlan, block: int) -> tuple[ReadPlan, int] | None:
+def block_plan(plan: ReadPlan, block: int) -> tuple[ReadPlan, int, int] | None:
     """`plan` for a stored tensor whose last axis is kept in blocks of `block` values (a
     quantized tensor's rows of blocks, each block one element), and the axis of the result that
     the blocks run along; None where an operation would cut a block (a `take`, `split` or `cut`
     of that axis off a block's bounds, a `reshape` that splits it into pieces smaller than a
-    block or merges it under another axis) or `rope` would reorder within it. The block plan's
-    result is `plan.shape` with that axis divided by `block`."""
+    block or merges it under another axis) or `rope` would reorder within it. A last `reshape`
+    that splits the blocks' axis into axes whose inner ones are narrower than a block (an output
+    projection's `[heads * head_dim]` into `[heads, head_dim]` with head_dim 128 and blocks of
+    256) leaves them merged: the blocks span `span` axes from `axis`.
+
+    Returns:
+      (the block plan, whose result is `plan.shape` with axes `axis .. axis + span - 1` merged
+      and divided by `block`; `axis`; `span`), or None.
+    """
 
     def div(shape: tuple[int, ...], axis: int) -> tuple[int, ...] | None:
         if shape[axis] % block:
             return None
         return (*shape[:axis], shape[axis] // block, *shape[axis + 1 :])
 
-    axis = len(plan.stored) - 1
+    axis, span = len(plan.stored) - 1, 1
     stored = div(plan.stored, axis)
     if stored is None:
         return None
     steps = []
-    for step in plan.steps:
+    for index, step in enumerate(plan.steps):
         k, a = step.kind, step.arg
         before, after = div(step.before, axis), None
         if k == "take":
@@ -354,12 +361,25 @@ def block_plan(plan: ReadPlan, block: int) -> tuple[ReadPlan, int] | None:
             if not news or axis != olds[-1]:
                 return None
             new_axis = news[-1]
+            count = 1
+            while math.prod(step.after[n] for n in news[-count:]) % block and count < len(news):
+                count += 1
+            if count > 1 and index == len(plan.steps) - 1:  # the blocks span `count` new axes
+                first = news[-count]
+                merged = math.prod(step.after[n] for n in news[-count:])
+                after = div((*step.after[:first], merged, *step.after[news[-1] + 1 :]), first)
+                if before is None or after is None:
+                    return None
+                steps.append(_Step("reshape", before, after, a))
+                axis, span = first, count
+                break
         after = div(step.after, new_axis)
         if before is None or after is None:
             return None
         steps.append(_Step(k, before, after, a))
         axis = new_axis
-    shape = div(plan.shape, axis)
-    if shape is None:
+    merged = math.prod(plan.shape[axis : axis + span])
+    if merged % block:
         return None
-    return ReadPlan(stored, shape, tuple(steps)), axis
+    shape = (*plan.shape[:axis], merged // block, *plan.shape[axis + span :])
+    return ReadPlan(stored, shape, tuple(steps)), axis, span

@@ -254,14 +254,14 @@ class GGUFCheckpoint(Checkpoint):
             else:
                 leaf = abstract[weight]
                 t = tensors[0]
-                axis = blocks.packed_axis(src, stored, tuple(leaf.shape), numbers, t.block)
-                if axis is None:
+                found = blocks.packed_axis(src, stored, tuple(leaf.shape), numbers, t.block)
+                if found is None:
                     host[weight] = "its mapping rule cuts or changes the blocks"
                 else:
                     dtype = np.dtype(leaf.dtype).name
                     layouts[weight] = Layout(
-                        ggml.dequantize, kind, axis, t.block, t.block_bytes, tuple(leaf.shape),
-                        dtype,
+                        ggml.dequantize, kind, found[0], t.block, t.block_bytes,
+                        tuple(leaf.shape), dtype, found[1],
                     )  # fmt: skip
         return layouts, host
 

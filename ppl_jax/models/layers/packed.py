@@ -40,7 +40,8 @@ class Layout:
       dequantize: `(blocks [..., block_bytes] uint8, kind) -> [..., block] float32`, the
         format's dequantization of each block.
       kind: the block type, as the format names it (`Q4_K`, `Q8_0`, `MXFP4`).
-      axis: the float weight's axis that the blocks run along.
+      axis: the float weight's axis that the blocks run along (the first of `span` axes, merged:
+        an output projection's `[heads, head_dim]` with blocks wider than a head).
       block: values per block; block_bytes: bytes per block.
       shape: the float weight's shape; dtype: its dtype name (`float32`, `bfloat16`).
     """
@@ -52,13 +53,20 @@ class Layout:
     block_bytes: int
     shape: tuple[int, ...]
     dtype: str
+    span: int = 1
 
     @property
     def packed_shape(self) -> tuple[int, ...]:
-        """The shape of `Packed.data`: `shape` with `axis` in blocks, then the block's bytes."""
-        shape = list(self.shape)
-        shape[self.axis] //= self.block
-        return (*shape, self.block_bytes)
+        """The shape of `Packed.data`: `shape` with axes `axis .. axis + span - 1` merged and
+        counted in blocks, then the block's bytes."""
+        a, b = self.axis, self.axis + self.span
+        merged = math.prod(self.shape[a:b]) // self.block
+        return (*self.shape[:a], merged, *self.shape[b:], self.block_bytes)
+
+    def packed_names(self, names: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The logical axis names of `Packed.data` from the float weight's `names`: the merged
+        axes take their first one's, the bytes axis none."""
+        return (*names[: self.axis + 1], *names[self.axis + self.span :], None)
 
     @property
     def nbytes(self) -> int:
@@ -130,14 +138,12 @@ class Packed:
         """
         lay = self.layout
         axis = axis % len(lay.shape)
-        if axis == lay.axis:
+        if lay.axis <= axis < lay.axis + lay.span:
             raise ValueError(f"a {lay.kind} weight's blocks run along axis {axis}: take rows")
-        data = jnp.take(self.data, indices, axis=axis)
+        data_axis = axis if axis < lay.axis else axis - lay.span + 1
+        data = jnp.take(self.data, indices, axis=data_axis)
         shape = (*lay.shape[:axis], *jnp.shape(indices), *lay.shape[axis + 1 :])
-        if axis < lay.axis:
-            out_axis = lay.axis + jnp.ndim(indices) - 1
-        else:
-            out_axis = lay.axis
+        out_axis = lay.axis + jnp.ndim(indices) - 1 if axis < lay.axis else lay.axis
         moved = dataclasses.replace(lay, axis=out_axis, shape=shape)
         return Packed(data, moved).value()
 

@@ -135,7 +135,9 @@ def _steps(plan):
         ({"transpose": [1, 0], "reshape": [2, 32, 64]}, (64, 64), 1),  # o: [heads, head_dim, d]
         ({"transpose": [1, 0], "rope": {"axis": 1}}, (64, 64), 0),  # q/k rows unpermuted
         ({"split": {"axis": 0}, "to": ["a", "b"]}, (64, 64), 1),  # a fused projection's rows
-        ({"transpose": [1, 0], "reshape": [2, 8, 4, 64]}, (64, 64), None),  # splits a block
+        ({"transpose": [1, 0], "reshape": [4, 16, 64]}, (64, 64), (0, 2)),  # o: heads of 16
+        ({"transpose": [1, 0], "reshape": [2, 8, 4, 64]}, (64, 64), (1, 2)),  # blocks of 8 x 4
+        ({"transpose": [1, 0], "reshape": [4, 16, 64], "rope": {"axis": 2}}, (64, 64), None),
         ({"rope": {"axis": 1}}, (64, 64), None),  # reorders values inside blocks
     ],
 )
@@ -147,8 +149,8 @@ def test_a_block_plan_moves_whole_blocks_as_the_float_plan_moves_values(rule, st
     if moved is None:
         assert got is None
         return
-    block_plan, axis = got
-    assert axis == moved
+    block_plan, axis, span = got
+    assert (axis, span) == (moved if isinstance(moved, tuple) else (moved, 1))
     values = np.arange(np.prod(stored), dtype=np.float64).reshape(stored)
     want = plan.apply(values, (0,) * len(stored), tuple(range(n) for n in plan.shape))
     blocks = values.reshape(*stored[:-1], stored[-1] // 32, 32)  # a block: 32 values
@@ -162,6 +164,8 @@ def test_a_block_plan_moves_whole_blocks_as_the_float_plan_moves_values(rule, st
         *moved_blocks.shape, 32
     )
     np.testing.assert_array_equal(np.moveaxis(expanded, -1, axis + 1).reshape(want.shape), want)
+    layout = packed.Layout(None, "T", axis, 32, 1, tuple(want.shape), "float64", span)
+    assert layout.packed_shape == (*block_plan.shape, 1)
 
 
 def test_a_run_records_the_packed_weights_and_fingerprints_them(gguf_path, tmp_path):

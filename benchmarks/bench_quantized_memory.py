@@ -1,0 +1,143 @@
+"""Compiled device memory of a GGUF Q4_K_M model kept packed on the device against its bfloat16
+copy, without a weight allocated (issue 37, item 3).
+
+    python -m benchmarks.bench_quantized_memory                 # 8B at 8 x 2,048; 70B at 1 x 8,192
+    python -m benchmarks.bench_quantized_memory --models=llama-8b --batch=8 --tokens=2048
+
+The Llama 3.1 8B and 70B shapes (`benchmarks.shapes`) are built in bfloat16; their quantized
+weights are laid out as llama.cpp's `Q4_K_M` lays them (`llama-quantize`'s
+`llama_tensor_get_type`): `output.weight` Q6_K; `attn_v` and `ffn_down` Q6_K on the layers
+`use_more_bits` picks (the first and last eighth, and every third between), else Q4_K; every other
+matrix Q4_K (the embedding included); the norms float. Each becomes a `Packed` weight of those
+blocks (`ppl_jax.models.layers.packed`), as `checkpoint.dequantize=auto` places a GGUF file's.
+The `Scorer`'s step is lowered from the abstract params and batch and compiled on the first
+device; XLA's memory analysis gives its arguments (params and batch) and temporaries. One JSON
+line per (model, weights) and `--out` with them all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from absl import app, flags
+
+from benchmarks.shapes import LLAMA_8B
+
+LLAMA_70B = dict(
+    LLAMA_8B,
+    embed_dim=8192,
+    num_layers=80,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+    mlp_dim=28672,
+)
+MODELS = {"llama-8b": (LLAMA_8B, 8, 2048), "llama-70b": (LLAMA_70B, 1, 8192)}
+
+_MODELS = flags.DEFINE_list("models", list(MODELS), "Models to compile.")
+_BATCH = flags.DEFINE_integer("batch", 0, "Rows per batch (0: the model's default).")
+_TOKENS = flags.DEFINE_integer("tokens", 0, "Tokens per row (0: the model's default).")
+_OUT = flags.DEFINE_string("out", "bench_quantized_memory.json", "Where to write the results.")
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's `use_more_bits`: the layers whose `attn_v` and `ffn_down` Q4_K_M keeps Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def q4_k_m_kind(name: str, layers: int) -> tuple[str, int] | None:
+    """(block type, block axis of the model weight) of `name` in a Q4_K_M file, or None (float)."""
+    if name.endswith("norm") or "norm" in name.split("/")[-1]:
+        return None
+    if name == "embedding":
+        return "Q4_K", 1
+    if name == "lm_head":
+        return "Q6_K", 0
+    layer = int(name.split("/")[1])
+    leaf = name.split("/")[-1]
+    kind = "Q6_K" if leaf in ("v", "down") and more_bits(layer, layers) else "Q4_K"
+    return kind, 0  # `o` [heads, head_dim, embed]: blocks across heads and head_dim (span 2)
+
+
+def packed_model(model, layers: int):
+    """`model` with its matrices as Q4_K_M's `Packed` weights."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ppl_jax.checkpoints.quantized import ggml
+    from ppl_jax.models.interface import nest_weights, weight_paths
+    from ppl_jax.models.layers.packed import Layout, Packed
+
+    flat = weight_paths(model.abstract_params)
+    for name, leaf in flat.items():
+        found = q4_k_m_kind(name, layers)
+        if found is None:
+            continue
+        kind, axis = found
+        block, block_bytes = ggml.BLOCKS[kind]
+        span = 2 if name.endswith("/o") else 1
+        layout = Layout(ggml.dequantize, kind, axis, block, block_bytes, tuple(leaf.shape),
+                        np.dtype(leaf.dtype).name, span)  # fmt: skip
+        flat[name] = Packed(jax.ShapeDtypeStruct(layout.packed_shape, jnp.uint8), layout)
+    return dataclasses.replace(model, abstract_params=nest_weights(flat))
+
+
+def compiled(model, batch: int, tokens: int) -> dict:
+    import jax
+
+    from ppl_jax.config.defaults import DEFAULT_RULES
+    from ppl_jax.models.layers import packed
+    from ppl_jax.runtime import mesh as mesh_lib
+    from ppl_jax.scoring import Scorer, StepOptions
+
+    mesh = mesh_lib.make_mesh(1, 1, devices=jax.devices()[:1])
+    shardings = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
+    scorer = Scorer(model, mesh, shardings, StepOptions())
+    t0 = time.perf_counter()
+    step = scorer.compiled(batch, tokens + 1)
+    seconds = time.perf_counter() - t0
+    memory = step.memory_analysis()
+    return {
+        "compile_seconds": round(seconds, 1),
+        "packed_gb": round(packed.packed_bytes(model.abstract_params) / 1e9, 3),
+        "argument_gb": round(memory.argument_size_in_bytes / 1e9, 3),
+        "temp_gb": round(memory.temp_size_in_bytes / 1e9, 3),
+        "total_gb": round((memory.argument_size_in_bytes + memory.temp_size_in_bytes) / 1e9, 3),
+        "device": jax.devices()[0].device_kind,
+    }
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    import jax.numpy as jnp
+
+    from ppl_jax.models import LlamaConfig, registry
+
+    rows = []
+    for name in _MODELS.value:
+        config, batch, tokens = MODELS[name]
+        batch, tokens = _BATCH.value or batch, _TOKENS.value or tokens
+        model = registry.build(LlamaConfig(**config).to_dict(), jnp.bfloat16, "xla")
+        layers = config["num_layers"]
+        d, f, v = config["embed_dim"], config["mlp_dim"], config["vocab_size"]
+        layer_floats = 2 * (d * config["num_heads"] * config["head_dim"] * 2
+                            + d * config["num_kv_heads"] * config["head_dim"] * 2 + 3 * d * f)  # fmt: skip
+        for weights, m in (("bfloat16", model), ("Q4_K_M packed", packed_model(model, layers))):
+            row = {"model": name, "weights": weights, "batch": batch, "tokens": tokens,
+                   "one_layer_bf16_gb": round(layer_floats / 1e9, 3),
+                   "head_bf16_gb": round(2 * d * v / 1e9, 3),
+                   **compiled(m, batch, tokens)}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(_OUT.value, "w", encoding="utf-8") as out:
+        json.dump(rows, out, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
