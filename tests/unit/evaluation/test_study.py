@@ -269,3 +269,22 @@ def test_study_settings_are_checked(tiny_checkpoint, corpus, tmp_path):
     c.reference.checkpoint.dir = tiny_checkpoint
     with pytest.raises(ConfigError, match="unset one of them"):
         from_config(c)
+
+
+def test_the_token_view_shows_a_chosen_copys_kl(one_pass, tmp_path):
+    from ppl_jax.analysis import view
+    from ppl_jax.errors import DataError
+
+    _, out = one_pass
+    _, page = view.view(str(out), out=str(tmp_path / "v.html"), copy="q4")
+    assert page["runs"][0]["reference"]
+    table = pq.read_table(out / "tokens.parquet").to_pydict()
+    at = {
+        (d, o): i for i, (d, o) in enumerate(zip(table["document"], table["offset"], strict=True))
+    }
+    shown = page["documents"][0]
+    kl = [table["kl/q4"][at[(shown["document"], o)]] for o in shown["offset"]]
+    np.testing.assert_allclose(shown["sides"][0]["kl"], kl, atol=1e-4)
+    assert max(kl) > 0
+    with pytest.raises(DataError, match="holds no copy 'q2' \\(its copies: q8, q4, same\\)"):
+        view.view(str(out), out=str(tmp_path / "w.html"), copy="q2")
