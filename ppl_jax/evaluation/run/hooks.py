@@ -234,6 +234,9 @@ class RunPair(PairHooks):
         main = jax.process_index() == 0  # only it writes: the others build no curve or interval
         found = diagnostics.collect(spec, totals, self.watch, sweep) if main else {}
         for name, part in (found.get("study") or {}).get("copies", {}).items():
+            copy = p.copies[name]  # where it was read from, how it is stored, its restore time
+            part["checkpoint"] = {"path": os.path.abspath(copy.checkpoint.path), "step": copy.step}
+            part["quantization"] = copy.checkpoint.quantization(copy.step)
             part["restore_seconds"] = run.copy_seconds.get(name)
         gzip_bpb, gzip_bytes = run.gzip_baseline(d, self.passes)
         self.passes.seconds.update(
