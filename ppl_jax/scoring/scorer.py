@@ -258,7 +258,7 @@ class Scorer:
             data=int(dict(self.mesh.shape).get("data", 1)),
             context=self.context,
             token_chunk=self.options.token_chunk,
-            budget=self.logits_budget,
+            budget=self.logits_budget // (1 + self.options.copies),  # as the step's
         )
 
     def memory_analysis(self) -> dict[tuple[int, int, int], Any]:

@@ -186,7 +186,9 @@ def score_step(
         data=data,
         context=context,
         token_chunk=options.token_chunk,
-        budget=logits_budget,
+        # A study's copies each hold their own and the model's blocks (XLA does not reuse one
+        # copy's for the next): the chunk shrinks so that all of them fit the one budget.
+        budget=logits_budget // (1 + options.copies),
     )
 
     def stats_of(x):

@@ -103,10 +103,12 @@ def run(c):
 
 @pytest.fixture(scope="module")
 def one_pass(tiny_checkpoint, copies, corpus, tmp_path_factory):
-    """The study: the two copies and the original itself as a third copy, both directions."""
+    """The study: the two copies and the original itself as a third copy, both directions, the
+    per-token layers in chunks of 16 tokens (as the separate runs compared with it)."""
     listed = ",".join(f"{k}={v}" for k, v in copies.items()) + f",same={tiny_checkpoint}"
     out = tmp_path_factory.mktemp("study")
     c = config(tiny_checkpoint, corpus, out, output__tokens=True, metrics__bootstrap_samples=200)
+    c.model.token_chunk = 16
     c.study.copies = listed
     c.study.both_directions = True
     ev = run(c)
@@ -126,7 +128,7 @@ def test_each_copy_equals_a_separate_run_with_the_original_as_reference(
     table = pq.read_table(out / "tokens.parquet").to_pydict()
     ours = keyed(table, list(table))
     for name, path in copies.items():
-        c = config(path, corpus, tmp_path / name, output__tokens=True)
+        c = config(path, corpus, tmp_path / name, output__tokens=True, model__token_chunk=16)
         c.reference.checkpoint.dir = tiny_checkpoint  # KL(original || copy), the copy scored
         alone = run(c)
         other = keyed(pq.read_table(alone.diagnostics["tokens_file"]).to_pydict(), list(table)[:6] + ["nll", "kl", "same_top1", "reference_nll"])  # fmt: skip
@@ -141,7 +143,9 @@ def test_each_copy_equals_a_separate_run_with_the_original_as_reference(
         assert np.isclose(s["same_top1"], d["same_top1"], rtol=1e-12)
         assert np.isclose(s["perplexity"], d["perplexity"], rtol=1e-6)
     # KL(copy || original): the original scored with the copy as its reference.
-    c = config(tiny_checkpoint, corpus, tmp_path / "reverse", output__tokens=True)
+    c = config(
+        tiny_checkpoint, corpus, tmp_path / "reverse", output__tokens=True, model__token_chunk=16
+    )
     c.reference.checkpoint.dir = copies["q4"]
     alone = run(c)
     other = keyed(pq.read_table(alone.diagnostics["tokens_file"]).to_pydict(), ["kl"])
@@ -288,3 +292,28 @@ def test_the_token_view_shows_a_chosen_copys_kl(one_pass, tmp_path):
     assert max(kl) > 0
     with pytest.raises(DataError, match="holds no copy 'q2' \\(its copies: q8, q4, same\\)"):
         view.view(str(out), out=str(tmp_path / "w.html"), copy="q2")
+
+
+def test_the_copies_share_the_steps_logits_budget():
+    """Each copy holds its own blocks of logits and the original's (XLA keeps them apart), so
+    the tokens taken at once shrink with the copies: the blocks of all of them fit the budget."""
+    import jax.numpy as jnp
+
+    from ppl_jax.models import registry
+    from ppl_jax.runtime import mesh as mesh_lib
+    from ppl_jax.scoring.scorer import Scorer, StepOptions
+    from ppl_jax.scoring.step import VOCAB_BLOCK
+
+    cfg = dataclasses.replace(helpers.TINY, vocab_size=32768, max_positions=512)
+    model = registry.build(cfg.to_dict(), jnp.float32)
+    mesh = mesh_lib.make_mesh(-1, 1)  # 8 devices: one row of the batch of 8 on each
+    sh = mesh_lib.param_shardings(
+        model.abstract_params, model.logical_axes, mesh, mesh_lib.DEFAULT_RULES
+    )
+    chunks = {}
+    for n in (0, 1, 4):
+        options = StepOptions(copies=n) if n else StepOptions(per_token=True)
+        scorer = Scorer(model, mesh, sh, options, copies=[(model, sh)] * n)
+        chunks[n] = scorer.nll_chunk(8, 257) or 256
+        assert (1 + n) * chunks[n] * VOCAB_BLOCK * 4 <= scorer.logits_budget
+    assert chunks[0] == chunks[1] == 256 and chunks[4] == 128
