@@ -31,7 +31,7 @@ from ppl_jax.evaluation.passes.shared import Passes
 from ppl_jax.evaluation.spec import RunSpec
 from ppl_jax.metrics import curves, divergence, study
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.outputs import curve_figures, figures, files
+from ppl_jax.outputs import curve_figures, figures, files, study_figure
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import planner
 from ppl_jax.plans.planner import Dataset
@@ -166,7 +166,7 @@ def describe_token(plan: Plan, tok: Any, k: int, position: int) -> str:
     w = plan.windows
     g = int(w.starts[k]) + position - int(w.prefix[k] != NO_PREFIX)
     text = tok.token_texts(np.asarray([w.tokens[g]]))[0] if tok is not None else ""
-    return f"{plan.describe_window(k)}, row position {position}, token {text!r}"
+    return f"{plan.describe_window(k)}, row position {position}: {text!r}"
 
 
 def _token_writer(arguments: dict[str, Any], **long: Any) -> Any:
@@ -319,6 +319,14 @@ def write(
         lines = long_context.summary_lines(found[LONG_CONTEXT]) + lines
     if STUDY in found:
         lines.append(f"study: {out.write_json(f'{STUDY}.json', found[STUDY])}")
+        try:  # the KL figure is a bonus: drawn where matplotlib is installed
+            study_figure.check_available()
+        except ConfigError:
+            lines.append("study figure: none (matplotlib is not installed)")
+        else:
+            fig = study_figure.kl_figure(found[STUDY], title, size=spec.size)
+            paths = figures.write_figures(out, study_figure.NAME, fig, spec)
+            lines.append(f"study figure: {', '.join(paths)}")
     if "tokens_file" in found:
         lines.append(f"tokens: {found['tokens_file']}")
     return lines
