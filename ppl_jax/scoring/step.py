@@ -66,7 +66,8 @@ class StepOptions:
         reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
       copies: > 0: a study (`ppl_jax.metrics.study`): the params are `(model params, (copy
         params, ...))` of this many copies, each scored against the model on the same batch (the
-        model's output computed once), one copy's blocks of logits at a time.
+        model's output computed once); the NLL's chunk shrinks with them, so that every copy's
+        blocks of logits and the model's fit the one `logits_budget`.
       both_directions: with copies, also KL(copy || model) per token.
       context_attention: how attention crosses the context axis, `all_gather` or `ring`
         (`ppl_jax.models.layers.context.Settings`).

@@ -4,8 +4,8 @@ scores documents whole (`ppl_jax.evaluation.passes.long_context`) (`config.Diagn
 
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
 host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
-`divergence.Divergence`, `study.Study` (a study's copies), `long_context.Gather` (the per-token NLLs of the long-context
-measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
+`divergence.Divergence`, `study.Study` (a study's copies), `long_context.Gather` (the per-token
+NLLs of the long-context measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
 sets with the same model and params (`context_sweep`, after the run's pass); the long-context
 measures' short-context pass (and LongPPL's evaluator) runs before the run's pass (`before`).
 `check` makes every check that needs no weights (called by

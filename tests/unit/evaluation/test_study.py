@@ -262,6 +262,30 @@ def test_a_copy_of_another_vocabulary_is_refused_before_any_weight(
     assert not [f for f in os.listdir(out) if not f.startswith(".")]
 
 
+def test_a_copy_with_another_tokenizer_of_the_same_size_is_refused(
+    tiny_checkpoint, corpus, tmp_path, monkeypatch
+):
+    from ppl_jax import tokenizer
+
+    bpe = helpers.train_bpe([helpers.stdlib_text(3000)], vocab_size=256, specials=())
+    desc = {"type": "hf", "name": "tokenizer.json", "tokenizer_json": bpe.to_str()}
+    assert tokenizer.from_description(desc).vocab_size == 256  # the original's size (byte ids)
+    other = str(tmp_path / "bpe")
+    helpers.save_random_checkpoint(other, tokenizer=desc)
+    monkeypatch.setattr(
+        checkpoint, "restore_params", lambda *a: pytest.fail("weights read before the check")
+    )
+    c = config(tiny_checkpoint, corpus, tmp_path / "out")
+    c.study.copies = f"bpe={other}"
+    with pytest.raises(ConfigError) as found:
+        run(c)
+    assert str(found.value) == (
+        f"the copy 'bpe' in {other!r} has another tokenizer (hf tokenizer.json) than the "
+        f"original's (byte), though both have 256 ids; a study compares models on the same "
+        f"token ids, so score that copy on its own."
+    )
+
+
 def test_study_settings_are_checked(tiny_checkpoint, corpus, tmp_path):
     c = config(tiny_checkpoint, corpus, tmp_path)
     c.study.copies = f"a={tiny_checkpoint},a={tiny_checkpoint}"
