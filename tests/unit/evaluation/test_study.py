@@ -152,6 +152,25 @@ def test_each_copy_equals_a_separate_run_with_the_original_as_reference(
     np.testing.assert_allclose(ours["kl_reverse/q4"], other["kl"], rtol=1e-6, atol=1e-9)
 
 
+def test_the_study_under_a_context_axis_equals_the_one_without(
+    one_pass, tiny_checkpoint, copies, corpus, tmp_path
+):
+    """The copies' per-token arrays leave the step in row order under `mesh.context` too."""
+    _, out = one_pass
+    c = config(tiny_checkpoint, corpus, tmp_path, output__tokens=True, model__token_chunk=16)
+    c.mesh.data, c.mesh.context = 4, 2
+    c.study.copies = f"q4={copies['q4']}"
+    ev = run(c)
+    assert ev.mesh_shape == {"data": 4, "context": 2, "model": 1}
+    columns = ["document", "offset", "token_id", "nll/q4", "kl/q4", "same_top1/q4"]
+    split = keyed(pq.read_table(ev.diagnostics["tokens_file"]).to_pydict(), columns)
+    whole = keyed(pq.read_table(out / "tokens.parquet").to_pydict(), columns)
+    assert np.array_equal(split["token_id"], whole["token_id"])
+    np.testing.assert_allclose(split["kl/q4"], whole["kl/q4"], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(split["nll/q4"], whole["nll/q4"], rtol=1e-5)
+    assert np.mean(split["same_top1/q4"] == whole["same_top1/q4"]) > 0.99
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max(-1, keepdims=True)
     return x - (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))
