@@ -232,11 +232,13 @@ def test_a_copy_against_itself_has_no_divergence(one_pass):
     ev, out = one_pass
     s = ev.diagnostics["study"]["copies"]["same"]
     assert s["kl_max"] == 0.0 and s["kl_mean"] == 0.0 and s["kl_reverse_max"] == 0.0
-    assert s["same_top1"] == 1.0 and s["delta_p_rms"] == 0.0
-    assert s["perplexity_ratio"] == 1.0 and s["delta_bits_per_byte"] == 0.0
+    assert s["same_top1"] == 1.0
+    # Its NLL is the same float32 computation in another scan: equal to rounding.
+    assert s["delta_p_rms"] < 1e-9 and abs(s["delta_bits_per_byte"]) < 1e-9
+    assert abs(s["perplexity_ratio"] - 1) < 1e-9
     table = pq.read_table(out / "tokens.parquet", columns=["kl/same", "nll", "nll/same"])
     assert not np.any(table.column("kl/same").to_numpy())
-    assert np.array_equal(table.column("nll").to_numpy(), table.column("nll/same").to_numpy())
+    np.testing.assert_allclose(table.column("nll/same"), table.column("nll"), rtol=1e-6)
 
 
 def test_results_study_json_and_the_table(one_pass):
