@@ -20,8 +20,8 @@ Per copy, over exactly the original's scored tokens (the same batches, the same 
   cancellation): mean, RMS, p1, p5, median, p95, p99;
 - `same_top1`: the share of tokens where both models put the same token first.
 
-Host memory: per copy 12 bytes per scored token (KL float32, delta p float64), 16 more with both
-directions; 12 per token for the maximum's place.
+Host memory: per copy 12 bytes per scored token (KL float32, delta p float64), 4 more with both
+directions; 12 per token for the maximum's place; the per-window sums.
 """
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ def _paired(a: uncertainty.Units, b: uncertainty.Units, samples: int, seed: int)
         "delta_bits_per_byte": float((nb - na) / np.sum(a.bytes) / LN2),
         "delta_bits_per_byte_interval": None,
         "delta_nll_per_token": float((nb - na) / tokens),
+        "delta_nll_per_token_interval": None,
         "perplexity_ratio": _exp(float((nb - na) / tokens)),
         "perplexity_ratio_interval": None,
         "ln_perplexity_correlation": _correlation(a, b),
@@ -240,7 +241,7 @@ def _paired(a: uncertainty.Units, b: uncertainty.Units, samples: int, seed: int)
     if samples and a.count > 1:
         d = uncertainty.paired_difference(a, b, samples, seed)
         out["delta_bits_per_byte_interval"] = d["bits_per_byte"]["interval"]
-        lo, hi = d["nll_per_token"]["interval"]
+        lo, hi = out["delta_nll_per_token_interval"] = d["nll_per_token"]["interval"]
         out["perplexity_ratio_interval"] = [_exp(lo), _exp(hi)]
     return out
 

@@ -284,8 +284,9 @@ class RunPair(PairHooks):
         if spec.diagnostics.any_beyond_sums:  # no journal
             return Interrupted(
                 f"stopped by {by}; a run with diagnostics (output.tokens, "
-                f"output.position_curve, eval.context_lengths, eval.short_context, reference.*) "
-                f"keeps no journal, so the same command starts it again from the first batch.",
+                f"output.position_curve, eval.context_lengths, eval.short_context, reference.*, "
+                f"study.copies) keeps no journal, so the same command starts it again from the "
+                f"first batch.",
                 code,
             )
         where = recorder.save() or "process 0 output.dir"
