@@ -1,9 +1,10 @@
 """The quantization papers' perplexity (GPTQ, AWQ, ...) on one corpus: `gptq_chunks` at 2,048
 tokens, 95% bootstrap intervals. The corpus file is the config argument; give the original model
-as the reference to get the KL to it and the top-1 agreement:
+and its copies (`study.copies`) to score them all in one pass, with each copy's KL to the
+original, the top-1 agreement and the paired differences:
 
     ppl-jax --config=configs/quantization.py:/data/wikitext-2-raw/wiki.test.raw \\
-        --config.checkpoint.dir=/models/llama-gptq --config.reference.checkpoint.dir=/models/llama
+        --config.checkpoint.dir=/models/llama --config.study.copies=gptq4=/models/llama-gptq
 
 - a text file (WikiText-2's `wiki.test.raw`): its lines are the documents, joined with
   `"\\n\\n"` (GPTQ's `"\\n\\n".join(testdata["text"])` over the dataset's rows);

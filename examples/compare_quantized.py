@@ -1,19 +1,19 @@
 """Score an original model and its quantized copies on the quantization papers' corpora and print
-one table: perplexity and bits per byte with their 95% intervals, the change in bits per byte
-from the original with its paired 95% interval, the KL from the original and the top-1
-agreement, per copy and corpus.
+one table per corpus: perplexity and bits per byte with their 95% intervals, the change in bits
+per byte and the perplexity ratio to the original with their paired 95% intervals, the
+correlation of per-chunk ln perplexity, KL(original || copy) and the top-1 agreement.
 
     python examples/compare_quantized.py --original /models/llama \\
         --copy gptq4=/models/llama-gptq --copy awq4=/models/llama-awq \\
         --data /data/wikitext-2-raw/wiki.test.raw --data /data/c4-validation.00000-of-00008.json \\
         --out results/quant [-- --config.model.dtype=bfloat16 ...]
 
-It composes what ppl-jax has: `configs/quantization.py` (`gptq_chunks` at 2,048 tokens, intervals)
-for each corpus; each copy scored with the original as the reference model
-(`reference.checkpoint.dir`: KL(original || copy), same top-1); the original alone; then
-`ppl-jax compare` of the original and each copy (paired intervals). Runs already in `--out` are
-resumed or reused (ppl-jax's own journal). Arguments after `--` go to every `ppl-jax` run. The
-table is printed and written to `OUT/table.json`; docs/diagnostics.md has a worked example.
+One `ppl-jax` run per corpus (`configs/quantization.py`: `gptq_chunks` at 2,048 tokens,
+intervals) scores the original and every copy in the same pass (`study.copies`: the original's
+logits computed once per batch, each copy's against them; docs/diagnostics.md, "Comparing
+quantized copies"), with a progress bar. A corpus whose `OUT/<corpus>/study.json` exists is not
+scored again. Arguments after `--` go to every `ppl-jax` run. The tables are printed and written
+to `OUT/table.json`.
 """
 
 import argparse
@@ -22,55 +22,26 @@ import os
 import subprocess
 import sys
 
+from ppl_jax.metrics.study import table_lines
+
 CONFIG = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "configs", "quantization.py"
 )
 
 
-def ppl_jax(*args: str) -> str:
-    """Runs `ppl-jax ARGS` (this Python's), returning its standard output; stops on failure."""
-    done = subprocess.run([sys.executable, "-m", "ppl_jax", *args], capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"ppl-jax {' '.join(args)} failed:\n{done.stderr.strip()[-2000:]}")
-    return done.stdout
-
-
-def run(corpus: str, model: str, out: str, reference: str | None, extra: list[str]) -> dict:
-    """One run's results.json (scoring it unless `out` holds it)."""
-    if not os.path.isfile(os.path.join(out, "results.json")):
-        flags = [f"--config={CONFIG}:{corpus}", f"--config.checkpoint.dir={model}",
-                 f"--config.output.dir={out}", "--config.output.progress=false"]  # fmt: skip
-        if reference:
-            flags.append(f"--config.reference.checkpoint.dir={reference}")
-        ppl_jax(*flags, *extra)
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+def study(corpus: str, original: str, copies: dict[str, str], out: str, extra: list[str]) -> dict:
+    """One corpus's study (`OUT/<corpus>/study.json`), scoring it unless `out` holds it."""
+    path = os.path.join(out, "study.json")
+    if not os.path.isfile(path):
+        listed = ",".join(f"{name}={folder}" for name, folder in copies.items())
+        flags = [f"--config={CONFIG}:{corpus}", f"--config.checkpoint.dir={original}",
+                 f"--config.study.copies={listed}", f"--config.output.dir={out}"]  # fmt: skip
+        # The progress bar (stderr) shows; the summary (stdout) is printed below, as a table.
+        done = subprocess.run([sys.executable, "-m", "ppl_jax", *flags, *extra], stdout=subprocess.DEVNULL)  # fmt: skip
+        if done.returncode:
+            sys.exit(f"ppl-jax failed on {corpus} (exit status {done.returncode}).")
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def row(name: str, r: dict, paired: dict | None) -> dict:
-    """The table's numbers of one run."""
-    intervals, div = r.get("intervals") or {}, r.get("divergence") or {}
-    out = {
-        "model": name,
-        "perplexity": r["perplexity"],
-        "perplexity_interval": intervals.get("perplexity"),
-        "bits_per_byte": r["bits_per_byte"],
-        "bits_per_byte_interval": intervals.get("bits_per_byte"),
-        "quantization": r.get("quantization"),
-    }
-    if paired is not None:
-        out["delta_bits_per_byte"] = paired["bits_per_byte"]["difference"]
-        out["delta_bits_per_byte_interval"] = paired["bits_per_byte"]["interval"]
-        out["kl_mean"], out["kl_p99"] = div.get("kl_mean"), div.get("kl_p99")
-        out["same_top1"] = div.get("same_top1")
-    return out
-
-
-def fmt(value, interval=None, digits=4) -> str:
-    if value is None:
-        return "-"
-    text = f"{value:.{digits}f}"
-    return text if not interval else f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
 
 
 def main(argv: list[str]) -> int:
@@ -90,26 +61,9 @@ def main(argv: list[str]) -> int:
     table = []
     for corpus in args.data:
         name = os.path.basename(corpus).split(".")[0]
-        base = os.path.join(args.out, name, "original")
-        rows = [row("original", run(corpus, args.original, base, None, extra), None)]
-        for label, folder in copies.items():
-            out = os.path.join(args.out, name, label)
-            r = run(corpus, folder, out, args.original, extra)
-            paired = json.loads(ppl_jax("compare", base, out, "--json"))[0]
-            rows.append(row(label, r, paired))
-        table.append({"corpus": corpus, "rows": rows})
-        print(f"\n{corpus} (gptq_chunks, {r['protocol']['seq_len']} tokens; 95% intervals)\n")
-        print(
-            "| model | perplexity | bits per byte | Δ bits per byte | KL mean (p99) | same top-1 |"
-        )
-        print("| --- | --- | --- | --- | --- | --- |")
-        for x in rows:
-            kl = "-" if x.get("kl_mean") is None else f"{x['kl_mean']:.5f} ({x['kl_p99']:.4f})"
-            top1 = "-" if x.get("same_top1") is None else f"{100 * x['same_top1']:.2f}%"
-            print(f"| {x['model']} | {fmt(x['perplexity'], x['perplexity_interval'], 3)} | "
-                  f"{fmt(x['bits_per_byte'], x['bits_per_byte_interval'])} | "
-                  f"{fmt(x.get('delta_bits_per_byte'), x.get('delta_bits_per_byte_interval'))} | "
-                  f"{kl} | {top1} |")  # fmt: skip
+        found = study(corpus, args.original, copies, os.path.join(args.out, name), extra)
+        table.append({"corpus": corpus, "study": found})
+        print("\n" + "\n".join(table_lines(found, f"{corpus} (gptq_chunks; 95% intervals)")))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.json"), "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1)

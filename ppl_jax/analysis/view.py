@@ -27,6 +27,10 @@ document from its first scored token; a document that does not fit whole is cut,
 budget is spent the rest are left out. The page says what it left out. Values are printed with
 4 decimals (probabilities with 4 significant digits).
 
+With `--copy NAME` (a run of `study.copies`), the reference values shown are those of the copy
+NAME against the original: KL(original || copy), the change of log-probability copy - original
+and whether both put the same token first.
+
 The data (the file read and checked, the selection, the embedded JSON) is
 `ppl_jax.analysis.view_data`; the page itself (HTML, CSS, script) is `ppl_jax.analysis.view_page`. A user's mistake prints one line,
 `ppl-jax view: error: ...`, and exits with status 2.
@@ -49,7 +53,7 @@ from ppl_jax.analysis.view_data import (
 )
 from ppl_jax.analysis.view_page import render
 from ppl_jax.analysis.view_scale import DIFF_EDGES
-from ppl_jax.errors import ConfigError, PplJaxError
+from ppl_jax.errors import ConfigError, DataError, PplJaxError
 from ppl_jax.outputs.folder import OutputDir
 
 PROG = "ppl-jax view"
@@ -88,10 +92,12 @@ def view(
     out: str | None = None,
     max_documents: int = DEFAULT_MAX_DOCUMENTS,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    copy: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Writes the token view of the run at `path` (a results folder or its tokens.parquet),
     compared with the run at `compare` if given, to `out` (default: `view.html`, or
-    `view_compare.html` with `compare`, beside the first run's tokens.parquet).
+    `view_compare.html` with `compare`, beside the first run's tokens.parquet); `copy`: a
+    study's copy whose KL against the original the page shows.
 
     Returns:
       `(the page's path, the embedded data)`.
@@ -101,11 +107,29 @@ def view(
       ConfigError: pyarrow is missing, or `out` cannot be written.
     """
     runs = [Run(path)] + ([Run(compare)] if compare else [])
+    for run in runs if copy is not None else []:
+        _choose_copy(run, copy)
     data = page_data(runs, max_documents, max_tokens)
     if out is None:
         name = "view_compare.html" if compare else "view.html"
         out = os.path.join(os.path.dirname(os.path.abspath(runs[0].path)), name)
     return write(render(data), out), data
+
+
+def _choose_copy(run: Run, copy: str) -> None:
+    """Shows the reference values of a study's copy `copy` (`kl/<copy>`, ...) for `run`.
+
+    Raises:
+      DataError: the run's file holds no such copy.
+    """
+    if f"kl/{copy}" not in run.columns:
+        have = [c[3:] for c in run.columns if c.startswith("kl/")]
+        raise DataError(
+            f"{run.path} holds no copy {copy!r} (its copies: "
+            f"{', '.join(have) or 'none; score them with study.copies'})."
+        )
+    run.copy = copy
+    run.meta["reference"] = True
 
 
 class _Parser(argparse.ArgumentParser):
@@ -146,12 +170,19 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_MAX_TOKENS,
         help="tokens in the page, over all its documents (default %(default)s)",
     )
+    parser.add_argument(
+        "--copy",
+        metavar="NAME",
+        help="a study's copy (study.copies): show its KL against the original per token",
+    )
     args = parser.parse_args(argv)
     for flag in ("max_documents", "max_tokens"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag}={getattr(args, flag)} must be at least 1")
     try:
-        out, data = view(args.results, args.compare, args.out, args.max_documents, args.max_tokens)
+        out, data = view(
+            args.results, args.compare, args.out, args.max_documents, args.max_tokens, args.copy
+        )
     except PplJaxError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

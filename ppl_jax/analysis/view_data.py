@@ -60,6 +60,8 @@ class Run:
       document, offset: `[n]` int64; token_id: `[n]` int64; nll: `[n]` float64, nats.
     """
 
+    copy: str | None = None  # a study's copy whose `kl/<copy>`, ... the page shows (`view --copy`)
+
     def __init__(self, path: str):
         pq = _parquet()
         if not os.path.exists(path):
@@ -225,11 +227,12 @@ class _Rows:
         self.table = table.combine_chunks()  # one chunk per column: `take` and numpy are fast
         names = self.table.column_names
         self.np = {c: self.table[c].to_numpy(zero_copy_only=False) for c in NUMERIC}
-        self.np.update((c, self.table[c].to_numpy()) for c in REFERENCE if c in names)
+        named = {c: f"{c}/{run.copy}" if run.copy else c for c in REFERENCE}
+        self.np.update((c, self.table[n].to_numpy()) for c, n in named.items() if n in names)
         self.order = np.lexsort((self.np["offset"], self.np["document"]))
         self.sorted_documents = self.np["document"][self.order]
         self.top = all(c in names for c in TOP)
-        self.reference = all(c in names for c in REFERENCE)
+        self.reference = all(n in names for n in named.values())
 
     def rows(self, d: int, k: int) -> np.ndarray:
         start = int(np.searchsorted(self.sorted_documents, d))
@@ -332,10 +335,8 @@ def _document(
         "sides": [t.side(r, vocab) for t, r in zip(tables, rows, strict=True)],
     }
     if len(runs) == 2:
-        sa, sb = (
-            t.np["surprisal"][r].astype(np.float64) for t, r in zip(tables, rows, strict=True)
-        )
-        entry["delta"] = sb - sa
+        sa, sb = (t.np["surprisal"][r] for t, r in zip(tables, rows, strict=True))
+        entry["delta"] = sb.astype(np.float64) - sa
     return entry
 
 

@@ -96,6 +96,10 @@ def get_config() -> config_dict.ConfigDict:
     c.reference.checkpoint.format = "auto"
     c.reference.dtype = "float32"
 
+    c.study = config_dict.ConfigDict()  # the original (checkpoint.*) and its copies, one pass
+    c.study.copies = ""  # "NAME=DIR,NAME=DIR"; empty: no study
+    c.study.both_directions = False  # also KL(copy || original)
+
     c.runtime = config_dict.ConfigDict()
     c.runtime.compilation_cache_dir = ""
 
@@ -308,6 +312,9 @@ KEY_MEANINGS = {
     "reference.checkpoint.step": "the reference's step: 'latest' or a step number",
     "reference.checkpoint.format": "the reference's format: 'orbax', 'hf', or 'auto'",
     "reference.dtype": "the reference's parameter dtype, 'float32' or 'bfloat16'",
+    "study.copies": "copies of the model (quantized, ...) scored against it in the same pass, "
+    "'NAME=DIR,NAME=DIR' (read in model.dtype); empty: none",
+    "study.both_directions": "a study also reports KL(copy || original)",
     "runtime.compilation_cache_dir": "JAX's persistent compilation cache ('': off)",
     "output.dir": "where process 0 writes results.json",
     "output.progress": "a progress bar on stderr",

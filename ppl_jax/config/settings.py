@@ -27,6 +27,7 @@ from ppl_jax.evaluation.spec import (
     ReferenceSpec,
     RunSpec,
     StepSpec,
+    StudySpec,
 )
 from ppl_jax.models.layers import kernels
 from ppl_jax.models.layers.rope import ANGLES
@@ -349,7 +350,35 @@ def _diagnostics(c: config_dict.ConfigDict, seq_len: int) -> DiagnosticsSpec:
             c.output.figures, c.output.figure_size, c.output.figure_dpi, "output"
         ),
         long_context=_long_context(c, convention, seq_len),
+        study=_study(c, reference),
     )
+
+
+_COPY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def _study(c: config_dict.ConfigDict, reference: ReferenceSpec | None) -> StudySpec | None:
+    """`study.copies` ("NAME=DIR,NAME=DIR") and `study.both_directions`, or None (no copies)."""
+    entries = [x.strip() for x in str(c.study.copies).split(",") if x.strip()]
+    if not entries:
+        return None
+    if reference is not None:
+        raise ConfigError(
+            "study.copies scores each copy against the model under checkpoint.* (the original); "
+            "reference.checkpoint.dir is another comparison: unset one of them."
+        )
+    copies: dict[str, str] = {}
+    for entry in entries:
+        name, sep, path = (x.strip() for x in entry.partition("="))
+        if not sep or not path or not _COPY_NAME.fullmatch(name) or name == "original":
+            raise ConfigError(
+                f"study.copies: {entry!r} is not NAME=DIR (a name of letters, digits, '_', '.', "
+                f"'+', '-' other than 'original', then the copy's checkpoint directory)."
+            )
+        if name in copies:
+            raise ConfigError(f"study.copies names {name!r} twice; give each copy its own name.")
+        copies[name] = os.path.expanduser(path)
+    return StudySpec(tuple(copies.items()), _bool("study.both_directions", c.study.both_directions))
 
 
 def _long_context(

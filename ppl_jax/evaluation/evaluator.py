@@ -83,6 +83,9 @@ class Evaluator:
       reference: a reference model (its params sharded by `rules`; restore them into
         `reference_targets`) or `(model, its params' shardings)`, for KL(reference || model)
         (`ppl_jax.metrics.divergence`).
+      copies: a study's copies (`ppl_jax.metrics.study`) by name, `(model, its params'
+        shardings)` each, scored against the model in the same step; `reference_params` is then
+        the tuple of their params, in order (`options.copies` follows; no reference with them).
       compile: compile every batch shape now (else at the first call).
       checkpoint: the checkpoint the params are restored from: its `identity(step)` is the
         fingerprint's `checkpoint` part, its path and format are in the records (None: params
@@ -102,6 +105,7 @@ class Evaluator:
       param_targets (Any): the params tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` to
         restore into (`Checkpoint.restore(step, evaluator.param_targets)`), by `rules`.
       reference_targets (Any): the same for a reference model given alone, else None.
+      copy_names: the copies' names, in the order of their params.
       traces: how many times the scoring step was traced (once per batch shape).
 
     Raises:
@@ -122,6 +126,7 @@ class Evaluator:
         batch: BatchSpec | None = None,
         options: StepOptions | None = None,
         reference: LanguageModel | tuple[LanguageModel, Any] | None = None,
+        copies: Mapping[str, tuple[LanguageModel, Any]] | None = None,
         compile: bool = True,
         rules: Sequence[tuple[str, str | None]] = mesh_lib.DEFAULT_RULES,
         checkpoint: Checkpoint | None = None,
@@ -145,8 +150,12 @@ class Evaluator:
         self.datasets = self._prepare(suite, protocol)
         # A model that claims to keep segments apart is checked once, before its first packed row.
         self._segments_checked = False
-        self.options = options or StepOptions(reference=reference is not None)
-        self.scorer = Scorer(model, mesh, param_shardings, self.options, reference)
+        copies = dict(copies or {})
+        self.copy_names = tuple(copies)
+        self.options = options or StepOptions(reference=reference is not None, copies=len(copies))
+        self.scorer = Scorer(
+            model, mesh, param_shardings, self.options, reference, tuple(copies.values())
+        )
         self.provenance = Provenance.of(
             model, mesh, checkpoint, tokenizer, self.batch, rules, self.options,
             self.scorer.matmul_precision, dtype, attention, bootstrap_samples, seed,
@@ -230,7 +239,7 @@ class Evaluator:
         """
         plan, layout = dataset.plan, dataset.layout
         if layout.max_segments > 1 and not self._segments_checked:
-            own = params if self.scorer.reference is None else params[0]
+            own = params[0] if self.scorer.paired else params
             with precision.applied(self.scorer.matmul_precision):
                 segments.check(self.model, own, self.mesh)
             self._segments_checked = True
@@ -283,12 +292,14 @@ class Evaluator:
             `ResultsStore`'s `StoreSink`, a `TensorBoardSink`, ...): each gets `write` of each
             record as it is made and of the averages, then `end_step`; the caller closes them.
             Give them on process 0 only.
-          reference_params: the reference model's params, with a reference model.
+          reference_params: the reference model's params, with a reference model; with copies,
+            theirs (a tuple, in order).
           hooks: what the caller adds to the loop (`Hooks`; None: a training loop's).
 
         Returns:
           `{"<dataset>/<metric>": value}` for every dataset and metric of `metrics.derive`, with
             a reference model `{"<dataset>/kl/<statistic>": value}` (`divergence.Divergence`),
+            with copies `{"<dataset>/study/<copy>/<statistic>": value}` (`study.Study`),
             and with several datasets `{"average/<micro|macro|macro/key=value>/<metric>": value}`
             (`ppl_jax.outputs.store.average_records`, Paloma's averages); None where a metric is
             undefined.
@@ -299,8 +310,8 @@ class Evaluator:
             run).
         """
         hooks = hooks or Hooks()
-        if params is not None and (reference_params is None) == (self.scorer.reference is not None):
-            raise ValueError("reference_params are given exactly when there is a reference model")
+        if params is not None and (reference_params is None) == self.scorer.paired:
+            raise ValueError("reference_params are given exactly with a reference model or copies")
         shared, protocol_part = self.provenance.step_part(step), hooks.protocol_part()
         parts = {d.name: self.fingerprint(d, step, protocol_part, shared) for d in self.datasets}
         todo = hooks.todo(step, {n: fingerprint_lib.digest(p) for n, p in parts.items()})
@@ -342,6 +353,14 @@ class Evaluator:
             kl.update(
                 {f"{d.name}/kl/{k}": v for k, v in found.items() if isinstance(v, (int, float))}
             )
+            for copy, part in ((ev.diagnostics.get("study") or {}).get("copies") or {}).items():
+                kl.update(
+                    {
+                        f"{d.name}/study/{copy}/{k}": v
+                        for k, v in part.items()
+                        if isinstance(v, (int, float))
+                    }
+                )
         return records, kl
 
     def _pair(

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ppl_jax.evaluation.result import Evaluation
-from ppl_jax.metrics import divergence
+from ppl_jax.metrics import divergence, study
 from ppl_jax.outputs import journal
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.scoring.observers import ScoreObserver
@@ -70,22 +70,33 @@ class PairHooks:
 
 class DefaultPair(PairHooks):
     """A training loop's pair (`Hooks.pair`): gathers the KL of a reference model (when the
-    evaluator has one) into `diagnostics["divergence"]`, and sets `wall_seconds` to the pair's
-    own seconds, from its observers (the start of its scoring) to its evaluation."""
+    evaluator has one) into `diagnostics["divergence"]`, a study's copies (when it has them)
+    into `diagnostics["study"]`, and sets `wall_seconds` to the pair's own seconds, from its
+    observers (the start of its scoring) to its evaluation."""
 
     def __init__(self, evaluator: Evaluator, d: Dataset):
         self.started: float | None = None
-        self.divergence = None
+        self.divergence = self.study = None
+        self.intervals = (evaluator.provenance.bootstrap_samples, evaluator.provenance.seed)
         if evaluator.scorer.reference is not None:
             self.divergence = divergence.Divergence(d.plan.describe_window)
+        if evaluator.copy_names:
+            self.study = study.Study(
+                evaluator.copy_names,
+                d.plan.windows.num_windows,
+                evaluator.options.both_directions,
+                lambda w, p: f"{d.plan.describe_window(w)}, row position {p}",
+            )
 
     def observers(self, params: Any) -> Sequence[ScoreObserver]:
         self.started = time.perf_counter()
-        return [self.divergence] if self.divergence is not None else []
+        return [o for o in (self.divergence, self.study) if o is not None]
 
     def finish(self, ev: Evaluation, params: Any) -> Evaluation:
         if self.divergence is not None:
             ev.diagnostics["divergence"] = self.divergence.summary()
+        if self.study is not None:
+            ev.diagnostics["study"] = self.study.summary(ev.plan, *self.intervals)
         ev.wall_seconds = time.perf_counter() - self.started
         return ev
 

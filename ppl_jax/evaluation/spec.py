@@ -83,6 +83,16 @@ class ReferenceSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class StudySpec:
+    """A quantization study (`study.*`, `ppl_jax.metrics.study`): the model under `checkpoint.*`
+    is the original, and each copy (`(name, checkpoint dir)`, read in the model's dtype) is
+    scored against it in the same step; `both_directions` adds KL(copy || original)."""
+
+    copies: tuple[tuple[str, str], ...]
+    both_directions: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class LongContextSpec:
     """The long-context measures of a protocol that scores documents whole (`eval.short_context`,
     `eval.short_targets`, `longppl.*`; `ppl_jax.evaluation.passes.long_context`).
@@ -127,6 +137,7 @@ class DiagnosticsSpec:
     reference: ReferenceSpec | None = None
     figures: FigureSpec = FigureSpec()  # the curves' figure files (output.figures, ...)
     long_context: LongContextSpec | None = None  # context gain and LongPPL (short_context > 0)
+    study: StudySpec | None = None  # copies scored against the model (study.copies)
 
     @property
     def any_beyond_sums(self) -> bool:
@@ -136,6 +147,7 @@ class DiagnosticsSpec:
             or self.position_curve
             or self.reference is not None
             or self.long_context is not None
+            or self.study is not None
         )
 
 
@@ -222,6 +234,8 @@ class RunSpec:
             per_token=d.tokens or document,
             top_k=d.top_k,
             reference=d.reference is not None,
+            copies=0 if d.study is None else len(d.study.copies),
+            both_directions=d.study is not None and d.study.both_directions,
             context_attention=self.mesh.context_attention,
             token_chunk=self.mesh.token_chunk,
             matmul_precision=self.matmul_precision,

@@ -87,6 +87,7 @@ def dataset_dict(ev: Evaluation) -> dict:
         "divergence": _divergence_dict(ev),
         "context_curve": ev.diagnostics.get("context_curve"),
         "long_context": ev.diagnostics.get("long_context"),
+        "study": ev.diagnostics.get("study"),  # a study's copies (`ppl_jax.metrics.study`)
         # Tokens scored by this process's loop (a resumed run's journal tokens are not timed).
         "tokens_per_second": (s.num_tokens - _resumed_tokens(ev))
         / max(ev.totals.scoring_seconds, 1e-9),

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from ppl_jax.metrics import divergence
+from ppl_jax.metrics import divergence, study
 from ppl_jax.metrics import sums as metrics
 from ppl_jax.outputs import model_record
 
@@ -18,6 +18,7 @@ PASSES = {
     "setup_seconds": "setup",
     "restore_seconds": "restore",
     "reference_restore_seconds": "reference restore",
+    "copies_restore_seconds": "copies restore",
     "short_context_seconds": "short context",
     "longppl_evaluator_seconds": "LongPPL evaluator",
     "compile_seconds": "compile",
@@ -149,6 +150,8 @@ def summary_table(results: dict[str, Any]) -> str:
         lines += divergence.summary_lines(
             results["divergence"], results["divergence"]["reference"]["path"]
         )
+    if results.get("study"):
+        lines += ["", *study.table_lines(results["study"], results["data"]["name"])]
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ TOKENS = "tokens.parquet"  # per-token rows (`output.tokens`, `outputs.tokens`)
 JOURNAL = "journal.npz"  # the journal of a run of one step and one dataset (`outputs.journal`)
 POSITION_CURVE = "position_curve"  # .json and .png
 CONTEXT_CURVE = "context_curve"  # .json and .png
+STUDY = "study"  # study.json: a study's copies against the original (`study.copies`)
 TENSORBOARD = "tensorboard"  # the TensorBoard event folder (`output.sinks=tensorboard`)
 REPORT_CSV = "report.csv"
 REPORT_PNG = "report.png"

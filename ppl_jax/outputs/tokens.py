@@ -17,12 +17,12 @@ position in its window = tokens of context it saw, prefix/BOS included), `token_
 `top_ids` (list<int32>), `top_tokens` (list<string>), `top_probs` (list<float32>), most probable
 first; with a reference model `kl` (float32, nats, KL(reference || model)), `reference_nll`
 (float32, nats), `same_top1` (bool), `delta_logprob` (float32, nats, log p_model - log p_ref of
-the target = reference_nll - nll); with `extra_columns`, theirs (the long-context measures:
-`ppl_jax.evaluation.passes.long_context.TokenColumns`). Key-value metadata: `ppl_jax` (JSON: dataset, protocol, top_k,
-reference, tokenizer, num_tokens, nll_sum) and `documents` (JSON list of document sources).
-
-pyarrow is an optional dependency (`pip install 'ppl_jax[diagnostics]'`), imported only here,
-inside functions, so that `import ppl_jax` works without it.
+the target = reference_nll - nll); per copy of a study, `kl/<copy>`, `nll/<copy>`, ...
+(`ppl_jax.metrics.study.token_fields`); with `extra_columns`, theirs (the long-context measures:
+`ppl_jax.evaluation.passes.long_context.TokenColumns`). Key-value metadata: `ppl_jax` (JSON:
+dataset, protocol, top_k, reference, copies, tokenizer, num_tokens, nll_sum) and `documents`
+(JSON list of document sources). pyarrow is an optional dependency (`pip install
+'ppl_jax[diagnostics]'`), imported only here, inside functions: `import ppl_jax` works without it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ppl_jax.errors import ConfigError, DataError
+from ppl_jax.metrics import study
 from ppl_jax.outputs import files
 from ppl_jax.outputs.folder import _UMASK, write_error
 from ppl_jax.plans.protocols import Plan
@@ -110,6 +111,8 @@ class TokenWriter:
       dataset: the run's `data.name`, written in every row.
       top_k: entries per target in the `top_*` columns (0: none).
       reference: whether the reference-model columns are written.
+      copies, both_directions: a study's copies, by name, whose columns are written (the step's
+        `copy<i>/*` arrays), and whether with `kl_reverse/<copy>`.
       row_group_size: rows per Parquet row group; at most one row group (plus one batch) is
         held in memory.
       extra_columns: more columns, or None: `fields` (`(name, NumPy dtype)`), and a call with
@@ -131,6 +134,8 @@ class TokenWriter:
         reference: bool = False,
         row_group_size: int = 65536,
         extra_columns: Any = None,
+        copies: tuple[str, ...] = (),
+        both_directions: bool = False,
     ):
         check_available()
         import pyarrow.parquet as pq
@@ -142,8 +147,9 @@ class TokenWriter:
         self.nll_sum = 0.0
         self._plan, self._tokenizer, self._dataset = plan, tokenizer, dataset
         self._top_k, self._reference, self._group = int(top_k), bool(reference), row_group_size
-        self._extra = extra_columns
-        self._schema = schema(self._top_k, self._reference, getattr(self._extra, "fields", ()))
+        self._extra, self._copies = extra_columns, (tuple(copies), bool(both_directions))
+        extra = (*getattr(self._extra, "fields", ()), *study.token_fields(*self._copies))
+        self._schema = schema(self._top_k, self._reference, extra)
         self._pending: list[dict[str, np.ndarray]] = []
         self._pending_rows = 0
         self._decoded: np.ndarray | None = None  # `_texts`: ids whose text is in the table
@@ -172,10 +178,7 @@ class TokenWriter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
+        self.close() if exc_type is None else self.abort()
 
     def should_stop(self, i: int) -> bool:
         return False
@@ -245,6 +248,7 @@ class TokenWriter:
                 "protocol": self._plan.protocol,
                 "top_k": self._top_k,
                 "reference": self._reference,
+                "copies": list(self._copies[0]),
                 "tokenizer": self._tokenizer.name,
                 "num_tokens": self.num_tokens,
                 "nll_sum": self.nll_sum,
@@ -290,7 +294,8 @@ class TokenWriter:
             os.remove(self._tmp)
 
     def _array_names(self) -> tuple[str, ...]:
-        return _BASE + (_TOP if self._top_k else ()) + (_REFERENCE if self._reference else ())
+        named = _BASE + (_TOP if self._top_k else ()) + (_REFERENCE if self._reference else ())
+        return named + study.token_arrays(*self._copies)
 
     def _targets(
         self, rows: list[tuple[int, ...]]
@@ -319,12 +324,8 @@ class TokenWriter:
         x = np.asarray(arrays[name])
         tail = (self._top_k,) if name in _TOP else ()
         need = col.max() + 1 if col.size else 0
-        if (
-            x.ndim != 2 + len(tail)
-            or x.shape[0] != batch
-            or x.shape[1] < need
-            or (x.shape[2:] != tail)
-        ):
+        fits = x.ndim == 2 + len(tail) and x.shape[0] == batch and x.shape[2:] == tail
+        if not fits or x.shape[1] < need:
             raise ValueError(
                 f"TokenWriter.add: {name!r} has shape {x.shape}, expected [{batch}, >= {need}]"
                 f"{''.join(f', {t}' for t in tail)}"
@@ -402,6 +403,7 @@ class TokenWriter:
             out["delta_logprob"] = (ref.astype(np.float64) - nll).astype(np.float32)
         for name, _ in getattr(self._extra, "fields", ()):
             out[name] = cols[name]
+        out.update(study.token_columns(cols, *self._copies))
         return pa.Table.from_pydict(out, schema=self._schema)
 
 

@@ -109,6 +109,8 @@ class Scorer:
       options: the step's optional statistics (`StepOptions`).
       reference: with `options.reference`, the reference model and its params' shardings; the
         params given to `score` are then the pair `(params, reference params)`.
+      copies: with `options.copies`, a study's copies, `(model, its params' shardings)` each; the
+        params given to `score` are then `(params, (copy params, ...))`.
 
     Attributes:
       traces: how many times the step was traced (once per batch shape).
@@ -130,28 +132,41 @@ class Scorer:
         param_shardings: Any,
         options: StepOptions = DEFAULT_OPTIONS,
         reference: tuple[LanguageModel, Any] | None = None,
+        copies: Sequence[tuple[LanguageModel, Any]] = (),
     ):
         if options.reference != (reference is not None):
             raise ValueError("StepOptions.reference needs the reference model, and only then")
+        if options.copies != len(copies) or (copies and reference is not None):
+            raise ValueError("StepOptions.copies is the number of copies, without a reference")
         check_context(model, mesh)
         if reference is not None:
             check_context(reference[0], mesh, "the reference model")
+        for copy, _ in copies:
+            check_context(copy, mesh, "a copy")
         self.model = model
         self.mesh = mesh
         self.context = int(dict(mesh.shape).get(context_lib.AXIS, 1))
         self.param_shardings = param_shardings
         self.options = options
         self.reference = reference
+        self.copies = tuple(copies)
         self.batch_sharding = mesh_lib.batch_sharding(mesh)
         self.logits_budget = logits_budget(mesh)
         self.matmul_precision = precision.resolve(
             options.matmul_precision,
             precision.computes_in_float32(
-                model.abstract_params, *([reference[0].abstract_params] if reference else [])
+                model.abstract_params,
+                *([reference[0].abstract_params] if reference else []),
+                *(c.abstract_params for c, _ in self.copies),
             ),
         )
         self.traces = 0
         self._compiled: dict[tuple[int, int, int], Any] = {}
+
+    @property
+    def paired(self) -> bool:
+        """Whether the params are a pair: `(params, reference params)` or `(params, copies')`."""
+        return self.reference is not None or bool(self.copies)
 
     def _abstract_params(self) -> tuple[Any, Any]:
         """(the params' shardings, the abstract params), as the step takes them."""
@@ -163,6 +178,11 @@ class Scorer:
                 shardings,
             )
 
+        if self.copies:
+            return (self.param_shardings, tuple(s for _, s in self.copies)), (
+                abstract(self.model, self.param_shardings),
+                tuple(abstract(c, s) for c, s in self.copies),
+            )
         if self.reference is None:
             return self.param_shardings, abstract(self.model, self.param_shardings)
         ref_model, ref_shardings = self.reference
@@ -196,6 +216,7 @@ class Scorer:
                 reference_apply,
                 self.context,
                 self.logits_budget,
+                tuple(c.apply for c, _ in self.copies),
             )
 
         shardings, abstract_params = self._abstract_params()
@@ -237,7 +258,7 @@ class Scorer:
             data=int(dict(self.mesh.shape).get("data", 1)),
             context=self.context,
             token_chunk=self.options.token_chunk,
-            budget=self.logits_budget,
+            budget=self.logits_budget // (1 + self.options.copies),  # as the step's
         )
 
     def memory_analysis(self) -> dict[tuple[int, int, int], Any]:

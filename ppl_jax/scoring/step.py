@@ -64,6 +64,11 @@ class StepOptions:
         `nll.MAX_TOP_K`).
       reference: the params are `(model params, reference params)`; the step also scores the
         reference model and returns per-token KL(reference || model) (`ppl_jax.metrics.divergence`).
+      copies: > 0: a study (`ppl_jax.metrics.study`): the params are `(model params, (copy
+        params, ...))` of this many copies, each scored against the model on the same batch (the
+        model's output computed once); the NLL's chunk shrinks with them, so that every copy's
+        blocks of logits and the model's fit the one `logits_budget`.
+      both_directions: with copies, also KL(copy || model) per token.
       context_attention: how attention crosses the context axis, `all_gather` or `ring`
         (`ppl_jax.models.layers.context.Settings`).
       token_chunk: tokens per chunk of the per-token layers on each device (the MLP, the NLL;
@@ -78,6 +83,8 @@ class StepOptions:
     per_token: bool = False
     top_k: int = 0
     reference: bool = False
+    copies: int = 0
+    both_directions: bool = False
     context_attention: str = "all_gather"
     token_chunk: int = 0
     matmul_precision: str = "auto"
@@ -85,7 +92,7 @@ class StepOptions:
     @property
     def token_arrays(self) -> bool:
         """Whether the step returns per-token arrays (for the token file or the divergence)."""
-        return self.per_token or self.reference
+        return self.per_token or self.reference or self.copies > 0
 
 
 class StepSums(NamedTuple):
@@ -103,7 +110,9 @@ class StepSums(NamedTuple):
         target at row position `p`): `scored` (bool), `slot` (int32, the target's segment id,
         0 for padding), `nll`, `entropy` (float32 nats), `correct` (bool); with top_k
         `top_ids` `[batch, seq, k]` int32 and `top_logprobs` float32; with a reference `kl`,
-        `reference_nll` (float32 nats) and `same_top1` (bool).
+        `reference_nll` (float32 nats) and `same_top1` (bool); with copies, for copy `i`
+        `copy<i>/nll` (float32 nats, the copy's), `copy<i>/kl` (KL(model || copy), float32
+        nats), `copy<i>/same_top1` (bool) and with both directions `copy<i>/kl_reverse`.
     """
 
     nll_sum: jax.Array
@@ -123,6 +132,7 @@ def score_step(
     reference_apply: Callable[..., Any] | None = None,
     context: int = 1,
     logits_budget: int = LOGITS_BUDGET,
+    copy_applies: tuple[Callable[..., Any], ...] = (),
 ) -> StepSums:
     """Scores one batch of rows, each holding up to `num_slots` windows (segments).
 
@@ -142,6 +152,7 @@ def score_step(
         in row order before they leave the step, and the sums do not depend on the order.
       logits_budget: bytes of one block of logits on a device (`logits_budget`), which sets the
         NLL's chunk where `options.token_chunk` is 0 (`nll_chunk`).
+      copy_applies: with `options.copies`, each copy's `LanguageModel.apply`.
 
     Returns:
       `StepSums`, each `[batch, num_slots]`: sums per window. The `[batch, seq, vocab]` logits are
@@ -161,10 +172,12 @@ def score_step(
     width = tokens.shape[1] - 1
     if context > 1:  # the load-balanced order, split over `context`
         row, order = _context_order(row, context)
-    model_params, reference_params = params if options.reference else (params, None)
+    model_params, other_params = params if options.reference or options.copies else (params, None)
     read = (row["inputs"], row["read_positions"], row["read_segments"])
     output = apply(model_params, *read)
-    reference = reference_apply(reference_params, *read) if options.reference else None
+    reference = reference_apply(other_params, *read) if options.reference else None
+    copy_params = other_params if options.copies else ()
+    copies = [f(p, *read) for f, p in zip(copy_applies, copy_params, strict=True)]
     top_k = options.top_k if options.per_token else 0
     data = int(dict(jax.sharding.get_abstract_mesh().shape).get("data", 1) or 1)
     chunk = nll_chunk(
@@ -174,19 +187,28 @@ def score_step(
         data=data,
         context=context,
         token_chunk=options.token_chunk,
-        budget=logits_budget,
+        # A study's copies each hold their own and the model's blocks (XLA does not reuse one
+        # copy's for the next): the chunk shrinks so that all of them fit the one budget.
+        budget=logits_budget // (1 + options.copies),
     )
-    stats = context_lib.per_token(
-        lambda x: token_stats(
-            _rebuilt(output, x["output"]),
-            x["targets"],
-            top_k=top_k,
-            reference=_rebuilt(reference, x["reference"]),
-        ),
+
+    def stats_of(x):
+        own = _rebuilt(output, x["output"])
+        stats = token_stats(
+            own, x["targets"], top_k=top_k, reference=_rebuilt(reference, x["reference"])
+        )
+        return stats, tuple(
+            _copy_stats(own, _rebuilt(c, rows), x["targets"], options.both_directions)
+            for c, rows in zip(copies, x["copies"], strict=True)
+        )
+
+    stats, copy_stats = context_lib.per_token(
+        stats_of,
         {
             "output": _per_token(output),
             "targets": row["targets"],
             "reference": _per_token(reference),
+            "copies": tuple(_per_token(c) for c in copies),
         },
         chunk,
     )
@@ -224,10 +246,12 @@ def score_step(
         for name in ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1"):
             if getattr(stats, name, None) is not None:
                 extras[name] = getattr(stats, name)
-        if context > 1:  # per-token outputs leave the step in row order
+        for i, found in enumerate(copy_stats):
+            extras.update({f"copy{i}/{k}": v for k, v in found.items()})
+        if context > 1:  # per-token outputs leave the step in row order (all are [B, T, ...])
             back = jnp.asarray(np.argsort(order)[:width])
-            for name in ("scored", "slot", "nll", "entropy", "correct", *_TOKEN_EXTRAS):
-                if name in extras:
+            for name in list(extras):
+                if name not in ("nll_by_position", "tokens_by_position"):
                     extras[name] = jnp.take(extras[name], back, axis=1)
     return StepSums(
         nll_sum=per_slot(stats.nll),
@@ -270,7 +294,15 @@ def logits_budget(mesh: Mesh) -> int:
     return LOGITS_BUDGET // max(1, shared)
 
 
-_TOKEN_EXTRAS = ("top_ids", "top_logprobs", "kl", "reference_nll", "same_top1")
+def _copy_stats(model, copy, targets, both_directions: bool) -> dict[str, jax.Array]:
+    """A copy's per-token statistics against the model (`[B, T]` each): its `nll`, `kl` =
+    KL(model || copy) and `same_top1` (`nll.token_stats` with the model as the reference), and
+    with `both_directions` `kl_reverse` = KL(copy || model)."""
+    s = token_stats(copy, targets, reference=model)
+    found = {"nll": s.nll, "kl": s.kl, "same_top1": s.same_top1}
+    if both_directions:
+        found["kl_reverse"] = token_stats(model, targets, reference=copy).kl
+    return found
 
 
 def _context_order(row: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], np.ndarray]:

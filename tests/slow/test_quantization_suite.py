@@ -1,9 +1,9 @@
 """The quantization suite of docs/diagnostics.md end to end: examples/demo_to_hf.py writes the
 demo model as a Hugging Face directory, a 4-bit GPTQ copy of it is written here by the format's
 formula (round to nearest, groups of 32, `gptq_v2`, independent of ppl_jax's reader), and
-examples/compare_quantized.py scores both with configs/quantization.py (`gptq_chunks`) and the
-original as the reference: the table has each run's intervals, the copy's paired change in bits
-per byte, its KL from the original and top-1 agreement, and the copy's results.json records its
+examples/compare_quantized.py scores both in one pass with configs/quantization.py (`gptq_chunks`)
+and `study.copies`: the table has each model's intervals, the copy's paired change in bits per
+byte, its KL from the original and top-1 agreement, and the study records the copy's
 quantization."""
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def test_the_suite_reports_each_copy_against_its_original(tmp_path):
     assert "| gptq4 |" in done.stdout and "| original |" in done.stdout
     with open(os.path.join(out, "table.json"), encoding="utf-8") as f:
         (table,) = json.load(f)
-    base, q = table["rows"]
-    assert base["quantization"] is None and "kl_mean" not in base
+    base, q = table["study"]["original"], table["study"]["copies"]["gptq4"]
     assert q["quantization"]["method"] == "gptq" and q["quantization"]["bits"] == 4
+    assert q["quantization"]["format"] == "gptq_v2"
     for row in (base, q):
         lo, hi = row["bits_per_byte_interval"]
         assert lo < row["bits_per_byte"] < hi
@@ -90,8 +90,8 @@ def test_the_suite_reports_each_copy_against_its_original(tmp_path):
     assert lo <= q["delta_bits_per_byte"] <= hi
     assert abs(q["delta_bits_per_byte"] - (q["bits_per_byte"] - base["bits_per_byte"])) < 1e-9
     assert 0 < q["kl_mean"] < 1 and 0.5 < q["same_top1"] < 1  # close to, not equal to, it
-    with open(os.path.join(out, os.path.basename(corpus).split(".")[0], "gptq4",
-                           "results.json"), encoding="utf-8") as f:  # fmt: skip
+    with open(os.path.join(out, os.path.basename(corpus).split(".")[0], "results.json"),
+              encoding="utf-8") as f:  # fmt: skip
         results = json.load(f)
-    assert results["protocol"]["name"] == "gptq_chunks"
-    assert results["quantization"]["format"] == "gptq_v2"
+    assert results["protocol"]["name"] == "gptq_chunks" and results["quantization"] is None
+    assert results["study"] == table["study"]

@@ -4,8 +4,8 @@ scores documents whole (`ppl_jax.evaluation.passes.long_context`) (`config.Diagn
 
 Each is an extra output of the same compiled scoring step (`scoring.StepOptions`) watched on the
 host by an observer of the loop (`StepObservers`): `tokens.TokenWriter` (tokens.parquet),
-`divergence.Divergence`, `long_context.Gather` (the per-token NLLs of the long-context
-measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
+`divergence.Divergence`, `study.Study` (a study's copies), `long_context.Gather` (the per-token
+NLLs of the long-context measures); the position sums are in `ScoreTotals`. The context-length sweep scores extra window
 sets with the same model and params (`context_sweep`, after the run's pass); the long-context
 measures' short-context pass (and LongPPL's evaluator) runs before the run's pass (`before`).
 `check` makes every check that needs no weights (called by
@@ -29,13 +29,14 @@ from ppl_jax.evaluation.passes.context_sweep import context_targets
 from ppl_jax.evaluation.passes.intervals import position_intervals
 from ppl_jax.evaluation.passes.shared import Passes
 from ppl_jax.evaluation.spec import RunSpec
-from ppl_jax.metrics import curves, divergence
+from ppl_jax.metrics import curves, divergence, study
 from ppl_jax.models.interface import LanguageModel
-from ppl_jax.outputs import curve_figures, figures, files
+from ppl_jax.outputs import curve_figures, figures, files, study_figure
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.plans import planner
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.plans.protocols import Plan
+from ppl_jax.plans.windows import NO_PREFIX
 from ppl_jax.scoring.observers import ScoreObserver
 from ppl_jax.scoring.step import StepOptions
 
@@ -43,6 +44,7 @@ POSITION_CURVE = files.POSITION_CURVE
 CONTEXT_CURVE = files.CONTEXT_CURVE
 TOKENS = files.TOKENS
 LONG_CONTEXT = "long_context"  # results.json's key of the context gains and LongPPL
+STUDY = files.STUDY  # results.json's key and study.json: the copies against the original
 
 
 @dataclasses.dataclass
@@ -55,6 +57,8 @@ class StepObservers:
       options: the step's optional statistics.
       token_writer: the tokens.parquet writer (process 0 with output.tokens), else None.
       divergence: the divergence gatherer (with a reference model), else None.
+      study: the copies' gatherer (`study.copies`), else None; plan: the run's plan (its
+        units and bytes, for the study's intervals).
       gather: the run's per-token NLLs by stream index, for the long-context measures (a
         protocol that scores documents whole, with the position curve or a short context).
       short: the short-context NLLs by stream index (`before`), else None.
@@ -67,6 +71,8 @@ class StepObservers:
     options: StepOptions
     token_writer: Any = None
     divergence: divergence.Divergence | None = None
+    study: study.Study | None = None
+    plan: Plan | None = None
     gather: long_context.Gather | None = None
     short: np.ndarray | None = None
     keys: tuple[np.ndarray, int, str] | None = None
@@ -76,7 +82,8 @@ class StepObservers:
     @property
     def observers(self) -> list[Any]:
         """The loop's observers among them, in order."""
-        return [o for o in (self.token_writer, self.divergence, self.gather) if o is not None]
+        found = (self.token_writer, self.divergence, self.study, self.gather)
+        return [o for o in found if o is not None]
 
     def abort(self) -> None:
         """Removes a partial token file (an error or a signal stopped the run)."""
@@ -125,7 +132,7 @@ def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -
     """The run's observers of the step's optional outputs; the token file is opened on process 0
     (`out` given) only."""
     d = spec.diagnostics
-    result = StepObservers(spec.step_options())
+    result = StepObservers(spec.step_options(), plan=plan)
     if d.tokens and out is not None:
         pending = dict(
             path=out.file(TOKENS),
@@ -134,6 +141,8 @@ def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -
             dataset=spec.data.name,
             top_k=d.top_k,
             reference=d.reference is not None,
+            copies=tuple(name for name, _ in d.study.copies) if d.study else (),
+            both_directions=d.study is not None and d.study.both_directions,
         )
         if d.long_context is None:
             result.token_writer = _token_writer(pending)
@@ -141,9 +150,23 @@ def step_observers(spec: RunSpec, plan: Plan, tok: Any, out: OutputDir | None) -
             result.tokens_pending = pending
     if d.reference is not None:
         result.divergence = divergence.Divergence(plan.describe_window)
+    if d.study is not None:
+        names = [name for name, _ in d.study.copies]
+        describe = functools.partial(describe_token, plan, tok)
+        result.study = study.Study(
+            names, plan.windows.num_windows, d.study.both_directions, describe
+        )
     if spec.by_document:
         result.gather = long_context.Gather(plan.windows)
     return result
+
+
+def describe_token(plan: Plan, tok: Any, k: int, position: int) -> str:
+    """Where the target at row position `position` of window `k` is, and its text."""
+    w = plan.windows
+    g = int(w.starts[k]) + position - int(w.prefix[k] != NO_PREFIX)
+    text = tok.token_texts(np.asarray([w.tokens[g]]))[0] if tok is not None else ""
+    return f"{plan.describe_window(k)}, row position {position}: {text!r}"
 
 
 def _token_writer(arguments: dict[str, Any], **long: Any) -> Any:
@@ -266,6 +289,8 @@ def collect(
         out[CONTEXT_CURVE] = sweep
     if watch.divergence is not None:
         out["divergence"] = watch.divergence.summary()
+    if watch.study is not None:
+        out[STUDY] = watch.study.summary(watch.plan, spec.bootstrap_samples, spec.seed)
     if watch.token_writer is not None:
         out["tokens_file"] = watch.token_writer.close()
         watch.token_writer = None
@@ -292,6 +317,16 @@ def write(
         lines.insert(0, curves.context_table(found[CONTEXT_CURVE]))
     if LONG_CONTEXT in found:
         lines = long_context.summary_lines(found[LONG_CONTEXT]) + lines
+    if STUDY in found:
+        lines.append(f"study: {out.write_json(f'{STUDY}.json', found[STUDY])}")
+        try:  # the KL figure is a bonus: drawn where matplotlib is installed
+            study_figure.check_available()
+        except ConfigError:
+            lines.append("study figure: none (matplotlib is not installed)")
+        else:
+            fig = study_figure.kl_figure(found[STUDY], title, size=spec.size)
+            paths = figures.write_figures(out, study_figure.NAME, fig, spec)
+            lines.append(f"study figure: {', '.join(paths)}")
     if "tokens_file" in found:
         lines.append(f"tokens: {found['tokens_file']}")
     return lines

@@ -5,7 +5,8 @@
   `results.jsonl` with the same fingerprint; process 0 decides and every process agrees.
 - `pair`: each pair's journal, opened before any weight is read (one of another run is refused
   then) and resumed from (a run of one step and one dataset keeps `journal.npz`).
-- `restore`: the step's params (and, once, the reference model's), then the stop request.
+- `restore`: the step's params (and, once, the reference model's or a study's copies'), then
+  the stop request.
 - each pair (`RunPair`): the stop request, its progress bar, the diagnostics (the short-context
   and LongPPL passes before its own, the context sweep after), the gzip baseline, the seconds of
   every pass; on process 0 its files (`units.npz`, documents, curves, tokens); a stopped pair
@@ -65,6 +66,7 @@ class RunHooks(Hooks):
     params: Any = None
     reference_params: Any = None
     restore_seconds: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    copy_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # restore, by copy
     evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
     written: list[str] = dataclasses.field(default_factory=list)
     gzip: dict[str, tuple[float | None, int | None]] = dataclasses.field(default_factory=dict)
@@ -119,6 +121,14 @@ class RunHooks(Hooks):
         if p.reference is not None and self.reference_params is None:
             self.reference_params = p.reference.restore()
             self.restore_seconds["reference_restore_seconds"] = time.perf_counter() - t1
+        if p.copies and self.reference_params is None:  # a study: its copies' params, in order
+            restored_copies = []
+            for name, copy in p.copies.items():
+                t = time.perf_counter()
+                restored_copies.append(copy.restore())
+                self.copy_seconds[name] = time.perf_counter() - t
+            self.reference_params = tuple(restored_copies)
+            self.restore_seconds["copies_restore_seconds"] = time.perf_counter() - t1
         restored = (
             f"after restoring step {step}, before scoring it"
             if self.spec.is_training_run
@@ -191,6 +201,8 @@ class RunPair(PairHooks):
             windows_done = sum(len(r) for i in done for r in d.layout.batch_rows(int(i)))
             others = spec.diagnostics.long_context or spec.diagnostics.context_lengths
             named = {"desc": "scoring"} if others else {}
+            if run.setup.copies:  # one pass scores the original and every copy
+                named = {"desc": f"original + {len(run.setup.copies)} copies"}
             note = cost_note(d, self.recorder.state.batch_done, run.setup.mesh)
             note.start()
             self.progress = run.progress_factory(d.plan.windows.num_windows, windows_done, **named)
@@ -221,6 +233,11 @@ class RunPair(PairHooks):
             raise self.interrupted()
         main = jax.process_index() == 0  # only it writes: the others build no curve or interval
         found = diagnostics.collect(spec, totals, self.watch, sweep) if main else {}
+        for name, part in (found.get("study") or {}).get("copies", {}).items():
+            copy = p.copies[name]  # where it was read from, how it is stored, its restore time
+            part["checkpoint"] = {"path": os.path.abspath(copy.checkpoint.path), "step": copy.step}
+            part["quantization"] = copy.checkpoint.quantization(copy.step)
+            part["restore_seconds"] = run.copy_seconds.get(name)
         gzip_bpb, gzip_bytes = run.gzip_baseline(d, self.passes)
         self.passes.seconds.update(
             compile_seconds=totals.compile_seconds, scoring_seconds=totals.scoring_seconds
@@ -267,8 +284,9 @@ class RunPair(PairHooks):
         if spec.diagnostics.any_beyond_sums:  # no journal
             return Interrupted(
                 f"stopped by {by}; a run with diagnostics (output.tokens, "
-                f"output.position_curve, eval.context_lengths, eval.short_context, reference.*) "
-                f"keeps no journal, so the same command starts it again from the first batch.",
+                f"output.position_curve, eval.context_lengths, eval.short_context, reference.*, "
+                f"study.copies) keeps no journal, so the same command starts it again from the "
+                f"first batch.",
                 code,
             )
         where = recorder.save() or "process 0 output.dir"

@@ -42,10 +42,11 @@ class Reference:
     model: LanguageModel
     target: Any
     shardings: Any
+    setting: str = "reference.checkpoint"  # the settings an error names
 
     def restore(self) -> Any:
         """The reference's params, on the mesh."""
-        with settings_named("reference.checkpoint"):
+        with settings_named(self.setting):
             return self.checkpoint.restore(self.step, self.target)
 
 
@@ -75,6 +76,7 @@ class RunSetup:
     reference: Reference | None
     evaluator: Evaluator
     long_context: Any = None  # LongPPL's evaluator (`long_context.KeyEvaluator`), if named
+    copies: dict[str, Reference] = dataclasses.field(default_factory=dict)  # a study's, by name
 
     def fingerprint(self, d: Dataset, step: int | None) -> dict[str, Any]:
         """What decides the numbers of dataset `d` scored at `step`: the evaluator's
@@ -116,12 +118,13 @@ def check(spec: RunSpec, ckpt: Checkpoint) -> None:
         or d.context_lengths
         or d.reference
         or d.long_context
+        or d.study
         or spec.per_document
     ):
         raise ConfigError(
             "output.tokens, output.position_curve, eval.context_lengths, eval.short_context, "
-            "reference.* and output.per_document score one checkpoint step on one dataset; run "
-            "them without suite, a step sweep or checkpoint.watch."
+            "reference.*, study.copies and output.per_document score one checkpoint step on one "
+            "dataset; run them without suite, a step sweep or checkpoint.watch."
         )
     if spec.steps.is_sweep and not ckpt.steps() and ckpt.resolve_step(None) is None:
         raise ConfigError(
@@ -162,6 +165,9 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     reference = None
     if spec.diagnostics.reference is not None:
         reference = _reference(spec, model, mesh, tok)
+    copies = {}
+    for name, path in spec.diagnostics.study.copies if spec.diagnostics.study else ():
+        copies[name] = _copy(spec, name, path, model, mesh, tok)
     for d in datasets:
         distributed.check_same_plan(
             protocols.plan_digest(d.plan, spec.batch.batch_size),
@@ -170,7 +176,9 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
     target, shardings = mesh_lib.param_targets(
         model.abstract_params, model.logical_axes, mesh, spec.mesh.rules, DTYPES[spec.dtype]
     )
-    evaluator = _evaluator(spec, ckpt, model, attention, mesh, datasets, tok, shardings, reference)
+    evaluator = _evaluator(
+        spec, ckpt, model, attention, mesh, datasets, tok, shardings, reference, copies
+    )
     return RunSetup(
         spec=spec,
         mesh=mesh,
@@ -187,6 +195,7 @@ def set_up(spec: RunSpec, out: OutputDir | None) -> RunSetup:
         reference=reference,
         evaluator=evaluator,
         long_context=key_eval,
+        copies=copies,
     )
 
 
@@ -200,6 +209,7 @@ def _evaluator(
     tok: tokenizer.Tokenizer,
     shardings: Any,
     reference: Reference | None,
+    copies: dict[str, Reference],
 ) -> Evaluator:
     """The run's `Evaluator` over its planned datasets (compiled at its first step), with the
     step's diagnostics and what its records and fingerprints name: the checkpoint, dtype,
@@ -213,6 +223,7 @@ def _evaluator(
         batch=spec.batch,
         options=spec.step_options(),
         reference=None if reference is None else (reference.model, reference.shardings),
+        copies={name: (c.model, c.shardings) for name, c in copies.items()},
         compile=False,
         rules=spec.mesh.rules,
         checkpoint=ckpt,
@@ -321,19 +332,17 @@ def _reference(
         Hugging Face directory's tokenizer files): the same ids would name other strings.
     """
     ref = spec.diagnostics.reference
-    with settings_named("reference.checkpoint"):  # its own keys, not the scored model's
-        ckpt = open_checkpoint(ref.checkpoint_dir, ref.checkpoint_format)
-        step = ckpt.resolve_step(ref.checkpoint_step)
-        arch = architecture.resolve(ckpt, step)
-        attention = arch.attention("auto", ref.dtype, mesh, spec.mesh.context_attention)
-        ref_model, _ = architecture.packed(ckpt, step, arch.model(ref.dtype, attention))
-    check_context(ref_model, mesh, "the reference model")
+    found = _opened(
+        spec, ref.checkpoint_dir, ref.checkpoint_format, ref.checkpoint_step, ref.dtype, mesh,
+        "reference.checkpoint", "the reference model",
+    )  # fmt: skip
+    ref_model = found.model
     if ref_model.vocab_size != model.vocab_size:
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} scores {ref_model.vocab_size} token "
             f"ids and the model {model.vocab_size}; KL needs the same tokenizer and vocabulary."
         )
-    ref_tok = ckpt.tokenizer(step)
+    ref_tok = found.checkpoint.tokenizer(found.step)
     if ref_tok is not None and vocabulary(ref_tok) != vocabulary(tok):
         raise ConfigError(
             f"the reference model in {ref.checkpoint_dir!r} has another tokenizer "
@@ -341,14 +350,63 @@ def _reference(
             f"both have {model.vocab_size} ids; KL compares the two models on the same token ids, "
             f"so it needs the same tokenizer: choose a reference trained with the model's."
         )
-    target, shardings = mesh_lib.param_targets(
-        ref_model.abstract_params,
-        ref_model.logical_axes,
-        mesh,
-        spec.mesh.rules,
-        DTYPES[ref.dtype],
+    return found
+
+
+def _copy(
+    spec: RunSpec, name: str, path: str, model: LanguageModel, mesh: Any, tok: tokenizer.Tokenizer
+) -> Reference:
+    """A study's copy (`study.copies`), read in `model.dtype`: opened and checked against the
+    original, no weights.
+
+    Raises:
+      ConfigError: another vocabulary size, or another tokenizer than the original's where the
+        copy stores one (as `_reference`).
+    """
+    found = _opened(
+        spec, path, "auto", None, spec.dtype, mesh, f"study.copies[{name}]", f"the copy {name!r}"
     )
-    return Reference(ckpt, step, ref_model, target, shardings)
+    copy_model = found.model
+    if copy_model.vocab_size != model.vocab_size:
+        raise ConfigError(
+            f"the copy {name!r} in {path!r} scores {copy_model.vocab_size} token ids and the "
+            f"original {model.vocab_size}; a study compares models of one tokenizer and "
+            f"vocabulary, so score that copy on its own."
+        )
+    copy_tok = found.checkpoint.tokenizer(found.step)
+    if copy_tok is not None and vocabulary(copy_tok) != vocabulary(tok):
+        raise ConfigError(
+            f"the copy {name!r} in {path!r} has another tokenizer ({_kind(copy_tok)}) than the "
+            f"original's ({_kind(tok)}), though both have {model.vocab_size} ids; a study "
+            f"compares models on the same token ids, so score that copy on its own."
+        )
+    return found
+
+
+def _opened(
+    spec: RunSpec,
+    path: str,
+    format: str,
+    step: int | None,
+    dtype: str,
+    mesh: Any,
+    setting: str,
+    what: str,
+) -> Reference:
+    """Another model scored beside the model (a reference, a study's copy): opened, its
+    architecture resolved and checked against the mesh, its params' targets; no weights."""
+    with settings_named(setting):  # its own keys, not the scored model's
+        ckpt = open_checkpoint(path, format)
+        step = ckpt.resolve_step(step)
+        arch = architecture.resolve(ckpt, step)
+        attention = arch.attention("auto", dtype, mesh, spec.mesh.context_attention)
+        # Its quantized weights packed on the device where the format can (as the model's).
+        other, _ = architecture.packed(ckpt, step, arch.model(dtype, attention))
+    check_context(other, mesh, what)
+    target, shardings = mesh_lib.param_targets(
+        other.abstract_params, other.logical_axes, mesh, spec.mesh.rules, DTYPES[dtype]
+    )
+    return Reference(ckpt, step, other, target, shardings, setting)
 
 
 def vocabulary(tok: tokenizer.Tokenizer) -> Any:
