@@ -13,6 +13,12 @@ blocks (`ppl_jax.models.layers.packed`), as `checkpoint.dequantize=auto` places 
 The `Scorer`'s step is lowered from the abstract params and batch and compiled on the first
 device; XLA's memory analysis gives its arguments (params and batch) and temporaries. One JSON
 line per (model, weights) and `--out` with them all.
+
+With `--run=N` (the device check's `quantized` part, on a GPU) each step also runs N times on
+random weights made on the device (valid blocks: random codes, every block's scales small
+float16s), after one warm-up: tokens/s, MFU (forward FLOPs per token = 2 x matmul parameters +
+the causal attention's `2 x 2 x layers x heads x head_dim x (T + 1) / 2`, against 989 TFLOP/s
+dense bfloat16) and the device's peak memory (`memory_stats`, where the platform has it).
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ _MODELS = flags.DEFINE_list("models", list(MODELS), "Models to compile.")
 _BATCH = flags.DEFINE_integer("batch", 0, "Rows per batch (0: the model's default).")
 _TOKENS = flags.DEFINE_integer("tokens", 0, "Tokens per row (0: the model's default).")
 _OUT = flags.DEFINE_string("out", "bench_quantized_memory.json", "Where to write the results.")
+_RUN = flags.DEFINE_integer(
+    "run", 0, "Also run the step this many times on random weights (a GPU): tokens/s, MFU, memory."
+)
+_ATTENTION = flags.DEFINE_string("attention", "xla", "model.attention (cudnn on a GPU).")
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bfloat16, SXM (`benchmarks.bench`)
 
 
 def more_bits(layer: int, layers: int) -> bool:
@@ -86,6 +97,78 @@ def packed_model(model, layers: int):
     return dataclasses.replace(model, abstract_params=nest_weights(flat))
 
 
+# Byte offsets of each block type's float16 scales (`d`, and `dmin` where it has one), llama.cpp's
+# block layouts: set to 2^-10 so that random codes dequantize to finite, small weights.
+SCALES = {"Q4_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_params(abstract, seed: int = 0):
+    """Random weights of the abstract params on the default device: floats N(0, 0.02^2), packed
+    weights random codes with small scales."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ppl_jax.models.layers import packed
+
+    half = np.frombuffer(np.float16(2**-10).tobytes(), np.uint8)
+    leaves, tree = jax.tree.flatten(abstract, is_leaf=packed.is_packed)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    out = []
+    for key, leaf in zip(keys, leaves, strict=True):
+        if packed.is_packed(leaf):
+            data = jax.random.bits(key, leaf.layout.packed_shape, jnp.uint8)
+            for at in SCALES[leaf.layout.kind]:
+                data = data.at[..., at : at + 2].set(jnp.asarray(half))
+            out.append(leaf.with_data(data))
+        else:
+            out.append((0.02 * jax.random.normal(key, leaf.shape)).astype(leaf.dtype))
+    return jax.tree.unflatten(tree, out)
+
+
+def matmul_params(config: dict) -> int:
+    d, hd = config["embed_dim"], config["head_dim"]
+    attn = d * hd * (2 * config["num_heads"] + 2 * config["num_kv_heads"])
+    return config["num_layers"] * (attn + 3 * d * config["mlp_dim"]) + config["vocab_size"] * d
+
+
+def timed(step, model, config: dict, batch: int, tokens: int, repeats: int) -> dict:
+    """`repeats` runs of the compiled `step` on random weights: tokens/s, MFU, peak memory."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    params = random_params(model.abstract_params)
+    rng = np.random.default_rng(0)
+    shape = (batch, tokens + 1)
+    data = {
+        "tokens": jnp.asarray(rng.integers(0, config["vocab_size"], shape), jnp.int32),
+        "target_mask": jnp.ones(shape, jnp.bool_),
+        "segment_ids": jnp.ones(shape, jnp.int32),
+        "positions": jnp.broadcast_to(jnp.arange(tokens + 1, dtype=jnp.int32), shape),
+    }
+    jax.block_until_ready(step(params, data))
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(step(params, data))
+    seconds = (time.perf_counter() - t0) / repeats
+    rate = batch * tokens / seconds
+    flops = 2 * matmul_params(config) + 2 * 2 * config["num_layers"] * (
+        config["num_heads"] * config["head_dim"] * (tokens + 1) / 2
+    )
+    kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAK_BF16.items() if k in kind), None)
+    stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
+    return {
+        "step_seconds": round(seconds, 4),
+        "tokens_per_second": round(rate),
+        "mfu": round(rate * flops / peak, 4) if peak else None,
+        "peak_device_gb": round(stats["peak_bytes_in_use"] / 1e9, 3)
+        if "peak_bytes_in_use" in stats
+        else None,
+    }
+
+
 def compiled(model, batch: int, tokens: int) -> dict:
     import jax
 
@@ -103,7 +186,7 @@ def compiled(model, batch: int, tokens: int) -> dict:
     step = scorer.compiled(batch, tokens + 1)
     seconds = time.perf_counter() - t0
     memory = step.memory_analysis()
-    return {
+    return step, {
         "compile_seconds": round(seconds, 1),
         "packed_gb": round(packed.packed_bytes(model.abstract_params) / 1e9, 3),
         "argument_gb": round(memory.argument_size_in_bytes / 1e9, 3),
@@ -123,16 +206,18 @@ def main(argv: list[str]) -> None:
     for name in _MODELS.value:
         config, batch, tokens = MODELS[name]
         batch, tokens = _BATCH.value or batch, _TOKENS.value or tokens
-        model = registry.build(LlamaConfig(**config).to_dict(), jnp.bfloat16, "xla")
+        model = registry.build(LlamaConfig(**config).to_dict(), jnp.bfloat16, _ATTENTION.value)
         layers = config["num_layers"]
         d, f, v = config["embed_dim"], config["mlp_dim"], config["vocab_size"]
         layer_floats = 2 * (d * config["num_heads"] * config["head_dim"] * 2
                             + d * config["num_kv_heads"] * config["head_dim"] * 2 + 3 * d * f)  # fmt: skip
         for weights, m in (("bfloat16", model), ("Q4_K_M packed", packed_model(model, layers))):
+            step, memory = compiled(m, batch, tokens)
             row = {"model": name, "weights": weights, "batch": batch, "tokens": tokens,
                    "one_layer_bf16_gb": round(layer_floats / 1e9, 3),
-                   "head_bf16_gb": round(2 * d * v / 1e9, 3),
-                   **compiled(m, batch, tokens)}  # fmt: skip
+                   "head_bf16_gb": round(2 * d * v / 1e9, 3), **memory}  # fmt: skip
+            if _RUN.value:
+                row.update(timed(step, m, config, batch, tokens, _RUN.value))
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(_OUT.value, "w", encoding="utf-8") as out:

@@ -1,5 +1,5 @@
-"""The device check: everything a GPU must show, in one command of at most 560 seconds on one
-H100 or H200 (480 without `families`), each part bounded in time and written into one JSON as it
+"""The device check: everything a GPU must show, in one command of at most 590 seconds on one
+H100 or H200 (480 without `families` and `quantized`), each part bounded in time and written into one JSON as it
 finishes.
 
     python -m benchmarks.gpu_check                     # all parts, into gpu_check.json
@@ -29,9 +29,12 @@ cut to what is left of `--total` seconds):
   tokens in bfloat16 under `model.attention=auto` (`benchmarks.families_check`): tokens/s, MFU,
   the kernel each kind of layer ran and the attention note; the families its budget does not
   reach are listed as skipped.
+- `quantized`: the Llama 3.1 8B shape at 8 x 2,048 tokens, bfloat16 against its llama.cpp
+  Q4_K_M layout kept packed on the device (`benchmarks.bench_quantized_memory --run`): the
+  compiled arguments and temporaries, the device's peak memory, tokens/s and MFU of each.
 
-With `families` the whole check takes at most 560 seconds (`--total`); `--parts=families` runs it
-alone. The parts that allocate much set `XLA_PYTHON_CLIENT_MEM_FRACTION=0.92` (JAX takes 75% of the GPU
+With `families` and `quantized` the whole check takes at most 590 seconds (`--total`);
+`--parts=families` runs it alone. The parts that allocate much set `XLA_PYTHON_CLIENT_MEM_FRACTION=0.92` (JAX takes 75% of the GPU
 by default). `BENCHMARKS.md`'s GPU rows come from this JSON.
 """
 
@@ -57,10 +60,11 @@ BUDGETS = {
     "long_131k": 75,
     "long_1m": 190,
     "families": 80,
+    "quantized": 60,
 }
 _PARTS = flags.DEFINE_list("parts", list(BUDGETS), "The parts to run, in order.")
 _OUT = flags.DEFINE_string("out", "gpu_check.json", "The JSON written after each part.")
-_TOTAL = flags.DEFINE_integer("total", 560, "Seconds for the whole check.")
+_TOTAL = flags.DEFINE_integer("total", 590, "Seconds for the whole check.")
 
 HELD_OUT = os.path.join(ROOT, "ppl_jax", "demo", "held_out", "difflib.py.txt")
 TOKENIZER = os.path.join(ROOT, "tests", "golden", "references", "gpt2", "tokenizer.json")
@@ -160,6 +164,17 @@ def _long(seconds: float, length: int, variants: list[tuple[str, int]]) -> dict:
     return out
 
 
+def part_quantized(seconds: float) -> dict:
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "quantized.json")
+        got = run(
+            [sys.executable, "-m", "benchmarks.bench_quantized_memory", "--models=llama-8b",
+             "--run=5", "--attention=cudnn", f"--out={path}"],
+            seconds, env(big=True),
+        )  # fmt: skip
+        return {**got, "result": json_rows(path)}
+
+
 def part_long_131k(seconds: float) -> dict:
     return _long(seconds, 131072, [("cudnn", 0), ("cudnn", 16384), ("xla", 16384)])
 
@@ -176,6 +191,7 @@ PARTS = {
     "long_131k": part_long_131k,
     "long_1m": part_long_1m,
     "families": part_families,
+    "quantized": part_quantized,
 }
 
 
