@@ -62,8 +62,11 @@ def main(argv: list[str]) -> int:
     for corpus in args.data:
         name = os.path.basename(corpus).split(".")[0]
         found = study(corpus, args.original, copies, os.path.join(args.out, name), extra)
-        table.append({"corpus": corpus, "study": found})
-        print("\n" + "\n".join(table_lines(found, f"{corpus} (gptq_chunks; 95% intervals)")))
+        with open(os.path.join(args.out, name, "results.json"), encoding="utf-8") as f:
+            warning = (json.load(f).get("intervals") or {}).get("warning")
+        table.append({"corpus": corpus, "study": found, "interval_warning": warning})
+        title = f"{corpus} (gptq_chunks; 95% intervals)"
+        print("\n" + "\n".join(table_lines(found, title, warning)))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "table.json"), "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1)

@@ -114,7 +114,7 @@ def write_corpus(folder: str, texts: list[str], name: str = "doc") -> str:
 
 
 def write_gguf_llama(
-    path: str, layers: int = 8, vocab_tokens: int = 0, seed: int = 0
+    path: str, layers: int = 8, vocab_tokens: int = 0, seed: int = 0, float32: bool = False
 ) -> tuple[int, int]:
     """Writes a GGUF file (architecture `llama`) of random valid Q8_0 and Q4_K blocks.
 
@@ -123,7 +123,8 @@ def write_gguf_llama(
     `attn_output`, `ffn_down`; Q4_K: the output head, `attn_q`, `attn_k`, `ffn_gate`, `ffn_up`;
     the norms F32 ones. Each block holds random bytes (NumPy's generator of `seed`) with its
     float16 scales (Q8_0's `d`, Q4_K's `d` and `dmin`) set to 1e-3, so every dequantized value
-    is finite. With `vocab_tokens` > 0, the metadata holds a byte-level BPE tokenizer (`gpt2`)
+    is finite. With `float32`, every matrix is float32 instead, N(0, 0.02^2) (an original to
+    quantize: `requantize_gguf`). With `vocab_tokens` > 0, the metadata holds a byte-level BPE tokenizer (`gpt2`)
     of that many tokens `t0, t1, ...` and the merges of each token with the next; with 0, none.
 
     Returns:
@@ -149,8 +150,11 @@ def write_gguf_llama(
 
     def add(name: str, shape: tuple[int, ...], qtype: Q) -> None:
         nonlocal parameters, stored
-        if qtype == Q.F32:
+        if qtype == Q.F32 and len(shape) == 1:
             data = np.ones(shape, np.float32)
+        elif float32:
+            qtype = Q.F32
+            data = (0.02 * rng.standard_normal(shape)).astype(np.float32)
         else:
             block, size = gguf.GGML_QUANT_SIZES[qtype]
             raw = rng.integers(0, 256, (shape[0] * shape[1] // block, size), dtype=np.uint8)
@@ -176,6 +180,34 @@ def write_gguf_llama(
     writer.write_tensors_to_file()
     writer.close()
     return parameters, stored
+
+
+def requantize_gguf(path: str, out: str, qtype_name: str) -> None:
+    """Writes the GGUF file `path` again as `out`, its 2-D tensors but the embedding quantized
+    to the GGML type `qtype_name` by the `gguf` package's own `quants.quantize` (Q8_0, Q4_0,
+    Q4_1, Q5_0, ...), the metadata and the other tensors as they are: a quantized copy of an
+    original for a study (`study.copies`)."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(out, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        kind = field.types[0]
+        sub = {"sub_type": field.types[-1]} if kind == gguf.GGUFValueType.ARRAY else {}
+        writer.add_key_value(key, field.contents(), kind, **sub)
+    for t in reader.tensors:
+        data = np.asarray(t.data).reshape([int(n) for n in reversed(t.shape)])
+        if data.ndim == 2 and t.name != "token_embd.weight":
+            writer.add_tensor(t.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def split_gguf(path: str, folder: str, parts: int) -> list[str]:

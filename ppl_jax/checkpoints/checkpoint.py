@@ -38,9 +38,11 @@ from __future__ import annotations
 import abc
 import copy
 import importlib.util
+import math
 from typing import Any, ClassVar
 
 import jax
+import numpy as np
 
 from ppl_jax import tokenizer as tokenizer_lib
 from ppl_jax.checkpoints import given
@@ -55,6 +57,11 @@ from ppl_jax.runtime import paths
 from ppl_jax.tokenizer.loading import for_setting
 
 __all__ = ["DTYPES", "Checkpoint", "Options", "Stored", "dtype_of"]
+
+
+# Bytes per element of the stored dtypes by their safetensors names (others: NumPy's names).
+STORED_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                "U8": 1, "U32": 4, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
 
 
 class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
@@ -277,6 +284,21 @@ class Checkpoint(LinksChecked, apply.MappedHooks, abc.ABC):
             key=key,
             missing=f"{self.path!r} carries no tokenizer ({self.tokenizer_files})",
         )
+
+    def stored_bytes(self, step: int | None) -> int | None:
+        """The bytes of the step's stored weights (what its files hold of them: quantized codes
+        and scales as stored), from `stored` alone; None where a stored dtype has no fixed
+        size."""
+        total = 0
+        for shape, dtype in self.stored(step).values():
+            size = STORED_SIZES.get(str(dtype))
+            if size is None:
+                try:
+                    size = np.dtype(str(dtype)).itemsize
+                except TypeError:
+                    return None
+            total += size * math.prod(shape)
+        return total
 
     def device_layouts(
         self, step: int | None, abstract: dict[str, Any]

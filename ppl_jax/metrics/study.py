@@ -278,6 +278,8 @@ def _exp(x: float) -> float | None:
 
 COLUMNS = (
     "model",
+    "size",
+    "bits/weight",
     "perplexity [95%]",
     "bits per byte [95%]",
     "Δ bits per byte [95%]",
@@ -291,15 +293,19 @@ COLUMNS = (
 )
 
 
-def table_lines(summary: dict[str, Any], title: str) -> list[str]:
-    """The study's table (Markdown, one row per model, the original first; `COLUMNS`)."""
+def table_lines(summary: dict[str, Any], title: str, warning: str | None = None) -> list[str]:
+    """The study's table (Markdown, one row per model, the original first; `COLUMNS`), and the
+    run's `warning` of its intervals (rough: too few windows) under it."""
     lines = [f"{title}: the original and {len(summary['copies'])} copies, one pass", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     names = summary.get("names") or list(summary["copies"])
     rows = [(ORIGINAL, summary[ORIGINAL]), *((n, summary["copies"][n]) for n in names)]
     for name, s in rows:
+        size = s.get("size_bytes")
         cells = [
             name,
+            "-" if size is None else f"{size / 2**20:,.1f} MiB",
+            _fmt(s.get("bits_per_weight"), digits=2),
             _fmt(s.get("perplexity"), s.get("perplexity_interval"), 3),
             _fmt(s.get("bits_per_byte"), s.get("bits_per_byte_interval")),
             _fmt(s.get("delta_bits_per_byte"), s.get("delta_bits_per_byte_interval")),
@@ -312,6 +318,8 @@ def table_lines(summary: dict[str, Any], title: str) -> list[str]:
             "-" if s.get("same_top1") is None else f"{100 * s['same_top1']:.2f}%",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if warning:
+        lines += ["", f"warning: {warning}"]
     return lines
 
 

@@ -151,7 +151,8 @@ def summary_table(results: dict[str, Any]) -> str:
             results["divergence"], results["divergence"]["reference"]["path"]
         )
     if results.get("study"):
-        lines += ["", *study.table_lines(results["study"], results["data"]["name"])]
+        warning = (results.get("intervals") or {}).get("warning")
+        lines += ["", *study.table_lines(results["study"], results["data"]["name"], warning)]
     return "\n".join(lines)
 
 

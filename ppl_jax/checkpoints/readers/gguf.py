@@ -171,6 +171,10 @@ class GGUFCheckpoint(Checkpoint):
         """The file's tensors: name -> (shape in NumPy's order, GGML type name: `Q4_K`, `F32`)."""
         return {n: (t.shape, t.type) for n, t in self.header.tensors.items()}
 
+    def stored_bytes(self, step: int | None) -> int:
+        """The bytes of the file's tensors, as stored (every part's, for a split model)."""
+        return sum(t.nbytes for t in self.header.tensors.values())
+
     def read(self, step: int | None, abstract: dict[str, Any]) -> dict[str, Any]:
         header = self.header
         return storage.place(

@@ -39,6 +39,7 @@ from ppl_jax.metrics import sums as metrics
 from ppl_jax.metrics import uncertainty
 from ppl_jax.outputs import cost, files, journal, store
 from ppl_jax.outputs.folder import OutputDir
+from ppl_jax.outputs.model_record import num_params
 from ppl_jax.plans import planner, protocols
 from ppl_jax.plans.planner import Dataset
 from ppl_jax.runtime import preemption
@@ -165,6 +166,16 @@ class RunHooks(Hooks):
         return self.gzip[d.name]
 
 
+def _size(ckpt: Any, step: int | None, model: Any) -> dict[str, Any]:
+    """A study's model's stored size: `size_bytes` (its stored weights' bytes: codes and
+    scales as stored) and `bits_per_weight` (8 x those bytes over the model's parameters, as
+    llama.cpp reports a file's BPW), None where the format does not say."""
+    size = ckpt.stored_bytes(step)
+    params = num_params(model.abstract_params)
+    bits = None if size is None or not params else 8 * size / params
+    return {"size_bytes": size, "bits_per_weight": bits}
+
+
 @dataclasses.dataclass
 class RunPair(PairHooks):
     """One (step, dataset) pair of the run, under its journal `recorder` (see the module
@@ -233,11 +244,15 @@ class RunPair(PairHooks):
             raise self.interrupted()
         main = jax.process_index() == 0  # only it writes: the others build no curve or interval
         found = diagnostics.collect(spec, totals, self.watch, sweep) if main else {}
-        for name, part in (found.get("study") or {}).get("copies", {}).items():
+        studied = found.get("study") or {}
+        for name, part in studied.get("copies", {}).items():
             copy = p.copies[name]  # where it was read from, how it is stored, its restore time
             part["checkpoint"] = {"path": os.path.abspath(copy.checkpoint.path), "step": copy.step}
             part["quantization"] = copy.checkpoint.quantization(copy.step)
             part["restore_seconds"] = run.copy_seconds.get(name)
+            part.update(_size(copy.checkpoint, copy.step, copy.model))
+        if studied:
+            studied["original"].update(_size(p.ckpt, self.step, p.model))
         gzip_bpb, gzip_bytes = run.gzip_baseline(d, self.passes)
         self.passes.seconds.update(
             compile_seconds=totals.compile_seconds, scoring_seconds=totals.scoring_seconds

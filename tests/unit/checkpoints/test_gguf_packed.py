@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,9 +21,9 @@ from ppl_jax.config.defaults import DEFAULT_RULES, get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import CheckpointError
 from ppl_jax.evaluation.run import evaluate
-from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.models.layers import packed
+from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import mesh as mesh_lib
 
 
@@ -187,3 +188,47 @@ def test_a_run_records_the_packed_weights_and_fingerprints_them(gguf_path, tmp_p
     assert auto["model"]["packed_on_device"]["weights"] > 0
     assert auto["nll_sum"] == host["nll_sum"]
     assert auto["fingerprint"] != host["fingerprint"]
+
+
+def test_a_study_scores_packed_copies_against_their_original_in_one_pass(tmp_path):
+    """An original GGUF in float32 and its Q8_0 and Q4_0 copies (`gguf.quants.quantize`): the
+    copies stay packed on the device, each copy's KL and NLL are those of a run with the
+    original as its reference model, and the table gives each one's size and bits per weight."""
+    original = str(tmp_path / "f32.gguf")
+    testing.write_gguf_llama(original, layers=2, float32=True)
+    copies = {}
+    for kind in ("Q8_0", "Q4_0"):
+        copies[kind] = str(tmp_path / f"{kind}.gguf")
+        testing.requantize_gguf(original, copies[kind], kind)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("t1 t2 t3 t1t2 t3t4 " * 40)
+
+    def run(name, **keys):
+        c = get_config()
+        c.data.path, c.data.tokenizer, c.data.allow_tokenizer_mismatch = str(corpus), "byte", True
+        c.eval.seq_len = 32
+        c.output.dir, c.output.progress = str(tmp_path / name), False
+        for key, value in keys.items():
+            node, *path = key.split(".")
+            target = c[node]
+            for part in path[:-1]:
+                target = target[part]
+            target[path[-1]] = value
+        spec = from_config(c)
+        with OutputDir.open(spec.output_dir) as out:
+            evaluate(spec, out=out)
+        return json.loads((tmp_path / name / "results.json").read_text())
+
+    listed = ",".join(f"{k}={v}" for k, v in copies.items())
+    found = run("study", **{"checkpoint.dir": original, "study.copies": listed})["study"]
+    assert found["original"]["bits_per_weight"] == pytest.approx(32, rel=0.01)
+    q8, q4 = found["copies"]["Q8_0"], found["copies"]["Q4_0"]
+    for kind, got in (("Q8_0", q8), ("Q4_0", q4)):  # the file's tensor bytes, as gguf reads them
+        stored = sum(int(t.n_bytes) for t in gguf.GGUFReader(copies[kind]).tensors)
+        assert got["size_bytes"] == stored
+    assert 32 > q8["bits_per_weight"] > q4["bits_per_weight"]
+    assert 0 < q8["kl_mean"] < q4["kl_mean"]
+    alone = run("q4", **{"checkpoint.dir": copies["Q4_0"], "reference.checkpoint.dir": original})
+    assert alone["model"]["packed_on_device"]["types"] == {"Q4_0": 15}  # 7 a layer and the head
+    assert q4["nll_sum"] == pytest.approx(alone["nll_sum"], rel=1e-6)
+    assert q4["kl_mean"] == pytest.approx(alone["divergence"]["kl_mean"], rel=1e-6)
