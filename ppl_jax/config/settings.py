@@ -214,19 +214,15 @@ def _suite(c: config_dict.ConfigDict) -> tuple[tuple[DatasetSpec, ProtocolSpec],
 
 def checkpoint_options(ckpt: Any) -> tuple[tuple[str, Any], ...]:
     """`checkpoint.architecture`, `mapping`, `item`, `params`, `allow_download`, `dequantize`
-    as `open_checkpoint`'s keyword options (empty or default ones left out).
-
-    Raises:
-      ConfigError: a `checkpoint.dequantize` other than `auto`, `device` or `host`.
-    """
+    as `open_checkpoint`'s keyword options (empty or default ones left out); ConfigError for a
+    `checkpoint.dequantize` other than `auto`, `device` or `host`."""
     out = [
         (k, str(getattr(ckpt, k)).strip()) for k in ("architecture", "mapping", "item", "params")
     ]
     out = [(k, os.path.expanduser(v) if k == "mapping" else v) for k, v in out if v]
     if _bool("checkpoint.allow_download", ckpt.allow_download):
         out.append(("allow_download", True))
-    dequantize = str(ckpt.get("dequantize", "auto"))
-    if dequantize != "auto":
+    if (dequantize := str(ckpt.get("dequantize", "auto"))) != "auto":
         _choice("checkpoint.dequantize", dequantize, ("auto", "device", "host"))
         out.append(("dequantize", dequantize))
     return tuple(out)

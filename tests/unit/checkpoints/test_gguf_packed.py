@@ -19,7 +19,7 @@ from ppl_jax.checkpoints.mapping import operations
 from ppl_jax.checkpoints.mapping.language import Source
 from ppl_jax.config.defaults import DEFAULT_RULES, get_config
 from ppl_jax.config.settings import from_config
-from ppl_jax.errors import CheckpointError
+from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.evaluation.run import evaluate
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.models.layers import packed
@@ -232,3 +232,10 @@ def test_a_study_scores_packed_copies_against_their_original_in_one_pass(tmp_pat
     assert alone["model"]["packed_on_device"]["types"] == {"Q4_0": 15}  # 7 a layer and the head
     assert q4["nll_sum"] == pytest.approx(alone["nll_sum"], rel=1e-6)
     assert q4["kl_mean"] == pytest.approx(alone["divergence"]["kl_mean"], rel=1e-6)
+
+
+def test_a_setting_of_the_command_line_other_than_the_three_is_one_sentence():
+    c = get_config()
+    c.checkpoint.dequantize = "gpu"
+    with pytest.raises(ConfigError, match=r"checkpoint.dequantize='gpu' is not one of auto, dev"):
+        from_config(c)
