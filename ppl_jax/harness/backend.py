@@ -242,6 +242,8 @@ def load(
     step = ckpt.resolve_step(step)
     arch = architecture.resolve(ckpt, step)
     model = arch.model(dtype, arch.attention(attention, dtype, mesh))
+    # Quantized weights packed on the device where the format can, as a run's are.
+    model, _ = architecture.packed(ckpt, step, model, ckpt.options.dequantize)
     tok, _ = ckpt.tokenizer_for(tokenizer, step=step, model=model, key="tokenizer")
     return model, restore(ckpt, step, model, mesh, dtype), tok
 

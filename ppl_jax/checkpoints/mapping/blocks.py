@@ -48,17 +48,27 @@ def read_block(
 ) -> np.ndarray:
     """The block `block` (a range per axis) of the model weight of `shape` made by `src`, in
     `dtype`, reading only the stored regions it needs."""
+    return _pieces(
+        src, stored, shape, block, storage.read, names,
+        lambda plan: plan, lambda x, piece: operations.finish(x, piece, dtype),
+    )  # fmt: skip
+
+
+def _pieces(src, stored, shape, block, read, names, plan_of, finish) -> np.ndarray:
+    """`read_block`'s and `read_packed_block`'s walk: each stored piece's region of `block`
+    read (`read`), its rule's operations applied (`plan_of` the piece's `ReadPlan`), finished
+    (`finish(x, piece)`), and the pieces stacked where the weight stacks them."""
     inner, axis = _inner(src, shape)
     pieces = [(src, block)] if axis is None else [
         (src.parts[j], block[:axis] + block[axis + 1 :]) for j in block[axis]
     ]  # fmt: skip
     out = []
     for piece, piece_block in pieces:
-        plan = operations.plan(piece, stored[piece.stored][0], inner, names)
+        plan = plan_of(operations.plan(piece, stored[piece.stored][0], inner, names))
         region = plan.region(piece_block)
-        x = storage.read(piece.stored, tuple(slice(r.start, r.stop) for r in region))
+        x = read(piece.stored, tuple(slice(r.start, r.stop) for r in region))
         x = plan.apply(x, tuple(r.start for r in region), piece_block)
-        out.append(operations.finish(x, piece, dtype))
+        out.append(finish(x, piece))
     return out[0] if axis is None else np.stack(out, axis=axis)
 
 
@@ -104,20 +114,11 @@ def read_packed_block(
     model weight of `shape` made by `src` (`packed_axis` not None), as stored bytes: uint8, the
     block's shape. `read_blocks(stored_name, index)` reads a stored region of blocks (each one
     void element, `gguf_file.read_blocks`); `values` is the values per block."""
-    inner, axis = _inner(src, shape)
-    block = block[:-1]
-    pieces = [(src, block)] if axis is None else [
-        (src.parts[j], block[:axis] + block[axis + 1 :]) for j in block[axis]
-    ]  # fmt: skip
-    out = []
-    for piece, piece_block in pieces:
-        plan = operations.plan(piece, stored[piece.stored][0], inner, names)
-        plan = operations.block_plan(plan, values)[0]
-        region = plan.region(piece_block)
-        x = read_blocks(piece.stored, tuple(slice(r.start, r.stop) for r in region))
-        x = plan.apply(x, tuple(r.start for r in region), piece_block)
-        out.append(np.ascontiguousarray(x))
-    x = out[0] if axis is None else np.stack(out, axis=axis)
+    x = _pieces(
+        src, stored, shape, block[:-1], read_blocks, names,
+        lambda plan: operations.block_plan(plan, values)[0],
+        lambda x, piece: np.ascontiguousarray(x),
+    )  # fmt: skip
     return x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
 
 
