@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from ppl_jax.checkpoints import Checkpoint, architecture
 from ppl_jax.evaluation.result import Evaluation
 from ppl_jax.metrics import sums as metrics
-from ppl_jax.models.interface import LanguageModel
+from ppl_jax.models.interface import LanguageModel, weight_paths
 from ppl_jax.models.layers import attention as attention_lib
 from ppl_jax.models.layers import packed
 from ppl_jax.outputs.model_record import FAMILY, model_record, packed_record
@@ -86,6 +86,29 @@ class Provenance:
         if not self.model.origin.startswith(FAMILY) or "," in self.dtype:
             return {}
         return attention_lib.layer_kernels(self.attention, *self._attention_args(), **self._mesh())
+
+    def quantization(self, step: int | None) -> dict[str, Any] | None:
+        """The checkpoint's stored quantization (`Checkpoint.quantization`), with where its
+        weights were dequantized (`dequantized`: `setting` (`checkpoint.dequantize`),
+        `on_device` (the weights kept packed), `on_host` and `host_reasons` (a few of them, by
+        weight)); None for float weights or no checkpoint."""
+        ckpt = self.checkpoint
+        found = None if ckpt is None else ckpt.quantization(step)
+        if found is None:
+            return None
+        on_device = packed_record(self.model.abstract_params)
+        layouts, host = ckpt.device_layouts(step, weight_paths(self.model.abstract_params))
+        if ckpt.options.dequantize == "host":
+            host = {**{k: "checkpoint.dequantize=host" for k in layouts}, **host}
+        return {
+            **found,
+            "dequantized": {
+                "setting": ckpt.options.dequantize,
+                "on_device": 0 if on_device is None else on_device["weights"],
+                "on_host": len(host),
+                "host_reasons": dict(sorted(host.items())[:4]),
+            },
+        }
 
     def attention_note(self) -> str | None:
         """Which kinds of attention layer run the flash kernel on a GPU or TPU and why
@@ -228,7 +251,7 @@ class Provenance:
             model_description=model_record(self.model),
             tokenizer_name="" if self.tokenizer is None else self.tokenizer.name,
             checkpoint_format="" if ckpt is None else ckpt.format,
-            quantization=None if ckpt is None else ckpt.quantization(step),
+            quantization=self.quantization(step),
             layout=d.layout,
             attention=self.attention,
             attention_layers=self.attention_layers(),

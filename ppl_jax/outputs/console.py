@@ -156,6 +156,20 @@ def summary_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _dequantized_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where a quantized checkpoint's weights were dequantized (`quantization.dequantized`):
+    how many stay packed on the device and, for those dequantized on the host, the first's
+    reason."""
+    found = (results.get("quantization") or {}).get("dequantized")
+    if not found:
+        return []
+    text = f"{found['on_device']} weights packed on the device"
+    if found["on_host"]:
+        name, why = next(iter(found["host_reasons"].items()))
+        text += f", {found['on_host']} dequantized on the host ({name}: {why})"
+    return [("quantized", text)]
+
+
 def _run_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     """What ran: model, tokenizer, checkpoint, data (cache, preparation, budget), protocol,
     mesh."""
@@ -186,6 +200,7 @@ def _run_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
             else []
         ),
         ("checkpoint", f"{ckpt['path']} @ {where}"),
+        *_dequantized_rows(results),
         (
             "data",
             f"{results['data']['name']} ({plural(results['num_documents'], 'document')}, "

@@ -188,6 +188,12 @@ def test_a_run_records_the_packed_weights_and_fingerprints_them(gguf_path, tmp_p
     assert auto["model"]["packed_on_device"]["weights"] > 0
     assert auto["nll_sum"] == host["nll_sum"]
     assert auto["fingerprint"] != host["fingerprint"]
+    packed_count = auto["model"]["packed_on_device"]["weights"]
+    assert auto["quantization"]["dequantized"] == {
+        "setting": "auto", "on_device": packed_count, "on_host": 0, "host_reasons": {}
+    }  # fmt: skip
+    found = host["quantization"]["dequantized"]
+    assert (found["on_device"], found["on_host"]) == (0, packed_count)
 
 
 def test_a_study_scores_packed_copies_against_their_original_in_one_pass(tmp_path):
