@@ -196,6 +196,7 @@ def test_a_run_records_the_packed_weights_and_fingerprints_them(gguf_path, tmp_p
     assert (found["on_device"], found["on_host"]) == (0, packed_count)
 
 
+@pytest.mark.slow  # 30-40 s: four models compiled (the study's parts: test_study.py)
 def test_a_study_scores_packed_copies_against_their_original_in_one_pass(tmp_path):
     """An original GGUF in float32 and its Q8_0 and Q4_0 copies (`gguf.quants.quantize`): the
     copies stay packed on the device, each copy's KL and NLL are those of a run with the
