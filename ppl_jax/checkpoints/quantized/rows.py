@@ -38,6 +38,8 @@ from ppl_jax.checkpoints.quantized.packing import NP, column_groups
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.layers.packed import Layout, is_packed
 
+CHUNK = 128  # input columns a record holds at least, where the axis allows
+SHARDS = 8  # records per output row: a multiple of this (the devices of a host)
 # The NumPy dtype of a stored part by its safetensors name.
 STORED = {**NP, "I8": np.int8, "I32": np.int32, "I64": np.int64, "U8": np.uint8,
           "F8_E4M3": jnp.float8_e4m3fn}  # fmt: skip
@@ -102,11 +104,67 @@ def shared(t: Quantized, method: Method, storage: Storage) -> dict[str, np.ndarr
     return out
 
 
+def unit(t: Quantized) -> int:
+    """The input columns one scale entry covers (the whole axis for one per row)."""
+    if t.kind in ("gptq", "awq"):
+        return t.group
+    return 32 if t.kind == "mxfp4" else t.block[1]
+
+
+def chunk(t: Quantized) -> int:
+    """The input columns of one record: the least from `CHUNK` up (else the most below it)
+    that cuts the input axis in a multiple of `SHARDS` records, is a multiple of 32 for codes
+    packed in words and MXFP4 blocks, and holds whole scale entries or lies inside one (the
+    entry then repeated in each record); the whole axis where none does, or where a `g_idx`
+    orders the groups.
+
+    A mesh axis of up to `SHARDS` devices that divides the input axis then divides its records
+    too, so that the records are sharded as the float weight is and the layer's products are
+    partitioned alike (in bfloat16 an all-reduce of partial sums rounds them: another
+    partition gives other numbers). Whole, the records are replicated and the dequantized
+    weight is sliced as the float weight is sharded (a plain axis, which XLA shards)."""
+    width, u = t.shape[in_axis(t)], unit(t)
+    align = 1 if t.kind == "scaled" else 32  # values a byte each, or codes in words
+    if "g_idx" in t.parts or width % align or (width % u and u < width):
+        return width
+    fits = [
+        c for c in range(align, width, align)
+        if width % (c * SHARDS) == 0 and (c % u == 0 or u % c == 0)
+    ]  # fmt: skip
+    return next((c for c in fits if c >= CHUNK), fits[-1] if fits else width)
+
+
+def chunked(t: Quantized, size: int) -> Quantized:
+    """`t` as the method sees one record of it: `size` input columns, its groups or blocks
+    cut to them."""
+    if size == t.shape[in_axis(t)]:
+        return t
+    shape = list(t.shape)
+    shape[in_axis(t)] = size
+    u = min(unit(t), size)
+    return dataclasses.replace(
+        t, shape=tuple(shape), group=u if t.kind in ("gptq", "awq") else t.group,
+        groups=size // u if t.kind in ("gptq", "awq") else t.groups,
+        block=(t.block[0], u) if t.kind in ("packed", "scaled") else t.block,
+    )  # fmt: skip
+
+
+def plain(t: Quantized, common: dict[str, np.ndarray]) -> Quantized:
+    """`t` without its GPTQ `g_idx` where that names each column's own group (`column //
+    group`: GPTQ without act-order stores one), so that its records may be chunked; else
+    `t`. Drops it from `common` too."""
+    g = common.get("g_idx")
+    if t.kind != "gptq" or g is None or not np.array_equal(g, np.arange(len(g)) // t.group):
+        return t
+    del common["g_idx"]
+    return dataclasses.replace(t, parts={r: n for r, n in t.parts.items() if r != "g_idx"})
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """One part's bytes in a row's record: `role`, its dtype's name, its output axis `axis`,
-    the shape of one row of it (`row`, its other axes but the leading ones), and where its
-    bytes start in the record."""
+    """One part's bytes in a record: `role`, its dtype's name, its output axis `axis`, the shape
+    of one record's piece of it (`row`: its axes but the leading ones and the output axis, the
+    first of them, along the input axis, cut to the chunk's), and where its bytes start."""
 
     role: str
     dtype: str
@@ -130,7 +188,8 @@ class Rows:
       fields: the parts with an output axis, in their order in the record.
       shared: the parts without one, (role, dtype name, shape, bytes).
       lead: the weight's leading axes (before `[out, in]`; MXFP4's experts).
-      in_axis: the weight's input axis (`in_axis`).
+      in_axis: the weight's input axis (`in_axis`); width: its size (the chunks' columns
+        together).
     """
 
     method: str
@@ -139,26 +198,35 @@ class Rows:
     shared: tuple[tuple[str, str, tuple[int, ...], bytes], ...]
     lead: int
     in_axis: int
+    width: int
 
     @classmethod
     def of(cls, t: Quantized, method: Method, raw: Stored, common: dict[str, np.ndarray]) -> Rows:
-        """The `Rows` of `t` (`raw`: the stored parts' shapes and dtypes; `common`: `shared`)."""
+        """The `Rows` of `t` (`raw`: the stored parts' shapes and dtypes; `common`: `shared`),
+        its input axis cut in chunks of `chunk(t)` columns."""
         shapes, axes = part_shapes(t, method, raw), method.out_axes(t)
-        lead = len(t.shape) - 2
+        lead, width, size = len(t.shape) - 2, t.shape[in_axis(t)], chunk(t)
         fields, start = [], 0
         for role, axis in sorted(axes.items()):
             shape, dtype = shapes[role]
-            row = tuple(n for i, n in enumerate(shape) if i >= lead and i != axis)
-            fields.append(Field(role, dtype, axis, row, start))
+            row = [n for i, n in enumerate(shape) if i >= lead and i != axis]
+            row[0] = max(1, row[0] * size // width)  # the chunk's elements (a scale: one)
+            fields.append(Field(role, dtype, axis, tuple(row), start))
             start += fields[-1].nbytes
+        piece = chunked(t, size)
         weight = tuple(
-            (f.name, getattr(t, f.name)) for f in dataclasses.fields(t) if f.name != "parts"
+            (f.name, getattr(piece, f.name)) for f in dataclasses.fields(t) if f.name != "parts"
         )
         kept = tuple(
             (r, np.dtype(x.dtype).name, tuple(x.shape), np.ascontiguousarray(x).tobytes())
             for r, x in sorted(common.items())
         )
-        return cls(method.name, weight, tuple(fields), kept, lead, in_axis(t))
+        return cls(method.name, weight, tuple(fields), kept, lead, in_axis(t), width)
+
+    @property
+    def block(self) -> int:
+        """The input columns of a record (a chunk)."""
+        return dict(self.weight)["shape"][self.in_axis]
 
     @property
     def nbytes(self) -> int:
@@ -171,8 +239,8 @@ class Rows:
         return Quantized(parts=roles, **dict(self.weight))
 
     def __call__(self, records: jax.Array, kind: str) -> jax.Array:
-        """The rows `[..., in]` float32 of the records `[..., nbytes]` uint8 (`kind`, the
-        layout's name, is not needed: the `Rows` says it all)."""
+        """The chunks of rows `[..., block]` float32 of the records `[..., nbytes]` uint8
+        (`kind`, the layout's name, is not needed: the `Rows` says it all)."""
         n, leading = math.prod(records.shape[:-1]), records.shape[:-1]
         flat = records.reshape(n, records.shape[-1])
         parts = {}
@@ -186,7 +254,7 @@ class Rows:
         for role, dtype, shape, data in self.shared:
             parts[role] = jnp.asarray(np.frombuffer(data, jnp.dtype(dtype)).reshape(shape))
         w = METHODS[self.method].dequantize_on_device(self.quantized, parts)
-        w = w.reshape(w.shape[self.lead :])  # [rows, in], or MXFP4's [in, rows]
+        w = w.reshape(w.shape[self.lead :])  # [records, block], or MXFP4's [block, records]
         if self.in_axis == self.lead:
             w = w.T
         return w.astype(jnp.float32).reshape(*leading, w.shape[-1])
@@ -203,27 +271,33 @@ def kind_name(t: Quantized, method: Method, raw: Stored) -> str:
 
 
 def records(t: Quantized, method: Method, storage: Storage, rows: Rows) -> np.ndarray:
-    """`t`'s records: `t.shape` with its input axis one block, each element one output row's
-    record (a NumPy void of `rows.nbytes`), from `method.device_parts`.
+    """`t`'s records: `t.shape` with its input axis in chunks of `rows.block` columns, each
+    element one output row's chunk's record (a NumPy void of `rows.nbytes`), from
+    `method.device_parts`.
 
     Raises:
       CheckpointError: as `device_parts`; parts that do not make the records `rows` says.
     """
     parts = method.device_parts(t, storage)
-    lead = len(t.shape) - 2
+    lead, count = len(t.shape) - 2, rows.width // rows.block  # records per row
     out = []
     for f in rows.fields:
-        x = np.moveaxis(np.asarray(parts[f.role]), f.axis, lead)  # [*lead, out, *row]
-        if np.dtype(x.dtype).name != f.dtype or x.shape[lead + 1 :] != f.row:
+        x = np.moveaxis(np.asarray(parts[f.role]), f.axis, lead)  # [*lead, out, n, *rest]
+        n = x.shape[lead + 1] if x.ndim > lead + 1 else 0
+        if n % count == 0:  # whole elements in each chunk
+            x = x.reshape(*x.shape[: lead + 1], count, n // count, *x.shape[lead + 2 :])
+        elif count % n == 0:  # an entry over several chunks, repeated in each
+            x = np.expand_dims(np.repeat(x, count // n, axis=lead + 1), lead + 2)
+        if np.dtype(x.dtype).name != f.dtype or x.shape[lead + 2 :] != f.row:
             raise CheckpointError(
                 f"{t.parts[f.role]!r}: its {method.name} part {f.role} came out {x.dtype} "
                 f"{list(x.shape)}, not the layout's {f.dtype} {list(f.row)}; the checkpoint is "
                 f"damaged, or set checkpoint.dequantize=host."
             )
-        x = np.ascontiguousarray(x).reshape(*x.shape[: lead + 1], -1)
+        x = np.ascontiguousarray(x).reshape(*x.shape[: lead + 2], -1)
         out.append(x.view(np.uint8))
-    row_bytes = np.ascontiguousarray(np.concatenate(out, axis=-1))
-    voids = row_bytes.view(np.dtype((np.void, rows.nbytes)))  # [*lead, out, 1]
+    row_bytes = np.ascontiguousarray(np.concatenate(out, axis=-1))  # [*lead, out, count, rb]
+    voids = row_bytes.view(np.dtype((np.void, rows.nbytes)))[..., 0]
     return voids if rows.in_axis != lead else np.moveaxis(voids, -1, lead)
 
 
@@ -256,13 +330,16 @@ def layouts(
         if not all(found):
             host[weight] = "its stored tensors mix quantized and float ones"
             continue
-        every = {Rows.of(t, method, raw, shared(t, method, storage)) for t in found}
+        every = set()
+        for t in found:
+            common = shared(t, method, storage)
+            every.add(Rows.of(plain(t, common), method, raw, common))
         if len(every) > 1:
             host[weight] = "its stacked tensors are quantized differently"
             continue
         rows, t = every.pop(), found[0]
         leaf = abstract[weight]
-        width = t.shape[rows.in_axis]
+        width = rows.block
         axis = blocks.packed_axis(src, stored, tuple(leaf.shape), names, width, rows.in_axis)
         if axis is None:
             host[weight] = "its mapping rule cuts or reorders the input axis"
