@@ -113,10 +113,11 @@ def unit(t: Quantized) -> int:
 
 def chunk(t: Quantized) -> int:
     """The input columns of one record: the least from `CHUNK` up (else the most below it)
-    that cuts the input axis in a multiple of `SHARDS` records, is a multiple of 32 for codes
-    packed in words and MXFP4 blocks, and holds whole scale entries or lies inside one (the
-    entry then repeated in each record); the whole axis where none does, or where a `g_idx`
-    orders the groups.
+    that cuts the input axis in a multiple of `SHARDS` records, is a multiple of 32 (whole
+    runs of codes packed in words, whole MXFP4 blocks, and a scale entry repeated in a record
+    over 32 values at least), and holds whole scale entries or lies inside one (the entry
+    then repeated in each record); the whole axis where none does, or where a `g_idx` orders
+    the groups.
 
     A mesh axis of up to `SHARDS` devices that divides the input axis then divides its records
     too, so that the records are sharded as the float weight is and the layer's products are
@@ -124,11 +125,10 @@ def chunk(t: Quantized) -> int:
     partition gives other numbers). Whole, the records are replicated and the dequantized
     weight is sliced as the float weight is sharded (a plain axis, which XLA shards)."""
     width, u = t.shape[in_axis(t)], unit(t)
-    align = 1 if t.kind == "scaled" else 32  # values a byte each, or codes in words
-    if "g_idx" in t.parts or width % align or (width % u and u < width):
+    if "g_idx" in t.parts or width % 32 or (width % u and u < width):
         return width
     fits = [
-        c for c in range(align, width, align)
+        c for c in range(32, width, 32)
         if width % (c * SHARDS) == 0 and (c % u == 0 or u % c == 0)
     ]  # fmt: skip
     return next((c for c in fits if c >= CHUNK), fits[-1] if fits else width)
