@@ -1,22 +1,27 @@
 """A Hugging Face quantized weight kept packed on the device (`ppl_jax.models.layers.packed`):
-each output row one block of the whole input axis, its bytes the row's record.
+each output row's chunk of input columns one block, its bytes that chunk's record.
 
 A quantized weight `[..., out, in]` (MXFP4's experts: `[experts, in, out]`) is, to the packed
-machinery, a tensor of `[..., out, 1]` blocks of `in` values each: one block per output row.
-A row's record is the concatenation of that row's bytes of each part its method keeps on the
-device with an output axis (`Method.device_parts`, `Method.out_axes`): GPTQ's `qweight` column
-(`[ceil(in * bits / 32)]` uint32), its `scales` column (`[groups]`) and its unpacked zero points
-(`[groups]` uint8), and so on. The mapping moves whole rows (`mapping.operations.block_plan`,
-the block axis being the input axis), the mesh shards them along the float weight's output
-axes, and inside the layer `Rows` slices each record back into its parts (a bitcast) and calls
-the method's `dequantize_on_device`: bit for bit the host's `Method.read`.
+machinery, a tensor of `[..., out, in / C]` blocks of `C` values each (`chunk`: 128 input
+columns where the axis allows, a multiple of 8 records a row; the whole axis for an act-order
+`g_idx`). A record is the concatenation of its output row's bytes, over its `C` columns, of
+each part its method keeps on the device with an output axis (`Method.device_parts`,
+`Method.out_axes`): GPTQ's `qweight` words (`C * bits / 32` uint32), its scales and unpacked
+zero points of the groups in the chunk (a scale entry over several chunks repeated in each:
+compressed-tensors' per channel, block FP8's), and so on. The mapping moves whole blocks
+(`mapping.operations.block_plan`, along the input axis), the mesh shards them as the float
+weight is sharded (an output projection's over its heads and input columns too), and inside
+the layer `Rows` slices each record back into its parts (a bitcast) and calls the method's
+`dequantize_on_device` on a weight of `C` columns: bit for bit the host's `Method.read`.
 
-Parts without an output axis are shared by every row (act-order's `g_idx [in]` int32, a scale
-or zero point per tensor): they are read when the layout is made (`shared`) and kept in the
-`Rows` as bytes, constants of the compiled program (4 bytes per input column of each weight).
+Parts without an output axis are shared by every record (act-order's `g_idx [in]` int32, a
+scale or zero point per tensor): they are read when the layout is made (`shared`) and kept in
+the `Rows` as bytes, constants of the compiled program (4 bytes per input column of each
+act-order weight). GPTQ without act-order stores a `g_idx` too, each column's own group: that
+one is dropped (`plain`).
 
 `layouts` says which weights of a checkpoint are packed and why the others are not; `records`
-makes a weight's records from its parts.
+makes a weight's records from its parts, and `place` places them.
 """
 
 from __future__ import annotations
@@ -179,8 +184,8 @@ class Field:
 
 @dataclasses.dataclass(frozen=True)
 class Rows:
-    """How a row's record makes the row (`Layout.dequantize` of a Hugging Face quantized
-    weight; static and hashable: equal weights' `Rows` are equal).
+    """How a record makes its output row's chunk of `block` columns (`Layout.dequantize` of a
+    Hugging Face quantized weight; static and hashable: equal weights' `Rows` are equal).
 
     Attributes:
       method: the method's `quant_method` (`METHODS`).
@@ -230,7 +235,7 @@ class Rows:
 
     @property
     def nbytes(self) -> int:
-        """A row's record's bytes."""
+        """A record's bytes."""
         return sum(f.nbytes for f in self.fields)
 
     @property

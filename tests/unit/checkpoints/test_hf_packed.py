@@ -392,3 +392,20 @@ def test_a_run_records_the_packed_weights(tmp_path):
     assert "packed_on_device" not in host["model"]
     assert auto["model"]["packed_on_device"]["types"] == {"gptq-4": 14}
     assert auto["nll_sum"] == host["nll_sum"]
+
+
+def test_byte_range_reads_place_the_same_records():
+    # A remote directory's path (huggingface.load_ranged, here over the local file).
+    folder = os.path.join(GOLDEN, "awq")
+    mesh = _mesh(MESHES["model_8"])
+    ckpt = open_checkpoint(folder)
+    model, found = architecture.packed(ckpt, None, architecture.resolve(ckpt).model(), "auto")
+    target, _ = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
+    )
+    local = weight_paths(ckpt.restore(None, target))
+    ranged = weight_paths(huggingface.load_ranged(folder, ckpt.entries(None), target))
+    assert found.device and local.keys() == ranged.keys()
+    for name in found.device:
+        assert packed.is_packed(ranged[name]), name
+        np.testing.assert_array_equal(np.asarray(ranged[name].data), np.asarray(local[name].data))
