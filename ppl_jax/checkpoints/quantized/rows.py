@@ -347,7 +347,7 @@ def layouts(
         width = rows.block
         axis = blocks.packed_axis(src, stored, tuple(leaf.shape), names, width, rows.in_axis)
         if axis is None:
-            host[weight] = "its mapping rule cuts or reorders the input axis"
+            host[weight] = "its mapping rule cuts or reorders the input columns, or scales them"
             continue
         out[weight] = Layout(
             rows, kind_name(t, method, raw), axis[0], width, rows.nbytes, tuple(leaf.shape),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from ppl_jax.checkpoints import architecture, open_checkpoint
+from ppl_jax.checkpoints import architecture, mapping, open_checkpoint
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import storage
 from ppl_jax.checkpoints.quantized import base as quantized_base
@@ -409,3 +409,28 @@ def test_byte_range_reads_place_the_same_records():
     for name in found.device:
         assert packed.is_packed(ranged[name]), name
         np.testing.assert_array_equal(np.asarray(ranged[name].data), np.asarray(local[name].data))
+
+
+def test_a_rule_that_reorders_the_input_axis_dequantizes_on_the_host():
+    # rope's reordering of the input columns (each record's columns moved apart), a `scale`:
+    # both read as floats, named with the reason; a rule moving whole rows packs.
+    source = _source(os.path.join(GOLDEN, "gptq_sym"))
+    q, o = "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.o_proj.weight"
+    stored = {q: ((64, 64), "F16"), o: ((64, 64), "F16")}
+    rules = [
+        {"from": q.replace(".", "\\."), "to": "q", "transpose": [1, 0], "rope": {"axis": 0}},
+        {"from": o.replace(".", "\\."), "to": "o", "transpose": [1, 0], "scale": 2.0},
+    ]
+    abstract = {n: jax.ShapeDtypeStruct((64, 64), jnp.float32) for n in ("q", "o")}
+    sources = mapping.resolve(rules, stored, abstract, {}, "test")
+    layouts, host = rows.layouts(source, sources, stored, abstract, {})
+    assert not layouts and set(host) == {"q", "o"}
+    assert (
+        host["q"]
+        == host["o"]
+        == "its mapping rule cuts or reorders the input columns, or scales them"
+    )
+    del rules[0]["rope"]
+    layouts, host = rows.layouts(source, mapping.resolve(rules, stored, abstract, {}, "t"),
+                                 stored, abstract, {})  # fmt: skip
+    assert set(layouts) == {"q"} and set(host) == {"o"}
