@@ -221,7 +221,8 @@ KEY_MEANINGS = {
     "checkpoint.watch_interval": "watch: seconds between two looks at checkpoint.dir",
     "checkpoint.dequantize": "where a quantized checkpoint's weights are dequantized: 'auto' "
     "(kept packed on the device and dequantized inside each layer, where the format has a device "
-    "path: GGUF's Q4_0 to Q8_0, K-quants and MXFP4; else on the host as they are read), "
+    "path: GGUF's Q4_0 to Q8_0, K-quants and MXFP4; Hugging Face's GPTQ, AWQ, "
+    "compressed-tensors, FP8 and MXFP4; else on the host as they are read), "
     "'device' (as auto, refusing a checkpoint with no weight it can pack), or 'host' (every "
     "weight dequantized as it is read)",
     "checkpoint.format": "'auto' (the reader its markers choose; ppl-jax inspect says which), or "

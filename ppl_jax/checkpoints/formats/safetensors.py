@@ -45,6 +45,7 @@ from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import blocks
 from ppl_jax.checkpoints.quantized import methods
 from ppl_jax.checkpoints.quantized import parts as quantized_parts
+from ppl_jax.checkpoints.quantized import rows as quantized_rows
 from ppl_jax.checkpoints.quantized.base import Scheme
 from ppl_jax.errors import CheckpointError, quoted
 from ppl_jax.models import registry
@@ -393,7 +394,7 @@ def load_params(path: str, target: Any) -> Any:
         `jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding)` leaves. Stored float32,
         float16 or bfloat16 weights are converted to each leaf's dtype (round to nearest even);
         quantized ones (`quantization_config`, `ppl_jax.checkpoints.quantized.parts`) are
-        dequantized by block, then converted.
+        dequantized by block, then converted, or kept packed (`quantized.rows.place`).
 
     Returns:
       The params tree of `jax.Array`s, each with its target sharding.
@@ -427,7 +428,8 @@ def load_params(path: str, target: Any) -> Any:
         )
     # The headers were read above; each block's data is read below with its own handle.
     numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
-    return nest_weights(blocks.place(sources, stored, expected, source, numbers))
+    placed = quantized_rows.place(blocks.place, source, sources, stored, expected, numbers)
+    return nest_weights(placed)
 
 
 # ---------------------------------------------------------------------------------- tokenizer

@@ -78,11 +78,12 @@ def packed_axis(
     shape: tuple[int, ...],
     names: dict[str, Any],
     block: int,
+    axis: int = -1,
 ) -> tuple[int, int] | None:
     """(the first axis of the model weight of `shape` that the blocks of `block` values of its
-    stored tensors run along, how many axes they span), where `src`'s operations move whole
-    blocks (`operations.block_plan`) and change no value (no `scale`, `offset` or
-    `plus_one`); else None (read it as floats)."""
+    stored tensors (along their axis `axis`) run along, how many axes they span), where `src`'s
+    operations move whole blocks (`operations.block_plan`) and change no value (no `scale`,
+    `offset` or `plus_one`); else None (read it as floats)."""
     inner, stack = _inner(src, shape)
     axes = set()
     for piece in [src] if stack is None else src.parts:
@@ -90,15 +91,15 @@ def packed_axis(
         if piece.scale != 1.0 or rule.get("offset") or rule.get("plus_one"):
             return None
         got = operations.block_plan(
-            operations.plan(piece, stored[piece.stored][0], inner, names), block
+            operations.plan(piece, stored[piece.stored][0], inner, names), block, axis
         )
         if got is None:
             return None
         axes.add(got[1:])
     if len(axes) != 1:
         return None
-    axis, span = axes.pop()
-    return (axis if stack is None or axis < stack else axis + 1), span
+    first, span = axes.pop()
+    return (first if stack is None or first < stack else first + 1), span
 
 
 def read_packed_block(
@@ -109,14 +110,16 @@ def read_packed_block(
     read_blocks: Any,
     names: dict[str, Any],
     values: int,
+    block_axis: int = -1,
 ) -> np.ndarray:
     """The block `block` (a range per axis of the packed weight, its bytes axis last) of the
     model weight of `shape` made by `src` (`packed_axis` not None), as stored bytes: uint8, the
     block's shape. `read_blocks(stored_name, index)` reads a stored region of blocks (each one
-    void element, `gguf_file.read_blocks`); `values` is the values per block."""
+    void element, `gguf_file.read_blocks`); `values` is the values per block, along the stored
+    tensors' axis `block_axis`."""
     x = _pieces(
         src, stored, shape, block[:-1], read_blocks, names,
-        lambda plan: operations.block_plan(plan, values)[0],
+        lambda plan: operations.block_plan(plan, values, block_axis)[0],
         lambda x, piece: np.ascontiguousarray(x),
     )  # fmt: skip
     return x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize)
@@ -151,6 +154,51 @@ def place(
             return cache[key]
 
         out[name] = jax.make_array_from_callback(shape, sharding, callback)
+        cache.clear()
+    return out
+
+
+def place_packed(
+    sources: dict[str, Source],
+    stored: dict[str, tuple[tuple[int, ...], Any]],
+    targets: dict[str, Any],
+    records: Any,
+    names: dict[str, Any],
+) -> dict[str, Any]:
+    """The packed weights `targets` (name -> `ppl_jax.models.layers.packed.Packed` of
+    `jax.ShapeDtypeStruct`s with a sharding) placed in their shardings, each device's block cut
+    by `read_packed_block` from its stored tensors' blocks: `records(stored_name)` gives a
+    stored tensor's blocks whole (void elements) and the axis they run along, made once per
+    weight and dropped after it (one weight's blocks on the host at a time).
+
+    Raises:
+      CheckpointError: as `records`.
+    """
+    out = {}
+    for name, leaf in targets.items():
+        src, layout, data = sources[name], leaf.layout, leaf.data
+        whole: dict[str, tuple[np.ndarray, int]] = {}
+
+        def get(stored_name: str, whole=whole) -> tuple[np.ndarray, int]:
+            if stored_name not in whole:
+                whole[stored_name] = records(stored_name)
+            return whole[stored_name]
+
+        cache: dict[tuple, np.ndarray] = {}
+
+        def callback(index, src=src, layout=layout, data=data, cache=cache, get=get):
+            block = _ranges(index, tuple(data.shape))
+            key = tuple((r.start, r.stop) for r in block)
+            if key not in cache:  # devices holding the same block share one read
+                cache[key] = read_packed_block(
+                    src, stored, layout.shape, block, lambda n, i: get(n)[0][i], names,
+                    layout.block, get(src.pieces[0].stored)[1],
+                )  # fmt: skip
+            return cache[key]
+
+        placed = jax.make_array_from_callback(tuple(data.shape), data.sharding, callback)
+        out[name] = leaf.with_data(placed)
+        whole.clear()
         cache.clear()
     return out
 

@@ -304,9 +304,10 @@ def finish(x: np.ndarray, src: Any, dtype: Any) -> np.ndarray:
     return np.asarray(x).astype(dtype, copy=False)
 
 
-def block_plan(plan: ReadPlan, block: int) -> tuple[ReadPlan, int, int] | None:
-    """`plan` for a stored tensor whose last axis is kept in blocks of `block` values (a
-    quantized tensor's rows of blocks, each block one element), and the axis of the result that
+def block_plan(plan: ReadPlan, block: int, axis: int = -1) -> tuple[ReadPlan, int, int] | None:
+    """`plan` for a stored tensor whose axis `axis` (the last by default) is kept in blocks of
+    `block` values (a quantized tensor's rows of blocks, each block one element; a Hugging Face
+    quantized weight's output rows, the input axis one block), and the axis of the result that
     the blocks run along; None where an operation would cut a block (a `take`, `split` or `cut`
     of that axis off a block's bounds, a `reshape` that splits it into pieces smaller than a
     block or merges it under another axis) or `rope` would reorder within it. A last `reshape`
@@ -324,7 +325,7 @@ def block_plan(plan: ReadPlan, block: int) -> tuple[ReadPlan, int, int] | None:
             return None
         return (*shape[:axis], shape[axis] // block, *shape[axis + 1 :])
 
-    axis, span = len(plan.stored) - 1, 1
+    axis, span = axis % len(plan.stored), 1
     stored = div(plan.stored, axis)
     if stored is None:
         return None

@@ -97,7 +97,7 @@ def view(
                 f"{where} stores {shown(name)!r} both as it is and quantized; keep one of them."
             )
         out[name] = (t.shape, t.dtype)
-    return Dequantized(storage, tensors, method), out
+    return Dequantized(storage, tensors, method, stored), out
 
 
 def check_floats(stored: Stored, shown: Callable[[str], str], where: str) -> None:
@@ -123,11 +123,14 @@ class Dequantized:
 
     Attributes:
       storage: the storage underneath; tensors: the quantized weights by the rules' names;
-      method: the checkpoint's `Method`, which dequantizes them (`Method.read`).
+      method: the checkpoint's `Method`, which dequantizes them (`Method.read`); raw: the
+      stored tensors underneath (their parts among them), (shape, safetensors dtype name).
     """
 
-    def __init__(self, storage: Storage, tensors: dict[str, Quantized], method: Method):
-        self.storage, self.tensors, self.method = storage, tensors, method
+    def __init__(
+        self, storage: Storage, tensors: dict[str, Quantized], method: Method, raw: Stored
+    ):
+        self.storage, self.tensors, self.method, self.raw = storage, tensors, method, raw
 
     def read(self, stored_name: str, index: tuple[slice, ...]) -> np.ndarray:
         """The block `index` of `stored_name`, a quantized weight's dequantized in its

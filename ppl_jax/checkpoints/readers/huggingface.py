@@ -26,9 +26,11 @@ from ppl_jax.checkpoints.formats import hub, safetensors
 from ppl_jax.checkpoints.formats import safetensors_ranges as ranges
 from ppl_jax.checkpoints.mapping import apply, blocks, storage
 from ppl_jax.checkpoints.quantized import parts as quantized_parts
+from ppl_jax.checkpoints.quantized import rows as quantized_rows
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 from ppl_jax.models.interface import nest_weights, weight_paths
+from ppl_jax.models.layers.packed import Layout
 from ppl_jax.runtime import paths
 
 
@@ -157,6 +159,25 @@ class HFDirectory(Checkpoint):
     def files(self, step: int | None) -> str:
         return self.folder(step)
 
+    def device_layouts(
+        self, step: int | None, abstract: dict[str, Any]
+    ) -> tuple[dict[str, Layout], dict[str, str]]:
+        """Each model weight made of quantized weights (config.json's quantization_config)
+        whose rule moves whole output rows, kept packed as one record per output row
+        (`ppl_jax.checkpoints.quantized.rows`); the other quantized weights with the reason.
+        Read from the headers, and each act-order weight's `g_idx` (a few KiB)."""
+        folder = self.folder(step)
+        weights, stored, rules, desc, source = _mapped_headers(folder, self.entries(step))
+        if not isinstance(source, quantized_parts.Dequantized):
+            return {}, {}
+        sources = mapping.resolve(
+            rules, stored, abstract, desc, f"the weights in {folder!r} do not match its "
+            f"config.json", shown=weights.real,
+            remedy="Re-download the checkpoint, or fix config.json to describe these weights.",
+        )  # fmt: skip
+        numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
+        return quantized_rows.layouts(source, sources, stored, abstract, numbers)
+
     def quantization(self, step: int | None) -> dict[str, Any] | None:
         """config.json's quantization (`safetensors.read_quantization`'s `Scheme.record`), or None.
 
@@ -267,7 +288,10 @@ def load_ranged(folder: str, entries: dict[str, ranges.TensorRange], target: Any
         remedy="Re-download the checkpoint, or fix config.json to describe these weights.",
     )  # fmt: skip
     numbers = {k: v for k, v in desc.items() if isinstance(v, int | float)}
-    return nest_weights(blocks.place_read_ahead(sources, stored, expected, source, numbers))
+    placed = quantized_rows.place(
+        blocks.place_read_ahead, source, sources, stored, expected, numbers
+    )
+    return nest_weights(placed)
 
 
 class HubRepo(HFDirectory):
