@@ -107,7 +107,9 @@ def _parts_bytes(source: quantized_parts.Dequantized) -> int:
     )
 
 
-@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize(
+    "mesh", ["model_8", pytest.param("one", marks=pytest.mark.slow)]
+)  # the sharded records in the default tier, one device in the slow one
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(name, mesh):
     folder = os.path.join(GOLDEN, name)
@@ -154,8 +156,7 @@ def _nll_of(folder: str, mesh, dtype: str, setting: str, tokens=None) -> np.ndar
 
 
 def _scoring_tier(name: str, mesh: str):
-    fast = (name, mesh) in (("gptq_act_order", "one"), ("gptq_act_order", "model_8"),
-                            ("ct_int4", "model_8"), ("awq", "one"))  # fmt: skip
+    fast = (name, mesh) in (("gptq_act_order", "model_8"), ("awq", "one"))
     return pytest.param(name, mesh, marks=() if fast else pytest.mark.slow)
 
 
@@ -239,6 +240,7 @@ def wide_gptq(tmp_path_factory) -> str:
     return folder
 
 
+@pytest.mark.slow  # 25 s: a wide GPTQ model scored on 8 devices
 def test_records_are_cut_along_the_input_axis_and_sharded_as_the_floats(wide_gptq):
     """Row-parallel weights (the output projection `[heads, head_dim, embed]`, the MLP's down
     projection) keep their records sharded over the model axis along their input columns:
