@@ -45,6 +45,7 @@ _MODELS = flags.DEFINE_list("models", list(MODELS), "Models to compile.")
 _BATCH = flags.DEFINE_integer("batch", 0, "Rows per batch (0: the model's default).")
 _TOKENS = flags.DEFINE_integer("tokens", 0, "Tokens per row (0: the model's default).")
 _OUT = flags.DEFINE_string("out", "bench_quantized_memory.json", "Where to write the results.")
+_SCHEMES = flags.DEFINE_list("schemes", ["Q4_K_M"], "Quantization schemes: Q4_K_M, Q8_0.")
 _RUN = flags.DEFINE_integer(
     "run", 0, "Also run the step this many times on random weights (a GPU): tokens/s, MFU, memory."
 )
@@ -71,8 +72,9 @@ def q4_k_m_kind(name: str, layers: int) -> tuple[str, int] | None:
     return kind, 0  # `o` [heads, head_dim, embed]: blocks across heads and head_dim (span 2)
 
 
-def packed_model(model, layers: int):
-    """`model` with its matrices as Q4_K_M's `Packed` weights."""
+def packed_model(model, layers: int, scheme: str = "Q4_K_M"):
+    """`model` with its matrices as `scheme`'s `Packed` weights (`Q4_K_M`: `q4_k_m_kind`;
+    `Q8_0`: every matrix Q8_0, as llama.cpp's Q8_0 files store them)."""
     import dataclasses
 
     import jax
@@ -89,8 +91,11 @@ def packed_model(model, layers: int):
         if found is None:
             continue
         kind, axis = found
+        kind = kind if scheme == "Q4_K_M" else scheme
         block, block_bytes = ggml.BLOCKS[kind]
-        span = 2 if name.endswith("/o") else 1
+        span = 1
+        if name.endswith("/o"):  # [heads, head_dim, embed]: along head_dim, or across heads too
+            axis, span = (1, 1) if leaf.shape[1] % block == 0 else (0, 2)
         layout = Layout(ggml.dequantize, kind, axis, block, block_bytes, tuple(leaf.shape),
                         np.dtype(leaf.dtype).name, span)  # fmt: skip
         flat[name] = Packed(jax.ShapeDtypeStruct(layout.packed_shape, jnp.uint8), layout)
@@ -211,7 +216,10 @@ def main(argv: list[str]) -> None:
         d, f, v = config["embed_dim"], config["mlp_dim"], config["vocab_size"]
         layer_floats = 2 * (d * config["num_heads"] * config["head_dim"] * 2
                             + d * config["num_kv_heads"] * config["head_dim"] * 2 + 3 * d * f)  # fmt: skip
-        for weights, m in (("bfloat16", model), ("Q4_K_M packed", packed_model(model, layers))):
+        variants = [("bfloat16", model)] + [
+            (f"{s} packed", packed_model(model, layers, s)) for s in _SCHEMES.value
+        ]
+        for weights, m in variants:
             step, memory = compiled(m, batch, tokens)
             row = {"model": name, "weights": weights, "batch": batch, "tokens": tokens,
                    "one_layer_bf16_gb": round(layer_floats / 1e9, 3),
