@@ -208,9 +208,9 @@ def kl_statistics(nll: np.ndarray, nll_base: np.ndarray, kl: np.ndarray,
     values over the scored tokens (each `[n]`): `nll`, `nll_base` (nats, the copy's and the
     original's -log p of the target), `kl` (nats, KL(original || copy)), `same_top` (bool).
 
-    Returns label -> (value,) or (value, uncertainty), labelled and scaled as llama.cpp prints
-    them (Δp and same top p in percent). Definitions from llama.cpp's
-    tools/perplexity/perplexity.cpp (`kl_divergence`): uncertainties are standard errors, the
+    Returns label -> (value,) or (value, uncertainty), labelled (spaces collapsed) and scaled as
+    llama.cpp prints them (Δp, same top p and the correlation in percent). Definitions from
+    llama.cpp's tools/perplexity/perplexity.cpp (`kl_divergence`): uncertainties are standard errors, the
     ratio's from the covariance of the two NLLs; percentiles interpolate linearly between the
     sorted values at `fraction * (n - 1)`; Δp = p(target) - p_base(target).
     """
@@ -228,25 +228,25 @@ def kl_statistics(nll: np.ndarray, nll_base: np.ndarray, kl: np.ndarray,
         "Mean PPL(Q)/PPL(base)": (math.exp(ln_ratio), math.exp(ln_ratio) * ln_ratio_unc),
         "Mean PPL(Q)-PPL(base)": (ppl - ppl_base, math.sqrt(
             (ppl * uq) ** 2 + (ppl_base * ub) ** 2 - 2 * ppl * ppl_base * cov)),
-        "Mean    KLD": _mean_unc(kl),
+        "Mean KLD": _mean_unc(kl),
     }  # fmt: skip
     kl_sorted = np.sort(kl)
     rows["Maximum KLD"] = (kl_sorted[-1],)
     for q in (99.9, 99.0, 95.0, 90.0):
-        rows[f"{q:.1f}%   KLD"] = (np.percentile(kl_sorted, q),)
-    rows["Median  KLD"] = (np.median(kl_sorted),)
+        rows[f"{q:.1f}% KLD"] = (np.percentile(kl_sorted, q),)
+    rows["Median KLD"] = (np.median(kl_sorted),)
     for q in (10.0, 5.0, 1.0, 0.1):
-        rows[f"{q:4.1f}%   KLD"] = (np.percentile(kl_sorted, q),)
+        rows[f"{q:.1f}% KLD"] = (np.percentile(kl_sorted, q),)
     rows["Minimum KLD"] = (kl_sorted[0],)
     dp = np.exp(-nll) - np.exp(-nll_base)
-    rows["Mean    Δp"] = tuple(100 * v for v in _mean_unc(dp))
+    rows["Mean Δp"] = tuple(100 * v for v in _mean_unc(dp))
     dp_sorted = np.sort(dp)
     rows["Maximum Δp"] = (100 * dp_sorted[-1],)
     for q in (99.9, 99.0, 95.0, 90.0, 75.0):
-        rows[f"{q:.1f}%   Δp"] = (100 * np.percentile(dp_sorted, q),)
-    rows["Median  Δp"] = (100 * np.median(dp_sorted),)
+        rows[f"{q:.1f}% Δp"] = (100 * np.percentile(dp_sorted, q),)
+    rows["Median Δp"] = (100 * np.median(dp_sorted),)
     for q in (25.0, 10.0, 5.0, 1.0, 0.1):
-        rows[f"{q:4.1f}%   Δp"] = (100 * np.percentile(dp_sorted, q),)
+        rows[f"{q:.1f}% Δp"] = (100 * np.percentile(dp_sorted, q),)
     rows["Minimum Δp"] = (100 * dp_sorted[0],)
     mse, mse_unc = _mean_unc(dp * dp)
     rows["RMS Δp"] = (100 * math.sqrt(mse), 100 * 0.5 / math.sqrt(mse) * mse_unc)
@@ -264,7 +264,7 @@ def llamacpp_statistics(log: str) -> dict[str, tuple[float, ...]]:
     for line in open(log, encoding="utf-8", errors="replace"):
         m = _ROW.match(line)
         if m and ("KLD" in m[1] or "Δp" in m[1] or "PPL" in m[1] or m[1] == "Same top p"):
-            rows[m[1].strip()] = tuple(float(v) for v in m.groups()[1:] if v is not None)
+            rows[" ".join(m[1].split())] = tuple(float(v) for v in m.groups()[1:] if v is not None)
     return rows
 
 
@@ -305,11 +305,12 @@ def kl(base: str, copy: str, text: str, n_ctx: int, log: str | None) -> None:
     )
     print("| statistic | llama.cpp | ppl_jax |\n| --- | --- | --- |")
 
-    def cell(v: tuple[float, ...] | None) -> str:
-        return "" if v is None else " ± ".join(f"{x:.6f}" for x in v)
+    def cell(v: tuple[float, ...] | None, places: int) -> str:
+        return "" if v is None else " ± ".join(f"{x:.{places}f}" for x in v)
 
-    for label, value in ours.items():
-        print(f"| {' '.join(label.split())} | {cell(theirs.get(label))} | {cell(value)} |")
+    for label, value in ours.items():  # the decimals llama.cpp prints
+        places = 2 if label.startswith("Cor") else 3 if ("Δp" in label or "top" in label) else 6
+        print(f"| {label} | {cell(theirs.get(label), places)} | {cell(value, places)} |")
 
 
 def main() -> None:
