@@ -13,7 +13,7 @@ weights by float32 activations, as ppl_jax does (this forward then gives ppl_jax
 NLLs within about 1e-4). With `--rounding llamacpp` the input of each matrix product is rounded
 as llama.cpp's CPU kernels round it before their dot products: to float16 for an F16 weight
 (its `vec_dot_type`), to Q8_K blocks for a K-quant weight (per 256 values: the value of largest
-magnitude `m` maps to -127, `q = min(127, round(-127 x / m))`, read back as `q * (-m / 127)`,
+magnitude `m` maps to -127, `q = min(127, round(-127 x / m))`, read back as `q * d`, `d = 1 / (-127 / m)`,
 as ggml's `quantize_row_q8_K_ref` defines it). Attention itself stays float32, as in
 `llama-perplexity -fa off -ctk f32 -ctv f32`. Prints `llama-perplexity --kl-divergence`'s
 statistics (`bench_gguf_llamacpp.kl_statistics`).
@@ -40,7 +40,8 @@ def q8_k(x: np.ndarray) -> np.ndarray:
     out = np.zeros_like(blocks)
     nz = peak != 0
     iscale = np.float32(-127.0) / peak[nz]
-    out[nz] = np.minimum(127, np.rint(iscale[:, None] * blocks[nz])) / iscale[:, None]
+    scale = np.float32(1.0) / iscale  # the block's stored `d`
+    out[nz] = np.minimum(127, np.rint(iscale[:, None] * blocks[nz])) * scale[:, None]
     return out.reshape(x.shape)
 
 
