@@ -210,9 +210,9 @@ def kl_statistics(nll: np.ndarray, nll_base: np.ndarray, kl: np.ndarray,
 
     Returns label -> (value,) or (value, uncertainty), labelled (spaces collapsed) and scaled as
     llama.cpp prints them (Δp, same top p and the correlation in percent). Definitions from
-    llama.cpp's tools/perplexity/perplexity.cpp (`kl_divergence`): uncertainties are standard errors, the
-    ratio's from the covariance of the two NLLs; percentiles interpolate linearly between the
-    sorted values at `fraction * (n - 1)`; Δp = p(target) - p_base(target).
+    llama.cpp's tools/perplexity/perplexity.cpp (`kl_divergence`): uncertainties are standard
+    errors, the ratio's from the covariance of the two NLLs; percentiles interpolate linearly
+    between the sorted values at `fraction * (n - 1)`; Δp = p(target) - p_base(target).
     """
     nll, nll_base, kl = (np.asarray(x, np.float64) for x in (nll, nll_base, kl))
     n = nll.size

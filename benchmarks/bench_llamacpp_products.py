@@ -13,10 +13,10 @@ weights by float32 activations, as ppl_jax does (this forward then gives ppl_jax
 NLLs within about 1e-4). With `--rounding llamacpp` the input of each matrix product is rounded
 as llama.cpp's CPU kernels round it before their dot products: to float16 for an F16 weight
 (its `vec_dot_type`), to Q8_K blocks for a K-quant weight (per 256 values: the value of largest
-magnitude `m` maps to -127, `q = min(127, round(-127 x / m))`, read back as `q * d`, `d = 1 / (-127 / m)`,
-as ggml's `quantize_row_q8_K_ref` defines it). Attention itself stays float32, as in
-`llama-perplexity -fa off -ctk f32 -ctv f32`. Prints `llama-perplexity --kl-divergence`'s
-statistics (`bench_gguf_llamacpp.kl_statistics`).
+magnitude `m` maps to -127, `q = min(127, round(-127 x / m))`, read back as `q * d` with
+`d = 1 / (-127 / m)`, as ggml's `quantize_row_q8_K_ref` defines it). Attention itself stays
+float32, as in `llama-perplexity -fa off -ctk f32 -ctv f32`. Prints `llama-perplexity
+--kl-divergence`'s statistics (`bench_gguf_llamacpp.kl_statistics`).
 """
 
 from __future__ import annotations
@@ -129,8 +129,9 @@ def main() -> None:
         for col, value in zip(cols, values, strict=True):
             col.append(value.ravel())
     cols = [np.concatenate(c) for c in cols]
+    seconds = time.perf_counter() - t0
     print(f"{args.copy} ({tq}; {rq.__name__}) against {args.base} ({tb}; {rb.__name__}): "
-          f"{len(chunks)} chunks, {cols[0].size:,} scored, {time.perf_counter() - t0:.0f} s")  # fmt: skip
+          f"{len(chunks)} chunks, {cols[0].size:,} scored, {seconds:.0f} s")  # fmt: skip
     for label, value in kl_statistics(*cols).items():
         print(f"| {label} | {' ± '.join(f'{x:.6f}' for x in value)} |")
 

@@ -144,7 +144,7 @@ def test_the_benchmarks_log_is_dated():
     dates = [h[:10] for h in headings]
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\d", d) for d in dates), headings
     assert dates == sorted(dates)
-    assert len(read("BENCHMARKS.md").splitlines()) < 80
+    assert len(read("BENCHMARKS.md").splitlines()) < 100
     assert "benchmarks/LOG.md" in read("BENCHMARKS.md")
     assert '--8<-- "BENCHMARKS.md:current"' in read("docs/benchmarks.md")
 
