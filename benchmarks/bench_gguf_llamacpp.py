@@ -22,7 +22,8 @@ ids; one merge of two bytes the text never holds, as llama.cpp needs the key), a
 text beside it (the demo's held-out standard-library modules). `score` computes
 `llama-perplexity`'s statistic with ppl_jax on a GGUF file: the ids cut into chunks of `--n_ctx`,
 each chunk scored alone, the second half of its next-token predictions counted. llama.cpp is not
-part of ppl_jax: build it yourself (docs/checkpoints.md gives the figures measured this way).
+part of ppl_jax: build it yourself (docs/checkpoints.md gives the figures measured this way; the
+KL comparison is in BENCHMARKS.md and benchmarks/LOG.md).
 
 `export --dtype f16` writes the matrices in float16 (norms stay float32, as the converter's
 `--outtype f16` does); `--pad 256` widens the model to widths that are multiples of 256 (the
