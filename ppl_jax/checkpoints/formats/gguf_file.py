@@ -318,6 +318,20 @@ def _pread(path: str, ranges: list[tuple[int, int]]) -> bytes:
     return b"".join(parts)
 
 
+def _rows(
+    index: tuple[slice, ...], shape: tuple[int, ...]
+) -> tuple[tuple[int, int], list[np.ndarray], list[int]]:
+    """For the region `index` of a tensor of `shape` (missing axes whole): the last axis's
+    (start, stop), the leading axes' indices, and the flat numbers of the rows it takes."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    spans = [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
+    lead = [np.arange(a, b) for a, b in spans[:-1]]
+    if not lead:
+        return spans[-1], lead, [0]
+    grid = np.meshgrid(*lead, indexing="ij")
+    return spans[-1], lead, np.ravel_multi_index([g.ravel() for g in grid], shape[:-1]).tolist()
+
+
 def read_region(
     file: GGUFFile, name: str, index: tuple[slice, ...], dtype: Any = np.float32
 ) -> np.ndarray:
@@ -335,17 +349,9 @@ def read_region(
     """
     t = file.tensors[name]
     shape = t.shape
-    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
-    spans = [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
-    lo, hi = spans[-1]
+    (lo, hi), lead, rows = _rows(index, shape)
     first, last = lo // t.block, -(-hi // t.block)  # blocks of the row that hold the columns
     width = (last - first) * t.block
-    lead = [np.arange(a, b) for a, b in spans[:-1]]
-    if lead:
-        grid = np.meshgrid(*lead, indexing="ij")
-        rows = np.ravel_multi_index([g.ravel() for g in grid], shape[:-1]).tolist()
-    else:
-        rows = [0]
     out = np.empty((len(rows), hi - lo), dtype=dtype)
     qtype = gguf.GGMLQuantizationType[t.type]
     per_piece = max(1, PIECE_BYTES // max(1, 4 * width))
@@ -381,15 +387,7 @@ def read_blocks(file: GGUFFile, name: str, index: tuple[slice, ...]) -> np.ndarr
     """
     t = file.tensors[name]
     shape = (*t.shape[:-1], t.shape[-1] // t.block)
-    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
-    spans = [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
-    first, last = spans[-1]
-    lead = [np.arange(a, b) for a, b in spans[:-1]]
-    if lead:
-        grid = np.meshgrid(*lead, indexing="ij")
-        rows = np.ravel_multi_index([g.ravel() for g in grid], shape[:-1]).tolist()
-    else:
-        rows = [0]
+    (first, last), lead, rows = _rows(index, shape)
     ranges = [
         (t.start + r * t.row_bytes + first * t.block_bytes, (last - first) * t.block_bytes)
         for r in rows
