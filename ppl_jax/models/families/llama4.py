@@ -33,7 +33,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
-from ppl_jax.models.family import Family, Layer, Limit
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import qk
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.moe import routing
@@ -217,5 +217,4 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(Limit("splash", "splash attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),),
 )

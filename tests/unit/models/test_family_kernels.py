@@ -169,3 +169,29 @@ def test_auto_on_a_gpu_routes_each_kind_of_layer(family):
             want = "xla" if family in SOFTCAP else "cudnn"
             assert set(picks.values()) <= {want}, picks
             assert bool(picks) == (family != "mamba2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family,context,how",
+    [(f, c, h) for f in FAMILIES for c, h in ((1, "all_gather"), (2, "all_gather"), (2, "ring"))],
+)
+def test_splash_equals_xla_on_one_device(monkeypatch, family, context, how):
+    """`model.attention=splash` (interpreted on CPU) at context 1 and 2, all-gather and ring:
+    every family's layers, Gemma 2's soft-cap and Llama 4's chunks included (issue 38 item 3)."""
+    calls = []
+    splash = fused.splash
+
+    def spy(*args, **options):
+        calls.append(options.get("lse", False))
+        return splash(*args, **options)
+
+    monkeypatch.setattr(fused, "splash", spy)
+    expected, scored = reference(family)
+    got = scored_on_mesh(family, "splash", context, how)
+    np.testing.assert_allclose(got[scored], expected[scored], rtol=RTOL, atol=0)
+    sums = [np.sum(x, axis=1, where=scored) for x in (got, expected)]
+    np.testing.assert_allclose(*sums, rtol=SUM_RTOL, atol=0)
+    description = load_dir(os.path.join(FAMILY_DIR, family))[0].description
+    if attention_lib.layer_kernels("splash", jnp.float32, description):
+        assert calls and set(calls) == {how == "ring" and context > 1}
