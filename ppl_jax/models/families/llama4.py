@@ -16,8 +16,9 @@
 
 Quantized weights are read as `quantization_config` says where ppl_jax reads its method
 (`ppl_jax.checkpoints.quantized.methods`; the FP8 release's `fbgemm_fp8` is refused there).
-Refused: `attention_bias`, and splash attention when chunked layers are present (no chunks; cuDNN
-runs them as the rows reshaped into their chunks, `ppl_jax.models.layers.split_merge`). Verified under a context axis
+Refused: `attention_bias`. Chunked layers: cuDNN runs them as the rows reshaped into their chunks
+(`ppl_jax.models.layers.split_merge`), splash by segment ids, one per run of a document's chunk
+(`ppl_jax.models.layers.splash_cases`). Verified under a context axis
 (tests/slow/test_frontier_context.py).
 """
 

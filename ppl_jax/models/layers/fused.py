@@ -22,7 +22,9 @@ and splash attention on TPUs.
   `lax.switch` by the device's index. Rows of any length: the kernel's blocks are multiples of
   128 tokens (`SPLASH_BLOCK`), so queries and keys are padded up to one inside the call with a
   segment id no real token has (-1), and the output sliced back; exact, the padded keys are
-  masked for every real query. No chunked attention (the kernel's chunks are by index, not by
+  masked for every real query. With `lse`, the partial attention and its log-sum-exp
+  (`save_residuals`), which `ppl_jax.models.layers.splash_cases` merges round the context axis's
+  ring; chunked attention there too, by segment ids (the kernel's own chunks are by index, not by
   position within a segment).
 """
 

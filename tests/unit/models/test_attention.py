@@ -314,7 +314,7 @@ def test_auto_resolution():
     "setting,needs,message",
     [
         ("cudnn", {"softcap": True}, "cannot soft-cap attention scores"),
-        ("cudnn", {"softcap": True, "context": 2, "context_attention": "ring"}, "soft-cap"),
+        ("cudnn", {"softcap": True, "context": 2, "context_attention": "ring"}, "cannot soft-cap"),
     ],
 )
 def test_explicit_implementation_refused_in_one_sentence(setting, needs, message):

@@ -18,7 +18,7 @@ import pytest
 from test_families import FAMILY_DIR
 
 from ppl_jax.checkpoints.formats import safetensors
-from ppl_jax.errors import CheckpointError, ConfigError
+from ppl_jax.errors import CheckpointError
 from ppl_jax.models import registry
 
 FAMILY = "llama4"
