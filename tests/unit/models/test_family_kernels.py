@@ -7,7 +7,7 @@ kernel itself over the context axis holds 1.1e-6, not 1e-6: `RTOL`), each window
 1e-6. A family whose layers
 cuDNN cannot run (Gemma 2's soft-cap) is refused by name, and `auto` sends its layers to the
 flash kernel on a GPU (`kernels.pick`). The default tier runs four families at context 2; the
-whole grid is slow.
+whole grid is slow, and so is splash (interpreted) per family at context 1 and 2 (item 3).
 
 Each family scores windows of 32 of its golden token stream (a window of 32 splits into 2 x 4
 chunks of 4 queries and 2 x 2 of 8: Llama 4's attention chunk of 8 then takes cuDNN's partials,
@@ -156,19 +156,20 @@ def test_cudnn_over_context_equals_xla_on_one_device(
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_auto_on_a_gpu_routes_each_kind_of_layer(family):
-    """`auto` on a GPU for 16-bit params: cuDNN on every kind of layer it can run (heads a
-    multiple of 8 up to 128), the flash kernel on soft-capped ones (Gemma 2), at context 1, 2
-    and 4, all-gather and ring."""
+def test_auto_routes_each_kind_of_layer(family):
+    """`auto` for 16-bit params at context 1, 2 and 4, all-gather and ring: on a GPU cuDNN on
+    every kind of layer it can run (heads a multiple of 8 up to 128), the flash kernel on
+    soft-capped ones (Gemma 2); on a TPU splash on every kind (chunks and the ring included)."""
     description = load_dir(os.path.join(FAMILY_DIR, family))[0].description
     for context in (1, 2, 4):
         for how in ("all_gather", "ring"):
-            picks = attention_lib.layer_kernels(
-                "auto", jnp.bfloat16, description, context, "gpu", context_attention=how
-            )
-            want = "xla" if family in SOFTCAP else "cudnn"
-            assert set(picks.values()) <= {want}, picks
-            assert bool(picks) == (family != "mamba2")
+            for platform, fused_kernel in (("gpu", "cudnn"), ("tpu", "splash")):
+                picks = attention_lib.layer_kernels(
+                    "auto", jnp.bfloat16, description, context, platform, context_attention=how
+                )
+                softcap = family in SOFTCAP and platform == "gpu"
+                assert set(picks.values()) <= {"xla" if softcap else fused_kernel}, picks
+                assert bool(picks) == (family != "mamba2")
 
 
 @pytest.mark.slow
