@@ -3,11 +3,11 @@ CPU devices, `data` x `context`), all-gather and ring, with `model.attention=cud
 partial attention: the flash kernel's in its place, `cudnn_on_cpu`; on one device cuDNN's own
 call by per-row lengths: `split_merge.whole_row` in its place), equal per token to the `xla`
 model on one device (issue 38 item 5): within 2e-6 relative per token in float32 (the flash
-kernel itself over the context axis holds 1.1e-6, not 1e-6: `RTOL`), each window's sum within
-1e-6. A family whose layers
-cuDNN cannot run (Gemma 2's soft-cap) is refused by name, and `auto` sends its layers to the
-flash kernel on a GPU (`kernels.pick`). The default tier runs four families at context 2; the
-whole grid is slow, and so is splash (interpreted) per family at context 1 and 2 (item 3).
+kernel itself over the context axis holds 1.1e-6, not 1e-6; 5e-6 for the recurrent families:
+`RTOL`), each window's sum within 1e-6. A family whose layers cuDNN cannot run (Gemma 2's
+soft-cap) is refused by name, and `auto` sends its layers to the flash kernel on a GPU
+(`kernels.pick`). The default tier runs four families at context 2; the whole grid is slow, and
+so is splash (interpreted) per family at context 1 and 2 (item 3).
 
 Each family scores windows of 32 of its golden token stream (a window of 32 splits into 2 x 4
 chunks of 4 queries and 2 x 2 of 8: Llama 4's attention chunk of 8 then takes cuDNN's partials,
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from test_families import FAMILIES, FAMILY_DIR, golden, load_dir
+from test_families import FAMILIES, FAMILY_DIR, RECURRENT, golden, load_dir
 from test_split_merge import cudnn_on_cpu  # noqa: F401 (a fixture)
 
 from ppl_jax.errors import ConfigError
@@ -40,8 +40,21 @@ ROWS = 8  # windows scored: one per device of `data` at context 1
 # Per token: 2e-6 relative. The flash kernel itself over the context axis moves GPT-OSS's tokens
 # 1.1e-6 relative from one device (float32, the order of additions across devices), so 1e-6 per
 # token is below what `xla` holds; each window's sum holds 1e-6.
+# Families whose layers carry a float32 recurrence (`test_families.RECURRENT`) pass its state from
+# device to device: the flash kernel itself moves Qwen3.5's tokens 2.2e-6 there, so 5e-6.
 RTOL = 2e-6
+RECURRENT_RTOL = 5e-6
 SUM_RTOL = 1e-6
+
+
+def _check(family: str, got: np.ndarray, expected: np.ndarray, scored: np.ndarray) -> None:
+    """Per token within `RTOL` (`RECURRENT_RTOL`), each window's sum within `SUM_RTOL`."""
+    rtol = RECURRENT_RTOL if family in RECURRENT else RTOL
+    np.testing.assert_allclose(got[scored], expected[scored], rtol=rtol, atol=0)
+    sums = [np.sum(x, axis=1, where=scored) for x in (got, expected)]
+    np.testing.assert_allclose(*sums, rtol=SUM_RTOL, atol=0)
+
+
 SOFTCAP = {"gemma2"}  # cuDNN cannot soft-cap: refused
 # The default tier: plain attention, sinks with sliding windows, chunks, narrow values.
 DEFAULT = {"qwen3", "gpt_oss", "llama4", "deepseek_v3"}
@@ -147,9 +160,7 @@ def test_cudnn_over_context_equals_xla_on_one_device(
     monkeypatch.setitem(split_merge.PARTIALS, "cudnn", partial)
     monkeypatch.setattr(fused, "cudnn", by_lengths)
     got = scored_on_mesh(family, "cudnn", context, how)
-    np.testing.assert_allclose(got[scored], expected[scored], rtol=RTOL, atol=0)
-    sums = [np.sum(x, axis=1, where=scored) for x in (got, expected)]
-    np.testing.assert_allclose(*sums, rtol=SUM_RTOL, atol=0)
+    _check(family, got, expected, scored)
     description = load_dir(os.path.join(FAMILY_DIR, family))[0].description
     if attention_lib.layer_kernels("cudnn", jnp.float32, description):
         assert calls, "cuDNN's path (its partial or its call) never ran"
@@ -190,9 +201,7 @@ def test_splash_equals_xla_on_one_device(monkeypatch, family, context, how):
     monkeypatch.setattr(fused, "splash", spy)
     expected, scored = reference(family)
     got = scored_on_mesh(family, "splash", context, how)
-    np.testing.assert_allclose(got[scored], expected[scored], rtol=RTOL, atol=0)
-    sums = [np.sum(x, axis=1, where=scored) for x in (got, expected)]
-    np.testing.assert_allclose(*sums, rtol=SUM_RTOL, atol=0)
+    _check(family, got, expected, scored)
     description = load_dir(os.path.join(FAMILY_DIR, family))[0].description
     if attention_lib.layer_kernels("splash", jnp.float32, description):
         assert calls and set(calls) == {how == "ring" and context > 1}
