@@ -164,8 +164,13 @@ def _splash_kernel(
     window: int | None,
     interpret: bool,
     softcap: float | None,
-    residuals: bool = False,
+    residuals: bool,
+    mesh: jax.sharding.AbstractMesh,
 ):
+    """The splash kernel of these shapes and mask, made once per `mesh`: the abstract mesh in
+    force (`jax.sharding.get_abstract_mesh`), whose manual axes inside the context axis's
+    `shard_map` the kernel's arrays take on; made there and called outside, XLA raises
+    "Unhandled OpSharding type ... manual"."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as kernel,
     )
@@ -234,7 +239,9 @@ def splash(
         return jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0, None))(q, k, v, q_seg, k_seg, sink)
 
     def kernel_at(start):
-        return _splash_kernel(group, tp, sp, start, window, interpret, softcap, lse)
+        return _splash_kernel(
+            group, tp, sp, start, window, interpret, softcap, lse, jax.sharding.get_abstract_mesh()
+        )
 
     args = (q, k, v, q_seg, k_seg, sink)
     if isinstance(offset, int):

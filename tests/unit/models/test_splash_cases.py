@@ -126,3 +126,14 @@ def test_splash_over_context_equals_xla(monkeypatch, context, how, mask):
     real = seg[:, order] > 0
     np.testing.assert_allclose(out[real], expected[:, order][real], atol=ATOL)
     assert calls and set(calls) == {how == "ring"}  # splash ran: its partials round the ring
+
+
+@pytest.mark.slow
+def test_a_kernel_made_inside_the_context_axis_serves_one_device(monkeypatch):
+    """The cached kernels made inside the context axis's `shard_map` (the gathered path's, at
+    128-token blocks) are not the ones a model on one device then calls with the same shapes:
+    before, the model's trace raised XLA's "Unhandled OpSharding type ... manual"."""
+    from test_splash_lengths import test_model_with_splash_scores_a_96_token_window_like_xla
+
+    test_splash_over_context_equals_xla(monkeypatch, 2, "all_gather", {"chunk": 24, "sinks": True})
+    test_model_with_splash_scores_a_96_token_window_like_xla()
