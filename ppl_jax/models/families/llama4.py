@@ -16,8 +16,9 @@
 
 Quantized weights are read as `quantization_config` says where ppl_jax reads its method
 (`ppl_jax.checkpoints.quantized.methods`; the FP8 release's `fbgemm_fp8` is refused there).
-Refused: `attention_bias`, and splash attention when chunked layers are present (no chunks; cuDNN
-runs them as the rows reshaped into their chunks, `ppl_jax.models.layers.split_merge`). Verified under a context axis
+Refused: `attention_bias`. Chunked layers: cuDNN runs them as the rows reshaped into their chunks
+(`ppl_jax.models.layers.split_merge`), splash by segment ids, one per run of a document's chunk
+(`ppl_jax.models.layers.splash_cases`). Verified under a context axis
 (tests/slow/test_frontier_context.py).
 """
 
@@ -33,7 +34,7 @@ from flax import nnx
 from ppl_jax.errors import CheckpointError
 from ppl_jax.models.decoders import llama_hf
 from ppl_jax.models.decoders.llama import Attention, Llama, LlamaConfig
-from ppl_jax.models.family import Family, Layer, Limit
+from ppl_jax.models.family import Family, Layer
 from ppl_jax.models.layers import qk
 from ppl_jax.models.layers import rope as rope_lib
 from ppl_jax.models.layers.moe import routing
@@ -217,5 +218,4 @@ FAMILY = Family(
     hf_rules=rules,
     hf_prefixes=llama_hf.PREFIXES,
     layers=layer_kinds,
-    limits=(Limit("splash", "splash attention has no chunks", lambda cfg: bool(cfg.chunk_layers)),),
 )

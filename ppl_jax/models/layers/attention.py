@@ -17,7 +17,8 @@ for `model.attention=auto`, per kind of layer where they differ):
   Runs everywhere and everything; the reference the others are tested against.
 - `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`);
   sinks, chunks and narrower values around its partial attention (`split_merge`). No soft-cap.
-- `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.layers.fused`).
+- `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.layers.fused`); chunks by segment
+  ids and the ring by its partials (`ppl_jax.models.layers.splash_cases`).
 
 **The context axis** (docs/clusters.md, "One window over several devices"). Under a mesh whose `context` axis has `N > 1`
 devices (set by `jax.set_mesh` while tracing; the scorer sets its own), `attend` takes the row in
@@ -26,7 +27,7 @@ the load-balanced order of `ppl_jax.models.layers.context.load_balanced_order`, 
 layer's keys, values, segment ids and positions (and puts them back in row order), then attends
 its own queries (`model.context_attention=all_gather`, the default); or the keys and values go
 round a ring of `ppermute`s in `N` steps, the online softmax carried from one shard to the next
-(`ring`: `xla`, and `cudnn` by its partials, `ring_merge`), for layers whose gathered keys and values do not fit. The result is the
+(`ring`: `xla`, `cudnn` by its partials, `ring_merge`, and `splash` by its, `splash_cases`), for layers whose gathered keys and values do not fit. The result is the
 same as on one device (the mask is by positions, so any order of the row's tokens is right);
 only the order of float32 additions differs.
 """
@@ -157,7 +158,7 @@ def flash_note(
 ) -> str | None:
     """Which kinds of layer run the flash kernel (`xla`) under `setting` though the platform has a
     fused kernel but for one capability they need, and which (`kernels.flash_note`: Gemma 2's
-    soft-cap on a GPU, Llama 4's chunks on a TPU), as one line; None where none do or on CPU.
+    soft-cap on a GPU), as one line; None where none do or on CPU.
     Arguments as `resolve_for`."""
     picks = layer_kernels(setting, dtype, description, context, platform, **mesh)
     needs = kernels.layer_needs(description, context=context, **mesh)
@@ -176,7 +177,7 @@ def resolve_for(
     `platform`: as in `resolve`.
 
     `auto` picks per kind of layer (`layer_kernels`): the one kernel they all take, or `auto`
-    where they differ (Llama 4's chunked and global layers on a TPU), which `attend` then picks
+    where they differ (a kernel lacking what one kind of layer needs), which `attend` then picks
     per layer the same way."""
     if setting == "auto" and kernels.head_dim(description) is not None:
         picks = set(layer_kernels(setting, dtype, description, context, platform, **mesh).values())

@@ -22,7 +22,9 @@ and splash attention on TPUs.
   `lax.switch` by the device's index. Rows of any length: the kernel's blocks are multiples of
   128 tokens (`SPLASH_BLOCK`), so queries and keys are padded up to one inside the call with a
   segment id no real token has (-1), and the output sliced back; exact, the padded keys are
-  masked for every real query. No chunked attention (the kernel's chunks are by index, not by
+  masked for every real query. With `lse`, the partial attention and its log-sum-exp
+  (`save_residuals`), which `ppl_jax.models.layers.splash_cases` merges round the context axis's
+  ring; chunked attention there too, by segment ids (the kernel's own chunks are by index, not by
   position within a segment).
 """
 
@@ -162,7 +164,13 @@ def _splash_kernel(
     window: int | None,
     interpret: bool,
     softcap: float | None,
+    residuals: bool,
+    mesh: jax.sharding.AbstractMesh,
 ):
+    """The splash kernel of these shapes and mask, made once per `mesh`: the abstract mesh in
+    force (`jax.sharding.get_abstract_mesh`), whose manual axes inside the context axis's
+    `shard_map` the kernel's arrays take on; made there and called outside, XLA raises
+    "Unhandled OpSharding type ... manual"."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as kernel,
     )
@@ -188,16 +196,24 @@ def _splash_kernel(
             block_sizes=sizes,
             interpret=interpret,
             attn_logits_soft_cap=softcap,
+            save_residuals=residuals,
         )
 
 
-def splash(q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0) -> jax.Array:
+def splash(
+    q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0, offsets=None, lse=False
+):
     """Splash attention of `[B, Tq, H, D]` queries against `[B, Tk, KV, D]` keys and values; the
     queries are the row's tokens `offset .. offset + Tq - 1` (the keys the whole row from 0).
-    `offset` is a Python int or a traced int32 that takes one of the values in
-    `range(0, Tk, Tq)` (the context axis's chunks). `Tq` and `Tk` of any length: each is padded
-    to a multiple of `SPLASH_BLOCK` (keys no real query sees) and the output sliced back.
-    Returns `[B, Tq, H, Dv]` in `q.dtype`."""
+    `offset` is a Python int or a traced int32 that takes one of the values `offsets` (the
+    multiples of `Tq` below `offsets * Tq`; default `range(0, Tk, Tq)`, the context axis's
+    chunks): one kernel per value, chosen with `lax.switch`. An offset past the keys
+    (`offset >= Tk`) makes every key of the query's segment visible (a block of earlier keys).
+    `Tq` and `Tk` of any length: each is padded to a multiple of `SPLASH_BLOCK` (keys no real
+    query sees) and the output sliced back. Returns `[B, Tq, H, Dv]` in `q.dtype`; with `lse`,
+    the partial attention `(out [B, Tq, H, Dv] float32, lse [B, Tq, H] float32)` of
+    `split_merge` (the kernel's `save_residuals`), a query that saw no key giving 0 and `-inf`
+    (the kernel gives its mask value's log-sum-exp, about -2.4e38, there)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
 
     b, t, h, d = q.shape
@@ -223,16 +239,30 @@ def splash(q, k, v, q_seg, k_seg, *, window, sinks, scale, softcap, offset=0) ->
         return jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0, None))(q, k, v, q_seg, k_seg, sink)
 
     def kernel_at(start):
-        return _splash_kernel(group, tp, sp, start, window, interpret, softcap)
+        return _splash_kernel(
+            group, tp, sp, start, window, interpret, softcap, lse, jax.sharding.get_abstract_mesh()
+        )
 
     args = (q, k, v, q_seg, k_seg, sink)
     if isinstance(offset, int):
         out = run(kernel_at(offset), *args)
     else:
-        branches = [functools.partial(run, kernel_at(start)) for start in range(0, s, t)]
+        starts = range(0, s, t) if offsets is None else range(0, offsets * t, t)
+        branches = [functools.partial(run, kernel_at(start)) for start in starts]
         out = jax.lax.switch(offset // t, branches, *args)
-    out = out[:, :, :, :t]  # [B, KV, G, T, Dv]: the real queries
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, -1).astype(np.dtype(q.dtype))
+    if not lse:
+        out = out[:, :, :, :t]  # [B, KV, G, T, Dv]: the real queries
+        return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, -1).astype(np.dtype(q.dtype))
+    out, (stats,) = out
+    stats = stats[:, :, :, :t].transpose(0, 3, 1, 2).reshape(b, t, h).astype(jnp.float32)
+    seen = stats > _SPLASH_NO_KEY
+    out = out[:, :, :, :t].transpose(0, 3, 1, 2, 4).reshape(b, t, h, -1).astype(jnp.float32)
+    return jnp.where(seen[..., None], out, 0.0), jnp.where(seen, stats, -jnp.inf)
+
+
+# Below this a splash log-sum-exp is its mask value's (-0.7 x float32's largest, plus the log of
+# a block's keys): a query that saw no key.
+_SPLASH_NO_KEY = -0.35 * float(np.finfo(np.float32).max)
 
 
 def _pad_to_block(x: jax.Array, fill: int = 0) -> jax.Array:

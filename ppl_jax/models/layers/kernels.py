@@ -11,8 +11,10 @@ and over the context axis's gathered row (`gathered`), and its partial attention
 log-sum-exp (`partial`, for `ppl_jax.models.layers.split_merge`).
 
 `pick` chooses per layer: under `model.attention=auto` a model whose layers need different
-things (Llama 4's chunked and global layers on a TPU) runs one kernel on some layers and
-another on the rest (`layer_kernels` names them per kind of layer, as results.json records).
+things, where a kernel lacks what only some need, runs one kernel on some layers and another
+on the rest (`layer_kernels` names them per kind of layer, as results.json records). Of the
+kernels here none lacks a need of one kind of layer only (cuDNN's soft-cap is every layer's):
+each family runs one kernel on all its layers.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ppl_jax.models.layers import context as context_lib
-from ppl_jax.models.layers import flash, fused, ring_merge, split_merge
+from ppl_jax.models.layers import flash, fused, ring_merge, splash_cases, split_merge
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +116,6 @@ class Kernel:
         )
 
 
-def _no_chunk(mask: dict) -> dict:
-    return {k: v for k, v in mask.items() if k != "chunk"}
-
-
 def _xla_one(q, k, v, seg, pos, mask):
     return flash.flash_attention(q, k, v, seg, pos, seg, pos, **mask)
 
@@ -184,29 +181,6 @@ def _cudnn_ring(n, q, k, v, seg, pos, mask, flash_ring):
     )
 
 
-def _splash_one(q, k, v, seg, pos, mask):
-    return fused.splash(q, k, v, seg, seg, **_no_chunk(mask))
-
-
-def _splash_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
-    """Each of the device's two chunks with its offset in the causal mask."""
-    half = q.shape[1] // 2
-    r = jax.lax.axis_index(context_lib.AXIS)
-    outs = [
-        fused.splash(
-            q[:, i * half : (i + 1) * half],
-            k_row,
-            v_row,
-            seg[:, i * half : (i + 1) * half],
-            seg_row,
-            offset=chunk_index * half,
-            **_no_chunk(mask),
-        )
-        for i, chunk_index in enumerate((r, 2 * n - 1 - r))
-    ]
-    return jnp.concatenate(outs, axis=1)
-
-
 def _cudnn_auto(platform: str, dtype, head_dim: int) -> bool:
     """cuDNN's flash attention: 16-bit, head width a multiple of 8 up to 128."""
     return jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
@@ -236,12 +210,15 @@ CUDNN = Kernel(
 SPLASH = Kernel(
     name="splash",
     platforms=("tpu",),
-    lacks=("chunk", "ring"),
+    # Chunks by segment ids (one per run of a segment's chunk); the ring by its partials with
+    # their log-sum-exp (`splash_cases`), every row and mask.
+    lacks=(),
     auto_ok=lambda platform, dtype, head_dim: True,
     keeps_segments=lambda: True,
     queries_apart=False,
-    one_device=_splash_one,
-    gathered=_splash_gathered,
+    one_device=splash_cases.one_device,
+    gathered=splash_cases.gathered,
+    ring=splash_cases.ring,
 )
 XLA = Kernel(
     name="xla",

@@ -1,9 +1,12 @@
 """The attention kernels' table (`ppl_jax.models.layers.kernels`): the config's choices are its
-names, each refusal is the record's, and `auto` picks per kind of layer (Llama 4's chunked and
-global layers take two kernels on a TPU), as results.json's `attention_layers` records."""
+names, each refusal is the record's, and `auto` picks per kind of layer, as results.json's
+`attention_layers` records (no kernel of the table lacks what only one kind of layer needs, so
+the per-kind choice is shown with a splash record that lacked chunks, as splash did before
+`ppl_jax.models.layers.splash_cases`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -25,6 +28,13 @@ def _llama4():
     return safetensors.read_description(os.path.join(FAMILY_DIR, "llama4"))
 
 
+@pytest.fixture
+def splash_without_chunks(monkeypatch):
+    """The table with a splash record that cannot run chunked attention."""
+    record = dataclasses.replace(kernels.SPLASH, lacks=("chunk",))
+    monkeypatch.setitem(kernels.KERNELS, "splash", record)
+
+
 def test_the_configs_choices_are_the_tables_names():
     assert kernels.CHOICES == ("auto", "cudnn", "splash", "xla")
     assert attention.IMPLEMENTATIONS == kernels.CHOICES
@@ -39,18 +49,33 @@ def test_the_configs_choices_are_the_tables_names():
 
 def test_auto_picks_the_fastest_kernel_that_can_do_the_layer():
     chunked = kernels.Needs(chunk=True)
-    assert kernels.pick("tpu", BF16, 64, chunked) is kernels.XLA
+    assert kernels.pick("tpu", BF16, 64, chunked) is kernels.SPLASH
+    assert kernels.pick("gpu", BF16, 64, kernels.Needs(softcap=True)) is kernels.XLA
+    assert kernels.pick("tpu", BF16, 64, kernels.Needs(softcap=True)) is kernels.SPLASH
     assert kernels.pick("tpu", BF16, 64, kernels.Needs()) is kernels.SPLASH
     assert kernels.pick("gpu", BF16, 64, kernels.Needs(window=True)) is kernels.CUDNN
     assert kernels.pick("gpu", jnp.float32, 64, kernels.Needs()) is kernels.XLA
     assert kernels.pick("cpu", BF16, 64, kernels.Needs()) is kernels.XLA
-    ring = kernels.Needs(context=2, context_attention="ring")
-    assert kernels.pick("tpu", BF16, 64, ring) is kernels.XLA
+    ring = kernels.Needs(context=2, context_attention="ring", chunk=True, window=True)
+    assert kernels.pick("tpu", BF16, 64, ring) is kernels.SPLASH
+    assert kernels.pick("gpu", BF16, 64, ring) is kernels.CUDNN
 
 
-def test_llama4_runs_two_kernels_under_auto_and_one_when_told():
+def test_llama4_runs_one_kernel_under_auto():
+    """Splash runs the chunked layers (`splash_cases`), cuDNN too: one kernel per platform."""
     d = _llama4()
     assert kernels.layer_needs(d)["chunked"].chunk and not kernels.layer_needs(d)["global"].chunk
+    for context_attention in ("all_gather", "ring"):
+        mesh = dict(context=2, context_attention=context_attention)
+        picks = layer_kernels("auto", BF16, d, platform="tpu", **mesh)
+        assert picks == {"chunked": "splash", "global": "splash"}
+        assert resolve_for("auto", BF16, d, platform="tpu", **mesh) == "splash"
+    assert resolve_for("splash", BF16, d, platform="tpu") == "splash"
+    assert flash_note("auto", BF16, d, platform="tpu") is None
+
+
+def test_two_kernels_under_auto_and_one_when_told(splash_without_chunks):
+    d = _llama4()
     assert layer_kernels("auto", BF16, d, platform="tpu") == {"chunked": "xla", "global": "splash"}
     assert layer_kernels("auto", BF16, d, platform="gpu") == {"chunked": "cudnn", "global": "cudnn"}
     assert resolve_for("auto", BF16, d, platform="gpu") == "cudnn"
@@ -97,9 +122,9 @@ def test_the_refusals_are_the_records():
         kernels.kernel("flash3")
 
 
-def test_the_flash_note_names_the_slow_layers_and_the_missing_capability():
+def test_the_flash_note_names_the_slow_layers_and_the_missing_capability(splash_without_chunks):
     """Gemma 2 on a GPU: every kind of layer on `xla` for cuDNN's want of a soft-cap; Llama 4 on
-    a TPU: its chunked layers for splash's want of chunks; no note where the fused kernel runs
+    a TPU with a splash that lacked chunks: its chunked layers; no note where the fused kernel runs
     every layer, on CPU, or where no fused kernel may run at all (float32 on a GPU)."""
     gemma2 = safetensors.read_description(os.path.join(FAMILY_DIR, "gemma2"))
     assert flash_note("auto", BF16, gemma2, platform="gpu") == (
