@@ -49,7 +49,7 @@ def _bits(x) -> np.ndarray:
     return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
 
 
-@pytest.mark.parametrize("shape", [(8, 1), (1, 8)])
+@pytest.mark.parametrize("shape", [pytest.param((8, 1), marks=pytest.mark.slow), (1, 8)])
 def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(gguf_path, shape):
     mesh = mesh_lib.make_mesh(*shape)
     _, host, none = _restored(gguf_path, mesh, "host")
@@ -73,7 +73,7 @@ def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(gguf_path,
     assert found.packed_bytes < on_device / 3
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_the_packed_model_scores_as_the_dequantized_one(gguf_path, dtype):
     mesh = mesh_lib.make_mesh(8, 1)
     host_model, host, _ = _restored(gguf_path, mesh, "host", dtype)

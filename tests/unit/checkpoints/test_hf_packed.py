@@ -107,10 +107,17 @@ def _parts_bytes(source: quantized_parts.Dequantized) -> int:
     )
 
 
+FAST = ("gptq_act_order", "deepseek_v3_fp8", "gpt_oss_mxfp4")  # the default tier's goldens
+
+
+def _fast(name: str):
+    return name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
+
+
 @pytest.mark.parametrize(
     "mesh", ["model_8", pytest.param("one", marks=pytest.mark.slow)]
 )  # the sharded records in the default tier, one device in the slow one
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", [_fast(n) for n in LAYOUTS])
 def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(name, mesh):
     folder = os.path.join(GOLDEN, name)
     for dtype in ("float32", "bfloat16"):
@@ -156,7 +163,7 @@ def _nll_of(folder: str, mesh, dtype: str, setting: str, tokens=None) -> np.ndar
 
 
 def _scoring_tier(name: str, mesh: str):
-    fast = (name, mesh) in (("gptq_act_order", "model_8"), ("awq", "one"))
+    fast = (name, mesh) == ("gptq_act_order", "model_8")
     return pytest.param(name, mesh, marks=() if fast else pytest.mark.slow)
 
 
@@ -175,7 +182,10 @@ def test_the_packed_model_scores_as_the_dequantized_one(name, mesh):
         np.testing.assert_allclose(device, host, rtol=1e-2 if moe else 1e-6, atol=0, err_msg=dtype)
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize(
+    "name",
+    [n if n == "gptq_act_order" else pytest.param(n, marks=pytest.mark.slow) for n in LAYOUTS],
+)
 def test_weights_cut_in_chunks_dequantize_as_on_the_host(name, monkeypatch):
     # The goldens' narrow weights, cut in records of fewer columns than the default allows
     # (AWQ's, compressed-tensors' and GPTQ's words, block FP8, MXFP4 blocks).

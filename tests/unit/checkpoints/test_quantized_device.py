@@ -198,7 +198,9 @@ def check_all(source, rng) -> None:
         assert_device_equals_host(source, name, t, rng, eager=i == 0)
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize(
+    "bits", [pytest.param(2, marks=pytest.mark.slow), 3, 4, pytest.param(8, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
 def test_gptq_random_parts(bits, fmt):
     # Act-order (a g_idx over 40 rows in groups of 16; 64 at 3 bits) with float16 scales, and

@@ -152,6 +152,7 @@ def test_each_copy_equals_a_separate_run_with_the_original_as_reference(
     np.testing.assert_allclose(ours["kl_reverse/q4"], other["kl"], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow  # the context axis's own equality is the scorer's; this is the study's on it
 def test_the_study_under_a_context_axis_equals_the_one_without(
     one_pass, tiny_checkpoint, copies, corpus, tmp_path
 ):
@@ -365,6 +366,7 @@ def test_the_copies_share_the_steps_logits_budget():
     assert chunks[0] == chunks[1] == 256 and chunks[4] == 128
 
 
+@pytest.mark.slow
 def test_a_training_loops_evaluator_gives_the_command_lines_study(one_pass, tiny_checkpoint):
     """The library's Evaluator with copies (by name) returns each copy's statistics as scalars
     and in its record, equal to the command line's study."""

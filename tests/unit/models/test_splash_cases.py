@@ -68,9 +68,9 @@ def test_splash_partial_with_its_log_sum_exp():
 
 
 CHUNK_MASKS = [
-    {"chunk": 16},
+    pytest.param({"chunk": 16}, marks=pytest.mark.slow),
     {"chunk": 24, "window": 10, "sinks": True},
-    {"chunk": 7, "softcap": 2.0, "sinks": True},
+    pytest.param({"chunk": 7, "softcap": 2.0, "sinks": True}, marks=pytest.mark.slow),
 ]
 
 
