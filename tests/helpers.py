@@ -8,7 +8,10 @@ import socket
 
 import numpy as np
 
+from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.models.decoders.llama import LlamaConfig
+from ppl_jax.models.layers import packed
+from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.testing import (  # noqa: F401  (the tests' names for the shared pieces)
     TEXT_MODULES,
     TINY,
@@ -221,3 +224,21 @@ def chunk_size_spread(scan, args, chunks=(3, 5, 8, 13, 29, 32)) -> tuple[float, 
     base, _ = scan(args, chunk=64)
     spread = max(float(np.abs(scan(args, chunk=c)[0] - base).max()) for c in chunks)
     return spread, float(np.abs(base).max())
+
+
+def restored_packed(path, mesh, setting, dtype="float32"):
+    """(the model of the checkpoint `path` with `checkpoint.dequantize=setting`, its params
+    restored onto `mesh`, its `architecture.Dequantization`): the packed-weight tests' model."""
+    ckpt = open_checkpoint(path, dequantize=setting)
+    model = architecture.resolve(ckpt).model(dtype, "xla")
+    model, dequantization = architecture.packed(ckpt, None, model, setting)
+    target, _ = mesh_lib.param_targets(
+        model.abstract_params, model.logical_axes, mesh, mesh_lib.DEFAULT_RULES
+    )
+    return model, ckpt.restore(None, target), dequantization
+
+
+def bits(x) -> np.ndarray:
+    """A float weight (a packed one dequantized) as its bits, for bit-for-bit comparisons."""
+    x = np.asarray(x[...] if packed.is_packed(x) else x)
+    return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])

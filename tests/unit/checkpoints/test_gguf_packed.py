@@ -17,7 +17,7 @@ from ppl_jax import testing
 from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.checkpoints.mapping import operations
 from ppl_jax.checkpoints.mapping.language import Source
-from ppl_jax.config.defaults import DEFAULT_RULES, get_config
+from ppl_jax.config.defaults import get_config
 from ppl_jax.config.settings import from_config
 from ppl_jax.errors import CheckpointError, ConfigError
 from ppl_jax.evaluation.run import evaluate
@@ -25,6 +25,8 @@ from ppl_jax.models.interface import weight_paths
 from ppl_jax.models.layers import packed
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import mesh as mesh_lib
+
+from helpers import bits, restored_packed
 
 
 @pytest.fixture(scope="module")
@@ -34,26 +36,11 @@ def gguf_path(tmp_path_factory):
     return path
 
 
-def _restored(path, mesh, setting, dtype="float32"):
-    ckpt = open_checkpoint(path, dequantize=setting)
-    model = architecture.resolve(ckpt).model(dtype, "xla")
-    model, dequantization = architecture.packed(ckpt, None, model, setting)
-    target, _ = mesh_lib.param_targets(
-        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
-    )
-    return model, ckpt.restore(None, target), dequantization
-
-
-def _bits(x) -> np.ndarray:
-    x = np.asarray(x[...] if packed.is_packed(x) else x)
-    return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
-
-
 @pytest.mark.parametrize("shape", [pytest.param((8, 1), marks=pytest.mark.slow), (1, 8)])
 def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(gguf_path, shape):
     mesh = mesh_lib.make_mesh(*shape)
-    _, host, none = _restored(gguf_path, mesh, "host")
-    model, device, found = _restored(gguf_path, mesh, "auto")
+    _, host, none = restored_packed(gguf_path, mesh, "host")
+    model, device, found = restored_packed(gguf_path, mesh, "auto")
     assert not none.device and found.device and set(found.device.values()) <= {
         "Q8_0", "Q4_K"
     }  # fmt: skip
@@ -66,7 +53,7 @@ def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(gguf_path,
             want = flat_host[name].sharding.spec
             got = weight.data.sharding.spec
             assert tuple(got)[: len(want)] == tuple(want) or weight.data.ndim == 0, name
-        np.testing.assert_array_equal(_bits(weight), _bits(flat_host[name]), err_msg=name)
+        np.testing.assert_array_equal(bits(weight), bits(flat_host[name]), err_msg=name)
     # The packed params hold the file's bytes of those weights, not their float copies.
     assert packed.packed_bytes(model.abstract_params) == found.packed_bytes
     on_device = sum(int(np.prod(flat_host[n].shape)) * 4 for n in found.device)  # float32 copies
@@ -76,23 +63,23 @@ def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(gguf_path,
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_the_packed_model_scores_as_the_dequantized_one(gguf_path, dtype):
     mesh = mesh_lib.make_mesh(8, 1)
-    host_model, host, _ = _restored(gguf_path, mesh, "host", dtype)
-    model, device, found = _restored(gguf_path, mesh, "auto", dtype)
+    host_model, host, _ = restored_packed(gguf_path, mesh, "host", dtype)
+    model, device, found = restored_packed(gguf_path, mesh, "auto", dtype)
     assert found.device
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 8192, (2, 32)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (2, 32))
     segments = jnp.ones((2, 32), jnp.int32)
     want = jax.jit(host_model.apply)(host, tokens, positions, segments)
     got = jax.jit(model.apply)(device, tokens, positions, segments)
-    np.testing.assert_array_equal(_bits(got.hidden), _bits(want.hidden))
-    np.testing.assert_array_equal(_bits(got.unembedding), _bits(want.unembedding))
+    np.testing.assert_array_equal(bits(got.hidden), bits(want.hidden))
+    np.testing.assert_array_equal(bits(got.unembedding), bits(want.unembedding))
 
 
 def test_the_layers_scan_over_packed_weights_one_layer_at_a_time(gguf_path):
     """Two identical layers run as one scan whose step switches over the stored layers' blocks:
     the compiled step's temporaries hold about one layer's float weights, not the model's."""
     mesh = mesh_lib.make_mesh(8, 1)
-    model, device, found = _restored(gguf_path, mesh, "auto")
+    model, device, found = restored_packed(gguf_path, mesh, "auto")
     tokens = jnp.zeros((1, 16), jnp.int32)
     seg = jnp.ones((1, 16), jnp.int32)
     compiled = jax.jit(model.apply).lower(device, tokens, tokens, seg).compile()

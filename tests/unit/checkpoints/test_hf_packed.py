@@ -35,6 +35,7 @@ from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
 
 import helpers
+from helpers import bits, restored_packed
 
 GOLDEN = os.path.join(helpers.GOLDEN, "quantized")
 KINDS = {"awq": "awq-4", "ct_fp8": "compressed-tensors-fp8", "ct_int4": "compressed-tensors-4",
@@ -53,21 +54,6 @@ def test_every_golden_layout_is_covered():
 def _mesh(shape):
     """One device (`one`), or a model axis over the 8 CPU devices."""
     return mesh_lib.make_mesh(*shape, devices=jax.devices()[: shape[0] * shape[1]])
-
-
-def _restored(path, mesh, setting, dtype="float32"):
-    ckpt = open_checkpoint(path, dequantize=setting)
-    model = architecture.resolve(ckpt).model(dtype, "xla")
-    model, dequantization = architecture.packed(ckpt, None, model, setting)
-    target, _ = mesh_lib.param_targets(
-        model.abstract_params, model.logical_axes, mesh, DEFAULT_RULES
-    )
-    return model, ckpt.restore(None, target), dequantization
-
-
-def _bits(x) -> np.ndarray:
-    x = np.asarray(x[...] if packed.is_packed(x) else x)
-    return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
 
 
 def _spec(x) -> tuple:
@@ -121,8 +107,8 @@ def _fast(name: str):
 def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(name, mesh):
     folder = os.path.join(GOLDEN, name)
     for dtype in ("float32", "bfloat16"):
-        _, host, none = _restored(folder, _mesh(MESHES[mesh]), "host", dtype)
-        model, device, found = _restored(folder, _mesh(MESHES[mesh]), "auto", dtype)
+        _, host, none = restored_packed(folder, _mesh(MESHES[mesh]), "host", dtype)
+        model, device, found = restored_packed(folder, _mesh(MESHES[mesh]), "auto", dtype)
         # Every quantized weight of the goldens is packed.
         assert not none.device and not found.host and set(found.device.values()) == {KINDS[name]}
         flat_host, flat_device = weight_paths(host), weight_paths(device)
@@ -131,7 +117,7 @@ def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(name, mesh
             if weight in found.device:
                 assert packed.is_packed(leaf) and leaf.data.dtype == jnp.uint8, weight
                 assert _spec(leaf) == _packed_spec(leaf, flat_host[weight]), weight
-            np.testing.assert_array_equal(_bits(leaf), _bits(flat_host[weight]), err_msg=weight)
+            np.testing.assert_array_equal(bits(leaf), bits(flat_host[weight]), err_msg=weight)
     # The packed params hold about the stored parts' bytes of those weights (but g_idx): the codes and
     # scales as stored, zero points unpacked to a byte, a scale entry repeated in each record
     # it covers (block FP8's float32 scale per row of a 16x16 block here: 1.3 times the
@@ -151,7 +137,7 @@ def _nll(folder: str, mesh, setting: str, dtype: str) -> np.ndarray:
 
 
 def _nll_of(folder: str, mesh, dtype: str, setting: str, tokens=None) -> np.ndarray:
-    model, params, found = _restored(folder, mesh, setting, dtype)
+    model, params, found = restored_packed(folder, mesh, setting, dtype)
     assert bool(found.device) == (setting == "auto")
     if tokens is None:
         tokens = np.random.default_rng(1).integers(0, 128, (2, 24)).astype(np.int32)
@@ -191,8 +177,8 @@ def test_weights_cut_in_chunks_dequantize_as_on_the_host(name, monkeypatch):
     # (AWQ's, compressed-tensors' and GPTQ's words, block FP8, MXFP4 blocks).
     monkeypatch.setattr(rows, "SHARDS", 1)
     folder = os.path.join(GOLDEN, name)
-    _, host, _ = _restored(folder, _mesh(MESHES["one"]), "host")
-    _, device, found = _restored(folder, _mesh(MESHES["one"]), "auto")
+    _, host, _ = restored_packed(folder, _mesh(MESHES["one"]), "host")
+    _, device, found = restored_packed(folder, _mesh(MESHES["one"]), "auto")
     flat_host, flat_device = weight_paths(host), weight_paths(device)
     cut = [
         n
@@ -202,7 +188,7 @@ def test_weights_cut_in_chunks_dequantize_as_on_the_host(name, monkeypatch):
     assert cut or name in ("gptq_act_order", "gpt_oss_mxfp4")  # g_idx; one MXFP4 block wide
     for weight in found.device:
         leaf = flat_device[weight]
-        np.testing.assert_array_equal(_bits(leaf), _bits(flat_host[weight]), err_msg=weight)
+        np.testing.assert_array_equal(bits(leaf), bits(flat_host[weight]), err_msg=weight)
 
 
 # What the goldens are too small to show: records cut along the input axis (chunks), sharded as
@@ -258,14 +244,14 @@ def test_records_are_cut_along_the_input_axis_and_sharded_as_the_floats(wide_gpt
     token's NLL are the host path's, in bfloat16 too."""
     mesh = mesh_lib.make_mesh(1, 8)
     for dtype in ("float32", "bfloat16"):
-        _, host, _ = _restored(wide_gptq, mesh, "host", dtype)
-        _, device, found = _restored(wide_gptq, mesh, "auto", dtype)
+        _, host, _ = restored_packed(wide_gptq, mesh, "host", dtype)
+        _, device, found = restored_packed(wide_gptq, mesh, "auto", dtype)
         assert len(found.device) == 7 and not found.host
         flat_host, flat_device = weight_paths(host), weight_paths(device)
         for name in found.device:
             leaf = flat_device[name]
             assert _spec(leaf) == _packed_spec(leaf, flat_host[name]), name
-            np.testing.assert_array_equal(_bits(leaf), _bits(flat_host[name]), err_msg=name)
+            np.testing.assert_array_equal(bits(leaf), bits(flat_host[name]), err_msg=name)
         for name in ("layers/0/attn/o", "layers/0/mlp/down"):
             leaf = flat_device[name]
             assert leaf.layout.block == 32 * (2 if name.endswith("down") else 1)
