@@ -8,6 +8,7 @@ and the `Evaluation` its record is made of (`evaluation`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -54,6 +55,8 @@ class Provenance:
     matmul_precision: str
     bootstrap_samples: int = 1000
     seed: int = 0
+    # step -> its `quantization` record, found once (a layout may read a GPTQ `g_idx`)
+    _quantization: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -92,6 +95,8 @@ class Provenance:
         weights were dequantized (`dequantized`: `setting` (`checkpoint.dequantize`),
         `on_device` (the weights kept packed), `on_host` and `host_reasons` (a few of them, by
         weight)); None for float weights or no checkpoint."""
+        if step in self._quantization:
+            return copy.deepcopy(self._quantization[step])
         ckpt = self.checkpoint
         found = None if ckpt is None else ckpt.quantization(step)
         if found is None:
@@ -100,7 +105,7 @@ class Provenance:
         layouts, host = ckpt.device_layouts(step, weight_paths(self.model.abstract_params))
         if ckpt.options.dequantize == "host":
             host = {**{k: "checkpoint.dequantize=host" for k in layouts}, **host}
-        return {
+        self._quantization[step] = {
             **found,
             "dequantized": {
                 "setting": ckpt.options.dequantize,
@@ -109,6 +114,7 @@ class Provenance:
                 "host_reasons": dict(sorted(host.items())[:4]),
             },
         }
+        return copy.deepcopy(self._quantization[step])
 
     def attention_note(self) -> str | None:
         """Which kinds of attention layer run the flash kernel on a GPU or TPU and why
