@@ -95,7 +95,7 @@ def resolve(
 
     `auto`: the fastest kernel of `ppl_jax.models.layers.kernels.KERNELS` that may run here and
     can do what the model needs (`kernels.pick`): `splash` on TPU, `cudnn` on GPU for 16-bit
-    params with head width a multiple of 8 up to 128, `xla` otherwise.
+    params with head width a multiple of 8 up to 128 (256 on Hopper or newer), `xla` otherwise.
     `head_dim` None: a model without attention layers (Mamba2), for which `auto` is `xla`.
     `platform`: where the model runs (the mesh's devices'); None: the default backend for `auto`,
     and no check of an explicit setting (a model built abstractly, with no devices in view).

@@ -182,8 +182,10 @@ def _cudnn_ring(n, q, k, v, seg, pos, mask, flash_ring):
 
 
 def _cudnn_auto(platform: str, dtype, head_dim: int) -> bool:
-    """cuDNN's flash attention: 16-bit, head width a multiple of 8 up to 128."""
-    return jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    """cuDNN's flash attention: 16-bit, head width a multiple of 8 up to 128, or up to 256 on
+    Hopper or newer (`fused.cudnn_head_width`)."""
+    sixteen = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+    return sixteen and head_dim % 8 == 0 and head_dim <= fused.cudnn_head_width(platform)
 
 
 # Fastest first: `auto` takes the first that may run and can do what the layer needs.
@@ -205,7 +207,7 @@ CUDNN = Kernel(
     ring=_cudnn_ring,
     present=lambda platform: fused.cudnn_present(platform),
     needs="an NVIDIA GPU with cuDNN",
-    auto_when="16-bit params with heads a multiple of 8 up to 128 wide",
+    auto_when="16-bit params with heads a multiple of 8 up to 128 wide, 256 on Hopper or newer",
 )
 SPLASH = Kernel(
     name="splash",
@@ -256,10 +258,10 @@ def flash_note(platform: str, dtype, head_dim: int | None, slow: Mapping[str, Ne
     flash kernel (`xla`) on `platform` though it has a fused kernel: which kinds, and why the
     fastest fused kernel is not theirs (its refusal, else its `auto_when` against the params'
     dtype and head width); None where none do (on CPU `xla` is the fast path: never a note)."""
-    fused = [k for k in KERNELS.values() if platform in k.platforms and k is not XLA]
+    faster = [k for k in KERNELS.values() if platform in k.platforms and k is not XLA]
     reasons: dict[str, list[str]] = {}
     for kind, needs in slow.items():
-        why = next((_why(k, needs, dtype, head_dim) for k in fused), None)
+        why = next((_why(k, platform, needs, dtype, head_dim) for k in faster), None)
         if why:
             reasons.setdefault(why, []).append(kind)
     return (
@@ -272,10 +274,10 @@ def flash_note(platform: str, dtype, head_dim: int | None, slow: Mapping[str, Ne
     )
 
 
-def _why(k: Kernel, needs: Needs, dtype, head_dim: int | None) -> str | None:
+def _why(k: Kernel, platform: str, needs: Needs, dtype, head_dim: int | None) -> str | None:
     if k.refuses(needs):
         return f"{k.name} cannot {k.refuses(needs)}"
-    if head_dim is not None and not k.auto_ok("", dtype, head_dim):
+    if head_dim is not None and not k.auto_ok(platform, dtype, head_dim):
         return (
             f"{k.name} runs only {k.auto_when} (here {jnp.dtype(dtype).name}, heads of {head_dim})"
         )

@@ -18,7 +18,7 @@ from test_families import FAMILY_DIR
 from ppl_jax.checkpoints.formats import safetensors
 from ppl_jax.config import defaults, settings
 from ppl_jax.errors import ConfigError
-from ppl_jax.models.layers import attention, kernels
+from ppl_jax.models.layers import attention, fused, kernels
 from ppl_jax.models.layers.attention import flash_note, layer_kernels, resolve_for
 
 BF16 = jnp.bfloat16
@@ -144,8 +144,22 @@ def test_the_flash_note_names_the_slow_layers_and_the_missing_capability(splash_
     assert flash_note("auto", BF16, one, platform="gpu").startswith("every layer runs")
     assert flash_note("auto", jnp.float32, dict(one, attn_softcap=None), platform="gpu") == (
         "every layer runs the flash kernel (xla), slower: cudnn runs only 16-bit params with "
-        "heads a multiple of 8 up to 128 wide (here float32, heads of 16)"
+        "heads a multiple of 8 up to 128 wide, 256 on Hopper or newer (here float32, heads of 16)"
     )
-    wide = dict(one, attn_softcap=None, head_dim=256)  # Gemma 3's heads
+    wide = dict(one, attn_softcap=None, head_dim=256)  # Gemma 3's heads: before Hopper
     assert "(here bfloat16, heads of 256)" in flash_note("auto", BF16, wide, platform="gpu")
     assert flash_note("xla", BF16, dict(one, attn_softcap=None), platform="gpu") is None
+
+
+@pytest.mark.parametrize("major,picked", [(8, "xla"), (9, "cudnn"), (10, "cudnn")])
+def test_heads_wider_than_128_take_cudnn_on_hopper_or_newer(monkeypatch, major, picked):
+    """JAX's cuDNN entry takes heads up to 256 wide on compute capability 9.0 or newer (Gemma 2
+    and 3's 256, DeepSeek-V3's 192 keys), 128 before; 264 nowhere, nor widths off a multiple of
+    8."""
+    monkeypatch.setattr(fused, "_compute_major", lambda platform: major)
+    gemma3 = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "head_dim": 256}
+    assert attention.resolve("auto", BF16, 256, platform="gpu") == picked
+    assert attention.resolve("auto", BF16, 192, platform="gpu", value_dim=128) == picked
+    assert attention.resolve("auto", BF16, 264, platform="gpu") == "xla"
+    assert attention.resolve("auto", BF16, 204, platform="gpu") == "xla"
+    assert (flash_note("auto", BF16, gemma3, platform="gpu") is None) == (picked == "cudnn")
