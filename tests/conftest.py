@@ -216,14 +216,29 @@ def tier_of(path) -> str | None:
 
 
 # The default tiers' models are tiny: most of their time is XLA's CPU compiler, not the run. They
-# compile at XLA's backend optimisation level 0, which takes a third less time. The rounding is not
-# always the same as at the default level (LLVM fuses fewer multiply-adds), so the tiers whose
-# bounds are tightest, `slow` and `multiprocess`, compile as a user's run does; so does any
-# selection other than the default one (pyproject.toml's `addopts`), and a level named in the
-# user's XLA_FLAGS wins. Set here, before the first computation creates JAX's CPU client
-# (importing JAX reads no XLA flag); the processes tests start keep the flags
+# compile at XLA's backend optimisation level 0, which takes a third less time, and with XLA's
+# classic elemental emitters for fusions instead of its MLIR fusion emitters, which halves the
+# rest (tests/unit/models/test_split_merge.py and test_gguf_packed.py: 61 s -> 29 s on 2 cores;
+# the whole default tier: docs/development.md). The rounding is not always the same as a user's
+# run (LLVM fuses fewer multiply-adds), so the tiers whose bounds are tightest, `slow` and
+# `multiprocess`, compile as a user's run does; so does any selection other than the default one
+# (pyproject.toml's `addopts`), and a level named in the user's XLA_FLAGS wins. An XLA that no
+# longer knows the emitters' flag (XLA stops at an unknown flag) is not given it (`known_flags`,
+# asked once, in a process of its own). Set here, before the first computation creates JAX's CPU
+# client (importing JAX reads no XLA flag); the processes tests start keep the flags
 # (`helpers.xla_flags`).
 QUICK_COMPILE = "--xla_backend_optimization_level=0"
+CLASSIC_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def known_flags(flags: str) -> bool:
+    """Whether this process's XLA starts a CPU client with `flags` (an unknown flag stops it)."""
+    import subprocess
+
+    probe = "import jax; jax.devices()"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120)
+    return run.returncode == 0
 
 
 def default_selection(addopts: list[str]) -> str:
@@ -232,12 +247,14 @@ def default_selection(addopts: list[str]) -> str:
     return addopts[addopts.index("-m") + 1]
 
 
-def compile_flags(flags: str, selection: str, default: str) -> str:
-    """XLA_FLAGS for a run that selects `selection`: `flags`, with level 0 added when the
-    selection is the default one and `flags` name no level."""
+def compile_flags(flags: str, selection: str, default: str, *, classic: bool = True) -> str:
+    """XLA_FLAGS for a run that selects `selection`: `flags`, with level 0 (and, where `classic`,
+    the classic emitters) added when the selection is the default one and `flags` name no
+    level."""
     if selection != default or "--xla_backend_optimization_level" in flags:
         return flags
-    return f"{flags} {QUICK_COMPILE}".strip()
+    quick = f"{QUICK_COMPILE} {CLASSIC_EMITTERS}" if classic else QUICK_COMPILE
+    return f"{flags} {quick}".strip()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist starts its workers
@@ -246,11 +263,11 @@ def pytest_configure(config):
         config.option.numprocesses, config.option.dist = 0, "no"
     default = default_selection(config.getini("addopts"))
     selection = config.option.markexpr
-    os.environ["XLA_FLAGS"] = compile_flags(
-        os.environ["XLA_FLAGS"],
-        default if selection == "smoke" else selection,  # a part of the default tiers
-        default,
-    )
+    flags = os.environ["XLA_FLAGS"]
+    quick = compile_flags(flags, default if selection == "smoke" else selection, default)
+    if CLASSIC_EMITTERS in quick and CLASSIC_EMITTERS not in flags and not known_flags(quick):
+        quick = compile_flags(flags, default, default, classic=False)
+    os.environ["XLA_FLAGS"] = quick  # pytest-xdist's workers inherit it: asked once
 
 
 def pytest_collection_modifyitems(config, items):

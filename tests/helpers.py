@@ -171,11 +171,12 @@ def process_env(process_id: int = 0, num_processes: int = 1, port: int = 0) -> d
 def xla_flags(devices: int | None = None, *, optimized: bool = False) -> str:
     """XLA_FLAGS for a process a test starts: this process's flags (tests/conftest.py: the
     compiler's optimisation level) with `devices` fake CPU devices, or none named (`None`: one
-    device, as on a user's machine). `optimized=True` drops the suite's optimisation level, for a
-    process whose run costs more than its compiles (the demo's whole run)."""
+    device, as on a user's machine). `optimized=True` drops the suite's optimisation level and
+    classic emitters, for a process whose run costs more than its compiles (the demo's whole
+    run)."""
     dropped = ["--xla_force_host_platform_device_count"]
     if optimized:
-        dropped.append("--xla_backend_optimization_level")
+        dropped += ["--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters"]
     flags = [
         flag
         for flag in os.environ.get("XLA_FLAGS", "").split()

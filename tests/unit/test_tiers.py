@@ -64,15 +64,24 @@ def test_the_default_selection_alone_compiles_at_level_0():
     default = conftest.default_selection(addopts)
     assert default == "not slow and not multiprocess"
     n8 = "--xla_force_host_platform_device_count=8"
-    assert conftest.compile_flags(n8, default, default) == f"{n8} {conftest.QUICK_COMPILE}"
+    quick = f"{conftest.QUICK_COMPILE} {conftest.CLASSIC_EMITTERS}"
+    assert conftest.compile_flags(n8, default, default) == f"{n8} {quick}"
+    assert conftest.compile_flags(n8, default, default, classic=False) == (
+        f"{n8} {conftest.QUICK_COMPILE}"
+    )
     assert conftest.compile_flags(n8, "slow or multiprocess", default) == n8
     assert conftest.compile_flags(n8, "", default) == n8  # every tier: as a user's run
     mine = f"--xla_backend_optimization_level=2 {n8}"
     assert conftest.compile_flags(mine, default, default) == mine  # the user's level wins
 
 
+def test_an_xla_that_does_not_know_a_flag_is_not_given_it():
+    assert conftest.known_flags(conftest.CLASSIC_EMITTERS)  # this XLA knows it
+    assert not conftest.known_flags("--xla_no_such_flag_of_any_xla=true")
+
+
 def test_a_started_process_keeps_the_suites_flags_but_its_own_devices(monkeypatch):
-    level = conftest.QUICK_COMPILE
+    level = f"{conftest.QUICK_COMPILE} {conftest.CLASSIC_EMITTERS}"
     monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {level}")
     assert helpers.xla_flags(2) == f"{level} --xla_force_host_platform_device_count=2"
     assert helpers.xla_flags() == level  # one device, as a user's machine
