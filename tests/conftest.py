@@ -9,6 +9,9 @@ and shared fixtures.
   collected only when the environment variable PPL_JAX_TEST_DATA names an existing folder.
 - `tests/gpu/`: the cuDNN attention path on an NVIDIA GPU, collected only when
   PPL_JAX_GPU_TESTS=1; then JAX is not held to the CPU (the 8 fake devices are CPU devices).
+- the tokamax kernel's tests (`TOKAMAX_PATHS`: its Triton kernel interpreted on CPU, and in
+  tests/gpu/ its kernels on the GPU), collected only where tokamax is installed
+  (`pip install '.[gpu]'`, Python >= 3.12).
 
 A folder that is not collected adds no skipped tests; the pytest header says what ran.
 """
@@ -70,6 +73,14 @@ HARNESS_PATHS = {
     os.path.join(HERE, "e2e", "test_harness_cli.py"),
     os.path.join(HERE, "multiprocess", "test_harness_processes.py"),
 }
+TOKAMAX_PATHS = {
+    os.path.join(HERE, "unit", "models", "test_tokamax_kernel.py"),
+    os.path.join(HERE, "gpu", "test_tokamax.py"),
+}
+
+
+def _tokamax_installed() -> bool:
+    return importlib.util.find_spec("tokamax") is not None
 
 
 def unavailable(path) -> str | None:
@@ -90,6 +101,8 @@ def unavailable(path) -> str | None:
         return f"the GPU tests run with {GPU_TESTS_ENV}=1, on a machine with a GPU"
     if any(within(p) for p in HARNESS_PATHS) and importlib.util.find_spec("lm_eval") is None:
         return "the harness tests need lm_eval: pip install '.[harness]'"
+    if any(within(p) for p in TOKAMAX_PATHS) and not _tokamax_installed():
+        return "the tokamax kernel's tests need tokamax: pip install '.[gpu]' (Python >= 3.12)"
     return None
 
 
@@ -97,7 +110,7 @@ def pytest_ignore_collect(collection_path, config):
     """An optional tier's folder is left out of a run that cannot run it (see `unavailable`)."""
     path = os.path.abspath(str(collection_path))
     optional = {os.path.join(HERE, f) for f in ("reference", "shared_data", "gpu")}
-    if path in optional | HARNESS_PATHS:
+    if path in optional | HARNESS_PATHS | TOKAMAX_PATHS:
         return True if unavailable(path) else None
     return None
 
@@ -136,7 +149,12 @@ def pytest_report_header(config) -> list[str]:
         if importlib.util.find_spec("lm_eval") is not None
         else "harness tests: not run (lm_eval not installed; pip install '.[harness]')"
     )
-    return [f"ppl_jax: {refs}; {shared}; {harness}"]
+    tokamax = (
+        "tokamax tests: ran (tests/unit/models/test_tokamax_kernel.py)"
+        if _tokamax_installed()
+        else "tokamax tests: not run (tokamax not installed; pip install '.[gpu]', Python >= 3.12)"
+    )
+    return [f"ppl_jax: {refs}; {shared}; {harness}; {tokamax}"]
 
 
 @pytest.fixture(scope="session")

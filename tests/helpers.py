@@ -3,6 +3,7 @@ byte-level BPE trained at test time, and a NumPy reference model."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from ppl_jax.checkpoints import architecture, open_checkpoint
 from ppl_jax.models.decoders.llama import LlamaConfig
-from ppl_jax.models.layers import packed
+from ppl_jax.models.layers import kernels, packed
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.testing import (  # noqa: F401  (the tests' names for the shared pieces)
     TEXT_MODULES,
@@ -243,3 +244,14 @@ def bits(x) -> np.ndarray:
     """A float weight (a packed one dequantized) as its bits, for bit-for-bit comparisons."""
     x = np.asarray(x[...] if packed.is_packed(x) else x)
     return x.view({2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+def tokamax_installed(monkeypatch, installed: bool) -> None:
+    """The attention kernels' table as if tokamax (the `gpu` extra) were installed here or not,
+    whatever this Python has: the `tokamax` record's `installed`, and its `present` (a GPU)."""
+    record = dataclasses.replace(
+        kernels.KERNELS["tokamax"],
+        installed=lambda: installed,
+        present=lambda platform: installed and platform == "gpu",
+    )
+    monkeypatch.setitem(kernels.KERNELS, "tokamax", record)

@@ -70,7 +70,7 @@ class Architecture:
 
         Args:
           dtype: the params' dtype, `float32` or `bfloat16`.
-          attention: an implementation (`xla`, `cudnn`, `splash`) or `auto`, resolved here
+          attention: an implementation (`xla`, `cudnn`, `tokamax`, `splash`) or `auto`, resolved here
             without a mesh (`attention`).
 
         Raises:

@@ -274,7 +274,8 @@ KEY_MEANINGS = {
     "model.dtype": "parameter dtype, 'float32' or 'bfloat16' (log-softmax is always float32)",
     "model.rope_angles": "rotary angles: 'float32' (transformers' arithmetic, equal to it) or "
     "'exact' (reduced in float64 on the host; float32 drifts by up to 0.06 rad at 1M positions)",
-    "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'splash' (TPU), or 'auto' (the fastest "
+    "model.attention": "'xla', 'cudnn' (GPU, 16-bit), 'tokamax' (GPU, the gpu extra: "
+    "soft-caps), 'splash' (TPU), or 'auto' (the fastest "
     "kernel that can do each layer's attention on the platform; results.json's "
     "attention_layers names it per kind of layer)",
     "model.matmul_precision": "precision of the matrix products: 'auto' ('highest' for a "

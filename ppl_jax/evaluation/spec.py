@@ -162,7 +162,7 @@ class RunSpec:
       data, protocol: the first dataset and its protocol (`data.*`, `eval.*`); `suite` every
         dataset of a suite run.
       batch: the batch layout of every dataset.
-      dtype ('float32' or 'bfloat16'), attention ('auto', 'xla', 'cudnn', 'splash'), mesh.
+      dtype ('float32' or 'bfloat16'), attention ('auto', 'xla', 'cudnn', 'tokamax', 'splash'), mesh.
       output_dir, progress, gzip_baseline, per_document, journal_every, resume: the outputs;
         sinks: the record sinks beyond results.json and results.jsonl, by name
         (`ppl_jax.outputs.sinks.SINKS`: `tensorboard`); compilation_cache_dir: JAX's

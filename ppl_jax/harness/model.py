@@ -94,7 +94,7 @@ class PplJaxLM(TemplateLM):
         Face directory, a hub id `hf://org/name[@revision]`, ...), or a `ppl_jax.Checkpoint`;
         step: a step (None or `latest`: the latest).
       format: `auto`, `orbax` or `hf`; dtype: `float32` or `bfloat16`; attention: `auto`, `xla`,
-        `cudnn`, `splash`.
+        `cudnn`, `tokamax`, `splash`.
       tokenizer: `auto` (the checkpoint's own), or a path (`ppl_jax.load_tokenizer`).
       seq_len: the model inputs per row, the harness's `max_length` (None: the model's
         positions); batch_size: rows per step (global; `--batch_size` when not given here;

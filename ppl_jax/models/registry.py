@@ -220,7 +220,7 @@ def build(description: dict[str, Any], dtype: Any, attention: str = "xla") -> La
       description: the JSON-able architecture (`config.to_dict()` of a family; what
         `ppl_jax.checkpoints.formats.safetensors.read_description` returns).
       dtype: the params' dtype (`jnp.float32` or `jnp.bfloat16`).
-      attention: the attention implementation, `xla`, `cudnn` or `splash`
+      attention: the attention implementation, `xla`, `cudnn`, `tokamax` or `splash`
         (`ppl_jax.models.layers.attention`); the model keeps packed windows apart
         (`honours_segments`) where it does (`attention.keeps_segments`). The model runs under
         a context axis (`context_parallel`) unless the family has a `context` limit for it.

@@ -105,6 +105,25 @@ def test_an_optional_tiers_file_run_alone_is_a_skip_with_its_reason(monkeypatch)
     assert "PPL_JAX_GPU_TESTS=1" in conftest.unavailable(os.path.join(conftest.HERE, "gpu", "x.py"))
 
 
+def test_the_tokamax_tests_are_collected_only_where_tokamax_is_installed(monkeypatch):
+    """Python 3.11, or 3.12 without the `gpu` extra: its files are left out (no skip shown);
+    named alone, a skip saying what to install."""
+    kernel_tests = os.path.join(conftest.HERE, "unit", "models", "test_tokamax_kernel.py")
+    monkeypatch.setattr(conftest, "_tokamax_installed", lambda: False)
+    assert conftest.unavailable(kernel_tests) == (
+        "the tokamax kernel's tests need tokamax: pip install '.[gpu]' (Python >= 3.12)"
+    )
+    assert conftest.pytest_ignore_collect(kernel_tests, None) is True
+    monkeypatch.setattr(conftest, "_tokamax_installed", lambda: True)
+    assert conftest.unavailable(kernel_tests) is None
+    assert conftest.pytest_ignore_collect(kernel_tests, None) is None
+    monkeypatch.delenv(conftest.GPU_TESTS_ENV, raising=False)
+    gpu = os.path.join(conftest.HERE, "gpu", "test_tokamax.py")
+    assert "PPL_JAX_GPU_TESTS=1" in conftest.unavailable(gpu)
+    monkeypatch.setenv(conftest.GPU_TESTS_ENV, "1")
+    assert conftest.unavailable(gpu) is None
+
+
 @pytest.mark.slow
 def test_an_optional_tiers_file_run_alone_is_skipped_by_pytest(tmp_path):
     import subprocess

@@ -17,6 +17,9 @@ for `model.attention=auto`, per kind of layer where they differ):
   Runs everywhere and everything; the reference the others are tested against.
 - `cudnn`: cuDNN on NVIDIA GPUs, 16-bit, packed rows on Hopper (`ppl_jax.models.layers.fused`);
   sinks, chunks and narrower values around its partial attention (`split_merge`). No soft-cap.
+- `tokamax`: tokamax's Pallas kernels on NVIDIA GPUs, where the optional extra is installed
+  (`ppl_jax.models.layers.tokamax_kernel`): soft-caps, packed rows, windows and chunks as
+  per-query key ranges, sinks after its log-sum-exp; `auto`'s kernel for what cuDNN cannot run.
 - `splash`: the Pallas splash kernel on TPUs (`ppl_jax.models.layers.fused`); chunks by segment
   ids and the ring by its partials (`ppl_jax.models.layers.splash_cases`).
 
@@ -27,7 +30,7 @@ the load-balanced order of `ppl_jax.models.layers.context.load_balanced_order`, 
 layer's keys, values, segment ids and positions (and puts them back in row order), then attends
 its own queries (`model.context_attention=all_gather`, the default); or the keys and values go
 round a ring of `ppermute`s in `N` steps, the online softmax carried from one shard to the next
-(`ring`: `xla`, `cudnn` by its partials, `ring_merge`, and `splash` by its, `splash_cases`), for layers whose gathered keys and values do not fit. The result is the
+(`ring`: `xla`, `cudnn` by its partials, `ring_merge`, `splash` and `tokamax` by theirs), for layers whose gathered keys and values do not fit. The result is the
 same as on one device (the mask is by positions, so any order of the row's tokens is right);
 only the order of float32 additions differs.
 """
@@ -95,14 +98,15 @@ def resolve(
 
     `auto`: the fastest kernel of `ppl_jax.models.layers.kernels.KERNELS` that may run here and
     can do what the model needs (`kernels.pick`): `splash` on TPU, `cudnn` on GPU for 16-bit
-    params with head width a multiple of 8 up to 128 (256 on Hopper or newer), `xla` otherwise.
+    params with head width a multiple of 8 up to 128, 256 on Hopper or newer (`tokamax`, where
+    installed, for 16-bit soft-capped attention with heads up to 256 wide), `xla` otherwise.
     `head_dim` None: a model without attention layers (Mamba2), for which `auto` is `xla`.
     `platform`: where the model runs (the mesh's devices'); None: the default backend for `auto`,
     and no check of an explicit setting (a model built abstractly, with no devices in view).
 
     Raises:
-      ConfigError: an explicit `cudnn` or `splash` that cannot run the model or the mesh, or an
-        explicit `cudnn` on a `platform` without cuDNN.
+      ConfigError: an explicit kernel that cannot run the model or the mesh, an
+        explicit `cudnn` or `tokamax` on a `platform` without it, or `tokamax` not installed.
     """
     needs = kernels.Needs(
         softcap=softcap,
@@ -127,6 +131,12 @@ def _check(setting: str, needs: kernels.Needs, platform: str | None) -> None:
         raise ConfigError(
             f"model.attention={setting} cannot {missing}, which this run needs; set "
             f"model.attention=auto or xla."
+        )
+    if platform is not None and not kernel.installed():
+        raise ConfigError(
+            f"model.attention={setting} needs {setting}, which is not installed here "
+            f"({kernel.install}); set model.attention=auto (the fastest kernel that can run, "
+            f"else xla)."
         )
     if platform is not None and not kernel.present(platform):
         raise ConfigError(
@@ -232,7 +242,7 @@ def attend(
         or None.
       scale: the logits' scale (default `Dk ** -0.5`), applied to `q` in its dtype.
       softcap: None, or `c` for scores `c * tanh(scale * q.k / c)` before masking (Gemma 2).
-      implementation: `xla`, `cudnn` or `splash` (resolved: see `resolve`), or `auto`: the
+      implementation: `xla`, `cudnn`, `tokamax` or `splash` (resolved: see `resolve`), or `auto`: the
         fastest kernel that can do this layer's attention on the default backend
         (`kernels.pick`, as `resolve_for` picked it for the layer's kind).
 
@@ -304,6 +314,8 @@ def _queries_apart(q, k, v, seg, pos, kv_seg, kv_pos, mask, scale, kernel: kerne
             f"{kernel.name} over {context_lib.context_size()} (`query_chunk` decides)"
         )
     scale = q.shape[3] ** -0.5 if scale is None else scale
+    if kernel.apart is not None:  # one call of its own
+        return kernel.apart(q, k, v, seg, pos, kv_seg, kv_pos, dict(mask, scale=scale))
 
     def flash_path():
         return flash.flash_attention(q, k, v, seg, pos, kv_seg, kv_pos, scale=scale, **mask)

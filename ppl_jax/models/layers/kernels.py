@@ -8,13 +8,15 @@ params dtype, head width) and in which order (`KERNELS`' order: the fastest firs
 keeps a packed row's documents apart (`keeps_segments`), whether it takes a long window's
 queries apart from their keys (`queries_apart`), how it is called on one device (`one_device`)
 and over the context axis's gathered row (`gathered`), and its partial attention with the
-log-sum-exp (`partial`, for `ppl_jax.models.layers.split_merge`).
+log-sum-exp (`partial`, for `ppl_jax.models.layers.split_merge`). A kernel of an optional extra
+says whether its package is installed (`installed`, which `auto` asks too) and how to install it.
 
 `pick` chooses per layer: under `model.attention=auto` a model whose layers need different
 things, where a kernel lacks what only some need, runs one kernel on some layers and another
 on the rest (`layer_kernels` names them per kind of layer, as results.json records). Of the
 kernels here none lacks a need of one kind of layer only (cuDNN's soft-cap is every layer's):
-each family runs one kernel on all its layers.
+each family runs one kernel on all its layers. On a GPU, cuDNN runs what it can and tokamax
+(the `gpu` extra) the soft-capped layers; without tokamax those run `xla` (`flash_note`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ppl_jax.models.layers import flash, fused, ring_merge, splash_cases, split_merge
+from ppl_jax.models.layers import (
+    flash,
+    fused,
+    ring_merge,
+    splash_cases,
+    split_merge,
+    tokamax_kernel,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +95,12 @@ class Kernel:
         `sinks`, `scale`, `softcap`.
       gathered: inside the context axis's `shard_map`, `(n, q, k_row, v_row, seg, pos, seg_row,
         pos_row, mask) -> out`, the local queries against the gathered row.
+      apart: `(q, k, v, seg, pos, kv_seg, kv_pos, mask) -> out`, queries against keys with their
+        own segment ids and positions on one device (`queries_apart`), or None: the split and
+        merge of its `partial` (`split_merge.chunk_of_row`).
+      installed: `() -> bool`, whether its package is installed here (an optional extra's
+        kernel; `auto` passes over it when not); install: how to install it, for the refusal
+        and `flash_note`.
 
     Its partial attention with the log-sum-exp (`partial`) is `split_merge.PARTIALS`' entry of its
     name (looked up at each call: the CPU tests put the flash kernel's in cuDNN's place).
@@ -103,6 +118,9 @@ class Kernel:
     present: Callable[[str], bool] = lambda platform: True
     needs: str = ""
     auto_when: str = ""
+    apart: Callable[..., jax.Array] | None = None
+    installed: Callable[[], bool] = lambda: True
+    install: str = ""
 
     @property
     def partial(self) -> split_merge.Partial | None:
@@ -188,6 +206,12 @@ def _cudnn_auto(platform: str, dtype, head_dim: int) -> bool:
     return sixteen and head_dim % 8 == 0 and head_dim <= fused.cudnn_head_width(platform)
 
 
+def _tokamax_auto(platform: str, dtype, head_dim: int) -> bool:
+    """tokamax's Mosaic GPU kernel: 16-bit, heads up to 256 wide (its shared memory at 256:
+    231,464 of 232,448 bytes on Hopper, `pallas_mosaic_gpu_kernel_sm90`'s estimate)."""
+    return jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim <= 256
+
+
 # Fastest first: `auto` takes the first that may run and can do what the layer needs.
 CUDNN = Kernel(
     name="cudnn",
@@ -208,6 +232,25 @@ CUDNN = Kernel(
     present=lambda platform: fused.cudnn_present(platform),
     needs="an NVIDIA GPU with cuDNN",
     auto_when="16-bit params with heads a multiple of 8 up to 128 wide, 256 on Hopper or newer",
+)
+TOKAMAX = Kernel(
+    name="tokamax",
+    platforms=("gpu",),
+    # Soft-caps, packed rows, windows and chunks as per-query key ranges; sinks after its
+    # log-sum-exp; the ring by its partials merged by log-sum-exp (`tokamax_kernel`).
+    lacks=(),
+    auto_ok=_tokamax_auto,
+    keeps_segments=lambda: True,
+    queries_apart=True,
+    one_device=tokamax_kernel.one_device,
+    gathered=tokamax_kernel.gathered,
+    ring=tokamax_kernel.ring,
+    apart=tokamax_kernel.apart,
+    present=tokamax_kernel.present,
+    needs="an NVIDIA GPU",
+    auto_when="16-bit params with heads up to 256 wide",
+    installed=tokamax_kernel.installed,
+    install=tokamax_kernel.INSTALL,
 )
 SPLASH = Kernel(
     name="splash",
@@ -232,19 +275,19 @@ XLA = Kernel(
     one_device=_xla_one,
     gathered=_xla_gathered,
 )
-KERNELS: dict[str, Kernel] = {k.name: k for k in (CUDNN, SPLASH, XLA)}
+KERNELS: dict[str, Kernel] = {k.name: k for k in (CUDNN, TOKAMAX, SPLASH, XLA)}
 CHOICES = ("auto", *KERNELS)
 
 
 def candidates(platform: str, dtype, head_dim: int | None) -> tuple[Kernel, ...]:
     """The kernels `auto` may pick on `platform` for params of `dtype` and heads of `head_dim`,
-    fastest first (`xla` last, always)."""
+    fastest first (`xla` last, always); an optional extra's only where it is installed."""
     if head_dim is None:  # no attention layers: nothing to pick
         return (XLA,)
     return tuple(
         k
         for k in KERNELS.values()
-        if platform in k.platforms and k.auto_ok(platform, dtype, head_dim)
+        if platform in k.platforms and k.auto_ok(platform, dtype, head_dim) and k.installed()
     )
 
 
@@ -255,15 +298,17 @@ def pick(platform: str, dtype, head_dim: int | None, needs: Needs) -> Kernel:
 
 def flash_note(platform: str, dtype, head_dim: int | None, slow: Mapping[str, Needs]) -> str | None:
     """One line on the kinds of layer (`slow`: their `Needs`, `layer_needs`' names) that run the
-    flash kernel (`xla`) on `platform` though it has a fused kernel: which kinds, and why the
-    fastest fused kernel is not theirs (its refusal, else its `auto_when` against the params'
-    dtype and head width); None where none do (on CPU `xla` is the fast path: never a note)."""
+    flash kernel (`xla`) on `platform` though it has fused kernels: which kinds, and why each
+    fused kernel is not theirs (its refusal, else its `auto_when` against the params' dtype and
+    head width, else its package not installed, with the command that installs it); None where
+    none do, where a fused kernel could have run them (`model.attention=xla` asked), and on CPU
+    (where `xla` is the fast path)."""
     faster = [k for k in KERNELS.values() if platform in k.platforms and k is not XLA]
     reasons: dict[str, list[str]] = {}
     for kind, needs in slow.items():
-        why = next((_why(k, platform, needs, dtype, head_dim) for k in faster), None)
-        if why:
-            reasons.setdefault(why, []).append(kind)
+        whys = [_why(k, platform, needs, dtype, head_dim) for k in faster]
+        if whys and all(whys):
+            reasons.setdefault(", and ".join(whys), []).append(kind)
     return (
         "; ".join(
             f"{'every layer runs' if kinds == ['attention'] else ', '.join(kinds) + ' layers run'} "
@@ -281,6 +326,8 @@ def _why(k: Kernel, platform: str, needs: Needs, dtype, head_dim: int | None) ->
         return (
             f"{k.name} runs only {k.auto_when} (here {jnp.dtype(dtype).name}, heads of {head_dim})"
         )
+    if not k.installed():
+        return f"{k.name} is not installed ({k.install})"
     return None
 
 

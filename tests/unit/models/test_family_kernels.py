@@ -37,6 +37,8 @@ from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.scorer import Scorer, StepOptions
 
+import helpers
+
 SEQ_LEN = 32
 ROWS = 8  # windows scored: one per device of `data` at context 1
 # Per token: 2e-6 relative. The flash kernel itself over the context axis moves GPT-OSS's tokens
@@ -179,11 +181,14 @@ def test_cudnn_over_context_equals_xla_on_one_device(
     assert bool(calls) == any(not (flash_ring and (n.window or n.chunk)) for n in kinds.values())
 
 
+@pytest.mark.parametrize("tokamax", [False, True], ids=["no-tokamax", "tokamax"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_auto_routes_each_kind_of_layer(family):
+def test_auto_routes_each_kind_of_layer(monkeypatch, family, tokamax):
     """`auto` for 16-bit params at context 1, 2 and 4, all-gather and ring: on a GPU cuDNN on
-    every kind of layer it can run (heads a multiple of 8 up to 128), the flash kernel on
-    soft-capped ones (Gemma 2); on a TPU splash on every kind (chunks and the ring included)."""
+    every kind of layer it can run (heads a multiple of 8 up to 128), tokamax on soft-capped ones
+    (Gemma 2) where it is installed, else the flash kernel; on a TPU splash on every kind (chunks
+    and the ring included)."""
+    helpers.tokamax_installed(monkeypatch, tokamax)
     description = load_dir(os.path.join(FAMILY_DIR, family))[0].description
     for context in (1, 2, 4):
         for how in ("all_gather", "ring"):
@@ -191,8 +196,9 @@ def test_auto_routes_each_kind_of_layer(family):
                 picks = attention_lib.layer_kernels(
                     "auto", jnp.bfloat16, description, context, platform, context_attention=how
                 )
-                softcap = family in SOFTCAP and platform == "gpu"
-                assert set(picks.values()) <= {"xla" if softcap else fused_kernel}, picks
+                if family in SOFTCAP and platform == "gpu":
+                    fused_kernel = "tokamax" if tokamax else "xla"
+                assert set(picks.values()) <= {fused_kernel}, picks
                 assert bool(picks) == (family != "mamba2")
 
 

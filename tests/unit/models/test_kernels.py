@@ -2,7 +2,9 @@
 names, each refusal is the record's, and `auto` picks per kind of layer, as results.json's
 `attention_layers` records (no kernel of the table lacks what only one kind of layer needs, so
 the per-kind choice is shown with a splash record that lacked chunks, as splash did before
-`ppl_jax.models.layers.splash_cases`)."""
+`ppl_jax.models.layers.splash_cases`). tokamax, an optional extra, is taken as installed or not
+(`helpers.tokamax_installed`) whatever this Python has: its kernel's own tests are
+tests/unit/models/test_tokamax_kernel.py, collected where it is installed."""
 
 from __future__ import annotations
 
@@ -21,11 +23,23 @@ from ppl_jax.errors import ConfigError
 from ppl_jax.models.layers import attention, fused, kernels
 from ppl_jax.models.layers.attention import flash_note, layer_kernels, resolve_for
 
+import helpers
+
 BF16 = jnp.bfloat16
 
 
 def _llama4():
     return safetensors.read_description(os.path.join(FAMILY_DIR, "llama4"))
+
+
+@pytest.fixture
+def without_tokamax(monkeypatch):
+    helpers.tokamax_installed(monkeypatch, False)
+
+
+@pytest.fixture
+def with_tokamax(monkeypatch):
+    helpers.tokamax_installed(monkeypatch, True)
 
 
 @pytest.fixture
@@ -36,7 +50,7 @@ def splash_without_chunks(monkeypatch):
 
 
 def test_the_configs_choices_are_the_tables_names():
-    assert kernels.CHOICES == ("auto", "cudnn", "splash", "xla")
+    assert kernels.CHOICES == ("auto", "cudnn", "tokamax", "splash", "xla")
     assert attention.IMPLEMENTATIONS == kernels.CHOICES
     for name in kernels.CHOICES:
         c = defaults.get_config()
@@ -47,7 +61,7 @@ def test_the_configs_choices_are_the_tables_names():
         settings.from_config(c)
 
 
-def test_auto_picks_the_fastest_kernel_that_can_do_the_layer():
+def test_auto_picks_the_fastest_kernel_that_can_do_the_layer(without_tokamax):
     chunked = kernels.Needs(chunk=True)
     assert kernels.pick("tpu", BF16, 64, chunked) is kernels.SPLASH
     assert kernels.pick("gpu", BF16, 64, kernels.Needs(softcap=True)) is kernels.XLA
@@ -59,6 +73,36 @@ def test_auto_picks_the_fastest_kernel_that_can_do_the_layer():
     ring = kernels.Needs(context=2, context_attention="ring", chunk=True, window=True)
     assert kernels.pick("tpu", BF16, 64, ring) is kernels.SPLASH
     assert kernels.pick("gpu", BF16, 64, ring) is kernels.CUDNN
+
+
+def test_auto_takes_tokamax_after_cudnn_where_it_is_installed(with_tokamax):
+    """cuDNN first for what it can run; tokamax for 16-bit soft-capped layers with heads up to
+    256 wide, on one device and over the context axis (gathered or ring); never on a TPU or CPU,
+    nor for float32 (its Mosaic kernel takes 16-bit inputs)."""
+    softcap = kernels.Needs(softcap=True)
+    assert kernels.pick("gpu", BF16, 64, softcap).name == "tokamax"
+    assert kernels.pick("gpu", jnp.float16, 256, softcap).name == "tokamax"
+    assert kernels.pick("gpu", BF16, 512, softcap) is kernels.XLA
+    assert kernels.pick("gpu", jnp.float32, 64, softcap) is kernels.XLA
+    assert kernels.pick("gpu", BF16, 64, kernels.Needs(window=True)) is kernels.CUDNN
+    assert kernels.pick("gpu", BF16, 256, kernels.Needs()).name == "tokamax"  # wider than cuDNN
+    for how in ("all_gather", "ring"):
+        needs = kernels.Needs(softcap=True, window=True, context=4, context_attention=how)
+        assert kernels.pick("gpu", BF16, 128, needs).name == "tokamax"
+    assert kernels.pick("tpu", BF16, 64, softcap) is kernels.SPLASH
+    assert kernels.pick("cpu", BF16, 64, softcap) is kernels.XLA
+    gemma2 = safetensors.read_description(os.path.join(FAMILY_DIR, "gemma2"))
+    assert layer_kernels("auto", BF16, gemma2, platform="gpu") == {
+        "sliding": "tokamax",
+        "global": "tokamax",
+    }
+    assert resolve_for("auto", BF16, gemma2, platform="gpu") == "tokamax"
+    assert resolve_for("tokamax", BF16, gemma2, platform="gpu", context=2) == "tokamax"
+
+
+def test_auto_passes_over_tokamax_where_it_is_not_installed(without_tokamax):
+    assert kernels.pick("gpu", BF16, 64, kernels.Needs(softcap=True)) is kernels.XLA
+    assert kernels.candidates("gpu", BF16, 64) == (kernels.CUDNN, kernels.XLA)
 
 
 def test_llama4_runs_one_kernel_under_auto():
@@ -87,7 +131,7 @@ def test_two_kernels_under_auto_and_one_when_told(splash_without_chunks):
         resolve_for("splash", BF16, d, platform="tpu")
 
 
-def test_one_kind_of_layer_is_named_attention():
+def test_one_kind_of_layer_is_named_attention(without_tokamax):
     d = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "attn_sinks": True}
     assert layer_kernels("auto", BF16, d, platform="gpu") == {"attention": "cudnn"}
     assert layer_kernels("auto", BF16, dict(d, attn_softcap=30.0), platform="gpu") == {
@@ -122,14 +166,18 @@ def test_the_refusals_are_the_records():
         kernels.kernel("flash3")
 
 
-def test_the_flash_note_names_the_slow_layers_and_the_missing_capability(splash_without_chunks):
-    """Gemma 2 on a GPU: every kind of layer on `xla` for cuDNN's want of a soft-cap; Llama 4 on
-    a TPU with a splash that lacked chunks: its chunked layers; no note where the fused kernel runs
-    every layer, on CPU, or where no fused kernel may run at all (float32 on a GPU)."""
+def test_the_flash_note_names_the_slow_layers_and_the_missing_capability(
+    splash_without_chunks, without_tokamax
+):
+    """Gemma 2 on a GPU without tokamax: every kind of layer on `xla` for cuDNN's want of a
+    soft-cap and tokamax's absence, with the command that installs it; Llama 4 on a TPU with a
+    splash that lacked chunks: its chunked layers; no note where the fused kernel runs every
+    layer, or on CPU."""
     gemma2 = safetensors.read_description(os.path.join(FAMILY_DIR, "gemma2"))
     assert flash_note("auto", BF16, gemma2, platform="gpu") == (
         "sliding, global layers run the flash kernel (xla), slower: cudnn cannot soft-cap "
-        "attention scores (attn_logit_softcapping)"
+        "attention scores (attn_logit_softcapping), and tokamax is not installed "
+        "(pip install 'ppl_jax[gpu]', on Python >= 3.12)"
     )
     assert flash_note("xla", BF16, gemma2, platform="gpu") == flash_note(
         "auto", BF16, gemma2, platform="gpu"
@@ -144,7 +192,8 @@ def test_the_flash_note_names_the_slow_layers_and_the_missing_capability(splash_
     assert flash_note("auto", BF16, one, platform="gpu").startswith("every layer runs")
     assert flash_note("auto", jnp.float32, dict(one, attn_softcap=None), platform="gpu") == (
         "every layer runs the flash kernel (xla), slower: cudnn runs only 16-bit params with "
-        "heads a multiple of 8 up to 128 wide, 256 on Hopper or newer (here float32, heads of 16)"
+        "heads a multiple of 8 up to 128 wide, 256 on Hopper or newer (here float32, heads of 16), "
+        "and tokamax runs only 16-bit params with heads up to 256 wide (here float32, heads of 16)"
     )
     wide = dict(one, attn_softcap=None, head_dim=256)  # Gemma 3's heads: before Hopper
     assert "(here bfloat16, heads of 256)" in flash_note("auto", BF16, wide, platform="gpu")
@@ -157,9 +206,48 @@ def test_heads_wider_than_128_take_cudnn_on_hopper_or_newer(monkeypatch, major, 
     and 3's 256, DeepSeek-V3's 192 keys), 128 before; 264 nowhere, nor widths off a multiple of
     8."""
     monkeypatch.setattr(fused, "_compute_major", lambda platform: major)
+    helpers.tokamax_installed(monkeypatch, False)  # else it would take what cuDNN cannot
     gemma3 = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "head_dim": 256}
     assert attention.resolve("auto", BF16, 256, platform="gpu") == picked
     assert attention.resolve("auto", BF16, 192, platform="gpu", value_dim=128) == picked
     assert attention.resolve("auto", BF16, 264, platform="gpu") == "xla"
     assert attention.resolve("auto", BF16, 204, platform="gpu") == "xla"
     assert (flash_note("auto", BF16, gemma3, platform="gpu") is None) == (picked == "cudnn")
+
+
+def test_no_flash_note_for_soft_caps_where_tokamax_runs_them(with_tokamax):
+    """Gemma 2 on a GPU with tokamax: no layer runs `xla` under `auto`, nor a note when `xla` is
+    asked (a fused kernel could have run it); float32 names both kernels' reasons."""
+    gemma2 = safetensors.read_description(os.path.join(FAMILY_DIR, "gemma2"))
+    assert flash_note("auto", BF16, gemma2, platform="gpu") is None
+    assert flash_note("xla", BF16, gemma2, platform="gpu") is None
+    assert flash_note("auto", jnp.float32, gemma2, platform="gpu") == (
+        "sliding, global layers run the flash kernel (xla), slower: cudnn cannot soft-cap "
+        "attention scores (attn_logit_softcapping), and tokamax runs only 16-bit params with "
+        "heads up to 256 wide (here float32, heads of 16)"
+    )
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_explicit_tokamax_where_it_cannot_run_is_refused_before_the_weights(
+    monkeypatch, tiny_checkpoint, installed
+):
+    """Not installed, on any platform; installed, on a platform without an NVIDIA GPU (this
+    CPU): one sentence, while the run's attention is resolved for its mesh."""
+    from ppl_jax.checkpoints import architecture, open_checkpoint
+    from ppl_jax.runtime import mesh as mesh_lib
+
+    helpers.tokamax_installed(monkeypatch, installed)
+    message = (
+        r"model.attention=tokamax needs an NVIDIA GPU, and this run's devices \(cpu\) have none"
+        if installed
+        else r"model.attention=tokamax needs tokamax, which is not installed here "
+        r"\(pip install 'ppl_jax\[gpu\]', on Python >= 3.12\); set model.attention=auto"
+    )
+    arch = architecture.resolve(open_checkpoint(tiny_checkpoint), 5)
+    with pytest.raises(ConfigError, match=message):
+        arch.attention("tokamax", "bfloat16", mesh_lib.make_mesh(-1, 1))
+    with pytest.raises(ConfigError, match=message):
+        attention.resolve("tokamax", BF16, 64, platform="gpu" if not installed else "cpu")
+    if installed:
+        assert attention.resolve("tokamax", BF16, 64, platform="gpu", softcap=True) == "tokamax"

@@ -1,6 +1,7 @@
 """The attention soft-cap (Gemma 2's `attn_logit_softcapping`): XLA and splash (interpreted on
 CPU) equal a NumPy float64 reference of transformers' eager attention; cuDNN, which cannot
-soft-cap, is refused by name and avoided by `auto`."""
+soft-cap, is refused by name and avoided by `auto` (tokamax takes those layers on a GPU where it is
+installed: tests/unit/models/test_tokamax_kernel.py)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +10,8 @@ from test_attention import packed_inputs
 
 from ppl_jax.errors import ConfigError
 from ppl_jax.models.layers.attention import attend, resolve, resolve_for
+
+import helpers
 
 
 def reference(q, k, v, seg, pos, window, cap, scale):
@@ -55,9 +58,13 @@ def test_softcap_equals_reference(impl, window):
     assert np.abs(uncapped - ref)[real].max() > 0.1
 
 
-def test_cudnn_cannot_softcap():
+def test_cudnn_cannot_softcap(monkeypatch):
+    """`auto` on a GPU: tokamax for soft-caps where installed, else `xla`; cuDNN otherwise."""
     desc = {"embed_dim": 64, "num_heads": 4, "head_dim": 16, "attn_softcap": 50.0}
+    helpers.tokamax_installed(monkeypatch, False)
     assert resolve("auto", jnp.bfloat16, 16, platform="gpu", softcap=True) == "xla"
+    helpers.tokamax_installed(monkeypatch, True)
+    assert resolve("auto", jnp.bfloat16, 16, platform="gpu", softcap=True) == "tokamax"
     assert resolve("auto", jnp.bfloat16, 16, platform="gpu") == "cudnn"
     assert resolve_for("auto", jnp.float32, desc) == "xla"
     with pytest.raises(ConfigError, match="model.attention=cudnn cannot soft-cap"):
