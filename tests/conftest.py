@@ -241,8 +241,8 @@ def tier_of(path) -> str | None:
 # run (LLVM fuses fewer multiply-adds), so the tiers whose bounds are tightest, `slow` and
 # `multiprocess`, compile as a user's run does; so does any selection other than the default one
 # (pyproject.toml's `addopts`), and a level named in the user's XLA_FLAGS wins. An XLA that no
-# longer knows the emitters' flag (XLA stops at an unknown flag) is not given it (`known_flags`,
-# asked once, in a process of its own). Set here, before the first computation creates JAX's CPU
+# longer knows the emitters' flag (jaxlib 0.12's; XLA stops at an unknown flag) is not given it
+# (`known_flags`, asked once, in a process of its own). Set here, before the first computation creates JAX's CPU
 # client (importing JAX reads no XLA flag); the processes tests start keep the flags
 # (`helpers.xla_flags`).
 QUICK_COMPILE = "--xla_backend_optimization_level=0"
