@@ -7,15 +7,18 @@ axis `layout.axis` counted in blocks of `layout.block` values and one trailing a
 block's bytes: `[..., shape[axis] // block, ..., block_bytes] uint8`. So it is sharded over the
 mesh as the float weight is (`mesh.param_shardings`: the same `PartitionSpec`, the bytes axis
 whole; a block axis the mesh does not divide is replicated), and dequantizing it is local to
-each device's shard: no collective. The dequantized weight is then held to the float weight's own
-sharding (`Layout.sharding`, which `mesh.param_shardings` sets): where the mesh does not divide
-the blocks (a block wider than a device's share of a sharded axis: tests/golden's DeepSeek-V3
-experts, 16 wide along `mlp` in one 16 x 16 FP8 block, over a model axis of 8), the blocks are
-whole on every device, and each device keeps its slice of the float weight, as it would hold a
-float weight. Without the constraint XLA's partitioner is free to split the products otherwise
-than on the float weight (there: the experts' products computed whole on every device, where the
-float weights' are split along `mlp` and their partial sums added), so the sums come in another
-order (results 2e-7 apart in float32, 2e-3 in bfloat16, where a product rounds otherwise).
+each device's shard: no collective (the format's dequantization keeps the blocks' axes apart:
+`ppl_jax.checkpoints.quantized.rows.Rows`). The dequantized weight is then held to the float
+weight's own sharding (`Layout.sharding`, which `mesh.param_shardings` sets): where the mesh
+does not divide the blocks (a block wider than a device's share of a sharded axis: GPT-OSS's
+MXFP4 `down`, one block of the whole `mlp` axis a row; tests/golden's DeepSeek-V3 experts, 16
+wide along `mlp` in one 16 x 16 FP8 block, over a model axis of 8), the blocks are whole on
+every device, and each device keeps its slice of the float weight, as it would hold a float
+weight (XLA may pass a few of the blocks' bytes between devices to dequantize only that slice).
+Without the constraint XLA's partitioner is free to split the products otherwise than on the
+float weight (there: the experts' products computed whole on every device, where the float
+weights' are split along `mlp` and their partial sums added), so the sums come in another order
+(results 2e-7 apart in float32, 2e-3 in bfloat16, where a product rounds otherwise).
 
 A layer reads it as it reads a float weight, `param[...]` (`nnx.Variable` indexes its value):
 `Packed.__getitem__` dequantizes the whole weight (`layout.dequantize`, the format's own

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -189,6 +190,24 @@ def test_blocks_whole_on_every_device_dequantize_into_the_float_weights_sharding
     assert abstract["layers/1/mlp/down"].layout.sharding == want.sharding
 
 
+def _collectives(leaf) -> list[str]:
+    """The collectives of the compiled dequantization of the packed weight `leaf`."""
+    text = jax.jit(lambda p: p[...]).lower(leaf).compile().as_text()
+    return re.findall(r"(all-gather|all-reduce|collective-permute|all-to-all)(?:-start)?\(", text)
+
+
+def test_records_sharded_over_the_mesh_dequantize_where_they_lie():
+    # Every weight whose records the model axis splits (the experts' `gate`, `up [experts, 1
+    # record, mlp, bytes]` split along `mlp`; the dense ones'): no collective, each device
+    # dequantizes its own records only.
+    folder, mesh = os.path.join(GOLDEN, "deepseek_v3_fp8"), _mesh(MESHES["model_8"])
+    _, device, found = restored_packed(folder, mesh, "auto", "bfloat16")
+    sharded = [n for n in found.device if any(_spec(weight_paths(device)[n]))]
+    assert {"layers/1/mlp/gate", "layers/1/mlp/up", "layers/0/mlp/gate"} <= set(sharded)
+    for name in sharded:
+        assert _collectives(weight_paths(device)[name]) == [], name
+
+
 @pytest.mark.slow  # 14 s: the MoE golden scored twice on 8 devices
 def test_a_run_over_a_model_axis_scores_packed_experts_as_the_host(tmp_path):
     # The `Scorer`'s step (not the model's apply), bfloat16, DeepSeek-V3's experts over 8.
@@ -300,6 +319,11 @@ def test_records_are_cut_along_the_input_axis_and_sharded_as_the_floats(wide_gpt
             # Each device holds an eighth of the records: its heads', or its input columns'.
             assert leaf.data.addressable_shards[0].data.size * 8 == leaf.data.size, name
             assert not leaf.layout.dequantize.shared  # the g_idx of no act-order, dropped
+        for name in ("layers/0/attn/q", "layers/0/mlp/gate", "layers/0/mlp/up"):
+            # Column-parallel: records `[in / C, out, bytes]` split along `out`, dequantized
+            # where they lie (merged into one axis, XLA would gather them on every device).
+            assert _spec(flat_device[name])[1] == "model", name
+            assert _collectives(flat_device[name]) == [], name
         assert _nll_of(wide_gptq, mesh, dtype, "auto") == pytest.approx(
             _nll_of(wide_gptq, mesh, dtype, "host"), rel=1e-6, abs=0
         )
