@@ -247,11 +247,9 @@ class Rows:
         """The chunks of rows `[..., block]` float32 of the records `[..., nbytes]` uint8
         (`kind`, the layout's name, is not needed: the `Rows` says it all).
 
-        The records' axes are kept apart (`jax.vmap` over all but the last), not merged into
-        one: XLA's partitioner cannot merge an axis sharded over the mesh into a longer one
-        before it, and would gather the whole weight's records on every device (a column-
-        parallel weight's `[in / C, out, nbytes]`, sharded along `out`) to dequantize them all
-        there."""
+        The records' axes are kept apart (`jax.vmap`), not merged: merging a sharded axis into
+        one before it (a column-parallel weight's `[in / C, out, nbytes]`, split along `out`),
+        XLA would gather every record on every device and dequantize them all there."""
         if records.ndim == 1:
             return self(records[None], kind)[0]
         rows = self._rows
