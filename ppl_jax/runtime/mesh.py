@@ -165,14 +165,16 @@ def param_shardings(
     """A tree of `NamedSharding`, one per weight, from the weights' logical axis names. A packed
     quantized weight (`ppl_jax.models.layers.packed.Packed`: a leaf with a `layout`) is sharded as
     its float weight, its blocks' bytes axis whole (a block axis the mesh does not divide
-    replicated)."""
+    replicated), and carries its float weight's sharding, which its dequantized weight takes
+    (`Layout.sharding`)."""
 
     def sharding(a, names):
+        floats = NamedSharding(mesh, logical_to_spec(names, a.shape, mesh, rules))
         if _packed(a):
             shape = a.layout.packed_shape
             spec = logical_to_spec(a.layout.packed_names(tuple(names)), shape, mesh, rules)
-            return a.with_data(NamedSharding(mesh, spec))
-        return NamedSharding(mesh, logical_to_spec(names, a.shape, mesh, rules))
+            return a.with_data(NamedSharding(mesh, spec)).with_sharding(floats)
+        return floats
 
     return jax.tree.map(
         sharding,
@@ -186,6 +188,20 @@ def _packed(x: Any) -> bool:
     """A packed quantized weight (`ppl_jax.models.layers.packed.Packed`, known by its `layout`:
     this layer sits below the models)."""
     return hasattr(x, "layout") and hasattr(x, "with_data")
+
+
+def placed(abstract_params: Any, shardings: Any, dtype: Any = None) -> Any:
+    """`abstract_params` as a tree of `jax.ShapeDtypeStruct(shape, dtype, sharding=...)` with
+    `shardings` (a tree `param_shardings` made), `dtype` replacing each param's own dtype when
+    given. A packed weight's blocks keep their bytes (`dtype` is the model's, as its layout
+    says), and its layout is the one in `shardings` (with the float weight's sharding)."""
+
+    def target(a, s):
+        if _packed(a):
+            return s.with_data(jax.ShapeDtypeStruct(a.data.shape, a.data.dtype, sharding=s.data))
+        return jax.ShapeDtypeStruct(a.shape, dtype or a.dtype, sharding=s)
+
+    return jax.tree.map(target, abstract_params, shardings, is_leaf=_packed)
 
 
 def param_targets(
@@ -202,14 +218,7 @@ def param_targets(
       `dtype` replacing each param's own dtype when given.
     """
     shardings = param_shardings(abstract_params, logical_axes, mesh, rules)
-
-    def target(a, s):
-        if _packed(a):  # its blocks keep their bytes; `dtype` is the model's, as its layout says
-            return a.with_data(jax.ShapeDtypeStruct(a.data.shape, a.data.dtype, sharding=s.data))
-        return jax.ShapeDtypeStruct(a.shape, dtype or a.dtype, sharding=s)
-
-    targets = jax.tree.map(target, abstract_params, shardings, is_leaf=_packed)
-    return targets, shardings
+    return placed(abstract_params, shardings, dtype), shardings
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -172,11 +172,7 @@ class Scorer:
         """(the params' shardings, the abstract params), as the step takes them."""
 
         def abstract(model, shardings):
-            return jax.tree.map(
-                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                model.abstract_params,
-                shardings,
-            )
+            return mesh_lib.placed(model.abstract_params, shardings)
 
         if self.copies:
             return (self.param_shardings, tuple(s for _, s in self.copies)), (

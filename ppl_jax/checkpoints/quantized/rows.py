@@ -245,9 +245,21 @@ class Rows:
 
     def __call__(self, records: jax.Array, kind: str) -> jax.Array:
         """The chunks of rows `[..., block]` float32 of the records `[..., nbytes]` uint8
-        (`kind`, the layout's name, is not needed: the `Rows` says it all)."""
-        n, leading = math.prod(records.shape[:-1]), records.shape[:-1]
-        flat = records.reshape(n, records.shape[-1])
+        (`kind`, the layout's name, is not needed: the `Rows` says it all).
+
+        The records' axes are kept apart (`jax.vmap`), not merged: merging a sharded axis into
+        one before it (a column-parallel weight's `[in / C, out, nbytes]`, split along `out`),
+        XLA would gather every record on every device and dequantize them all there."""
+        if records.ndim == 1:
+            return self(records[None], kind)[0]
+        rows = self._rows
+        for _ in range(records.ndim - 2):
+            rows = jax.vmap(rows)
+        return rows(records)
+
+    def _rows(self, flat: jax.Array) -> jax.Array:
+        """`[n, nbytes]` uint8 records -> their chunks `[n, block]` float32."""
+        n = flat.shape[0]
         parts = {}
         for f in self.fields:
             raw = flat[:, f.start : f.start + f.nbytes]
@@ -262,7 +274,7 @@ class Rows:
         w = w.reshape(w.shape[self.lead :])  # [records, block], or MXFP4's [block, records]
         if self.in_axis == self.lead:
             w = w.T
-        return w.astype(jnp.float32).reshape(*leading, w.shape[-1])
+        return w.astype(jnp.float32).reshape(n, w.shape[-1])
 
 
 def kind_name(t: Quantized, method: Method, raw: Stored) -> str:

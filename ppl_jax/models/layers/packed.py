@@ -7,7 +7,18 @@ axis `layout.axis` counted in blocks of `layout.block` values and one trailing a
 block's bytes: `[..., shape[axis] // block, ..., block_bytes] uint8`. So it is sharded over the
 mesh as the float weight is (`mesh.param_shardings`: the same `PartitionSpec`, the bytes axis
 whole; a block axis the mesh does not divide is replicated), and dequantizing it is local to
-each device's shard: no collective.
+each device's shard: no collective (the format's dequantization keeps the blocks' axes apart:
+`ppl_jax.checkpoints.quantized.rows.Rows`). The dequantized weight is then held to the float
+weight's own sharding (`Layout.sharding`, which `mesh.param_shardings` sets): where the mesh
+does not divide the blocks (a block wider than a device's share of a sharded axis: GPT-OSS's
+MXFP4 `down`, one block of the whole `mlp` axis a row; tests/golden's DeepSeek-V3 experts, 16
+wide along `mlp` in one 16 x 16 FP8 block, over a model axis of 8), the blocks are whole on
+every device, and each device keeps its slice of the float weight, as it would hold a float
+weight (XLA may pass a few of the blocks' bytes between devices to dequantize only that slice).
+Without the constraint XLA's partitioner is free to split the products otherwise than on the
+float weight (there: the experts' products computed whole on every device, where the float
+weights' are split along `mlp` and their partial sums added), so the sums come in another order
+(results 2e-7 apart in float32, 2e-3 in bfloat16, where a product rounds otherwise).
 
 A layer reads it as it reads a float weight, `param[...]` (`nnx.Variable` indexes its value):
 `Packed.__getitem__` dequantizes the whole weight (`layout.dequantize`, the format's own
@@ -44,6 +55,9 @@ class Layout:
         an output projection's `[heads, head_dim]` with blocks wider than a head).
       block: values per block; block_bytes: bytes per block.
       shape: the float weight's shape; dtype: its dtype name (`float32`, `bfloat16`).
+      sharding: the float weight's `jax.sharding.NamedSharding` on the mesh the blocks are placed
+        on (`mesh.param_shardings`), the dequantized weight's sharding
+        (`jax.lax.with_sharding_constraint`); None: left to XLA (no mesh yet).
     """
 
     dequantize: Callable[[jax.Array, str], jax.Array]
@@ -54,6 +68,7 @@ class Layout:
     shape: tuple[int, ...]
     dtype: str
     span: int = 1
+    sharding: Any = None
 
     @property
     def packed_shape(self) -> tuple[int, ...]:
@@ -98,6 +113,11 @@ class Packed:
         """The same layout over other `data` (its abstract value, its sharding)."""
         return Packed(data, self.layout)
 
+    def with_sharding(self, sharding: Any) -> Packed:
+        """The same blocks, dequantized into `sharding`: the float weight's `NamedSharding`
+        (`Layout.sharding`)."""
+        return Packed(self.data, dataclasses.replace(self.layout, sharding=sharding))
+
     def __repr__(self) -> str:
         lay = self.layout
         return f"Packed({lay.kind}, shape={list(lay.shape)}, dtype={lay.dtype}, axis={lay.axis})"
@@ -118,9 +138,12 @@ class Packed:
         lay = self.layout
         values = lay.dequantize(data, lay.kind)  # [..., blocks along axis, ..., block] float32
         values = jnp.moveaxis(values, -1, lay.axis + 1).reshape(shape).astype(lay.dtype)
-        # The weight as the host would have placed it: rounded to `dtype` and held there. Without
-        # the barrier XLA may fuse the cast into the product and keep float32 (excess precision,
-        # `xla_allow_excess_precision`): a bfloat16 model would score other numbers.
+        # The weight as the host would have placed it: rounded to `dtype`, sharded as the float
+        # weight (so the products are split as on it: the module docstring) and held there.
+        # Without the barrier XLA may fuse the cast into the product and keep float32 (excess
+        # precision, `xla_allow_excess_precision`): a bfloat16 model would score other numbers.
+        if lay.sharding is not None:
+            values = jax.lax.with_sharding_constraint(values, lay.sharding)
         return jax.lax.optimization_barrier(values)
 
     def value(self) -> jax.Array:
@@ -144,7 +167,7 @@ class Packed:
         data = jnp.take(self.data, indices, axis=data_axis)
         shape = (*lay.shape[:axis], *jnp.shape(indices), *lay.shape[axis + 1 :])
         out_axis = lay.axis + jnp.ndim(indices) - 1 if axis < lay.axis else lay.axis
-        moved = dataclasses.replace(lay, axis=out_axis, shape=shape)
+        moved = dataclasses.replace(lay, axis=out_axis, shape=shape, sharding=None)
         return Packed(data, moved).value()
 
 
