@@ -92,7 +92,8 @@ def band(q, k, v, q_len, kv_len, width: int, *, scale: float, partial) -> tuple:
     `2L - 1` against the keys at rows `0 .. L - 1` (padding after, masked by `kv_len [B]`), so
     causality holds for every key, and the window `width = W - d + L - 1` (`kinds`), the
     positions' window in the block's rows. `(out [B, L, H, Dv], lse [B, L, H])` float32; the
-    queries past `q_len [B]` get 0 and `-inf`."""
+    queries past `q_len [B]` get 0 and `-inf`. (Queries and keys reversed, the band is causal
+    from an offset, a block of fewer rows but flipped inputs, outputs and padding.)"""
     length = q.shape[1]
 
     def pad(x):
@@ -118,7 +119,10 @@ def ring(
       ValueError: chunks with a window, or chunks that do not fit `L`."""
     half = q.shape[1] // 2
     if chunk is not None and (window is not None or not split_merge.chunks_fit(half, chunk)):
-        raise ValueError(f"ring: chunks of {chunk} with window {window} over chunks of {half}")
+        raise ValueError(
+            f"ring: chunked attention of {chunk} with a window ({window}), or chunks that do not "
+            f"fit the ring's chunks of {half} (`split_merge.chunks_fit`): the flash kernel's ring"
+        )
     axis = context_lib.AXIS
     r = jax.lax.axis_index(axis)
     partial = split_merge.equal_widths(partial)

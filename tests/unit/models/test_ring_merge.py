@@ -179,7 +179,7 @@ def test_ring_refuses_chunks_it_cannot_split():
     kernel's ring (`kernels._cudnn_ring`); `ring` itself refuses them."""
     q = jnp.zeros((1, 16, 4, 8))
     for mask in (dict(chunk=6), dict(chunk=16, window=4)):
-        with pytest.raises(ValueError, match="ring: chunks"):
+        with pytest.raises(ValueError, match="ring: chunked attention of"):
             ring_merge.ring(2, q, q, q, jnp.zeros(1), scale=1.0, partial=by_index, **mask)
 
 
