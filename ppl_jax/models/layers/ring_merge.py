@@ -91,16 +91,20 @@ def band(q, k, v, q_len, kv_len, width: int, *, scale: float, partial) -> tuple:
     causal call (`split_merge.placed`): the queries at rows `L - 1 .. 2L - 2` of a block of
     `2L - 1` against the keys at rows `0 .. L - 1` (padding after, masked by `kv_len [B]`), so
     causality holds for every key, and the window `width = W - d + L - 1` (`kinds`), the
-    positions' window in the block's rows. `(out [B, L, H, Dv], lse [B, L, H])` float32; the
-    queries past `q_len [B]` get 0 and `-inf`. (Queries and keys reversed, the band is causal
-    from an offset, a block of fewer rows but flipped inputs, outputs and padding.)"""
+    positions' window in the block's rows. The queries from `width` on see no key (`W < d + L
+    - 1 - i`: a band narrower than the chunk): they are left out as padding, never a row whose
+    every key is masked (cuDNN does not say what it gives those). `(out [B, L, H, Dv], lse
+    [B, L, H])` float32; the queries past `q_len [B]` or `width` get 0 and `-inf`. (Queries and
+    keys reversed, the band is causal from an offset, a block of fewer rows but flipped inputs,
+    outputs and padding.)"""
     length = q.shape[1]
 
     def pad(x):
         return jnp.pad(x, ((0, 0), (0, length - 1), (0, 0), (0, 0)))
 
+    rows = length - 1 + jnp.minimum(q_len, width)
     options = dict(window=width, scale=scale, partial=partial)
-    return split_merge.placed(q, pad(k), pad(v), length - 1, q_len + length - 1, kv_len, **options)
+    return split_merge.placed(q, pad(k), pad(v), length - 1, rows, kv_len, **options)
 
 
 def ring(

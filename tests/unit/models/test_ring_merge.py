@@ -91,9 +91,11 @@ def test_attend_cudnn_round_a_ring(monkeypatch, context):
 def by_index(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None):
     """cuDNN's partial (`split_merge.Partial`) as its masks are written, by index: query `i` of
     the first `q_len` sees key `j` of the first `kv_len` where `j <= i` (causal top-left, whatever
-    the lengths) and `i - j < window`; dense, in float32 at `highest`. It stands in for cuDNN in
-    the ring's grids: the flash kernel's partial computes the same, but compiles about four
-    times slower in the ring's switch branches."""
+    the lengths) and `i - j < window`; dense, in float32 at `highest`. A real query that sees
+    no key (where `kv_len > 0`) gets NaN: what cuDNN gives such a row is not documented (its
+    masks fill with the lowest float, not `-inf`), so the ring must never ask. It stands in for
+    cuDNN in the ring's grids: the flash kernel's partial computes the same (0 and `-inf` for
+    such rows), but compiles about four times slower in the ring's switch branches."""
     b, length, h, _ = q.shape
     s, kv = k.shape[1], k.shape[2]
     grouped = q.reshape(b, length, kv, h // kv, -1).astype(jnp.float32)
@@ -108,6 +110,10 @@ def by_index(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None)
     lse = jax.nn.logsumexp(jnp.where(seen, scores, -jnp.inf), axis=-1)
     weights = jnp.where(seen, jnp.exp(scores - jnp.where(seen.any(-1), lse, 0.0)[..., None]), 0)
     out = jnp.einsum("bkgls,bskd->blkgd", weights, v.astype(jnp.float32), precision="highest")
+    asked = (jnp.arange(length)[None] < q_len[:, None]) & (kv_len > 0)[:, None]
+    blind = asked[:, None, None] & ~seen.any(-1)  # [B, 1, 1, L]
+    out = jnp.where(blind.transpose(0, 3, 1, 2)[..., None], jnp.nan, out)
+    lse = jnp.where(blind, jnp.nan, lse)
     return out.reshape(b, length, h, -1), lse.transpose(0, 3, 1, 2).reshape(b, length, h)
 
 
