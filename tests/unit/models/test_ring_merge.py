@@ -92,10 +92,10 @@ def by_index(q, k, v, q_len, kv_len, *, causal: bool, scale: float, window=None)
     """cuDNN's partial (`split_merge.Partial`) as its masks are written, by index: query `i` of
     the first `q_len` sees key `j` of the first `kv_len` where `j <= i` (causal top-left, whatever
     the lengths) and `i - j < window`; dense, in float32 at `highest`. A real query that sees
-    no key (where `kv_len > 0`) gets NaN: what cuDNN gives such a row is not documented (its
-    masks fill with the lowest float, not `-inf`), so the ring must never ask. It stands in for
-    cuDNN in the ring's grids: the flash kernel's partial computes the same (0 and `-inf` for
-    such rows), but compiles about four times slower in the ring's switch branches."""
+    no key (where `kv_len > 0`) gets NaN: what cuDNN gives such a row is not documented, so
+    the ring must never ask for one. It stands in for cuDNN in the ring's grids: the flash
+    kernel's partial computes the same (0 and `-inf` for such rows), but compiles about four
+    times slower in the ring's switch branches."""
     b, length, h, _ = q.shape
     s, kv = k.shape[1], k.shape[2]
     grouped = q.reshape(b, length, kv, h // kv, -1).astype(jnp.float32)
