@@ -4,7 +4,8 @@ the keys padded, chunked attention as the row reshaped into its chunks) against 
 
     PPL_JAX_GPU_TESTS=1 python -m pytest -n 0 tests/gpu/test_cudnn_cases.py
 
-The chunks across a context shard and windows on the split paths take the flash kernel. bfloat16
+The ring's band (`ring_merge.band`: a causal call with cuDNN's window whose queries' block is
+longer than its keys') on one device; the ring itself needs several devices. bfloat16
 inputs against the float32 flash kernel at `highest`; cuDNN must be as close to it as
 XLA's own bfloat16 result is. The same transformations with the flash partial standing in for
 cuDNN: tests/unit/models/test_cudnn_cases.py."""
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl_jax.models.layers import split_merge
+from ppl_jax.models.layers import flash, ring_merge, split_merge
 from ppl_jax.models.layers.attention import attend
 from ppl_jax.scoring import precision
 
@@ -134,5 +135,44 @@ def test_a_chunk_with_chunked_attention_matches_xla(start, chunk):
         out[name] = np.asarray(fn(qb, kb, vb).astype(jnp.float32))
     scored = np.asarray(seg)[:, start : start + 128] != 0
     err = {n: np.abs(o[scored] - ref[:, start : start + 128][scored]).max() for n, o in out.items()}
+    assert np.isfinite(out["cudnn"][scored]).all()
+    assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err
+
+
+@pytest.mark.parametrize("window,back", [(200, 1), (200, 2), (300, 2)])
+def test_the_rings_band_matches_xla(window, back):
+    """The ring's band (`ring_merge.band`): 128 queries at 384 against the chunk of 128 keys
+    `back` chunks before them, under a window that reaches into it, as one causal call with
+    cuDNN's window, the queries placed after the keys (its rows' lengths differ: the queries'
+    block is longer than the keys'); against the flash partial's and the mask by positions in
+    float32."""
+    t, lengths, length, first = 512, [512, 450, 0], 128, 384
+    seg, pos = _rows(lengths, t)
+    q, k, v, _ = _inputs(lengths, t, 64, 64)
+    start = first - back * length
+    keys = slice(start, start + length)
+    rows = slice(first, first + length)
+    with precision.applied("highest"):
+        ref, ref_lse = flash.attention_lse(
+            *map(jnp.asarray, (q[:, rows], k[:, keys], v[:, keys])), seg[:, rows], pos[:, rows],
+            seg[:, keys], pos[:, keys], window=window, chunk=None, scale=64**-0.5, softcap=None,
+        )  # fmt: skip
+    bands, branch = ring_merge.kinds(2, length, window)
+    width = bands[branch[back + 3] - 3]  # delta = back, index delta + 2n - 1
+    real = jnp.asarray(lengths, jnp.int32)
+    q_len = jnp.clip(real - first, 0, length)
+    kv_len = jnp.clip(real - start, 0, length)
+    out = {}
+    for name in ("xla", "cudnn"):
+        fn = jax.jit(
+            lambda q, k, v, name=name: ring_merge.band(
+                q, k, v, q_len, kv_len, width, scale=64**-0.5, partial=split_merge.PARTIALS[name]
+            )
+        )
+        qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q[:, rows], k[:, keys], v[:, keys]))
+        out[name], lse = (np.asarray(x) for x in fn(qb, kb, vb))
+        np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(np.asarray(ref_lse)))
+    scored = np.asarray(seg)[:, rows] != 0
+    err = {n: np.abs(o[scored] - np.asarray(ref)[scored]).max() for n, o in out.items()}
     assert np.isfinite(out["cudnn"][scored]).all()
     assert err["cudnn"] <= max(2 * err["xla"], 2e-2), err

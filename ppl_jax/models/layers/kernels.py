@@ -185,18 +185,23 @@ def _cudnn_gathered(n, q, k_row, v_row, seg, pos, seg_row, pos_row, mask):
 
 
 def _cudnn_ring(n, q, k, v, seg, pos, mask, flash_ring):
-    """Rows of one document: the ring of cuDNN's partials (`ring_merge`, the sinks after the
-    last step); else, and with a window or chunks, the flash kernel's ring."""
-    if mask["window"] is not None or mask["chunk"] is not None:
+    """Rows of one document: the ring of cuDNN's partials (`ring_merge`, a sliding window by
+    the block's kind, chunked attention where `split_merge.chunks_fit` the ring's chunks, the
+    sinks after the last step); else, and chunks with a window, the flash kernel's ring."""
+    window, chunk = mask["window"], mask["chunk"]
+    if chunk is not None and (
+        window is not None or not split_merge.chunks_fit(q.shape[1] // 2, chunk)
+    ):
         return flash_ring(n, q, k, v, seg, pos, mask)
     one, real = ring_merge.one_document(n, seg, pos)
     return jax.lax.cond(
         one,
         lambda: ring_merge.ring(
-            n, q, k, v, real, scale=mask["scale"], partial=CUDNN.partial, sinks=mask["sinks"]
+            n, q, k, v, real, scale=mask["scale"], partial=CUDNN.partial, sinks=mask["sinks"],
+            window=window, chunk=chunk,
         ),
         lambda: flash_ring(n, q, k, v, seg, pos, mask),
-    )
+    )  # fmt: skip
 
 
 def _cudnn_auto(platform: str, dtype, head_dim: int) -> bool:
@@ -217,9 +222,9 @@ CUDNN = Kernel(
     name="cudnn",
     platforms=("gpu",),
     # Sinks: the epilogue after the merge; values of another width: padded; windows and chunks
-    # around its partials (`split_merge`; the flash kernel for packed rows, chunks with a
-    # window, and chunks of queries whose length does not fit the attention chunk); the ring
-    # by its partials (`ring_merge`).
+    # around its partials, on one device, over the gathered row and round the ring
+    # (`split_merge`, `ring_merge`; the flash kernel for packed rows, chunks with a window, and
+    # chunks of queries whose length does not fit the attention chunk).
     lacks=("softcap",),
     auto_ok=_cudnn_auto,
     # Through its packed layout on Hopper or newer only (`fused.cudnn_packs`); before that it

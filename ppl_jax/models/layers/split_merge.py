@@ -22,14 +22,15 @@ attention of `ppl_jax.models.layers.flash` instead, chosen at run time (`jax.lax
 
 Around the partials, what cuDNN cannot do itself: learned sinks, added once to each query's
 merged result (`with_sinks`); values of another width than the keys, padded (`equal_widths`);
-a sliding window on a chunk of queries, one causal call with the window (cuDNN windows causal
-calls only, and a prefix would need a band: `windowed_chunk`); chunked attention, the row reshaped into
-its chunks on one device (`chunked_rows`), and on a chunk of queries the prefix from the
-attention chunk's first key, or the chunk's own keys reshaped (`chunked_chunk`, where
-`chunks_fit`; elsewhere the flash kernel). The partial
-attention is a function
-(`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which stands
-in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
+a sliding window on a chunk of queries, one causal call with the window, the queries placed
+after their keys (cuDNN windows causal calls only, and a prefix would need a band: `placed`,
+`windowed_chunk`); chunked attention, the row reshaped into its chunks on one device
+(`chunked_rows`), and on a chunk of queries the prefix from the attention chunk's first key,
+or the chunk's own keys reshaped (`chunked_chunk`, where `chunks_fit`; elsewhere, and chunks
+with a window, the flash kernel). The ring over the context axis takes the same partials block
+by block (`ppl_jax.models.layers.ring_merge`). The partial attention is a function
+(`PARTIALS`): `cudnn` on the GPU, and `xla`, the flash kernel computing the same thing, which
+stands in for cuDNN in the CPU tests (the split and the merge are tested against the whole row).
 """
 
 from __future__ import annotations
@@ -238,31 +239,43 @@ def chunked_chunk(q, k_row, v_row, start, real, chunk: int, *, scale, partial, s
 def windowed_chunk(q, k_row, v_row, start, real, window: int, *, scale, partial, sinks=None):
     """`chunk_of_row` with a sliding `window`, as one causal call with the window: a query sees
     at most the `P = window - 1` keys before the chunk, so the chunk's `L` queries are placed at
-    their offset in a block of `P + L` rows (zeros before them, outputs dropped) against the
-    `P + L` keys from `max(start - P, 0)`: causal top-left and the window there are the mask by
-    positions (the key block ends up to `P` past the row: padding, masked by length). Exact,
-    where a prefix block would need a band cuDNN's masks cannot express. `[B, L, H, Dv]`
-    float32, the sinks (or None) added."""
-    b, length = q.shape[:2]
+    their offset in a block of `P + L` rows (`placed`) against the `P + L` keys from
+    `max(start - P, 0)`: causal top-left and the window there are the mask by positions (the key
+    block ends up to `P` past the row: padding, masked by length). Exact, where a prefix block
+    would need a band cuDNN's masks cannot express. `[B, L, H, Dv]` float32, the sinks (or None)
+    added."""
+    length = q.shape[1]
     p = min(window - 1, k_row.shape[1])
     span = p + length
     base = jnp.maximum(start - p, 0)
-    offset = start - base
 
     def keys(x):
         x = jnp.pad(x, ((0, 0), (0, p)) + ((0, 0),) * (x.ndim - 2))
         return jax.lax.dynamic_slice_in_dim(x, base, span, axis=1)
 
-    rows = jnp.zeros((b, span) + q.shape[2:], q.dtype)
-    rows = jax.lax.dynamic_update_slice_in_dim(rows, q, offset, axis=1)
     kv_len = jnp.clip(real - base, 0, span).astype(jnp.int32)
-    call = equal_widths(partial)
-    out, lse = call(
-        rows, keys(k_row), keys(v_row), kv_len, kv_len, causal=True, scale=scale, window=window
-    )
-    out = jax.lax.dynamic_slice_in_dim(out, offset, length, axis=1)
-    lse = jax.lax.dynamic_slice_in_dim(lse, offset, length, axis=1)
+    out, lse = placed(
+        q, keys(k_row), keys(v_row), start - base, kv_len, kv_len, window=window, scale=scale,
+        partial=equal_widths(partial),
+    )  # fmt: skip
     return with_sinks(out, lse, sinks)[0]
+
+
+def placed(q, k, v, offset, q_len, kv_len, *, window: int, scale, partial: Partial) -> tuple:
+    """The queries `q [B, L, H, D]` placed at rows `offset .. offset + L - 1` of a block of `S`
+    rows (zeros elsewhere, their results dropped) against the keys `k [B, S, KV, D]` and values
+    `[B, S, KV, Dv]`, one causal call with the `window`: the query at row `offset + i` sees the
+    keys `offset + i - window < j <= offset + i` of the first `kv_len [B]` (`q_len [B]`: the
+    block's real rows, `offset` plus the queries' real ones, padding only after them). Where the
+    queries' positions minus the keys' are the rows' minus a constant, this is the mask by
+    positions: `windowed_chunk`'s chunk of queries after its window's keys, the ring's band of
+    an earlier chunk of keys (`ppl_jax.models.layers.ring_merge`). `(out [B, L, H, Dv], lse
+    [B, L, H])` float32; `offset` may be traced."""
+    b, length = q.shape[:2]
+    rows = jnp.zeros((b, k.shape[1]) + q.shape[2:], q.dtype)
+    rows = jax.lax.dynamic_update_slice_in_dim(rows, q, offset, axis=1)
+    out, lse = partial(rows, k, v, q_len, kv_len, causal=True, scale=scale, window=window)
+    return tuple(jax.lax.dynamic_slice_in_dim(x, offset, length, axis=1) for x in (out, lse))
 
 
 def whole_row(q, k, v, real, *, scale, partial: Partial, sinks=None, window=None) -> jax.Array:
@@ -277,12 +290,19 @@ def whole_row(q, k, v, real, *, scale, partial: Partial, sinks=None, window=None
 
 def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=None) -> jax.Array:
     """Chunked attention (Llama 4: query `i` sees the keys of its chunk `pos // chunk` up to
-    itself) of rows of one document from position 0 (`real [B]` tokens), as one causal call:
-    block-diagonal causal attention is causal attention within each chunk, so `[B, T]` becomes
-    `[B * T/C, C]` (the row padded to a multiple of `C`, each piece's length its real tokens;
-    marin's reshape of uniform packed segments, marin-community/marin#5749). Queries
-    `[B, T, H, D]`, keys `[B, T, KV, D]`, values `[B, T, KV, Dv]`; the sinks `[H]` (or None)
-    added after; `[B, T, H, Dv]` float32."""
+    itself) of rows of one document from position 0 (`real [B]` tokens), as one causal call
+    (`chunked_partial`); the sinks `[H]` (or None) added after; `[B, T, H, Dv]` float32."""
+    out, lse = chunked_partial(q, k, v, real, chunk, scale=scale, partial=partial)
+    return with_sinks(out, lse, sinks)[0]
+
+
+def chunked_partial(q, k, v, real, chunk: int, *, scale, partial: Partial) -> tuple:
+    """`chunked_rows` before the sinks, with the log-sum-exp: block-diagonal causal attention is
+    causal attention within each chunk, so `[B, T]` becomes `[B * T/C, C]` (the row padded to a
+    multiple of `C`, each piece's length its real tokens; marin's reshape of uniform packed
+    segments, marin-community/marin#5749). Queries `[B, T, H, D]`, keys `[B, T, KV, D]`, values
+    `[B, T, KV, Dv]`, the row's first token at a chunk's start; `(out [B, T, H, Dv], lse
+    [B, T, H])` float32."""
     b, t = q.shape[:2]
     size = min(chunk, t)  # a chunk at least the row: the row itself
     n = -(-t // size)
@@ -296,8 +316,7 @@ def chunked_rows(q, k, v, real, chunk: int, *, scale, partial: Partial, sinks=No
     out, lse = equal_widths(partial)(
         pieces(q), pieces(k), pieces(v), lengths, lengths, causal=True, scale=scale
     )
-    out = with_sinks(out, lse, sinks)[0]
-    return out.reshape(b, n * size, *out.shape[2:])[:, :t]
+    return tuple(x.reshape(b, n * size, *x.shape[2:])[:, :t] for x in (out, lse))
 
 
 def over_context(

@@ -12,8 +12,9 @@ context; splash (interpreted) runs those, Gemma 2's soft-cap and Qwen3 at contex
 ring at 2 (item 3).
 
 Each family scores windows of 32 of its golden token stream (a window of 32 splits into 2 x 4
-chunks of 4 queries and 2 x 2 of 8: Llama 4's attention chunk of 8 then takes cuDNN's partials,
-`split_merge.chunks_fit`; the golden files' 24 would send it to the flash kernel)."""
+chunks of 4 queries and 2 x 2 of 8: Llama 4's attention chunk of 8 then takes cuDNN's partials
+over the gathered row and round the ring, `split_merge.chunks_fit`; the golden files' 24 would
+send it to the flash kernel)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from test_split_merge import cudnn_on_cpu  # noqa: F401 (a fixture)
 from ppl_jax.errors import ConfigError
 from ppl_jax.models import registry
 from ppl_jax.models.layers import attention as attention_lib
-from ppl_jax.models.layers import fused, kernels, split_merge
+from ppl_jax.models.layers import fused, kernels, ring_merge, split_merge
 from ppl_jax.plans import windows as windows_lib
 from ppl_jax.plans.layout import plan_layout
 from ppl_jax.runtime import mesh as mesh_lib
@@ -169,16 +170,25 @@ def test_cudnn_over_context_equals_xla_on_one_device(
         calls.append("lengths")
         return _cudnn_by_lengths(*args)
 
+    rings = []
+    ring = ring_merge.ring
+
+    def ring_of_partials(*args, **options):
+        rings.append(tuple(options.get(x) is not None for x in ("window", "chunk")))
+        return ring(*args, **options)
+
     monkeypatch.setitem(split_merge.PARTIALS, "cudnn", partial)
     monkeypatch.setattr(fused, "cudnn", by_lengths)
+    monkeypatch.setattr(ring_merge, "ring", ring_of_partials)
     got = scored_on_mesh(family, "cudnn", context, how)
     _check(family, got, expected, scored)
-    # cuDNN's own path runs on some layer, but under the ring where every layer has a window
-    # or chunks (Mixtral, Phi-3): those take the flash kernel's ring (`kernels._cudnn_ring`).
+    # cuDNN's partials or its own call run on every kind of layer; round the ring, every kind
+    # takes cuDNN's ring (`kernels._cudnn_ring`), sliding windows and chunks included.
     description = load_dir(os.path.join(FAMILY_DIR, family))[0].description
     kinds = kernels.layer_needs(description) if kernels.head_dim(description) else {}
-    flash_ring = how == "ring" and context > 1
-    assert bool(calls) == any(not (flash_ring and (n.window or n.chunk)) for n in kinds.values())
+    assert bool(calls) == bool(kinds)
+    if how == "ring" and context > 1:
+        assert set(rings) == {(n.window, n.chunk) for n in kinds.values()}
 
 
 @pytest.mark.parametrize("tokamax", [False, True], ids=["no-tokamax", "tokamax"])
