@@ -95,17 +95,15 @@ def _parts_bytes(source: quantized_parts.Dequantized) -> int:
     )
 
 
-FAST = ("gptq_act_order", "deepseek_v3_fp8", "gpt_oss_mxfp4")  # the default tier's goldens
+def _sharded_tier(name: str, mesh: str):
+    # The default tier: DeepSeek-V3's blocks over the model axis (whole blocks on every device,
+    # the float weight's sharding); GPTQ's and MXFP4's there are scored in the default tier
+    # (`test_the_packed_model_scores_as_the_dequantized_one`, test_quantized_device.py).
+    fast = (name, mesh) == ("deepseek_v3_fp8", "model_8")
+    return pytest.param(name, mesh, marks=() if fast else pytest.mark.slow)
 
 
-def _fast(name: str):
-    return name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
-
-
-@pytest.mark.parametrize(
-    "mesh", ["model_8", pytest.param("one", marks=pytest.mark.slow)]
-)  # the sharded records in the default tier, one device in the slow one
-@pytest.mark.parametrize("name", [_fast(n) for n in LAYOUTS])
+@pytest.mark.parametrize(("name", "mesh"), [_sharded_tier(n, m) for n in LAYOUTS for m in MESHES])
 def test_every_packed_weight_dequantizes_on_the_device_as_on_the_host(name, mesh):
     folder = os.path.join(GOLDEN, name)
     for dtype in ("float32", "bfloat16"):
@@ -230,8 +228,8 @@ def test_a_run_over_a_model_axis_scores_packed_experts_as_the_host(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name",
-    [n if n == "gptq_act_order" else pytest.param(n, marks=pytest.mark.slow) for n in LAYOUTS],
+    "name",  # the default tier: compressed-tensors' words, cut (act-order GPTQ is not: g_idx)
+    [n if n == "ct_int4" else pytest.param(n, marks=pytest.mark.slow) for n in LAYOUTS],
 )
 def test_weights_cut_in_chunks_dequantize_as_on_the_host(name, monkeypatch):
     # The goldens' narrow weights, cut in records of fewer columns than the default allows
