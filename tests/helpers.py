@@ -255,3 +255,33 @@ def tokamax_installed(monkeypatch, installed: bool) -> None:
         present=lambda platform: installed and platform == "gpu",
     )
     monkeypatch.setitem(kernels.KERNELS, "tokamax", record)
+
+
+def host_and_packed_runs(tmp_path, checkpoint_dir: str, configure=None) -> dict[str, dict]:
+    """`results.json` of a run of the checkpoint at `checkpoint_dir` with its quantized weights
+    dequantized on the host and one with them packed (`checkpoint.dequantize=host`, `auto`), by
+    setting: a small corpus of bytes in windows of 32; `configure(c)`, if given, changes the
+    config of both further (a mesh, a dtype)."""
+    import json
+
+    from ppl_jax.config.defaults import get_config
+    from ppl_jax.config.settings import from_config
+    from ppl_jax.evaluation.run import evaluate
+    from ppl_jax.outputs.folder import OutputDir
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a small corpus of bytes to score, twice over. " * 8)
+    results = {}
+    for setting in ("host", "auto"):
+        c = get_config()
+        c.checkpoint.dir, c.checkpoint.dequantize = str(checkpoint_dir), setting
+        c.data.path, c.data.tokenizer, c.data.allow_tokenizer_mismatch = str(corpus), "byte", True
+        c.eval.seq_len = 32
+        c.output.dir, c.output.progress = str(tmp_path / setting), False
+        if configure is not None:
+            configure(c)
+        spec = from_config(c)
+        with OutputDir.open(spec.output_dir) as out:
+            evaluate(spec, out=out)
+        results[setting] = json.loads((tmp_path / setting / "results.json").read_text())
+    return results

@@ -26,7 +26,7 @@ from ppl_jax.models.layers import packed
 from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import mesh as mesh_lib
 
-from helpers import bits, restored_packed
+from helpers import bits, host_and_packed_runs, restored_packed
 
 
 @pytest.fixture(scope="module")
@@ -157,20 +157,8 @@ def test_a_block_plan_moves_whole_blocks_as_the_float_plan_moves_values(rule, st
 
 
 def test_a_run_records_the_packed_weights_and_fingerprints_them(gguf_path, tmp_path):
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("a small corpus of bytes to score, twice over. " * 8)
-    results = {}
-    for setting in ("host", "auto"):
-        c = get_config()
-        c.checkpoint.dir, c.checkpoint.dequantize = gguf_path, setting
-        c.data.path, c.data.tokenizer, c.data.allow_tokenizer_mismatch = str(corpus), "byte", True
-        c.eval.seq_len = 32
-        c.output.dir, c.output.progress = str(tmp_path / setting), False
-        spec = from_config(c)
-        with OutputDir.open(spec.output_dir) as out:
-            evaluate(spec, out=out)
-        results[setting] = json.loads((tmp_path / setting / "results.json").read_text())
-    host, auto = results["host"], results["auto"]
+    runs = host_and_packed_runs(tmp_path, gguf_path)
+    host, auto = runs["host"], runs["auto"]
     assert "packed_on_device" not in host["model"]
     assert auto["model"]["packed_on_device"]["weights"] > 0
     assert auto["nll_sum"] == host["nll_sum"]

@@ -25,13 +25,10 @@ from ppl_jax.checkpoints.quantized import base as quantized_base
 from ppl_jax.checkpoints.quantized import methods, rows
 from ppl_jax.checkpoints.quantized import parts as quantized_parts
 from ppl_jax.checkpoints.readers import huggingface
-from ppl_jax.config.defaults import DEFAULT_RULES, get_config
-from ppl_jax.config.settings import from_config
+from ppl_jax.config.defaults import DEFAULT_RULES
 from ppl_jax.errors import CheckpointError
-from ppl_jax.evaluation.run import evaluate
 from ppl_jax.models.interface import weight_paths
 from ppl_jax.models.layers import packed
-from ppl_jax.outputs.folder import OutputDir
 from ppl_jax.runtime import mesh as mesh_lib
 from ppl_jax.scoring.nll import token_nll
 from ppl_jax.scoring.scorer import Scorer
@@ -209,22 +206,12 @@ def test_records_sharded_over_the_mesh_dequantize_where_they_lie():
 @pytest.mark.slow  # 14 s: the MoE golden scored twice on 8 devices
 def test_a_run_over_a_model_axis_scores_packed_experts_as_the_host(tmp_path):
     # The `Scorer`'s step (not the model's apply), bfloat16, DeepSeek-V3's experts over 8.
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("a small corpus of bytes to score, twice over. " * 8)
-    sums = {}
-    for setting in ("host", "auto"):
-        c = get_config()
-        c.checkpoint.dir = os.path.join(GOLDEN, "deepseek_v3_fp8")
-        c.checkpoint.dequantize, c.model.dtype = setting, "bfloat16"
-        c.mesh.data, c.mesh.model = 1, 8
-        c.data.path, c.data.tokenizer, c.data.allow_tokenizer_mismatch = str(corpus), "byte", True
-        c.eval.seq_len = 32
-        c.output.dir, c.output.progress = str(tmp_path / setting), False
-        spec = from_config(c)
-        with OutputDir.open(spec.output_dir) as out:
-            evaluate(spec, out=out)
-        sums[setting] = json.loads((tmp_path / setting / "results.json").read_text())["nll_sum"]
-    assert sums["auto"] == sums["host"]
+    def configure(c):
+        c.model.dtype, c.mesh.data, c.mesh.model = "bfloat16", 1, 8
+
+    folder = os.path.join(GOLDEN, "deepseek_v3_fp8")
+    runs = helpers.host_and_packed_runs(tmp_path, folder, configure)
+    assert runs["auto"]["nll_sum"] == runs["host"]["nll_sum"]
 
 
 @pytest.mark.parametrize(
@@ -437,20 +424,8 @@ def test_parts_that_do_not_fit_are_refused_before_reading(tmp_path):
 
 
 def test_a_run_records_the_packed_weights(tmp_path):
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("a small corpus of bytes to score, twice over. " * 8)
-    results = {}
-    for setting in ("host", "auto"):
-        c = get_config()
-        c.checkpoint.dir, c.checkpoint.dequantize = os.path.join(GOLDEN, "gptq_act_order"), setting
-        c.data.path, c.data.tokenizer, c.data.allow_tokenizer_mismatch = str(corpus), "byte", True
-        c.eval.seq_len = 32
-        c.output.dir, c.output.progress = str(tmp_path / setting), False
-        spec = from_config(c)
-        with OutputDir.open(spec.output_dir) as out:
-            evaluate(spec, out=out)
-        results[setting] = json.loads((tmp_path / setting / "results.json").read_text())
-    host, auto = results["host"], results["auto"]
+    runs = helpers.host_and_packed_runs(tmp_path, os.path.join(GOLDEN, "gptq_act_order"))
+    host, auto = runs["host"], runs["auto"]
     assert "packed_on_device" not in host["model"]
     assert auto["model"]["packed_on_device"]["types"] == {"gptq-4": 14}
     assert auto["nll_sum"] == host["nll_sum"]
