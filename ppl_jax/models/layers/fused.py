@@ -43,7 +43,7 @@ CUDNN_SEGMENTS = 64
 SPLASH_BLOCK = 128
 
 
-def _compute_major(platform: str | None) -> int:
+def compute_major(platform: str | None) -> int:
     """The major compute capability of this process's first CUDA GPU on `platform` (default:
     JAX's backend), 0 where there is none."""
     if (platform or jax.default_backend()) != "gpu":
@@ -58,14 +58,14 @@ def _compute_major(platform: str | None) -> int:
 def cudnn_packs(platform: str | None = None) -> bool:
     """Whether cuDNN attention can run packed rows here: a CUDA GPU of compute capability 9.0
     (Hopper) or newer, and JAX >= 0.5.1 (whose cuDNN entry takes `q_offsets`)."""
-    return _compute_major(platform) >= 9 and _jax_version() >= (0, 5, 1)
+    return compute_major(platform) >= 9 and _jax_version() >= (0, 5, 1)
 
 
 def cudnn_head_width(platform: str | None = None) -> int:
     """The widest query/key heads cuDNN's flash attention takes here in 16 bits: 256 on a GPU of
     compute capability 9.0 (Hopper) or newer, 128 before (the check of JAX's cuDNN entry,
     `jax/_src/cudnn/fused_attention_stablehlo.py`, `check_is_flash_attention`)."""
-    return 256 if _compute_major(platform) >= 9 else 128
+    return 256 if compute_major(platform) >= 9 else 128
 
 
 def cudnn_present(platform: str) -> bool:

@@ -66,11 +66,7 @@ def _op(dtype) -> Any:
     newer for 16-bit inputs (its kernels take no float32), else Triton."""
     from tokamax._src.ops.attention import pallas_mosaic_gpu, pallas_triton
 
-    try:
-        major = int(str(jax.local_devices(backend="gpu")[0].compute_capability).split(".")[0])
-    except (AttributeError, IndexError, RuntimeError, ValueError):
-        major = 0
-    if major >= 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    if fused.compute_major("gpu") >= 9 and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return pallas_mosaic_gpu.PallasMosaicGpuFlashAttention()
     return pallas_triton.PallasTritonFlashAttention()
 

@@ -205,7 +205,7 @@ def test_heads_wider_than_128_take_cudnn_on_hopper_or_newer(monkeypatch, major, 
     """JAX's cuDNN entry takes heads up to 256 wide on compute capability 9.0 or newer (Gemma 2
     and 3's 256, DeepSeek-V3's 192 keys), 128 before; 264 nowhere, nor widths off a multiple of
     8."""
-    monkeypatch.setattr(fused, "_compute_major", lambda platform: major)
+    monkeypatch.setattr(fused, "compute_major", lambda platform: major)
     helpers.tokamax_installed(monkeypatch, False)  # else it would take what cuDNN cannot
     gemma3 = {"num_layers": 2, "embed_dim": 64, "num_heads": 4, "head_dim": 256}
     assert attention.resolve("auto", BF16, 256, platform="gpu") == picked
